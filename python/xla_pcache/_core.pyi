@@ -1,0 +1,124 @@
+"""Type stubs for the Rust extension ``xla_pcache._core``.
+
+The extension is private: import its names from ``xla_pcache``.
+"""
+
+import os
+from typing_extensions import Buffer
+from typing import Literal, final
+
+__version__: str
+FORMAT_VERSION: int
+
+class CacheError(Exception):
+    """Base class of every error the cache raises on purpose."""
+
+class FormatError(CacheError):
+    """The directory holds a cache of an unknown or newer on-disk format."""
+
+class ReadOnlyError(CacheError):
+    """A mutating operation was asked of a store opened read-only."""
+
+Key = str | bytes
+
+@final
+class Blob:
+    """A verified entry: its payload through the buffer protocol (no copy), plus metadata.
+
+    ``memoryview(blob)`` exposes the payload without copying; ``bytes(blob)`` copies it.
+    The payload stays valid for the life of the Blob, even if the entry is deleted.
+    """
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, view: memoryview, /) -> None: ...
+    def __len__(self) -> int: ...
+    def __bytes__(self) -> bytes: ...
+    @property
+    def key(self) -> Key: ...
+    @property
+    def meta(self) -> dict[str, str]: ...
+    @property
+    def created(self) -> float:
+        """Unix time (seconds) at which the entry was written."""
+    @property
+    def mapped(self) -> bool:
+        """True when the payload is memory-mapped, False when it was read into memory."""
+
+class Hasher:
+    """Streaming xxh3-128 over bytes and str parts (str is hashed as UTF-8)."""
+
+    def __init__(self, *parts: Key | Buffer) -> None: ...
+    def update(self, data: Key | Buffer, /) -> None: ...
+    def hexdigest(self) -> str: ...
+    def digest(self) -> bytes: ...
+
+def hash_key(*parts: Key | Buffer) -> str:
+    """xxh3-128 hex digest of the concatenated parts, each length-prefixed."""
+
+class Store:
+    """A persistent key -> blob store rooted at a directory.
+
+    ``max_size`` is a byte budget (int) or None for unbounded. ``read_only`` stores never
+    write anything to the directory. ``durable`` fsyncs file and directory on every put.
+    ``lock_mode`` is ``"auto"`` (fcntl, lease file where fcntl locks fail), ``"fcntl"`` or
+    ``"lease"``; ``None`` reads ``XLA_PCACHE_LOCK_MODE`` (default ``"auto"``).
+    """
+
+    def __new__(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        max_size: int | None = None,
+        read_only: bool = False,
+        durable: bool = False,
+        lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
+        lock_timeout: float = 0.5,
+        lease_time: float = 30.0,
+        hit_interval: float = 60.0,
+        trash_grace: float = 300.0,
+        tmp_grace: float = 3600.0,
+    ) -> Store: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def read_only(self) -> bool: ...
+    @property
+    def max_size(self) -> int | None: ...
+    @property
+    def mmap_reads(self) -> bool:
+        """Whether gets map files (local filesystems) or pread them (NFS, FUSE, unknown)."""
+    @property
+    def filesystem(self) -> str:
+        """Name of the filesystem the root is on (ext4, nfs, fuse.sshfs, tmpfs, ...)."""
+    def put(self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
+        """Store value under key. True if this call stored it; False if the key exists (first
+        writer wins), the store is read-only, the value is over budget, or the write failed
+        (failures are logged and counted, never raised)."""
+    def get(self, key: Key) -> Blob | None:
+        """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
+    def __contains__(self, key: object) -> bool:
+        """Whether an entry file exists; does not verify, does not count as a use."""
+    def delete(self, key: Key) -> bool: ...
+    def clear(self) -> int:
+        """Remove every entry; returns how many were removed."""
+    def __len__(self) -> int: ...
+    def keys(self) -> list[Key]: ...
+    def entries(self) -> list[dict[str, object]]:
+        """One dict per entry: key, name, size (payload bytes), disk_bytes, created,
+        last_use, meta. Reads entry headers (walks the directory)."""
+    def stats(self) -> dict[str, int | float | str | None]:
+        """Counters aggregated across every process that used the cache, plus entries,
+        bytes (on disk), max_size."""
+    def evict(
+        self, max_size: int | None = None, older_than: float | None = None
+    ) -> dict[str, object]:
+        """Evict least recently used entries now, down to ``max_size`` bytes (default: the
+        low watermark of the store's budget) and/or every entry unused for ``older_than``
+        seconds. Returns {"removed": n, "bytes": b, "keys": [...], "skipped": reason|None}."""
+    def verify(self, repair: bool = False) -> dict[str, object]:
+        """Walk every file; report corrupt, orphaned and unindexed files; repair if asked."""
+    def flush(self) -> None:
+        """Write this process's pending counters to its journal."""
+    def close(self) -> None: ...
+    def __enter__(self) -> Store: ...
+    def __exit__(self, *exc: object) -> None: ...

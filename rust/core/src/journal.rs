@@ -1,0 +1,374 @@
+//! Per-process append-only journals of puts, hits, deletes, clears and counters.
+//!
+//! Exactly one process writes each journal file (O_APPEND is not atomic across NFS
+//! clients), with one `write` per record. Every record carries its own checksum, so a
+//! reader stops at a torn or not-yet-visible tail and picks up from there next time.
+//!
+//! ```text
+//! record: 0xA5, kind u8, body length u16, body, xxh3-64 of everything before it
+//! ```
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::xxh3_64;
+
+const MAGIC: u8 = 0xA5;
+const MAX_BODY: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// An entry was published (`put`) or used (`hit`): it exists with this size on disk.
+    Touch {
+        name: u128,
+        disk_bytes: u64,
+        t: u64,
+        put: bool,
+    },
+    /// An entry was removed (deleted, evicted, found corrupt).
+    Delete { name: u128, t: u64 },
+    /// Every entry last used at or before `t` was removed.
+    Clear { t: u64 },
+    /// The writer's cumulative counters.
+    Stats { counters: Vec<u64> },
+}
+
+const K_PUT: u8 = 1;
+const K_HIT: u8 = 2;
+const K_DEL: u8 = 3;
+const K_CLEAR: u8 = 4;
+const K_STATS: u8 = 5;
+
+impl Record {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        let mut body = Vec::with_capacity(32);
+        let kind = match self {
+            Record::Touch {
+                name,
+                disk_bytes,
+                t,
+                put,
+            } => {
+                body.extend_from_slice(&name.to_le_bytes());
+                body.extend_from_slice(&disk_bytes.to_le_bytes());
+                body.extend_from_slice(&t.to_le_bytes());
+                if *put {
+                    K_PUT
+                } else {
+                    K_HIT
+                }
+            }
+            Record::Delete { name, t } => {
+                body.extend_from_slice(&name.to_le_bytes());
+                body.extend_from_slice(&t.to_le_bytes());
+                K_DEL
+            }
+            Record::Clear { t } => {
+                body.extend_from_slice(&t.to_le_bytes());
+                K_CLEAR
+            }
+            Record::Stats { counters } => {
+                for c in counters.iter().take(MAX_BODY / 8) {
+                    body.extend_from_slice(&c.to_le_bytes());
+                }
+                K_STATS
+            }
+        };
+        out.push(MAGIC);
+        out.push(kind);
+        out.extend_from_slice(&(body.len() as u16).to_le_bytes());
+        out.extend_from_slice(&body);
+        let sum = xxh3_64(&out[start..]);
+        out.extend_from_slice(&sum.to_le_bytes());
+    }
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn u128_at(b: &[u8], at: usize) -> u128 {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[at..at + 16]);
+    u128::from_le_bytes(a)
+}
+
+/// Decodes records from `buf`; returns them and how many bytes they used. Stops at the
+/// first incomplete or invalid record. Unknown kinds with a valid checksum are skipped, so
+/// older readers can follow newer writers.
+pub fn decode(buf: &[u8]) -> (Vec<Record>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while buf.len() - at >= 4 {
+        if buf[at] != MAGIC {
+            break;
+        }
+        let kind = buf[at + 1];
+        let len = u16::from_le_bytes([buf[at + 2], buf[at + 3]]) as usize;
+        let end = at + 4 + len;
+        if len > MAX_BODY || buf.len() < end + 8 || xxh3_64(&buf[at..end]) != u64_at(buf, end) {
+            break;
+        }
+        let body = &buf[at + 4..end];
+        let rec = match (kind, len) {
+            (K_PUT | K_HIT, 32) => Some(Record::Touch {
+                name: u128_at(body, 0),
+                disk_bytes: u64_at(body, 16),
+                t: u64_at(body, 24),
+                put: kind == K_PUT,
+            }),
+            (K_DEL, 24) => Some(Record::Delete {
+                name: u128_at(body, 0),
+                t: u64_at(body, 16),
+            }),
+            (K_CLEAR, 8) => Some(Record::Clear { t: u64_at(body, 0) }),
+            (K_STATS, n) if n % 8 == 0 => Some(Record::Stats {
+                counters: (0..n / 8).map(|i| u64_at(body, i * 8)).collect(),
+            }),
+            _ => None,
+        };
+        out.extend(rec);
+        at = end + 8;
+    }
+    (out, at)
+}
+
+/// Reads the records of `path` from byte `offset`. Returns the records and the offset just
+/// past the last whole record. A journal that vanished is `NotFound`.
+pub fn read_from(path: &Path, offset: u64) -> io::Result<(Vec<Record>, u64)> {
+    let mut f = File::open(path)?;
+    let len = f.metadata()?.len();
+    if len <= offset {
+        return Ok((Vec::new(), offset.min(len)));
+    }
+    f.seek(SeekFrom::Start(offset))?;
+    let mut buf = Vec::with_capacity((len - offset) as usize);
+    f.take(len - offset).read_to_end(&mut buf)?;
+    let (recs, used) = decode(&buf);
+    Ok((recs, offset + used as u64))
+}
+
+/// The journal file name of a process: `<host>-<pid>-<start time hex>.log`.
+pub fn file_name(host: &str, pid: u32, start_ns: u64) -> String {
+    format!("{host}-{pid}-{start_ns:x}.log")
+}
+
+/// Host and pid from a journal file name.
+pub fn parse_file_name(name: &str) -> Option<(&str, u32)> {
+    let stem = name.strip_suffix(".log")?;
+    let mut parts = stem.rsplitn(3, '-');
+    let _start = parts.next()?;
+    let pid = parts.next()?.parse().ok()?;
+    let host = parts.next()?;
+    Some((host, pid))
+}
+
+/// This process's journal: created on first write, reopened under a new name if another
+/// process removed it (compaction of a journal whose owner looked gone).
+pub struct JournalWriter {
+    dir: PathBuf,
+    host: String,
+    file: Option<(File, PathBuf)>,
+    buf: Vec<u8>,
+}
+
+impl JournalWriter {
+    pub fn new(dir: PathBuf, host: String) -> Self {
+        Self {
+            dir,
+            host,
+            file: None,
+            buf: Vec::with_capacity(64),
+        }
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.file.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    fn open(&mut self) -> io::Result<&mut File> {
+        if self.file.is_none() {
+            let name = file_name(&self.host, std::process::id(), crate::clock::unix_ns());
+            let path = self.dir.join(name);
+            let f = OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o666)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(&path)?;
+            self.file = Some((f, path));
+        }
+        match self.file.as_mut() {
+            Some((f, _)) => Ok(f),
+            None => Err(io::Error::other("journal not open")),
+        }
+    }
+
+    /// Appends records with one write. On failure the journal is dropped and the next
+    /// append starts a new file, so a stale NFS handle does not poison the process.
+    pub fn append(&mut self, recs: &[Record]) -> io::Result<()> {
+        self.buf.clear();
+        for r in recs {
+            r.encode(&mut self.buf);
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let res = self.open().and_then(|f| f.write_all(&buf));
+        self.buf = buf;
+        if res.is_err() {
+            self.file = None;
+        }
+        res
+    }
+
+    /// Starts a new journal if the current one was unlinked by someone else.
+    pub fn check_alive(&mut self) {
+        if let Some((f, _)) = &self.file {
+            if f.metadata().map(|m| m.nlink() == 0).unwrap_or(true) {
+                self.file = None;
+            }
+        }
+    }
+
+    /// Removes this process's journal file (used by clear, which starts everyone afresh).
+    pub fn forget(&mut self) {
+        self.file = None;
+    }
+}
+
+/// Whether the process that owns a journal is known to be gone. Only same-host owners can
+/// be checked; for other hosts the caller decides by age.
+pub fn owner_gone(name: &str, this_host: &str) -> Option<bool> {
+    let (host, pid) = parse_file_name(name)?;
+    if host != this_host {
+        return None;
+    }
+    if pid == std::process::id() {
+        return Some(false);
+    }
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    Some(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH))
+}
+
+pub fn list(dir: &Path) -> io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if let Some(n) = e.file_name().to_str() {
+            if n.ends_with(".log") {
+                out.push(n.to_string());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Record> {
+        vec![
+            Record::Touch {
+                name: 7,
+                disk_bytes: 4096,
+                t: 1,
+                put: true,
+            },
+            Record::Touch {
+                name: u128::MAX,
+                disk_bytes: 1,
+                t: 2,
+                put: false,
+            },
+            Record::Delete { name: 7, t: 3 },
+            Record::Clear { t: 4 },
+            Record::Stats {
+                counters: vec![1, 2, 3],
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trip() {
+        let mut buf = Vec::new();
+        for r in sample() {
+            r.encode(&mut buf);
+        }
+        let (recs, used) = decode(&buf);
+        assert_eq!(recs, sample());
+        assert_eq!(used, buf.len());
+    }
+
+    #[test]
+    fn torn_tail_stops_the_reader() {
+        let mut buf = Vec::new();
+        for r in sample() {
+            r.encode(&mut buf);
+        }
+        let whole = buf.len();
+        Record::Touch {
+            name: 9,
+            disk_bytes: 1,
+            t: 5,
+            put: true,
+        }
+        .encode(&mut buf);
+        for cut in whole..buf.len() {
+            let (recs, used) = decode(&buf[..cut]);
+            assert_eq!(recs.len(), sample().len());
+            assert_eq!(used, whole);
+        }
+        let mut flipped = buf.clone();
+        flipped[whole + 10] ^= 1;
+        assert_eq!(decode(&flipped).1, whole);
+    }
+
+    #[test]
+    fn writer_appends_and_reader_tails() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = JournalWriter::new(d.path().to_path_buf(), "h".into());
+        w.append(&sample()[..2]).unwrap();
+        let p = w.path().unwrap().to_path_buf();
+        let (a, off) = read_from(&p, 0).unwrap();
+        assert_eq!(a.len(), 2);
+        w.append(&sample()[2..]).unwrap();
+        let (b, off2) = read_from(&p, off).unwrap();
+        assert_eq!(b, sample()[2..].to_vec());
+        assert_eq!(off2, fs::metadata(&p).unwrap().len());
+        let (c, off3) = read_from(&p, off2).unwrap();
+        assert!(c.is_empty());
+        assert_eq!(off3, off2);
+    }
+
+    #[test]
+    fn writer_reopens_after_unlink() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = JournalWriter::new(d.path().to_path_buf(), "h".into());
+        w.append(&sample()[..1]).unwrap();
+        let p = w.path().unwrap().to_path_buf();
+        fs::remove_file(&p).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        w.check_alive();
+        w.append(&sample()[..1]).unwrap();
+        assert_ne!(w.path().unwrap(), p);
+        assert!(w.path().unwrap().exists());
+    }
+
+    #[test]
+    fn names_parse() {
+        let n = file_name("host-a.example", 1234, 0xabc);
+        assert_eq!(parse_file_name(&n), Some(("host-a.example", 1234)));
+        assert_eq!(parse_file_name("junk"), None);
+        assert_eq!(owner_gone(&file_name("other", 1, 1), "me"), None);
+        assert_eq!(
+            owner_gone(&file_name("me", std::process::id(), 1), "me"),
+            Some(false)
+        );
+    }
+}

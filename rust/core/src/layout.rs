@@ -1,0 +1,125 @@
+//! Where things live under the cache root, and the FORMAT file that names the layout version.
+
+use crate::error::{io_err, StoreError};
+use crate::hash::name_hex;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// On-disk layout version. Bump it for any change an older reader would misread.
+pub const FORMAT_VERSION: u32 = 1;
+const FORMAT_FILE: &str = "FORMAT";
+const FORMAT_TAG: &str = "xla_pcache-format";
+pub const SUBDIRS: [&str; 6] = ["entries", "journal", "index", "locks", "tmp", "trash"];
+
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+    pub fn format_file(&self) -> PathBuf {
+        self.root.join(FORMAT_FILE)
+    }
+    pub fn entries(&self) -> PathBuf {
+        self.root.join("entries")
+    }
+    pub fn shard_dir(&self, name: u128) -> PathBuf {
+        self.entries().join(format!("{:02x}", (name >> 120) as u8))
+    }
+    pub fn entry_path(&self, name: u128) -> PathBuf {
+        self.shard_dir(name).join(name_hex(name))
+    }
+    pub fn journal_dir(&self) -> PathBuf {
+        self.root.join("journal")
+    }
+    pub fn index_dir(&self) -> PathBuf {
+        self.root.join("index")
+    }
+    pub fn snapshot(&self) -> PathBuf {
+        self.index_dir().join("snapshot")
+    }
+    pub fn locks(&self) -> PathBuf {
+        self.root.join("locks")
+    }
+    pub fn tmp(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+    pub fn trash(&self) -> PathBuf {
+        self.root.join("trash")
+    }
+
+    /// Reads FORMAT. `Ok(None)` when there is none (not a cache, or not yet initialised).
+    pub fn read_format(&self) -> Result<Option<u32>, StoreError> {
+        let path = self.format_file();
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("read", &path, e)),
+        };
+        let first = text.lines().next().unwrap_or("");
+        let mut words = first.split_whitespace();
+        match (words.next(), words.next().map(str::parse::<u32>)) {
+            (Some(FORMAT_TAG), Some(Ok(v))) if v == FORMAT_VERSION => Ok(Some(v)),
+            (Some(FORMAT_TAG), Some(Ok(v))) => Err(StoreError::Format(format!(
+                "{} holds a cache of on-disk format {v}; this xla_pcache {} reads format {FORMAT_VERSION} only{}",
+                self.root.display(),
+                env!("CARGO_PKG_VERSION"),
+                if v > FORMAT_VERSION { " (upgrade xla_pcache, or use another directory)" } else { "" }
+            ))),
+            _ => Err(StoreError::Format(format!(
+                "{} is not an xla_pcache format file (first line {first:?})",
+                path.display()
+            ))),
+        }
+    }
+
+    /// Creates the root, its sub-directories and FORMAT. Safe to race with other processes:
+    /// FORMAT is written to a temp file and linked into place, so every creator agrees.
+    pub fn create(&self) -> Result<(), StoreError> {
+        fs::create_dir_all(&self.root).map_err(|e| io_err("create directory", &self.root, e))?;
+        for d in SUBDIRS {
+            let p = self.root.join(d);
+            match fs::create_dir(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if !is_real_dir(&p) {
+                        return Err(StoreError::Format(format!(
+                            "{} exists but is not a directory (symbolic links are not followed)",
+                            p.display()
+                        )));
+                    }
+                }
+                Err(e) => return Err(io_err("create directory", &p, e)),
+            }
+        }
+        if self.read_format()?.is_some() {
+            return Ok(());
+        }
+        let tmp = self
+            .tmp()
+            .join(format!("FORMAT.{}", crate::publish::unique_suffix()));
+        let text = format!(
+            "{FORMAT_TAG} {FORMAT_VERSION}\ncreated-by xla_pcache {}\ncreated-unix {}\n",
+            env!("CARGO_PKG_VERSION"),
+            crate::clock::unix_ns() / 1_000_000_000
+        );
+        let mut f = fs::File::create(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+        f.write_all(text.as_bytes())
+            .map_err(|e| io_err("write", &tmp, e))?;
+        drop(f);
+        let linked = crate::publish::publish_no_replace(&tmp, &self.format_file());
+        let _ = fs::remove_file(&tmp);
+        linked.map_err(|e| io_err("publish", &self.format_file(), e))?;
+        // Whoever won, the file must now be ours to read.
+        self.read_format()?;
+        Ok(())
+    }
+}
+
+pub fn is_real_dir(p: &Path) -> bool {
+    fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false)
+}

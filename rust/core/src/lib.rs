@@ -1,0 +1,27 @@
+//! xla_pcache_core: a persistent, bounded, multi-process and NFS-safe store of compiled XLA
+//! executables. No Python here: the pyo3 binding lives in its own crate.
+//!
+//! Dependencies point one way: `store` uses `entry`, `publish`, `index` (which uses
+//! `journal` and `lru`), `lock`, `fsinfo`, `layout`; those use only `hash`, `clock`, `error`.
+
+pub mod blob;
+pub mod clock;
+pub mod entry;
+pub mod error;
+pub mod fsinfo;
+pub mod hash;
+pub mod index;
+pub mod journal;
+pub mod layout;
+pub mod lock;
+pub mod lru;
+pub mod publish;
+pub mod stats;
+pub mod store;
+
+pub use blob::Blob;
+pub use error::StoreError;
+pub use hash::{hash_parts, KeyHasher};
+pub use layout::FORMAT_VERSION;
+pub use lock::LockMode;
+pub use store::{EvictReport, Key, ReadMode, Stats, Store, StoreOptions, VerifyReport};

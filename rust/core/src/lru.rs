@@ -1,0 +1,140 @@
+//! A pure in-memory LRU of entry names weighted by bytes on disk (no I/O).
+
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryInfo {
+    pub disk_bytes: u64,
+    pub last_use: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Lru {
+    map: HashMap<u128, EntryInfo>,
+    order: BTreeSet<(u64, u128)>,
+    total: u64,
+}
+
+impl Lru {
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+    pub fn total_bytes(&self) -> u64 {
+        self.total
+    }
+    pub fn get(&self, name: u128) -> Option<EntryInfo> {
+        self.map.get(&name).copied()
+    }
+
+    /// Records that `name` exists with `disk_bytes` and was used at `t` (keeps the latest use).
+    pub fn touch(&mut self, name: u128, disk_bytes: u64, t: u64) {
+        match self.map.get_mut(&name) {
+            Some(info) => {
+                if t > info.last_use {
+                    self.order.remove(&(info.last_use, name));
+                    info.last_use = t;
+                    self.order.insert((t, name));
+                }
+                self.total = self.total - info.disk_bytes + disk_bytes;
+                info.disk_bytes = disk_bytes;
+            }
+            None => {
+                self.map.insert(
+                    name,
+                    EntryInfo {
+                        disk_bytes,
+                        last_use: t,
+                    },
+                );
+                self.order.insert((t, name));
+                self.total += disk_bytes;
+            }
+        }
+    }
+
+    /// Removes `name` if it was not used after `t` (a later use means it was published again).
+    pub fn remove_if_older(&mut self, name: u128, t: u64) -> Option<EntryInfo> {
+        match self.map.get(&name) {
+            Some(info) if info.last_use <= t => self.remove(name),
+            _ => None,
+        }
+    }
+
+    pub fn remove(&mut self, name: u128) -> Option<EntryInfo> {
+        let info = self.map.remove(&name)?;
+        self.order.remove(&(info.last_use, name));
+        self.total -= info.disk_bytes;
+        Some(info)
+    }
+
+    /// Removes every entry last used at or before `t`.
+    pub fn clear_up_to(&mut self, t: u64) {
+        while let Some(&(lu, name)) = self.order.first() {
+            if lu > t {
+                break;
+            }
+            self.remove(name);
+        }
+    }
+
+    /// Least recently used entries, oldest first.
+    pub fn oldest(&self) -> impl Iterator<Item = (u128, EntryInfo)> + '_ {
+        self.order.iter().map(move |&(_, n)| (n, self.map[&n]))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u128, EntryInfo)> + '_ {
+        self.map.iter().map(|(&n, &i)| (n, i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_follows_last_use() {
+        let mut l = Lru::default();
+        l.touch(1, 10, 100);
+        l.touch(2, 20, 200);
+        l.touch(3, 30, 300);
+        l.touch(1, 10, 400);
+        let order: Vec<u128> = l.oldest().map(|(n, _)| n).collect();
+        assert_eq!(order, vec![2, 3, 1]);
+        assert_eq!(l.total_bytes(), 60);
+        l.touch(1, 10, 50); // an older use does not make it older
+        assert_eq!(l.oldest().last().unwrap().0, 1);
+    }
+
+    #[test]
+    fn remove_respects_later_use() {
+        let mut l = Lru::default();
+        l.touch(1, 10, 100);
+        assert!(l.remove_if_older(1, 50).is_none());
+        assert!(l.remove_if_older(1, 100).is_some());
+        assert_eq!(l.total_bytes(), 0);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn size_update_keeps_total() {
+        let mut l = Lru::default();
+        l.touch(1, 10, 1);
+        l.touch(1, 25, 2);
+        assert_eq!(l.total_bytes(), 25);
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn clear_up_to_time() {
+        let mut l = Lru::default();
+        for i in 0..10u64 {
+            l.touch(i as u128, 1, i);
+        }
+        l.clear_up_to(4);
+        assert_eq!(l.len(), 5);
+        assert_eq!(l.oldest().next().unwrap().0, 5);
+    }
+}

@@ -1,0 +1,67 @@
+//! Per-process counters. Each process writes its cumulative counters to its own journal;
+//! `Store::stats` sums the latest record of every journal.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Counter {
+    Hits,
+    Misses,
+    Puts,
+    PutExists,
+    Corrupt,
+    Errors,
+    Evictions,
+    EvictedBytes,
+    BytesWritten,
+    BytesRead,
+    TooLarge,
+}
+
+pub const COUNTER_NAMES: [&str; 11] = [
+    "hits",
+    "misses",
+    "puts",
+    "put_exists",
+    "corrupt",
+    "errors",
+    "evictions",
+    "evicted_bytes",
+    "bytes_written",
+    "bytes_read",
+    "too_large",
+];
+pub const N_COUNTERS: usize = COUNTER_NAMES.len();
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    values: [AtomicU64; N_COUNTERS],
+    dirty: std::sync::atomic::AtomicBool,
+}
+
+impl Counters {
+    pub fn add(&self, c: Counter, n: u64) {
+        self.values[c as usize].fetch_add(n, Ordering::Relaxed);
+        self.dirty.store(true, Ordering::Relaxed);
+    }
+    pub fn inc(&self, c: Counter) {
+        self.add(c, 1);
+    }
+    pub fn get(&self, c: Counter) -> u64 {
+        self.values[c as usize].load(Ordering::Relaxed)
+    }
+    pub fn snapshot(&self) -> [u64; N_COUNTERS] {
+        std::array::from_fn(|i| self.values[i].load(Ordering::Relaxed))
+    }
+    /// Whether anything changed since the last call; clears the flag.
+    pub fn take_dirty(&self) -> bool {
+        self.dirty.swap(false, Ordering::Relaxed)
+    }
+}
+
+pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
+    for (a, b) in acc.iter_mut().zip(v) {
+        *a = a.saturating_add(*b);
+    }
+}

@@ -1,0 +1,441 @@
+//! `Store` and `Blob` for Python.
+
+use crate::buffer::{HeldBuffer, KeyArg};
+use crate::errors::{no_panic, to_py, CacheError};
+use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use std::os::raw::{c_int, c_void};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use xla_pcache_core::store::EntrySummary;
+use xla_pcache_core::{Blob, LockMode, ReadMode, Store, StoreOptions};
+
+fn seconds(name: &str, v: f64) -> PyResult<Duration> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be a non-negative number of seconds, got {v}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn key_object<'py>(py: Python<'py>, key: &[u8], is_text: bool) -> Bound<'py, PyAny> {
+    match (is_text, std::str::from_utf8(key)) {
+        (true, Ok(s)) => PyString::new(py, s).into_any(),
+        _ => PyBytes::new(py, key).into_any(),
+    }
+}
+
+fn meta_dict<'py>(py: Python<'py>, meta: &[(String, String)]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in meta {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+fn ns_to_secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// A verified cache entry; its payload is exposed through the buffer protocol, no copy.
+#[pyclass(name = "Blob", module = "xla_pcache._core", frozen)]
+pub struct PyBlob {
+    inner: Blob,
+}
+
+#[pymethods]
+impl PyBlob {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let payload = slf.get().inner.payload();
+        // SAFETY: the payload lives as long as the Blob, which the view keeps alive through
+        // its `obj` reference (set by PyBuffer_FillInfo); the buffer is read-only.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                payload.as_ptr() as *mut c_void,
+                payload.len() as ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.inner.payload().len()
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.payload())
+    }
+
+    #[getter]
+    fn key<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        key_object(py, &self.inner.header.key, self.inner.header.key_is_text)
+    }
+
+    #[getter]
+    fn meta<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        meta_dict(py, &self.inner.header.meta)
+    }
+
+    #[getter]
+    fn created(&self) -> f64 {
+        ns_to_secs(self.inner.header.created_ns)
+    }
+
+    #[getter]
+    fn mapped(&self) -> bool {
+        self.inner.is_mapped()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<xla_pcache.Blob {} bytes, {}>",
+            self.inner.payload().len(),
+            if self.inner.is_mapped() {
+                "mapped"
+            } else {
+                "in memory"
+            }
+        )
+    }
+}
+
+/// A persistent key -> blob store rooted at a directory.
+#[pyclass(name = "Store", module = "xla_pcache._core", frozen, subclass)]
+pub struct PyStore {
+    inner: Arc<Store>,
+    closed: AtomicBool,
+}
+
+impl PyStore {
+    fn store(&self) -> PyResult<&Store> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(CacheError::new_err(format!(
+                "the store at {} is closed",
+                self.inner.root().display()
+            )));
+        }
+        Ok(&self.inner)
+    }
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
+        lock_timeout=0.5, lease_time=30.0, hit_interval=60.0, trash_grace=300.0, tmp_grace=3600.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        max_size: Option<i64>,
+        read_only: bool,
+        durable: bool,
+        lock_mode: Option<String>,
+        lock_timeout: f64,
+        lease_time: f64,
+        hit_interval: f64,
+        trash_grace: f64,
+        tmp_grace: f64,
+    ) -> PyResult<Self> {
+        let max_size = match max_size {
+            None => None,
+            Some(n) if n > 0 => Some(n as u64),
+            Some(n) => {
+                return Err(PyValueError::new_err(format!(
+                    "max_size must be positive (or None), got {n}"
+                )))
+            }
+        };
+        let lock_mode = match lock_mode.or_else(|| std::env::var("XLA_PCACHE_LOCK_MODE").ok()) {
+            None => LockMode::Auto,
+            Some(s) => s
+                .parse::<LockMode>()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+        };
+        let read_mode = match std::env::var("XLA_PCACHE_READ_MODE") {
+            Ok(s) => s.parse::<ReadMode>().map_err(to_py)?,
+            Err(_) => ReadMode::Auto,
+        };
+        if path.as_os_str().is_empty() {
+            return Err(PyValueError::new_err("path must not be empty"));
+        }
+        let opts = StoreOptions {
+            max_size,
+            read_only,
+            durable,
+            lock_mode,
+            lock_timeout: seconds("lock_timeout", lock_timeout)?,
+            lease_time: seconds("lease_time", lease_time)?,
+            hit_interval: seconds("hit_interval", hit_interval)?,
+            trash_grace: seconds("trash_grace", trash_grace)?,
+            tmp_grace: seconds("tmp_grace", tmp_grace)?,
+            read_mode,
+            ..StoreOptions::default()
+        };
+        let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
+        Ok(Self {
+            inner: Arc::new(store),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    #[getter]
+    fn path(&self) -> String {
+        self.inner.root().display().to_string()
+    }
+
+    #[getter]
+    fn read_only(&self) -> bool {
+        self.inner.options().read_only
+    }
+
+    #[getter]
+    fn max_size(&self) -> Option<u64> {
+        self.inner.options().max_size
+    }
+
+    #[getter]
+    fn mmap_reads(&self) -> bool {
+        self.inner.mmap_reads()
+    }
+
+    #[getter]
+    fn filesystem(&self) -> String {
+        self.inner.filesystem().name.clone()
+    }
+
+    #[pyo3(signature = (key, value, *, meta=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        meta: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<bool> {
+        let key = KeyArg::extract(key)?;
+        let buf = HeldBuffer::get(value, "value")?;
+        let mut pairs = Vec::new();
+        if let Some(m) = meta {
+            for (k, v) in m.iter() {
+                let (Ok(k), Ok(v)) = (k.extract::<String>(), v.extract::<String>()) else {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(
+                        "meta must map str to str",
+                    ));
+                };
+                pairs.push((k, v));
+            }
+        }
+        let store = self.store()?;
+        let res = py.detach(|| no_panic("put", || store.put(key.key(), buf.as_slice(), &pairs)));
+        drop(buf);
+        match res {
+            Err(e) if e.is_instance_of::<CacheError>(py) => {
+                log::error!("xla_pcache: {e}; not cached");
+                Ok(false)
+            }
+            other => other,
+        }
+    }
+
+    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyBlob>> {
+        let key = KeyArg::extract(key)?;
+        let store = self.store()?;
+        match py.detach(|| no_panic("get", || store.get(key.key()))) {
+            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
+            Err(e) if e.is_instance_of::<CacheError>(py) => {
+                log::error!("xla_pcache: {e}; treated as a miss");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn __contains__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = KeyArg::extract(key)?;
+        let store = self.store()?;
+        py.detach(|| no_panic("contains", || store.contains(key.key())))
+    }
+
+    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = KeyArg::extract(key)?;
+        let store = self.store()?;
+        py.detach(|| no_panic("delete", || store.delete(key.key())))
+    }
+
+    fn clear(&self, py: Python<'_>) -> PyResult<u64> {
+        let store = self.store()?;
+        py.detach(|| no_panic("clear", || store.clear()))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        let store = self.store()?;
+        py.detach(|| no_panic("len", || store.len()))
+            .map(|n| n as usize)
+    }
+
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store()?;
+        let entries = py.detach(|| no_panic("keys", || store.entries()))?;
+        PyList::new(
+            py,
+            entries
+                .iter()
+                .map(|e| key_object(py, &e.key, e.key_is_text)),
+        )
+    }
+
+    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store()?;
+        let entries: Vec<EntrySummary> = py.detach(|| no_panic("entries", || store.entries()))?;
+        let out = PyList::empty(py);
+        for e in entries {
+            let d = PyDict::new(py);
+            d.set_item("key", key_object(py, &e.key, e.key_is_text))?;
+            d.set_item("name", &e.name)?;
+            d.set_item("size", e.size)?;
+            d.set_item("disk_bytes", e.disk_bytes)?;
+            d.set_item("created", ns_to_secs(e.created_ns))?;
+            d.set_item("last_use", e.last_use_ns.map(ns_to_secs))?;
+            d.set_item("meta", meta_dict(py, &e.meta)?)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.store()?;
+        let s = py.detach(|| no_panic("stats", || store.stats()))?;
+        let d = PyDict::new(py);
+        for (name, v) in Store::counter_names().iter().zip(s.counters.iter()) {
+            d.set_item(*name, *v)?;
+        }
+        let (hits, misses) = (s.counters[0], s.counters[1]);
+        let rate = if hits + misses > 0 {
+            Some(hits as f64 / (hits + misses) as f64)
+        } else {
+            None
+        };
+        d.set_item("hit_rate", rate)?;
+        d.set_item("entries", s.entries)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("max_size", store.options().max_size)?;
+        d.set_item("processes", s.journals)?;
+        d.set_item("path", store.root().display().to_string())?;
+        d.set_item("filesystem", store.filesystem().name.clone())?;
+        d.set_item("read_only", store.options().read_only)?;
+        d.set_item("mmap_reads", store.mmap_reads())?;
+        Ok(d)
+    }
+
+    #[pyo3(signature = (max_size=None, older_than=None))]
+    fn evict<'py>(
+        &self,
+        py: Python<'py>,
+        max_size: Option<u64>,
+        older_than: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let older = older_than.map(|s| seconds("older_than", s)).transpose()?;
+        let store = self.store()?;
+        let r = py.detach(|| no_panic("evict", || store.evict(max_size, older)))?;
+        let d = PyDict::new(py);
+        d.set_item("removed", r.removed)?;
+        d.set_item("bytes", r.bytes)?;
+        d.set_item("names", r.keys)?;
+        d.set_item("skipped", r.skipped)?;
+        Ok(d)
+    }
+
+    #[pyo3(signature = (repair=false, progress=None))]
+    fn verify<'py>(
+        &self,
+        py: Python<'py>,
+        repair: bool,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.store()?;
+        let mut cb_err: Option<PyErr> = None;
+        let r = py.detach(|| {
+            let mut last = std::time::Instant::now() - Duration::from_secs(1);
+            let mut cb = |done: u64, total: u64| {
+                let Some(p) = &progress else { return };
+                if cb_err.is_some() || (done != total && last.elapsed() < Duration::from_millis(50))
+                {
+                    return;
+                }
+                last = std::time::Instant::now();
+                Python::attach(|py| {
+                    if let Err(e) = p.call1(py, (done, total)) {
+                        cb_err = Some(e);
+                    }
+                });
+            };
+            no_panic("verify", || store.verify(repair, &mut cb))
+        })?;
+        if let Some(e) = cb_err {
+            return Err(e);
+        }
+        let d = PyDict::new(py);
+        d.set_item("entries", r.entries)?;
+        d.set_item("bytes", r.bytes)?;
+        d.set_item("corrupt", &r.corrupt)?;
+        d.set_item("foreign", &r.foreign)?;
+        d.set_item("unindexed", r.unindexed)?;
+        d.set_item("dangling", r.dangling)?;
+        d.set_item("stale_tmp", r.stale_tmp)?;
+        d.set_item("stale_trash", r.stale_trash)?;
+        d.set_item("problems", r.problems())?;
+        d.set_item("repaired", r.repaired)?;
+        Ok(d)
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store()?;
+        py.detach(|| store.flush());
+        Ok(())
+    }
+
+    fn close(&self, py: Python<'_>) {
+        if !self.closed.swap(true, Ordering::Relaxed) {
+            py.detach(|| self.inner.flush());
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        let o = self.inner.options();
+        format!(
+            "<xla_pcache.Store {:?}{}{}>",
+            self.inner.root().display().to_string(),
+            o.max_size
+                .map(|m| format!(" max_size={m}"))
+                .unwrap_or_default(),
+            if o.read_only { " read_only" } else { "" }
+        )
+    }
+}
