@@ -5,6 +5,7 @@ The extension is private: import its names from ``xla_pcache``.
 
 import os
 from typing_extensions import Buffer
+from collections.abc import Callable
 from typing import Literal, final
 
 __version__: str
@@ -98,27 +99,40 @@ class Store:
         """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
     def __contains__(self, key: object) -> bool:
         """Whether an entry file exists; does not verify, does not count as a use."""
-    def delete(self, key: Key) -> bool: ...
+    def delete(self, key: Key) -> bool:
+        """Remove the entry (two-phase: moved to trash first). ReadOnlyError if read-only."""
     def clear(self) -> int:
-        """Remove every entry; returns how many were removed."""
+        """Remove every entry; returns how many were removed. ReadOnlyError if read-only."""
     def __len__(self) -> int: ...
     def keys(self) -> list[Key]: ...
     def entries(self) -> list[dict[str, object]]:
         """One dict per entry: key, name, size (payload bytes), disk_bytes, created,
         last_use, meta. Reads entry headers (walks the directory)."""
-    def stats(self) -> dict[str, int | float | str | None]:
-        """Counters aggregated across every process that used the cache, plus entries,
-        bytes (on disk), max_size."""
+    def stats(self) -> dict[str, int | float | str | bool | None]:
+        """Counters aggregated across every process that used the cache: hits, misses, puts,
+        put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,
+        too_large; plus hit_rate, entries, bytes (on disk), max_size, processes, path,
+        filesystem, read_only, mmap_reads."""
     def evict(
         self, max_size: int | None = None, older_than: float | None = None
     ) -> dict[str, object]:
         """Evict least recently used entries now, down to ``max_size`` bytes (default: the
         low watermark of the store's budget) and/or every entry unused for ``older_than``
-        seconds. Returns {"removed": n, "bytes": b, "keys": [...], "skipped": reason|None}."""
-    def verify(self, repair: bool = False) -> dict[str, object]:
-        """Walk every file; report corrupt, orphaned and unindexed files; repair if asked."""
+        seconds. Returns {"removed": n, "bytes": b, "names": [entry file names],
+        "skipped": reason or None}. Raises ReadOnlyError on a read-only store."""
+    def verify(
+        self,
+        repair: bool = False,
+        progress: Callable[[int, int], object] | None = None,
+    ) -> dict[str, object]:
+        """Walk every file; report corrupt, foreign (orphaned), unindexed and dangling index
+        records and stale temp/trash files; repair if asked. ``progress(done, total)`` is
+        called as files are checked. Returns {"entries", "bytes", "corrupt": [paths],
+        "foreign": [paths], "unindexed", "dangling", "stale_tmp", "stale_trash", "problems",
+        "repaired"}."""
     def flush(self) -> None:
         """Write this process's pending counters to its journal."""
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush counters; any later call raises CacheError."""
     def __enter__(self) -> Store: ...
     def __exit__(self, *exc: object) -> None: ...
