@@ -230,7 +230,8 @@ impl LockDir {
         timeout: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
         validate_name(name)?;
-        let deadline = Instant::now() + timeout;
+        // A huge timeout must not overflow (and panic): cap it at a day.
+        let deadline = Instant::now() + timeout.min(Duration::from_secs(86_400));
         if self.effective_mode() == LockMode::Fcntl {
             match self.try_fcntl(name, deadline)? {
                 FcntlOutcome::Taken(guard) => return Ok(Some(guard)),
@@ -410,15 +411,11 @@ impl LockDir {
             moved => {
                 // Refreshed or replaced between our read and the rename: put it back if
                 // the name is still free, and leave the lock to its holder this time.
-                match fs::hard_link(&aside, lease) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        log::warn!(
-                            "xla_pcache: could not put back refreshed lease {}: taken meanwhile",
-                            lease.display()
-                        );
-                    }
-                    Err(e) => return Err(LockError::io("link", lease, e)),
+                if !link_exclusive(&aside, lease).map_err(|e| LockError::io("link", lease, e))? {
+                    log::warn!(
+                        "xla_pcache: could not put back refreshed lease {}: taken meanwhile",
+                        lease.display()
+                    );
                 }
                 match moved {
                     Ok(_) => Ok(TakeOver::GaveUp),
@@ -783,16 +780,25 @@ fn read_small(path: &Path) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// `link(tmp, lease)`: true if the lease is now ours. On EEXIST, checks the temp file's
-/// link count, since an NFS client may report EEXIST for a retransmitted link that did
-/// succeed.
-fn link_exclusive(tmp: &Path, lease: &Path) -> io::Result<bool> {
-    match fs::hard_link(tmp, lease) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            Ok(fs::symlink_metadata(tmp)?.nlink() == 2)
-        }
-        Err(e) => Err(e),
+/// `link(src, dst)` without replacing `dst`: true if `dst` is now `src`'s file, false
+/// if `dst` exists already. After a failed link, `src`'s link count decides first:
+/// an NFS client may report EEXIST for a retransmitted link that did succeed. Then an
+/// existing `dst` means "held" whatever the error: sshfs (SFTP) reports a link onto an
+/// existing name as EPERM. Only an error with `dst` absent is returned.
+fn link_exclusive(src: &Path, dst: &Path) -> io::Result<bool> {
+    let err = match fs::hard_link(src, dst) {
+        Ok(()) => return Ok(true),
+        Err(e) => e,
+    };
+    if fs::symlink_metadata(src)?.nlink() == 2 {
+        return Ok(true);
+    }
+    if err.kind() == io::ErrorKind::AlreadyExists {
+        return Ok(false);
+    }
+    match fs::symlink_metadata(dst) {
+        Ok(_) => Ok(false),
+        Err(_) => Err(err),
     }
 }
 
@@ -931,6 +937,29 @@ mod tests {
             let took = t.elapsed();
             assert!(took >= Duration::from_millis(150), "{mode}: {took:?}");
             assert!(took < Duration::from_millis(1000), "{mode}: {took:?}");
+        }
+    }
+
+    #[test]
+    fn try_lock_for_overrides_the_timeout() {
+        let tmp = tempfile::tempdir().unwrap();
+        for mode in [LockMode::Fcntl, LockMode::Lease] {
+            let a = lock_dir(tmp.path(), mode, 0, 60_000);
+            let b = lock_dir(tmp.path(), mode, 5_000, 60_000);
+            let g = a.try_lock_for("evict", Duration::ZERO).unwrap().unwrap();
+            let t = Instant::now();
+            assert!(b.try_lock_for("evict", Duration::ZERO).unwrap().is_none());
+            assert!(b
+                .try_lock_for("evict", Duration::from_millis(60))
+                .unwrap()
+                .is_none());
+            let took = t.elapsed();
+            assert!(took >= Duration::from_millis(60), "{mode}: {took:?}");
+            assert!(took < Duration::from_millis(1000), "{mode}: {took:?}");
+            drop(g);
+            assert!(b.try_lock_for("evict", Duration::ZERO).unwrap().is_some());
+            // A huge timeout does not overflow.
+            assert!(a.try_lock_for("other", Duration::MAX).unwrap().is_some());
         }
     }
 
