@@ -10,28 +10,8 @@ pub fn unix_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// This host's name, for journal and lease file names.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is writable for its full length; gethostname NUL-terminates within it.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown-host".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let name: String = String::from_utf8_lossy(&buf[..end])
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if name.is_empty() {
-        "unknown-host".into()
-    } else {
-        name
-    }
+/// This host's name, for journal, temp and trash file names (looked up once per process).
+pub fn hostname() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(crate::lock::hostname)
 }

@@ -186,7 +186,7 @@ pub fn header_len(fixed: &[u8]) -> Result<usize, EntryError> {
     if key_len == 0
         || key_len > MAX_KEY_LEN
         || meta_len > MAX_META_LEN
-        || header_len % 64 != 0
+        || !header_len.is_multiple_of(64)
         || header_len < FIXED_HEADER + key_len + meta_len
         || header_len > (FIXED_HEADER + key_len + meta_len).div_ceil(64) * 64
     {

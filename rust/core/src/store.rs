@@ -73,6 +73,9 @@ pub struct StoreOptions {
     pub low_watermark: f64,
     /// How often pending counters are written to the journal.
     pub stats_interval: Duration,
+    /// When set, every eviction appends `pid start_ns end_ns` (time the evictor lock was
+    /// held) to this file: lets tests and operators check that evictors do not overlap.
+    pub evict_trace: Option<PathBuf>,
 }
 
 impl Default for StoreOptions {
@@ -91,6 +94,7 @@ impl Default for StoreOptions {
             refresh_interval: Duration::from_secs(1),
             low_watermark: 0.9,
             stats_interval: Duration::from_secs(2),
+            evict_trace: None,
         }
     }
 }
@@ -139,9 +143,13 @@ pub struct VerifyReport {
 }
 
 impl VerifyReport {
-    /// Problems that make the cache inconsistent (stale leftovers are housekeeping, not faults).
+    /// Problems: corrupt or foreign files, and entries the index does not know (they would
+    /// escape the budget). Index records of files that are gone ("dangling") are not counted:
+    /// races between a delete and a hit can leave them by design, they only make eviction
+    /// err toward removing more, and eviction drops them when it meets them. Stale temp and
+    /// trash files are housekeeping, not faults.
     pub fn problems(&self) -> u64 {
-        (self.corrupt.len() + self.foreign.len()) as u64 + self.unindexed + self.dangling
+        (self.corrupt.len() + self.foreign.len()) as u64 + self.unindexed
     }
 }
 
@@ -268,11 +276,17 @@ impl Store {
             ReadMode::Mmap => true,
             ReadMode::Pread => false,
         };
-        let host = crate::clock::hostname();
+        let host = crate::clock::hostname().to_string();
+        // FUSE network filesystems (sshfs, ...) grant fcntl locks that exclude only the
+        // processes of one host, and say nothing: leases exclude across hosts there.
+        let lock_mode = match opts.lock_mode {
+            LockMode::Auto if fs_info.name.starts_with("fuse") => LockMode::Lease,
+            m => m,
+        };
         let locks = LockDir::new(
             layout.locks(),
             LockOptions {
-                mode: opts.lock_mode,
+                mode: lock_mode,
                 timeout: opts.lock_timeout,
                 lease_time: opts.lease_time,
                 host: host.clone(),
@@ -440,6 +454,10 @@ impl Store {
     /// Removes a corrupt file, taking care not to remove a good entry that replaced it since
     /// it was read: move it aside, check it is the same inode, put it back if not.
     fn remove_corrupt(&self, path: &Path, ino: u64, name: u128) {
+        // Deletes are stamped before they happen and puts after, so a racing re-put always
+        // wins in the index: it may err toward a record of a missing file (harmless, dropped
+        // when eviction meets it), never toward an unindexed file that escapes the budget.
+        let t = crate::clock::unix_ns();
         let aside =
             self.layout
                 .trash()
@@ -450,10 +468,7 @@ impl Store {
         match fs::symlink_metadata(&aside) {
             Ok(m) if ino == 0 || m.ino() == ino => {
                 let _ = fs::remove_file(&aside);
-                self.append(&[Record::Delete {
-                    name,
-                    t: crate::clock::unix_ns(),
-                }]);
+                self.append(&[Record::Delete { name, t }]);
             }
             _ => {
                 let _ = publish_no_replace(&aside, path);
@@ -758,6 +773,31 @@ impl Store {
         target: Option<u64>,
         older_than: Option<Duration>,
     ) -> io::Result<EvictReport> {
+        let started = crate::clock::unix_ns();
+        let res = self.evict_with(st, &mut guard, target, older_than);
+        if let Some(trace) = &self.opts.evict_trace {
+            let line = format!(
+                "{} {started} {}\n",
+                std::process::id(),
+                crate::clock::unix_ns()
+            );
+            let _ = OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(trace)
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+        }
+        drop(guard);
+        res
+    }
+
+    fn evict_with(
+        &self,
+        st: &mut State,
+        guard: &mut LockGuard,
+        target: Option<u64>,
+        older_than: Option<Duration>,
+    ) -> io::Result<EvictReport> {
         self.refresh(st)?;
         let mut report = EvictReport::default();
         let now = crate::clock::unix_ns();
@@ -799,7 +839,11 @@ impl Store {
             st.view.lru.remove(name);
             records.push(Record::Delete { name, t: now });
             if last_beat.elapsed() > self.opts.lease_time / 4 {
-                let _ = guard.heartbeat();
+                if let Err(e) = guard.heartbeat() {
+                    // Someone took the lease over: stop and leave the rest to them.
+                    self.warn("lease", || format!("eviction stopped early: {e}"));
+                    break;
+                }
                 last_beat = Instant::now();
             }
         }
@@ -813,7 +857,6 @@ impl Store {
         if st.view.wants_compaction() {
             self.compact_locked(st);
         }
-        drop(guard);
         Ok(report)
     }
 
@@ -855,17 +898,25 @@ impl Store {
         }
     }
 
-    /// Removes temp files and trash older than their grace periods. With `all`, also reports
-    /// counts without regard to grace (used by verify to report).
+    /// Removes temp files, trash and lease leftovers older than their grace periods; returns
+    /// how many (temp + lease leftovers, trash). With `dry_run` it only counts (for verify).
     fn sweep(&self, dry_run: bool) -> (u64, u64) {
         let now = crate::clock::unix_ns();
         let mut counts = (0, 0);
         for (dir, grace, slot) in [
             (self.layout.tmp(), self.opts.tmp_grace, 0),
             (self.layout.trash(), self.opts.trash_grace, 1),
+            (self.layout.locks(), self.opts.tmp_grace, 0),
         ] {
             let Ok(rd) = fs::read_dir(&dir) else { continue };
             for e in rd.flatten() {
+                // In locks/ only the leftovers of killed lease writers (dot files) are swept.
+                if slot == 0
+                    && dir == self.layout.locks()
+                    && !e.file_name().to_string_lossy().starts_with('.')
+                {
+                    continue;
+                }
                 let Ok(m) = e.metadata() else { continue };
                 if age(&m, now) <= grace {
                     continue;
@@ -932,12 +983,10 @@ impl Store {
             .layout
             .trash()
             .join(format!("{}.{}", name_hex(name), unique_suffix()));
+        let t = crate::clock::unix_ns();
         match fs::rename(&path, &aside) {
             Ok(()) => {
-                self.append(&[Record::Delete {
-                    name,
-                    t: crate::clock::unix_ns(),
-                }]);
+                self.append(&[Record::Delete { name, t }]);
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),

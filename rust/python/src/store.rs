@@ -188,6 +188,7 @@ impl PyStore {
             trash_grace: seconds("trash_grace", trash_grace)?,
             tmp_grace: seconds("tmp_grace", tmp_grace)?,
             read_mode,
+            evict_trace: std::env::var_os("XLA_PCACHE_EVICT_TRACE").map(PathBuf::from),
             ..StoreOptions::default()
         };
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;

@@ -1,0 +1,66 @@
+"""Helpers shared by the tests (importable as `helpers`: pytest puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def run_python(
+    code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a fresh interpreter (as a separate process, like a real user)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        check=False,
+    )
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every path under root with its size, mtime and content (files): for before/after checks."""
+    state: dict[str, tuple[int, int, bytes]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            st = p.lstat()
+            data = p.read_bytes() if p.is_file() else b""
+            state[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns, data)
+    return state
+
+
+@contextlib.contextmanager
+def read_only_copy(src: Path, dest: Path) -> Iterator[Path]:
+    """`src` seen through a read-only path: a read-only bind mount when we are root (root
+    ignores permission bits), else the same tree with write permission removed."""
+    if os.geteuid() == 0:
+        dest.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(src), str(dest)], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(dest)], check=True)
+            yield dest
+        finally:
+            subprocess.run(["umount", "-l", str(dest)], check=False)
+    else:
+        shutil.copytree(src, dest, symlinks=True)
+        for dirpath, dirnames, filenames in os.walk(dest):
+            for n in dirnames + filenames:
+                os.chmod(Path(dirpath) / n, 0o555 if n in dirnames else 0o444)
+        os.chmod(dest, 0o555)
+        try:
+            yield dest
+        finally:
+            for dirpath, dirnames, _ in os.walk(dest):
+                os.chmod(dirpath, 0o755)
+                for n in dirnames:
+                    os.chmod(Path(dirpath) / n, 0o755)
