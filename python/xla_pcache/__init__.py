@@ -7,6 +7,7 @@ from xla_pcache._core import (
     FormatError,
     Hasher,
     ReadOnlyError,
+    entry_name,
     hash_key,
 )
 from xla_pcache._core import __version__ as __version__
@@ -27,6 +28,7 @@ __all__ = [
     "Settings",
     "Store",
     "default_cache_path",
+    "entry_name",
     "from_env",
     "hash_key",
     "settings_from_env",

@@ -56,6 +56,10 @@ class Hasher:
 def hash_key(*parts: Key | Buffer) -> str:
     """xxh3-128 hex digest of the concatenated parts, each length-prefixed."""
 
+def entry_name(key: Key) -> str:
+    """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed
+    in ``entries/<first two digits>/``."""
+
 class Store:
     """A persistent key -> blob store rooted at a directory.
 

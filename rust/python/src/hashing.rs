@@ -1,6 +1,7 @@
 //! `hash_key` and `Hasher`: xxh3-128 over str/bytes/buffer parts.
 
 use crate::buffer::HeldBuffer;
+use crate::buffer::KeyArg;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
 use xla_pcache_core::KeyHasher;
@@ -62,4 +63,13 @@ impl PyHasher {
     fn digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.inner.digest128().to_be_bytes())
     }
+}
+
+/// The file name (32 hex digits) under which the store files `key`.
+#[pyfunction]
+pub fn entry_name(key: &Bound<'_, PyAny>) -> PyResult<String> {
+    let key = KeyArg::extract(key)?;
+    Ok(xla_pcache_core::hash::name_hex(
+        xla_pcache_core::hash::entry_name(key.key().bytes),
+    ))
 }

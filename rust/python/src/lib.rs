@@ -19,5 +19,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyBlob>()?;
     m.add_class::<hashing::PyHasher>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
+    m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;
     Ok(())
 }
