@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -118,7 +119,8 @@ def test_recently_read_entries_survive_across_processes_and_reopen(cache_dir: Pa
     )
     # Process 2 reads A: it becomes the most recently used.
     py(
-        "import sys\nfrom xla_pcache import Store\nassert Store(sys.argv[1], hit_interval=0).get('A')"
+        "import sys\nfrom xla_pcache import Store\n"
+        "s = Store(sys.argv[1], hit_interval=0)\nassert s.get('A')"
     )
     # Process 3, with a budget, adds E: B and C (the least recently used) must go, A stays.
     py(
@@ -260,7 +262,7 @@ def test_lease_mode_evictors_never_overlap(cache_dir: Path, tmp_path: Path) -> N
     )
     assert len(intervals) == runs > 10
     assert len({pid for _, _, pid in intervals}) >= 2, "only one process ever evicted"
-    for (s1, e1, p1), (s2, _, p2) in zip(intervals, intervals[1:], strict=False):
+    for (_s1, e1, p1), (s2, _, p2) in itertools.pairwise(intervals):
         assert s2 >= e1, f"evictors {p1} and {p2} overlapped"
     assert list((cache_dir / "locks").glob(".*")) == [], "lease temp files left behind"
 
