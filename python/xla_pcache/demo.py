@@ -1,0 +1,227 @@
+"""``xla-pcache demo``: compile a real JAX model twice, in two fresh processes.
+
+The first process compiles an MLP train step (a few seconds on CPU) and stores the
+executable; the second, a new process as after a restart, loads it from the cache. The
+program's name carries a fresh nonce, so the first run is cold even in a cache that
+already holds earlier demos' entries.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from xla_pcache.sizes import format_size
+
+__all__ = ["main"]
+
+# JAX keys start with the module name: "jit_" + the function's name.
+DEMO_PREFIX = "xla_pcache_demo_"
+_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_CHILD_TIMEOUT_S = 600
+
+# The model: an MLP with layer norm and GELU, trained with Adam, several optimizer steps
+# unrolled into one program. About 4 s to compile on one CPU core.
+_LAYERS = 8
+_WIDTH = 256
+_BATCH = 32
+_CLASSES = 10
+_UNROLLED_STEPS = 8
+
+
+def _child(path: str, nonce: str) -> int:
+    """One demo process: install the cache, compile the train step, report JSON."""
+    started = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import xla_pcache.jax as xj
+
+    import_s = time.perf_counter() - started
+    events: list[str] = []
+    jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
+    # The demo is the user here: it wants its one program cached however fast this
+    # machine compiles it, so it lowers JAX's 1 s threshold for this process only.
+    jax_config: Any = jax.config
+    jax_config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    xj.install(path, read_only=False)
+
+    rng = np.random.default_rng(0)
+    dims = [_WIDTH] * (_LAYERS + 1)
+    params = [
+        (
+            (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
+            np.zeros(b, np.float32),
+            np.ones(b, np.float32),
+        )
+        for a, b in itertools.pairwise(dims)
+    ]
+    zeros = jax.tree.map(np.zeros_like, params)
+    state = (params, zeros, zeros, np.float32(0))
+    x = rng.standard_normal((_BATCH, _WIDTH)).astype(np.float32)
+    y = np.arange(_BATCH) % _CLASSES
+
+    def forward(params: Any, x: Any) -> Any:
+        h = x
+        for w, b, g in params:
+            h = h @ w + b
+            mu = h.mean(-1, keepdims=True)
+            var = ((h - mu) ** 2).mean(-1, keepdims=True)
+            h = jax.nn.gelu((h - mu) * jax.lax.rsqrt(var + 1e-5) * g)
+        return h[:, :_CLASSES]
+
+    def loss(params: Any, x: Any, y: Any) -> Any:
+        logp = jax.nn.log_softmax(forward(params, x))
+        return -jnp.mean(jnp.sum(logp * jax.nn.one_hot(y, _CLASSES), -1))
+
+    def adam(p: Any, m: Any, v: Any, t: Any) -> Any:
+        return p - 1e-3 * (m / (1 - 0.9**t)) / (jnp.sqrt(v / (1 - 0.999**t)) + 1e-8)
+
+    def train_step(state: Any, x: Any, y: Any) -> Any:
+        params, m, v, t = state
+        value = jnp.float32(0)
+        for _ in range(_UNROLLED_STEPS):
+            value, grads = jax.value_and_grad(loss)(params, x, y)
+            t = t + 1
+            m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, grads)
+            v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, grads)
+            params = jax.tree.map(lambda p, m, v, t=t: adam(p, m, v, t), params, m, v)
+        return (params, m, v, t), value
+
+    train_step.__name__ = train_step.__qualname__ = DEMO_PREFIX + nonce
+    step = jax.jit(train_step)
+    t0 = time.perf_counter()
+    lowered = step.lower(state, x, y)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    _, value = compiled(state, x, y)
+    report = {
+        "import_s": import_s,
+        "lower_s": t1 - t0,
+        "compile_s": t2 - t1,
+        "hit": events.count(_HIT_EVENT) > 0,
+        "loss": float(value),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+    print(json.dumps(report))
+    return 0
+
+
+def _run_child(path: str, nonce: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "xla_pcache.demo", "--child", path, nonce],
+        capture_output=True,
+        text=True,
+        timeout=_CHILD_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the demo process failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"the demo process printed no report:\n{proc.stderr[-3000:]}")
+    report: dict[str, Any] = json.loads(lines[-1])
+    return report
+
+
+def _resolve_path(path: str | None) -> str:
+    from xla_pcache.config import default_cache_path, path_from_env
+
+    return os.path.abspath(os.path.expanduser(path or path_from_env() or default_cache_path()))
+
+
+def _remove_demo_entries(path: str, nonce: str) -> int:
+    from xla_pcache.store import Store
+
+    with Store(path) as store:
+        every = store.keys()  # a list, not a dict view
+        mine = [k for k in every if str(k).startswith(f"jit_{DEMO_PREFIX}{nonce}")]
+        return sum(1 for k in mine if store.delete(k))
+
+
+def main(path: str | None = None, keep: bool = False) -> int:
+    """Run the demo against the cache at ``path`` (default: ``XLA_PERSISTENT_CACHE_PATH``,
+    else the user's cache directory). Without ``keep`` the demo's entries are removed
+    afterwards. Returns 0 when the second process hit the cache, 1 otherwise."""
+    console = Console()
+    if importlib.util.find_spec("jax") is None:
+        console.print(
+            "[red]The demo needs JAX.[/] Install it with: [bold]pip install 'xla-pcache\\[jax]'[/]"
+        )
+        return 1
+    from xla_pcache.store import Store
+
+    root = _resolve_path(path)
+    nonce = secrets.token_hex(4)
+    console.print(f"Cache: [bold]{root}[/]")
+    console.print(
+        f"Model: {_LAYERS}-layer MLP (width {_WIDTH}), Adam, {_UNROLLED_STEPS} steps per "
+        "call; each run is a fresh Python process"
+    )
+    reports: list[dict[str, Any]] = []
+    try:
+        for label in ("cold", "warm"):
+            with console.status(f"{label} run: starting Python, importing JAX, compiling..."):
+                reports.append(_run_child(root, nonce))
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        console.print(f"[red]demo failed:[/] {exc}")
+        return 1
+
+    cold, warm = reports
+    table = Table(title="xla-pcache demo")
+    for column in ("run", "cache", "lower (s)", "compile (s)", "loss"):
+        table.add_column(column, justify="right" if "(" in column else "left")
+    for label, r in (("cold", cold), ("warm", warm)):
+        table.add_row(
+            label,
+            "[green]hit[/]" if r["hit"] else "miss",
+            f"{r['lower_s']:.2f}",
+            f"{r['compile_s']:.2f}",
+            f"{r['loss']:.6f}",
+        )
+    console.print(table)
+    speedup = cold["compile_s"] / max(warm["compile_s"], 1e-9)
+    console.print(
+        f"Compile: cold {cold['compile_s']:.2f} s, warm {warm['compile_s']:.2f} s, "
+        f"[bold]{speedup:.1f}x[/] faster (jax {cold['jax']}, {cold['backend']})"
+    )
+
+    with Store(root, read_only=True) as store:
+        stats = store.stats()
+    shown = {
+        k: format_size(v) if k in ("bytes", "max_size") and not isinstance(v, str) else v
+        for k, v in stats.items()
+        if k not in ("path", "read_only")
+    }
+    console.print("Cache stats: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    if not keep:
+        removed = _remove_demo_entries(root, nonce)
+        noun = "entry" if removed == 1 else "entries"
+        console.print(f"Removed the demo's {removed} {noun} (--keep keeps them).")
+
+    ok = bool(warm["hit"]) and not cold["hit"] and warm["loss"] == cold["loss"]
+    if not ok:
+        console.print(
+            "[red]The warm run did not load the executable from the cache.[/] "
+            "Run `xla-pcache doctor` to check the backend."
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        sys.exit(_child(sys.argv[2], sys.argv[3]))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))

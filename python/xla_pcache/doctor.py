@@ -1,0 +1,392 @@
+"""``xla-pcache doctor``: what this environment will do with the cache, checked for real.
+
+For each framework installed (found without importing it), its version, and whether its
+backend can serialize an executable AND load it back. That check compiles a small program
+in a subprocess (frameworks are slow to import and may crash on a bad backend), once: the
+answer is kept in the cache under a key made of the framework, its versions and the
+backend asked for, so the next doctor on any host sharing the cache reads it instead.
+
+Frameworks register a ``Framework`` in ``FRAMEWORKS``; nothing here imports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["FRAMEWORKS", "Framework", "main", "probe_key"]
+
+PROBE_KEY_PREFIX = "xla_pcache.doctor/probe/v1"
+_PROBE_TIMEOUT_S = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Framework:
+    """How the doctor checks one framework.
+
+    ``module``: the import name (found with ``importlib.util.find_spec``, not imported).
+    ``versions``: distributions whose versions go into the report and the probe key.
+    ``backend_hint``: the backend this process would get, guessed cheaply (environment,
+    installed plugins); part of the probe key. ``probe``: runs the real check in
+    subprocesses and returns a dict with at least ``serialize`` and ``load`` (bools) and
+    ``backend`` (what was really used); it raises or returns ``error`` when it could not
+    tell, and then nothing is remembered.
+    """
+
+    name: str
+    module: str
+    versions: tuple[str, ...]
+    backend_hint: Callable[[], str]
+    probe: Callable[[], dict[str, Any]]
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _installed(*dists: str) -> bool:
+    return any(_dist_version(d) is not None for d in dists)
+
+
+def _run_probe(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter; its last stdout line is the JSON result."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=_PROBE_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"probe exited with {proc.returncode}: {tail}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+# jax -------------------------------------------------------------------------------------
+
+_JAX_PROBE = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import serialize_executable as se
+
+    out = {"backend": jax.default_backend(), "serialize": False, "load": False}
+    try:
+        import xla_pcache.jax as xj
+        xj._hooks()
+        out["adapter"] = "ok"
+    except Exception as exc:
+        out["adapter"] = f"{type(exc).__name__}: {exc}"
+    x = np.arange(16, dtype=np.float32)
+    compiled = jax.jit(lambda x: jnp.cumsum(jnp.sin(x) * 2.0)).lower(x).compile()
+    expected = np.asarray(compiled(x))
+    try:
+        payload, in_tree, out_tree = se.serialize(compiled)
+        out["serialize"] = True
+        out["bytes"] = len(payload)
+    except Exception as exc:
+        out["detail"] = f"serialize: {type(exc).__name__}: {exc}"
+    else:
+        try:
+            loaded = se.deserialize_and_load(payload, in_tree, out_tree)
+            out["load"] = bool(np.array_equal(np.asarray(loaded(x)), expected))
+            if not out["load"]:
+                out["detail"] = "the loaded executable computed a different result"
+        except Exception as exc:
+            out["detail"] = f"load: {type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+    """
+)
+
+
+def _jax_backend_hint() -> str:
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0]
+    if _installed("libtpu", "libtpu-nightly"):
+        return "tpu?"
+    if _installed("jax-cuda12-plugin", "jax-cuda13-plugin"):
+        return "cuda?"
+    if _installed("jax-rocm60-plugin", "jax-rocm7-plugin"):
+        return "rocm?"
+    return "cpu"
+
+
+def _probe_jax() -> dict[str, Any]:
+    return _run_probe(_JAX_PROBE)
+
+
+# torch_xla -------------------------------------------------------------------------------
+
+# torch_xla has no Python call that serializes an executable: the check goes through its
+# own persistent cache, writing an entry in one process and loading it in another.
+_TORCH_XLA_PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch_xla
+    import torch_xla.runtime as xr
+    import torch_xla.debug.metrics as met
+
+    xr.initialize_cache(sys.argv[1], readonly=False)
+    device = torch_xla.device()
+    x = torch.arange(16, dtype=torch.float32, device=device)
+    y = torch.cumsum(torch.sin(x) * 2.0, 0)
+    torch_xla.sync()
+    y.cpu()
+    counters = {
+        name: met.counter_value(name) or 0
+        for name in ("PersistentCacheMiss", "PersistentCacheHit",
+                     "PersistentCacheDeserializeFailure")
+    }
+    print(json.dumps({
+        "backend": str(xr.device_type()),
+        "files": len(os.listdir(sys.argv[1])),
+        **counters,
+    }))
+    """
+)
+
+
+def _torch_xla_backend_hint() -> str:
+    device = os.environ.get("PJRT_DEVICE", "").strip()
+    if device:
+        return device.lower()
+    return "tpu?" if _installed("libtpu", "libtpu-nightly") else "cpu"
+
+
+def _probe_torch_xla() -> dict[str, Any]:
+    env = {} if os.environ.get("PJRT_DEVICE") else {"PJRT_DEVICE": "CPU"}
+    with tempfile.TemporaryDirectory(prefix="xla-pcache-doctor-") as tmp:
+        code = _TORCH_XLA_PROBE
+        write = _run_probe(code.replace("sys.argv[1]", repr(tmp)), env)
+        if "error" in write:
+            return write
+        load = _run_probe(code.replace("sys.argv[1]", repr(tmp)), env)
+        if "error" in load:
+            return load
+    out: dict[str, Any] = {
+        "backend": write.get("backend", "?").lower(),
+        "serialize": write.get("files", 0) > 0,
+        "load": load.get("PersistentCacheHit", 0) > 0,
+    }
+    if load.get("PersistentCacheDeserializeFailure", 0):
+        out["detail"] = (
+            "entries are written but cannot be loaded back on this backend "
+            "(PersistentCacheDeserializeFailure)"
+        )
+    return out
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "jax": Framework("jax", "jax", ("jax", "jaxlib"), _jax_backend_hint, _probe_jax),
+    "torch_xla": Framework(
+        "torch_xla", "torch_xla", ("torch", "torch_xla"), _torch_xla_backend_hint, _probe_torch_xla
+    ),
+}
+
+
+def probe_key(fw: Framework, versions: dict[str, str | None], hint: str) -> str:
+    """The key a probe result is remembered under; hosts that would get the same answer
+    share it."""
+    parts = [f"{d}={versions.get(d)}" for d in fw.versions]
+    return "/".join(
+        [PROBE_KEY_PREFIX, fw.name, *parts, f"backend={hint}", f"arch={platform.machine()}"]
+    )
+
+
+def _check_framework(fw: Framework, store: Any) -> dict[str, Any] | None:
+    if importlib.util.find_spec(fw.module) is None:
+        return None
+    versions = {d: _dist_version(d) for d in fw.versions}
+    hint = fw.backend_hint()
+    key = probe_key(fw, versions, hint)
+    report: dict[str, Any] = {"versions": versions, "backend_hint": hint}
+    cached = None
+    if store is not None:
+        try:
+            blob = store.get(key)
+            if blob is not None:
+                cached = json.loads(bytes(blob))
+        except Exception as exc:
+            report["cache_error"] = f"{type(exc).__name__}: {exc}"
+    if cached is not None:
+        report.update(cached, remembered=True)
+        return report
+    try:
+        result = fw.probe()
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    report.update(result, remembered=False)
+    if "error" not in result and store is not None and not store.read_only:
+        meta = {"framework": fw.name, "kind": "doctor-probe"}
+        try:
+            store.put(key, json.dumps(result).encode(), meta=meta)
+        except Exception as exc:
+            report["cache_error"] = f"{type(exc).__name__}: {exc}"
+    return report
+
+
+def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
+    from xla_pcache.config import default_cache_path, settings_from_env
+
+    problems: list[str] = []
+    config: dict[str, Any] = {}
+    try:
+        settings = settings_from_env()
+    except (ValueError, TypeError) as exc:
+        problems.append(str(exc))
+        settings = None
+    env_path = settings.path if settings else None
+    resolved = path or env_path or default_cache_path()
+    config["path"] = os.path.abspath(os.path.expanduser(resolved))
+    config["path_source"] = (
+        "--path" if path else "XLA_PERSISTENT_CACHE_PATH" if env_path else "default"
+    )
+    if settings is not None:
+        config["read_only"] = settings.read_only
+        config["max_size"] = settings.max_size
+        config["memory_capacity"] = settings.memory_capacity
+    return config, problems
+
+
+def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]:
+    from xla_pcache.store import Store
+
+    info: dict[str, Any] = {}
+    try:
+        store = Store(
+            config["path"],
+            max_size=config.get("max_size"),
+            read_only=bool(config.get("read_only", False)),
+        )
+    except Exception as exc:
+        return None, info, [f"cannot open the cache at {config['path']}: {exc}"]
+    info["filesystem"] = store.filesystem
+    info["mmap_reads"] = store.mmap_reads
+    try:
+        stats = store.stats()
+        info.update(
+            entries=stats.get("entries"), bytes=stats.get("bytes"), max_size=stats.get("max_size")
+        )
+    except Exception as exc:
+        info["stats_error"] = f"{type(exc).__name__}: {exc}"
+    return store, info, []
+
+
+def collect(path: str | None) -> dict[str, Any]:
+    """Everything the doctor reports, as a dict (the ``--json`` output)."""
+    from xla_pcache import FORMAT_VERSION, __version__
+
+    config, problems = _configuration(path)
+    store: Any = None
+    cache: dict[str, Any] = {}
+    store_problems: list[str] = []
+    if not problems:
+        store, cache, store_problems = _open_store(config)
+    problems += store_problems
+    frameworks: dict[str, Any] = {}
+    try:
+        for name, fw in FRAMEWORKS.items():
+            report = _check_framework(fw, store)
+            if report is not None:
+                frameworks[name] = report
+    finally:
+        if store is not None:
+            store.close()
+    return {
+        "xla_pcache": __version__,
+        "format_version": FORMAT_VERSION,
+        "python": platform.python_version(),
+        "config": config,
+        "cache": cache,
+        "frameworks": frameworks,
+        "problems": problems,
+    }
+
+
+def _render(console: Console, report: dict[str, Any]) -> None:
+    from xla_pcache.sizes import format_size
+
+    cfg = report["config"]
+    console.print(
+        f"xla_pcache {report['xla_pcache']} (format {report['format_version']}), "
+        f"Python {report['python']}"
+    )
+    console.print(f"Cache: [bold]{cfg['path']}[/] (from {cfg['path_source']})")
+    if "read_only" in cfg:
+        console.print(
+            f"  read-only: {cfg['read_only']}, max size: {format_size(cfg['max_size'])}, "
+            f"in-memory capacity: {cfg['memory_capacity']}"
+        )
+    cache = report["cache"]
+    if cache:
+        size = cache.get("bytes")
+        console.print(
+            f"  filesystem: {cache['filesystem']} "
+            f"({'mmap' if cache['mmap_reads'] else 'pread'} reads), "
+            f"{cache.get('entries')} entries, "
+            f"{format_size(size) if isinstance(size, int) else size}"
+        )
+    table = Table(title="Frameworks")
+    for column in ("framework", "versions", "backend", "serialize", "load", "note"):
+        table.add_column(column)
+    for name, fw in report["frameworks"].items():
+        versions = ", ".join(f"{d} {v}" for d, v in fw["versions"].items())
+        if "error" in fw:
+            table.add_row(name, versions, fw["backend_hint"], "?", "?", f"[red]{fw['error']}[/]")
+            continue
+        note = fw.get("detail", "")
+        if fw.get("adapter") not in (None, "ok"):
+            note = f"{note} adapter: {fw['adapter']}".strip()
+        if fw.get("remembered"):
+            note = f"{note} (remembered)".strip()
+        table.add_row(
+            name,
+            versions,
+            str(fw.get("backend")),
+            "[green]yes[/]" if fw.get("serialize") else "[red]no[/]",
+            "[green]yes[/]" if fw.get("load") else "[red]no[/]",
+            note,
+        )
+    if report["frameworks"]:
+        console.print(table)
+    else:
+        console.print("No framework found: install jax or torch_xla.")
+    for problem in report["problems"]:
+        console.print(f"[red]problem:[/] {problem}")
+
+
+def main(path: str | None = None, as_json: bool = False) -> int:
+    """Print the report; 0 when the configuration is usable, 1 when it is not."""
+    console = Console()
+    if as_json:
+        report = collect(path)
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        with console.status("checking frameworks (compiles a small program once per backend)"):
+            report = collect(path)
+        _render(console, report)
+    return 1 if report["problems"] else 0

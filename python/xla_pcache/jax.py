@@ -1,0 +1,443 @@
+"""Route JAX's persistent compilation cache through an xla_pcache ``Store``.
+
+``install()`` replaces the factory JAX calls to build its file cache
+(``jax._src.compilation_cache.get_file_cache``), so everything that goes through that
+factory keeps working: ``jax_compilation_cache_dir``, ``set_cache_dir``, ``reset_cache``,
+the ``jax_compilation_cache_check_contents`` verification wrapper and JAX's own
+thresholds. ``uninstall()`` puts JAX's factory back.
+
+This module imports jax only when one of its functions runs, so that ``import xla_pcache``
+stays cheap and works without jax installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from xla_pcache._core import CacheError
+from xla_pcache.config import max_size_from_env, path_from_env, read_only_from_env
+from xla_pcache.sizes import parse_size
+from xla_pcache.store import Store
+
+# ``StoreCache`` is also public; see __getattr__ below.
+__all__ = ["SUPPORTED_JAX", "install", "installed_store", "uninstall"]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_JAX = "jax 0.4.30 or newer (tested with 0.10.2)"
+
+# JAX's default for this option asks XLA to keep GPU autotune results in a sub-directory
+# of the cache directory. On jax 0.10.x that sub-directory's absolute path is part of every
+# cache key (fixed in 0.11), so the same program misses when the cache is mounted
+# elsewhere; and it would put loose files inside the store's root. Executables in the
+# store already contain the autotuned code, so install() turns these side caches off.
+_XLA_CACHES_OPTION = "jax_persistent_cache_enable_xla_caches"
+_CACHE_DIR_OPTION = "jax_compilation_cache_dir"
+_XLA_CACHES_DEFAULT = "xla_gpu_per_fusion_autotune_cache_dir"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hooks:
+    """The private JAX objects this adapter relies on, found by feature detection."""
+
+    jax: Any
+    cc: Any  # jax._src.compilation_cache
+    cache_interface: type
+    verification_cache: Any  # class or None on JAX versions without the wrapper
+    has_xla_caches_option: bool
+
+
+def _hooks() -> _Hooks:
+    """Import jax and check for every hook; one CacheError naming what is missing."""
+    try:
+        import jax
+        from jax._src import compilation_cache as cc
+        from jax._src import compilation_cache_interface as cci
+    except ImportError as exc:
+        raise CacheError(
+            f"xla_pcache.jax needs {SUPPORTED_JAX}; importing it failed: {exc}. "
+            'Install it with `pip install "xla-pcache[jax]"`.'
+        ) from exc
+    missing = [
+        name
+        for name, ok in (
+            ("compilation_cache.get_file_cache", callable(getattr(cc, "get_file_cache", None))),
+            ("compilation_cache.reset_cache", callable(getattr(cc, "reset_cache", None))),
+            ("compilation_cache._cache", hasattr(cc, "_cache")),
+            ("compilation_cache_interface.CacheInterface", hasattr(cci, "CacheInterface")),
+            (_CACHE_DIR_OPTION, _CACHE_DIR_OPTION in jax.config.values),
+        )
+        if not ok
+    ]
+    if missing:
+        raise CacheError(
+            f"xla_pcache.jax supports {SUPPORTED_JAX}; jax {jax.__version__} lacks "
+            f"{', '.join(missing)}"
+        )
+    return _Hooks(
+        jax=jax,
+        cc=cc,
+        cache_interface=cci.CacheInterface,
+        verification_cache=getattr(cc, "VerificationCache", None),
+        has_xla_caches_option=_XLA_CACHES_OPTION in jax.config.values,
+    )
+
+
+class _Warner:
+    """Logs the first failure of each kind as a warning and the rest at debug level.
+
+    A broken cache fails on every compilation; one warning says so without flooding a
+    training log.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, type[BaseException]]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, what: str, key: str, exc: BaseException) -> None:
+        with self._lock:
+            first = (what, type(exc)) not in self._seen
+            self._seen.add((what, type(exc)))
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "xla_pcache: %s of %r failed, treating it as a miss: %s: %s%s",
+            what,
+            key,
+            type(exc).__name__,
+            exc,
+            " (further failures of this kind are logged at debug level)" if first else "",
+        )
+
+
+class _StoreCacheImpl:
+    """What JAX's ``CacheInterface`` asks for, on top of a ``Store``.
+
+    JAX hands over values already compressed (with its compile time inside), so they are
+    stored as given. Any store failure is a logged miss: the cache must never break a
+    compilation.
+    """
+
+    _path: pathlib.Path
+
+    def __init__(
+        self, store: Store, meta: dict[str, str] | None = None, *, verified: bool = False
+    ) -> None:
+        self._store = store
+        self._path = pathlib.Path(store.path)
+        self._meta = dict(meta or {})
+        # Whether JAX's verification wrapper sits above us: it forces a recompile after a
+        # hit on purpose, so a put after a hit then says nothing about the entry.
+        self._verified = verified
+        # Keys this process was served. JAX only puts a key it was served when it could not
+        # use the value (decompression or deserialization failed), so that put replaces it.
+        self._served: set[str] = set()
+        self._lock = threading.Lock()
+        self._warn = _Warner()
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    def get(self, key: str) -> bytes | None:
+        _check_key(key)
+        try:
+            blob = self._store.get(key)
+        except Exception as exc:
+            self._warn("read", key, exc)
+            return None
+        if blob is None:
+            return None
+        with self._lock:
+            self._served.add(key)
+        # JAX's contract is bytes; the copy is a memcpy, small next to deserialization.
+        return bytes(blob)
+
+    def put(self, key: str, value: bytes) -> None:
+        _check_key(key)
+        if self._store.read_only:
+            return
+        with self._lock:
+            replace = key in self._served and not self._verified
+            self._served.discard(key)
+        try:
+            if replace:
+                # JAX has already warned that it could not read the entry.
+                logger.info(
+                    "xla_pcache: JAX could not use the cached executable %r and compiled it "
+                    "again; replacing the entry",
+                    key,
+                )
+                self._store.delete(key)
+            self._store.put(key, value, meta=self._meta)
+        except Exception as exc:
+            self._warn("write", key, exc)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def clear(self) -> None:
+        """Remove every entry from the store (as JAX's in-memory test cache does)."""
+        with self._lock:
+            self._served.clear()
+        self._store.clear()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._store.path!r})"
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str):
+        raise TypeError(f"cache keys are str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("cache key must not be empty")
+
+
+_class_lock = threading.Lock()
+_store_cache_class: type[_StoreCacheImpl] | None = None
+
+
+def _cache_class(hooks: _Hooks) -> type[_StoreCacheImpl]:
+    """``StoreCache``: built on first use because its base class lives inside jax."""
+    global _store_cache_class
+    with _class_lock:
+        if _store_cache_class is None:
+            _store_cache_class = type(
+                "StoreCache",
+                (_StoreCacheImpl, hooks.cache_interface),
+                {"__module__": __name__, "__doc__": _StoreCacheImpl.__doc__},
+            )
+        return _store_cache_class
+
+
+def __getattr__(name: str) -> Any:
+    # ``xla_pcache.jax.StoreCache`` imports jax on first access, not at module import.
+    if name == "StoreCache":
+        return _cache_class(_hooks())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclasses.dataclass
+class _Installation:
+    hooks: _Hooks
+    path: str
+    max_size: int | None
+    read_only: bool
+    original_factory: Callable[[str], Any]
+    previous_cache_dir: str | None
+    previous_xla_caches: str | None
+    store: Store | None
+    meta: dict[str, str]
+    # Stores opened by _factory for other directories (after set_cache_dir); closed on
+    # uninstall.
+    others: list[Store] = dataclasses.field(default_factory=list)
+
+
+_state_lock = threading.RLock()
+_installed: _Installation | None = None
+
+
+def _producer_meta(hooks: _Hooks) -> dict[str, str]:
+    meta = {"framework": "jax", "framework_version": str(hooks.jax.__version__)}
+    try:
+        import jaxlib
+
+        meta["jaxlib_version"] = str(getattr(jaxlib, "__version__", "unknown"))
+    except Exception:
+        pass
+    return meta
+
+
+def _backend_platform(hooks: _Hooks) -> str | None:
+    """The default backend's platform, when backends are already up (they are by the time
+    JAX first builds its cache, during a compilation); never initialize them here."""
+    try:
+        from jax._src import xla_bridge
+
+        if not getattr(xla_bridge, "_backends", None):
+            return None
+        return str(xla_bridge.get_backend().platform)
+    except Exception:
+        return None
+
+
+def _open_store(path: str, max_size: int | None, read_only: bool) -> Store | None:
+    try:
+        return Store(path, max_size=max_size, read_only=read_only)
+    except Exception as exc:
+        logger.warning(
+            "xla_pcache: cannot open the cache at %s (%s: %s); JAX will compile without a "
+            "persistent cache",
+            path,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _factory(path: str) -> tuple[Any, str] | None:
+    """Stands in for ``compilation_cache.get_file_cache``; JAX calls it, lazily, with the
+    value of ``jax_compilation_cache_dir`` when it first needs its cache."""
+    with _state_lock:
+        inst = _installed
+    if inst is None:  # pragma: no cover - uninstall() restores the original first
+        return None
+    path = str(path)
+    if not _is_local(path):
+        # Object stores (gs://, s3://) are JAX's business; the store is a POSIX directory.
+        logger.info("xla_pcache: %s is not a local path; using JAX's own cache there", path)
+        result: tuple[Any, str] | None = inst.original_factory(path)
+        return result
+    path = path.removeprefix("file://")
+    with _state_lock:
+        store = inst.store
+        if store is None or os.path.abspath(store.path) != os.path.abspath(path):
+            store = _open_store(path, inst.max_size, inst.read_only)
+            if store is not None:
+                inst.others.append(store)
+    if store is None:
+        return None
+    meta = dict(inst.meta)
+    platform = _backend_platform(inst.hooks)
+    if platform is not None:
+        meta["backend"] = platform
+    hooks = inst.hooks
+    verify = bool(
+        hooks.verification_cache is not None
+        and hooks.jax.config.values.get("jax_compilation_cache_check_contents", False)
+    )
+    cache: Any = _cache_class(hooks)(store, meta, verified=verify)
+    if verify:
+        cache = hooks.verification_cache(cache)
+    return cache, path
+
+
+def install(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    max_size: int | str | None = None,
+    read_only: bool | None = None,
+) -> Store | None:
+    """Make every JAX compilation in this process read and write an xla_pcache store.
+
+    Defaults: ``path`` from ``XLA_PERSISTENT_CACHE_PATH``, else JAX's own
+    ``jax_compilation_cache_dir`` when set, else ``xla_pcache.config.default_cache_path()``;
+    ``max_size`` (bytes or a string such as ``"50G"``) from ``XLA_PERSISTENT_CACHE_MAX_SIZE``,
+    else JAX's ``jax_compilation_cache_max_size`` when positive, else unbounded;
+    ``read_only`` from ``XLA_PERSISTENT_CACHE_READ_ONLY``.
+
+    Sets ``jax_compilation_cache_dir`` to the path (JAX only consults a cache when it is
+    set) and ``jax_persistent_cache_enable_xla_caches`` to ``"none"``, which makes keys
+    independent of the path on jax 0.10. JAX's thresholds
+    (``jax_persistent_cache_min_compile_time_secs``, ``..._min_entry_size_bytes``) are left
+    as they are. Calling it again reinstalls with the new settings.
+
+    Returns the opened ``Store``, or None when the directory cannot be opened (logged; JAX
+    then compiles as if there were no persistent cache). Raises ``CacheError`` when the
+    installed jax lacks the hooks this adapter needs, ``ValueError`` on malformed settings.
+    """
+    global _installed
+    hooks = _hooks()
+    jax_config = hooks.jax.config
+    resolved_size = parse_size(max_size, name="max_size")
+    if resolved_size is None:
+        resolved_size = max_size_from_env()
+    if resolved_size is None:
+        jax_max = jax_config.values.get("jax_compilation_cache_max_size", -1)
+        if isinstance(jax_max, int) and jax_max > 0:
+            resolved_size = jax_max
+    resolved_ro = read_only_from_env() if read_only is None else bool(read_only)
+
+    with _state_lock:
+        if _installed is not None:
+            uninstall()
+        previous_dir = jax_config.values.get(_CACHE_DIR_OPTION)
+        if path is not None:
+            resolved_path = os.fspath(path)
+        else:
+            resolved_path = path_from_env() or previous_dir or _default_path()
+        resolved_path = os.path.expanduser(str(resolved_path))
+        if _is_local(resolved_path):
+            resolved_path = os.path.abspath(resolved_path.removeprefix("file://"))
+
+        store = _open_store(resolved_path, resolved_size, resolved_ro)
+        previous_xla_caches: str | None = None
+        if hooks.has_xla_caches_option:
+            previous_xla_caches = jax_config.values.get(_XLA_CACHES_OPTION)
+            if previous_xla_caches not in (None, "none", _XLA_CACHES_DEFAULT):
+                logger.warning(
+                    "xla_pcache: setting %s='none' (was %r) while installed, so that cache "
+                    "keys do not depend on the cache path",
+                    _XLA_CACHES_OPTION,
+                    previous_xla_caches,
+                )
+            jax_config.update(_XLA_CACHES_OPTION, "none")
+
+        _installed = _Installation(
+            hooks=hooks,
+            path=resolved_path,
+            max_size=resolved_size,
+            read_only=resolved_ro,
+            original_factory=hooks.cc.get_file_cache,
+            previous_cache_dir=previous_dir,
+            previous_xla_caches=previous_xla_caches,
+            store=store,
+            meta=_producer_meta(hooks),
+        )
+        hooks.cc.get_file_cache = _factory
+        jax_config.update(_CACHE_DIR_OPTION, resolved_path)
+        # Drop a cache JAX may already have built, so the next compilation calls _factory.
+        hooks.cc.reset_cache()
+        logger.debug(
+            "xla_pcache: JAX compilation cache at %s (max_size=%s, read_only=%s)",
+            resolved_path,
+            resolved_size,
+            resolved_ro,
+        )
+        return store
+
+
+def uninstall() -> None:
+    """Restore JAX's own cache factory and the options ``install()`` changed."""
+    global _installed
+    with _state_lock:
+        inst = _installed
+        if inst is None:
+            return
+        _installed = None
+        cc = inst.hooks.cc
+        if cc.get_file_cache is _factory:
+            cc.get_file_cache = inst.original_factory
+        config = inst.hooks.jax.config
+        config.update(_CACHE_DIR_OPTION, inst.previous_cache_dir)
+        if inst.hooks.has_xla_caches_option:
+            config.update(_XLA_CACHES_OPTION, inst.previous_xla_caches)
+        cc.reset_cache()
+        for store in [inst.store, *inst.others]:
+            if store is None:
+                continue
+            try:
+                store.close()
+            except Exception as exc:
+                logger.debug("xla_pcache: closing the store at %s failed: %s", store.path, exc)
+
+
+def installed_store() -> Store | None:
+    """The store ``install()`` opened, or None when not installed (or it failed to open)."""
+    with _state_lock:
+        return None if _installed is None else _installed.store
+
+
+def _default_path() -> str:
+    from xla_pcache.config import default_cache_path
+
+    return default_cache_path()

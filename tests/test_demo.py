@@ -1,0 +1,89 @@
+"""The commands issue 5 added: ``xla-pcache demo`` and ``xla-pcache doctor``, run as a user
+runs them (``python -m xla_pcache ...``), against real JAX on CPU."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from xla_pcache import Store
+from xla_pcache.doctor import FRAMEWORKS, probe_key
+
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PERSISTENT_CACHE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "xla_pcache", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**base, "JAX_PLATFORMS": "cpu", "COLUMNS": "200", **(env or {})},
+        check=False,
+    )
+
+
+@pytest.mark.jax
+@needs_jax
+def test_demo_warm_run_hits_the_cache(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    proc = _cli("demo", "--path", str(root), "--keep")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {
+        line.split()[1]: line
+        for line in proc.stdout.splitlines()
+        if line.startswith("│ cold") or line.startswith("│ warm")
+    }
+    assert "miss" in rows["cold"] and "hit" in rows["warm"], proc.stdout
+    cold_s, warm_s = (float(rows[r].split("│")[4]) for r in ("cold", "warm"))
+    assert warm_s < cold_s, proc.stdout
+    assert "faster" in proc.stdout and "hits=1" in proc.stdout
+    with Store(root, read_only=True) as store:
+        entries = store.entries()
+    demo_entries = [e for e in entries if str(e["key"]).startswith("jit_xla_pcache_demo_")]
+    assert len(demo_entries) == 1, entries
+    meta = demo_entries[0]["meta"]
+    assert isinstance(meta, dict) and meta["framework"] == "jax"
+
+
+@pytest.mark.jax
+@needs_jax
+def test_doctor_probes_once_and_remembers(tmp_path: Path) -> None:
+    """The jax probe runs for real the first time and is read back the second; torch_xla's
+    answer is planted in the cache under its probe key, so it is read back, never run."""
+    root = tmp_path / "cache"
+    torch_xla = FRAMEWORKS["torch_xla"]
+    planted = {"backend": "planted", "serialize": True, "load": False}
+    versions: dict[str, str | None] = {}
+    for dist in torch_xla.versions:
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    with Store(root) as store:
+        key = probe_key(torch_xla, versions, "cpu")
+        store.put(key, json.dumps(planted).encode())
+
+    reports = []
+    for _ in range(2):
+        proc = _cli("doctor", "--path", str(root), "--json", env={"PJRT_DEVICE": "CPU"})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        reports.append(json.loads(proc.stdout))
+    first, second = reports
+    jax_first, jax_second = first["frameworks"]["jax"], second["frameworks"]["jax"]
+    assert jax_first["remembered"] is False and jax_second["remembered"] is True
+    for report in (jax_first, jax_second):
+        assert report["serialize"] is True and report["load"] is True
+        assert report["backend"] == "cpu" and report["adapter"] == "ok"
+    assert first["config"]["path"] == str(root)
+    assert first["problems"] == []
+    if importlib.util.find_spec("torch_xla") is not None:
+        assert first["frameworks"]["torch_xla"]["backend"] == "planted"
+        assert first["frameworks"]["torch_xla"]["remembered"] is True
