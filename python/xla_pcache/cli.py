@@ -1,0 +1,475 @@
+"""``xla-pcache``: look after a cache directory (stats, ls, prune, verify, clear, ...).
+
+Expected failures (no path, not a cache, a ``CacheError``, a malformed option or variable)
+print one line on stderr and exit 2. ``verify`` exits 1 when it finds problems. Importing
+this module must stay cheap: the framework-facing commands import their modules lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from xla_pcache import _core
+from xla_pcache._core import CacheError
+from xla_pcache.config import (
+    MAX_SIZE_VAR,
+    PATH_VAR,
+    READ_ONLY_VAR,
+    max_size_from_env,
+    path_from_env,
+    read_only_from_env,
+)
+from xla_pcache.sizes import format_size, parse_duration, parse_size
+from xla_pcache.store import Store
+
+app = typer.Typer(
+    name="xla-pcache",
+    help="Inspect and maintain an xla_pcache compilation cache directory.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Expected errors are reported in one line; anything else is a bug and should show a
+    # plain traceback, without the local variables rich would print.
+    pretty_exceptions_enable=False,
+)
+
+PathOption = Annotated[
+    str | None,
+    typer.Option(
+        "--path", "-p", help=f"Cache directory [default: ${PATH_VAR}]", show_default=False
+    ),
+]
+ReadOnlyOption = Annotated[
+    bool,
+    typer.Option("--read-only", help=f"Never write to the cache [default: ${READ_ONLY_VAR}]"),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+class SortKey(StrEnum):
+    size = "size"
+    age = "age"
+    last_use = "last-use"
+
+
+class Failure(Exception):
+    """An expected error: reported in one line, exit status 2."""
+
+
+def _fail(message: str) -> NoReturn:
+    raise Failure(message)
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """Turn expected errors into one line on stderr and exit status 2, never a traceback."""
+    try:
+        yield
+    except (Failure, CacheError, ValueError, OSError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        typer.echo(f"xla-pcache: error: {text}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+def _resolve_path(path: str | None) -> str:
+    root = os.path.expanduser(path) if path else path_from_env()
+    if not root:
+        _fail(f"no cache directory: pass --path or set {PATH_VAR}")
+    if not os.path.isdir(root):
+        _fail(f"{root}: no such directory")
+    if not os.path.isfile(os.path.join(root, "FORMAT")):
+        _fail(f"{root}: not an xla_pcache cache (no FORMAT file)")
+    return root
+
+
+def _open(path: str | None, *, read_only: bool, write: bool = False) -> Store:
+    """Open an existing cache; never create one.
+
+    The store is opened read-only first so that a directory of an unknown format is refused
+    before anything is written to it. ``write`` reopens it writable for prune/repair/clear.
+    """
+    root = _resolve_path(path)
+    max_size = max_size_from_env()
+    store = Store(root, max_size=max_size, read_only=True)
+    if not write:
+        return store
+    if read_only or read_only_from_env():
+        store.close()
+        _fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
+    store.close()
+    return Store(root, max_size=max_size, read_only=False)
+
+
+def _key_text(key: object) -> str:
+    """A key as one printable line: control characters and undecodable bytes escaped, so a
+    hostile or binary key cannot break the table or the terminal."""
+    text = key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def _entry_json(entry: dict[str, Any]) -> dict[str, Any]:
+    key = entry.get("key")
+    result = {**entry, "key": key if isinstance(key, str) else _key_text(key)}
+    if isinstance(key, bytes):
+        # The text form of a binary key is lossy; the hex form is exact.
+        result["key_hex"] = key.hex()
+    return result
+
+
+def _format_ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _emit_json(value: object) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True, default=_key_text))
+
+
+# stats ---------------------------------------------------------------------------------------
+
+# Shown first, in this order, with these labels; any other counter the store reports follows.
+_STAT_ROWS = (
+    ("entries", "entries"),
+    ("bytes", "bytes on disk"),
+    ("max_size", "budget"),
+    ("fill", "fill"),
+    ("hits", "hits"),
+    ("misses", "misses"),
+    ("hit_rate", "hit rate"),
+    ("puts", "puts"),
+    ("evictions", "evictions"),
+    ("corrupt", "corrupt"),
+)
+
+
+def _stats_report(store: _core.Store) -> dict[str, Any]:
+    report: dict[str, Any] = {"path": store.path, "filesystem": store.filesystem}
+    report.update(store.stats())
+    # These describe the handle this command opened (read-only to look), not the cache.
+    report.pop("read_only", None)
+    report.pop("mmap_reads", None)
+    hits, misses = _number(report.get("hits")) or 0, _number(report.get("misses")) or 0
+    report["hit_rate"] = hits / (hits + misses) if hits + misses else None
+    used, budget = _number(report.get("bytes")), _number(report.get("max_size"))
+    report["fill"] = used / budget if used is not None and budget else None
+    return report
+
+
+def _stat_text(name: str, value: object) -> str:
+    if value is None:
+        return "unbounded" if name == "max_size" else "-"
+    if isinstance(value, int) and ("bytes" in name.split("_") or name == "max_size"):
+        return f"{format_size(value)} ({value:,} B)"
+    if name in ("fill", "hit_rate") and isinstance(value, float):
+        return f"{value:.1%}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+@app.command()
+def stats(
+    path: PathOption = None, read_only: ReadOnlyOption = False, as_json: JsonOption = False
+) -> None:
+    """Entries, bytes on disk, budget and fill, hits, misses, puts, evictions, corrupt."""
+    with _reported(), _open(path, read_only=read_only) as store:
+        report = _stats_report(store)
+    if as_json:
+        _emit_json(report)
+        return
+    table = Table(title=f"xla_pcache {report['path']} ({report['filesystem']})", show_header=False)
+    table.add_column("counter")
+    table.add_column("value", justify="right")
+    shown = {"path", "filesystem"}
+    for name, label in _STAT_ROWS:
+        table.add_row(label, _stat_text(name, report.get(name)))
+        shown.add(name)
+    for name in sorted(report.keys() - shown):
+        table.add_row(name.replace("_", " "), _stat_text(name, report[name]))
+    _console().print(table)
+
+
+# ls ------------------------------------------------------------------------------------------
+
+
+def _sort_entries(entries: list[dict[str, Any]], sort: SortKey) -> list[dict[str, Any]]:
+    # Each order puts the largest value of the column it names first: the biggest, the
+    # oldest, the longest unused (the next candidates for eviction).
+    def field(entry: dict[str, Any], name: str) -> float:
+        return _number(entry.get(name)) or 0.0
+
+    if sort is SortKey.size:
+        return sorted(
+            entries, key=lambda e: field(e, "disk_bytes") or field(e, "size"), reverse=True
+        )
+    if sort is SortKey.age:
+        return sorted(entries, key=lambda e: field(e, "created"))
+    return sorted(entries, key=lambda e: field(e, "last_use") or field(e, "created"))
+
+
+@app.command("ls")
+def list_entries(
+    path: PathOption = None,
+    read_only: ReadOnlyOption = False,
+    sort: Annotated[
+        SortKey, typer.Option("--sort", help="Largest, oldest or least recently used first.")
+    ] = SortKey.last_use,
+    as_json: JsonOption = False,
+) -> None:
+    """Entries with key, size, age, last use and producer (framework and version)."""
+    with _reported(), _open(path, read_only=read_only) as store:
+        entries = _sort_entries(store.entries(), sort)
+    if as_json:
+        _emit_json([_entry_json(e) for e in entries])
+        return
+    now = time.time()
+    table = Table(title=f"{len(entries)} entries")
+    table.add_column("key", overflow="fold")
+    table.add_column("size", justify="right")
+    table.add_column("on disk", justify="right")
+    table.add_column("age", justify="right")
+    table.add_column("last use", justify="right")
+    table.add_column("producer")
+    for entry in entries:
+        meta = entry.get("meta") or {}
+        producer = " ".join(str(meta[k]) for k in ("framework", "framework_version") if k in meta)
+        created, last_use = _number(entry.get("created")), _number(entry.get("last_use"))
+        table.add_row(
+            _key_text(entry.get("key")),
+            format_size(_number(entry.get("size"))),
+            format_size(_number(entry.get("disk_bytes"))),
+            _format_ago(None if created is None else now - created),
+            _format_ago(None if last_use is None else now - last_use),
+            producer or "-",
+        )
+    _console().print(table)
+
+
+# prune ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def prune(
+    path: PathOption = None,
+    read_only: ReadOnlyOption = False,
+    max_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-size",
+            help=f"Evict down to this size (e.g. 50G) [default: below ${MAX_SIZE_VAR}]",
+        ),
+    ] = None,
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="Evict entries unused this long (e.g. 7d).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Evict least recently used entries now and print what was removed."""
+    with _reported():
+        target = parse_size(max_size, name="--max-size")
+        age = None if older_than is None else parse_duration(older_than, name="--older-than")
+        with _open(path, read_only=read_only, write=True) as store:
+            if target is None and age is None and store.max_size is None:
+                _fail(
+                    f"nothing to prune to: pass --max-size or --older-than, or set {MAX_SIZE_VAR}"
+                )
+            # evict() reports file names; map them back to keys for people to read.
+            keys_by_name = {e["name"]: e["key"] for e in store.entries()}
+            result = store.evict(max_size=target, older_than=age)
+    names = result.get("names", result.get("keys"))
+    removed_names: list[object] = names if isinstance(names, list) else []
+    removed_keys = [_key_text(keys_by_name.get(n, n)) for n in removed_names]
+    result["keys"] = removed_keys
+    if as_json:
+        _emit_json(result)
+    else:
+        for key in removed_keys:
+            typer.echo(f"removed {key}")
+        removed, freed = result.get("removed", 0), _number(result.get("bytes")) or 0
+        typer.echo(f"removed {removed} entries, {format_size(freed)}")
+    if result.get("skipped"):
+        typer.echo(f"xla-pcache: prune skipped: {result['skipped']}", err=True)
+        raise typer.Exit(1)
+
+
+# verify --------------------------------------------------------------------------------------
+
+# Fields of the verify report that list or count faults; stale temp and trash files are
+# housekeeping the store sweeps on its own, not faults.
+_PROBLEM_FIELDS = ("corrupt", "foreign", "unindexed", "dangling")
+
+
+def _problem_count(report: dict[str, object]) -> int:
+    reported = report.get("problems")
+    if isinstance(reported, int) and not isinstance(reported, bool):
+        return reported
+    total = 0
+    for name in _PROBLEM_FIELDS:
+        value = report.get(name)
+        if isinstance(value, list | tuple | set):
+            total += len(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            total += value
+    return total
+
+
+def _run_verify(store: _core.Store, repair: bool, console: Console) -> dict[str, object]:
+    if not console.is_terminal:
+        return store.verify(repair=repair)
+    # Lazy: only a terminal needs the progress machinery.
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"verifying {store.path}", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return store.verify(repair=repair, progress=advance)
+
+
+@app.command()
+def verify(
+    path: PathOption = None,
+    read_only: ReadOnlyOption = False,
+    repair: Annotated[
+        bool, typer.Option("--repair", help="Remove bad files and repair the index.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Check every file of the cache; exit 1 if any problem was found (even if repaired)."""
+    console = _console()
+    with _reported(), _open(path, read_only=read_only, write=repair) as store:
+        report = _run_verify(store, repair, console)
+    problems = _problem_count(report)
+    if as_json:
+        _emit_json({**report, "problems": problems})
+    else:
+        table = Table(
+            title=f"verify {'--repair ' if repair else ''}{path or ''}".strip(), show_header=False
+        )
+        table.add_column("check")
+        table.add_column("result")
+        for name, value in report.items():
+            if isinstance(value, list | tuple | set):
+                text = f"{len(value)}" + "".join(f"\n  {_key_text(v)}" for v in value)
+            else:
+                text = _key_text(value)
+            table.add_row(name.replace("_", " "), text)
+        console.print(table)
+        console.print("no problems found" if problems == 0 else f"{problems} problems found")
+    if problems:
+        raise typer.Exit(1)
+
+
+# clear ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def clear(
+    path: PathOption = None,
+    read_only: ReadOnlyOption = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete every entry (asks first unless --yes; refused in read-only mode)."""
+    with _reported(), _open(path, read_only=read_only, write=True) as store:
+        if not yes:
+            count = len(store)
+            question = f"Delete all {count} entries in {store.path}?"
+            try:
+                confirmed = typer.confirm(question, default=False)
+            except typer.Abort:
+                confirmed = False
+            if not confirmed:
+                typer.echo("nothing deleted", err=True)
+                raise typer.Exit(1)
+        removed = store.clear()
+    typer.echo(f"removed {removed} entries")
+
+
+# commands implemented elsewhere ----------------------------------------------------------------
+
+
+def _lazy_main(module: str) -> Any:
+    # Imported here, not at the top: these modules import JAX or torch, and `xla-pcache stats`
+    # must not pay for that.
+    try:
+        return importlib.import_module(f"xla_pcache.{module}").main
+    except ImportError as exc:
+        _fail(f"the {module} command is unavailable: {exc}")
+
+
+@app.command()
+def demo(
+    path: Annotated[
+        str | None,
+        typer.Option("--path", "-p", help="Cache directory for the demo.", show_default=False),
+    ] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's cache afterwards.")] = False,
+) -> None:
+    """Compile a small program twice and show the second run hit the cache."""
+    with _reported():
+        main_fn = _lazy_main("demo")
+    raise typer.Exit(int(main_fn(path, keep)))
+
+
+@app.command()
+def doctor(path: PathOption = None, as_json: JsonOption = False) -> None:
+    """Check the environment, the frameworks and the cache directory."""
+    with _reported():
+        main_fn = _lazy_main("doctor")
+    raise typer.Exit(int(main_fn(path, as_json)))
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from xla_pcache._core import __version__
+
+        typer.echo(f"xla-pcache {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Inspect and maintain an xla_pcache compilation cache directory."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="xla-pcache")

@@ -1,0 +1,467 @@
+"""The ``xla-pcache`` command, run as a real subprocess (``python -m xla_pcache``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from xla_pcache import Store
+
+JAX_META = {"framework": "jax", "framework_version": "0.10.2"}
+TORCH_META = {"framework": "torch_xla", "framework_version": "2.9.0"}
+ENTRIES = {
+    "jit_small-aaaa": (b"s" * 100, JAX_META),
+    "jit_big-bbbb": (b"b" * 50_000, JAX_META),
+    "123456789012345678901234567890": (b"t" * 5_000, TORCH_META),
+}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+    env.update(extra)
+    return env
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xla_pcache", *args],
+        env=clean_env() if env is None else env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("xla-pcache: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    with Store(root) as store:
+        for key, (value, meta) in ENTRIES.items():
+            assert store.put(key, value, meta=meta)
+        store.get("jit_small-aaaa")
+        store.get("jit_small-aaaa")
+        store.get("missing")
+        store.flush()
+    return root
+
+
+def entry_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "entries").rglob("*") if p.is_file())
+
+
+# help and wiring -----------------------------------------------------------------------------
+
+
+def test_help_lists_subcommands() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("stats", "ls", "prune", "verify", "clear", "demo", "doctor"):
+        assert command in result.stdout
+
+
+def test_no_arguments_shows_help() -> None:
+    result = run()
+    assert "Usage" in result.stdout + result.stderr
+    assert "stats" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", ["stats", "ls", "prune", "verify", "clear", "demo", "doctor"])
+def test_every_subcommand_takes_path(command: str) -> None:
+    result = run(command, "--help")
+    assert result.returncode == 0
+    assert "--path" in result.stdout
+
+
+def test_version() -> None:
+    import xla_pcache
+
+    result = run("--version")
+    assert result.returncode == 0
+    assert xla_pcache.__version__ in result.stdout
+
+
+def test_importing_cli_does_not_import_frameworks() -> None:
+    code = (
+        "import sys, xla_pcache.cli; "
+        "bad = [m for m in ('jax', 'torch', 'torch_xla', 'numpy') if m in sys.modules]; "
+        "sys.exit(str(bad) if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_console_script_entry_point_is_main() -> None:
+    from xla_pcache import cli
+
+    assert callable(cli.main)
+
+
+# errors shared by every cache command ----------------------------------------------------------
+
+CACHE_COMMANDS = [["stats"], ["ls"], ["prune", "--max-size", "0"], ["verify"], ["clear", "--yes"]]
+
+
+@pytest.mark.parametrize("command", CACHE_COMMANDS)
+def test_no_path(command: list[str]) -> None:
+    assert_one_line_error(run(*command), "XLA_PERSISTENT_CACHE_PATH")
+
+
+@pytest.mark.parametrize("command", CACHE_COMMANDS)
+def test_missing_path_is_not_created(command: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    assert_one_line_error(run(*command, "--path", str(missing)), str(missing))
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("command", CACHE_COMMANDS)
+def test_not_a_cache_is_left_alone(command: list[str], tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("precious")
+    assert_one_line_error(run(*command, "--path", str(tmp_path)), "not an xla_pcache cache")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.txt"]
+
+
+@pytest.mark.parametrize("command", CACHE_COMMANDS)
+def test_unknown_format_is_refused(command: list[str], cache: Path) -> None:
+    (cache / "FORMAT").write_text("xla_pcache format 999\n")
+    before = entry_files(cache)
+    result = run(*command, "--path", str(cache))
+    assert_one_line_error(result)
+    assert entry_files(cache) == before
+
+
+def test_malformed_read_only_variable(cache: Path) -> None:
+    env = clean_env(XLA_PERSISTENT_CACHE_READ_ONLY="kinda")
+    assert_one_line_error(
+        run("clear", "--yes", "--path", str(cache), env=env),
+        "XLA_PERSISTENT_CACHE_READ_ONLY",
+        "'kinda'",
+    )
+    assert len(entry_files(cache)) == 3
+
+
+def test_malformed_max_size_variable(cache: Path) -> None:
+    env = clean_env(XLA_PERSISTENT_CACHE_MAX_SIZE="lots")
+    assert_one_line_error(
+        run("stats", "--path", str(cache), env=env), "XLA_PERSISTENT_CACHE_MAX_SIZE"
+    )
+
+
+# stats ---------------------------------------------------------------------------------------
+
+
+def test_stats_table(cache: Path) -> None:
+    result = run("stats", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for label in ("entries", "bytes on disk", "budget", "hits", "misses", "hit rate", "puts"):
+        assert label in out
+    assert "unbounded" in out
+
+
+def test_stats_json_from_environment(cache: Path) -> None:
+    env = clean_env(XLA_PERSISTENT_CACHE_PATH=str(cache), XLA_PERSISTENT_CACHE_MAX_SIZE="1M")
+    result = run("stats", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert stats["path"] == str(cache)
+    assert stats["entries"] == 3
+    assert stats["bytes"] >= 55_100
+    assert stats["max_size"] == 1 << 20
+    assert stats["fill"] == pytest.approx(stats["bytes"] / (1 << 20))
+    assert stats["hits"] == 2
+    assert stats["misses"] == 1
+    assert stats["hit_rate"] == pytest.approx(2 / 3)
+    assert stats["puts"] == 3
+
+
+def test_stats_read_only_writes_nothing(cache: Path) -> None:
+    before = {str(p): p.stat().st_mtime_ns for p in cache.rglob("*")}
+    result = run("stats", "--read-only", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    assert {str(p): p.stat().st_mtime_ns for p in cache.rglob("*")} == before
+
+
+# ls ------------------------------------------------------------------------------------------
+
+
+def test_ls_table(cache: Path) -> None:
+    result = run("ls", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    assert "3 entries" in result.stdout
+    assert "jit_small-aaaa" in result.stdout
+    assert "jax 0.10.2" in result.stdout
+    assert "torch_xla 2.9.0" in result.stdout
+    assert "48.8K" in result.stdout  # human-readable size of the 50 000-byte payload
+
+
+def test_ls_binary_key(tmp_path: Path) -> None:
+    with Store(tmp_path / "c") as store:
+        store.put(b"\xff\x00bin\n", b"x")
+    table = run("ls", "--path", str(tmp_path / "c"))
+    assert table.returncode == 0, table.stderr
+    assert "\\xff\\x00bin\\n" in table.stdout
+    assert "\x00" not in table.stdout
+    [entry] = json.loads(run("ls", "--json", "--path", str(tmp_path / "c")).stdout)
+    assert bytes.fromhex(entry["key_hex"]) == b"\xff\x00bin\n"
+
+
+def test_ls_json_sorted_by_size(cache: Path) -> None:
+    result = run("ls", "--json", "--sort", "size", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    entries = json.loads(result.stdout)
+    assert [e["key"] for e in entries] == [
+        "jit_big-bbbb",
+        "123456789012345678901234567890",
+        "jit_small-aaaa",
+    ]
+    big = entries[0]
+    assert big["size"] == 50_000
+    assert big["meta"] == JAX_META
+    assert isinstance(big["created"], float | int)
+
+
+def test_ls_sort_age_and_last_use(cache: Path) -> None:
+    ages = json.loads(run("ls", "--json", "--sort", "age", "--path", str(cache)).stdout)
+    created = [e["created"] for e in ages]
+    assert created == sorted(created)
+    uses = json.loads(run("ls", "--json", "--sort", "last-use", "--path", str(cache)).stdout)
+    assert len(uses) == 3
+
+
+def test_ls_bad_sort(cache: Path) -> None:
+    result = run("ls", "--sort", "colour", "--path", str(cache))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+
+
+def test_ls_empty_cache(tmp_path: Path) -> None:
+    Store(tmp_path / "c").close()
+    result = run("ls", "--json", "--path", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
+# prune ---------------------------------------------------------------------------------------
+
+
+def test_prune_max_size_zero_removes_everything(cache: Path) -> None:
+    result = run("prune", "--max-size", "0", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    assert "removed 3 entries" in result.stdout
+    assert "removed jit_big-bbbb" in result.stdout
+    assert entry_files(cache) == []
+
+
+def test_prune_max_size_keeps_recent(cache: Path) -> None:
+    result = run("prune", "--max-size", "20K", "--json", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "jit_big-bbbb" in report["keys"]
+    with Store(cache, read_only=True) as store:
+        assert "jit_big-bbbb" not in store
+        assert "jit_small-aaaa" in store
+
+
+def test_prune_older_than(cache: Path) -> None:
+    result = run("prune", "--older-than", "7d", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    assert "removed 0 entries" in result.stdout
+    assert len(entry_files(cache)) == 3
+
+
+def test_prune_needs_a_target(cache: Path) -> None:
+    assert_one_line_error(run("prune", "--path", str(cache)), "--max-size")
+
+
+@pytest.mark.parametrize(("option", "value"), [("--max-size", "12Q"), ("--older-than", "soon")])
+def test_prune_bad_values(cache: Path, option: str, value: str) -> None:
+    assert_one_line_error(run("prune", option, value, "--path", str(cache)), option, repr(value))
+
+
+def test_prune_refuses_read_only(cache: Path) -> None:
+    assert_one_line_error(
+        run("prune", "--max-size", "0", "--read-only", "--path", str(cache)), "read-only"
+    )
+    env = clean_env(XLA_PERSISTENT_CACHE_READ_ONLY="true", XLA_PERSISTENT_CACHE_PATH=str(cache))
+    assert_one_line_error(run("prune", "--max-size", "0", env=env), "read-only")
+    assert len(entry_files(cache)) == 3
+
+
+# verify --------------------------------------------------------------------------------------
+
+
+def corrupt_one(root: Path) -> Path:
+    victim = max(entry_files(root), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[-10] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    return victim
+
+
+def test_verify_healthy(cache: Path) -> None:
+    result = run("verify", "--path", str(cache))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no problems found" in result.stdout
+
+
+def test_verify_finds_and_repairs_corruption(cache: Path) -> None:
+    victim = corrupt_one(cache)
+    found = run("verify", "--json", "--path", str(cache))
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert json.loads(found.stdout)["problems"] >= 1
+    assert victim.exists()  # plain verify must not touch anything
+
+    repaired = run("verify", "--repair", "--path", str(cache))
+    assert repaired.returncode == 1  # it found problems, even though it fixed them
+    assert "problems found" in repaired.stdout
+    assert not victim.exists()
+
+    again = run("verify", "--path", str(cache))
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_verify_repair_refuses_read_only(cache: Path) -> None:
+    corrupt_one(cache)
+    result = run("verify", "--repair", "--read-only", "--path", str(cache))
+    assert_one_line_error(result, "read-only")
+
+
+def run_in_terminal(*args: str) -> tuple[int, str]:
+    """Run the command with stdout on a pseudo-terminal; return its status and output."""
+    leader, follower = pty.openpty()
+    env = clean_env(COLUMNS="120", TERM="xterm")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xla_pcache", *args],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], 30)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the follower side closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.stderr is not None
+    errors = proc.stderr.read()
+    proc.stderr.close()
+    assert b"Traceback" not in errors, errors
+    return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
+
+
+def test_verify_progress_only_on_a_terminal(cache: Path) -> None:
+    status, output = run_in_terminal("verify", "--path", str(cache))
+    assert status == 0
+    assert "verifying" in output
+    piped = run("verify", "--path", str(cache))
+    assert "verifying" not in piped.stdout
+    assert "\x1b[" not in piped.stdout
+
+
+# clear ---------------------------------------------------------------------------------------
+
+
+def test_clear_yes(cache: Path) -> None:
+    result = run("clear", "--yes", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    assert "removed 3 entries" in result.stdout
+    assert entry_files(cache) == []
+    assert (cache / "FORMAT").is_file()
+
+
+def test_clear_asks_and_declines(cache: Path) -> None:
+    result = run("clear", "--path", str(cache), input="n\n")
+    assert result.returncode == 1
+    assert "Delete all 3 entries" in result.stdout
+    assert len(entry_files(cache)) == 3
+
+
+def test_clear_without_an_answer_deletes_nothing(cache: Path) -> None:
+    result = run("clear", "--path", str(cache), input="")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert len(entry_files(cache)) == 3
+
+
+def test_clear_asks_and_confirms(cache: Path) -> None:
+    result = run("clear", "--path", str(cache), input="y\n")
+    assert result.returncode == 0, result.stderr
+    assert entry_files(cache) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--read-only"], {}),
+        ([], {"XLA_PERSISTENT_CACHE_READ_ONLY": "1"}),
+        ([], {"XLA_PERSISTENT_CACHE_READ_ONLY": "ON"}),
+    ],
+)
+def test_clear_refuses_read_only(cache: Path, args: list[str], env: dict[str, str]) -> None:
+    result = run("clear", "--yes", "--path", str(cache), *args, env=clean_env(**env))
+    assert_one_line_error(result, "read-only")
+    assert len(entry_files(cache)) == 3
+
+
+# demo and doctor are implemented in other modules ---------------------------------------------
+
+
+def run_with_fake_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with ``xla_pcache.<module>`` replaced by a recorder of its arguments."""
+    code = (
+        "import sys, types\n"
+        f"fake = types.ModuleType('xla_pcache.{module}')\n"
+        "def main(*args):\n"
+        "    print('called', repr(args))\n"
+        "    return 3\n"
+        "fake.main = main\n"
+        f"sys.modules['xla_pcache.{module}'] = fake\n"
+        "from xla_pcache.cli import main as cli_main\n"
+        f"sys.argv = ['xla-pcache', '{module}', *{list(args)!r}]\n"
+        "cli_main()\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_demo_delegates() -> None:
+    result = run_with_fake_module("demo", "--path", "/some/where", "--keep")
+    assert result.returncode == 3, result.stderr
+    assert "called ('/some/where', True)" in result.stdout
+    result = run_with_fake_module("demo")
+    assert "called (None, False)" in result.stdout
+
+
+def test_doctor_delegates() -> None:
+    result = run_with_fake_module("doctor", "--json")
+    assert result.returncode == 3, result.stderr
+    assert "called (None, True)" in result.stdout

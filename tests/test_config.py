@@ -1,0 +1,216 @@
+"""Settings from the environment, and ``from_env()`` building the cache they ask for."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import xla_pcache
+from xla_pcache.config import (
+    DEFAULT_MEMORY_CAPACITY,
+    Settings,
+    default_cache_path,
+    parse_bool,
+    parse_capacity,
+    settings_from_env,
+)
+
+TRUE_WORDS = ["1", "true", "TRUE", "True", "yes", "YES", "on", "On", " 1 "]
+FALSE_WORDS = ["0", "false", "FALSE", "no", "No", "off", "OFF"]
+
+
+@pytest.mark.parametrize("word", TRUE_WORDS)
+def test_parse_bool_true(word: str) -> None:
+    assert parse_bool(word, "X") is True
+
+
+@pytest.mark.parametrize("word", FALSE_WORDS)
+def test_parse_bool_false(word: str) -> None:
+    assert parse_bool(word, "X") is False
+
+
+@pytest.mark.parametrize("word", ["2", "maybe", "y", "n", "truee", "-1", ""])
+def test_parse_bool_rejects(word: str) -> None:
+    with pytest.raises(ValueError, match="MY_VAR") as info:
+        parse_bool(word, "MY_VAR")
+    assert repr(word) in str(info.value)
+
+
+def test_parse_capacity() -> None:
+    assert parse_capacity("0", "N") == 0
+    assert parse_capacity(" 4096 ", "N") == 4096
+    assert parse_capacity(7, "N") == 7
+    for bad in ["-1", "1.5", "2k", "lots"]:
+        with pytest.raises(ValueError, match=r"N"):
+            parse_capacity(bad, "N")
+    with pytest.raises(ValueError):
+        parse_capacity(-3, "N")
+    with pytest.raises(TypeError):
+        parse_capacity(True, "N")
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    settings = settings_from_env({})
+    assert settings == Settings(
+        path=None, read_only=False, max_size=None, memory_capacity=DEFAULT_MEMORY_CAPACITY
+    )
+    assert settings.memory_capacity == 2048
+
+
+def test_every_variable_set(tmp_path: Path) -> None:
+    settings = settings_from_env(
+        {
+            "XLA_PERSISTENT_CACHE_PATH": str(tmp_path),
+            "XLA_PERSISTENT_CACHE_READ_ONLY": "Yes",
+            "XLA_COMPILATION_CACHE_SIZE": "16",
+            "XLA_PERSISTENT_CACHE_MAX_SIZE": "1.5T",
+        }
+    )
+    assert settings == Settings(
+        path=str(tmp_path), read_only=True, max_size=int(1.5 * 2**40), memory_capacity=16
+    )
+
+
+def test_empty_values_count_as_unset() -> None:
+    names = [
+        "XLA_PERSISTENT_CACHE_PATH",
+        "XLA_PERSISTENT_CACHE_READ_ONLY",
+        "XLA_COMPILATION_CACHE_SIZE",
+        "XLA_PERSISTENT_CACHE_MAX_SIZE",
+    ]
+    assert settings_from_env(dict.fromkeys(names, "")) == Settings()
+
+
+def test_max_size_forms() -> None:
+    def size(text: str) -> int | None:
+        return settings_from_env({"XLA_PERSISTENT_CACHE_MAX_SIZE": text}).max_size
+
+    assert size("1048576") == 1 << 20
+    assert size("500M") == 500 << 20
+    assert size("50g") == 50 << 30
+
+
+def test_path_expands_user() -> None:
+    settings = settings_from_env({"XLA_PERSISTENT_CACHE_PATH": "~/somewhere"})
+    assert settings.path == os.path.join(os.path.expanduser("~"), "somewhere")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("XLA_PERSISTENT_CACHE_READ_ONLY", "sometimes"),
+        ("XLA_PERSISTENT_CACHE_READ_ONLY", "2"),
+        ("XLA_COMPILATION_CACHE_SIZE", "many"),
+        ("XLA_COMPILATION_CACHE_SIZE", "-5"),
+        ("XLA_COMPILATION_CACHE_SIZE", "1e3"),
+        ("XLA_PERSISTENT_CACHE_MAX_SIZE", "12Q"),
+        ("XLA_PERSISTENT_CACHE_MAX_SIZE", "0"),
+        ("XLA_PERSISTENT_CACHE_MAX_SIZE", "-1G"),
+        ("XLA_PERSISTENT_CACHE_MAX_SIZE", "big"),
+    ],
+)
+def test_malformed_value_names_variable_and_quotes_value(name: str, value: str) -> None:
+    with pytest.raises(ValueError) as info:
+        settings_from_env({name: value})
+    assert name in str(info.value)
+    assert repr(value) in str(info.value)
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.read_only = True  # type: ignore[misc]
+
+
+def test_default_cache_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert default_cache_path({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "xla_pcache")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    expected = str(tmp_path / "home" / ".cache" / "xla_pcache")
+    assert default_cache_path({}) == expected
+    # A relative XDG_CACHE_HOME is invalid per the XDG spec and ignored.
+    assert default_cache_path({"XDG_CACHE_HOME": "relative/dir"}) == expected
+
+
+# from_env ------------------------------------------------------------------------------------
+
+
+def test_from_env_unset_gives_memory_cache() -> None:
+    cache = xla_pcache.from_env(environ={})
+    assert isinstance(cache, xla_pcache.MemoryCache)
+    assert cache.capacity == 2048
+
+
+def test_from_env_memory_capacity() -> None:
+    cache = xla_pcache.from_env(environ={"XLA_COMPILATION_CACHE_SIZE": "2"})
+    assert isinstance(cache, xla_pcache.MemoryCache)
+    for key in ("a", "b", "c"):
+        cache.add(key, key)
+    assert len(cache) == 2
+    assert "a" not in cache
+
+
+def test_from_env_every_variable_set(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    environ = {
+        "XLA_PERSISTENT_CACHE_PATH": str(root),
+        "XLA_PERSISTENT_CACHE_MAX_SIZE": "10M",
+        "XLA_COMPILATION_CACHE_SIZE": "1",
+    }
+    cache = xla_pcache.from_env(environ=environ)
+    assert isinstance(cache, xla_pcache.PersistentCache)
+    with cache:
+        assert cache.path == str(root)
+        assert cache.read_only is False
+        assert cache.store.max_size == 10 << 20
+        # Default serialization: bytes-like values stored as they are, read back as bytes.
+        cache.add("k1", b"one")
+        cache.add("k2", bytearray(b"two"))
+        assert len(cache) == 1  # memory capacity 1
+        assert cache.get("k1") == b"one"
+        assert type(cache.get("k1")) is bytes
+    assert (root / "FORMAT").is_file()
+
+    # A second cache over the same directory, read-only, sees what the first one wrote.
+    environ["XLA_PERSISTENT_CACHE_READ_ONLY"] = "1"
+    reader = xla_pcache.from_env(environ=environ)
+    assert isinstance(reader, xla_pcache.PersistentCache)
+    with reader:
+        assert reader.read_only is True
+        assert reader.get("k2") == b"two"
+        reader.add("k3", b"three")
+        assert "k3" not in reader.store
+
+
+def test_from_env_custom_serialization(tmp_path: Path) -> None:
+    environ = {"XLA_PERSISTENT_CACHE_PATH": str(tmp_path / "c")}
+    writer = xla_pcache.from_env(str.encode, lambda blob: bytes(blob).decode(), environ=environ)
+    writer.add("k", "text")
+    reader = xla_pcache.from_env(str.encode, lambda blob: bytes(blob).decode(), environ=environ)
+    assert len(reader) == 0
+    assert reader.get("k") == "text"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("XLA_PERSISTENT_CACHE_READ_ONLY", "perhaps"),
+        ("XLA_COMPILATION_CACHE_SIZE", "x"),
+        ("XLA_PERSISTENT_CACHE_MAX_SIZE", "10 parsecs"),
+    ],
+)
+def test_from_env_malformed(tmp_path: Path, name: str, value: str) -> None:
+    environ = {"XLA_PERSISTENT_CACHE_PATH": str(tmp_path / "c"), name: value}
+    with pytest.raises(ValueError, match=name):
+        xla_pcache.from_env(environ=environ)
+    # A bad setting must be refused before anything is created.
+    assert not (tmp_path / "c").exists()
+
+
+def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XLA_PERSISTENT_CACHE_PATH", raising=False)
+    monkeypatch.setenv("XLA_COMPILATION_CACHE_SIZE", "3")
+    cache = xla_pcache.from_env()
+    assert isinstance(cache, xla_pcache.MemoryCache)
+    assert cache.capacity == 3
