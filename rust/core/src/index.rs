@@ -35,6 +35,9 @@ pub struct IndexView {
     /// Journal bytes read since the snapshot: when large, compaction pays for itself.
     pub unfolded_bytes: u64,
     pub snapshot_bytes: u64,
+    /// Journals left after the last compaction (live ones are kept): compaction for the sake
+    /// of journal count is wanted again only once that number has doubled.
+    journals_after_compaction: usize,
 }
 
 fn snap_id(m: &fs::Metadata) -> SnapId {
@@ -78,6 +81,12 @@ impl IndexView {
         for name in names {
             let state = self.journals.entry(name.clone()).or_default();
             let path = layout.journal_dir().join(&name);
+            // One stat tells an unchanged journal (most of them, most of the time).
+            match fs::metadata(&path) {
+                Ok(m) if m.len() == state.offset => continue,
+                Ok(_) => {}
+                Err(_) => continue,
+            }
             let (recs, end) = match journal::read_from(&path, state.offset) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -222,6 +231,7 @@ impl IndexView {
     /// bytes it replaces).
     pub fn wants_compaction(&self) -> bool {
         self.unfolded_bytes > (1 << 20).max(self.snapshot_bytes)
+            || self.journals.len() > 64.max(2 * self.journals_after_compaction)
     }
 
     /// Writes the view as the new snapshot (temp file + rename), folding the journals in
@@ -252,6 +262,7 @@ impl IndexView {
         self.snapshot_id = fs::metadata(layout.snapshot()).ok().map(|m| snap_id(&m));
         self.snapshot_bytes = bytes.len() as u64;
         self.unfolded_bytes = 0;
+        self.journals_after_compaction = self.journals.len();
         for name in remove {
             let _ = fs::remove_file(layout.journal_dir().join(name));
         }

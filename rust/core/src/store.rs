@@ -726,16 +726,14 @@ impl Store {
         Ok(())
     }
 
-    /// After a put: re-read the journals when due, and evict when over budget. Skips (never
-    /// waits long) when another process holds the evictor lock.
+    /// After a put: re-read the journals when due; evict when over budget and compact when
+    /// the journals grew. Skips (never waits) when another process holds the evictor lock.
     fn maybe_evict(&self, st: &mut State) {
-        let Some(max) = self.opts.max_size else {
-            return;
-        };
+        let max = self.opts.max_size;
         let due = st
             .last_refresh
             .is_none_or(|t| t.elapsed() >= self.opts.refresh_interval)
-            || st.view.lru.total_bytes() + st.pending_bytes > max;
+            || max.is_some_and(|m| st.view.lru.total_bytes() + st.pending_bytes > m);
         if !due {
             return;
         }
@@ -744,7 +742,8 @@ impl Store {
             self.warn("index", || format!("cannot read the cache index: {e}"));
             return;
         }
-        if st.view.lru.total_bytes() <= max && !st.view.wants_compaction() {
+        let over = max.filter(|&m| st.view.lru.total_bytes() > m);
+        if over.is_none() && !st.view.wants_compaction() {
             return;
         }
         let guard = match self.locks.try_lock_for(EVICT_LOCK, Duration::ZERO) {
@@ -755,13 +754,11 @@ impl Store {
                 return;
             }
         };
-        let target = (max as f64 * self.opts.low_watermark) as u64;
-        let _ = self.evict_locked(
-            st,
-            guard,
-            Some(target).filter(|_| st.view.lru.total_bytes() > max),
-            None,
-        );
+        let target = over.map(|m| (m as f64 * self.opts.low_watermark) as u64);
+        if let Err(e) = self.evict_locked(st, guard, target, None) {
+            self.counters.inc(Counter::Errors);
+            self.warn("evict", || format!("eviction failed: {e}"));
+        }
     }
 
     /// Evicts with the lock held: refreshes, removes oldest entries until the total is at
