@@ -1,0 +1,73 @@
+"""Fixtures of the reliability suite: two sshfs "hosts", a full disk, a read-only cache.
+
+A bed that cannot be built (no root, no FUSE, no sshfs) skips the test on a developer's
+machine but FAILS it when ``CI`` is set: CI installs the tools
+(``tests/reliability/setup_testbed.sh``) and runs as root, so a skip there would hide a
+broken test bed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import scenarios
+import testbed
+
+
+def unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI"):
+        pytest.fail(f"reliability test bed unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"reliability test bed unavailable: {reason}")
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testbed.TwoHosts]:
+    """(export, host_a, host_b): one directory exported by an sshd on 127.0.0.1 (free port,
+    throwaway keys) and mounted twice through sshfs. Unmounted and sshd stopped afterwards,
+    even when a test fails."""
+    base = tmp_path_factory.mktemp("two-hosts")
+    try:
+        bed = testbed.two_hosts(base)
+        hosts = bed.__enter__()
+    except testbed.TestbedUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield hosts
+    finally:
+        bed.__exit__(None, None, None)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MB tmpfs mount point."""
+    try:
+        bed = testbed.tmpfs(tmp_path / "full", size="16m")
+        mount = bed.__enter__()
+    except testbed.TestbedUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield mount
+    finally:
+        bed.__exit__(None, None, None)
+
+
+@pytest.fixture
+def readonly_cache(tmp_path: Path) -> Iterator[scenarios.ReadOnlyCache]:
+    """A populated cache behind a read-only bind mount."""
+    try:
+        bed = scenarios.readonly_cache(tmp_path)
+        cache = bed.__enter__()
+    except testbed.TestbedUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield cache
+    finally:
+        bed.__exit__(None, None, None)
