@@ -299,8 +299,11 @@ def _factory(path: str) -> tuple[Any, str] | None:
         return result
     path = path.removeprefix("file://")
     with _state_lock:
-        store = inst.store
-        if store is None or os.path.abspath(store.path) != os.path.abspath(path):
+        same_dir = os.path.abspath(path) == inst.path
+        if same_dir:
+            # install() already tried this directory (and warned if it failed).
+            store = inst.store
+        else:
             store = _open_store(path, inst.max_size, inst.read_only)
             if store is not None:
                 inst.others.append(store)

@@ -141,6 +141,26 @@ def main() -> int:
                             ],
                         }
                     )
+                elif op == "break":
+                    # Replace the cache directory with a plain file under the running store.
+                    import shutil
+
+                    shutil.rmtree(step["path"])
+                    with open(step["path"], "w") as f:
+                        f.write("not a directory")
+                elif op == "unsupported":
+                    # The real jax, with one hook taken away as an older jax would lack it.
+                    import xla_pcache.jax as xj
+
+                    saved = cc.get_file_cache
+                    del cc.get_file_cache
+                    try:
+                        xj.install(step["path"])
+                        report["unsupported"] = "installed"
+                    except Exception as exc:
+                        report["unsupported"] = f"{type(exc).__name__}: {exc}"
+                    finally:
+                        cc.get_file_cache = saved
                 elif op == "contract":
                     report["contract"] = contract(step["path"])
                 else:

@@ -305,7 +305,17 @@ def test_jax_conventions_keep_working(tmp_path: Path) -> None:
 
 
 def test_cache_contract(tmp_path: Path) -> None:
-    report = run_jax([{"op": "contract", "path": str(tmp_path / "c")}])
+    """JAX's cache contract; and on a jax without the factory hook, install() fails with
+    one CacheError that names the supported versions."""
+    report = run_jax(
+        [
+            {"op": "contract", "path": str(tmp_path / "c")},
+            {"op": "unsupported", "path": str(tmp_path / "u")},
+        ]
+    )
+    assert report["unsupported"].startswith("CacheError: xla_pcache.jax supports jax 0.4.30")
+    assert "compilation_cache.get_file_cache" in report["unsupported"]
+    assert not (tmp_path / "u").exists()
     contract = report["contract"]
     assert contract["is_cache_interface"]
     assert contract["missing"] is None
@@ -316,6 +326,37 @@ def test_cache_contract(tmp_path: Path) -> None:
     assert contract["len"] == 2
     assert contract["len_after_clear"] == 0
     assert contract["get_after_clear"] is None
+
+
+def test_cache_failures_degrade_to_misses(tmp_path: Path) -> None:
+    """A cache that cannot be opened, or whose directory vanishes under a running process,
+    costs compilations, never the program: results stay right and JAX sees no error."""
+    bad, good = tmp_path / "a-file", tmp_path / "cache"
+    bad.write_text("not a directory")
+    report = run_jax(
+        [
+            {"op": "install", "path": str(bad)},
+            *runs(0),
+            {"op": "install", "path": str(good)},
+            *runs(1),
+            {"op": "break", "path": str(good)},
+            {"op": "clear_caches"},
+            *runs(1, 2),
+        ]
+    )
+    assert hits(report) == [0, 0, 0, 0]
+    expected = run_jax(runs(0, 1, 2), env={"JAX_ENABLE_COMPILATION_CACHE": "false"})
+    assert results(report) == results(expected)
+    assert report["warnings"] == []
+    assert sum("cannot open the cache" in w for w in pcache_warnings(report)) == 1
+
+
+def test_importing_xla_pcache_does_not_import_jax() -> None:
+    code = (
+        "import sys, xla_pcache, xla_pcache.jax, xla_pcache.demo, xla_pcache.doctor\n"
+        "assert 'jax' not in sys.modules, 'jax was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env(None), timeout=60)
 
 
 def test_concurrent_compiles_of_the_same_programs(tmp_path: Path) -> None:
