@@ -1,0 +1,541 @@
+"""The host-local side of the torch_xla adapter: no torch import here.
+
+torch_xla reads and writes one flat directory of files named by the decimal graph hash,
+writing them in place. This module keeps such directories in step with a shared ``Store``:
+
+``<local root>/<host>-<store id>/``
+    ``pool/<name>``      complete, verified copies of the store's torch_xla entries, written
+                         by us only (temp file + rename), shared by every process of the host.
+    ``manifest.json``    which store entry file (hex name) holds which torch_xla name, so a
+                         warm host reads no entry header; only a hint, the files are the truth.
+    ``views/<id>/``      one process's torch_xla directory: hard links to the pool, made
+                         before torch_xla starts, plus the files torch_xla writes itself.
+    ``views/<id>.lock``  fcntl-locked for the life of the process, so others can tell a view
+                         whose owner died and remove it.
+
+Why a view per process rather than pointing torch_xla at the pool: torch_xla checks that a
+file is absent and then opens it with truncation, with no lock between the two. In a
+directory several processes share, two of them compiling the same graph interleave their
+writes, and a reader can load a half-written file. In a private view only this process's
+torch_xla creates files, so a new inode there is written by exactly one writer, ours to
+inspect, and never one the pool or another process uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import stat
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xla_pcache._core import FORMAT_VERSION, hash_key
+from xla_pcache.store import Store
+
+logger = logging.getLogger("xla_pcache.torch_xla")
+
+KEY_PREFIX = "torch_xla/"
+MANIFEST_VERSION = 1
+# A view whose lock file is younger than this is left alone by sweepers even if its lock
+# is free: its owner may be between creating the file and locking it.
+VIEW_GRACE_S = 60.0
+_TMP_PREFIX = ".tmp-"
+
+
+def is_torch_xla_name(name: str) -> bool:
+    """torch_xla names its files by the 128-bit graph hash printed in decimal."""
+    return 0 < len(name) <= 40 and name.isascii() and name.isdigit()
+
+
+def store_key(name: str) -> str:
+    return KEY_PREFIX + name
+
+
+def default_local_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``, else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``."""
+    explicit = environ.get("XLA_PCACHE_TORCH_XLA_LOCAL_DIR", "").strip()
+    if explicit:
+        return os.path.expanduser(explicit)
+    base = environ.get("XDG_CACHE_HOME", "").strip()
+    if not base or not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xla_pcache", "torch_xla")
+
+
+def open_inodes() -> set[tuple[int, int]] | None:
+    """(st_dev, st_ino) of every file this process holds open, or None without /proc.
+
+    torch_xla writes a cache file through a stream it opens just before serializing and
+    closes when the write is done, in this process; so a file of our view that no
+    descriptor of ours refers to has been closed by its writer and is complete.
+    """
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    out: set[tuple[int, int]] = set()
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, or one closed meanwhile
+        if stat.S_ISREG(st.st_mode):
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+@dataclass
+class Counters:
+    """What the mirror did; ``errors`` counts failures that were logged and survived."""
+
+    published: int = 0
+    already_stored: int = 0
+    pending: int = 0
+    materialized: int = 0
+    removed_from_pool: int = 0
+    linked: int = 0
+    header_scans: int = 0
+    errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Seen:
+    """A new file of the view as last observed, for the no-/proc fallback."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+
+
+@dataclass
+class HostMirror:
+    """Keeps a host's pool and this process's view in step with ``store``.
+
+    ``meta`` is called at publish time for the producer metadata. Every public method
+    turns failures into logged warnings and counters, except ``open_view`` which raises
+    ``OSError`` so the caller can fall back to no persistent cache at all.
+    """
+
+    store: Store
+    local_root: str
+    meta: Callable[[], dict[str, str]] = dict
+    counters: Counters = field(default_factory=Counters)
+
+    def __post_init__(self) -> None:
+        real = os.path.realpath(self.store.path)
+        # The host name keeps hosts apart when the local root is itself on a shared home
+        # directory; the hash keeps two stores apart on one host.
+        host = socket.gethostname().split(".")[0] or "host"
+        self.root = os.path.join(self.local_root, f"{host}-{hash_key(real)[:16]}")
+        self.pool = os.path.join(self.root, "pool")
+        self.views = os.path.join(self.root, "views")
+        self.manifest_path = os.path.join(self.root, "manifest.json")
+        self.view: str | None = None
+        self._lock_fd: int | None = None
+        # name -> (dev, ino) of the pool file linked into the view at open: not torch_xla's.
+        self._linked: dict[str, tuple[int, int]] = {}
+        # inodes of view files already handled (published, or found already stored).
+        self._handled: set[tuple[int, int]] = set()
+        self._seen: dict[str, _Seen] = {}
+        self._warned: set[str] = set()
+
+    # -- failures ----------------------------------------------------------------------
+
+    def warn(self, what: str, exc: BaseException) -> None:
+        """First failure of a kind at warning level, the rest at debug; always counted."""
+        self.counters.errors += 1
+        kind = f"{what}:{type(exc).__name__}"
+        level = logging.DEBUG if kind in self._warned else logging.WARNING
+        self._warned.add(kind)
+        logger.log(
+            level,
+            "xla_pcache.torch_xla: %s failed (%s: %s); the program goes on without it",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+
+    # -- store -> pool -------------------------------------------------------------------
+
+    def _store_listing(self) -> set[str] | None:
+        """Hex names of the store's entry files, by reading directories only.
+
+        Relies on the store's format-1 layout (``entries/<2 hex>/<32 hex>``); on any other
+        format returns None and the caller reads entry headers instead.
+        """
+        if FORMAT_VERSION != 1:
+            return None
+        top = os.path.join(self.store.path, "entries")
+        names: set[str] = set()
+        try:
+            shards = list(os.scandir(top))
+        except FileNotFoundError:
+            return names
+        for shard in shards:
+            if len(shard.name) != 2 or not shard.is_dir(follow_symlinks=False):
+                continue
+            try:
+                with os.scandir(shard.path) as it:
+                    names.update(e.name for e in it if len(e.name) == 32)
+            except FileNotFoundError:
+                continue
+        return names
+
+    def _load_manifest(self) -> dict[str, str]:
+        try:
+            with open(self.manifest_path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            self.warn("reading the host manifest", exc)
+            return {}
+        if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+            return {}
+        names = data.get("names")
+        if not isinstance(names, dict):
+            return {}
+        return {str(k): str(v) for k, v in names.items()}
+
+    def _save_manifest(self, names: dict[str, str]) -> None:
+        tmp = f"{self.manifest_path}.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(
+                    {"version": MANIFEST_VERSION, "store": self.store.path, "names": names}, f
+                )
+            os.replace(tmp, self.manifest_path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self.warn("writing the host manifest", exc)
+
+    def _scan_headers(self) -> tuple[dict[str, str], list[tuple[float, str, int]]]:
+        """Every entry's hex name -> torch_xla name ('' when not ours), plus our entries as
+        (last use, name, size) for ordering. Reads every header: only when the listing
+        shows names the manifest does not know."""
+        self.counters.header_scans += 1
+        names: dict[str, str] = {}
+        ours: list[tuple[float, str, int]] = []
+        for e in self.store.entries():
+            key = e.get("key")
+            hexname = str(e.get("name"))
+            tx = ""
+            if isinstance(key, str) and key.startswith(KEY_PREFIX):
+                tx = key[len(KEY_PREFIX) :]
+                if not is_torch_xla_name(tx):
+                    tx = ""
+            names[hexname] = tx
+            if tx:
+                used = e.get("last_use") or e.get("created") or 0.0
+                size = e.get("size")
+                ours.append(
+                    (
+                        float(used) if isinstance(used, int | float) else 0.0,
+                        tx,
+                        int(size) if isinstance(size, int) else 0,
+                    )
+                )
+        return names, ours
+
+    def refresh_pool(self) -> None:
+        """Bring the pool up to date with the store: copy in what is new, drop what the
+        store evicted. Costs directory reads only when nothing changed."""
+        try:
+            self._refresh_pool()
+        except Exception as exc:
+            self.warn("updating the host-local copy of the cache", exc)
+
+    def _refresh_pool(self) -> None:
+        os.makedirs(self.pool, exist_ok=True)
+        started_ns = time.time_ns()
+        listing = self._store_listing()
+        manifest = self._load_manifest()
+        order: list[tuple[float, str, int]] = []
+        if listing is None or not listing.issubset(manifest.keys()):
+            names, order = self._scan_headers()
+        else:
+            names = {h: manifest[h] for h in listing}
+        wanted = {tx for tx in names.values() if tx}
+        pool = self._pool_files()
+        for tx in pool.keys() - wanted:
+            # Only files older than this scan: one another process just published may not
+            # have been in the listing yet.
+            if pool[tx].st_ctime_ns < started_ns:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.pool, tx))
+                    self.counters.removed_from_pool += 1
+                del pool[tx]
+        missing = wanted - pool.keys()
+        if missing:
+            budget = self.store.max_size
+            used = sum(st.st_size for st in pool.values())
+            if not order:
+                order = [(0.0, tx, 0) for tx in missing]
+            # Most recently used first, so a budget smaller than the store keeps the hot set.
+            for _, tx, _size in sorted(order, reverse=True):
+                if tx not in missing:
+                    continue
+                added = self._materialize(tx, budget, used)
+                if added is None:
+                    break
+                used += added
+        if names != manifest:
+            self._save_manifest(names)
+
+    def _pool_files(self) -> dict[str, os.stat_result]:
+        out: dict[str, os.stat_result] = {}
+        with os.scandir(self.pool) as it:
+            for e in it:
+                if is_torch_xla_name(e.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        out[e.name] = e.stat(follow_symlinks=False)
+                elif e.name.startswith(_TMP_PREFIX):
+                    self._sweep_tmp(e)
+        return out
+
+    def _sweep_tmp(self, e: os.DirEntry[str]) -> None:
+        with contextlib.suppress(OSError):
+            if time.time() - e.stat(follow_symlinks=False).st_mtime > 3600:
+                os.unlink(e.path)
+
+    def _materialize(self, tx: str, budget: int | None, used: int) -> int | None:
+        """Copy one verified entry into the pool; its size, 0 if gone, None if over budget."""
+        blob = self.store.get(store_key(tx))
+        if blob is None:
+            return 0
+        size = len(blob)
+        if budget is not None and used + size > budget:
+            return None
+        tmp = os.path.join(self.pool, f"{_TMP_PREFIX}{tx}.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+            try:
+                with memoryview(blob) as view:
+                    written = 0
+                    while written < size:
+                        written += os.write(fd, view[written:])
+            finally:
+                os.close(fd)
+            # Whole file or nothing under the final name; another host process doing the
+            # same replaces an equal copy.
+            os.replace(tmp, os.path.join(self.pool, tx))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.counters.materialized += 1
+        return size
+
+    # -- views -----------------------------------------------------------------------
+
+    def open_view(self) -> str:
+        """Create this process's torch_xla directory, linked to every pool file."""
+        os.makedirs(self.views, exist_ok=True)
+        os.makedirs(self.pool, exist_ok=True)
+        self._sweep_views()
+        ident = f"{os.getpid()}-{secrets.token_hex(4)}"
+        lock_path = os.path.join(self.views, f"{ident}.lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # Where locks fail the view is still ours; sweepers just cannot tell it is alive.
+        with contextlib.suppress(OSError):
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._lock_fd = fd
+        view = os.path.join(self.views, ident)
+        os.mkdir(view)
+        self.view = view
+        with os.scandir(self.pool) as it:
+            for e in it:
+                if not is_torch_xla_name(e.name):
+                    continue
+                dst = os.path.join(view, e.name)
+                try:
+                    os.link(e.path, dst)
+                except FileNotFoundError:
+                    continue  # dropped from the pool meanwhile
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                        raise
+                    shutil.copyfile(e.path, dst)  # no hard links here: a private copy
+                st = os.stat(dst)
+                self._linked[e.name] = (st.st_dev, st.st_ino)
+                self.counters.linked += 1
+        return view
+
+    def _sweep_views(self) -> None:
+        """Remove views whose owner died (its lock is free). Their new files are dropped,
+        not published: a process killed mid-write leaves a file nobody can vouch for."""
+        try:
+            names = os.listdir(self.views)
+        except OSError:
+            return
+        now = time.time()
+        for name in names:
+            if not name.endswith(".lock"):
+                continue
+            lock_path = os.path.join(self.views, name)
+            try:
+                if now - os.stat(lock_path).st_mtime < VIEW_GRACE_S:
+                    continue
+                fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue  # alive, or locks do not work here
+            try:
+                shutil.rmtree(lock_path[: -len(".lock")], ignore_errors=True)
+                os.unlink(lock_path)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    def close_view(self) -> None:
+        """Remove the view (after the last publish)."""
+        if self.view is not None:
+            shutil.rmtree(self.view, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(f"{self.view}.lock")
+            self.view = None
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- view -> store ------------------------------------------------------------------
+
+    def publish(self, *, final: bool = False) -> None:
+        """Publish every complete file torch_xla wrote into the view since the last call."""
+        if self.view is None or self.store.read_only:
+            return
+        try:
+            self._publish(final)
+        except Exception as exc:
+            self.warn("publishing torch_xla's new cache files", exc)
+
+    def _candidates(self) -> Iterable[tuple[str, os.stat_result]]:
+        assert self.view is not None
+        with os.scandir(self.view) as it:
+            for e in it:
+                if not is_torch_xla_name(e.name):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                ident = (st.st_dev, st.st_ino)
+                if not stat.S_ISREG(st.st_mode) or ident in self._handled:
+                    continue
+                if self._linked.get(e.name) == ident:
+                    continue  # the store's own bytes, linked in at start
+                yield e.name, st
+
+    def _publish(self, final: bool) -> None:
+        candidates = list(self._candidates())
+        if not candidates:
+            return
+        busy = open_inodes()
+        if busy is None and final:
+            # Without /proc, completeness rests on the file not changing; at exit, look
+            # twice a moment apart rather than waiting for the next poll.
+            for name, st in candidates:
+                self._settled(name, st)
+            time.sleep(0.5)
+            candidates = list(self._candidates())
+        meta: dict[str, str] | None = None
+        for name, st in candidates:
+            ident = (st.st_dev, st.st_ino)
+            if st.st_size == 0 or (busy is not None and ident in busy):
+                self.counters.pending += 1
+                continue  # torch_xla still holds it open: the next pass takes it
+            if busy is None and not self._settled(name, st):
+                self.counters.pending += 1
+                continue
+            key = store_key(name)
+            if key in self.store:
+                # First writer wins; on backends that cannot load, torch_xla rewrites every
+                # entry it was given, and those rewrites land here.
+                self._handled.add(ident)
+                self.counters.already_stored += 1
+                continue
+            data = self._read_whole(os.path.join(self.view or "", name), st)
+            if data is None:
+                continue
+            if meta is None:
+                meta = self.meta()
+            self._handled.add(ident)
+            if self.store.put(key, data, meta=dict(meta, torch_xla_name=name)):
+                self.counters.published += 1
+                self._share_with_host(name)
+            elif key in self.store:
+                self.counters.already_stored += 1
+            else:
+                self.counters.errors += 1
+                logger.debug("xla_pcache.torch_xla: the store did not take %s", name)
+
+    def _settled(self, name: str, st: os.stat_result) -> bool:
+        now = _Seen(st.st_size, st.st_mtime_ns, st.st_ino)
+        before = self._seen.get(name)
+        self._seen[name] = now
+        return before == now
+
+    def _read_whole(self, path: str, st: os.stat_result) -> bytes | None:
+        """The file's bytes if it is the inode we judged complete and did not change while
+        we read it; None otherwise (looked at again on the next pass)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            before = os.fstat(fd)
+            if (before.st_dev, before.st_ino) != (st.st_dev, st.st_ino):
+                return None  # torch_xla replaced it since the listing
+            chunks = []
+            while chunk := os.read(fd, 1 << 24):
+                chunks.append(chunk)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if (
+            len(data) != before.st_size
+            or after.st_size != before.st_size
+            or after.st_mtime_ns != before.st_mtime_ns
+        ):
+            self.counters.pending += 1
+            return None
+        return data
+
+    def _share_with_host(self, name: str) -> None:
+        """Link a file just published into the pool, so later processes of this host get
+        it without reading the store. The inode is final: torch_xla never writes an
+        existing file again, it only creates new ones."""
+        assert self.view is not None
+        with contextlib.suppress(FileExistsError, FileNotFoundError):
+            try:
+                os.link(os.path.join(self.view, name), os.path.join(self.pool, name))
+            except OSError as exc:
+                if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    return  # the next refresh copies it from the store
+                raise
+
+
+def describe(mirror: HostMirror | None) -> dict[str, Any]:
+    if mirror is None:
+        return {}
+    return {"local_dir": mirror.root, "view": mirror.view, **mirror.counters.as_dict()}

@@ -1,0 +1,350 @@
+"""Serve torch_xla's persistent compilation cache from a shared, bounded xla_pcache store.
+
+torch_xla's own ``PersistentCache`` writes one file per graph, in place, with no lock and no
+eviction, so pointing many processes at one directory risks torn files and a full disk.
+``install()`` keeps torch_xla's variables and behaviour but moves its directory to a private
+per-process view of a host-local copy of the store (see ``_torch_xla_sync``), and publishes
+what torch_xla writes there into the store, atomically and first writer wins.
+
+Call ``install()`` before the first XLA execution: torch_xla reads its cache settings once,
+when it first needs its computation cache. This module imports torch_xla only inside its
+functions, so ``import xla_pcache`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from xla_pcache._core import CacheError
+from xla_pcache._torch_xla_sync import HostMirror, default_local_root, describe
+from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, max_size_from_env, read_only_from_env
+from xla_pcache.sizes import parse_size
+from xla_pcache.store import Store
+
+__all__ = ["TorchXlaCache", "capability", "install", "installed", "sync"]
+
+logger = logging.getLogger("xla_pcache.torch_xla")
+
+# Where install() leaves the shared path for child processes (see _hide_from_children).
+INHERITED_PATH_VAR = "XLA_PCACHE_TORCH_XLA_SHARED_PATH"
+DEFAULT_SYNC_INTERVAL_S = 30.0
+
+_COUNTERS = (
+    "PersistentCacheMiss",
+    "PersistentCacheHit",
+    "PersistentCacheDeserializeFailure",
+    "UncachedCompile",
+    "CachedCompile",
+)
+
+
+@dataclass
+class TorchXlaCache:
+    """What ``install()`` set up in this process; ``sync()`` and ``stats()`` act on it."""
+
+    store: Store
+    mirror: HostMirror
+    read_only: bool
+    sync_interval: float | None
+    pid: int = field(default_factory=os.getpid)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _capability: str = "unknown"
+    _told: bool = False
+    _closed: bool = False
+
+    @property
+    def local_dir(self) -> str | None:
+        """The directory torch_xla reads and writes in this process."""
+        return self.mirror.view
+
+    def sync(self, *, final: bool = False) -> dict[str, Any]:
+        """Publish every complete file torch_xla wrote, check what the backend can load."""
+        if os.getpid() != self.pid:
+            return {}  # a forked child: its parent owns the view and the store handle
+        with self._lock:
+            if self._closed:
+                return self.stats()
+            self.mirror.publish(final=final)
+            self._check_capability()
+            return self.stats()
+
+    def refresh(self) -> None:
+        """Bring the host's copy up to date with the store (for later processes)."""
+        if os.getpid() != self.pid:
+            return
+        with self._lock:
+            if not self._closed:
+                self.mirror.refresh_pool()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "store": self.store.path,
+            "read_only": self.read_only,
+            "capability": self._capability,
+            **describe(self.mirror),
+        }
+
+    def close(self) -> None:
+        """Final publish, then remove this process's view. Runs at exit on its own."""
+        if os.getpid() != self.pid:
+            return
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+        self.sync(final=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.mirror.close_view()
+            try:
+                self.store.close()
+            except Exception as exc:
+                self.mirror.warn("closing the store", exc)
+
+    def _check_capability(self) -> None:
+        try:
+            counts = torch_xla_counters()
+        except Exception as exc:
+            self.mirror.warn("reading torch_xla's counters", exc)
+            return
+        if counts["PersistentCacheHit"]:
+            self._capability = "loads"
+        elif counts["PersistentCacheDeserializeFailure"] and self._capability != "loads":
+            self._capability = "cannot-load"
+            if not self._told:
+                self._told = True
+                logger.warning(
+                    "xla_pcache: torch_xla on this backend (%s) writes compiled programs but "
+                    "cannot load them back (PersistentCacheDeserializeFailure=%d): this "
+                    "process, and every later one on this backend, recompiles every graph. "
+                    "The cache still keeps the entries, for backends that can load them.",
+                    _device_type(),
+                    counts["PersistentCacheDeserializeFailure"],
+                )
+
+    def _run(self) -> None:
+        assert self.sync_interval is not None
+        rounds = 0
+        while not self._stop.wait(self.sync_interval):
+            rounds += 1
+            try:
+                self.sync()
+                # Entries other hosts publish meanwhile reach this host's copy for the next
+                # process (never this one's view: see the docs on late additions).
+                if rounds % 10 == 0:
+                    self.refresh()
+            except Exception as exc:  # never let the thread die loudly
+                self.mirror.warn("the background sync", exc)
+
+
+_state_lock = threading.Lock()
+_installed: TorchXlaCache | None = None
+
+
+def installed() -> TorchXlaCache | None:
+    """The cache ``install()`` set up in this process, or None."""
+    return _installed
+
+
+def sync() -> dict[str, Any]:
+    """Publish torch_xla's new files now (also done in the background and at exit).
+
+    Returns counters: published, already_stored, pending, errors, ... and ``capability``
+    (``loads``, ``cannot-load`` or ``unknown`` until torch_xla has tried to load an entry).
+    """
+    inst = _installed
+    if inst is None:
+        raise CacheError("xla_pcache.torch_xla.install() has not been called in this process")
+    return inst.sync()
+
+
+def capability() -> str:
+    """``loads``, ``cannot-load`` or ``unknown``, from torch_xla's counters so far."""
+    inst = _installed
+    if inst is None:
+        return "unknown"
+    inst.sync()
+    return inst._capability
+
+
+def torch_xla_counters() -> dict[str, int]:
+    """torch_xla's persistent-cache counters (0 where never counted)."""
+    import importlib
+
+    met: Any = importlib.import_module("torch_xla.debug.metrics")
+    return {name: int(met.counter_value(name) or 0) for name in _COUNTERS}
+
+
+def _device_type() -> str:
+    try:
+        import torch_xla.runtime as xr
+
+        return str(xr.device_type() or "unknown")
+    except Exception:
+        return "unknown"
+
+
+def _producer_meta() -> dict[str, str]:
+    import torch
+    import torch_xla
+
+    tx: Any = torch_xla
+    return {
+        "framework": "torch_xla",
+        "framework_version": str(tx.__version__),
+        "torch_version": str(torch.__version__),
+        "device": _device_type(),
+        "time": f"{time.time():.3f}",
+    }
+
+
+def _torch_xla() -> Any:
+    try:
+        import torch_xla
+    except ImportError as exc:
+        raise CacheError(
+            f"xla_pcache.torch_xla needs torch_xla; importing it failed: {exc}. "
+            'Install it with `pip install "xla-pcache[torch-xla]"`.'
+        ) from exc
+    xlac = getattr(torch_xla, "_XLAC", None)
+    for name in ("_xla_computation_cache_is_initialized", "_xla_get_num_cached_compilation_graph"):
+        if not callable(getattr(xlac, name, None)):
+            raise CacheError(
+                f"xla_pcache.torch_xla supports torch_xla 2.9; torch_xla "
+                f"{getattr(torch_xla, '__version__', '?')} lacks _XLAC.{name}"
+            )
+    return xlac
+
+
+def _start_cache(xlac: Any, directory: str | None, read_only: bool) -> None:
+    """Make torch_xla create its computation cache now, reading ``directory``.
+
+    torch_xla reads XLA_PERSISTENT_CACHE_PATH/_READ_ONLY once, when it first needs its
+    cache. Creating it here, under install()'s control, rather than at the first
+    execution, means the variables can be put back at once and no later change to them can
+    send torch_xla's in-place writes into the shared directory.
+    """
+    saved = {name: os.environ.get(name) for name in (PATH_VAR, READ_ONLY_VAR)}
+    try:
+        if directory is None:
+            os.environ.pop(PATH_VAR, None)
+        else:
+            os.environ[PATH_VAR] = directory
+        os.environ[READ_ONLY_VAR] = "1" if read_only else "0"
+        xlac._xla_get_num_cached_compilation_graph()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    if not xlac._xla_computation_cache_is_initialized():
+        raise CacheError("torch_xla did not create its computation cache when asked")
+
+
+def _hide_from_children(path: str) -> None:
+    """Child processes inherit the environment. One that runs torch_xla without calling
+    install() would write in place into the shared directory; moving the path to our own
+    variable gives it no persistent cache instead, and install() in it still finds it."""
+    os.environ[INHERITED_PATH_VAR] = path
+    os.environ.pop(PATH_VAR, None)
+
+
+def install(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    max_size: int | str | None = None,
+    read_only: bool | None = None,
+    local_dir: str | os.PathLike[str] | None = None,
+    sync_interval: float | None = DEFAULT_SYNC_INTERVAL_S,
+) -> TorchXlaCache | None:
+    """Serve torch_xla's persistent cache from the xla_pcache store at ``path``.
+
+    Must run before the first XLA execution of the process (a later call raises
+    ``CacheError``: torch_xla has already fixed its cache). Defaults: ``path`` from
+    ``XLA_PERSISTENT_CACHE_PATH``; ``max_size`` (bytes or ``"50G"``) from
+    ``XLA_PERSISTENT_CACHE_MAX_SIZE``; ``read_only`` from ``XLA_PERSISTENT_CACHE_READ_ONLY``.
+    ``local_dir`` holds the host-local copy (default ``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``,
+    else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``). New files are published every
+    ``sync_interval`` seconds (None: only on ``sync()`` and at exit).
+
+    Returns the installed cache, or None when the store or the local directory cannot be
+    used (logged; torch_xla then runs with no persistent cache, never the shared directory).
+    Calling it again with the same settings returns the same object.
+    """
+    global _installed
+    xlac = _torch_xla()
+    if path is None:
+        raw = os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")
+        if not raw.strip():
+            raise CacheError(
+                f"xla_pcache.torch_xla.install(): no cache path; pass one or set {PATH_VAR}"
+            )
+        path = raw.strip()
+    resolved = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    size = parse_size(max_size, name="max_size")
+    if size is None:
+        size = max_size_from_env()
+    ro = read_only_from_env() if read_only is None else bool(read_only)
+    with _state_lock:
+        if _installed is not None and _installed.pid == os.getpid():
+            same = (_installed.store.path, _installed.read_only) == (resolved, ro)
+            if same and not _installed._closed:
+                return _installed
+            raise CacheError(
+                "xla_pcache.torch_xla.install() was already called in this process with "
+                f"other settings ({_installed.store.path}); torch_xla fixes its cache once"
+            )
+        if xlac._xla_computation_cache_is_initialized():
+            raise CacheError(
+                "xla_pcache.torch_xla.install() came too late: torch_xla has already "
+                "created its computation cache (something ran on the XLA device, or "
+                "torch_xla.runtime.initialize_cache was used). Call install() first thing, "
+                "before any tensor is moved to or computed on the XLA device."
+            )
+        root = os.fspath(local_dir) if local_dir is not None else default_local_root()
+        try:
+            store = Store(resolved, max_size=size, read_only=ro)
+        except Exception as exc:
+            logger.warning(
+                "xla_pcache: cannot open the cache at %s (%s: %s); torch_xla runs with no "
+                "persistent cache in this process",
+                resolved,
+                type(exc).__name__,
+                exc,
+            )
+            _start_cache(xlac, None, ro)
+            _hide_from_children(resolved)
+            return None
+        mirror = HostMirror(store, root, meta=_producer_meta)
+        mirror.refresh_pool()
+        try:
+            view = mirror.open_view()
+        except Exception as exc:
+            mirror.warn(f"creating a host-local cache directory under {root}", exc)
+            mirror.close_view()
+            store.close()
+            _start_cache(xlac, None, ro)
+            _hide_from_children(resolved)
+            return None
+        _start_cache(xlac, view, ro)
+        _hide_from_children(resolved)
+        inst = TorchXlaCache(store, mirror, ro, sync_interval)
+        if sync_interval is not None and sync_interval > 0 and not ro:
+            inst._thread = threading.Thread(
+                target=inst._run, name="xla_pcache-torch_xla-sync", daemon=True
+            )
+            inst._thread.start()
+        atexit.register(inst.close)
+        _installed = inst
+        return inst
