@@ -20,6 +20,8 @@ pub enum StoreError {
     Invalid(String),
     #[error("cache directory {0} does not exist")]
     NotFound(PathBuf),
+    #[error("cannot take the evictor lock: {0}")]
+    Lock(#[from] crate::lock::LockError),
 }
 
 pub fn io_err(op: &'static str, path: &Path, source: io::Error) -> StoreError {

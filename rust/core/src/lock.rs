@@ -426,11 +426,12 @@ impl LockDir {
     }
 
     /// Runs `op`; if it fails because the lock directory is missing, creates the
-    /// directory and runs `op` once more.
+    /// directory (never its parents: a vanished parent may be an unmounted filesystem,
+    /// whose mount point must not be written to) and runs `op` once more.
     fn with_dir<T>(&self, mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
         match op() {
             Err(e) if e.kind() == io::ErrorKind::NotFound && !self.dir.is_dir() => {
-                fs::create_dir_all(&self.dir)?;
+                fs::create_dir(&self.dir)?;
                 op()
             }
             other => other,
@@ -973,6 +974,12 @@ mod tests {
             assert!(d.try_lock("evict").unwrap().is_some());
             assert!(root.join("locks").is_dir());
         }
+        let gone = lock_dir(&tmp.path().join("gone"), LockMode::Fcntl, 0, 1000);
+        assert!(gone.try_lock("evict").is_err());
+        assert!(
+            !tmp.path().join("gone").exists(),
+            "a missing parent is never created"
+        );
     }
 
     #[test]

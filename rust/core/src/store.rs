@@ -360,6 +360,27 @@ impl Store {
             match self.read_entry(&path) {
                 Ok(blob) => break Some(blob),
                 Err(ReadError::Missing) => break None,
+                Err(ReadError::Corrupt(why, _))
+                    if !self.fs.local
+                        && matches!(
+                            why,
+                            EntryError::BadLength { .. } | EntryError::TooShort(_)
+                        ) =>
+                {
+                    // Entries are never written in place, so on a network filesystem a length
+                    // that disagrees with the header is far more likely this client's stale
+                    // view of a file another host replaced (cached size, clamped reads) than
+                    // damage. Removing it would destroy a good entry for every host: miss only.
+                    self.counters.inc(Counter::Errors);
+                    self.warn("stale", || {
+                        format!(
+                            "incomplete view of cache entry {} ({why}), likely a stale network \
+                             filesystem cache; treated as a miss",
+                            path.display()
+                        )
+                    });
+                    break None;
+                }
                 Err(ReadError::Corrupt(why, ino)) => {
                     self.counters.inc(Counter::Corrupt);
                     self.warn("corrupt", || {
@@ -441,11 +462,10 @@ impl Store {
             let header = entry::verify(&map).map_err(corrupt)?;
             Ok(Blob::mapped(map, header))
         } else {
-            let mut buf = Vec::with_capacity(len as usize);
-            (&mut f)
-                .take(len + 1)
-                .read_to_end(&mut buf)
-                .map_err(ReadError::Io)?;
+            // Read to end of file rather than to the size fstat gave: on a network filesystem
+            // that size may be a cached one from before another host replaced the file.
+            let mut buf = Vec::with_capacity(len as usize + 1);
+            f.read_to_end(&mut buf).map_err(ReadError::Io)?;
             let header = entry::verify(&buf).map_err(corrupt)?;
             Ok(Blob::owned(buf, header))
         }
@@ -947,8 +967,7 @@ impl Store {
             .map(|m| (m as f64 * self.opts.low_watermark) as u64));
         let guard = self
             .locks
-            .try_lock_for(EVICT_LOCK, self.opts.lock_timeout)
-            .map_err(|e| StoreError::Invalid(format!("cannot take the evictor lock: {e}")))?;
+            .try_lock_for(EVICT_LOCK, self.opts.lock_timeout)?;
         let Some(guard) = guard else {
             return Ok(EvictReport {
                 skipped: Some("another process holds the evictor lock".into()),
@@ -1099,11 +1118,19 @@ impl Store {
         Ok(out)
     }
 
-    /// Number of entries, from the index.
+    /// Number of entries, from the index. A cache whose directory vanished has none; an index
+    /// that cannot be read now gives the last count seen (with a warning).
     pub fn len(&self) -> Result<u64, StoreError> {
         let mut st = self.state();
-        self.refresh(&mut st)
-            .map_err(|e| io_err("read index of", &self.layout.root, e))?;
+        if let Err(e) = self.refresh(&mut st) {
+            if !is_real_dir(&self.layout.root) {
+                self.warn("vanished", || {
+                    format!("cache directory {} is gone", self.layout.root.display())
+                });
+                return Ok(0);
+            }
+            self.warn("index", || format!("cannot read the cache index: {e}"));
+        }
         Ok(st.view.lru.len() as u64)
     }
 
