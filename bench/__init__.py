@@ -1,0 +1,1 @@
+"""Benchmarks of xla_pcache against its peers: ``python bench/run.py [--quick]``."""

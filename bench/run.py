@@ -1,0 +1,213 @@
+# ruff: noqa: RUF001  (the report uses the multiplication sign and the en dash on purpose)
+"""Run every benchmark and write docs/benchmarks.md with its plots.
+
+    python bench/run.py            # full suite (about 15-20 minutes on 2 busy cores)
+    python bench/run.py --quick    # same workloads, fewer repeats, no 100k entries
+
+Options: ``--only roundtrip,eviction,concurrency,memory,warmstart`` runs a subset;
+``--dir`` sets where scratch caches go (default: the system temp dir); ``--docs`` where the
+report goes (default: docs/ of this repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import (  # noqa: E402
+    peers,
+    report,
+    workloads_concurrency,
+    workloads_eviction,
+    workloads_memory,
+    workloads_roundtrip,
+)
+from bench.common import KB, MIB, Scratch, fmt_time, loadavg, machine, versions  # noqa: E402
+
+STAGES = ["roundtrip", "eviction", "concurrency", "memory", "warmstart"]
+WARM_START = ROOT / "bench" / "jax_warm_start.py"
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def settings(quick: bool) -> dict:
+    if quick:
+        return {
+            "roundtrip": {"100 KB": (100 * KB, 5, 40), "64 MB": (64 * MIB, 5, 1)},
+            "evict_sizes": [1_000, 10_000],
+            "cc_procs": [1, 2, 4, 8],
+            "cc_duration": 1.5,
+            "cc_reps": 1,
+            "mem_bytes": 1 << 30,
+            "warm_args": ["--quick"],
+        }
+    return {
+        "roundtrip": {"100 KB": (100 * KB, 11, 100), "64 MB": (64 * MIB, 9, 2)},
+        "evict_sizes": [1_000, 10_000, 100_000],
+        "cc_procs": [1, 2, 4, 8],
+        "cc_duration": 4.0,
+        "cc_reps": 2,
+        "mem_bytes": 1 << 30,
+        "warm_args": [],
+    }
+
+
+def warm_start(args: list[str], timeout: float) -> dict:
+    if not WARM_START.exists():
+        return {"status": "missing"}
+    cmd = [sys.executable, str(WARM_START.relative_to(ROOT)), *args]
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        rc, text = out.returncode, out.stdout
+        if rc != 0:
+            text += "\n```\n" + out.stderr[-3000:] + "\n```"
+    except subprocess.TimeoutExpired as e:
+        rc = 124
+        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        text += f"\n(timed out after {timeout:.0f} s)"
+    return {
+        "status": "ran",
+        "command": "python " + " ".join(shlex.quote(c) for c in cmd[1:]),
+        "rc": rc,
+        "seconds": time.perf_counter() - t0,
+        "output": text,
+    }
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "rust", "python"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return rev + (" + uncommitted changes in rust/ or python/" if dirty else "")
+    except OSError:
+        return "?"
+
+
+def notes(res: dict) -> list[str]:
+    """Findings computed from this run's numbers."""
+    out = []
+    rt = res.get("roundtrip")
+    if rt:
+        for label, d in rt["sizes"].items():
+            p = d["peers"]
+            us = p["xla_pcache"]["put"]["median"]
+            plain = p["torch_xla_dir"]["put"]["median"]
+            xxh = d["bytes"] / rt["bandwidth"]["xxh3"]
+            out.append(
+                f"- put {label}: xla_pcache {fmt_time(us)} vs a plain in-place write "
+                f"{fmt_time(plain)} ({us / plain:.2f}×). The store also computes the xxh3 "
+                f"checksum (≈ {fmt_time(xxh)} at the measured xxh3 rate), writes a temp file "
+                "and renames it, and appends a journal record."
+            )
+    ev = res.get("eviction")
+    if ev:
+        for n, peers_ in ev["n"].items():
+            s = peers_["xla_pcache"]
+            info = s["info"][0]
+            out.append(
+                f"- eviction at {int(n):,} entries: xla_pcache's median put {fmt_time(s['median'])}"
+                f", mean {fmt_time(s['mean'])}, slowest {fmt_time(s['max'])} (the put that "
+                f"evicts a batch down to 90%: {info.get('evictions', '?')} evictions over "
+                f"{s['n']:,} puts); ends within budget: {info.get('within_budget')}."
+            )
+    cc = res.get("concurrency")
+    if cc:
+        for name, per in cc["runs"].items():
+            torn = sum(r["torn"] for runs in per.values() for r in runs)
+            if torn:
+                out.append(
+                    f"- {report.LABELS[name]} served {torn} torn reads under concurrent load "
+                    "(in-place writes seen half-written by readers)."
+                )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, no 100k entries")
+    ap.add_argument("--only", default=",".join(STAGES), help="comma list of stages")
+    ap.add_argument("--dir", default=None, help="parent of the scratch caches")
+    ap.add_argument("--docs", default=str(ROOT / "docs"), help="where the report goes")
+    ap.add_argument("--evict-sizes", default=None, help="e.g. 1000,10000,100000")
+    a = ap.parse_args()
+    stages = [s for s in a.only.split(",") if s]
+    bad = set(stages) - set(STAGES)
+    if bad:
+        ap.error(f"unknown stage(s): {', '.join(sorted(bad))}")
+    cfg = settings(a.quick)
+    if a.evict_sizes:
+        cfg["evict_sizes"] = [int(x) for x in a.evict_sizes.split(",")]
+
+    t0 = time.perf_counter()
+    scratch = Scratch(a.dir)
+    res: dict = {
+        "command": "python " + " ".join(shlex.quote(x) for x in sys.argv),
+        "mode": "quick" if a.quick else "full",
+        "machine": machine(scratch.root),
+        "versions": versions(),
+        "git": git_rev(),
+    }
+    log(f"scratch: {scratch.root} ({res['machine']['filesystem']}); load {loadavg()}")
+    try:
+        if "roundtrip" in stages:
+            log("== put / get-hit / get-miss")
+            res["roundtrip"] = workloads_roundtrip.run(
+                scratch, peers.ALL, cfg["roundtrip"], log=log
+            )
+        if "eviction" in stages:
+            log("== put with a budget (eviction)")
+            res["eviction"] = workloads_eviction.run(scratch, cfg["evict_sizes"], a.quick, log=log)
+        if "concurrency" in stages:
+            log("== concurrent processes")
+            res["concurrency"] = workloads_concurrency.run(
+                scratch,
+                [p.name for p in peers.ALL],
+                cfg["cc_procs"],
+                cfg["cc_duration"],
+                cfg["cc_reps"],
+                log=log,
+            )
+        if "memory" in stages:
+            log("== peak memory of a large read")
+            res["memory"] = workloads_memory.run(scratch, cfg["mem_bytes"], log=log)
+        if "warmstart" in stages:
+            log("== JAX warm start (bench/jax_warm_start.py)")
+            res["warm_start"] = warm_start(cfg["warm_args"], timeout=900)
+            log(f"  {res['warm_start']['status']}")
+    finally:
+        scratch.cleanup()
+    res["machine"]["load_end"] = loadavg()
+    res["elapsed_s"] = time.perf_counter() - t0
+    docs = Path(a.docs)
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "bench_results.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    pngs = report.write(res, docs, notes(res))
+    log(f"wrote {docs / 'benchmarks.md'} and {', '.join(p.name for p in pngs)}")
+    for a_, b, c in report.targets(res):
+        log(f"  target: {a_}: {b} -> {c}")
+    log(f"done in {res['elapsed_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
