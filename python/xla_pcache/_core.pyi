@@ -4,9 +4,9 @@ The extension is private: import its names from ``xla_pcache``.
 """
 
 import os
-from typing_extensions import Buffer
+from typing_extensions import Buffer, disjoint_base
 from collections.abc import Callable
-from typing import Literal, final
+from typing import Literal, TypeVar, final
 
 __version__: str
 FORMAT_VERSION: int
@@ -21,6 +21,7 @@ class ReadOnlyError(CacheError):
     """A mutating operation was asked of a store opened read-only."""
 
 Key = str | bytes
+_S = TypeVar("_S", bound="Store")
 
 @final
 class Blob:
@@ -45,11 +46,12 @@ class Blob:
     def mapped(self) -> bool:
         """True when the payload is memory-mapped, False when it was read into memory."""
 
+@final
 class Hasher:
     """Streaming xxh3-128 over bytes and str parts (str is hashed as UTF-8)."""
 
-    def __init__(self, *parts: Key | Buffer) -> None: ...
-    def update(self, data: Key | Buffer, /) -> None: ...
+    def __new__(cls, *parts: Key | Buffer) -> Hasher: ...
+    def update(self, data: Key | Buffer) -> None: ...
     def hexdigest(self) -> str: ...
     def digest(self) -> bytes: ...
 
@@ -60,6 +62,7 @@ def entry_name(key: Key) -> str:
     """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed
     in ``entries/<first two digits>/``."""
 
+@disjoint_base
 class Store:
     """A persistent key -> blob store rooted at a directory.
 
@@ -70,7 +73,7 @@ class Store:
     """
 
     def __new__(
-        cls,
+        cls: type[_S],
         path: str | os.PathLike[str],
         *,
         max_size: int | None = None,
@@ -82,7 +85,7 @@ class Store:
         hit_interval: float = 60.0,
         trash_grace: float = 300.0,
         tmp_grace: float = 3600.0,
-    ) -> Store: ...
+    ) -> _S: ...
     @property
     def path(self) -> str: ...
     @property
@@ -101,7 +104,7 @@ class Store:
         (failures are logged and counted, never raised)."""
     def get(self, key: Key) -> Blob | None:
         """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
-    def __contains__(self, key: object) -> bool:
+    def __contains__(self, key: object, /) -> bool:
         """Whether an entry file exists; does not verify, does not count as a use."""
     def delete(self, key: Key) -> bool:
         """Remove the entry (two-phase: moved to trash first). ReadOnlyError if read-only."""
