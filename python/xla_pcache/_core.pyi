@@ -4,9 +4,10 @@ The extension is private: import its names from ``xla_pcache``.
 """
 
 import os
-from typing_extensions import Buffer, disjoint_base
 from collections.abc import Callable
 from typing import Literal, TypeVar, final
+
+from typing_extensions import Buffer, disjoint_base
 
 __version__: str
 FORMAT_VERSION: int
