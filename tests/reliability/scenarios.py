@@ -8,6 +8,7 @@ scenarios run their workers (``worker.py``) as separate processes with ``sys.exe
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import Any
 
 from testbed import SSHFS_CACHE_TIMEOUT_S, TwoHosts, read_only_bind
 from worker import MAGIC, LogCounter, check_value, make_value
-from xla_pcache import Store
+from xla_pcache import Store, _core
 
 WORKER = Path(__file__).with_name("worker.py")
 # Long enough for every mount's attribute and directory caches to expire.
@@ -132,6 +133,14 @@ def sum_ops(results: Iterable[dict[str, Any]]) -> dict[str, int]:
         for k, v in r.get("ops", {}).items():
             total[k] = total.get(k, 0) + v
     return total
+
+
+def warning_kinds(results: Iterable[dict[str, Any]]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for r in results:
+        for kind, n in r.get("warning_kinds", {}).items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    return kinds
 
 
 def first_warnings(results: Iterable[dict[str, Any]]) -> list[str]:
@@ -257,6 +266,7 @@ def two_hosts_one_budget(
         "explicit_evictions": sum(len(r.get("evictions", [])) for r in results.values()),
         "cross_host_evict_overlaps": len([o for o in overlaps if o["a"][0] != o["b"][0]]),
         "warnings": sum(r.get("warnings", 0) for r in results.values()),
+        "warning_kinds": warning_kinds(results.values()),
         "first_warnings": first_warnings(results.values()),
         "peak_bytes": peak,
         "peak_over_budget": max(0, peak - max_size),
@@ -572,7 +582,7 @@ def populate(root: Path, n: int = 30) -> list[str]:
     return keys
 
 
-def read_apis(store: Store, keys: list[str]) -> dict[str, Any]:
+def read_apis(store: _core.Store, keys: list[str]) -> dict[str, Any]:
     """Every read API of the store; returns what they said and any exception."""
     out: dict[str, Any] = {"exceptions": []}
     calls: dict[str, Callable[[], Any]] = {
@@ -685,7 +695,7 @@ def vanishing_directory(base: Path, how: str = "deleted") -> dict[str, Any]:
                 return "raised"
 
         gone = {
-            "get": [attempt("get", lambda k=k: store.get(k)) for k in keys],
+            "get": [attempt("get", functools.partial(store.get, k)) for k in keys],
             "contains": attempt("contains", lambda: keys[0] in store),
             "put": attempt("put", lambda: store.put("during", make_value("during", 7, 4_000))),
             "delete": attempt("delete", lambda: store.delete(keys[1])),
@@ -714,7 +724,7 @@ def vanishing_directory(base: Path, how: str = "deleted") -> dict[str, Any]:
             out["get_from_replacement"] = blob not in (None, "raised")
             shutil.rmtree(root)
         os.rename(aside, root)
-        back = [attempt("get", lambda k=k: store.get(k)) for k in keys]
+        back = [attempt("get", functools.partial(store.get, k)) for k in keys]
         out["hits_after_return"] = sum(
             1
             for k, b in zip(keys, back, strict=True)
@@ -727,5 +737,23 @@ def vanishing_directory(base: Path, how: str = "deleted") -> dict[str, Any]:
         out["get_after_return"] = blob not in (None, "raised")
         out["verify_after_return"] = attempt("verify", lambda: dict(store.verify()))
         out["stats_after_return"] = attempt("stats", lambda: dict(store.stats()))
+    store.close()
+    return out
+
+
+def vanished_root_side_effects(base: Path) -> dict[str, Any]:
+    """What len() and evict() do once the root is gone (see the xfail tests)."""
+    root = base / "vanished"
+    store = Store(root, max_size=1 << 20)
+    store.put("k", make_value("k", 1, 1_000))
+    os.rename(root, base / "vanished.aside")
+    out: dict[str, Any] = {}
+    for name, call in (("len", lambda: len(store)), ("evict", store.evict)):
+        try:
+            call()
+            out[f"{name}_raised"] = None
+        except Exception as exc:
+            out[f"{name}_raised"] = repr(exc)
+    out["root_recreated"] = sorted(os.listdir(root)) if root.exists() else None
     store.close()
     return out

@@ -22,6 +22,10 @@ from xla_pcache import Store
 
 pytestmark = pytest.mark.netfs
 
+# The warning of a read that saw an incomplete (stale) view of an entry; the words before
+# the path, as worker.warning_kind() reduces it.
+STALE_VIEW = "incomplete view of cache entry"
+
 
 def _lock_nb(path: Path) -> bool:
     """Whether this process can take an exclusive fcntl lock on ``path`` right now."""
@@ -91,7 +95,10 @@ def test_two_hosts_one_budget(budget_run: dict[str, Any]) -> None:
     assert r["cross_host_evict_overlaps"] > 0, "the evictors of A and B never ran at once"
     # Never torn or wrong bytes.
     assert r["torn_reads"] == 0 and r["wrong_reads"] == 0, r["bad_reads"]
-    assert r["errors"] == 0, r["first_warnings"]
+    # The only trouble logged is a stale view of a replaced entry (a miss, not removed); it
+    # is what the errors counter counts here.
+    assert set(r["warning_kinds"]) <= {STALE_VIEW}, r["first_warnings"]
+    assert r["errors"] == 0 or STALE_VIEW in r["warning_kinds"], r
     # Within budget after a final eviction, and consistent.
     assert r["final_evict"]["skipped"] is None, r["final_evict"]
     assert r["bytes_after_evict"] <= r["max_size"], r
@@ -102,19 +109,15 @@ def test_two_hosts_one_budget(budget_run: dict[str, Any]) -> None:
     # Every entry still on disk is whole and readable, as that value, from both hosts.
     assert r["entries_left"] > 0
     assert r["unreadable_count"] == 0, r["unreadable"]
-    # Every published entry is on disk or was moved to trash by an eviction or a delete.
-    # Entries destroyed by the stale-size bug (see the xfail test below) show up as lost
-    # and as "corrupt"; any other loss fails here. Tighten to == 0 once that bug is fixed.
-    assert r["lost_count"] <= r["corrupt"], r["lost"]
+    # Every published entry is on disk or was moved to trash by an eviction or a delete:
+    # none judged corrupt, none lost.
+    assert r["corrupt"] == 0, r["first_warnings"]
+    assert r["lost_count"] == 0, r["lost"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store bug: a reader whose mount still caches the size of an entry file that "
-    "another host has since replaced reads a short view, judges the valid new entry corrupt "
-    "and deletes it (counted as corrupt, lost for every host)",
-)
 def test_stale_size_never_destroys_a_replaced_entry(two_hosts: TwoHosts) -> None:
+    """Regression: a reader whose mount still cached the size of a replaced entry file read a
+    short view, judged the valid new entry corrupt and deleted it (fixed in 99101dc)."""
     a = Store(two_hosts.host_a / "stale-size")
     b = Store(two_hosts.host_b / "stale-size")
     small, large = make_value("k", 1, 1_000), make_value("k", 2, 30_000)

@@ -71,7 +71,17 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> 
 
 
 def is_mounted(path: Path) -> bool:
-    return os.path.ismount(path)
+    """Whether ``path`` is a mount point. Read from the mount table: ``os.path.ismount``
+    misses bind mounts of the same filesystem."""
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as table:
+        for line in table:
+            fields = line.split()
+            # Field 5 is the mount point, with spaces and the like escaped as octal.
+            point = fields[4].encode().decode("unicode_escape")
+            if point == target:
+                return True
+    return False
 
 
 def unmount(path: Path) -> None:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import re
 import struct
 import sys
 import time
@@ -56,6 +57,12 @@ def check_value(key: str, data: bytes) -> str | None:
     return None
 
 
+def warning_kind(message: str) -> str:
+    """A warning without its particulars: the words before the first path or number."""
+    text = message.removeprefix("xla_pcache: ")
+    return re.split(r"[/0-9(:]", text, maxsplit=1)[0].strip()
+
+
 class LogCounter(logging.Handler):
     """Counts (and keeps the first few of) the warnings the store logs."""
 
@@ -63,11 +70,14 @@ class LogCounter(logging.Handler):
         super().__init__(logging.WARNING)
         self.count = 0
         self.first: list[str] = []
+        self.kinds: Counter[str] = Counter()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.count += 1
+        message = record.getMessage()
+        self.kinds[warning_kind(message)] += 1
         if len(self.first) < 20:
-            self.first.append(record.getMessage())
+            self.first.append(message)
 
     def __enter__(self) -> LogCounter:
         logging.getLogger("xla_pcache").addHandler(self)
@@ -159,6 +169,7 @@ class Recorder:
             "deleted": self.deleted,
             "evictions": self.evictions,
             "warnings": logs.count,
+            "warning_kinds": dict(logs.kinds),
             "first_warnings": logs.first,
             "stats": stats,
             **extra,
