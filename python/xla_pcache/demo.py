@@ -23,7 +23,7 @@ from rich.table import Table
 
 from xla_pcache.sizes import format_size
 
-__all__ = ["main"]
+__all__ = ["build_model", "main"]
 
 # JAX keys start with the module name: "jit_" + the function's name.
 DEMO_PREFIX = "xla_pcache_demo_"
@@ -39,23 +39,15 @@ _CLASSES = 10
 _UNROLLED_STEPS = 8
 
 
-def _child(path: str, nonce: str) -> int:
-    """One demo process: install the cache, compile the train step, report JSON."""
-    started = time.perf_counter()
+def build_model(name: str) -> tuple[Any, tuple[Any, ...]]:
+    """The demo's jitted train step, named ``name``, and its arguments (imports jax).
+
+    Parameters come from numpy, not jax.random, so the train step is the only program
+    compiled. Shared with ``bench/jax_warm_start.py``.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
-
-    import xla_pcache.jax as xj
-
-    import_s = time.perf_counter() - started
-    events: list[str] = []
-    jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
-    # The demo is the user here: it wants its one program cached however fast this
-    # machine compiles it, so it lowers JAX's 1 s threshold for this process only.
-    jax_config: Any = jax.config
-    jax_config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    xj.install(path, read_only=False)
 
     rng = np.random.default_rng(0)
     dims = [_WIDTH] * (_LAYERS + 1)
@@ -99,14 +91,33 @@ def _child(path: str, nonce: str) -> int:
             params = jax.tree.map(lambda p, m, v, t=t: adam(p, m, v, t), params, m, v)
         return (params, m, v, t), value
 
-    train_step.__name__ = train_step.__qualname__ = DEMO_PREFIX + nonce
-    step = jax.jit(train_step)
+    train_step.__name__ = train_step.__qualname__ = name
+    return jax.jit(train_step), (state, x, y)
+
+
+def _child(path: str, nonce: str) -> int:
+    """One demo process: install the cache, compile the train step, report JSON."""
+    started = time.perf_counter()
+    import jax
+
+    import xla_pcache.jax as xj
+
+    import_s = time.perf_counter() - started
+    events: list[str] = []
+    jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
+    # The demo is the user here: it wants its one program cached however fast this
+    # machine compiles it, so it lowers JAX's 1 s threshold for this process only.
+    jax_config: Any = jax.config
+    jax_config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    xj.install(path, read_only=False)
+
+    step, args = build_model(DEMO_PREFIX + nonce)
     t0 = time.perf_counter()
-    lowered = step.lower(state, x, y)
+    lowered = step.lower(*args)
     t1 = time.perf_counter()
     compiled = lowered.compile()
     t2 = time.perf_counter()
-    _, value = compiled(state, x, y)
+    _, value = compiled(*args)
     report = {
         "import_s": import_s,
         "lower_s": t1 - t0,

@@ -191,8 +191,10 @@ def contract(path: str) -> dict[str, Any]:
             out[f"empty_{method}"] = f"ValueError: {exc}"
     cache.put("jit_f-0123", b"first")
     cache.put("jit_f-0123", b"second")
-    out["after_two_puts"] = cache.get("jit_f-0123").decode()
-    out["get_type"] = type(cache.get("jit_f-0123")).__name__
+    out["after_two_puts"] = bytes(cache.get("jit_f-0123")).decode()
+    value = cache.get("jit_f-0123")
+    out["get_type"] = type(value).__name__
+    out["get_readonly"] = value.readonly
     cache.put("jit_g-4567", b"other")
     out["len"] = len(cache)
     cache.clear()
