@@ -158,6 +158,13 @@ def test_malformed_read_only_variable(cache: Path) -> None:
     assert len(entry_files(cache)) == 3
 
 
+def test_malformed_read_only_variable_when_only_looking(cache: Path) -> None:
+    env = clean_env(XLA_PERSISTENT_CACHE_READ_ONLY="2")
+    assert_one_line_error(
+        run("ls", "--path", str(cache), env=env), "XLA_PERSISTENT_CACHE_READ_ONLY"
+    )
+
+
 def test_malformed_max_size_variable(cache: Path) -> None:
     env = clean_env(XLA_PERSISTENT_CACHE_MAX_SIZE="lots")
     assert_one_line_error(

@@ -46,12 +46,12 @@ app = typer.Typer(
 PathOption = Annotated[
     str | None,
     typer.Option(
-        "--path", "-p", help=f"Cache directory [default: ${PATH_VAR}]", show_default=False
+        "--path", "-p", help=f"Cache directory (default: ${PATH_VAR})", show_default=False
     ),
 ]
 ReadOnlyOption = Annotated[
     bool,
-    typer.Option("--read-only", help=f"Never write to the cache [default: ${READ_ONLY_VAR}]"),
+    typer.Option("--read-only", help=f"Never write to the cache (default: ${READ_ONLY_VAR})"),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
@@ -104,13 +104,14 @@ def _open(path: str | None, *, read_only: bool, write: bool = False) -> Store:
     """
     root = _resolve_path(path)
     max_size = max_size_from_env()
+    # Read even when only looking, so that a malformed value is reported by every command.
+    read_only = read_only_from_env() or read_only
     store = Store(root, max_size=max_size, read_only=True)
     if not write:
         return store
-    if read_only or read_only_from_env():
-        store.close()
-        _fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
     store.close()
+    if read_only:
+        _fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
     return Store(root, max_size=max_size, read_only=False)
 
 
@@ -279,7 +280,7 @@ def prune(
         str | None,
         typer.Option(
             "--max-size",
-            help=f"Evict down to this size (e.g. 50G) [default: below ${MAX_SIZE_VAR}]",
+            help=f"Evict down to this size (e.g. 50G) (default: below ${MAX_SIZE_VAR})",
         ),
     ] = None,
     older_than: Annotated[
@@ -369,14 +370,13 @@ def verify(
     """Check every file of the cache; exit 1 if any problem was found (even if repaired)."""
     console = _console()
     with _reported(), _open(path, read_only=read_only, write=repair) as store:
+        root = store.path
         report = _run_verify(store, repair, console)
     problems = _problem_count(report)
     if as_json:
         _emit_json({**report, "problems": problems})
     else:
-        table = Table(
-            title=f"verify {'--repair ' if repair else ''}{path or ''}".strip(), show_header=False
-        )
+        table = Table(title=f"verify{' --repair' if repair else ''} {root}", show_header=False)
         table.add_column("check")
         table.add_column("result")
         for name, value in report.items():
