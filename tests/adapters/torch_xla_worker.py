@@ -49,7 +49,7 @@ def mlp_graph(device: Any) -> list[float]:
         # graphs, as a training loop with logging or gradient clipping does.
         loss = torch.nn.functional.mse_loss(model(x), target)
         torch_xla.sync()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch_xla.sync()
         opt.step()
         torch_xla.sync()
