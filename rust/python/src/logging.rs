@@ -21,16 +21,14 @@ impl log::Log for PyLogger {
             _ => 10,
         };
         let msg = record.args().to_string();
-        // Logging must never take the process down, whatever state the interpreter is in.
+        // Logging must never take the process down, whatever state the interpreter is in;
+        // during shutdown (a store dropped at exit) `logging` may be gone: the record is lost.
         let _ = catch_unwind(AssertUnwindSafe(|| {
             Python::attach(|py| {
-                let r = py
+                let _ = py
                     .import("logging")
                     .and_then(|l| l.call_method1("getLogger", ("xla_pcache",)))
                     .and_then(|lg| lg.call_method1("log", (level, msg)));
-                if let Err(e) = r {
-                    e.print(py);
-                }
             })
         }));
     }
