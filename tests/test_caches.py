@@ -301,12 +301,17 @@ def test_deserialize_failure_is_a_counted_miss_and_removed(
     )
 
 
-def test_deserialize_failure_read_only_keeps_entry(root: Path) -> None:
+def test_deserialize_failure_read_only_keeps_entry(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with pickled(root) as writer:
         writer.store.put("bad", b"not a pickle")
     before = snapshot(root)
-    with pickled(root, read_only=True) as reader:
+    with pickled(root, read_only=True) as reader, caplog.at_level(logging.WARNING):
         assert reader.get("bad") is None
+        # It must not even try to delete (the store would refuse, but that is a second line).
+        assert not any("could not remove" in r.getMessage() for r in caplog.records)
+        assert not any("removing it" in r.getMessage() for r in caplog.records)
         assert reader.stats()["deserialize_failures"] == 1
         assert "bad" in reader.store
     assert snapshot(root) == before
