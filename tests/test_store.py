@@ -475,3 +475,11 @@ def test_read_only_directory_gets_hits_and_writes_nothing(cache_dir: Path, tmp_p
         assert out.stdout.strip() == "6"
         assert tree_state(ro_path) == before
     assert issubclass(ReadOnlyError, CacheError)
+
+
+def test_read_only_store_over_an_empty_directory_is_an_empty_cache(tmp_path: Path) -> None:
+    ro = Store(tmp_path, read_only=True)
+    assert len(ro) == 0 and ro.get("k") is None and ro.keys() == []
+    assert ro.verify()["problems"] == 0
+    assert ro.stats()["entries"] == 0
+    assert list(tmp_path.iterdir()) == []

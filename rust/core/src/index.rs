@@ -67,15 +67,21 @@ impl IndexView {
     /// then reads what each journal gained since last time.
     pub fn refresh(&mut self, layout: &Layout) -> io::Result<()> {
         self.check_snapshot(layout)?;
-        let names = journal::list(&layout.journal_dir())?;
+        let names = match journal::list(&layout.journal_dir()) {
+            Ok(n) => n,
+            // No journal directory: an empty (or vanished) cache, not an error.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
         if self
             .journals
             .keys()
             .any(|k| names.binary_search(k).is_err())
         {
-            // A journal we were following was folded and removed by a compaction; the new
-            // snapshot holds its records, so start again from it.
-            self.snapshot_id = None;
+            // A journal we were following was folded and removed by a compaction (whose
+            // snapshot holds its records), or the cache was removed: start again from
+            // whatever snapshot there is now.
+            self.loaded = false;
             self.check_snapshot(layout)?;
         }
         for name in names {
