@@ -263,15 +263,18 @@ def test_keys_do_not_depend_on_the_cache_path(tmp_path: Path) -> None:
 
 
 def test_jax_conventions_keep_working(tmp_path: Path) -> None:
-    """Thresholds stay the user's, set_cache_dir/reset_cache reach the store at the new
-    path, the verification wrapper wraps the store, uninstall restores JAX's factory."""
+    """install() takes its path from jax_compilation_cache_dir when nothing else names one;
+    thresholds stay the user's; set_cache_dir/reset_cache reach the store at the new path;
+    the verification wrapper wraps the store; uninstall restores JAX's factory."""
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     report = run_jax(
         [
             {"op": "config", "name": "jax_persistent_cache_min_compile_time_secs", "value": 60},
-            {"op": "install", "path": str(a)},
-            {"op": "inspect"},
+            # No path and no XLA_PERSISTENT_CACHE_PATH: install() takes JAX's own setting.
+            {"op": "config", "name": "jax_compilation_cache_dir", "value": str(a)},
+            {"op": "install"},
             *runs(0),
+            {"op": "inspect"},
             {"op": "config", "name": "jax_persistent_cache_min_compile_time_secs", "value": 0},
             {"op": "set_cache_dir", "path": str(b)},
             *runs(1),
@@ -290,7 +293,8 @@ def test_jax_conventions_keep_working(tmp_path: Path) -> None:
     first, second, third, fourth = report["inspect"]
     # A 60 s threshold keeps program 0 out; install() did not lower it.
     assert first["min_compile_time"] == 60
-    assert first["cache_dir"] == str(a)
+    assert first["cache_dir"] == str(a) and first["path"] == str(a)
+    assert first["base_type"] == "StoreCache"
     assert keys(a) == set()
     assert second["base_type"] == "StoreCache" and second["path"] == str(b)
     assert len(keys(b)) == 1
