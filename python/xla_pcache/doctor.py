@@ -64,10 +64,10 @@ def _installed(*dists: str) -> bool:
     return any(_dist_version(d) is not None for d in dists)
 
 
-def _run_probe(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def _run_probe(code: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter; its last stdout line is the JSON result."""
     proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=_PROBE_TIMEOUT_S,
@@ -180,11 +180,10 @@ def _torch_xla_backend_hint() -> str:
 def _probe_torch_xla() -> dict[str, Any]:
     env = {} if os.environ.get("PJRT_DEVICE") else {"PJRT_DEVICE": "CPU"}
     with tempfile.TemporaryDirectory(prefix="xla-pcache-doctor-") as tmp:
-        code = _TORCH_XLA_PROBE
-        write = _run_probe(code.replace("sys.argv[1]", repr(tmp)), env)
+        write = _run_probe(_TORCH_XLA_PROBE, tmp, env=env)
         if "error" in write:
             return write
-        load = _run_probe(code.replace("sys.argv[1]", repr(tmp)), env)
+        load = _run_probe(_TORCH_XLA_PROBE, tmp, env=env)
         if "error" in load:
             return load
     out: dict[str, Any] = {
