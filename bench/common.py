@@ -150,22 +150,18 @@ def rmtree(p: Path) -> None:
 
 
 def filesystem_of(path: Path) -> str:
+    """Filesystem type, device and mount options of the mount holding path."""
     try:
         out = subprocess.run(
-            ["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True
+            ["findmnt", "-T", str(path), "-no", "FSTYPE,SOURCE,OPTIONS"],
+            capture_output=True,
+            text=True,
+            check=True,
         )
-        fs = out.stdout.strip()
+        fs, dev, opts = [*out.stdout.split(), "", "", ""][:3]
+        return f"{fs} ({dev}, {opts})"
     except (OSError, subprocess.CalledProcessError):
-        fs = "unknown"
-    dev = ""
-    try:
-        out = subprocess.run(
-            ["df", "--output=source", str(path)], capture_output=True, text=True, check=True
-        )
-        dev = out.stdout.splitlines()[-1].strip()
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        pass
-    return f"{fs} ({dev})" if dev else fs
+        return "unknown"
 
 
 def drop_page_cache_hint(path: Path) -> None:

@@ -74,7 +74,9 @@ def roundtrip_md(rt: dict) -> list[str]:
             f"\nxla_pcache get-hit moves {_gbps(d['bytes'], hit)} (it verifies the xxh3 "
             f"checksum of every byte before handing out the buffer). Reference on this machine: "
             f"memcpy {bw['memcpy'] / 1e9:.2f} GB/s, xxh3 {bw['xxh3'] / 1e9:.2f} GB/s "
-            f"(64 MiB, numpy `copyto` and `xla_pcache.hash_key`).\n"
+            f"({bw['bytes'] / 2**20:.0f} MiB; numpy `copyto` into a resident buffer, and "
+            "`xla_pcache.hash_key`; measured "
+            "between the peers' turns in the same repeats).\n"
         )
     return out
 
@@ -259,7 +261,7 @@ def concurrency_png(cc: dict, path: Path) -> None:
     a1.set_title("Mixed read/write throughput (median, min–max)")
     a1.grid(which="both", alpha=0.3)
     a1.legend(fontsize=8)
-    a2.set_xticks(range(len(procs)), [f"{p} procs" for p in procs])
+    a2.set_xticks(range(len(procs)), [f"{p} proc{'s' if p > 1 else ''}" for p in procs])
     a2.set_yscale("symlog", linthresh=1)
     a2.set_ylim(0, None)
     a2.set_ylabel("torn reads (count, symlog)")
@@ -442,7 +444,9 @@ def write(res: dict, docs: Path, notes: list[str]) -> list[Path]:
         f"- Load average at start / end: {m['load_start']} / {m['load_end']} — this machine "
         "is shared with other engineers' builds and tests while the suite runs, so absolute "
         "times are noisy; compare the ratios, which come from the same run.",
-        f"- Date: {m['date']}; xla_pcache at git `{res.get('git', '?')}`",
+        f"- Date: {m['date']}; xla_pcache at git `{res.get('git', '?')}`; extension "
+        f"{res.get('build', '?')} (copied aside at the start, so every process of the run "
+        "used this one build)",
         "",
         "## Versions",
         "",
