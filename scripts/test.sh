@@ -18,7 +18,7 @@ py=$venv/bin/python
 
 # The integration tests need the real frameworks: a missing one is a failure, never a skip.
 "$py" - <<'PY'
-import importlib, sys
+import importlib.util, sys
 missing = [m for m in ("jax", "torch", "torch_xla") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"test dependencies missing: {', '.join(missing)}")
