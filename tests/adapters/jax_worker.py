@@ -97,7 +97,9 @@ def main() -> int:
                 elif op == "clear_caches":
                     jax.clear_caches()
                 elif op == "wait":
-                    deadline = time.monotonic() + 60
+                    if "ready" in step:
+                        open(step["ready"], "w").close()
+                    deadline = time.monotonic() + 120
                     while not os.path.exists(step["file"]) and time.monotonic() < deadline:
                         time.sleep(0.005)
                 elif op == "run":

@@ -371,16 +371,22 @@ def test_concurrent_compiles_of_the_same_programs(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     go = tmp_path / "go"
     programs = (10, 11, 12)
-    steps = [
-        {"op": "install", "path": str(root)},
-        {"op": "wait", "file": str(go)},
-        *runs(*programs, layers=8),
-        {"op": "clear_caches"},
-        *runs(*programs, layers=8),
-    ]
-    procs = [_start(steps), _start(steps)]
-    # Both are past their imports (about 2 s) before the barrier opens.
-    time.sleep(4)
+
+    def steps(ready: Path) -> list[dict[str, Any]]:
+        return [
+            {"op": "install", "path": str(root)},
+            {"op": "wait", "ready": str(ready), "file": str(go)},
+            *runs(*programs, layers=8),
+            {"op": "clear_caches"},
+            *runs(*programs, layers=8),
+        ]
+
+    ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
+    procs = [_start(steps(r)) for r in ready]
+    # Open the barrier once both are past their imports, so their compilations overlap.
+    deadline = time.monotonic() + 120
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        time.sleep(0.01)
     go.touch()
     reports = [_finish(p) for p in procs]
     for report in reports:
