@@ -21,7 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 from xla_pcache._core import CacheError
-from xla_pcache.config import max_size_from_env, path_from_env, read_only_from_env
+from xla_pcache.config import (
+    default_cache_path,
+    max_size_from_env,
+    path_from_env,
+    read_only_from_env,
+)
 from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 
@@ -369,7 +374,7 @@ def install(
         if path is not None:
             resolved_path = os.fspath(path)
         else:
-            resolved_path = path_from_env() or previous_dir or _default_path()
+            resolved_path = path_from_env() or previous_dir or default_cache_path()
         resolved_path = os.path.expanduser(str(resolved_path))
         if _is_local(resolved_path):
             resolved_path = os.path.abspath(resolved_path.removeprefix("file://"))
@@ -440,9 +445,3 @@ def installed_store() -> Store | None:
     """The store ``install()`` opened, or None when not installed (or it failed to open)."""
     with _state_lock:
         return None if _installed is None else _installed.store
-
-
-def _default_path() -> str:
-    from xla_pcache.config import default_cache_path
-
-    return default_cache_path()
