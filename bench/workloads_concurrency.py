@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import MIB, Scratch, check_value, make_value, rotate
+from .common import MIB, Scratch, check_value, make_value, rotate, settle
 
 GEN_PERIOD = 0.25
 KEYS_PER_GEN = 16
@@ -116,6 +116,7 @@ def run(
             for n in procs:
                 for name in rotate(peers, i):
                     i += 1
+                    settle()
                     with scratch.dir(f"cc-{name}-{n}") as d, scratch.dir("barrier") as b:
                         jobs = [
                             pool.apply_async(

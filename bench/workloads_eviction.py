@@ -28,13 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .common import Scratch, percentile, rotate, summarize
+from .common import Scratch, percentile, rotate, settle, summarize
 from .peers import HUGE
 
 VALUE = 1024
 
 
 def _timed_puts(put: Any, keys: list[str], value: bytes) -> list[float]:
+    settle()  # write the fill back first: time the puts, not the fill's writeback
     pc = time.perf_counter_ns
     out = []
     gc.disable()

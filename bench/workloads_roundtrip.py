@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from .common import Scratch, rotate, summarize
+from .common import Scratch, rotate, settle, summarize
 from .peers import Peer
 
 OPS = ("put", "get_hit", "get_miss", "round_trip")
@@ -86,6 +86,7 @@ def run(
                     peer = cls(d)
                     keys = [f"k{r:03d}x{i:06d}" for i in range(n)]
                     miss = [f"m{r:03d}x{i:06d}" for i in range(n)]
+                    settle()
                     gc.collect()
                     gc.disable()
                     try:
