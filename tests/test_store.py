@@ -236,7 +236,7 @@ def corrupt_header(p: Path) -> None:
 @pytest.mark.parametrize(
     "damage", [corrupt_flip, corrupt_truncate, corrupt_empty, corrupt_garbage, corrupt_header]
 )
-@pytest.mark.parametrize("size", [1000, 600_000])  # read into memory / mapped
+@pytest.mark.parametrize("size", [1000, 3_000_000])  # read into memory / mapped
 def test_corrupt_entry_is_a_miss_and_removed(
     cache_dir: Path, damage, size: int, caplog: pytest.LogCaptureFixture
 ) -> None:  # type: ignore[no-untyped-def]
@@ -276,7 +276,7 @@ def test_symlink_in_cache_is_not_followed(cache_dir: Path, tmp_path: Path) -> No
 
 def test_blob_outlives_deletion(cache_dir: Path) -> None:
     store = Store(cache_dir)
-    big = os.urandom(1 << 20)
+    big = os.urandom(3 << 20)
     store.put("big", big)
     store.put("small", b"s" * 100)
     blobs = [store.get("big"), store.get("small")]
@@ -483,3 +483,13 @@ def test_read_only_store_over_an_empty_directory_is_an_empty_cache(tmp_path: Pat
     assert ro.verify()["problems"] == 0
     assert ro.stats()["entries"] == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hits_are_recorded_without_a_write_on_the_read_path(cache_dir: Path) -> None:
+    Store(cache_dir).put("k", b"v")
+    journals = set((cache_dir / "journal").iterdir())
+    reader = Store(cache_dir, hit_interval=0)
+    assert reader.get("k") is not None
+    assert set((cache_dir / "journal").iterdir()) == journals, "a hit created a journal"
+    reader.close()  # ...and the hit reaches the journal when the reader flushes
+    assert len(set((cache_dir / "journal").iterdir()) - journals) == 1

@@ -25,9 +25,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Below this size a file is read into memory rather than mapped: for small entries one
-/// read is cheaper than mmap + page faults + munmap.
-const MMAP_MIN_BYTES: u64 = 256 * 1024;
+/// Below this size a file is read into memory rather than mapped: one read is cheaper than
+/// mmap + page faults + munmap up to a few MiB (measured: 550 KB read 67 us vs mapped 113 us;
+/// 4 MiB mapped 360 us vs read 725 us; 64 MiB mapped 11 ms vs read 53 ms). Mappings are not
+/// pre-faulted (MAP_POPULATE made 4 MiB and 64 MiB hits slower, 630 us and 15 ms).
+const MMAP_MIN_BYTES: u64 = 2 * 1024 * 1024;
 /// Journals untouched this long whose owner cannot be checked (another host) are folded
 /// and removed by compaction.
 const REMOTE_JOURNAL_AGE: Duration = Duration::from_secs(24 * 3600);
@@ -183,6 +185,8 @@ struct State {
     pending_bytes: u64,
     last_refresh: Option<Instant>,
     last_stats: Instant,
+    /// Hit records not yet written.
+    pending: Vec<Record>,
 }
 
 pub struct Store {
@@ -300,6 +304,7 @@ impl Store {
                 pending_bytes: 0,
                 last_refresh: None,
                 last_stats: Instant::now(),
+                pending: Vec::new(),
             }),
             layout,
             opts,
@@ -458,7 +463,7 @@ impl Store {
         if self.mmap && len >= MMAP_MIN_BYTES {
             // SAFETY: entry files are immutable once published (never written in place), and
             // mapping is used only on local filesystems where a removed file stays readable.
-            let map = unsafe { MmapOptions::new().populate().map(&f) }.map_err(ReadError::Io)?;
+            let map = unsafe { MmapOptions::new().map(&f) }.map_err(ReadError::Io)?;
             let header = entry::verify(&map).map_err(corrupt)?;
             Ok(Blob::mapped(map, header))
         } else {
@@ -514,13 +519,14 @@ impl Store {
         if due {
             st.hits_logged.insert(name, now);
             let disk = file_len.div_ceil(4096) * 4096;
-            let rec = Record::Touch {
+            // Buffered, not written: a hit costs no journal write (nor, for the first hit of
+            // a process, a journal creation). It goes out with the next put or counters flush.
+            st.pending.push(Record::Touch {
                 name,
                 disk_bytes: disk,
                 t: crate::clock::unix_ns(),
                 put: false,
-            };
-            self.append_locked(&mut st, &[rec]);
+            });
         }
         self.flush_stats_locked(&mut st, false);
     }
@@ -687,11 +693,14 @@ impl Store {
         self.append_locked(&mut st, recs);
     }
 
+    /// Appends the buffered hit records and `recs` to this process's journal, in one write.
     fn append_locked(&self, st: &mut State, recs: &[Record]) {
-        if self.opts.read_only {
+        if self.opts.read_only || (recs.is_empty() && st.pending.is_empty()) {
             return;
         }
-        if let Err(e) = st.journal.append(recs) {
+        let mut all = std::mem::take(&mut st.pending);
+        all.extend_from_slice(recs);
+        if let Err(e) = st.journal.append(&all) {
             self.counters.inc(Counter::Errors);
             self.warn("journal", || {
                 format!(
@@ -723,6 +732,7 @@ impl Store {
         }
         st.last_stats = Instant::now();
         if !self.counters.take_dirty() && !force {
+            self.append_locked(st, &[]);
             return;
         }
         st.journal.check_alive();
@@ -740,6 +750,8 @@ impl Store {
     // ---------------------------------------------------------------- eviction
 
     fn refresh(&self, st: &mut State) -> io::Result<()> {
+        // Our own buffered hits belong in the view too.
+        self.append_locked(st, &[]);
         st.view.refresh(&self.layout)?;
         st.pending_bytes = 0;
         st.last_refresh = Some(Instant::now());
