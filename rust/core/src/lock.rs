@@ -903,7 +903,7 @@ mod tests {
     #[test]
     fn fcntl_excludes_other_threads() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = Arc::new(lock_dir(tmp.path(), LockMode::Fcntl, 2000, 1000));
+        let dir = Arc::new(lock_dir(tmp.path(), LockMode::Fcntl, 30_000, 1000));
         let inside = Arc::new(AtomicU64::new(0));
         let handles: Vec<_> = (0..4)
             .map(|_| {
@@ -911,7 +911,7 @@ mod tests {
                 let inside = Arc::clone(&inside);
                 thread::spawn(move || {
                     for _ in 0..10 {
-                        let g = dir.try_lock("evict").unwrap().expect("within 2 s");
+                        let g = dir.try_lock("evict").unwrap().expect("within 30 s");
                         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
                         thread::sleep(Duration::from_millis(2));
                         inside.fetch_sub(1, Ordering::SeqCst);
