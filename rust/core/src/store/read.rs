@@ -1,0 +1,181 @@
+//! Reading: get, verification before a byte is exposed, removal of corrupt files, hit records.
+
+use super::*;
+
+impl Store {
+    /// The verified entry for `key`, or None. Never fails for cache reasons.
+    pub fn get(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
+        check_key(&key)?;
+        let name = entry_name(key.bytes);
+        let path = self.layout.entry_path(name);
+        let mut retried = false;
+        let result = loop {
+            match self.read_entry(&path) {
+                Ok(blob) => break Some(blob),
+                Err(ReadError::Missing) => break None,
+                Err(ReadError::Corrupt(why, _))
+                    if !self.fs.local
+                        && matches!(
+                            why,
+                            EntryError::BadLength { .. } | EntryError::TooShort(_)
+                        ) =>
+                {
+                    // Entries are never written in place, so on a network filesystem a length
+                    // that disagrees with the header is far more likely this client's stale
+                    // view of a file another host replaced (cached size, clamped reads) than
+                    // damage. Removing it would destroy a good entry for every host: miss only.
+                    self.counters.inc(Counter::Errors);
+                    self.warn("stale", || {
+                        format!(
+                            "incomplete view of cache entry {} ({why}), likely a stale network \
+                             filesystem cache; treated as a miss",
+                            path.display()
+                        )
+                    });
+                    break None;
+                }
+                Err(ReadError::Corrupt(why, ino)) => {
+                    self.counters.inc(Counter::Corrupt);
+                    self.warn("corrupt", || {
+                        format!(
+                            "corrupt cache entry {} ({why}); treated as a miss",
+                            path.display()
+                        )
+                    });
+                    if !self.opts.read_only {
+                        self.remove_corrupt(&path, ino, name);
+                    }
+                    break None;
+                }
+                Err(ReadError::Io(e)) if !retried && errno(&e) == Some(libc::ESTALE) => {
+                    retried = true;
+                }
+                Err(ReadError::Io(e)) => {
+                    self.counters.inc(Counter::Errors);
+                    self.warn("read", || {
+                        format!("cannot read {}: {e}; treated as a miss", path.display())
+                    });
+                    break None;
+                }
+            }
+        };
+        let result = result.filter(|b| {
+            let same = b.header.key == key.bytes;
+            if !same {
+                self.warn("collision", || {
+                    format!(
+                        "{} holds a different key; treated as a miss",
+                        path.display()
+                    )
+                });
+            }
+            same
+        });
+        match &result {
+            Some(b) => {
+                self.counters.inc(Counter::Hits);
+                self.counters.add(Counter::BytesRead, b.header.payload_len);
+                self.note_hit(name, b.header.file_len());
+            }
+            None => {
+                self.counters.inc(Counter::Misses);
+                self.maybe_flush_stats(false);
+            }
+        }
+        Ok(result)
+    }
+
+    pub(super) fn read_entry(&self, path: &Path) -> Result<Blob, ReadError> {
+        let mut f = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing),
+            // A symbolic link planted in the cache is never followed; treat it as foreign.
+            Err(e) if errno(&e) == Some(libc::ELOOP) => {
+                return Err(ReadError::Corrupt(EntryError::BadMagic, 0))
+            }
+            Err(e) => return Err(ReadError::Io(e)),
+        };
+        let meta = f.metadata().map_err(ReadError::Io)?;
+        let len = meta.len();
+        if !meta.is_file() {
+            return Err(ReadError::Corrupt(EntryError::BadMagic, meta.ino()));
+        }
+        if len < entry::FIXED_HEADER as u64 {
+            return Err(ReadError::Corrupt(EntryError::TooShort(len), meta.ino()));
+        }
+        let corrupt = |e| ReadError::Corrupt(e, meta.ino());
+        if self.mmap && len >= MMAP_MIN_BYTES {
+            // SAFETY: entry files are immutable once published (never written in place), and
+            // mapping is used only on local filesystems where a removed file stays readable.
+            let map = unsafe { MmapOptions::new().map(&f) }.map_err(ReadError::Io)?;
+            let header = entry::verify(&map).map_err(corrupt)?;
+            Ok(Blob::mapped(map, header))
+        } else {
+            // Read to end of file rather than to the size fstat gave: on a network filesystem
+            // that size may be a cached one from before another host replaced the file.
+            let mut buf = Vec::with_capacity(len as usize + 1);
+            f.read_to_end(&mut buf).map_err(ReadError::Io)?;
+            let header = entry::verify(&buf).map_err(corrupt)?;
+            Ok(Blob::owned(buf, header))
+        }
+    }
+
+    /// Removes a corrupt file, taking care not to remove a good entry that replaced it since
+    /// it was read: move it aside, check it is the same inode, put it back if not.
+    pub(super) fn remove_corrupt(&self, path: &Path, ino: u64, name: u128) {
+        // Deletes are stamped before they happen and puts after, so a racing re-put always
+        // wins in the index: it may err toward a record of a missing file (harmless, dropped
+        // when eviction meets it), never toward an unindexed file that escapes the budget.
+        let t = crate::clock::unix_ns();
+        let aside =
+            self.layout
+                .trash()
+                .join(format!("{}.corrupt.{}", name_hex(name), unique_suffix()));
+        if fs::rename(path, &aside).is_err() {
+            return;
+        }
+        match fs::symlink_metadata(&aside) {
+            Ok(m) if ino == 0 || m.ino() == ino => {
+                let _ = fs::remove_file(&aside);
+                self.append(&[Record::Delete { name, t }]);
+            }
+            _ => {
+                let _ = publish_no_replace(&aside, path);
+                let _ = fs::remove_file(&aside);
+            }
+        }
+    }
+
+    pub(super) fn note_hit(&self, name: u128, file_len: u64) {
+        if self.opts.read_only {
+            return;
+        }
+        // A hit never waits behind an eviction in another thread: if the state is busy the
+        // recency record is skipped (recency is approximate by design).
+        let Ok(mut st) = self.state.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let due = st
+            .hits_logged
+            .get(&name)
+            .is_none_or(|t| now.duration_since(*t) >= self.opts.hit_interval);
+        if due {
+            st.hits_logged.insert(name, now);
+            let disk = file_len.div_ceil(4096) * 4096;
+            // Buffered, not written: a hit costs no journal write (nor, for the first hit of
+            // a process, a journal creation). It goes out with the next put or counters flush.
+            st.pending.push(Record::Touch {
+                name,
+                disk_bytes: disk,
+                t: crate::clock::unix_ns(),
+                put: false,
+            });
+        }
+        self.flush_stats_locked(&mut st, false);
+    }
+}

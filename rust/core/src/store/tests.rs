@@ -1,0 +1,124 @@
+//! Unit tests of the store.
+
+use super::*;
+
+fn key(s: &str) -> Key<'_> {
+    Key {
+        bytes: s.as_bytes(),
+        is_text: true,
+    }
+}
+
+fn open(dir: &Path, max: Option<u64>) -> Store {
+    Store::open(
+        dir,
+        StoreOptions {
+            max_size: max,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn round_trip_first_writer_and_delete() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    assert!(s.put(key("k"), b"one", &[]).unwrap());
+    assert!(!s.put(key("k"), b"two", &[]).unwrap());
+    assert_eq!(s.get(key("k")).unwrap().unwrap().payload(), b"one");
+    assert!(s.delete(key("k")).unwrap());
+    assert!(s.get(key("k")).unwrap().is_none());
+    assert!(matches!(
+        s.put(key(""), b"x", &[]),
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+#[test]
+fn corrupt_file_is_a_counted_miss_and_removed() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    s.put(key("k"), &[1u8; 1000], &[]).unwrap();
+    let p = s.layout.entry_path(entry_name(b"k"));
+    let mut bytes = fs::read(&p).unwrap();
+    bytes[500] ^= 1;
+    fs::write(&p, bytes).unwrap();
+    assert!(s.get(key("k")).unwrap().is_none());
+    assert_eq!(s.counters.get(Counter::Corrupt), 1);
+    assert!(!p.exists());
+}
+
+#[test]
+fn read_only_store_writes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    open(d.path(), None).put(key("k"), b"v", &[]).unwrap();
+    let ro = Store::open(
+        d.path(),
+        StoreOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let journals = journal::list(&ro.layout.journal_dir()).unwrap();
+    assert!(!ro.put(key("new"), b"v", &[]).unwrap());
+    assert!(ro.get(key("k")).unwrap().is_some());
+    assert!(matches!(ro.clear(), Err(StoreError::ReadOnly(_))));
+    ro.flush();
+    drop(ro);
+    assert_eq!(journal::list(&d.path().join("journal")).unwrap(), journals);
+}
+
+#[test]
+fn budget_is_kept_and_oldest_go_first() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(100_000));
+    for i in 0..30 {
+        assert!(s.put(key(&format!("k{i}")), &[0u8; 10_000], &[]).unwrap());
+    }
+    let st = s.stats().unwrap();
+    assert!(st.bytes <= 100_000, "{} bytes over budget", st.bytes);
+    assert!(s.get(key("k29")).unwrap().is_some());
+    assert!(s.get(key("k0")).unwrap().is_none());
+}
+
+#[test]
+fn compaction_folds_journals_of_dead_processes() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(1 << 30));
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    child.wait().unwrap();
+    let dead = child.id();
+    for i in 0..70u64 {
+        let name = journal::file_name(crate::clock::hostname(), dead, i);
+        let mut buf = Vec::new();
+        Record::Touch {
+            name: i as u128 + 1,
+            disk_bytes: 4096,
+            t: i,
+            put: true,
+        }
+        .encode(&mut buf);
+        Record::Stats {
+            counters: vec![1, 0, 1],
+        }
+        .encode(&mut buf);
+        fs::write(s.layout.journal_dir().join(name), buf).unwrap();
+    }
+    assert!(s.put(key("trigger"), b"v", &[]).unwrap());
+    let left = journal::list(&s.layout.journal_dir()).unwrap();
+    assert_eq!(
+        left.len(),
+        1,
+        "only this process's journal remains: {left:?}"
+    );
+    let fresh = open(d.path(), None);
+    let st = fresh.stats().unwrap();
+    assert_eq!(st.entries, 71, "entries of dead processes stay indexed");
+    assert_eq!(
+        st.counters[Counter::Hits as usize],
+        70,
+        "their counters are kept"
+    );
+}

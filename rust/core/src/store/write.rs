@@ -1,0 +1,167 @@
+//! Writing: put, through a temp file published without replacing anything.
+
+use super::*;
+
+impl Store {
+    /// Stores `value` under `key`. Ok(true) if this call published it; Ok(false) if the key
+    /// exists, the store is read-only, the value is larger than the budget, or writing failed.
+    pub fn put(
+        &self,
+        key: Key<'_>,
+        value: &[u8],
+        meta: &[(String, String)],
+    ) -> Result<bool, StoreError> {
+        check_key(&key)?;
+        if self.opts.read_only {
+            return Ok(false);
+        }
+        let name = entry_name(key.bytes);
+        let path = self.layout.entry_path(name);
+        if fs::symlink_metadata(&path).is_ok() {
+            self.counters.inc(Counter::PutExists);
+            self.maybe_flush_stats(false);
+            return Ok(false);
+        }
+        let header = entry::encode_header(
+            key.bytes,
+            key.is_text,
+            meta,
+            value.len() as u64,
+            crate::hash::checksum(value),
+            crate::clock::unix_ns(),
+        )
+        .map_err(|e| StoreError::Invalid(format!("cannot encode entry: {e}")))?;
+        let total = (header.len() + value.len()) as u64;
+        if let Some(max) = self.opts.max_size {
+            if total > max {
+                self.counters.inc(Counter::TooLarge);
+                self.warn("too-large", || {
+                    format!("not caching a {total}-byte entry: it is larger than the cache budget of {max} bytes")
+                });
+                return Ok(false);
+            }
+        }
+        let outcome = self
+            .write_and_publish(name, &path, &header, value)
+            .or_else(|e| {
+                // The root may have been replaced by an empty directory: lay it out again, once.
+                if e.kind() == io::ErrorKind::NotFound && self.relayout() {
+                    self.write_and_publish(name, &path, &header, value)
+                } else {
+                    Err(e)
+                }
+            });
+        match outcome {
+            Ok(Some(disk)) => {
+                self.counters.inc(Counter::Puts);
+                self.counters.add(Counter::BytesWritten, total);
+                let mut st = self.state();
+                let rec = Record::Touch {
+                    name,
+                    disk_bytes: disk,
+                    t: crate::clock::unix_ns(),
+                    put: true,
+                };
+                self.append_locked(&mut st, &[rec]);
+                st.pending_bytes += disk;
+                self.flush_stats_locked(&mut st, false);
+                self.maybe_evict(&mut st);
+                Ok(true)
+            }
+            Ok(None) => {
+                self.counters.inc(Counter::PutExists);
+                self.maybe_flush_stats(false);
+                Ok(false)
+            }
+            Err(e) => {
+                self.counters.inc(Counter::Errors);
+                self.warn("write", || {
+                    format!(
+                        "cannot write cache entry under {}: {e}; not cached",
+                        self.layout.root.display()
+                    )
+                });
+                self.maybe_flush_stats(false);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
+    /// Ok(None) if another writer got there first.
+    pub(super) fn write_and_publish(
+        &self,
+        name: u128,
+        path: &Path,
+        header: &[u8],
+        value: &[u8],
+    ) -> io::Result<Option<u64>> {
+        let tmp = self
+            .layout
+            .tmp()
+            .join(format!("{}.{}.tmp", name_hex(name), unique_suffix()));
+        let res = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o666)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(&tmp)?;
+            f.write_all(header)?;
+            f.write_all(value)?;
+            if self.opts.durable {
+                f.sync_all()?;
+            }
+            let disk = disk_bytes(&f.metadata()?);
+            // close() is where NFS flushes to the server and reports errors such as ENOSPC.
+            close_checked(f)?;
+            let published = match publish_no_replace(&tmp, path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && fs::metadata(&tmp).is_ok() => {
+                    // The shard directory was removed (e.g. by hand); recreate it once.
+                    fs::create_dir_all(self.layout.shard_dir(name))?;
+                    publish_no_replace(&tmp, path)?
+                }
+                other => other?,
+            };
+            if published && self.opts.durable {
+                sync_dir(&self.layout.shard_dir(name))?;
+            }
+            Ok(published.then_some(disk))
+        })();
+        if !matches!(res, Ok(Some(_))) {
+            let _ = fs::remove_file(&tmp);
+        }
+        res
+    }
+
+    /// Re-creates the layout if the root exists but lost its sub-directories. Never creates
+    /// the root itself: a missing root may be an unmounted filesystem.
+    pub(super) fn relayout(&self) -> bool {
+        if !is_real_dir(&self.layout.root) {
+            return false;
+        }
+        let ok = self.layout.create().is_ok();
+        if ok {
+            for shard in 0..=255u8 {
+                let _ = fs::create_dir(self.layout.entries().join(format!("{shard:02x}")));
+            }
+            log::warn!(
+                "xla_pcache: cache directory {} was emptied or replaced; re-created its layout",
+                self.layout.root.display()
+            );
+        }
+        ok
+    }
+}
+
+/// Closes a file and reports the error close() returns (NFS reports write errors there).
+fn close_checked(f: File) -> io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: fd was just released from a File that owned it; it is closed exactly once.
+    let rc = unsafe { libc::close(fd) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
