@@ -117,7 +117,10 @@ def run(
                 for name in rotate(peers, i):
                     i += 1
                     settle()
-                    with scratch.dir(f"cc-{name}-{n}") as d, scratch.dir("barrier") as b:
+                    with (
+                        scratch.dir(f"cc-{name}-{n}", set_aside=True) as d,
+                        scratch.dir("barrier") as b,
+                    ):
                         jobs = [
                             pool.apply_async(
                                 worker, (name, str(d), str(b), n, duration, 1000 * i + w)

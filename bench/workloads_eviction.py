@@ -162,7 +162,7 @@ def run(scratch: Scratch, sizes: list[int], quick: bool, log: Any = print) -> di
         for r in range(p[n]["repeats"]):
             for name in rotate(names, r + n):
                 m = p[n]["puts"][name]
-                with scratch.dir(f"ev-{n}-{name}") as d:
+                with scratch.dir(f"ev-{n}-{name}", set_aside=True) as d:
                     t0 = time.perf_counter()
                     times, info = RUNNERS[name](d, n, m, value, f"{r}")  # type: ignore[index]
                     log(
