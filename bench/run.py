@@ -193,8 +193,10 @@ def notes(res: dict) -> list[str]:
             "developing this suite, xla_pcache's put with a budget at 1k entries measured "
             "250-440 µs right after such deletes and 25-60 µs otherwise (CPU time equal to "
             "wall time). The suite therefore sets the many-file scratch directories (eviction, "
-            "concurrency) aside and deletes them only at the end; deletions by other users "
-            "of the machine can still land in a timed section, for every peer alike. Large "
+            "concurrency) aside and deletes them only at the end. Deletions by other users of "
+            "the machine, or by a peer's own eviction (diskcache and JAX unlink what they "
+            "evict; xla_pcache renames into trash/ and unlinks after 5 minutes), can still "
+            "slow the next peer's timed puts: look at the IQR. Large "
             "files (round trip) are deleted at once: in this virtual machine, writes into "
             "never-touched memory cost far more (64 MiB: 250-330 ms instead of 16-20 ms)."
         )
@@ -217,7 +219,14 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="parent of the scratch caches")
     ap.add_argument("--docs", default=str(ROOT / "docs"), help="where the report goes")
     ap.add_argument("--evict-sizes", default=None, help="e.g. 1000,10000,100000")
+    ap.add_argument(
+        "--report-only", default=None, metavar="JSON", help="rewrite the report from results"
+    )
     a = ap.parse_args()
+    if a.report_only:
+        res = json.loads(Path(a.report_only).read_text())
+        report.write(res, Path(a.docs), notes(res))
+        return
     stages = [s for s in a.only.split(",") if s]
     bad = set(stages) - set(STAGES)
     if bad:
