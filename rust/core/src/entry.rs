@@ -167,6 +167,14 @@ pub fn encode_header(
     Ok(h)
 }
 
+/// Sets the payload checksum of an encoded header (and its header checksum), for writers
+/// that hash the payload as they write it.
+pub fn set_payload_checksum(header: &mut [u8], payload_checksum: u64) {
+    header[32..40].copy_from_slice(&payload_checksum.to_le_bytes());
+    let sum = header_checksum(header);
+    header[56..64].copy_from_slice(&sum.to_le_bytes());
+}
+
 /// Length of the whole header, read from its first 64 bytes, after the checks that can be
 /// made on them alone. Lets a reader that only wants the header know how much to read.
 pub fn header_len(fixed: &[u8]) -> Result<usize, EntryError> {
@@ -268,6 +276,15 @@ mod tests {
         assert_eq!(h.meta[0], ("framework".into(), "jax".into()));
         assert_eq!(&f[h.header_len..], b"hello world");
         assert_eq!(h.header_len % 64, 0);
+    }
+
+    #[test]
+    fn checksum_set_after_encoding_verifies() {
+        let payload = b"streamed payload";
+        let mut h = encode_header(b"k", false, &[], payload.len() as u64, 0, 7).unwrap();
+        set_payload_checksum(&mut h, checksum(payload));
+        h.extend_from_slice(payload);
+        assert_eq!(verify(&h).unwrap().payload_checksum, checksum(payload));
     }
 
     #[test]

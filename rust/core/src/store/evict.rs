@@ -19,7 +19,8 @@ impl Store {
         let due = st
             .last_refresh
             .is_none_or(|t| t.elapsed() >= self.opts.refresh_interval)
-            || max.is_some_and(|m| st.view.lru.total_bytes() + st.pending_bytes > m);
+            || max.is_some_and(|m| st.view.lru.total_bytes() + st.pending_bytes > m)
+            || st.evict_backlog.is_some();
         if !due {
             return;
         }
@@ -28,8 +29,11 @@ impl Store {
             self.warn("index", || format!("cannot read the cache index: {e}"));
             return;
         }
-        let over = max.filter(|&m| st.view.lru.total_bytes() > m);
-        if over.is_none() && !st.view.wants_compaction() {
+        let total = st.view.lru.total_bytes();
+        let over = max.filter(|&m| total > m);
+        // An eviction cut short by its time slice goes on with the next put.
+        let backlog = st.evict_backlog.filter(|&t| total > t);
+        if over.is_none() && backlog.is_none() && !st.view.wants_compaction() {
             return;
         }
         let guard = match self.locks.try_lock_for(EVICT_LOCK, Duration::ZERO) {
@@ -40,24 +44,29 @@ impl Store {
                 return;
             }
         };
-        let target = over.map(|m| (m as f64 * self.opts.low_watermark) as u64);
-        if let Err(e) = self.evict_locked(st, guard, target, None) {
+        let target = over
+            .map(|m| (m as f64 * self.opts.low_watermark) as u64)
+            .or(backlog);
+        let deadline = Instant::now() + self.opts.evict_slice;
+        if let Err(e) = self.evict_locked(st, guard, target, None, Some(deadline)) {
             self.counters.inc(Counter::Errors);
             self.warn("evict", || format!("eviction failed: {e}"));
         }
     }
 
     /// Evicts with the lock held: refreshes, removes oldest entries until the total is at
-    /// most `target` and every entry unused for `older_than`, then compacts and sweeps.
+    /// most `target` and every entry unused for `older_than`, then compacts and sweeps. Past
+    /// `deadline` it stops and leaves the rest to the next put (`State::evict_backlog`).
     pub(super) fn evict_locked(
         &self,
         st: &mut State,
         mut guard: LockGuard,
         target: Option<u64>,
         older_than: Option<Duration>,
+        deadline: Option<Instant>,
     ) -> io::Result<EvictReport> {
         let started = crate::clock::unix_ns();
-        let res = self.evict_with(st, &mut guard, target, older_than);
+        let res = self.evict_with(st, &mut guard, target, older_than, deadline);
         if let Some(trace) = &self.opts.evict_trace {
             let line = format!(
                 "{} {started} {}\n",
@@ -80,8 +89,10 @@ impl Store {
         guard: &mut LockGuard,
         target: Option<u64>,
         older_than: Option<Duration>,
+        deadline: Option<Instant>,
     ) -> io::Result<EvictReport> {
         self.refresh(st)?;
+        st.evict_backlog = None;
         let mut report = EvictReport::default();
         let now = crate::clock::unix_ns();
         let cutoff = older_than.map(|d| now.saturating_sub(d.as_nanos() as u64));
@@ -99,7 +110,12 @@ impl Store {
         }
         let mut records = Vec::with_capacity(victims.len());
         let mut last_beat = Instant::now();
-        for (name, info) in victims {
+        for (i, (name, info)) in victims.into_iter().enumerate() {
+            // At least one entry per slice, so a backlog always shrinks.
+            if i > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                st.evict_backlog = target;
+                break;
+            }
             let path = self.layout.entry_path(name);
             let aside = self
                 .layout
@@ -136,7 +152,10 @@ impl Store {
             self.append_locked(st, &records);
         }
         self.flush_stats_locked(st, true);
-        self.sweep(false);
+        // Sweeping lists tmp/ and trash/: once per eviction, not once per time slice.
+        if st.evict_backlog.is_none() {
+            self.sweep(false);
+        }
         if st.view.wants_compaction() {
             self.compact_locked(st);
         }
@@ -241,7 +260,7 @@ impl Store {
             });
         };
         let mut st = self.state();
-        self.evict_locked(&mut st, guard, target, older_than)
+        self.evict_locked(&mut st, guard, target, older_than, None)
             .map_err(|e| io_err("evict in", &self.layout.root, e))
     }
 }

@@ -122,3 +122,51 @@ fn compaction_folds_journals_of_dead_processes() {
         "their counters are kept"
     );
 }
+
+#[test]
+fn eviction_cut_short_goes_on_with_the_next_puts() {
+    let d = tempfile::tempdir().unwrap();
+    let unbounded = open(d.path(), None);
+    for i in 0..60 {
+        unbounded
+            .put(key(&format!("big{i}")), &[0u8; 16_000], &[])
+            .unwrap();
+    }
+    drop(unbounded);
+    let max = 400_000;
+    let s = Store::open(
+        d.path(),
+        StoreOptions {
+            max_size: Some(max),
+            evict_slice: Duration::ZERO,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let bytes = || s.stats().unwrap().bytes;
+    assert!(bytes() > 2 * max);
+    // A zero time slice evicts one entry per put: the eviction is cut short...
+    s.put(key("small0"), b"x", &[]).unwrap();
+    assert!(bytes() > max);
+    assert_eq!(s.state().evict_backlog, Some(360_000));
+    let mut i = 1;
+    while bytes() > max {
+        s.put(key(&format!("small{i}")), b"x", &[]).unwrap();
+        i += 1;
+        assert!(i < 1000);
+    }
+    // ...and goes on below the budget, down to the low watermark, with the next puts.
+    let before = bytes();
+    assert!(before > 360_000 && s.state().evict_backlog.is_some());
+    s.put(key("one more"), b"x", &[]).unwrap();
+    assert!(
+        bytes() < before,
+        "a put under budget did not go on with the backlog"
+    );
+    while s.state().evict_backlog.is_some() {
+        s.put(key(&format!("small{i}")), b"x", &[]).unwrap();
+        i += 1;
+        assert!(i < 1000);
+    }
+    assert!(bytes() <= 360_000);
+}
