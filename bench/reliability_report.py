@@ -68,8 +68,9 @@ def section_budget(r: dict[str, Any]) -> tuple[str, str, list[Row]]:
         f"{r['processes'] - 2} processes (half on each mount) run random puts (35%), gets (55%) "
         f"and deletes (10%) over {r['duration_s']:.0f} s on {240} shared keys, values of 1-40 kB, "
         f"in one cache with a {r['max_size'] // 1024} KiB budget; one more process per mount "
-        "calls evict() in a loop. Locks are fcntl (auto), which on these mounts exclude only "
-        "processes of the same mount, so evictions on the two hosts overlap. Every value names "
+        "calls evict() in a loop. Locks are forced to fcntl, which on these mounts exclude only "
+        "processes of the same mount, so evictions on the two hosts may overlap (auto mode "
+        "would use lease files on FUSE). Every value names "
         "its key and seed, so each hit is checked byte for byte. Afterwards (caches expired): a "
         "final evict(), verify() from both hosts, and every published value is looked for: on "
         "disk (then it must read back whole from both hosts) or in trash/ (chosen by an "
@@ -269,7 +270,9 @@ def run(duration: float) -> dict[str, Any]:
         with testbed.two_hosts(base / "net") as bed:
             timed(
                 "budget",
-                lambda: scenarios.two_hosts_one_budget(bed, _mk(work, "budget"), duration=duration),
+                lambda: scenarios.two_hosts_one_budget(
+                    bed, _mk(work, "budget"), duration=duration, lock_mode="fcntl"
+                ),
             )
             timed("stale", lambda: scenarios.stale_views(bed))
             timed("lease", lambda: scenarios.lease_one_evictor(bed, _mk(work, "lease")))
