@@ -232,11 +232,6 @@ impl JournalWriter {
             }
         }
     }
-
-    /// Removes this process's journal file (used by clear, which starts everyone afresh).
-    pub fn forget(&mut self) {
-        self.file = None;
-    }
 }
 
 /// Whether the process that owns a journal is known to be gone. Only same-host owners can

@@ -431,7 +431,11 @@ impl LockDir {
     fn with_dir<T>(&self, mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
         match op() {
             Err(e) if e.kind() == io::ErrorKind::NotFound && !self.dir.is_dir() => {
-                fs::create_dir(&self.dir)?;
+                match fs::create_dir(&self.dir) {
+                    // Another thread or process created it first: as good.
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                    _ => {}
+                }
                 op()
             }
             other => other,

@@ -359,7 +359,7 @@ impl PyStore {
         let d = PyDict::new(py);
         d.set_item("removed", r.removed)?;
         d.set_item("bytes", r.bytes)?;
-        d.set_item("names", r.keys)?;
+        d.set_item("names", r.names)?;
         d.set_item("skipped", r.skipped)?;
         Ok(d)
     }

@@ -125,7 +125,7 @@ impl Store {
                 Ok(()) => {
                     report.removed += 1;
                     report.bytes += info.disk_bytes;
-                    report.keys.push(name_hex(name));
+                    report.names.push(name_hex(name));
                 }
                 Err(e)
                     if e.kind() == io::ErrorKind::NotFound || errno(&e) == Some(libc::ESTALE) => {}
@@ -205,28 +205,26 @@ impl Store {
     pub(super) fn sweep(&self, dry_run: bool) -> (u64, u64) {
         let now = crate::clock::unix_ns();
         let mut counts = (0, 0);
-        for (dir, grace, slot) in [
-            (self.layout.tmp(), self.opts.tmp_grace, 0),
-            (self.layout.trash(), self.opts.trash_grace, 1),
-            (self.layout.locks(), self.opts.tmp_grace, 0),
+        // (directory, grace, counted as trash, dot files only: in locks/ only the leftovers
+        // of killed lease writers are swept)
+        for (dir, grace, trash, dot_only) in [
+            (self.layout.tmp(), self.opts.tmp_grace, false, false),
+            (self.layout.trash(), self.opts.trash_grace, true, false),
+            (self.layout.locks(), self.opts.tmp_grace, false, true),
         ] {
             let Ok(rd) = fs::read_dir(&dir) else { continue };
             for e in rd.flatten() {
-                // In locks/ only the leftovers of killed lease writers (dot files) are swept.
-                if slot == 0
-                    && dir == self.layout.locks()
-                    && !e.file_name().to_string_lossy().starts_with('.')
-                {
+                if dot_only && !e.file_name().to_string_lossy().starts_with('.') {
                     continue;
                 }
                 let Ok(m) = e.metadata() else { continue };
                 if age(&m, now) <= grace {
                     continue;
                 }
-                if slot == 0 {
-                    counts.0 += 1;
-                } else {
+                if trash {
                     counts.1 += 1;
+                } else {
+                    counts.0 += 1;
                 }
                 if !dry_run {
                     let _ = fs::remove_file(e.path());

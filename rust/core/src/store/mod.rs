@@ -137,7 +137,8 @@ fn check_key(key: &Key<'_>) -> Result<(), StoreError> {
 pub struct EvictReport {
     pub removed: u64,
     pub bytes: u64,
-    pub keys: Vec<String>,
+    /// File names (hex) of the evicted entries.
+    pub names: Vec<String>,
     pub skipped: Option<String>,
 }
 
