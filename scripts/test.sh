@@ -37,6 +37,7 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace -q
+bash scripts/test_hash_paths.sh
 
 echo "== pytest"
 export PATH=$venv/bin:$PATH

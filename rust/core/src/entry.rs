@@ -21,7 +21,6 @@
 //! foreign file can never pass for an entry.
 
 use crate::hash::{checksum, MAX_KEY_LEN};
-use xxhash_rust::xxh3::Xxh3;
 
 pub const MAGIC: [u8; 4] = *b"XPCE";
 pub const ENTRY_VERSION: u16 = 1;
@@ -82,7 +81,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 fn header_checksum(header: &[u8]) -> u64 {
-    let mut h = Xxh3::new();
+    let mut h = crate::hash::Checksum::new();
     h.update(&header[..56]);
     h.update(&header[FIXED_HEADER..]);
     h.digest()

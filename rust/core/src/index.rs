@@ -2,6 +2,7 @@
 //! in-memory view that is brought up to date incrementally (only new journal bytes are
 //! read). The index is a hint: the entry files are the truth, and `verify` reconciles.
 
+use crate::hash::checksum;
 use crate::journal::{self, Record};
 use crate::layout::Layout;
 use crate::lru::Lru;
@@ -10,7 +11,6 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
-use xxhash_rust::xxh3::xxh3_64;
 
 const SNAP_MAGIC: &[u8; 4] = b"XPCS";
 const SNAP_VERSION: u32 = 1;
@@ -167,7 +167,7 @@ impl IndexView {
             return Err("bad magic");
         }
         let (body, sum) = b.split_at(b.len() - 8);
-        if xxh3_64(body) != u64::from_le_bytes(sum.try_into().map_err(|_| "short")?) {
+        if checksum(body) != u64::from_le_bytes(sum.try_into().map_err(|_| "short")?) {
             return Err("checksum mismatch");
         }
         let mut r = Reader { b: body, at: 4 };
@@ -227,7 +227,7 @@ impl IndexView {
         for c in fixed(&self.base_counters) {
             b.extend_from_slice(&c.to_le_bytes());
         }
-        let sum = xxh3_64(&b);
+        let sum = checksum(&b);
         b.extend_from_slice(&sum.to_le_bytes());
         b
     }

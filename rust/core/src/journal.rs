@@ -8,11 +8,11 @@
 //! record: 0xA5, kind u8, body length u16, body, xxh3-64 of everything before it
 //! ```
 
+use crate::hash::checksum;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: u8 = 0xA5;
 const MAX_BODY: usize = 1024;
@@ -80,7 +80,7 @@ impl Record {
         out.push(kind);
         out.extend_from_slice(&(body.len() as u16).to_le_bytes());
         out.extend_from_slice(&body);
-        let sum = xxh3_64(&out[start..]);
+        let sum = checksum(&out[start..]);
         out.extend_from_slice(&sum.to_le_bytes());
     }
 }
@@ -110,7 +110,7 @@ pub fn decode(buf: &[u8]) -> (Vec<Record>, usize) {
         let kind = buf[at + 1];
         let len = u16::from_le_bytes([buf[at + 2], buf[at + 3]]) as usize;
         let end = at + 4 + len;
-        if len > MAX_BODY || buf.len() < end + 8 || xxh3_64(&buf[at..end]) != u64_at(buf, end) {
+        if len > MAX_BODY || buf.len() < end + 8 || checksum(&buf[at..end]) != u64_at(buf, end) {
             break;
         }
         let body = &buf[at + 4..end];

@@ -73,3 +73,9 @@ pub fn entry_name(key: &Bound<'_, PyAny>) -> PyResult<String> {
         xla_pcache_core::hash::entry_name(key.key().bytes),
     ))
 }
+
+/// The xxh3 vector path in use (`avx2`, `sse2`, `neon`, `scalar`, or `portable-*`).
+#[pyfunction]
+pub fn hash_impl() -> &'static str {
+    xla_pcache_core::hash::active().path()
+}

@@ -115,7 +115,7 @@ impl Store {
             // Payload first, each chunk hashed just before it is written, while it is in
             // cache: one pass over the value instead of two (a 64 MiB put saves ~10 ms).
             // The header, which holds the checksum, goes in last, at offset 0.
-            let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+            let mut hasher = crate::hash::Checksum::new();
             let mut at = header.len() as u64;
             for chunk in value.chunks(WRITE_CHUNK) {
                 hasher.update(chunk);
