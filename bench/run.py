@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
 from bench import (  # noqa: E402
     peers,
     report,
+    workloads_checksum,
     workloads_concurrency,
     workloads_eviction,
     workloads_memory,
@@ -42,7 +43,7 @@ from bench.common import (  # noqa: E402
     versions,
 )
 
-STAGES = ["roundtrip", "eviction", "concurrency", "memory", "warmstart"]
+STAGES = ["checksum", "roundtrip", "eviction", "concurrency", "memory", "warmstart"]
 WARM_START = ROOT / "bench" / "jax_warm_start.py"
 
 
@@ -54,7 +55,8 @@ def settings(quick: bool) -> dict:
     if quick:
         return {
             "roundtrip": {"100 KB": (100 * KB, 5, 40), "64 MB": (64 * MIB, 5, 1)},
-            "evict_sizes": [1_000, 10_000],
+            "evict_sizes": [100, 1_000, 10_000],
+            "checksum_reps": 5,
             "cc_procs": [1, 2, 4, 8],
             "cc_duration": 1.5,
             "cc_reps": 1,
@@ -253,6 +255,9 @@ def main() -> None:
     }
     log(f"scratch: {scratch.root} ({res['machine']['filesystem']}); load {loadavg()}")
     try:
+        if "checksum" in stages:
+            log("== checksum throughput")
+            res["checksum"] = workloads_checksum.run(cfg["checksum_reps"], log=log)
         if "roundtrip" in stages:
             log("== put / get-hit / get-miss")
             res["roundtrip"] = workloads_roundtrip.run(

@@ -152,14 +152,24 @@ impl Store {
             self.append_locked(st, &records);
         }
         self.flush_stats_locked(st, true);
-        // Sweeping lists tmp/ and trash/: once per eviction, not once per time slice.
-        if st.evict_backlog.is_none() {
+        // Sweeping lists tmp/ and trash/ and stats every file there: once per eviction, not
+        // once per time slice, and from puts at most every tenth of the shortest grace (the
+        // trash holds every entry evicted within its grace, so a small cache that evicts every
+        // few puts would otherwise stat thousands of files per eviction). `evict()` always
+        // sweeps.
+        if st.evict_backlog.is_none() && (deadline.is_none() || self.sweep_due(st)) {
             self.sweep(false);
+            st.last_sweep = Some(Instant::now());
         }
         if st.view.wants_compaction() {
             self.compact_locked(st);
         }
         Ok(report)
+    }
+
+    fn sweep_due(&self, st: &State) -> bool {
+        let every = self.opts.trash_grace.min(self.opts.tmp_grace) / 10;
+        st.last_sweep.is_none_or(|t| t.elapsed() >= every)
     }
 
     pub(super) fn compact_locked(&self, st: &mut State) {

@@ -201,6 +201,8 @@ struct State {
     pending: Vec<Record>,
     /// Target of an eviction that ran out of its time slice and is not finished.
     evict_backlog: Option<u64>,
+    /// When an eviction from a put last swept tmp/ and trash/.
+    last_sweep: Option<Instant>,
 }
 
 pub struct Store {
@@ -320,6 +322,7 @@ impl Store {
                 last_stats: Instant::now(),
                 pending: Vec::new(),
                 evict_backlog: None,
+                last_sweep: None,
             }),
             layout,
             opts,

@@ -170,3 +170,38 @@ fn eviction_cut_short_goes_on_with_the_next_puts() {
     }
     assert!(bytes() <= 360_000);
 }
+
+#[test]
+fn puts_sweep_the_trash_at_most_every_tenth_of_its_grace_and_evict_always() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(
+        d.path(),
+        StoreOptions {
+            max_size: Some(20 * 4096),
+            trash_grace: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let evictions = || s.counters.get(Counter::Evictions);
+    let mut i = 0;
+    let mut put_until_evicted = || {
+        let before = evictions();
+        while evictions() == before {
+            assert!(s.put(key(&format!("k{i}")), &[7u8; 1000], &[]).unwrap());
+            i += 1;
+        }
+    };
+    let last_sweep = || s.state().last_sweep;
+    put_until_evicted(); // the first eviction of the process sweeps
+    let first = last_sweep();
+    assert!(first.is_some());
+    put_until_evicted();
+    assert_eq!(
+        last_sweep(),
+        first,
+        "a put's eviction within a minute of the last sweep skips it"
+    );
+    s.evict(None, None).unwrap();
+    assert!(last_sweep() > first, "an explicit evict sweeps");
+}
