@@ -86,7 +86,7 @@ impl Store {
     }
 
     pub(super) fn read_entry(&self, path: &Path) -> Result<Blob, ReadError> {
-        let mut f = match OpenOptions::new()
+        let f = match OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
@@ -115,10 +115,7 @@ impl Store {
             let header = entry::verify(&map).map_err(corrupt)?;
             Ok(Blob::mapped(map, header))
         } else {
-            // Read to end of file rather than to the size fstat gave: on a network filesystem
-            // that size may be a cached one from before another host replaced the file.
-            let mut buf = Vec::with_capacity(len as usize + 1);
-            f.read_to_end(&mut buf).map_err(ReadError::Io)?;
+            let buf = read_whole(&f, len, self.fs.local).map_err(ReadError::Io)?;
             let header = entry::verify(&buf).map_err(corrupt)?;
             Ok(Blob::owned(buf, header))
         }
@@ -177,5 +174,38 @@ impl Store {
             });
         }
         self.flush_stats_locked(&mut st, false);
+    }
+}
+
+/// Reads a whole file whose fstat size was `len`, with one `read` where it can: asks for one
+/// byte more than `len`, and on a local filesystem takes a short read as the end of the file
+/// (std's read_to_end costs a second fstat, an lseek and a final empty read). Elsewhere it
+/// reads on to an empty read: on a network filesystem the size fstat gave may be a cached
+/// one from before another host replaced the file.
+pub(super) fn read_whole(f: &File, len: u64, local: bool) -> io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut buf: Vec<u8> = Vec::with_capacity(len as usize + 1);
+    loop {
+        if buf.len() == buf.capacity() {
+            buf.reserve(64 << 10);
+        }
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: the destination is the vector's unused capacity, `spare.len()` bytes that
+        // nothing else references; read(2) writes at most that many and reports how many.
+        let n = unsafe { libc::read(f.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let n = n as usize;
+        let asked = spare.len();
+        // SAFETY: read(2) initialized the first n bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
+        if n == 0 || (local && n < asked) {
+            return Ok(buf);
+        }
     }
 }

@@ -205,3 +205,23 @@ fn puts_sweep_the_trash_at_most_every_tenth_of_its_grace_and_evict_always() {
     s.evict(None, None).unwrap();
     assert!(last_sweep() > first, "an explicit evict sweeps");
 }
+
+#[test]
+fn read_whole_reads_to_the_end_whatever_size_fstat_gave() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("f");
+    let data: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+    fs::write(&p, &data).unwrap();
+    for local in [true, false] {
+        // Exact, stale-small (the file grew, as a replaced file seen through a cached size
+        // does) and stale-large sizes.
+        for hint in [300_000, 10, 0, 299_999, 1_000_000] {
+            let f = File::open(&p).unwrap();
+            assert_eq!(
+                super::read::read_whole(&f, hint, local).unwrap(),
+                data,
+                "{local} {hint}"
+            );
+        }
+    }
+}
