@@ -65,7 +65,8 @@ def settings(quick: bool) -> dict:
         }
     return {
         "roundtrip": {"100 KB": (100 * KB, 11, 100), "64 MB": (64 * MIB, 9, 2)},
-        "evict_sizes": [1_000, 10_000, 100_000],
+        "evict_sizes": [100, 1_000, 10_000, 100_000],
+        "checksum_reps": 11,
         "cc_procs": [1, 2, 4, 8],
         "cc_duration": 3.0,
         "cc_reps": 3,

@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from .common import Scratch, rotate, settle, summarize
+from .common import MIB, Scratch, rotate, settle, summarize
 from .peers import Peer
 
 OPS = ("put", "get_hit", "get_miss", "round_trip")
@@ -82,7 +82,9 @@ def run(
         samples: dict[str, dict[str, list[float]]] = {p.name: {op: [] for op in OPS} for p in peers}
         for r in range(reps):
             for cls in rotate(peers, r):
-                with scratch.dir(f"rt-{label}-{cls.name}") as d:
+                # Small values make many files: set those directories aside (deleting
+                # them here slowed the file creations of the next stage's first peers).
+                with scratch.dir(f"rt-{label}-{cls.name}", set_aside=size < MIB) as d:
                     peer = cls(d)
                     keys = [f"k{r:03d}x{i:06d}" for i in range(n)]
                     miss = [f"m{r:03d}x{i:06d}" for i in range(n)]
