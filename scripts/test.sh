@@ -28,7 +28,7 @@ PY
 # claim and the newest, each in a venv of its own kept under ~/.cache; the package comes
 # from this checkout (PYTHONPATH; the abi3 extension built by the editable install above).
 # jax >= 0.11 needs Python >= 3.12.
-JAX_OLDEST=0.4.36
+JAX_OLDEST=0.10.0
 JAX_NEWEST=0.12.0.1
 py312=$(command -v python3.12 || ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1 || true)
 if [[ -z $py312 ]]; then
