@@ -39,7 +39,7 @@ jax_venv() {  # version, python
   local v=$HOME/.cache/xla-pcache-venv-jax-$1
   if [[ ! -x $v/bin/python ]] || ! "$v/bin/python" -c "import jax; assert jax.__version__ == '$1'" 2>/dev/null; then
     "$2" -m venv --clear "$v"
-    "$v/bin/pip" install -q "jax[cpu]==$1" "numpy<2.3" pytest pytest-timeout "rich>=13" "typer>=0.12"
+    "$v/bin/pip" install -q "jax[cpu]==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
   fi
 }
 jax_venv "$JAX_OLDEST" python3
