@@ -24,6 +24,28 @@ if missing:
     sys.exit(f"test dependencies missing: {', '.join(missing)}")
 PY
 
+# ---- JAX version range (issue 11): the adapter tests and the demo against the oldest JAX we
+# claim and the newest, each in a venv of its own kept under ~/.cache; the package comes
+# from this checkout (PYTHONPATH; the abi3 extension built by the editable install above).
+# jax >= 0.11 needs Python >= 3.12.
+JAX_OLDEST=0.10.0
+JAX_NEWEST=0.12.0.1
+py312=$(command -v python3.12 || ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1 || true)
+if [[ -z $py312 ]]; then
+  echo "python3.12 not found: needed to test jax $JAX_NEWEST" >&2
+  exit 1
+fi
+jax_venv() {  # version, python
+  local v=$HOME/.cache/xla-pcache-venv-jax-$1
+  if [[ ! -x $v/bin/python ]] || ! "$v/bin/python" -c "import jax; assert jax.__version__ == '$1'" 2>/dev/null; then
+    "$2" -m venv --clear "$v"
+    "$v/bin/pip" install -q "jax[cpu]==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
+  fi
+}
+jax_venv "$JAX_OLDEST" python3
+jax_venv "$JAX_NEWEST" "$py312"
+# ---- end of the JAX version range setup
+
 # Mounts for the reliability tests (sshfs, openssh-server).
 bash tests/reliability/setup_testbed.sh
 
@@ -43,3 +65,15 @@ echo "== pytest"
 export PATH=$venv/bin:$PATH
 # shellcheck disable=SC2086
 "$py" -m pytest -q -p no:cacheprovider -ra ${PYTEST_ARGS:-}
+
+# ---- JAX version range (issue 11)
+for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
+  echo "== jax $jv: adapter tests and demo"
+  jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
+  # shellcheck disable=SC2086
+  PYTHONPATH=$PWD/python "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py
+  demo_dir=$(mktemp -d)
+  PYTHONPATH=$PWD/python "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
+  rm -rf "$demo_dir"
+done
+# ---- end of the JAX version range tests

@@ -71,7 +71,8 @@ def _run_probe(code: str, *args: str, env: dict[str, str] | None = None) -> dict
         capture_output=True,
         text=True,
         timeout=_PROBE_TIMEOUT_S,
-        env={**os.environ, **(env or {})},
+        # The probe checks the framework itself; activation would route it into the cache.
+        env={**os.environ, "XLA_PCACHE_DISABLE": "1", **(env or {})},
         check=False,
     )
     lines = proc.stdout.strip().splitlines()
@@ -295,6 +296,30 @@ def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]
     return store, info, []
 
 
+def _activation() -> dict[str, str]:
+    """Whether zero-code activation is on in processes started with this environment, and
+    by which path (nothing here imports a framework)."""
+    from xla_pcache._activate import DISABLE_VAR, disabled
+
+    registered = any(
+        ep.value == "_xla_pcache_autoload"
+        for ep in importlib.metadata.entry_points(group="jax_plugins")
+    )
+    wanted = any(
+        os.environ.get(v, "").strip()
+        for v in ("XLA_PERSISTENT_CACHE_PATH", "JAX_COMPILATION_CACHE_DIR")
+    )
+    if disabled():
+        state = f"off ({DISABLE_VAR}=1)"
+    elif not registered:
+        state = "off (package not installed with its entry point; pip install it)"
+    elif not wanted:
+        state = "off (XLA_PERSISTENT_CACHE_PATH and JAX_COMPILATION_CACHE_DIR unset)"
+    else:
+        state = "on (jax_plugins entry point, at JAX backend start-up)"
+    return {"jax": state}
+
+
 def collect(path: str | None) -> dict[str, Any]:
     """Everything the doctor reports, as a dict (the ``--json`` output)."""
     from xla_pcache import FORMAT_VERSION, __version__
@@ -322,6 +347,7 @@ def collect(path: str | None) -> dict[str, Any]:
         "config": config,
         "cache": cache,
         "frameworks": frameworks,
+        "activation": _activation(),
         "problems": problems,
     }
 
@@ -349,6 +375,8 @@ def _render(console: Console, report: dict[str, Any]) -> None:
             f"{cache.get('entries')} entries, "
             f"{format_size(size) if isinstance(size, int) else size}"
         )
+    for name, state in report.get("activation", {}).items():
+        console.print(f"Zero-code activation for {name}: {state}")
     table = Table(title="Frameworks")
     for column in ("framework", "versions", "backend", "serialize", "load", "note"):
         table.add_column(column)

@@ -31,11 +31,28 @@ from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 
 # ``StoreCache`` is also public; see __getattr__ below.
-__all__ = ["SUPPORTED_JAX", "install", "installed_store", "uninstall"]
+__all__ = ["SUPPORTED_JAX", "activation", "install", "installed_store", "uninstall"]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_JAX = "jax 0.4.30 or newer (tested with 0.10.2)"
+# What CI runs the adapter tests against; the range install() accepts.
+MIN_JAX = (0, 10, 0)
+SUPPORTED_JAX = "jax >= 0.10.0 (CI tests 0.10.0, 0.10.2 and 0.12.0.1)"
+
+# From 0.11 JAX leaves the autotune cache directory out of its cache keys (cache_key.py),
+# so the path-dependence workaround below is needed only before it.
+_KEYS_PATH_INDEPENDENT_SINCE = (0, 11)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
 
 # JAX's default for this option asks XLA to keep GPU autotune results in a sub-directory
 # of the cache directory. On jax 0.10.x that sub-directory's absolute path is part of every
@@ -56,6 +73,7 @@ class _Hooks:
     cache_interface: type
     verification_cache: Any  # class or None on JAX versions without the wrapper
     has_xla_caches_option: bool
+    needs_path_workaround: bool = True
 
 
 def _hooks() -> _Hooks:
@@ -69,6 +87,12 @@ def _hooks() -> _Hooks:
             f"xla_pcache.jax needs {SUPPORTED_JAX}; importing it failed: {exc}. "
             'Install it with `pip install "xla-pcache[jax]"`.'
         ) from exc
+    version = _version_tuple(str(getattr(jax, "__version__", "0")))
+    if version < MIN_JAX:
+        raise CacheError(
+            f"xla_pcache.jax supports {SUPPORTED_JAX}; this is jax {jax.__version__}. "
+            'Upgrade it (`pip install -U "jax[cpu]"`) or set XLA_PCACHE_DISABLE=1.'
+        )
     missing = [
         name
         for name, ok in (
@@ -91,6 +115,7 @@ def _hooks() -> _Hooks:
         cache_interface=cci.CacheInterface,
         verification_cache=getattr(cc, "VerificationCache", None),
         has_xla_caches_option=_XLA_CACHES_OPTION in jax.config.values,
+        needs_path_workaround=version < _KEYS_PATH_INDEPENDENT_SINCE,
     )
 
 
@@ -240,6 +265,7 @@ class _Installation:
     previous_xla_caches: str | None
     store: Store | None
     meta: dict[str, str]
+    via: str = "install()"
     # Stores opened by _factory for other directories (after set_cache_dir); closed on
     # uninstall.
     others: list[Store] = dataclasses.field(default_factory=list)
@@ -381,7 +407,8 @@ def install(
 
         store = _open_store(resolved_path, resolved_size, resolved_ro)
         previous_xla_caches: str | None = None
-        if hooks.has_xla_caches_option:
+        workaround = hooks.has_xla_caches_option and hooks.needs_path_workaround
+        if workaround:
             previous_xla_caches = jax_config.values.get(_XLA_CACHES_OPTION)
             if previous_xla_caches not in (None, "none", _XLA_CACHES_DEFAULT):
                 logger.warning(
@@ -429,7 +456,7 @@ def uninstall() -> None:
             cc.get_file_cache = inst.original_factory
         config = inst.hooks.jax.config
         config.update(_CACHE_DIR_OPTION, inst.previous_cache_dir)
-        if inst.hooks.has_xla_caches_option:
+        if inst.hooks.has_xla_caches_option and inst.hooks.needs_path_workaround:
             config.update(_XLA_CACHES_OPTION, inst.previous_xla_caches)
         cc.reset_cache()
         for store in [inst.store, *inst.others]:
@@ -439,6 +466,28 @@ def uninstall() -> None:
                 store.close()
             except Exception as exc:
                 logger.debug("xla_pcache: closing the store at %s failed: %s", store.path, exc)
+
+
+def _auto_install(via: str) -> None:
+    """Activation from the environment: an explicit ``install()`` that came first wins, and
+    a store that cannot be opened leaves JAX's own cache in place."""
+    with _state_lock:
+        if _installed is not None:
+            return
+        path = path_from_env() or os.environ.get("XLA_PCACHE_TORCH_XLA_SHARED_PATH", "").strip()
+        store = install(path or None)
+        if store is None:
+            uninstall()
+            return
+        assert _installed is not None
+        _installed.via = via
+
+
+def activation() -> str | None:
+    """How the adapter was installed in this process (``install()`` or the activation
+    path), or None."""
+    with _state_lock:
+        return None if _installed is None else _installed.via
 
 
 def installed_store() -> Store | None:

@@ -242,7 +242,9 @@ def test_keys_do_not_depend_on_the_cache_path(tmp_path: Path) -> None:
             *runs(1),
         ]
     )
-    assert first["inspect"][0]["xla_caches"] == "none"
+    path_in_key = tuple(int(p) for p in _version("jax").split(".")[:2]) < (0, 11)
+    # install() turns the side caches off only where their path is part of the key.
+    assert (first["inspect"][0]["xla_caches"] == "none") == path_in_key
     assert hits(first) == [0, 0, 1]
     new.parent.mkdir()
     old.rename(new)
@@ -257,7 +259,6 @@ def test_keys_do_not_depend_on_the_cache_path(tmp_path: Path) -> None:
             *runs(0),
         ]
     )
-    path_in_key = tuple(int(p) for p in _version("jax").split(".")[:2]) < (0, 11)
     assert hits(second) == [1, 0 if path_in_key else 1, 1]
     assert results(second)[0] == results(first)[0]
 
@@ -317,7 +318,7 @@ def test_cache_contract(tmp_path: Path) -> None:
             {"op": "unsupported", "path": str(tmp_path / "u")},
         ]
     )
-    assert report["unsupported"].startswith("CacheError: xla_pcache.jax supports jax 0.4.30")
+    assert report["unsupported"].startswith("CacheError: xla_pcache.jax supports jax >= 0.10")
     assert "compilation_cache.get_file_cache" in report["unsupported"]
     assert not (tmp_path / "u").exists()
     contract = report["contract"]

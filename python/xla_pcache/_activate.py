@@ -1,0 +1,33 @@
+"""Activation from the environment alone (see ``_xla_pcache_autoload``, shipped in the wheel).
+
+Every failure here is one logged warning: activation must never break the user's program.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("xla_pcache")
+
+DISABLE_VAR = "XLA_PCACHE_DISABLE"
+
+
+def disabled() -> bool:
+    return os.environ.get(DISABLE_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def activate_jax(via: str) -> None:
+    """Install the JAX adapter unless disabled or an explicit ``install()`` came first."""
+    if disabled():
+        return
+    try:
+        from xla_pcache import jax as xj
+
+        xj._auto_install(via)
+    except Exception as exc:
+        logger.warning(
+            "xla_pcache: activation for JAX failed, JAX runs without it: %s: %s",
+            type(exc).__name__,
+            " ".join(str(exc).split()),
+        )
