@@ -11,6 +11,7 @@ from xla_pcache.sizes import parse_size
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+    from xla_pcache.bundle import ImportReport
     from xla_pcache.remote import RemoteTier
 
 
@@ -85,6 +86,27 @@ class Store(_core.Store):
             if data is not None:
                 self._remote.put_async(_core.entry_name(key), data)
         return stored
+
+    # --- bundles (issue 15): see xla_pcache.bundle -----------------------------------------
+    def export_bundle(
+        self,
+        out: str | os.PathLike[str],
+        *,
+        framework: str | None = None,
+        newer_than: float | str | None = None,
+    ) -> int:
+        """Write verified entries to a bundle file (tar.gz); returns how many."""
+        from xla_pcache.bundle import export_bundle
+        from xla_pcache.sizes import parse_duration
+
+        age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
+        return export_bundle(self, out, framework=framework, newer_than=age)
+
+    def import_bundle(self, bundle: str | os.PathLike[str]) -> ImportReport:
+        """Publish each verifying entry of a bundle; returns imported/present/rejected."""
+        from xla_pcache.bundle import import_bundle
+
+        return import_bundle(self, bundle)
 
     def stats(self) -> dict[str, int | float | str | bool | None]:
         out = super().stats()
