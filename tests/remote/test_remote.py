@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
+import pytest
 import redis
 from xla_pcache import Store, entry_name
 from xla_pcache.remote import KEY_PREFIX, redact
 
 from tests.adapters.test_jax import hits, results, run_jax, runs
-from tests.remote.conftest import RedisServer
+from tests.remote.conftest import RedisServer, start_redis
 
 
 def _store(path: Path, server: RedisServer, **kw: object) -> Store:
@@ -116,3 +118,26 @@ def test_read_only_writes_nothing_remote(tmp_path: Path, redis_server: RedisServ
 def test_passwords_are_redacted() -> None:
     assert redact("rediss://user:secret@host:6380/1") == "rediss://***@host:6380/1"
     assert "secret" not in redact("redis://:secret@h/0")
+
+
+def test_auth_error_is_a_miss_and_the_password_is_never_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = start_redis("--requirepass", "s3cret-pw")
+    try:
+        good = f"redis://:s3cret-pw@127.0.0.1:{server.port}/0"
+        bad = f"redis://:wrong-pw@127.0.0.1:{server.port}/0"
+        a = Store(tmp_path / "a", remote=good)
+        assert a.put("k", b"v")
+        assert a.remote is not None
+        a.remote.flush()
+        b = Store(tmp_path / "b", remote=bad)
+        with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+            assert b.get("k") is None
+        assert b.stats()["remote_get_errors"] == 1
+        assert "s3cret" not in caplog.text and "wrong-pw" not in caplog.text
+        assert "wrong-pw" not in str(b.stats())
+        c = Store(tmp_path / "c", remote=good)
+        assert bytes(c.get("k") or b"") == b"v"
+    finally:
+        server.stop()
