@@ -14,7 +14,14 @@ fi
 py=$venv/bin/python
 "$py" -m pip install -q --upgrade pip "maturin>=1.7,<2"
 # Builds the Rust extension with maturin and installs the package with every test extra.
-"$py" -m pip install -q -e ".[test,jax,torch-xla,bench]"
+"$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis]"
+
+# --- issue 15: the remote-tier tests start their own redis-server; missing it fails them.
+if ! command -v redis-server >/dev/null; then
+  if [[ $(id -u) == 0 ]]; then apt-get update -qq && apt-get install -y -qq redis-server; \
+  else sudo apt-get update -qq && sudo apt-get install -y -qq redis-server; fi
+fi
+command -v redis-server >/dev/null || { echo "redis-server is required" >&2; exit 1; }
 
 # The integration tests need the real frameworks: a missing one is a failure, never a skip.
 "$py" - <<'PY'

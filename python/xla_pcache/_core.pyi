@@ -109,6 +109,11 @@ class Store:
         (failures are logged and counted, never raised)."""
     def get(self, key: Key) -> Blob | None:
         """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
+    def get_entry_file(self, key: Key) -> bytes | None:
+        """The verified entry file (header, key, metadata, payload) as bytes, or None."""
+    def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
+        """Publish a whole entry file after verifying it (header, length, checksum, key);
+        None if it does not verify (nothing written), else what ``put`` returns."""
     def __contains__(self, key: object, /) -> bool:
         """Whether an entry file exists; does not verify, does not count as a use."""
     def delete(self, key: Key) -> bool:

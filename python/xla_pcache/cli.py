@@ -450,6 +450,66 @@ def doctor(path: PathOption = None, as_json: JsonOption = False) -> None:
     raise typer.Exit(int(main_fn(path, as_json)))
 
 
+# export / import (issue 15: bundles, see xla_pcache.bundle) ----------------------------------
+
+
+class Framework(StrEnum):
+    jax = "jax"
+    torch_xla = "torch_xla"
+
+
+@app.command("export")
+def export_cmd(
+    out: Annotated[str, typer.Option("--output", "-o", help="Bundle file to write (.tar.gz).")],
+    path: PathOption = None,
+    framework: Annotated[
+        Framework | None, typer.Option("--framework", help="Only entries this framework wrote.")
+    ] = None,
+    newer_than: Annotated[
+        str | None, typer.Option("--newer-than", help="Only entries written within, e.g. 7d.")
+    ] = None,
+) -> None:
+    """Write the cache's verified entries to a single bundle file."""
+    from xla_pcache.bundle import export_bundle
+
+    with _reported(), _open(path, read_only=True) as store:
+        age = None if newer_than is None else parse_duration(newer_than, name="--newer-than")
+        fw = None if framework is None else framework.value
+        n = export_bundle(store, out, framework=fw, newer_than=age)
+    _console().print(f"exported {n} entries to {out}")
+
+
+@app.command("import")
+def import_cmd(
+    bundle: Annotated[str, typer.Argument(help="Bundle file written by xla-pcache export.")],
+    path: PathOption = None,
+) -> None:
+    """Publish each verifying entry of a bundle into the cache (created if missing)."""
+    from rich.progress import Progress
+
+    from xla_pcache.bundle import import_bundle
+
+    with _reported():
+        root = os.path.expanduser(path) if path else path_from_env()
+        if not root:
+            _fail(f"no cache directory: pass --path or set {PATH_VAR}")
+        if read_only_from_env():
+            _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+        console = _console()
+        bar = Progress(console=console, transient=True, disable=not console.is_terminal)
+        with Store(root, max_size=max_size_from_env()) as store, bar:
+            # Entries are counted as they stream in: a bundle does not say how many it holds.
+            task = bar.add_task("importing entries", total=None)
+            report = import_bundle(store, bundle, progress=lambda _n: bar.advance(task))
+    console.print(
+        f"imported {report.imported}, skipped as present {report.present}, "
+        f"rejected as corrupt {report.rejected}"
+        + (f"; the rest of the bundle is unreadable ({report.error})" if report.unreadable else "")
+    )
+    if report.rejected or report.unreadable:
+        raise typer.Exit(1)
+
+
 def _version_callback(value: bool) -> None:
     if value:
         from xla_pcache._core import __version__

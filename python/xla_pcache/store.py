@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from xla_pcache import _core
 from xla_pcache.sizes import parse_size
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from xla_pcache.bundle import ImportReport
+    from xla_pcache.remote import RemoteTier
 
 
 class Store(_core.Store):
@@ -28,8 +34,9 @@ class Store(_core.Store):
         hit_interval: float = 60.0,
         trash_grace: float = 300.0,
         tmp_grace: float = 3600.0,
+        remote: str | None = None,
     ) -> Store:
-        return super().__new__(
+        self = super().__new__(
             cls,
             path,
             max_size=parse_size(max_size, name="max_size"),
@@ -42,3 +49,74 @@ class Store(_core.Store):
             trash_grace=trash_grace,
             tmp_grace=tmp_grace,
         )
+        self._remote = _open_remote(remote)
+        return self
+
+    # --- remote tier (issue 15): local first, then Redis; see docs/remote.md -------------
+    _remote: RemoteTier | None
+
+    @property
+    def remote(self) -> RemoteTier | None:
+        return self._remote
+
+    def get(self, key: _core.Key) -> _core.Blob | None:
+        blob = super().get(key)
+        if blob is not None or self._remote is None:
+            return blob
+        name = _core.entry_name(key)
+        data = self._remote.get(name)
+        if data is None:
+            return None
+        if self.read_only:
+            # Nothing may be written locally: verify through a throwaway publish is not
+            # possible, so read-only stores use the remote only when it can be published.
+            self._remote.count("remote_unused_read_only")
+            return None
+        published = self.put_entry_file(key, data)
+        if published is None:
+            self._remote.count("remote_rejected")
+            return None
+        self._remote.count("remote_hits")
+        return super().get(key)
+
+    def put(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
+        stored = super().put(key, value, meta=meta)
+        if stored and self._remote is not None and not self.read_only:
+            data = self.get_entry_file(key)
+            if data is not None:
+                self._remote.put_async(_core.entry_name(key), data)
+        return stored
+
+    # --- bundles (issue 15): see xla_pcache.bundle -----------------------------------------
+    def export_bundle(
+        self,
+        out: str | os.PathLike[str],
+        *,
+        framework: str | None = None,
+        newer_than: float | str | None = None,
+    ) -> int:
+        """Write verified entries to a bundle file (tar.gz); returns how many."""
+        from xla_pcache.bundle import export_bundle
+        from xla_pcache.sizes import parse_duration
+
+        age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
+        return export_bundle(self, out, framework=framework, newer_than=age)
+
+    def import_bundle(self, bundle: str | os.PathLike[str]) -> ImportReport:
+        """Publish each verifying entry of a bundle; returns imported/present/rejected."""
+        from xla_pcache.bundle import import_bundle
+
+        return import_bundle(self, bundle)
+
+    def stats(self) -> dict[str, int | float | str | bool | None]:
+        out = super().stats()
+        if self._remote is not None:
+            out.update(self._remote.stats())
+        return out
+
+
+def _open_remote(url: str | None) -> RemoteTier | None:
+    from xla_pcache.remote import RemoteTier, remote_from_env
+
+    url = url if url is not None else remote_from_env()
+    return RemoteTier(url) if url else None

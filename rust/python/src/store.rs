@@ -269,6 +269,43 @@ impl PyStore {
         }
     }
 
+    /// The verified entry file for `key` as bytes, or None.
+    fn get_entry_file<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let key = KeyArg::extract(key)?;
+        let store = self.store()?;
+        match py.detach(|| no_panic("get_entry_file", || store.get_entry_file(key.key()))) {
+            Ok(v) => Ok(v.map(|b| PyBytes::new(py, &b))),
+            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Publishes a whole entry file after verifying it; None if it does not verify.
+    fn put_entry_file(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<bool>> {
+        let key = KeyArg::extract(key)?;
+        let buf = HeldBuffer::get(data, "data")?;
+        let store = self.store()?;
+        let res = py.detach(|| {
+            no_panic("put_entry_file", || {
+                store.put_entry_file(key.key(), buf.as_slice())
+            })
+        });
+        drop(buf);
+        match res {
+            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(Some(false)),
+            r => r,
+        }
+    }
+
     fn __contains__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;

@@ -7,6 +7,7 @@
 
 mod admin;
 mod evict;
+mod raw;
 mod read;
 #[cfg(test)]
 mod tests;

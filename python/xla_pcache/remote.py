@@ -1,0 +1,172 @@
+"""A Redis remote tier: whole verified entry files, shared by caches without a common disk.
+
+What travels is the entry file (header, key, metadata, checksums, payload), so a value damaged
+or cut short in Redis fails verification on the way in and is a counted miss, never wrong bytes.
+Every remote failure (refused, timeout, server gone mid-transfer, auth) is a miss or a skipped
+write, logged once per kind and counted; after a connection failure the remote is left alone
+for ``retry_after`` seconds so a dead server costs at most one timeout per interval.
+Values larger than ``max_value_bytes`` (Redis' ``proto-max-bulk-len``, 512 MB by default) are
+skipped, counted as ``remote_too_large``: not split, because a split value could be evicted
+half-way by ``allkeys-lru`` and a 512 MB compiled program is rare enough not to be worth it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger("xla_pcache")
+
+REMOTE_VAR = "XLA_PCACHE_REMOTE"
+TIMEOUT_VAR = "XLA_PCACHE_REMOTE_TIMEOUT"
+MAX_VALUE_VAR = "XLA_PCACHE_REMOTE_MAX_BYTES"
+DEFAULT_TIMEOUT = 2.0
+DEFAULT_MAX_VALUE = 512 << 20
+KEY_PREFIX = "xla_pcache:1:"
+
+
+def redact(url: str) -> str:
+    """The URL without its password (and user name), safe for logs, stats and doctor."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable remote URL>"
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, f"***@{host}", parts.path, "", ""))
+
+
+def remote_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    raw = environ.get(REMOTE_VAR, "").strip()
+    return raw or None
+
+
+class RemoteTier:
+    """One Redis server, reached with short timeouts; writes go through a background thread."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        max_value_bytes: int | None = None,
+        retry_after: float = 5.0,
+    ) -> None:
+        try:
+            import redis
+        except ImportError as e:
+            raise ImportError(
+                'the remote tier needs the redis client: pip install "xla-pcache[redis]"'
+            ) from e
+        if timeout is None:
+            timeout = float(os.environ.get(TIMEOUT_VAR, DEFAULT_TIMEOUT))
+        if max_value_bytes is None:
+            max_value_bytes = int(os.environ.get(MAX_VALUE_VAR, DEFAULT_MAX_VALUE))
+        if timeout <= 0:
+            raise ValueError(f"remote timeout must be positive, got {timeout}")
+        self.url = redact(url)
+        self.max_value_bytes = max_value_bytes
+        self.retry_after = retry_after
+        # from_url parses redis://, rediss:// (TLS) and user:password@ itself.
+        self._client: Any = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False
+        )
+        self._down_until = 0.0
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self.counters: Counter[str] = Counter()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-remote")
+        atexit.register(self.close)
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        with self._lock:
+            self.counters[f"remote_{what}_errors"] += 1
+            self._down_until = time.monotonic() + self.retry_after
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            # The exception text of redis-py never includes the password; the URL is redacted.
+            log.warning(
+                "xla_pcache: remote cache %s failed (%s: %s); local cache only, retried in %.0f s",
+                self.url,
+                type(e).__name__,
+                e,
+                self.retry_after,
+            )
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            self.counters[name] += 1
+
+    def get(self, name: str) -> bytes | None:
+        """The raw value stored for entry ``name``, or None (miss or failure, both counted)."""
+        if not self._available():
+            self.count("remote_skipped")
+            return None
+        try:
+            value = self._client.get(KEY_PREFIX + name)
+        except Exception as e:  # any client or socket error is a miss, never the caller's
+            self._fail("get", e)
+            return None
+        if value is None:
+            self.count("remote_misses")
+            return None
+        return bytes(value)
+
+    def put_async(self, name: str, data: bytes) -> None:
+        """Writes ``data`` in the background; too-large values are skipped and counted."""
+        if len(data) > self.max_value_bytes:
+            self.count("remote_too_large")
+            if "too_large" not in self._warned:
+                self._warned.add("too_large")
+                log.warning(
+                    "xla_pcache: not writing a %d-byte entry to the remote cache (limit %d bytes)",
+                    len(data),
+                    self.max_value_bytes,
+                )
+            return
+        try:
+            self._writer.submit(self._put, name, data)
+        except RuntimeError:  # shut down at exit
+            self.count("remote_put_skipped")
+
+    def _put(self, name: str, data: bytes) -> None:
+        if not self._available():
+            self.count("remote_put_skipped")
+            return
+        try:
+            self._client.set(KEY_PREFIX + name, data)
+        except Exception as e:
+            self._fail("put", e)
+            return
+        self.count("remote_puts")
+
+    def flush(self) -> None:
+        """Waits for the writes queued so far (each bounded by the timeout)."""
+        self._writer.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+    def stats(self) -> dict[str, int | str]:
+        with self._lock:
+            out: dict[str, int | str] = dict(self.counters)
+        out["remote"] = self.url
+        return out
