@@ -36,6 +36,13 @@ class Store(_core.Store):
         tmp_grace: float = 3600.0,
         remote: str | None = None,
     ) -> Store:
+        from xla_pcache.remote import remote_from_env
+
+        url = remote if remote is not None else remote_from_env()
+        if url and cls is Store:
+            # The remote tier's get/put live in a subclass so that a store without one serves
+            # hits straight from the Rust methods, with no Python frame in between.
+            cls = RemoteStore
         self = super().__new__(
             cls,
             path,
@@ -49,15 +56,39 @@ class Store(_core.Store):
             trash_grace=trash_grace,
             tmp_grace=tmp_grace,
         )
-        self._remote = _open_remote(remote)
+        self._remote = _open_remote(url) if url and isinstance(self, RemoteStore) else None
         return self
 
-    # --- remote tier (issue 15): local first, then Redis; see docs/remote.md -------------
     _remote: RemoteTier | None
 
     @property
     def remote(self) -> RemoteTier | None:
         return self._remote
+
+    # --- bundles (issue 15): see xla_pcache.bundle -----------------------------------------
+    def export_bundle(
+        self,
+        out: str | os.PathLike[str],
+        *,
+        framework: str | None = None,
+        newer_than: float | str | None = None,
+    ) -> int:
+        """Write verified entries to a bundle file (tar.gz); returns how many."""
+        from xla_pcache.bundle import export_bundle
+        from xla_pcache.sizes import parse_duration
+
+        age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
+        return export_bundle(self, out, framework=framework, newer_than=age)
+
+    def import_bundle(self, bundle: str | os.PathLike[str]) -> ImportReport:
+        """Publish each verifying entry of a bundle; returns imported/present/rejected."""
+        from xla_pcache.bundle import import_bundle
+
+        return import_bundle(self, bundle)
+
+
+class RemoteStore(Store):
+    """A store with a Redis tier behind it: local first, then the remote (docs/remote.md)."""
 
     def get(self, key: _core.Key) -> _core.Blob | None:
         blob = super().get(key)
@@ -87,27 +118,6 @@ class Store(_core.Store):
                 self._remote.put_async(_core.entry_name(key), data)
         return stored
 
-    # --- bundles (issue 15): see xla_pcache.bundle -----------------------------------------
-    def export_bundle(
-        self,
-        out: str | os.PathLike[str],
-        *,
-        framework: str | None = None,
-        newer_than: float | str | None = None,
-    ) -> int:
-        """Write verified entries to a bundle file (tar.gz); returns how many."""
-        from xla_pcache.bundle import export_bundle
-        from xla_pcache.sizes import parse_duration
-
-        age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
-        return export_bundle(self, out, framework=framework, newer_than=age)
-
-    def import_bundle(self, bundle: str | os.PathLike[str]) -> ImportReport:
-        """Publish each verifying entry of a bundle; returns imported/present/rejected."""
-        from xla_pcache.bundle import import_bundle
-
-        return import_bundle(self, bundle)
-
     def stats(self) -> dict[str, int | float | str | bool | None]:
         out = super().stats()
         if self._remote is not None:
@@ -115,8 +125,7 @@ class Store(_core.Store):
         return out
 
 
-def _open_remote(url: str | None) -> RemoteTier | None:
-    from xla_pcache.remote import RemoteTier, remote_from_env
+def _open_remote(url: str) -> RemoteTier:
+    from xla_pcache.remote import RemoteTier
 
-    url = url if url is not None else remote_from_env()
-    return RemoteTier(url) if url else None
+    return RemoteTier(url)
