@@ -111,6 +111,9 @@ class Store:
         """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
     def get_entry_file(self, key: Key) -> bytes | None:
         """The verified entry file (header, key, metadata, payload) as bytes, or None."""
+    def verify_entry_file(self, key: Key, data: Buffer) -> Blob | None:
+        """Verify a whole entry file in memory (header, length, checksum, key) and return its
+        payload as a Blob without writing anything; None if it does not verify."""
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
         None if it does not verify (nothing written), else what ``put`` returns."""
