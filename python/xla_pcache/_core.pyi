@@ -127,7 +127,8 @@ class Store:
     def keys(self) -> list[Key]: ...
     def entries(self) -> list[dict[str, object]]:
         """One dict per entry: key, name, size (payload bytes), disk_bytes, created,
-        last_use, meta. Reads entry headers (walks the directory)."""
+        last_use, hits (hit records folded from the journals: at most one per process per
+        hit interval, a lower bound), meta. Reads entry headers (walks the directory)."""
     def stats(self) -> dict[str, int | float | str | bool | None]:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,

@@ -72,13 +72,16 @@ class Store(_core.Store):
         *,
         framework: str | None = None,
         newer_than: float | str | None = None,
+        min_hits: int = 0,
     ) -> int:
-        """Write verified entries to a bundle file (tar.gz); returns how many."""
+        """Write verified entries to a bundle file (tar.gz); returns how many. ``min_hits``
+        keeps entries with at least that many hits recorded (at most one per process per
+        hit interval: a lower bound on uses)."""
         from xla_pcache.bundle import export_bundle
         from xla_pcache.sizes import parse_duration
 
         age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
-        return export_bundle(self, out, framework=framework, newer_than=age)
+        return export_bundle(self, out, framework=framework, newer_than=age, min_hits=min_hits)
 
     def import_bundle(self, bundle: str | os.PathLike[str]) -> ImportReport:
         """Publish each verifying entry of a bundle; returns imported/present/rejected."""

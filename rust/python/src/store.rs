@@ -376,6 +376,7 @@ impl PyStore {
             d.set_item("disk_bytes", e.disk_bytes)?;
             d.set_item("created", ns_to_secs(e.created_ns))?;
             d.set_item("last_use", e.last_use_ns.map(ns_to_secs))?;
+            d.set_item("hits", e.hits)?;
             d.set_item("meta", meta_dict(py, &e.meta)?)?;
             out.append(d)?;
         }
