@@ -220,6 +220,24 @@ def test_ls_table(cache: Path) -> None:
     assert "48.8K" in result.stdout  # human-readable size of the 50 000-byte payload
 
 
+def test_ls_shows_hits_recorded(cache: Path) -> None:
+    # The fixture's two gets of jit_small fall in one hit interval: one hit recorded.
+    entries = json.loads(run("ls", "--json", "--path", str(cache)).stdout)
+    assert {e["key"]: e["hits"] for e in entries} == {
+        "jit_small-aaaa": 1,
+        "jit_big-bbbb": 0,
+        "123456789012345678901234567890": 0,
+    }
+    with Store(cache) as other:  # another process's hit is recorded too
+        assert other.get("jit_small-aaaa") is not None
+    table = run("ls", "--path", str(cache))
+    assert table.returncode == 0, table.stderr
+    header = next(line for line in table.stdout.splitlines() if "last use" in line)
+    assert "hits" in header
+    row = next(line for line in table.stdout.splitlines() if "jit_small-aaaa" in line)
+    assert " 2 " in row
+
+
 def test_ls_binary_key(tmp_path: Path) -> None:
     with Store(tmp_path / "c") as store:
         store.put(b"\xff\x00bin\n", b"x")

@@ -111,6 +111,9 @@ class Store:
         """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
     def get_entry_file(self, key: Key) -> bytes | None:
         """The verified entry file (header, key, metadata, payload) as bytes, or None."""
+    def verify_entry_file(self, key: Key, data: Buffer) -> Blob | None:
+        """Verify a whole entry file in memory (header, length, checksum, key) and return its
+        payload as a Blob without writing anything; None if it does not verify."""
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
         None if it does not verify (nothing written), else what ``put`` returns."""
@@ -124,7 +127,8 @@ class Store:
     def keys(self) -> list[Key]: ...
     def entries(self) -> list[dict[str, object]]:
         """One dict per entry: key, name, size (payload bytes), disk_bytes, created,
-        last_use, meta. Reads entry headers (walks the directory)."""
+        last_use, hits (hit records folded from the journals: at most one per process per
+        hit interval, a lower bound), meta. Reads entry headers (walks the directory)."""
     def stats(self) -> dict[str, int | float | str | bool | None]:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,

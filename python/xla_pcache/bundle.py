@@ -41,10 +41,15 @@ def export_bundle(
     *,
     framework: str | None = None,
     newer_than: float | None = None,
+    min_hits: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Writes the verified entries of ``store`` (filtered by producer framework and by age in
-    seconds) to ``out``; returns how many were written. Unverifiable entries are left out."""
+    """Writes the verified entries of ``store`` (filtered by producer framework, by age in
+    seconds and by hits recorded) to ``out``; returns how many were written. Unverifiable
+    entries are left out. Hits recorded are at most one per process per hit interval, so
+    ``min_hits`` selects on a lower bound of the uses."""
+    if isinstance(min_hits, bool) or not isinstance(min_hits, int) or min_hits < 0:
+        raise ValueError(f"min_hits must be a non-negative int, not {min_hits!r}")
     now = time.time()
     chosen = []
     for e in store.entries():
@@ -59,6 +64,9 @@ def export_bundle(
             and isinstance(created, (int, float))
             and now - created > newer_than
         ):
+            continue
+        hits = e.get("hits")
+        if min_hits and not (isinstance(hits, int) and hits >= min_hits):
             continue
         chosen.append(e)
     written = 0

@@ -240,7 +240,9 @@ def list_entries(
     ] = SortKey.last_use,
     as_json: JsonOption = False,
 ) -> None:
-    """Entries with key, size, age, last use and producer (framework and version)."""
+    """Entries with key, size, age, last use, hits and producer (framework and version).
+
+    Hits are the hits recorded, at most one per process per hit interval: a lower bound."""
     with _reported(), _open(path, read_only=read_only) as store:
         entries = _sort_entries(store.entries(), sort)
     if as_json:
@@ -253,6 +255,7 @@ def list_entries(
     table.add_column("on disk", justify="right")
     table.add_column("age", justify="right")
     table.add_column("last use", justify="right")
+    table.add_column("hits", justify="right")
     table.add_column("producer")
     for entry in entries:
         meta = entry.get("meta") or {}
@@ -264,6 +267,7 @@ def list_entries(
             format_size(_number(entry.get("disk_bytes"))),
             _format_ago(None if created is None else now - created),
             _format_ago(None if last_use is None else now - last_use),
+            str(entry.get("hits", 0)),
             producer or "-",
         )
     _console().print(table)
@@ -468,6 +472,15 @@ def export_cmd(
     newer_than: Annotated[
         str | None, typer.Option("--newer-than", help="Only entries written within, e.g. 7d.")
     ] = None,
+    min_hits: Annotated[
+        int,
+        typer.Option(
+            "--min-hits",
+            min=0,
+            help="Only entries with at least N hits recorded (at most one per process per "
+            "hit interval, so a lower bound on uses).",
+        ),
+    ] = 0,
 ) -> None:
     """Write the cache's verified entries to a single bundle file."""
     from xla_pcache.bundle import export_bundle
@@ -475,7 +488,7 @@ def export_cmd(
     with _reported(), _open(path, read_only=True) as store:
         age = None if newer_than is None else parse_duration(newer_than, name="--newer-than")
         fw = None if framework is None else framework.value
-        n = export_bundle(store, out, framework=fw, newer_than=age)
+        n = export_bundle(store, out, framework=fw, newer_than=age, min_hits=min_hits)
     _console().print(f"exported {n} entries to {out}")
 
 

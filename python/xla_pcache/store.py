@@ -72,13 +72,16 @@ class Store(_core.Store):
         *,
         framework: str | None = None,
         newer_than: float | str | None = None,
+        min_hits: int = 0,
     ) -> int:
-        """Write verified entries to a bundle file (tar.gz); returns how many."""
+        """Write verified entries to a bundle file (tar.gz); returns how many. ``min_hits``
+        keeps entries with at least that many hits recorded (at most one per process per
+        hit interval: a lower bound on uses)."""
         from xla_pcache.bundle import export_bundle
         from xla_pcache.sizes import parse_duration
 
         age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
-        return export_bundle(self, out, framework=framework, newer_than=age)
+        return export_bundle(self, out, framework=framework, newer_than=age, min_hits=min_hits)
 
     def import_bundle(self, bundle: str | os.PathLike[str]) -> ImportReport:
         """Publish each verifying entry of a bundle; returns imported/present/rejected."""
@@ -99,10 +102,11 @@ class RemoteStore(Store):
         if data is None:
             return None
         if self.read_only:
-            # Nothing may be written locally: verify through a throwaway publish is not
-            # possible, so read-only stores use the remote only when it can be published.
-            self._remote.count("remote_unused_read_only")
-            return None
+            # Nothing may be written locally, so the value is verified in memory and served
+            # from there; the next read-only process asks the remote again.
+            verified = self.verify_entry_file(key, data)
+            self._remote.count("remote_hits" if verified is not None else "remote_rejected")
+            return verified
         published = self.put_entry_file(key, data)
         if published is None:
             self._remote.count("remote_rejected")

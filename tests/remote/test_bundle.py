@@ -9,6 +9,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
 from xla_pcache import Store
 
 
@@ -40,6 +41,48 @@ def test_filters(tmp_path: Path) -> None:
     assert src.export_bundle(tmp_path / "n.tgz", newer_than="1h") == 5
     time.sleep(1.1)
     assert src.export_bundle(tmp_path / "o.tgz", newer_than=1) == 0
+
+
+def test_min_hits(tmp_path: Path) -> None:
+    src = _filled(tmp_path / "a")
+    src.close()
+    # hit_interval=0 records every hit; by default a process records one per entry a minute.
+    with Store(tmp_path / "a", hit_interval=0.0) as s:
+        for key, n in (("k1", 3), ("k2", 1), ("k4", 2)):
+            for _ in range(n):
+                assert s.get(key) is not None
+    with Store(tmp_path / "a") as s:
+        assert s.get("k1") is not None and s.get("k1") is not None  # one more, not two
+    src = Store(tmp_path / "a")
+    assert {e["key"]: e["hits"] for e in src.entries()} == {
+        "k0": 0,
+        "k1": 4,
+        "k2": 1,
+        "k3": 0,
+        "k4": 2,
+    }
+    assert src.export_bundle(tmp_path / "all.tgz", min_hits=0) == 5
+    assert src.export_bundle(tmp_path / "h2.tgz", min_hits=2) == 2
+    dst = Store(tmp_path / "q")
+    dst.import_bundle(tmp_path / "h2.tgz")
+    assert len(dst) == 2 and "k1" in dst and "k4" in dst
+    assert src.export_bundle(tmp_path / "h5.tgz", min_hits=5) == 0
+    with pytest.raises(ValueError, match="min_hits"):
+        src.export_bundle(tmp_path / "bad.tgz", min_hits=-1)
+    env = dict(os.environ)
+    env.pop("XLA_PCACHE_REMOTE", None)
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "xla_pcache", "export", "--path", str(tmp_path / "a")),
+            *("-o", str(tmp_path / "cli.tgz"), "--min-hits", "3"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "exported 1 entries" in out.stdout
 
 
 def test_truncated_bundle_imports_what_verifies(tmp_path: Path) -> None:

@@ -115,6 +115,37 @@ def test_read_only_writes_nothing_remote(tmp_path: Path, redis_server: RedisServ
     assert redis.Redis.from_url(redis_server.url).dbsize() == 0
 
 
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
+    }
+
+
+def test_read_only_reads_the_remote_without_writing(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    writer = _store(tmp_path / "a", redis_server)
+    assert writer.put("k", b"payload" * 1000, meta={"m": "2"})
+    assert writer.put("bad", bytes(range(256)) * 50)
+    assert writer.remote is not None
+    writer.remote.flush()
+    _damage(redis_server, "bad", "flip")
+    client = redis.Redis.from_url(redis_server.url)
+    before_remote = {k: client.get(k) for k in client.keys("*")}
+    Store(tmp_path / "b").close()  # an empty cache directory
+    before = _tree(tmp_path / "b")
+    ro = _store(tmp_path / "b", redis_server, read_only=True)
+    blob = ro.get("k")
+    assert blob is not None and bytes(blob) == b"payload" * 1000 and blob.meta["m"] == "2"
+    assert ro.get("bad") is None
+    st = ro.stats()
+    assert st["remote_hits"] == 1 and st["remote_rejected"] == 1
+    assert "k" not in ro
+    ro.close()
+    assert _tree(tmp_path / "b") == before
+    assert {k: client.get(k) for k in client.keys("*")} == before_remote
+
+
 def test_passwords_are_redacted() -> None:
     assert redact("rediss://user:secret@host:6380/1") == "rediss://***@host:6380/1"
     assert "secret" not in redact("redis://:secret@h/0")

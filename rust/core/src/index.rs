@@ -14,6 +14,8 @@ use std::os::unix::fs::MetadataExt;
 
 const SNAP_MAGIC: &[u8; 4] = b"XPCS";
 const SNAP_VERSION: u32 = 1;
+/// Per-entry hit counts, appended after the version-1 body so older readers still load it.
+const HITS_TAG: &[u8; 4] = b"HITS";
 
 #[derive(Debug, Clone, Default)]
 pub struct JournalState {
@@ -108,8 +110,14 @@ impl IndexView {
                         name,
                         disk_bytes,
                         t,
-                        ..
-                    } => self.lru.touch(name, disk_bytes, t),
+                        put,
+                    } => {
+                        if put {
+                            self.lru.touch(name, disk_bytes, t)
+                        } else {
+                            self.lru.hit(name, disk_bytes, t)
+                        }
+                    }
                     Record::Delete { name, t } => {
                         self.lru.remove_if_older(name, t);
                     }
@@ -196,6 +204,19 @@ impl IndexView {
         self.base_counters = (0..n_counters)
             .map(|_| r.u64())
             .collect::<Result<Vec<_>, _>>()?;
+        // Optional trailing section (readers before it ignore trailing bytes, and a snapshot
+        // written before it has none: every entry then has 0 hits).
+        if r.at < r.b.len() {
+            if r.take(4)? != HITS_TAG {
+                return Err("unknown trailing section");
+            }
+            let n = r.u64()?;
+            for _ in 0..n {
+                let name = r.u128()?;
+                let hits = r.u32()?;
+                self.lru.add_hits(name, hits);
+            }
+        }
         Ok(())
     }
 
@@ -226,6 +247,18 @@ impl IndexView {
         }
         for c in fixed(&self.base_counters) {
             b.extend_from_slice(&c.to_le_bytes());
+        }
+        let hits: Vec<(u128, u32)> = self
+            .lru
+            .iter()
+            .filter(|(_, i)| i.hits > 0)
+            .map(|(n, i)| (n, i.hits))
+            .collect();
+        b.extend_from_slice(HITS_TAG);
+        b.extend_from_slice(&(hits.len() as u64).to_le_bytes());
+        for (name, n) in hits {
+            b.extend_from_slice(&name.to_le_bytes());
+            b.extend_from_slice(&n.to_le_bytes());
         }
         let sum = checksum(&b);
         b.extend_from_slice(&sum.to_le_bytes());
@@ -373,6 +406,66 @@ mod tests {
         v.refresh(&l).unwrap();
         assert_eq!(v.lru.len(), 1);
         assert_eq!(v.counters()[..2], [5, 6]);
+    }
+
+    fn touch(name: u128, t: u64, put: bool) -> Record {
+        Record::Touch {
+            name,
+            disk_bytes: 4096,
+            t,
+            put,
+        }
+    }
+
+    #[test]
+    fn hit_records_are_counted_and_survive_compaction() {
+        let (_d, l) = layout();
+        let mut w = JournalWriter::new(l.journal_dir(), "h".into());
+        w.append(&[
+            touch(1, 1, true),
+            touch(2, 2, true),
+            touch(1, 3, false),
+            touch(1, 4, false),
+            touch(2, 5, true), // a put of a present entry is no hit
+        ])
+        .unwrap();
+        let mut v = IndexView::default();
+        v.refresh(&l).unwrap();
+        assert_eq!(v.lru.get(1).unwrap().hits, 2);
+        assert_eq!(v.lru.get(2).unwrap().hits, 0);
+        v.compact(&l, &[]).unwrap();
+        w.append(&[touch(1, 6, false), touch(2, 7, false)]).unwrap();
+        let mut fresh = IndexView::default();
+        fresh.refresh(&l).unwrap();
+        assert_eq!(fresh.lru.get(1).unwrap().hits, 3, "snapshot + journal tail");
+        assert_eq!(fresh.lru.get(2).unwrap().hits, 1);
+        w.append(&[Record::Delete { name: 1, t: 8 }, touch(1, 9, true)])
+            .unwrap();
+        fresh.refresh(&l).unwrap();
+        assert_eq!(
+            fresh.lru.get(1).unwrap().hits,
+            0,
+            "republished: starts over"
+        );
+    }
+
+    #[test]
+    fn snapshot_without_hits_section_loads_with_zero_hits() {
+        let (_d, l) = layout();
+        let mut v = IndexView::default();
+        v.lru.touch(1, 4096, 1);
+        v.lru.hit(1, 4096, 2);
+        let mut b = v.encode_snapshot();
+        // What a writer before the hits section produced: the body up to the base counters.
+        let section = 4 + 8 + (16 + 4);
+        b.truncate(b.len() - 8 - section);
+        let sum = checksum(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        fs::write(l.snapshot(), &b).unwrap();
+        let mut old = IndexView::default();
+        old.refresh(&l).unwrap();
+        assert_eq!(old.lru.get(1).unwrap().hits, 0);
+        assert_eq!(old.lru.get(1).unwrap().last_use, 2);
     }
 
     #[test]

@@ -6,6 +6,9 @@ use std::collections::{BTreeSet, HashMap};
 pub struct EntryInfo {
     pub disk_bytes: u64,
     pub last_use: u64,
+    /// Hit records folded in since the entry was published: at most one per process per
+    /// hit interval (hits are rate-limited before they reach the journal), so a lower bound.
+    pub hits: u32,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -47,11 +50,25 @@ impl Lru {
                     EntryInfo {
                         disk_bytes,
                         last_use: t,
+                        hits: 0,
                     },
                 );
                 self.order.insert((t, name));
                 self.total += disk_bytes;
             }
+        }
+    }
+
+    /// A `touch` for a hit record: also counts it.
+    pub fn hit(&mut self, name: u128, disk_bytes: u64, t: u64) {
+        self.touch(name, disk_bytes, t);
+        self.add_hits(name, 1);
+    }
+
+    /// Adds `n` hits to `name` if it is indexed (saturating: a count, not a wrapping id).
+    pub fn add_hits(&mut self, name: u128, n: u32) {
+        if let Some(info) = self.map.get_mut(&name) {
+            info.hits = info.hits.saturating_add(n);
         }
     }
 
@@ -125,6 +142,23 @@ mod tests {
         l.touch(1, 25, 2);
         assert_eq!(l.total_bytes(), 25);
         assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn hits_are_counted_until_removed() {
+        let mut l = Lru::default();
+        l.touch(1, 10, 1);
+        l.hit(1, 10, 2);
+        l.hit(1, 10, 3);
+        l.touch(1, 10, 4); // a put of a present entry is not a hit
+        assert_eq!(l.get(1).unwrap().hits, 2);
+        l.add_hits(2, 5); // not indexed: ignored
+        assert!(l.get(2).is_none());
+        l.add_hits(1, u32::MAX);
+        assert_eq!(l.get(1).unwrap().hits, u32::MAX);
+        l.remove(1);
+        l.touch(1, 10, 5); // published again: counting starts over
+        assert_eq!(l.get(1).unwrap().hits, 0);
     }
 
     #[test]

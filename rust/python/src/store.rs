@@ -284,6 +284,30 @@ impl PyStore {
         }
     }
 
+    /// Verifies a whole entry file in memory and returns its payload as a Blob, writing
+    /// nothing; None if it does not verify.
+    fn verify_entry_file(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<PyBlob>> {
+        let key = KeyArg::extract(key)?;
+        let buf = HeldBuffer::get(data, "data")?;
+        let store = self.store()?;
+        let res = py.detach(|| {
+            no_panic("verify_entry_file", || {
+                store.verify_entry_file(key.key(), buf.as_slice().to_vec())
+            })
+        });
+        drop(buf);
+        match res {
+            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
+            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Publishes a whole entry file after verifying it; None if it does not verify.
     fn put_entry_file(
         &self,
@@ -352,6 +376,7 @@ impl PyStore {
             d.set_item("disk_bytes", e.disk_bytes)?;
             d.set_item("created", ns_to_secs(e.created_ns))?;
             d.set_item("last_use", e.last_use_ns.map(ns_to_secs))?;
+            d.set_item("hits", e.hits)?;
             d.set_item("meta", meta_dict(py, &e.meta)?)?;
             out.append(d)?;
         }

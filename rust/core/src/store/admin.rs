@@ -109,10 +109,14 @@ impl Store {
     /// Every entry with its header (walks the directory; headers only, payloads unread).
     pub fn entries(&self) -> Result<Vec<EntrySummary>, StoreError> {
         let files = self.entry_files()?;
-        let view_uses: HashMap<u128, u64> = {
+        let view_uses: HashMap<u128, (u64, u32)> = {
             let mut st = self.state();
             let _ = self.refresh(&mut st);
-            st.view.lru.iter().map(|(n, i)| (n, i.last_use)).collect()
+            st.view
+                .lru
+                .iter()
+                .map(|(n, i)| (n, (i.last_use, i.hits)))
+                .collect()
         };
         let mut out = Vec::with_capacity(files.len());
         for path in files {
@@ -133,7 +137,8 @@ impl Store {
                 size: h.payload_len,
                 disk_bytes: disk_bytes(&m),
                 created_ns: h.created_ns,
-                last_use_ns: view_uses.get(&name).copied(),
+                last_use_ns: view_uses.get(&name).map(|u| u.0),
+                hits: view_uses.get(&name).map_or(0, |u| u.1),
                 meta: h.meta,
             });
         }
@@ -250,11 +255,12 @@ impl Store {
                 Some(info) if info.disk_bytes == disk => {}
                 _ => {
                     report.unindexed += u64::from(st.view.lru.get(name).is_none());
+                    // Recorded as a publish: reindexing is not a use, so it counts no hit.
                     fix.push(Record::Touch {
                         name,
                         disk_bytes: disk,
                         t: now,
-                        put: false,
+                        put: true,
                     });
                 }
             }

@@ -178,6 +178,8 @@ pub struct EntrySummary {
     pub disk_bytes: u64,
     pub created_ns: u64,
     pub last_use_ns: Option<u64>,
+    /// Hits recorded, at most one per process per hit interval: a lower bound on uses.
+    pub hits: u32,
     pub meta: Vec<(String, String)>,
 }
 

@@ -17,6 +17,21 @@ impl Store {
         }
     }
 
+    /// Verifies an entry file received as bytes (header, exact length, payload checksum, filed
+    /// under `key`) and hands its payload back as a Blob without writing anything: what a
+    /// read-only store does with a remote value. None if it does not verify.
+    pub fn verify_entry_file(
+        &self,
+        key: Key<'_>,
+        file: Vec<u8>,
+    ) -> Result<Option<Blob>, StoreError> {
+        check_key(&key)?;
+        match entry::verify(&file) {
+            Ok(h) if h.key == key.bytes => Ok(Some(Blob::owned(file, h))),
+            _ => Ok(None),
+        }
+    }
+
     /// Publishes an entry received as a whole file, after verifying its header, length,
     /// payload checksum and that it is filed under `key`. Ok(None) if it does not verify
     /// (nothing is written); otherwise what `put` returns.
@@ -28,5 +43,87 @@ impl Store {
         };
         let payload = &file[h.header_len..];
         self.put(key, payload, &h.meta).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> Key<'_> {
+        Key {
+            bytes: s.as_bytes(),
+            is_text: true,
+        }
+    }
+
+    fn store(dir: &Path) -> Store {
+        Store::open(dir, StoreOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn entry_file_round_trip_and_in_memory_verify() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let src = store(a.path());
+        let meta = vec![("m".to_string(), "1".to_string())];
+        assert!(src.put(key("k"), &[7u8; 5000], &meta).unwrap());
+        let file = src.get_entry_file(key("k")).unwrap().unwrap();
+        assert!(src.get_entry_file(key("missing")).unwrap().is_none());
+
+        let dst = store(b.path());
+        let blob = dst
+            .verify_entry_file(key("k"), file.clone())
+            .unwrap()
+            .unwrap();
+        assert_eq!(blob.payload(), &[7u8; 5000][..]);
+        assert_eq!(blob.header.meta, meta);
+        assert!(!dst.contains(key("k")).unwrap()); // verifying writes nothing
+
+        assert_eq!(dst.put_entry_file(key("k"), &file).unwrap(), Some(true));
+        assert_eq!(
+            dst.get(key("k")).unwrap().unwrap().payload(),
+            &[7u8; 5000][..]
+        );
+        assert_eq!(dst.put_entry_file(key("k"), &file).unwrap(), Some(false));
+    }
+
+    #[test]
+    fn entry_file_damage_is_rejected_and_never_written() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let src = store(a.path());
+        src.put(key("k"), &[3u8; 4000], &[]).unwrap();
+        let file = src.get_entry_file(key("k")).unwrap().unwrap();
+        let header_len = entry::verify(&file).unwrap().header_len;
+
+        let mut flipped_payload = file.clone();
+        *flipped_payload.last_mut().unwrap() ^= 0xFF;
+        let mut flipped_header = file.clone();
+        flipped_header[header_len / 2] ^= 0x01;
+        let mut longer = file.clone();
+        longer.push(0);
+        let cases: Vec<(&str, Key<'_>, Vec<u8>)> = vec![
+            ("wrong key", key("other"), file.clone()),
+            ("truncated", key("k"), file[..file.len() - 1].to_vec()),
+            ("header only", key("k"), file[..header_len].to_vec()),
+            ("trailing byte", key("k"), longer),
+            ("payload byte", key("k"), flipped_payload),
+            ("header byte", key("k"), flipped_header),
+            ("empty", key("k"), Vec::new()),
+        ];
+        let dst = store(b.path());
+        for (what, k, bytes) in cases {
+            assert!(
+                dst.verify_entry_file(k, bytes.clone()).unwrap().is_none(),
+                "{what}: verified"
+            );
+            assert_eq!(
+                dst.put_entry_file(k, &bytes).unwrap(),
+                None,
+                "{what}: published"
+            );
+        }
+        assert!(dst.entries().unwrap().is_empty());
     }
 }
