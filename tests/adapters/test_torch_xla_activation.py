@@ -126,3 +126,26 @@ def test_an_unusable_directory_is_one_warning_and_the_program_runs(tmp_path: Pat
     assert "Traceback" not in stderr
     assert stderr.count("xla_pcache: cannot open the cache") == 1, stderr
     assert blocker.read_text() == "not a directory"
+
+
+def test_doctor_names_the_hook_and_still_reports_what_cpu_cannot_load(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "JAX_"))}
+    env.update(PJRT_DEVICE="CPU", XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "shared"))
+    doctor = [sys.executable, "-m", "xla_pcache", "doctor", "--json"]
+
+    def report(extra: dict[str, str]) -> dict[str, Any]:
+        proc = subprocess.run(
+            doctor, capture_output=True, text=True, env={**env, **extra}, timeout=600, check=False
+        )
+        assert proc.stdout, proc.stderr[-3000:]
+        result: dict[str, Any] = json.loads(proc.stdout)
+        return result
+
+    on = report({})
+    assert on["activation"]["torch_xla"].startswith("on (xla_pcache_autoload.pth import hook")
+    assert "xla_pcache_autoload.pth)" in on["activation"]["torch_xla"]
+    # The probe runs with activation off, so it still sees torch_xla's own behaviour.
+    assert on["frameworks"]["torch_xla"]["load"] is False
+    assert "cannot be loaded back" in on["frameworks"]["torch_xla"]["detail"]
+    off = report({"XLA_PCACHE_DISABLE": "1"})
+    assert off["activation"]["torch_xla"] == "off (XLA_PCACHE_DISABLE=1)"
