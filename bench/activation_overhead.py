@@ -2,11 +2,14 @@
 
     python bench/activation_overhead.py [N]
 
-Needs the package installed (the jax_plugins entry point) in this interpreter's venv.
+Needs the package installed (the jax_plugins entry point and xla_pcache_autoload.pth) in
+this interpreter's venv. ``python -c pass`` runs 4*N times (it is fast and noisy); the
+torch_xla rows run when torch_xla is installed (PJRT_DEVICE=CPU).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import statistics
@@ -41,8 +44,11 @@ def main() -> None:
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     }
     try:
-        for label, code in (("python -c pass", "pass"), ("import jax", "import jax")):
-            off_s, on_s = median_s(code, base, n), median_s(code, on, n)
+        for label, code, runs in (
+            ("python -c pass", "pass", 4 * n),
+            ("import jax", "import jax", n),
+        ):
+            off_s, on_s = median_s(code, base, runs), median_s(code, on, runs)
             sys.stdout.write(f"{label:<28} unset {off_s:.3f} s   set {on_s:.3f} s\n")
         off_s = median_s(FIRST, base, n)
         on_s = median_s(FIRST, on, n)
@@ -51,8 +57,36 @@ def main() -> None:
             f"{'import jax + first jit':<28} unset {off_s:.3f} s   set (warm) {on_s:.3f} s   "
             f"XLA_PCACHE_DISABLE=1 {disabled:.3f} s\n"
         )
+        if importlib.util.find_spec("torch_xla") is not None:
+            torch_xla_rows(base, cache, n)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+TORCH_XLA_FIRST = (
+    "import torch, torch_xla; "
+    "y = torch.arange(8.0).to(torch_xla.device()) * 2; torch_xla.sync(); y.cpu()"
+)
+
+
+def torch_xla_rows(base: dict[str, str], cache: str, n: int) -> None:
+    local = tempfile.mkdtemp(prefix="xla-pcache-activation-local-")
+    off = {**base, "PJRT_DEVICE": "CPU", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    on = {**off, "XLA_PERSISTENT_CACHE_PATH": cache, "XLA_PCACHE_TORCH_XLA_LOCAL_DIR": local}
+    try:
+        for label, code in (
+            ("import torch_xla", "import torch_xla"),
+            ("torch_xla first graph", TORCH_XLA_FIRST),
+        ):
+            off_s = median_s(code, off, n)
+            on_s = median_s(code, on, n)
+            disabled = median_s(code, {**on, "XLA_PCACHE_DISABLE": "1"}, n)
+            sys.stdout.write(
+                f"{label:<28} unset {off_s:.3f} s   set {on_s:.3f} s   "
+                f"XLA_PCACHE_DISABLE=1 {disabled:.3f} s\n"
+            )
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -31,3 +31,20 @@ def activate_jax(via: str) -> None:
             type(exc).__name__,
             " ".join(str(exc).split()),
         )
+
+
+def activate_torch_xla(via: str) -> None:
+    """Install the torch_xla adapter right after ``import torch_xla`` unless disabled or an
+    explicit ``install()`` is the caller (it then proceeds with its own arguments)."""
+    if disabled():
+        return
+    try:
+        from xla_pcache import torch_xla as xt
+
+        xt._auto_install(via)
+    except Exception as exc:
+        logger.warning(
+            "xla_pcache: activation for torch_xla failed, torch_xla runs without it: %s: %s",
+            type(exc).__name__,
+            " ".join(str(exc).split()),
+        )

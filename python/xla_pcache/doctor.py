@@ -317,7 +317,31 @@ def _activation() -> dict[str, str]:
         state = "off (XLA_PERSISTENT_CACHE_PATH and JAX_COMPILATION_CACHE_DIR unset)"
     else:
         state = "on (jax_plugins entry point, at JAX backend start-up)"
-    return {"jax": state}
+    return {"jax": state, "torch_xla": _torch_xla_activation()}
+
+
+def _torch_xla_activation() -> str:
+    import site
+
+    from xla_pcache._activate import DISABLE_VAR, disabled
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    hook = next(
+        (d for d in dirs if os.path.isfile(os.path.join(d, "xla_pcache_autoload.pth"))), None
+    )
+    if disabled():
+        return f"off ({DISABLE_VAR}=1)"
+    if hook is None:
+        return "off (package not installed with its xla_pcache_autoload.pth; pip install it)"
+    if not any(
+        os.environ.get(v, "").strip()
+        for v in ("XLA_PERSISTENT_CACHE_PATH", "XLA_PCACHE_TORCH_XLA_SHARED_PATH")
+    ):
+        return "off (XLA_PERSISTENT_CACHE_PATH unset)"
+    return (
+        "on (xla_pcache_autoload.pth import hook, right after `import torch_xla`; "
+        f"{os.path.join(hook, 'xla_pcache_autoload.pth')})"
+    )
 
 
 def collect(path: str | None) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class TorchXlaCache:
     _thread: threading.Thread | None = None
     _capability: str = "unknown"
     _told: bool = False
+    via: str = "install()"
     _closed: bool = False
 
     @property
@@ -149,6 +150,9 @@ class TorchXlaCache:
 
 _state_lock = threading.Lock()
 _installed: TorchXlaCache | None = None
+# Set while an explicit install() imports torch_xla, so that the import hook leaves the
+# set-up to it and its arguments win.
+_explicit_depth = 0
 
 
 def installed() -> TorchXlaCache | None:
@@ -282,8 +286,12 @@ def install(
     used (logged; torch_xla then runs with no persistent cache, never the shared directory).
     Calling it again with the same settings returns the same object.
     """
-    global _installed
-    xlac = _torch_xla()
+    global _installed, _explicit_depth
+    _explicit_depth += 1
+    try:
+        xlac = _torch_xla()
+    finally:
+        _explicit_depth -= 1
     if path is None:
         raw = os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")
         if not raw.strip():
@@ -301,9 +309,15 @@ def install(
             same = (_installed.store.path, _installed.read_only) == (resolved, ro)
             if same and not _installed._closed:
                 return _installed
+            how = (
+                ""
+                if _installed.via == "install()"
+                else f" by zero-code activation ({_installed.via}; set XLA_PCACHE_DISABLE=1 "
+                "or call install() before importing torch_xla to choose the settings)"
+            )
             raise CacheError(
                 "xla_pcache.torch_xla.install() was already called in this process with "
-                f"other settings ({_installed.store.path}); torch_xla fixes its cache once"
+                f"other settings ({_installed.store.path}){how}; torch_xla fixes its cache once"
             )
         if xlac._xla_computation_cache_is_initialized():
             raise CacheError(
@@ -348,3 +362,24 @@ def install(
         atexit.register(inst.close)
         _installed = inst
         return inst
+
+
+def _auto_install(via: str) -> None:
+    """Activation from the environment, right after ``import torch_xla``: nothing to do when
+    an explicit ``install()`` is doing the import or already ran; a later explicit call with
+    the same settings returns this cache, with others it raises (torch_xla fixes its cache
+    once)."""
+    if _explicit_depth or _installed is not None:
+        return
+    if not (os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")):
+        return  # only JAX's own variable is set: nothing asks for a torch_xla cache
+    inst = install()
+    if inst is not None:
+        inst.via = via
+
+
+def activation() -> str | None:
+    """How the adapter was installed in this process (``install()`` or the activation
+    path), or None."""
+    inst = _installed
+    return None if inst is None else inst.via

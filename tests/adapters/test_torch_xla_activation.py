@@ -1,0 +1,151 @@
+"""Zero-code activation for torch_xla: an unmodified program, configured by the environment.
+
+Needs a real install of the package (``pip install -e .`` or the wheel), which puts
+``xla_pcache_autoload.pth`` in site-packages; a bare PYTHONPATH checkout has none, and these
+tests are skipped there (and so fail in CI, where every test must run). PJRT_DEVICE=CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import site
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from xla_pcache import Store
+from xla_pcache._torch_xla_sync import is_torch_xla_name
+
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed"
+    ),
+    pytest.mark.skipif(
+        not any(
+            os.path.isfile(os.path.join(d, "xla_pcache_autoload.pth"))
+            for d in [*site.getsitepackages(), site.getusersitepackages()]
+        ),
+        reason="xla_pcache is not installed (no xla_pcache_autoload.pth): pip install -e .",
+    ),
+]
+
+# Knows nothing of xla_pcache; reports torch_xla's own persistent-cache counters.
+PROGRAM = textwrap.dedent(
+    """
+    import json, torch, torch_xla
+    import torch_xla.debug.metrics as met
+    y = torch.arange(16, dtype=torch.float32).to(torch_xla.device()) * 3 + 1
+    torch_xla.sync()
+    counters = {n: int(met.counter_value(n) or 0)
+                for n in ("PersistentCacheMiss", "PersistentCacheHit")}
+    print(json.dumps({"sum": float(y.cpu().sum()), **counters}))
+    """
+)
+
+
+def run_program(tmp: Path, env: dict[str, str], code: str = PROGRAM) -> tuple[dict[str, Any], str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "JAX_"))}
+    base.update(
+        PJRT_DEVICE="CPU",
+        TF_CPP_MIN_LOG_LEVEL="1",
+        XLA_PCACHE_TORCH_XLA_LOCAL_DIR=str(tmp / "host-local"),
+        **env,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=base,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def torch_xla_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and is_torch_xla_name(p.name)]
+
+
+def test_environment_alone_sends_torch_xla_writes_through_the_store(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    report, stderr = run_program(tmp_path, {"XLA_PERSISTENT_CACHE_PATH": str(shared)})
+    assert report["sum"] == 376.0
+    assert report["PersistentCacheMiss"] >= 1
+    assert "Traceback" not in stderr
+    # Only the store's layout: torch_xla wrote nothing in place.
+    assert (shared / "FORMAT").read_text().startswith("xla_pcache-format")
+    assert torch_xla_files(shared) == []
+    with Store(str(shared), read_only=True) as store:
+        keys = [e["key"] for e in store.entries()]
+    assert any(isinstance(k, str) and k.startswith("torch_xla/") for k in keys), keys
+    verify = subprocess.run(
+        [sys.executable, "-m", "xla_pcache", "verify", "--path", str(shared)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "no problems found" in verify.stdout
+
+
+def test_disable_leaves_torch_xla_to_its_own_cache(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    env = {"XLA_PERSISTENT_CACHE_PATH": str(shared), "XLA_PCACHE_DISABLE": "1"}
+    report, _ = run_program(tmp_path, env)
+    assert report["PersistentCacheMiss"] >= 1
+    # torch_xla's own in-place cache: its files, and no store.
+    assert torch_xla_files(shared) != []
+    assert not (shared / "FORMAT").exists()
+
+
+def test_an_explicit_install_before_the_import_wins(tmp_path: Path) -> None:
+    shared, chosen = tmp_path / "shared", tmp_path / "chosen"
+    code = (
+        f"from xla_pcache import torch_xla as xt\n"
+        f"inst = xt.install({str(chosen)!r})\n"
+        + PROGRAM
+        + "print(json.dumps({'via': xt.activation(), 'path': inst.store.path}))\n"
+    )
+    report, stderr = run_program(tmp_path, {"XLA_PERSISTENT_CACHE_PATH": str(shared)}, code)
+    assert report == {"via": "install()", "path": str(chosen)}
+    assert not shared.exists()
+    assert "Traceback" not in stderr
+
+
+def test_an_unusable_directory_is_one_warning_and_the_program_runs(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    report, stderr = run_program(tmp_path, {"XLA_PERSISTENT_CACHE_PATH": str(blocker)})
+    assert report["sum"] == 376.0
+    assert "Traceback" not in stderr
+    assert stderr.count("xla_pcache: cannot open the cache") == 1, stderr
+    assert blocker.read_text() == "not a directory"
+
+
+def test_doctor_names_the_hook_and_still_reports_what_cpu_cannot_load(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "JAX_"))}
+    env.update(PJRT_DEVICE="CPU", XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "shared"))
+    doctor = [sys.executable, "-m", "xla_pcache", "doctor", "--json"]
+
+    def report(extra: dict[str, str]) -> dict[str, Any]:
+        proc = subprocess.run(
+            doctor, capture_output=True, text=True, env={**env, **extra}, timeout=600, check=False
+        )
+        assert proc.stdout, proc.stderr[-3000:]
+        result: dict[str, Any] = json.loads(proc.stdout)
+        return result
+
+    on = report({})
+    assert on["activation"]["torch_xla"].startswith("on (xla_pcache_autoload.pth import hook")
+    assert "xla_pcache_autoload.pth)" in on["activation"]["torch_xla"]
+    # The probe runs with activation off, so it still sees torch_xla's own behaviour.
+    assert on["frameworks"]["torch_xla"]["load"] is False
+    assert "cannot be loaded back" in on["frameworks"]["torch_xla"]["detail"]
+    off = report({"XLA_PCACHE_DISABLE": "1"})
+    assert off["activation"]["torch_xla"] == "off (XLA_PCACHE_DISABLE=1)"
