@@ -37,7 +37,14 @@ PY
 # jax >= 0.11 needs Python >= 3.12.
 JAX_OLDEST=0.10.0
 JAX_NEWEST=0.12.0.1
-py312=$(command -v python3.12 || ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1 || true)
+# A pyenv shim named python3.12 may exist and still refuse to run: take the first that runs.
+py312=
+for cand in $(command -v python3.12 || true) "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+  if [[ -x $cand ]] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+    py312=$cand
+    break
+  fi
+done
 if [[ -z $py312 ]]; then
   echo "python3.12 not found: needed to test jax $JAX_NEWEST" >&2
   exit 1
