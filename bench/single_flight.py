@@ -52,9 +52,7 @@ def main() -> int:
             out["no_single_flight"] = single_flight.fleet(
                 bed, base / "nosf", size=args.size, compile_wait=0
             )
-            out["killed_holder"] = single_flight.killed_holder(
-                bed, base / "kill", size=args.size
-            )
+            out["killed_holder"] = single_flight.killed_holder(bed, base / "kill", size=args.size)
     alone = out["alone"]
     yardstick = alone["cold"] + alone["hit"]
     lines = [

@@ -122,9 +122,7 @@ class SingleFlight:
         store = self._store
         try:
             claimant = not store.read_only and self._may_claim()
-            claim = (
-                store.claim(key, self._wait) if claimant else store.wait_for(key, self._wait)
-            )
+            claim = store.claim(key, self._wait) if claimant else store.wait_for(key, self._wait)
         except Exception as exc:
             logger.warning(
                 "xla_pcache: compile claim on %r failed, compiling without it: %s: %s",

@@ -60,7 +60,6 @@ def main(config_path: str) -> int:
     cfg = json.loads(Path(config_path).read_text())
     import jax
     import numpy as np
-
     import xla_pcache.jax as xj
 
     events: Counter[str] = Counter()
