@@ -384,7 +384,9 @@ impl Store {
                             drop(guard);
                             break ClaimState::Published;
                         }
-                        let took_over = guard.took_over() && !retired;
+                        // Judged by what we acted on, not by how the link went: while one
+                        // waiter moves a stale lease aside, another may link into the gap.
+                        let took_over = stale && !retired;
                         if !self.claims.hold(&hex, guard) {
                             break ClaimState::Unclaimed; // the store is closing
                         }
