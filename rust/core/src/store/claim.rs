@@ -384,9 +384,10 @@ impl Store {
                             drop(guard);
                             break ClaimState::Published;
                         }
-                        // Judged by what we acted on, not by how the link went: while one
-                        // waiter moves a stale lease aside, another may link into the gap.
-                        let took_over = stale && !retired;
+                        // We waited on a holder that neither published nor retired: it
+                        // went stale. Not judged by how the link went: while one waiter
+                        // moves a stale lease aside, another may link into the gap.
+                        let took_over = waiting && !retired;
                         if !self.claims.hold(&hex, guard) {
                             break ClaimState::Unclaimed; // the store is closing
                         }
