@@ -27,6 +27,12 @@ import single_flight  # noqa: E402
 import testbed  # noqa: E402
 
 
+def _span(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{min(values):.2f} / {max(values):.2f}"
+
+
 def _fleet_rows(label: str, run: dict[str, Any], yardstick: float) -> list[str]:
     slowest = run["slowest_s"]
     walls = sorted(run["walls_s"].values())
@@ -34,7 +40,8 @@ def _fleet_rows(label: str, run: dict[str, Any], yardstick: float) -> list[str]:
     return [
         f"| {label} | {run['compiles']} | {run['hits']} | {len(run['values'])} | "
         f"{walls[0]:.2f} / {walls[len(walls) // 2]:.2f} / {slowest:.2f} | "
-        f"{slowest / yardstick:.2f} | {stats['claim_waits']} | {stats['claim_takeovers']} |"
+        f"{slowest / yardstick:.2f} | {stats['claim_waits']} | {stats['claim_takeovers']} | "
+        f"{_span(run['notice_s'])} |"
     ]
 
 
@@ -60,8 +67,9 @@ def main() -> int:
         f"mount {alone['hit']:.2f} s (yardstick: their sum, {yardstick:.2f} s).",
         "",
         "| six processes, 3 per mount | compiles | persistent-cache hits | distinct results "
-        "| wall min / median / max (s) | max / yardstick | waits | takeovers |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| wall min / median / max (s) | max / yardstick | waits | takeovers "
+        "| publish to end of wait, min / max (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *_fleet_rows("single flight", out["single_flight"], yardstick),
         *_fleet_rows("without (`XLA_PCACHE_COMPILE_WAIT=0`)", out["no_single_flight"], yardstick),
         *_fleet_rows(

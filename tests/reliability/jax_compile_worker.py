@@ -56,6 +56,23 @@ def _time_waits() -> list[tuple[float, float]]:
     return spans
 
 
+def _time_puts() -> list[float]:
+    """Records the monotonic time at which each put of the cache returned (published)."""
+    import xla_pcache.jax as xj
+
+    times: list[float] = []
+    original = xj._StoreCacheImpl.put
+
+    def put(self: Any, key: str, value: bytes) -> None:
+        try:
+            original(self, key, value)
+        finally:
+            times.append(time.monotonic())
+
+    xj._StoreCacheImpl.put = put  # type: ignore[method-assign]
+    return times
+
+
 def main(config_path: str) -> int:
     cfg = json.loads(Path(config_path).read_text())
     import jax
@@ -69,6 +86,7 @@ def main(config_path: str) -> int:
 
     jax.monitoring.register_event_listener(listener)
     waits = _time_waits()
+    puts = _time_puts()
     store = xj.install(cfg["path"])
     assert store is not None, "the cache did not open"
     f = jax.jit(program(int(cfg["size"])))
@@ -92,6 +110,9 @@ def main(config_path: str) -> int:
         "writes": events[WRITES],
         # When (seconds after the start line) each miss began and ended its claim or wait.
         "misses": [(round(a - start, 3), round(b - start, 3)) for a, b in waits],
+        "puts": [round(t - start, 3) for t in puts],
+        # CLOCK_MONOTONIC is one clock for every process of the machine: lets the
+        # scenario line up one process's publish with the others' end of wait.
         "go_mono": start,
     }
     Path(cfg["out"]).write_text(json.dumps(result))
