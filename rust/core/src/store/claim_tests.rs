@@ -273,3 +273,33 @@ fn invalid_keys_are_errors() {
         Err(StoreError::Invalid(_))
     ));
 }
+
+#[test]
+fn sweeping_removes_claims_left_by_dead_holders_only() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(
+        d.path(),
+        StoreOptions {
+            tmp_grace: Duration::from_millis(300),
+            claim_lease: Duration::from_millis(100),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dead = lease_file(d.path(), "dead");
+    fs::create_dir_all(dead.parent().unwrap()).unwrap();
+    fs::write(&dead, "otherhost 4242 00000000deadbeef 7\n").unwrap();
+    let live = s.claim(key("live"), Duration::ZERO).unwrap();
+    assert_eq!(live.state, ClaimState::Claimed);
+    thread::sleep(Duration::from_millis(600));
+    s.evict(None, None).unwrap();
+    assert!(
+        !dead.exists(),
+        "an abandoned claim file older than tmp_grace is swept"
+    );
+    assert!(
+        lease_file(d.path(), "live").exists(),
+        "a heartbeated claim is never that old"
+    );
+    drop(live);
+}
