@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -648,5 +649,12 @@ def write(res: dict, docs: Path, notes: list[str]) -> list[Path]:
         md += [ws["output"].rstrip(), ""]
     if notes:
         md += ["## Notes and findings", "", *notes, ""]
-    (docs / "benchmarks.md").write_text("\n".join(md) + "\n")
+    out = docs / "benchmarks.md"
+    # Sections other scripts write (bench/single_flight.py) survive a regeneration.
+    kept = [m.group(0) for m in KEPT_SECTION.finditer(out.read_text())] if out.exists() else []
+    out.write_text("\n".join(md) + "\n" + "".join(f"\n{k}\n" for k in kept))
     return pngs
+
+
+# A section of docs/benchmarks.md written by another script, between these markers.
+KEPT_SECTION = re.compile(r"<!-- kept:([\w-]+) -->.*?<!-- /kept:\1 -->", re.S)

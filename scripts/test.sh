@@ -85,7 +85,8 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
   echo "== jax $jv: adapter tests and demo"
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
   # shellcheck disable=SC2086
-  PYTHONPATH=$PWD/python "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py
+  PYTHONPATH=$PWD/python "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py \
+    tests/adapters/test_jax_single_flight.py
   demo_dir=$(mktemp -d)
   PYTHONPATH=$PWD/python "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
   rm -rf "$demo_dir"

@@ -490,3 +490,21 @@ def test_doctor_delegates() -> None:
     result = run_with_fake_module("doctor", "--json")
     assert result.returncode == 3, result.stderr
     assert "called (None, True)" in result.stdout
+
+
+def test_stats_shows_single_flight(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    with Store(root) as holder, Store(root) as waiter:
+        with holder.claim("k", wait=0):
+            assert waiter.claim("k", wait=0.2).state == "timed_out"
+        holder.put("j", b"v")
+    result = run("stats", "--path", str(root), "--json")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert stats["claims"] == 1 and stats["claims_abandoned"] == 1, stats
+    assert stats["claim_waits"] == 1 and stats["claim_wait_timeouts"] == 1, stats
+    assert stats["claim_wait_ms"] >= 200, stats
+    table = run("stats", "--path", str(root)).stdout
+    for label in ("compile claims taken", "waits for another's compile", "waits that ran out"):
+        assert label in table, table
+    assert " s" in table.split("time spent waiting")[1].splitlines()[0]

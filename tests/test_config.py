@@ -214,3 +214,23 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = xla_pcache.from_env()
     assert isinstance(cache, xla_pcache.MemoryCache)
     assert cache.capacity == 3
+
+
+def test_compile_wait_and_claim_lease() -> None:
+    from xla_pcache.config import claim_lease_from_env, compile_wait_from_env
+
+    assert compile_wait_from_env({}) == 300.0
+    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": " "}) == 300.0
+    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": "0"}) == 0.0
+    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": "90"}) == 90.0
+    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": "5m"}) == 300.0
+    assert claim_lease_from_env({}) == 30.0
+    assert claim_lease_from_env({"XLA_PCACHE_CLAIM_LEASE": "2.5s"}) == 2.5
+    for name, value in (
+        ("XLA_PCACHE_COMPILE_WAIT", "-1"),
+        ("XLA_PCACHE_COMPILE_WAIT", "soon"),
+        ("XLA_PCACHE_CLAIM_LEASE", "0"),
+        ("XLA_PCACHE_CLAIM_LEASE", "x"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            (compile_wait_from_env if "WAIT" in name else claim_lease_from_env)({name: value})

@@ -67,6 +67,36 @@ def entry_name(key: Key) -> str:
     """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed
     in ``entries/<first two digits>/``."""
 
+ClaimState = Literal["claimed", "published", "abandoned", "timed_out", "unclaimed"]
+
+@final
+class Claim:
+    """How ``Store.claim`` / ``Store.wait_for`` ended, and the claim itself when it is ours.
+
+    ``state``: ``"claimed"`` (this process compiles: put the key, which releases the claim,
+    or call ``release()``), ``"published"`` (the entry is there), ``"abandoned"`` (the holder
+    gave up without publishing), ``"timed_out"`` (the wait ran out) or ``"unclaimed"``
+    (nothing claimed: read-only, ``wait_for``, a holder gone stale, or a failure, logged).
+    A context manager: leaving it releases the claim.
+    """
+
+    @property
+    def state(self) -> ClaimState: ...
+    @property
+    def waited(self) -> float:
+        """Seconds spent waiting for another process's claim (0.0 if none was held)."""
+    @property
+    def took_over(self) -> bool:
+        """The claim was taken over from a holder that stopped heartbeating."""
+    @property
+    def held(self) -> bool:
+        """This process still holds the claim (not released, not lost to a takeover)."""
+    def release(self) -> None:
+        """Give the claim up now: removed if the entry was published, else marked retired
+        so that waiters compile at once. Idempotent."""
+    def __enter__(self) -> Claim: ...
+    def __exit__(self, *exc: object) -> None: ...
+
 @disjoint_base
 class Store:
     """A persistent key -> blob store rooted at a directory.
@@ -90,6 +120,7 @@ class Store:
         hit_interval: float = 60.0,
         trash_grace: float = 300.0,
         tmp_grace: float = 3600.0,
+        claim_lease: float = 30.0,
     ) -> _S: ...
     @property
     def path(self) -> str: ...
@@ -117,6 +148,13 @@ class Store:
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
         None if it does not verify (nothing written), else what ``put`` returns."""
+    def claim(self, key: Key, wait: float) -> Claim:
+        """Claim ``key`` for compiling, or wait up to ``wait`` seconds for another process's
+        claim on it to end (read-only stores only wait). ``claim_lease`` seconds without a
+        heartbeat make a claim stale: it is taken over."""
+    def wait_for(self, key: Key, timeout: float) -> Claim:
+        """Wait up to ``timeout`` seconds for another process's claim on ``key`` to end,
+        without ever claiming."""
     def __contains__(self, key: object, /) -> bool:
         """Whether an entry file exists; does not verify, does not count as a use."""
     def delete(self, key: Key) -> bool:
@@ -132,7 +170,8 @@ class Store:
     def stats(self) -> dict[str, int | float | str | bool | None]:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,
-        too_large; plus hit_rate, entries, bytes (on disk), max_size, processes, path,
+        too_large, claims, claim_takeovers, claims_abandoned, claim_waits, claim_wait_ms,
+        claim_wait_timeouts; plus hit_rate, entries, bytes (on disk), max_size, processes, path,
         filesystem, read_only, mmap_reads."""
     def evict(
         self, max_size: int | None = None, older_than: float | None = None
@@ -154,6 +193,7 @@ class Store:
     def flush(self) -> None:
         """Write this process's pending counters to its journal."""
     def close(self) -> None:
-        """Flush counters; any later call raises CacheError."""
+        """Release (retire) held claims and flush counters; any later call raises
+        CacheError."""
     def __enter__(self) -> Store: ...
     def __exit__(self, *exc: object) -> None: ...

@@ -163,6 +163,13 @@ _STAT_ROWS = (
     ("puts", "puts"),
     ("evictions", "evictions"),
     ("corrupt", "corrupt"),
+    # Single flight (compile claims): see docs/jax.md.
+    ("claims", "compile claims taken"),
+    ("claim_waits", "waits for another's compile"),
+    ("claim_wait_ms", "time spent waiting"),
+    ("claim_wait_timeouts", "waits that ran out"),
+    ("claim_takeovers", "claims taken over (holder gone)"),
+    ("claims_abandoned", "claims given up unpublished"),
 )
 
 
@@ -184,6 +191,8 @@ def _stat_text(name: str, value: object) -> str:
         return "unbounded" if name == "max_size" else "-"
     if isinstance(value, int) and ("bytes" in name.split("_") or name == "max_size"):
         return f"{format_size(value)} ({value:,} B)"
+    if name == "claim_wait_ms" and isinstance(value, int):
+        return f"{value / 1000:,.1f} s"
     if name in ("fill", "hit_rate") and isinstance(value, float):
         return f"{value:.1%}"
     if isinstance(value, int) and not isinstance(value, bool):
@@ -195,7 +204,8 @@ def _stat_text(name: str, value: object) -> str:
 def stats(
     path: PathOption = None, read_only: ReadOnlyOption = False, as_json: JsonOption = False
 ) -> None:
-    """Entries, bytes on disk, budget and fill, hits, misses, puts, evictions, corrupt."""
+    """Entries, bytes on disk, budget and fill, hits, misses, puts, evictions, corrupt,
+    compile claims and waits."""
     with _reported(), _open(path, read_only=read_only) as store:
         report = _stats_report(store)
     if as_json:

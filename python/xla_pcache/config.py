@@ -11,12 +11,20 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xla_pcache.sizes import parse_size
+from xla_pcache.sizes import parse_duration, parse_size
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
 READ_ONLY_VAR = "XLA_PERSISTENT_CACHE_READ_ONLY"
 MEMORY_CAPACITY_VAR = "XLA_COMPILATION_CACHE_SIZE"
 MAX_SIZE_VAR = "XLA_PERSISTENT_CACHE_MAX_SIZE"
+COMPILE_WAIT_VAR = "XLA_PCACHE_COMPILE_WAIT"
+CLAIM_LEASE_VAR = "XLA_PCACHE_CLAIM_LEASE"
+
+# Single flight: how long a process that misses waits for another one compiling the same
+# program, at most (longer than most compiles, short enough that a stuck holder costs a
+# few minutes, not a job); and how long a claim may go without a heartbeat.
+DEFAULT_COMPILE_WAIT_S = 300.0
+DEFAULT_CLAIM_LEASE_S = 30.0
 
 # torch_xla's in-memory cache holds 2048 computations by default; keep the same number so
 # switching between the C++ and Python caches does not change memory use.
@@ -104,6 +112,27 @@ def path_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     """``XLA_PERSISTENT_CACHE_PATH`` with ``~`` expanded, or None."""
     raw = _get(environ, PATH_VAR)
     return None if raw is None else os.path.expanduser(raw)
+
+
+def compile_wait_from_env(environ: Mapping[str, str] = os.environ) -> float:
+    """``XLA_PCACHE_COMPILE_WAIT`` in seconds (``"90"``, ``"90s"``, ``"5m"``), or 300.
+    ``0`` turns single flight off: every process that misses compiles."""
+    raw = _get(environ, COMPILE_WAIT_VAR)
+    if raw is None:
+        return DEFAULT_COMPILE_WAIT_S
+    return parse_duration(raw, name=COMPILE_WAIT_VAR)
+
+
+def claim_lease_from_env(environ: Mapping[str, str] = os.environ) -> float:
+    """``XLA_PCACHE_CLAIM_LEASE`` in seconds, or 30: a compile claim whose heartbeat a
+    waiter has not seen change for this long is taken over."""
+    raw = _get(environ, CLAIM_LEASE_VAR)
+    if raw is None:
+        return DEFAULT_CLAIM_LEASE_S
+    lease = parse_duration(raw, name=CLAIM_LEASE_VAR)
+    if lease <= 0:
+        raise ValueError(f"invalid {CLAIM_LEASE_VAR} {raw!r}: must be positive")
+    return lease
 
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:

@@ -20,8 +20,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from xla_pcache import _single_flight
 from xla_pcache._core import CacheError
 from xla_pcache.config import (
+    compile_wait_from_env,
     default_cache_path,
     max_size_from_env,
     path_from_env,
@@ -74,6 +76,7 @@ class _Hooks:
     verification_cache: Any  # class or None on JAX versions without the wrapper
     has_xla_caches_option: bool
     needs_path_workaround: bool = True
+    compiler: Any = None  # jax._src.compiler, whose compile_or_get_cached single flight wraps
 
 
 def _hooks() -> _Hooks:
@@ -116,7 +119,26 @@ def _hooks() -> _Hooks:
         verification_cache=getattr(cc, "VerificationCache", None),
         has_xla_caches_option=_XLA_CACHES_OPTION in jax.config.values,
         needs_path_workaround=version < _KEYS_PATH_INDEPENDENT_SINCE,
+        compiler=_compiler_module(),
     )
+
+
+def _compiler_module() -> Any:
+    try:
+        from jax._src import compiler
+    except ImportError:
+        return None
+    return compiler
+
+
+def _writes_cache() -> bool:
+    """Whether JAX would put what this process compiles: it writes from process 0 only."""
+    try:
+        from jax._src import distributed
+
+        return int(getattr(distributed.global_state, "process_id", 0) or 0) == 0
+    except Exception:
+        return True
 
 
 class _Warner:
@@ -156,9 +178,16 @@ class _StoreCacheImpl:
     _path: pathlib.Path
 
     def __init__(
-        self, store: Store, meta: dict[str, str] | None = None, *, verified: bool = False
+        self,
+        store: Store,
+        meta: dict[str, str] | None = None,
+        *,
+        verified: bool = False,
+        single_flight: _single_flight.SingleFlight | None = None,
     ) -> None:
         self._store = store
+        # Claims or waits on a miss (see _single_flight); None: every miss compiles.
+        self._flight = single_flight
         self._path = pathlib.Path(store.path)
         self._meta = dict(meta or {})
         # Whether JAX's verification wrapper sits above us: it forces a recompile after a
@@ -181,6 +210,12 @@ class _StoreCacheImpl:
         except Exception as exc:
             self._warn("read", key, exc)
             return None
+        if blob is None and self._flight is not None:
+            try:
+                blob = self._flight.after_miss(key)
+            except Exception as exc:
+                self._warn("read", key, exc)
+                return None
         if blob is None:
             return None
         with self._lock:
@@ -265,6 +300,7 @@ class _Installation:
     previous_xla_caches: str | None
     store: Store | None
     meta: dict[str, str]
+    compile_wait: float = 0.0  # seconds; 0: single flight off
     via: str = "install()"
     # Stores opened by _factory for other directories (after set_cache_dir); closed on
     # uninstall.
@@ -351,7 +387,10 @@ def _factory(path: str) -> tuple[Any, str] | None:
         hooks.verification_cache is not None
         and hooks.jax.config.values.get("jax_compilation_cache_check_contents", False)
     )
-    cache: Any = _cache_class(hooks)(store, meta, verified=verify)
+    flight = None
+    if inst.compile_wait > 0 and hooks.compiler is not None:
+        flight = _single_flight.SingleFlight(store, inst.compile_wait, _writes_cache)
+    cache: Any = _cache_class(hooks)(store, meta, verified=verify, single_flight=flight)
     if verify:
         cache = hooks.verification_cache(cache)
     return cache, path
@@ -362,6 +401,7 @@ def install(
     *,
     max_size: int | str | None = None,
     read_only: bool | None = None,
+    compile_wait: float | None = None,
 ) -> Store | None:
     """Make every JAX compilation in this process read and write an xla_pcache store.
 
@@ -369,7 +409,9 @@ def install(
     ``jax_compilation_cache_dir`` when set, else ``xla_pcache.config.default_cache_path()``;
     ``max_size`` (bytes or a string such as ``"50G"``) from ``XLA_PERSISTENT_CACHE_MAX_SIZE``,
     else JAX's ``jax_compilation_cache_max_size`` when positive, else unbounded;
-    ``read_only`` from ``XLA_PERSISTENT_CACHE_READ_ONLY``.
+    ``read_only`` from ``XLA_PERSISTENT_CACHE_READ_ONLY``; ``compile_wait`` (seconds) from
+    ``XLA_PCACHE_COMPILE_WAIT``, else 300: on a miss, how long to wait for another process
+    compiling the same program (single flight, see docs/jax.md; 0 turns it off).
 
     Sets ``jax_compilation_cache_dir`` to the path (JAX only consults a cache when it is
     set) and ``jax_persistent_cache_enable_xla_caches`` to ``"none"``, which makes keys
@@ -392,6 +434,11 @@ def install(
         if isinstance(jax_max, int) and jax_max > 0:
             resolved_size = jax_max
     resolved_ro = read_only_from_env() if read_only is None else bool(read_only)
+    resolved_wait = compile_wait_from_env() if compile_wait is None else float(compile_wait)
+    if not resolved_wait >= 0:
+        raise ValueError(
+            f"compile_wait must be a non-negative number of seconds, not {compile_wait!r}"
+        )
 
     with _state_lock:
         if _installed is not None:
@@ -429,7 +476,10 @@ def install(
             previous_xla_caches=previous_xla_caches,
             store=store,
             meta=_producer_meta(hooks),
+            compile_wait=resolved_wait,
         )
+        if resolved_wait > 0 and hooks.compiler is not None:
+            _single_flight.install_hook(hooks.compiler)
         hooks.cc.get_file_cache = _factory
         jax_config.update(_CACHE_DIR_OPTION, resolved_path)
         # Drop a cache JAX may already have built, so the next compilation calls _factory.
@@ -454,6 +504,8 @@ def uninstall() -> None:
         cc = inst.hooks.cc
         if cc.get_file_cache is _factory:
             cc.get_file_cache = inst.original_factory
+        if inst.hooks.compiler is not None:
+            _single_flight.uninstall_hook(inst.hooks.compiler)
         config = inst.hooks.jax.config
         config.update(_CACHE_DIR_OPTION, inst.previous_cache_dir)
         if inst.hooks.has_xla_caches_option and inst.hooks.needs_path_workaround:

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Literal
 
 from xla_pcache import _core
+from xla_pcache.config import claim_lease_from_env, compile_wait_from_env
 from xla_pcache.sizes import parse_size
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ class Store(_core.Store):
     """A persistent key -> blob store rooted at ``path`` (see ``xla_pcache._core.Store``).
 
     ``max_size`` may be a byte count or a string such as ``"500M"``, ``"50G"``, ``"1.5T"``.
+    ``claim_lease`` (seconds; default ``XLA_PCACHE_CLAIM_LEASE``, else 30) is how long a
+    compile claim may go without a heartbeat before waiters take it over.
     """
 
     def __new__(
@@ -35,6 +38,7 @@ class Store(_core.Store):
         trash_grace: float = 300.0,
         tmp_grace: float = 3600.0,
         remote: str | None = None,
+        claim_lease: float | None = None,
     ) -> Store:
         from xla_pcache.remote import remote_from_env
 
@@ -55,6 +59,7 @@ class Store(_core.Store):
             hit_interval=hit_interval,
             trash_grace=trash_grace,
             tmp_grace=tmp_grace,
+            claim_lease=claim_lease_from_env() if claim_lease is None else claim_lease,
         )
         self._remote = _open_remote(url) if url and isinstance(self, RemoteStore) else None
         return self
@@ -88,6 +93,21 @@ class Store(_core.Store):
         from xla_pcache.bundle import import_bundle
 
         return import_bundle(self, bundle)
+
+    def claim(self, key: _core.Key, wait: float | None = None) -> _core.Claim:
+        """Single flight: claim ``key`` for compiling, or wait for the process compiling it.
+
+        The first process to miss a key claims it (``state == "claimed"``): it compiles and
+        puts the key, and the put releases the claim (so does ``release()``, leaving the
+        ``with`` block, or closing the store). Others that miss the same key meanwhile wait
+        up to ``wait`` seconds (default ``XLA_PCACHE_COMPILE_WAIT``, else 300) and get
+        ``"published"`` once the entry is there (then ``get`` it), ``"abandoned"`` when the
+        holder gave up without publishing, or ``"timed_out"``; in both of the last cases
+        they compile themselves. A holder that stops heartbeating for ``claim_lease``
+        seconds (killed, host lost) is taken over by a waiter (``took_over``). A read-only
+        store waits but never claims (``"unclaimed"`` when nobody holds a claim).
+        """
+        return super().claim(key, compile_wait_from_env() if wait is None else wait)
 
 
 class RemoteStore(Store):

@@ -163,6 +163,25 @@ def main() -> int:
                         report["unsupported"] = f"{type(exc).__name__}: {exc}"
                     finally:
                         cc.get_file_cache = saved
+                elif op == "claims":
+                    # The compile claims on disk now, and whether single flight wraps JAX.
+                    from jax._src import compiler
+
+                    claims_dir = os.path.join(step["path"], "locks", "claims")
+                    files = {}
+                    if os.path.isdir(claims_dir):
+                        for name in sorted(os.listdir(claims_dir)):
+                            with open(os.path.join(claims_dir, name)) as f:
+                                files[name] = f.read()
+                    report.setdefault("claims", []).append(
+                        {
+                            "dir_exists": os.path.isdir(claims_dir),
+                            "files": files,
+                            "wrapped": hasattr(
+                                compiler.compile_or_get_cached, "__xla_pcache_wrapped__"
+                            ),
+                        }
+                    )
                 elif op == "contract":
                     report["contract"] = contract(step["path"])
                 else:

@@ -24,4 +24,7 @@ pub use error::StoreError;
 pub use hash::{hash_parts, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::LockMode;
-pub use store::{EvictReport, Key, ReadMode, Stats, Store, StoreOptions, VerifyReport};
+pub use store::{
+    Claim, ClaimOutcome, ClaimState, EvictReport, Key, ReadMode, Stats, Store, StoreOptions,
+    VerifyReport,
+};

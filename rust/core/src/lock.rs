@@ -40,6 +40,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// Longest lock name accepted (the name ends up in several file names).
 const MAX_NAME_LEN: usize = 64;
+/// Last word of the content of a retired lease (see [`LockGuard::retire`]).
+const RETIRED: &str = "retired";
 /// Longest host name written into a lease.
 const MAX_HOST_LEN: usize = 64;
 /// A lease file is one short line; never read more than this.
@@ -311,7 +313,7 @@ impl LockDir {
         loop {
             if link_exclusive(&tmp, &lease).map_err(|e| LockError::io("link", &lease, e))? {
                 self.forget(name);
-                return Ok(Some(LockGuard::lease(lease, name, id, content)));
+                return Ok(Some(LockGuard::lease(lease, name, id, content, false)));
             }
             // Held by someone else (or it vanished between link and read).
             match read_small(&lease) {
@@ -319,7 +321,7 @@ impl LockDir {
                     if let Some(held_for) = self.observe_stale(name, &current) {
                         match self.take_over(name, &lease, &current, held_for, &id, &tmp)? {
                             TakeOver::Won => {
-                                return Ok(Some(LockGuard::lease(lease, name, id, content)));
+                                return Ok(Some(LockGuard::lease(lease, name, id, content, true)));
                             }
                             TakeOver::GaveUp => return Ok(None),
                             TakeOver::Retry => {}
@@ -339,6 +341,10 @@ impl LockDir {
     /// has seen that content unchanged if that is longer than `lease_time` (stale).
     /// The first observation of a content is never stale.
     fn observe_stale(&self, name: &str, content: &str) -> Option<Duration> {
+        if is_retired(content) {
+            // Its holder is done with it: nothing to wait for.
+            return Some(Duration::ZERO);
+        }
         let now = Instant::now();
         let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
         match observed.get_mut(name) {
@@ -369,6 +375,36 @@ impl LockDir {
         observed.remove(name);
     }
 
+    /// Looks at the lease `name` without trying to take it: one read of the lease file.
+    /// Records the content like an attempt does, so staleness is judged across peeks the
+    /// same way (by how long this process has seen the content unchanged). A peek at a
+    /// missing lease forgets what was seen of it.
+    pub fn peek(&self, name: &str) -> Result<LeaseView, LockError> {
+        validate_name(name)?;
+        let lease = self.dir.join(format!("{name}.lease"));
+        match read_small(&lease) {
+            Ok(content) => {
+                let stale = self.observe_stale(name, &content);
+                Ok(LeaseView::Held {
+                    retired: is_retired(&content),
+                    stale: stale.is_some(),
+                    content,
+                })
+            }
+            Err(e) if is_gone(&e) => {
+                self.forget(name);
+                Ok(LeaseView::Free)
+            }
+            Err(e) => Err(LockError::io("read", &lease, e)),
+        }
+    }
+
+    /// Drops what this process remembers of the lease `name` (its last content and since
+    /// when), e.g. once a waiter stops watching it.
+    pub fn forget_lease(&self, name: &str) {
+        self.forget(name);
+    }
+
     /// Takes over the lease `lease` judged stale with content `judged`: moves it aside,
     /// checks that what was moved is still what was judged, and links our own `tmp`.
     fn take_over(
@@ -397,7 +433,14 @@ impl LockDir {
                     }
                 }
                 if link_exclusive(tmp, lease).map_err(|e| LockError::io("link", lease, e))? {
-                    log::info!(
+                    // A retired lease is routine to take; a stale one is worth a line.
+                    let level = if is_retired(judged) {
+                        log::Level::Debug
+                    } else {
+                        log::Level::Info
+                    };
+                    log::log!(
+                        level,
                         "xla_pcache: took over lock lease {} from `{}` (unchanged for {:.1?})",
                         lease.display(),
                         judged.trim_end(),
@@ -455,6 +498,21 @@ enum TakeOver {
     Retry,
 }
 
+/// What [`LockDir::peek`] saw of a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseView {
+    /// No lease file.
+    Free,
+    /// A lease file. `stale`: this process has seen this content unchanged for longer than
+    /// `lease_time`, or it is `retired` (its holder is done with it and left it behind);
+    /// either may be taken over at once.
+    Held {
+        content: String,
+        stale: bool,
+        retired: bool,
+    },
+}
+
 /// Who holds a lease: written into the lease file as `host pid nonce counter`.
 #[derive(Clone, Debug)]
 struct LeaseId {
@@ -467,6 +525,14 @@ impl LeaseId {
     fn content(&self, counter: u64) -> String {
         format!(
             "{} {} {:016x} {}\n",
+            self.host, self.pid, self.nonce, counter
+        )
+    }
+
+    /// The last content of a lease its holder is done with (see [`LockGuard::retire`]).
+    fn retired_content(&self, counter: u64) -> String {
+        format!(
+            "{} {} {:016x} {} {RETIRED}\n",
             self.host, self.pid, self.nonce, counter
         )
     }
@@ -504,11 +570,13 @@ enum GuardInner {
         counter: u64,
         content: String,
         released: bool,
+        /// Taken from a holder judged stale.
+        took_over: bool,
     },
 }
 
 impl LockGuard {
-    fn lease(path: PathBuf, name: &str, id: LeaseId, content: String) -> Self {
+    fn lease(path: PathBuf, name: &str, id: LeaseId, content: String, took_over: bool) -> Self {
         LockGuard {
             inner: GuardInner::Lease {
                 path,
@@ -517,8 +585,20 @@ impl LockGuard {
                 counter: 0,
                 content,
                 released: false,
+                took_over,
             },
         }
+    }
+
+    /// Whether this lease was taken over from a holder judged stale (or retired).
+    pub fn took_over(&self) -> bool {
+        matches!(
+            self.inner,
+            GuardInner::Lease {
+                took_over: true,
+                ..
+            }
+        )
     }
 
     /// `"fcntl"` or `"lease"`.
@@ -543,19 +623,44 @@ impl LockGuard {
     /// Returns [`LockError::LeaseLost`] if the lease was taken over or removed; the
     /// caller should then stop the work the lock protects.
     pub fn heartbeat(&mut self) -> Result<(), LockError> {
+        self.rewrite(false)
+    }
+
+    /// Marks a lease as done with while leaving its file in place: its last content says
+    /// "retired", which every [`LockDir`] takes over at once, and which watchers of the
+    /// lease can tell apart from a lease that was released (removed) or went stale. A
+    /// later [`release`](LockGuard::release) or drop removes the file (if still ours);
+    /// [`leave`](LockGuard::leave) keeps it. A no-op for fcntl locks.
+    pub fn retire(&mut self) -> Result<(), LockError> {
+        self.rewrite(true)
+    }
+
+    /// Lets go of the guard without removing the lease file (normally after
+    /// [`retire`](LockGuard::retire)); an fcntl lock is released as on drop.
+    pub fn leave(mut self) {
+        if let GuardInner::Lease { released, .. } = &mut self.inner {
+            *released = true;
+        }
+    }
+
+    fn rewrite(&mut self, retire: bool) -> Result<(), LockError> {
         let GuardInner::Lease {
             path,
             name,
             id,
             counter,
             content,
-            released: _,
+            ..
         } = &mut self.inner
         else {
             return Ok(());
         };
         let next = *counter + 1;
-        let new_content = id.content(next);
+        let new_content = if retire {
+            id.retired_content(next)
+        } else {
+            id.content(next)
+        };
         let dir = path.parent().unwrap_or_else(|| Path::new("."));
         let tmp = dir.join(id.temp_name(name, next));
         write_new_file(&tmp, new_content.as_bytes())
@@ -743,6 +848,15 @@ fn is_unavailable(e: &io::Error) -> bool {
         || n == libc::EINVAL
         || n == libc::EOPNOTSUPP
         || n == libc::ENOTSUP)
+}
+
+/// A lease content written by [`LockGuard::retire`].
+fn is_retired(content: &str) -> bool {
+    content
+        .trim_end()
+        .rsplit(' ')
+        .next()
+        .is_some_and(|w| w == RETIRED)
 }
 
 /// The file disappeared under us (removed locally, or by another NFS client).
@@ -984,6 +1098,73 @@ mod tests {
             !tmp.path().join("gone").exists(),
             "a missing parent is never created"
         );
+    }
+
+    #[test]
+    fn peek_sees_a_lease_without_taking_it_and_judges_staleness() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 0, 80);
+        assert_eq!(b.peek("claim").unwrap(), LeaseView::Free);
+        let mut g = a.try_lock("claim").unwrap().unwrap();
+        assert!(!g.took_over());
+        let LeaseView::Held { stale, retired, .. } = b.peek("claim").unwrap() else {
+            panic!("held")
+        };
+        assert!(!stale && !retired, "a first sighting is never stale");
+        thread::sleep(Duration::from_millis(120));
+        let LeaseView::Held { stale, .. } = b.peek("claim").unwrap() else {
+            panic!("held")
+        };
+        assert!(stale, "unchanged for longer than the lease time");
+        g.heartbeat().unwrap();
+        let LeaseView::Held { stale, .. } = b.peek("claim").unwrap() else {
+            panic!("held")
+        };
+        assert!(!stale, "a heartbeat is a new content");
+        // Peeking never creates files (it is what read-only waiters do).
+        assert!(leftovers(tmp.path()).is_empty());
+        drop(g);
+        assert_eq!(b.peek("claim").unwrap(), LeaseView::Free);
+        assert!(b.peek("../x").is_err(), "names are validated");
+    }
+
+    #[test]
+    fn a_retired_lease_stays_visible_and_is_taken_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let mut g = a.try_lock("claim").unwrap().unwrap();
+        g.retire().unwrap();
+        let content = lease_content(tmp.path(), "claim").unwrap();
+        assert!(content.trim_end().ends_with(" retired"), "{content:?}");
+        assert_eq!(
+            b.peek("claim").unwrap(),
+            LeaseView::Held {
+                content,
+                stale: true,
+                retired: true
+            }
+        );
+        g.leave();
+        assert!(
+            lease_content(tmp.path(), "claim").is_some(),
+            "leave() keeps the file"
+        );
+        // Taken over on the first attempt, no lease time to wait out.
+        let g2 = b.try_lock("claim").unwrap().expect("retired lease taken");
+        assert!(g2.took_over());
+        assert!(!lease_content(tmp.path(), "claim")
+            .unwrap()
+            .contains("retired"));
+        drop(g2);
+        assert!(lease_content(tmp.path(), "claim").is_none());
+        // retire() then drop removes the file.
+        let mut g3 = a.try_lock("claim").unwrap().unwrap();
+        g3.retire().unwrap();
+        drop(g3);
+        assert!(lease_content(tmp.path(), "claim").is_none());
+        assert!(leftovers(tmp.path()).is_empty());
     }
 
     #[test]

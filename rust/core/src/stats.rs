@@ -17,9 +17,19 @@ pub enum Counter {
     BytesWritten,
     BytesRead,
     TooLarge,
+    /// Compile claims taken (single flight), takeovers of stale ones among them.
+    ClaimsTaken,
+    ClaimTakeovers,
+    /// Claims given up without a publish (compile failed or not cached).
+    ClaimsAbandoned,
+    /// Calls that waited for another process's claim, their total wait, and how many
+    /// ran out of time.
+    ClaimWaits,
+    ClaimWaitMs,
+    ClaimWaitTimeouts,
 }
 
-pub const COUNTER_NAMES: [&str; 11] = [
+pub const COUNTER_NAMES: [&str; 17] = [
     "hits",
     "misses",
     "puts",
@@ -31,6 +41,12 @@ pub const COUNTER_NAMES: [&str; 11] = [
     "bytes_written",
     "bytes_read",
     "too_large",
+    "claims",
+    "claim_takeovers",
+    "claims_abandoned",
+    "claim_waits",
+    "claim_wait_ms",
+    "claim_wait_timeouts",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 

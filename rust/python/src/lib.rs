@@ -17,6 +17,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<store::PyBlob>()?;
+    m.add_class::<store::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;

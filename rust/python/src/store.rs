@@ -9,10 +9,10 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use xla_pcache_core::store::EntrySummary;
-use xla_pcache_core::{Blob, LockMode, ReadMode, Store, StoreOptions};
+use xla_pcache_core::{Blob, Claim, ClaimOutcome, LockMode, ReadMode, Store, StoreOptions};
 
 fn seconds(name: &str, v: f64) -> PyResult<Duration> {
     if !v.is_finite() || v < 0.0 {
@@ -117,6 +117,88 @@ impl PyBlob {
     }
 }
 
+/// How a `Store.claim` or `Store.wait_for` ended; holds the claim when it is ours.
+#[pyclass(name = "Claim", module = "xla_pcache._core", frozen)]
+pub struct PyClaim {
+    state: &'static str,
+    waited: f64,
+    took_over: bool,
+    inner: Mutex<Option<Claim>>,
+}
+
+impl PyClaim {
+    fn new(outcome: ClaimOutcome) -> Self {
+        PyClaim {
+            state: outcome.state.as_str(),
+            waited: outcome.waited.as_secs_f64(),
+            took_over: outcome.took_over,
+            inner: Mutex::new(outcome.claim),
+        }
+    }
+
+    fn claim(&self) -> std::sync::MutexGuard<'_, Option<Claim>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[pymethods]
+impl PyClaim {
+    #[getter]
+    fn state(&self) -> &'static str {
+        self.state
+    }
+
+    #[getter]
+    fn waited(&self) -> f64 {
+        self.waited
+    }
+
+    #[getter]
+    fn took_over(&self) -> bool {
+        self.took_over
+    }
+
+    #[getter]
+    fn held(&self) -> bool {
+        self.claim().as_ref().is_some_and(|c| c.held())
+    }
+
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.claim().take();
+        if let Some(mut c) = taken {
+            py.detach(|| {
+                no_panic("release", || {
+                    c.release();
+                    Ok(())
+                })
+            })?;
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+        self.release(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<xla_pcache.Claim {}{}{}>",
+            self.state,
+            if self.waited > 0.0 {
+                format!(" waited={:.3}s", self.waited)
+            } else {
+                String::new()
+            },
+            if self.held() { " held" } else { "" }
+        )
+    }
+}
+
 /// A persistent key -> blob store rooted at a directory.
 #[pyclass(name = "Store", module = "xla_pcache._core", frozen, subclass)]
 pub struct PyStore {
@@ -140,7 +222,8 @@ impl PyStore {
 impl PyStore {
     #[new]
     #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
-        lock_timeout=0.5, lease_time=30.0, hit_interval=60.0, trash_grace=300.0, tmp_grace=3600.0))]
+        lock_timeout=0.5, lease_time=30.0, hit_interval=60.0, trash_grace=300.0, tmp_grace=3600.0,
+        claim_lease=30.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -154,6 +237,7 @@ impl PyStore {
         hit_interval: f64,
         trash_grace: f64,
         tmp_grace: f64,
+        claim_lease: f64,
     ) -> PyResult<Self> {
         let max_size = match max_size {
             None => None,
@@ -187,6 +271,7 @@ impl PyStore {
             hit_interval: seconds("hit_interval", hit_interval)?,
             trash_grace: seconds("trash_grace", trash_grace)?,
             tmp_grace: seconds("tmp_grace", tmp_grace)?,
+            claim_lease: seconds("claim_lease", claim_lease)?,
             read_mode,
             evict_trace: std::env::var_os("XLA_PCACHE_EVICT_TRACE").map(PathBuf::from),
             ..StoreOptions::default()
@@ -328,6 +413,26 @@ impl PyStore {
             Err(e) if e.is_instance_of::<CacheError>(py) => Ok(Some(false)),
             r => r,
         }
+    }
+
+    /// Claims `key` for compiling, or waits up to `wait` seconds for another process's
+    /// claim on it to end (see `Store.claim` in xla_pcache.store).
+    fn claim(&self, py: Python<'_>, key: &Bound<'_, PyAny>, wait: f64) -> PyResult<PyClaim> {
+        let key = KeyArg::extract(key)?;
+        let wait = seconds("wait", wait)?;
+        let store = self.store()?;
+        let outcome = py.detach(|| no_panic("claim", || store.claim(key.key(), wait)))?;
+        Ok(PyClaim::new(outcome))
+    }
+
+    /// Waits up to `timeout` seconds for another process's claim on `key` to end; never
+    /// claims.
+    fn wait_for(&self, py: Python<'_>, key: &Bound<'_, PyAny>, timeout: f64) -> PyResult<PyClaim> {
+        let key = KeyArg::extract(key)?;
+        let timeout = seconds("timeout", timeout)?;
+        let store = self.store()?;
+        let outcome = py.detach(|| no_panic("wait_for", || store.wait_for(key.key(), timeout)))?;
+        Ok(PyClaim::new(outcome))
     }
 
     fn __contains__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -477,7 +582,10 @@ impl PyStore {
 
     fn close(&self, py: Python<'_>) {
         if !self.closed.swap(true, Ordering::Relaxed) {
-            py.detach(|| self.inner.flush());
+            py.detach(|| {
+                self.inner.close_claims();
+                self.inner.flush()
+            });
         }
     }
 

@@ -221,6 +221,14 @@ impl Store {
             (self.layout.tmp(), self.opts.tmp_grace, false, false),
             (self.layout.trash(), self.opts.trash_grace, true, false),
             (self.layout.locks(), self.opts.tmp_grace, false, true),
+            // Compile claims of holders that died, retired ones nobody took, and their temp
+            // files (a live claim is rewritten every quarter lease, so it is never this old).
+            (
+                self.layout.locks().join(CLAIM_DIR),
+                self.opts.tmp_grace,
+                false,
+                false,
+            ),
         ] {
             let Ok(rd) = fs::read_dir(&dir) else { continue };
             for e in rd.flatten() {

@@ -6,6 +6,9 @@
 //! a read-only store writes nothing at all.
 
 mod admin;
+mod claim;
+#[cfg(test)]
+mod claim_tests;
 mod evict;
 mod raw;
 mod read;
@@ -32,6 +35,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+pub use claim::{Claim, ClaimOutcome, ClaimState, CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
 
 /// Below this size a file is read into memory rather than mapped: one read is cheaper than
 /// mmap + page faults + munmap up to a few MiB (measured: 550 KB read 67 us vs mapped 113 us;
@@ -89,6 +94,9 @@ pub struct StoreOptions {
     /// When set, every eviction appends `pid start_ns end_ns` (time the evictor lock was
     /// held) to this file: lets tests and operators check that evictors do not overlap.
     pub evict_trace: Option<PathBuf>,
+    /// A compile claim whose content a waiter has seen unchanged for longer than this is
+    /// taken over; its holder heartbeats every quarter of it.
+    pub claim_lease: Duration,
 }
 
 impl Default for StoreOptions {
@@ -109,6 +117,7 @@ impl Default for StoreOptions {
             evict_slice: Duration::from_millis(20),
             stats_interval: Duration::from_secs(2),
             evict_trace: None,
+            claim_lease: Duration::from_secs(30),
         }
     }
 }
@@ -217,6 +226,7 @@ pub struct Store {
     counters: Counters,
     state: Mutex<State>,
     locks: LockDir,
+    claims: std::sync::Arc<claim::Keeper>,
     warned: Mutex<HashMap<&'static str, Instant>>,
 }
 
@@ -315,7 +325,9 @@ impl Store {
                 host: host.clone(),
             },
         );
+        let claims = claim::Keeper::new(&layout.locks(), opts.claim_lease, host.clone());
         Ok(Store {
+            claims,
             state: Mutex::new(State {
                 journal: JournalWriter::new(layout.journal_dir(), host.clone()),
                 view: IndexView::default(),
@@ -403,6 +415,8 @@ impl Store {
     }
 
     fn maybe_flush_stats(&self, force: bool) {
+        // Claims released through their own handle count here (they cannot reach us).
+        self.note_abandoned();
         if self.opts.read_only {
             return;
         }
@@ -446,6 +460,7 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        self.close_claims();
         self.maybe_flush_stats(true);
     }
 }

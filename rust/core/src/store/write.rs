@@ -9,7 +9,19 @@ const WRITE_CHUNK: usize = 256 << 10;
 impl Store {
     /// Stores `value` under `key`. Ok(true) if this call published it; Ok(false) if the key
     /// exists, the store is read-only, the value is larger than the budget, or writing failed.
+    /// A claim this process holds on `key` is released by the put (see `claim.rs`).
     pub fn put(
+        &self,
+        key: Key<'_>,
+        value: &[u8],
+        meta: &[(String, String)],
+    ) -> Result<bool, StoreError> {
+        let res = self.put_entry(key, value, meta);
+        self.release_claim_after_put(&key);
+        res
+    }
+
+    fn put_entry(
         &self,
         key: Key<'_>,
         value: &[u8],

@@ -1,0 +1,148 @@
+"""Single flight for JAX: one process of a fleet compiles a program, the others wait for it.
+
+On a miss, the cache's ``get`` claims the key in the store (``Store.claim``) or, when
+another process holds the claim, waits for its entry and returns it as a hit. The claim is
+released by the ``put`` of the key. JAX decides after compiling whether to put at all (not
+below ``jax_persistent_cache_min_compile_time_secs`` or ``..._min_entry_size_bytes``, not
+on a process other than 0, not when the compile raised), and tells the cache nothing when
+it does not; so the claim is tied to the call that compiles: ``compile_or_get_cached`` in
+``jax._src.compiler`` is wrapped, and when it returns or raises, every claim taken inside
+it that the put did not release is released at once (retired: waiters stop waiting and
+compile themselves). A waiter therefore never waits for a program that will not be put
+for longer than its compile takes. A ``get`` outside that call (or on another thread than
+the one compiling) never claims nor waits.
+
+This module imports nothing from JAX; ``xla_pcache.jax`` hands it the module to wrap.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from xla_pcache._core import Blob, Claim
+from xla_pcache.store import Store
+
+logger = logging.getLogger(__name__)
+
+_WRAPPED = "__xla_pcache_wrapped__"
+_TARGET = "compile_or_get_cached"
+
+_local = threading.local()
+
+
+class _Scope:
+    """The claims taken during one ``compile_or_get_cached`` call, by key."""
+
+    __slots__ = ("claims",)
+
+    def __init__(self) -> None:
+        self.claims: dict[str, Claim] = {}
+
+    def release(self) -> None:
+        for key, claim in self.claims.items():
+            try:
+                claim.release()
+            except Exception as exc:  # a cache failure must not replace the compile's outcome
+                logger.debug("xla_pcache: releasing the compile claim on %r failed: %s", key, exc)
+        self.claims.clear()
+
+
+def _current() -> _Scope | None:
+    scope: _Scope | None = getattr(_local, "scope", None)
+    return scope
+
+
+def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compile_or_get_cached(*args: Any, **kwargs: Any) -> Any:
+        outer = _current()
+        scope = _Scope()
+        _local.scope = scope
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _local.scope = outer
+            scope.release()
+
+    setattr(compile_or_get_cached, _WRAPPED, original)
+    return compile_or_get_cached
+
+
+def install_hook(compiler: Any) -> bool:
+    """Wrap ``compiler.compile_or_get_cached`` (once). False when it is not there."""
+    current = getattr(compiler, _TARGET, None)
+    if not callable(current):
+        logger.info(
+            "xla_pcache: this JAX has no %s.%s; single flight is off (every process that "
+            "misses compiles)",
+            getattr(compiler, "__name__", "compiler"),
+            _TARGET,
+        )
+        return False
+    if getattr(current, _WRAPPED, None) is None:
+        setattr(compiler, _TARGET, _wrap(current))
+    return True
+
+
+def uninstall_hook(compiler: Any) -> None:
+    """Put the original ``compile_or_get_cached`` back if ours is in place."""
+    current = getattr(compiler, _TARGET, None)
+    original = getattr(current, _WRAPPED, None)
+    if original is not None:
+        setattr(compiler, _TARGET, original)
+
+
+class SingleFlight:
+    """What the cache's ``get`` does on a miss: claim, or wait for the claim's holder.
+
+    ``may_claim()`` says whether this process would put what it compiles (JAX writes from
+    process 0 only); a process that would not only waits. Any store failure is a miss.
+    """
+
+    def __init__(self, store: Store, wait: float, may_claim: Callable[[], bool]) -> None:
+        self._store = store
+        self._wait = wait
+        self._may_claim = may_claim
+
+    @property
+    def wait(self) -> float:
+        return self._wait
+
+    def after_miss(self, key: str) -> Blob | None:
+        """The entry once another process published it, else None (compile it)."""
+        scope = _current()
+        if scope is None or key in scope.claims:
+            # Not a compile JAX is about to run, or our own claim (the verification wrapper
+            # reads the key again in its put).
+            return None
+        store = self._store
+        try:
+            claimant = not store.read_only and self._may_claim()
+            claim = store.claim(key, self._wait) if claimant else store.wait_for(key, self._wait)
+        except Exception as exc:
+            logger.warning(
+                "xla_pcache: compile claim on %r failed, compiling without it: %s: %s",
+                key,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        state = claim.state
+        if state == "claimed":
+            scope.claims[key] = claim
+            return None
+        if state == "published":
+            logger.debug("xla_pcache: %r was compiled by another process meanwhile", key)
+            return store.get(key)
+        if state == "timed_out":
+            logger.warning(
+                "xla_pcache: waited %.0f s for another process compiling %r; compiling it "
+                "here (XLA_PCACHE_COMPILE_WAIT sets the wait)",
+                claim.waited,
+                key,
+            )
+        return None
