@@ -166,11 +166,11 @@ def notes(res: dict) -> list[str]:
             xxh = d["bytes"] / rt["bandwidth"]["xxh3"]
             out.append(
                 f"- get-hit {label}: xla_pcache {fmt_time(us)} vs the fastest peer "
-                f"({report.LABELS[best_name]}) {fmt_time(best)}. Entries under 256 KiB are read "
+                f"({report.LABELS[best_name]}) {fmt_time(best)}. Entries under 128 KiB are read "
                 "with read(2), as the peers read them, and the store then verifies the xxh3 "
                 f"checksum of the payload (≈ {fmt_time(xxh)} at the measured rate), which no "
-                "peer does; the first hit of an entry in a process also appends a hit record "
-                "to the journal."
+                "peer does; a hit is recorded in memory and written with the next put or "
+                "counters flush."
             )
     ev = res.get("eviction")
     if ev:
@@ -198,10 +198,32 @@ def notes(res: dict) -> list[str]:
             "wall time). The suite therefore sets the many-file scratch directories (eviction, "
             "concurrency) aside and deletes them only at the end. Deletions by other users of "
             "the machine, or by a peer's own eviction (diskcache and JAX unlink what they "
-            "evict; xla_pcache renames into trash/ and unlinks after 5 minutes), can still "
-            "slow the next peer's timed puts: look at the IQR. Large "
+            "evict; xla_pcache renames into trash/ and unlinks after 5 minutes), still "
+            "slow file creation for everyone, and in each directory by how many freed inodes "
+            "sit near it (three stores of 100, 1,000 and 10,000 entries filled and driven "
+            "side by side in one process, 2,000 puts each in alternating rounds of 100: "
+            "median put 49, 111 and 34 µs, with the same 8 system calls per put). So the "
+            "eviction peers' timed puts are interleaved in rounds, each peer in turn, and no "
+            "peer runs a whole turn after another's deletes: before this, xla_pcache at 100 "
+            "entries measured 39 µs when it ran first and 226 µs after diskcache. Look at "
+            "the IQR. Large "
             "files (round trip) are deleted at once: in this virtual machine, writes into "
             "never-touched memory cost far more (64 MiB: 250-330 ms instead of 16-20 ms)."
+        )
+    ws = res.get("warm_start")
+    if ws and ws.get("status") == "ran":
+        out.append(
+            "- JAX warm start, the first get of a process (profiled on this machine with a "
+            "186 KiB entry; `strace` shows open, fstat, mmap, close and nothing else; timed "
+            "inside the store, noisy): open + fstat 35-70 µs the first time (10-20 µs "
+            "after), mmap 6-20 µs, the checksum 50-60 µs: about 18 µs of it is the first "
+            "long hash of the process asking the CPU which vector units it has (three CPUID "
+            "instructions at 5-7 µs each: in a virtual machine each one exits to the "
+            "hypervisor), the rest is reading pages that are not in the CPU caches yet (a "
+            "second entry: about 30 µs; the same entry again: about 12 µs). Removed in "
+            "issue 12: the read into fresh memory that faulted in every page (entries of "
+            "128 KiB or more are now mapped: first get 134 → 95-105 µs) and std's full CPU "
+            "probe (55 µs → about 18 µs)."
         )
     cc = res.get("concurrency")
     if cc:

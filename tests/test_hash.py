@@ -1,5 +1,6 @@
 """Checksums and names are bit-identical to the C xxHash library (python-xxhash), on the
-implementation chosen at run time and on the forced portable one.
+implementation chosen at run time (the AVX-512 loop where the CPU has it), on twox-hash alone
+and on the forced portable one.
 
 Each implementation runs in its own interpreter: ``XLA_PCACHE_HASH_IMPL`` is read once."""
 
@@ -18,6 +19,10 @@ from xla_pcache import Store, _core
 impl = _core.hash_impl()
 want = sys.argv[1]
 assert impl.startswith("portable-") == (want == "portable"), impl
+if want == "twox":
+    assert impl != "avx512", impl
+elif want == "auto" and "avx512f" in Path("/proc/cpuinfo").read_text():
+    assert impl == "avx512", impl
 
 rng = random.Random(12)
 def rand(n):
@@ -68,7 +73,7 @@ print("ok", impl)
 """
 
 
-@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("impl", ["auto", "twox", "portable"])
 def test_matches_the_c_library(impl: str, tmp_path: object) -> None:
     r = run_python(CHECK, impl, str(tmp_path), env={"XLA_PCACHE_HASH_IMPL": impl}, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -60,8 +60,9 @@ def hash_key(*parts: Key | Buffer) -> str:
     """xxh3-128 hex digest of the concatenated parts, each length-prefixed."""
 
 def hash_impl() -> str:
-    """The xxh3 vector path in use on this CPU: ``avx2``, ``sse2``, ``neon``, ``scalar``, or
-    ``portable-*`` when ``XLA_PCACHE_HASH_IMPL=portable`` forces the build-time one."""
+    """The xxh3 vector path in use on this CPU for inputs past 240 bytes: ``avx512``, ``avx2``,
+    ``sse2``, ``neon``, ``scalar``, or ``portable-*`` when ``XLA_PCACHE_HASH_IMPL=portable``
+    forces the build-time one."""
 
 def entry_name(key: Key) -> str:
     """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed

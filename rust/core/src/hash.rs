@@ -2,23 +2,34 @@
 //! snapshot checksums, entry file names, and the key hasher behind `hash_key` / `Hasher`.
 //!
 //! The vector unit is chosen at run time, because an abi3 wheel is built for baseline
-//! x86-64 and cannot be compiled for the user's CPU. `twox-hash` (2.x) does that choice: it
-//! compiles its stripe loop for AVX2, SSE2 (x86-64) and NEON (aarch64) and picks one per call
-//! from the cached CPU feature bits. It is a maintained crate with the same values as the
-//! reference xxHash, so the on-disk format is unchanged (xxh3-64 checksums, xxh3-128 names).
-//! The previous implementation, `xxhash-rust` built for the baseline target (SSE2 on x86-64,
-//! NEON on aarch64), stays as the `portable` path: `XLA_PCACHE_HASH_IMPL=portable` forces it,
-//! as an escape hatch and as the baseline the benchmark compares against.
+//! x86-64 and cannot be compiled for the user's CPU. Two layers:
+//! - inputs past 240 bytes (the only vectorised part of xxh3) on a CPU with AVX-512F take
+//!   the AVX-512 loop in `hash/long.rs`, one-shot and streaming. No maintained crate has
+//!   one chosen at run time (twox-hash stops at AVX2, xxhash-rust chooses at compile time),
+//!   and it is what closes the gap to the C library on cached data (docs/benchmarks.md);
+//! - everything else goes to `twox-hash` (2.x), which compiles its stripe loop for AVX2,
+//!   SSE2 (x86-64) and NEON (aarch64) and picks one per call from the cached CPU feature
+//!   bits.
 //!
-//! No AVX-512 path: twox-hash has none, and on the CPUs measured here its AVX2 path already
-//! matches the C library's runtime-dispatched xxh3 on cached data and saturates memory on
-//! large buffers (docs/benchmarks.md, "checksum throughput").
+//! Both give the reference xxHash values, so the on-disk format is unchanged (xxh3-64
+//! checksums, xxh3-128 names). The previous implementation, `xxhash-rust` built for the
+//! baseline target (SSE2 on x86-64, NEON on aarch64), stays as the `portable` path:
+//! `XLA_PCACHE_HASH_IMPL=portable` forces it, as an escape hatch and as a baseline;
+//! `XLA_PCACHE_HASH_IMPL=twox` leaves out the AVX-512 loop.
 
 use std::hash::Hasher as _;
 use std::sync::OnceLock;
 use twox_hash::xxhash3_128::RawHasher as Raw128;
 use twox_hash::xxhash3_64::{RawHasher as Raw64, SecretBuffer, DEFAULT_SECRET_LENGTH};
 use twox_hash::{XxHash3_128, XxHash3_64};
+
+mod long;
+
+/// The AVX-512 kernel where the CPU has it (the feature bits are cached by std).
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> Option<long::Avx512> {
+    long::Avx512::detect()
+}
 
 /// The default secret, owned by the hasher. Owned rather than borrowed from a static: with a
 /// borrowed secret the compiler cannot prove that the accumulators do not alias it, keeps
@@ -38,36 +49,43 @@ fn secret_buffer() -> SecretBuffer<Secret> {
 /// the header a reader must take in before it can verify anything.
 pub const MAX_KEY_LEN: usize = 4096;
 
-/// Environment variable that forces an implementation: `auto` (default) or `portable`.
+/// Environment variable that forces an implementation: `auto` (default), `twox` or
+/// `portable`.
 pub const IMPL_ENV: &str = "XLA_PCACHE_HASH_IMPL";
 
 /// Which xxh3 implementation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HashImpl {
-    /// twox-hash: AVX2 / SSE2 / NEON chosen at run time.
+    /// The AVX-512 loop for long inputs where the CPU has it, twox-hash for the rest.
     Dispatch,
+    /// twox-hash alone: AVX2 / SSE2 / NEON chosen at run time.
+    Twox,
     /// xxhash-rust as compiled for the build target (no run-time choice).
     Portable,
 }
 
 impl HashImpl {
     /// Every implementation, for tests and benchmarks.
-    pub const ALL: [HashImpl; 2] = [HashImpl::Dispatch, HashImpl::Portable];
+    pub const ALL: [HashImpl; 3] = [HashImpl::Dispatch, HashImpl::Twox, HashImpl::Portable];
 
     fn from_env_value(v: &str) -> Result<Self, String> {
         match v.trim().to_ascii_lowercase().as_str() {
             "" | "auto" | "dispatch" => Ok(HashImpl::Dispatch),
+            "twox" => Ok(HashImpl::Twox),
             "portable" => Ok(HashImpl::Portable),
             other => Err(format!(
-                "{IMPL_ENV}={other:?} is not 'auto' or 'portable'; using 'auto'"
+                "{IMPL_ENV}={other:?} is not 'auto', 'twox' or 'portable'; using 'auto'"
             )),
         }
     }
 
-    /// The vector path this implementation takes on this CPU, e.g. `avx2` or `portable-sse2`.
+    /// The vector path this implementation takes on this CPU for long inputs, e.g.
+    /// `avx512`, `avx2` or `portable-sse2`.
     pub fn path(self) -> &'static str {
         match self {
-            HashImpl::Dispatch => dispatch_path(),
+            #[cfg(target_arch = "x86_64")]
+            HashImpl::Dispatch if avx512().is_some() => "avx512",
+            HashImpl::Dispatch | HashImpl::Twox => dispatch_path(),
             HashImpl::Portable => portable_path(),
         }
     }
@@ -121,18 +139,36 @@ pub fn active() -> HashImpl {
     })
 }
 
+/// The AVX-512 kernel, where `imp` and the CPU allow it and `len` is past xxh3's short paths.
+#[cfg(target_arch = "x86_64")]
+fn long_kernel(imp: HashImpl, len: usize) -> Option<long::Avx512> {
+    if imp == HashImpl::Dispatch && len > long::CUTOFF {
+        avx512()
+    } else {
+        None
+    }
+}
+
 /// xxh3-64 of `data` with `imp`.
 pub fn xxh3_64_with(imp: HashImpl, data: &[u8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = long_kernel(imp, data.len()) {
+        return long::oneshot64(k, data);
+    }
     match imp {
-        HashImpl::Dispatch => XxHash3_64::oneshot(data),
+        HashImpl::Dispatch | HashImpl::Twox => XxHash3_64::oneshot(data),
         HashImpl::Portable => xxhash_rust::xxh3::xxh3_64(data),
     }
 }
 
 /// xxh3-128 of `data` with `imp`.
 pub fn xxh3_128_with(imp: HashImpl, data: &[u8]) -> u128 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = long_kernel(imp, data.len()) {
+        return long::oneshot128(k, data);
+    }
     match imp {
-        HashImpl::Dispatch => XxHash3_128::oneshot(data),
+        HashImpl::Dispatch | HashImpl::Twox => XxHash3_128::oneshot(data),
         HashImpl::Portable => xxhash_rust::xxh3::xxh3_128(data),
     }
 }
@@ -159,7 +195,9 @@ pub struct Checksum(Stream64);
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Stream64 {
-    Dispatch(Raw64<Secret>),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(long::Stream<long::Avx512>),
+    Twox(Raw64<Secret>),
     Portable(Box<xxhash_rust::xxh3::Xxh3>),
 }
 
@@ -169,22 +207,30 @@ impl Checksum {
     }
 
     pub fn with(imp: HashImpl) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if let (HashImpl::Dispatch, Some(k)) = (imp, avx512()) {
+            return Self(Stream64::Avx512(long::Stream::new(k)));
+        }
         Self(match imp {
-            HashImpl::Dispatch => Stream64::Dispatch(Raw64::new(secret_buffer())),
+            HashImpl::Dispatch | HashImpl::Twox => Stream64::Twox(Raw64::new(secret_buffer())),
             HashImpl::Portable => Stream64::Portable(Box::default()),
         })
     }
 
     pub fn update(&mut self, data: &[u8]) {
         match &mut self.0 {
-            Stream64::Dispatch(h) => h.write(data),
+            #[cfg(target_arch = "x86_64")]
+            Stream64::Avx512(h) => h.update(data),
+            Stream64::Twox(h) => h.write(data),
             Stream64::Portable(h) => h.update(data),
         }
     }
 
     pub fn digest(&self) -> u64 {
         match &self.0 {
-            Stream64::Dispatch(h) => h.finish(),
+            #[cfg(target_arch = "x86_64")]
+            Stream64::Avx512(h) => h.digest64(),
+            Stream64::Twox(h) => h.finish(),
             Stream64::Portable(h) => h.digest(),
         }
     }
@@ -220,7 +266,9 @@ pub struct KeyHasher(Stream128);
 
 #[derive(Clone)]
 enum Stream128 {
-    Dispatch(Box<Raw128<Secret>>),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Box<long::Stream<long::Avx512>>),
+    Twox(Box<Raw128<Secret>>),
     Portable(Box<xxhash_rust::xxh3::Xxh3>),
 }
 
@@ -236,15 +284,23 @@ impl KeyHasher {
     }
 
     pub fn with(imp: HashImpl) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if let (HashImpl::Dispatch, Some(k)) = (imp, avx512()) {
+            return Self(Stream128::Avx512(Box::new(long::Stream::new(k))));
+        }
         Self(match imp {
-            HashImpl::Dispatch => Stream128::Dispatch(Box::new(Raw128::new(secret_buffer()))),
+            HashImpl::Dispatch | HashImpl::Twox => {
+                Stream128::Twox(Box::new(Raw128::new(secret_buffer())))
+            }
             HashImpl::Portable => Stream128::Portable(Box::default()),
         })
     }
 
     fn write(&mut self, data: &[u8]) {
         match &mut self.0 {
-            Stream128::Dispatch(h) => h.write(data),
+            #[cfg(target_arch = "x86_64")]
+            Stream128::Avx512(h) => h.update(data),
+            Stream128::Twox(h) => h.write(data),
             Stream128::Portable(h) => h.update(data),
         }
     }
@@ -256,7 +312,9 @@ impl KeyHasher {
 
     pub fn digest128(&self) -> u128 {
         match &self.0 {
-            Stream128::Dispatch(h) => h.finish_128(),
+            #[cfg(target_arch = "x86_64")]
+            Stream128::Avx512(h) => h.digest128(),
+            Stream128::Twox(h) => h.finish_128(),
             Stream128::Portable(h) => h.digest128(),
         }
     }
@@ -276,12 +334,12 @@ pub fn hash_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use xxhash_rust::xxh3 as reference;
 
     /// Deterministic pseudo-random bytes (splitmix64), so a failure names a reproducible input.
-    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn bytes(n: usize, seed: u64) -> Vec<u8> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n as u64;
         let mut out = Vec::with_capacity(n + 8);
         while out.len() < n {
@@ -309,7 +367,7 @@ mod tests {
             reference::xxh3_128(data),
             "{imp:?} 128 len {n}"
         );
-        for step in [1usize, 7, 64, 255, 4099] {
+        for step in [1usize, 7, 64, 255, 256, 257, 1024, 1025, 4099] {
             if step > n.max(1) * 2 {
                 continue;
             }
@@ -384,6 +442,7 @@ mod tests {
         assert_eq!(HashImpl::from_env_value(""), Ok(HashImpl::Dispatch));
         assert_eq!(HashImpl::from_env_value(" Auto "), Ok(HashImpl::Dispatch));
         assert_eq!(HashImpl::from_env_value("portable"), Ok(HashImpl::Portable));
+        assert_eq!(HashImpl::from_env_value("twox"), Ok(HashImpl::Twox));
         assert!(HashImpl::from_env_value("avx9").is_err());
         assert!(!HashImpl::Dispatch.path().is_empty());
         assert!(HashImpl::Portable.path().starts_with("portable-"));

@@ -74,7 +74,7 @@ pub fn entry_name(key: &Bound<'_, PyAny>) -> PyResult<String> {
     ))
 }
 
-/// The xxh3 vector path in use (`avx2`, `sse2`, `neon`, `scalar`, or `portable-*`).
+/// The xxh3 vector path in use (`avx512`, `avx2`, `sse2`, `neon`, `scalar`, or `portable-*`).
 #[pyfunction]
 pub fn hash_impl() -> &'static str {
     xla_pcache_core::hash::active().path()

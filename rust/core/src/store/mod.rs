@@ -38,11 +38,16 @@ use std::time::{Duration, Instant};
 
 pub use claim::{Claim, ClaimOutcome, ClaimState, CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
 
-/// Below this size a file is read into memory rather than mapped: one read is cheaper than
-/// mmap + page faults + munmap up to a few MiB (measured: 550 KB read 67 us vs mapped 113 us;
-/// 4 MiB mapped 360 us vs read 725 us; 64 MiB mapped 11 ms vs read 53 ms). Mappings are not
-/// pre-faulted (MAP_POPULATE made 4 MiB and 64 MiB hits slower, 630 us and 15 ms).
-const MMAP_MIN_BYTES: u64 = 2 * 1024 * 1024;
+/// Below this size a file is read into memory rather than mapped. It is glibc's default
+/// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so the
+/// read into it faults in every page, and the first get of an entry in a process paid for
+/// that (190 KB: first get 134 us read, 95-105 us mapped; 550 KB: 408-468 us read, 119 us
+/// mapped; a mapping takes the page-cache pages as they are, a few faults with the kernel's
+/// fault-around). Where malloc reuses warm memory, reading stays a little cheaper (190 KB
+/// steady 15 us read vs 20 us mapped; 550 KB 33 vs 27-32 us), so smaller entries are read.
+/// Mappings are not pre-faulted (MAP_POPULATE measured no better here, and slower for 4 MiB
+/// and 64 MiB: 630 us vs 360 us, 15 ms vs 11 ms).
+const MMAP_MIN_BYTES: u64 = 128 * 1024;
 /// Journals untouched this long whose owner cannot be checked (another host) are folded
 /// and removed by compaction.
 const REMOTE_JOURNAL_AGE: Duration = Duration::from_secs(24 * 3600);

@@ -111,14 +111,15 @@ impl Store {
         if self.mmap && len >= MMAP_MIN_BYTES {
             // SAFETY: entry files are immutable once published (never written in place), and
             // mapping is used only on local filesystems where a removed file stays readable.
-            let map = unsafe { MmapOptions::new().map(&f) }.map_err(ReadError::Io)?;
-            let header = entry::verify(&map).map_err(corrupt)?;
-            Ok(Blob::mapped(map, header))
-        } else {
-            let buf = read_whole(&f, len, self.fs.local).map_err(ReadError::Io)?;
-            let header = entry::verify(&buf).map_err(corrupt)?;
-            Ok(Blob::owned(buf, header))
+            // A mapping refused (a process holding vm.max_map_count mappings) is a read.
+            if let Ok(map) = unsafe { MmapOptions::new().map(&f) } {
+                let header = entry::verify(&map).map_err(corrupt)?;
+                return Ok(Blob::mapped(map, header));
+            }
         }
+        let buf = read_whole(&f, len, self.fs.local).map_err(ReadError::Io)?;
+        let header = entry::verify(&buf).map_err(corrupt)?;
+        Ok(Blob::owned(buf, header))
     }
 
     /// Removes a corrupt file, taking care not to remove a good entry that replaced it since
