@@ -5,6 +5,8 @@ use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
 const WRITE_CHUNK: usize = 256 << 10;
+/// Puts are refused while the cache is over this many times its budget (see `admits`).
+pub(super) const ADMIT_OVER: f64 = 1.1;
 
 impl Store {
     /// Stores `value` under `key`. Ok(true) if this call published it; Ok(false) if the key
@@ -57,6 +59,18 @@ impl Store {
                 });
                 return Ok(false);
             }
+            if !self.admits(max) {
+                self.counters.inc(Counter::PutsRefused);
+                self.warn("refused", || {
+                    format!(
+                        "not caching an entry: the cache under {} is over {ADMIT_OVER}x its \
+                         budget and another process is evicting",
+                        self.layout.root.display()
+                    )
+                });
+                self.maybe_flush_stats(false);
+                return Ok(false);
+            }
         }
         let outcome = self
             .write_and_publish(name, &path, &mut header, value)
@@ -102,6 +116,21 @@ impl Store {
                 Ok(false)
             }
         }
+    }
+
+    /// Whether a put may publish: not while this process's view of the cache is over
+    /// `ADMIT_OVER` times the budget, after trying to evict (which never waits for the lock).
+    /// Eviction runs in time slices and in one process at a time, so puts from many
+    /// processes can outrun it; this bounds how far over budget the directory gets. Costs a
+    /// comparison while under budget.
+    fn admits(&self, max: u64) -> bool {
+        let limit = (max as f64 * ADMIT_OVER) as u64;
+        let mut st = self.state();
+        if st.view.lru.total_bytes() + st.pending_bytes <= limit {
+            return true;
+        }
+        self.maybe_evict(&mut st);
+        st.view.lru.total_bytes() + st.pending_bytes <= limit
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
