@@ -9,7 +9,7 @@ use std::collections::HashSet;
 const EXPLICIT_ROUNDS: u32 = 4;
 /// The put path makes the journal listing fresh (network filesystems) at most this often;
 /// the processes of one host share their client's cache, so each benefits from the others.
-const FRESHEN_EVERY: Duration = Duration::from_millis(250);
+const FRESHEN_EVERY: Duration = Duration::from_millis(50);
 
 /// Renews the evictor's lease every quarter lease while a long job holds it.
 pub(super) struct Heartbeat {
