@@ -147,8 +147,8 @@ def section_stale_budget(rs: list[dict[str, Any]]) -> tuple[str, str, list[Row]]
         ev = r["evict"]
         rows += [
             (
-                f"{p} puts that published / refused (far over budget)",
-                f"{r['published']:,} / {r['ops'].get('put_false', 0):,} not stored",
+                f"{p} puts that published / refused over budget",
+                f"{r['published']:,} / {r.get('puts_refused') or 0:,}",
             ),
             (f"{p} peak bytes on disk during the run (x budget)", f"{r['peak_ratio']:.2f}"),
             (
@@ -477,6 +477,19 @@ def render(results: dict[str, Any]) -> str:
             f"judged corrupt, {budget['lost_count']:,} published entries lost. No wrong bytes "
             "are ever served (the checksum holds). Reproduced by "
             "`test_stale_size_never_destroys_a_replaced_entry`."
+        )
+    over = [r for r in results.get("stale_budget", []) if r["peak_ratio"] > 1.5]
+    if over:
+        runs = ", ".join(
+            f"{_bed_name(r['cache_timeout_s'])} {r['lock_mode']} {r['peak_ratio']:.2f}x"
+            for r in over
+        )
+        problems.append(
+            "- **The disk can pass 1.5x the budget for a moment** when puts outrun eviction "
+            f"on these mounts ({runs}; sampled every 0.1 s). Puts are refused over the "
+            "budget while another process evicts, and every view is re-read at least every "
+            "50 ms, but a put in flight is not seen by the others until it is published. "
+            "The test allows 1.75x on a loaded CI machine."
         )
     if side["root_recreated"] is not None:
         problems.append(

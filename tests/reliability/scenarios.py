@@ -371,6 +371,7 @@ def stale_budget(
         out["first_warnings"] = logs.first
     out["stats_before"] = {k: before.get(k) for k in ("entries", "bytes", "view_age_s")}
     out["stats_after"] = {k: after.get(k) for k in ("entries", "bytes", "view_age_s")}
+    out["puts_refused"] = after.get("puts_refused")
     out["evict"] = {k: v for k, v in report.items() if k != "names"}
     bytes_after = out["disk_after"][1]
     out["over_budget_after_evict"] = max(0, bytes_after - max_size)
