@@ -36,6 +36,11 @@ impl Lru {
     pub fn touch(&mut self, name: u128, disk_bytes: u64, t: u64) {
         match self.map.get_mut(&name) {
             Some(info) => {
+                // An older record (read late from another journal) may be of an earlier
+                // file of this name: only a record as new as the view's says the size.
+                if t < info.last_use {
+                    return;
+                }
                 if t > info.last_use {
                     self.order.remove(&(info.last_use, name));
                     info.last_use = t;
@@ -143,6 +148,8 @@ mod tests {
         let mut l = Lru::default();
         l.touch(1, 10, 1);
         l.touch(1, 25, 2);
+        assert_eq!(l.total_bytes(), 25);
+        l.touch(1, 99, 1); // an older record, maybe of an earlier file of this name
         assert_eq!(l.total_bytes(), 25);
         assert_eq!(l.len(), 1);
     }
