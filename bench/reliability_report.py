@@ -105,6 +105,80 @@ def section_budget(r: dict[str, Any]) -> tuple[str, str, list[Row]]:
     return "Two hosts, one budget", what, rows
 
 
+def _bed_name(cache_timeout: int | None) -> str:
+    if cache_timeout is None:
+        return f"sshfs default ({testbed.SSHFS_DEFAULT_CACHE_TIMEOUT_S} s)"
+    return f"{cache_timeout} s"
+
+
+def _mb(n: Any) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def section_stale_budget(rs: list[dict[str, Any]]) -> tuple[str, str, list[Row]]:
+    r0 = rs[0]
+    what = (
+        f"Issue 13's scenario, on beds whose mounts cache attributes and listings for 2 s, "
+        f"sshfs's default ({testbed.SSHFS_DEFAULT_CACHE_TIMEOUT_S} s, no option: what a new "
+        "user gets) and 60 s (what an NFS client may keep, `acregmax`). "
+        f"{r0['processes']} processes, half on each mount, share one cache with a "
+        f"{r0['max_size'] // 1024 // 1024} MiB budget for {r0['duration_s']:.0f} s: gets (55%), "
+        "puts (40%) and deletes (5%) of 120 keys, values of 0.5-256 KiB. The server's disk is "
+        f"sampled every 0.1 s. {r0['wait_s']:.0f} s after the workers stop, a process on host "
+        "A opens the store, reads stats(), calls evict() and reads stats() again; files and "
+        "bytes are counted on the server's disk (st_blocks). Every published value is then "
+        "looked for on disk or in trash/ (chosen by an eviction or a delete); anything else "
+        "is lost. Before this work the same steps on the default bed gave: stats() 67 "
+        "entries / 8.0 MB against 34 files / 4.7 MB on disk, evict() removed 9, stats() then "
+        "said 77 entries / 9.7 MB (the view grew during the eviction) with the directory "
+        "21% over budget, and the disk peaked at 2.6x the budget during the run."
+    )
+    rows = _summary(
+        sum(r["operations"] for r in rs),
+        sum(r["ops"].get("hits", 0) for r in rs),
+        sum(r["torn_reads"] + r["wrong_reads"] for r in rs),
+        None,
+        sum(r["over_budget_after_evict"] for r in rs),
+        sum(len(r["exceptions"]) for r in rs),
+    )
+    for r in rs:
+        p = f"{_bed_name(r['cache_timeout_s'])}, {r['lock_mode']}:"
+        before, after = r["stats_before"], r["stats_after"]
+        ev = r["evict"]
+        rows += [
+            (
+                f"{p} puts that published / refused over budget",
+                f"{r['published']:,} / {r.get('puts_refused') or 0:,}",
+            ),
+            (f"{p} peak bytes on disk during the run (x budget)", f"{r['peak_ratio']:.2f}"),
+            (
+                f"{p} before evict(): stats() entries, bytes",
+                f"{before['entries']}, {_mb(before['bytes'])}",
+            ),
+            (
+                f"{p} before evict(): files, bytes on disk",
+                f"{r['disk_before'][0]}, {_mb(r['disk_before'][1])}",
+            ),
+            (
+                f"{p} evict(): removed, freed, records of gone files dropped, files added",
+                f"{ev['removed']}, {_mb(ev['bytes'])}, {ev.get('dropped')}, {ev.get('added')}",
+            ),
+            (f"{p} evict() took (s)", r["evict_s"]),
+            (
+                f"{p} after: stats() entries, bytes (view age s)",
+                f"{after['entries']}, {_mb(after['bytes'])} ({after['view_age_s']:.3f})",
+            ),
+            (
+                f"{p} after: files, bytes on disk",
+                f"{r['disk_after'][0]}, {_mb(r['disk_after'][1])}",
+            ),
+            (f"{p} after: stats() bytes vs disk", f"{r['stats_error_after']:.1%}"),
+            (f"{p} bytes over budget after evict()", r["over_budget_after_evict"]),
+            (f"{p} published entries lost", r["lost_count"]),
+        ]
+    return "Stale views and one budget (issue 13)", what, rows
+
+
 def section_stale(r: dict[str, Any]) -> tuple[str, str, list[Row]]:
     what = (
         "Host B reads 20 entries, host A evicts them all, host B reads them again at once "
@@ -281,6 +355,24 @@ def run(duration: float) -> dict[str, Any]:
                 lambda: scenarios.lease_one_evictor(bed, _mk(work, "fcntl"), lock_mode="fcntl"),
             )
             timed("takeover", lambda: scenarios.lease_takeover(bed, _mk(work, "takeover")))
+        stale: list[dict[str, Any]] = []
+        for cache_timeout, modes in ((2, ["fcntl"]), (None, ["fcntl", "lease"]), (60, ["fcntl"])):
+            with testbed.two_hosts(base / f"net-{cache_timeout}", cache_timeout) as bed:
+                for mode in modes:
+                    timed(
+                        f"stale_budget_{cache_timeout}_{mode}",
+                        lambda bed=bed, ct=cache_timeout, mode=mode: stale.append(
+                            scenarios.stale_budget(
+                                bed,
+                                _mk(work, f"sb-{ct}-{mode}"),
+                                cache_timeout=ct,
+                                lock_mode=mode,
+                            )
+                        ),
+                    )
+        for name in [n for n in results if n.startswith("stale_budget_")]:
+            del results[name]
+        results["stale_budget"] = stale
         with testbed.tmpfs(base / "full", size="16m") as mount:
             timed("full", lambda: scenarios.full_disk(mount))
         with scenarios.readonly_cache(_mk(base, "ro")) as cache:
@@ -307,6 +399,7 @@ def render(results: dict[str, Any]) -> str:
     sections = [
         section_budget(results["budget"]),
         section_stale(results["stale"]),
+        section_stale_budget(results["stale_budget"]),
         section_lease(results["lease"], results["fcntl"]),
         section_takeover(results["takeover"]),
         section_full(results["full"]),
@@ -326,7 +419,8 @@ def render(results: dict[str, Any]) -> str:
         "What the cache promises a fleet (DESIGN.md rules 1-12) checked on the test beds of "
         '`tests/reliability/`: two "hosts" (one directory exported by sshd on loopback and '
         f"mounted twice with sshfs {sshfs_version}, each mount with its own attribute and "
-        f"directory caches ({testbed.SSHFS_CACHE_TIMEOUT_S} s) and fcntl locks that exclude "
+        f"directory caches ({testbed.SSHFS_CACHE_TIMEOUT_S} s, and 20 s / 60 s for the stale-view "
+        "budget runs) and fcntl locks that exclude "
         "only processes of the same mount, like NFS with `local_lock`), a 16 MB tmpfs, and a "
         "read-only bind mount. The same scenarios run as the `netfs` tests "
         "(`pytest -m netfs tests/reliability`, root needed); this page holds the figures of "
@@ -383,6 +477,19 @@ def render(results: dict[str, Any]) -> str:
             f"judged corrupt, {budget['lost_count']:,} published entries lost. No wrong bytes "
             "are ever served (the checksum holds). Reproduced by "
             "`test_stale_size_never_destroys_a_replaced_entry`."
+        )
+    over = [r for r in results.get("stale_budget", []) if r["peak_ratio"] > 1.5]
+    if over:
+        runs = ", ".join(
+            f"{_bed_name(r['cache_timeout_s'])} {r['lock_mode']} {r['peak_ratio']:.2f}x"
+            for r in over
+        )
+        problems.append(
+            "- **The disk can pass 1.5x the budget for a moment** when puts outrun eviction "
+            f"on these mounts ({runs}; sampled every 0.1 s). Puts are refused over the "
+            "budget while another process evicts, and every view is re-read at least every "
+            "50 ms, but a put in flight is not seen by the others until it is published. "
+            "The test allows 1.75x on a loaded CI machine."
         )
     if side["root_recreated"] is not None:
         problems.append(

@@ -200,6 +200,17 @@ def test_stats_json_from_environment(cache: Path) -> None:
     assert stats["puts"] == 3
 
 
+def test_stats_says_how_fresh_it_is(cache: Path) -> None:
+    result = run("stats", "--json", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    # A local filesystem: read through to the end just now.
+    assert stats["view_fresh"] is True
+    assert 0 <= stats["view_age_s"] < 30
+    table = run("stats", "--path", str(cache))
+    assert "index as of" in table.stdout and " s ago" in table.stdout, table.stdout
+
+
 def test_stats_read_only_writes_nothing(cache: Path) -> None:
     before = {str(p): p.stat().st_mtime_ns for p in cache.rglob("*")}
     result = run("stats", "--read-only", "--path", str(cache))
@@ -294,6 +305,24 @@ def test_prune_max_size_zero_removes_everything(cache: Path) -> None:
     assert "removed 3 entries" in result.stdout
     assert "removed jit_big-bbbb" in result.stdout
     assert entry_files(cache) == []
+
+
+def test_prune_reconciles_with_the_directory(cache: Path) -> None:
+    """Files gone behind the index's back (another host's eviction it has not read) are not
+    counted as freed; files it does not know are found and count toward the budget."""
+    files = entry_files(cache)
+    gone = max(files, key=lambda f: f.stat().st_size)
+    gone.unlink()
+    left = sum(f.stat().st_blocks * 512 for f in files if f != gone)
+    result = run("prune", "--max-size", "0", "--json", "--path", str(cache))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["dropped"] == 1 and report["added"] == 0, report
+    assert report["removed"] == 2, report
+    assert report["bytes"] == left, "freed: the removed files' blocks"
+    assert entry_files(cache) == []
+    text = run("prune", "--max-size", "0", "--path", str(cache))
+    assert "removed 0 entries" in text.stdout, text.stdout
 
 
 def test_prune_max_size_keeps_recent(cache: Path) -> None:

@@ -172,15 +172,23 @@ class Store:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,
         too_large, claims, claim_takeovers, claims_abandoned, claim_waits, claim_wait_ms,
-        claim_wait_timeouts; plus hit_rate, entries, bytes (on disk), max_size, processes, path,
-        filesystem, read_only, mmap_reads."""
+        claim_wait_timeouts, puts_refused; plus hit_rate, entries, bytes (on disk), max_size,
+        processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
+        journal folded longest ago was last read to its end; None if unknown) and view_fresh
+        (whether those reads bypassed a network client's attribute cache; if not, entries and
+        bytes may lag by that cache's time too)."""
     def evict(
         self, max_size: int | None = None, older_than: float | None = None
     ) -> dict[str, object]:
         """Evict least recently used entries now, down to ``max_size`` bytes (default: the
         low watermark of the store's budget) and/or every entry unused for ``older_than``
-        seconds. Returns {"removed": n, "bytes": b, "names": [entry file names],
-        "skipped": reason or None}. Raises ReadOnlyError on a read-only store."""
+        seconds. First reconciles the index with the directory (lists every shard: records
+        of files that are gone are dropped, files the index did not know are added), and
+        re-reads the other processes' journals when done, going on while they put it over the
+        target again. Returns {"removed": n, "bytes": b (st_blocks of the files removed),
+        "dropped": index records of files already gone, "added": files found unindexed,
+        "names": [entry file names], "skipped": reason or None}. Raises ReadOnlyError on a
+        read-only store."""
     def verify(
         self,
         repair: bool = False,

@@ -163,6 +163,9 @@ _STAT_ROWS = (
     ("puts", "puts"),
     ("evictions", "evictions"),
     ("corrupt", "corrupt"),
+    ("puts_refused", "puts refused (far over budget)"),
+    # How fresh entries and bytes are: see docs/reliability.md (stale views).
+    ("view_age_s", "index as of"),
     # Single flight (compile claims): see docs/jax.md.
     ("claims", "compile claims taken"),
     ("claim_waits", "waits for another's compile"),
@@ -184,6 +187,16 @@ def _stats_report(store: _core.Store) -> dict[str, Any]:
     used, budget = _number(report.get("bytes")), _number(report.get("max_size"))
     report["fill"] = used / budget if used is not None and budget else None
     return report
+
+
+def _view_age_text(age: object, fresh: object) -> str:
+    if not isinstance(age, int | float) or isinstance(age, bool):
+        return "unknown"
+    text = f"{age:,.1f} s ago"
+    if fresh is False:
+        # A read-only store on a network filesystem cannot bypass the client's cache.
+        text += " (plus the filesystem client's attribute cache time)"
+    return text
 
 
 def _stat_text(name: str, value: object) -> str:
@@ -214,9 +227,13 @@ def stats(
     table = Table(title=f"xla_pcache {report['path']} ({report['filesystem']})", show_header=False)
     table.add_column("counter")
     table.add_column("value", justify="right")
-    shown = {"path", "filesystem"}
+    shown = {"path", "filesystem", "view_fresh"}
     for name, label in _STAT_ROWS:
-        table.add_row(label, _stat_text(name, report.get(name)))
+        if name == "view_age_s":
+            text = _view_age_text(report.get(name), report.get("view_fresh"))
+        else:
+            text = _stat_text(name, report.get(name))
+        table.add_row(label, text)
         shown.add(name)
     for name in sorted(report.keys() - shown):
         table.add_row(name.replace("_", " "), _stat_text(name, report[name]))
@@ -325,6 +342,13 @@ def prune(
             typer.echo(f"removed {key}")
         removed, freed = result.get("removed", 0), _number(result.get("bytes")) or 0
         typer.echo(f"removed {removed} entries, {format_size(freed)}")
+        # The index and the directory disagreed (other hosts' records not read yet): say so.
+        dropped, added = result.get("dropped") or 0, result.get("added") or 0
+        if dropped or added:
+            typer.echo(
+                f"index reconciled with the directory: {dropped} records of files already "
+                f"gone dropped, {added} unindexed files added"
+            )
     if result.get("skipped"):
         typer.echo(f"xla-pcache: prune skipped: {result['skipped']}", err=True)
         raise typer.Exit(1)

@@ -28,14 +28,12 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(f"reliability test bed unavailable: {reason}")
 
 
-@pytest.fixture(scope="module")
-def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testbed.TwoHosts]:
-    """(export, host_a, host_b): one directory exported by an sshd on 127.0.0.1 (free port,
-    throwaway keys) and mounted twice through sshfs. Unmounted and sshd stopped afterwards,
-    even when a test fails."""
+def _two_hosts(
+    tmp_path_factory: pytest.TempPathFactory, cache_timeout: int | None
+) -> Iterator[testbed.TwoHosts]:
     base = tmp_path_factory.mktemp("two-hosts")
     try:
-        bed = testbed.two_hosts(base)
+        bed = testbed.two_hosts(base, cache_timeout=cache_timeout)
         hosts = bed.__enter__()
     except testbed.TestbedUnavailable as exc:
         unavailable(str(exc))
@@ -43,6 +41,30 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testbed.TwoH
         yield hosts
     finally:
         bed.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testbed.TwoHosts]:
+    """(export, host_a, host_b): one directory exported by an sshd on 127.0.0.1 (free port,
+    throwaway keys) and mounted twice through sshfs, each mount caching attributes and
+    listings for 2 s (testbed.SSHFS_CACHE_TIMEOUT_S). Unmounted and sshd stopped afterwards,
+    even when a test fails."""
+    yield from _two_hosts(tmp_path_factory, testbed.SSHFS_CACHE_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def two_hosts_default_cache(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[testbed.TwoHosts]:
+    """The two-host bed mounted with sshfs's own cache timeout (no option: 20 s), as a new
+    user would mount it."""
+    yield from _two_hosts(tmp_path_factory, None)
+
+
+@pytest.fixture(scope="module")
+def two_hosts_60s_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testbed.TwoHosts]:
+    """The two-host bed with a 60 s cache: as long as an NFS client may keep attributes."""
+    yield from _two_hosts(tmp_path_factory, 60)
 
 
 @pytest.fixture

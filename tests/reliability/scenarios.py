@@ -286,6 +286,125 @@ def two_hosts_one_budget(
     }
 
 
+# ------------------------------------------------------------------ stale accounting
+
+
+def _sizes(root: Path) -> tuple[int, int]:
+    files = entry_files(root)
+    return len(files), disk_bytes(files)
+
+
+def stale_budget(
+    bed: TwoHosts,
+    workdir: Path,
+    *,
+    cache_timeout: int | None,
+    lock_mode: str = "fcntl",
+    duration: float = 10.0,
+    per_host: int = 4,
+    max_size: int = 3 * 1024 * 1024,
+    key_space: int = 120,
+    value_sizes: tuple[int, int] = (512, 256 * 1024),
+    wait_s: float = 2.0,
+) -> dict[str, Any]:
+    """Issue 13's scenario: ``per_host`` mixed workers on each mount (get 55%, put 40%,
+    delete 5%) share one bounded cache while the server's disk is sampled; ``wait_s`` after
+    they stop, a process on host A opens the store and calls evict(). Reports what stats()
+    said before and after against the files on the server's disk, and every published
+    value that is neither on disk nor in trash/ (chosen by an eviction or a delete)."""
+    name = f"stale-budget-{lock_mode}"
+    root_a, server = bed.host_a / name, bed.export / name
+    Store(root_a, max_size=max_size).close()
+    base = {
+        "max_size": max_size,
+        "lock_mode": lock_mode,
+        "duration": duration,
+        "key_space": key_space,
+        "value_sizes": list(value_sizes),
+        "get_share": 0.55,
+        "delete_share": 0.05,
+    }
+    procs = {}
+    seed = 100
+    for host, root in (("a", root_a), ("b", bed.host_b / name)):
+        for i in range(per_host):
+            seed += 1
+            cfg = {**base, "role": "mixed", "root": str(root), "host": host, "seed": seed}
+            procs[f"{host}{i}"] = start_worker(cfg, workdir, f"{name}-{host}{i}")
+    samples: list[int] = []
+    started = time.monotonic()
+    while any(p.poll() is None for p in procs.values()):
+        samples.append(disk_bytes(entry_files(server)))
+        time.sleep(0.1)
+        if time.monotonic() - started > duration + 60:
+            break
+    results = {
+        n: r
+        for n, r in zip(
+            procs,
+            collect({f"{name}-{n}": p for n, p in procs.items()}, workdir, duration + 60).values(),
+            strict=True,
+        )
+    }
+    time.sleep(wait_s)
+
+    out: dict[str, Any] = {
+        "scenario": "stale_budget",
+        "cache_timeout_s": cache_timeout,
+        "lock_mode": lock_mode,
+        "duration_s": duration,
+        "processes": len(procs),
+        "max_size": max_size,
+        "wait_s": wait_s,
+    }
+    with LogCounter() as logs:
+        store = Store(root_a, max_size=max_size, lock_mode=lock_mode, trash_grace=3600.0)
+        before = dict(store.stats())
+        out["disk_before"] = _sizes(server)
+        t0 = time.monotonic()
+        report = dict(store.evict())
+        out["evict_s"] = round(time.monotonic() - t0, 3)
+        out["disk_after"] = _sizes(server)
+        after = dict(store.stats())
+        store.close()
+        out["warnings"] = logs.count
+        out["first_warnings"] = logs.first
+    out["stats_before"] = {k: before.get(k) for k in ("entries", "bytes", "view_age_s")}
+    out["stats_after"] = {k: after.get(k) for k in ("entries", "bytes", "view_age_s")}
+    out["puts_refused"] = after.get("puts_refused")
+    out["evict"] = {k: v for k, v in report.items() if k != "names"}
+    bytes_after = out["disk_after"][1]
+    out["over_budget_after_evict"] = max(0, bytes_after - max_size)
+    out["stats_error_after"] = (
+        abs(after["bytes"] - bytes_after) / bytes_after if bytes_after else float(after["bytes"])
+    )
+    out["peak_bytes"] = max(samples, default=0)
+    out["peak_ratio"] = round(out["peak_bytes"] / max_size, 3)
+    out["samples"] = len(samples)
+    out["timeline"] = [round(x / max_size, 2) for x in samples]
+
+    on_disk = ids_in(entry_files(server))
+    trashed = ids_in(f for f in (server / "trash").iterdir() if ".corrupt." not in f.name)
+    published = [(k, s) for r in results.values() for k, s in r.get("published", [])]
+    lost = [ks for ks in published if ks not in on_disk and ks not in trashed]
+    ops = sum_ops(results.values())
+    out.update(
+        {
+            "ops": ops,
+            "operations": ops.get("gets", 0) + ops.get("puts", 0) + ops.get("deletes", 0),
+            "published": len(published),
+            "torn_reads": ops.get("torn", 0),
+            "wrong_reads": ops.get("wrong", 0),
+            "exceptions": [e for r in results.values() for e in r.get("exceptions", [])],
+            "crashed": {n: r["crashed"] for n, r in results.items() if "crashed" in r},
+            "worker_warning_kinds": warning_kinds(results.values()),
+            "lost": lost[:20],
+            "lost_count": len(lost),
+        }
+    )
+    return out
+
+
 # ------------------------------------------------------------------ stale views
 
 

@@ -11,16 +11,26 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
 
 const SNAP_MAGIC: &[u8; 4] = b"XPCS";
 const SNAP_VERSION: u32 = 1;
 /// Per-entry hit counts, appended after the version-1 body so older readers still load it.
 const HITS_TAG: &[u8; 4] = b"HITS";
 
+/// How long a view remembers a deleted name. Journals reach a reader late (a network
+/// client caches their lengths: 20 s on sshfs, up to 60 s on NFS, more on a loaded server),
+/// so an older put or hit of a deleted entry may still arrive from another journal; within
+/// this time it cannot bring the entry back.
+const TOMBSTONE_KEEP: Duration = Duration::from_secs(600);
+
 #[derive(Debug, Clone, Default)]
 pub struct JournalState {
     pub offset: u64,
     pub counters: Vec<u64>,
+    /// When a refresh last found this journal's end (None: never since loaded from the
+    /// snapshot). On a network filesystem that end is only as fresh as the listing was.
+    pub seen: Option<Instant>,
 }
 
 /// Identity of the snapshot file last loaded, to notice when another process replaced it.
@@ -40,6 +50,19 @@ pub struct IndexView {
     /// Journals left after the last compaction (live ones are kept): compaction for the sake
     /// of journal count is wanted again only once that number has doubled.
     journals_after_compaction: usize,
+    /// Deleted names: the delete's time and when this view learnt of it. Journals are read
+    /// one after another, and each may be read late, so a delete can be read before an older
+    /// put or hit of the same name from another journal; without this, that record would
+    /// bring back an entry whose file is gone (kept across snapshot reloads).
+    tombstones: HashMap<u128, (u64, Instant)>,
+    /// Time of the latest clear: no record at or before it brings an entry back.
+    cleared_at: u64,
+    last_prune: Option<Instant>,
+    /// Whether the last refresh read the journals through a listing known to be fresh
+    /// (`refresh(.., fresh=true)`).
+    pub fresh: bool,
+    /// Journals that had grown at the last refresh: how many processes are writing.
+    pub writers: usize,
 }
 
 fn snap_id(m: &fs::Metadata) -> SnapId {
@@ -62,12 +85,130 @@ impl IndexView {
     }
 
     fn reset(&mut self) {
+        let tombstones = std::mem::take(&mut self.tombstones);
+        let (cleared_at, last_prune) = (self.cleared_at, self.last_prune);
         *self = IndexView::default();
+        self.tombstones = tombstones;
+        self.cleared_at = cleared_at;
+        self.last_prune = last_prune;
+    }
+
+    /// Folds one journal record into the view. A delete is remembered (a tombstone), so
+    /// that a put or hit of that name from before the delete, read later from another
+    /// journal, is ignored; a put from after it (the entry published again) wins. Times
+    /// come from the writers' clocks: a republish on another host within the clock skew
+    /// of the delete may be missed (the file is then unindexed until an explicit evict or
+    /// `verify --repair` finds it), the price of never counting a deleted file.
+    pub fn apply(&mut self, rec: Record) {
+        match rec {
+            Record::Touch {
+                name,
+                disk_bytes,
+                t,
+                put,
+            } => {
+                if self.cleared_at > 0 && t <= self.cleared_at && self.lru.get(name).is_none() {
+                    return;
+                }
+                match self.tombstones.get(&name) {
+                    // A hit never brings an entry back: only a publish does.
+                    Some(_) if !put && self.lru.get(name).is_none() => return,
+                    Some(&(dt, _)) if put && t <= dt => return,
+                    Some(_) if put => {
+                        self.tombstones.remove(&name);
+                    }
+                    _ => {}
+                }
+                if put {
+                    self.lru.touch(name, disk_bytes, t)
+                } else {
+                    self.lru.hit(name, disk_bytes, t)
+                }
+            }
+            Record::Delete { name, t } => {
+                self.lru.remove_if_older(name, t);
+                self.tombstone(name, t);
+            }
+            Record::Clear { t } => {
+                self.lru.clear_up_to(t);
+                self.cleared_at = self.cleared_at.max(t);
+            }
+            Record::Stats { .. } => {}
+        }
+    }
+
+    fn tombstone(&mut self, name: u128, t: u64) {
+        let now = Instant::now();
+        let e = self.tombstones.entry(name).or_insert((t, now));
+        if t >= e.0 {
+            *e = (t, now);
+        }
+    }
+
+    /// Removes `name`, deleted at `t` by this process (evicted, or its file found gone).
+    pub fn forget(&mut self, name: u128, t: u64) -> Option<crate::lru::EntryInfo> {
+        self.tombstone(name, t);
+        self.lru.remove(name)
+    }
+
+    /// Records that `name`'s file was found on disk with `disk_bytes` (a fact, which no
+    /// tombstone overrides), used at `t` unless the view knows a later use.
+    pub fn found(&mut self, name: u128, disk_bytes: u64, t: u64) {
+        self.tombstones.remove(&name);
+        self.lru.touch(name, disk_bytes, t);
+    }
+
+    /// Seconds since the journal folded longest ago was last read to its end: how stale
+    /// the view may be (plus, when `fresh` is false, however long the filesystem client
+    /// caches file lengths).
+    pub fn age(&self) -> Option<Duration> {
+        if !self.loaded {
+            return None;
+        }
+        let mut oldest = Duration::ZERO;
+        for j in self.journals.values() {
+            // A journal not read since the snapshot was loaded: its age is unknown.
+            oldest = oldest.max(j.seen?.elapsed());
+        }
+        Some(oldest)
+    }
+
+    fn prune_tombstones(&mut self) {
+        if self
+            .last_prune
+            .is_some_and(|t| t.elapsed() < TOMBSTONE_KEEP / 10)
+        {
+            return;
+        }
+        self.last_prune = Some(Instant::now());
+        self.tombstones
+            .retain(|_, (_, learnt)| learnt.elapsed() < TOMBSTONE_KEEP);
+    }
+
+    /// Drops entries of a freshly loaded snapshot that a remembered delete removed (the
+    /// snapshot's writer may not have read that delete yet).
+    fn apply_tombstones(&mut self) {
+        let dead: Vec<u128> = self
+            .tombstones
+            .iter()
+            .filter(|(&n, &(t, _))| self.lru.get(n).is_some_and(|i| i.last_use <= t))
+            .map(|(&n, _)| n)
+            .collect();
+        for n in dead {
+            self.lru.remove(n);
+        }
+        if self.cleared_at > 0 {
+            self.lru.clear_up_to(self.cleared_at);
+        }
     }
 
     /// Brings the view up to date: reloads the snapshot if another process replaced it,
-    /// then reads what each journal gained since last time.
-    pub fn refresh(&mut self, layout: &Layout) -> io::Result<()> {
+    /// then reads what each journal gained since last time. `fresh` says the caller made
+    /// the journal directory's listing fresh first (see `freshen_dir`); `from_server`
+    /// asks the server for each journal's length (a network filesystem's client would
+    /// serve a cached one).
+    pub fn refresh(&mut self, layout: &Layout, fresh: bool, from_server: bool) -> io::Result<()> {
+        self.prune_tombstones();
         self.check_snapshot(layout)?;
         let names = match journal::list(&layout.journal_dir()) {
             Ok(n) => n,
@@ -86,12 +227,22 @@ impl IndexView {
             self.loaded = false;
             self.check_snapshot(layout)?;
         }
+        let now = Instant::now();
+        let mut writers = 0;
         for name in names {
             let state = self.journals.entry(name.clone()).or_default();
             let path = layout.journal_dir().join(&name);
             // One stat tells an unchanged journal (most of them, most of the time).
-            match fs::metadata(&path) {
-                Ok(m) if m.len() == state.offset => continue,
+            let len = if from_server {
+                crate::fsinfo::len_from_server(&path)
+            } else {
+                fs::metadata(&path).map(|m| m.len())
+            };
+            match len {
+                Ok(len) if len == state.offset => {
+                    state.seen = Some(now);
+                    continue;
+                }
                 Ok(_) => {}
                 Err(_) => continue,
             }
@@ -102,27 +253,14 @@ impl IndexView {
                 Err(e) => return Err(e),
             };
             self.unfolded_bytes += end - state.offset;
+            writers += usize::from(end > state.offset);
             state.offset = end;
+            state.seen = Some(now);
             let mut counters = None;
             for r in recs {
                 match r {
-                    Record::Touch {
-                        name,
-                        disk_bytes,
-                        t,
-                        put,
-                    } => {
-                        if put {
-                            self.lru.touch(name, disk_bytes, t)
-                        } else {
-                            self.lru.hit(name, disk_bytes, t)
-                        }
-                    }
-                    Record::Delete { name, t } => {
-                        self.lru.remove_if_older(name, t);
-                    }
-                    Record::Clear { t } => self.lru.clear_up_to(t),
                     Record::Stats { counters: c } => counters = Some(c),
+                    r => self.apply(r),
                 }
             }
             if let Some(c) = counters {
@@ -132,6 +270,8 @@ impl IndexView {
             }
         }
         self.loaded = true;
+        self.fresh = fresh;
+        self.writers = writers;
         Ok(())
     }
 
@@ -167,6 +307,7 @@ impl IndexView {
             self.reset();
             self.snapshot_id = id;
         }
+        self.apply_tombstones();
         Ok(())
     }
 
@@ -198,8 +339,14 @@ impl IndexView {
             let counters = (0..n_counters)
                 .map(|_| r.u64())
                 .collect::<Result<Vec<_>, _>>()?;
-            self.journals
-                .insert(name, JournalState { offset, counters });
+            self.journals.insert(
+                name,
+                JournalState {
+                    offset,
+                    counters,
+                    seen: None,
+                },
+            );
         }
         self.base_counters = (0..n_counters)
             .map(|_| r.u64())
@@ -381,16 +528,16 @@ mod tests {
         ])
         .unwrap();
         let mut v = IndexView::default();
-        v.refresh(&l).unwrap();
+        v.refresh(&l, true, false).unwrap();
         assert_eq!(v.lru.total_bytes(), 300);
         assert_eq!(v.counters()[..2], [5, 6]);
         w.append(&[Record::Delete { name: 1, t: 3 }]).unwrap();
-        v.refresh(&l).unwrap();
+        v.refresh(&l, true, false).unwrap();
         assert_eq!(v.lru.len(), 1);
 
         v.compact(&l, &[]).unwrap();
         let mut fresh = IndexView::default();
-        fresh.refresh(&l).unwrap();
+        fresh.refresh(&l, true, false).unwrap();
         assert_eq!(fresh.lru.len(), 1);
         assert_eq!(fresh.lru.get(2).unwrap().disk_bytes, 200);
         assert_eq!(
@@ -403,7 +550,7 @@ mod tests {
         let name = journal::list(&l.journal_dir()).unwrap().remove(0);
         fresh.compact(&l, &[name]).unwrap();
         assert!(journal::list(&l.journal_dir()).unwrap().is_empty());
-        v.refresh(&l).unwrap();
+        v.refresh(&l, true, false).unwrap();
         assert_eq!(v.lru.len(), 1);
         assert_eq!(v.counters()[..2], [5, 6]);
     }
@@ -430,18 +577,18 @@ mod tests {
         ])
         .unwrap();
         let mut v = IndexView::default();
-        v.refresh(&l).unwrap();
+        v.refresh(&l, true, false).unwrap();
         assert_eq!(v.lru.get(1).unwrap().hits, 2);
         assert_eq!(v.lru.get(2).unwrap().hits, 0);
         v.compact(&l, &[]).unwrap();
         w.append(&[touch(1, 6, false), touch(2, 7, false)]).unwrap();
         let mut fresh = IndexView::default();
-        fresh.refresh(&l).unwrap();
+        fresh.refresh(&l, true, false).unwrap();
         assert_eq!(fresh.lru.get(1).unwrap().hits, 3, "snapshot + journal tail");
         assert_eq!(fresh.lru.get(2).unwrap().hits, 1);
         w.append(&[Record::Delete { name: 1, t: 8 }, touch(1, 9, true)])
             .unwrap();
-        fresh.refresh(&l).unwrap();
+        fresh.refresh(&l, true, false).unwrap();
         assert_eq!(
             fresh.lru.get(1).unwrap().hits,
             0,
@@ -463,7 +610,7 @@ mod tests {
         b.extend_from_slice(&sum.to_le_bytes());
         fs::write(l.snapshot(), &b).unwrap();
         let mut old = IndexView::default();
-        old.refresh(&l).unwrap();
+        old.refresh(&l, true, false).unwrap();
         assert_eq!(old.lru.get(1).unwrap().hits, 0);
         assert_eq!(old.lru.get(1).unwrap().last_use, 2);
     }
@@ -473,7 +620,7 @@ mod tests {
         let (_d, l) = layout();
         fs::write(l.snapshot(), b"XPCS garbage garbage garbage garbage").unwrap();
         let mut v = IndexView::default();
-        v.refresh(&l).unwrap();
+        v.refresh(&l, true, false).unwrap();
         assert!(v.lru.is_empty());
     }
 
@@ -498,8 +645,93 @@ mod tests {
         ])
         .unwrap();
         let mut v = IndexView::default();
-        v.refresh(&l).unwrap();
+        v.refresh(&l, true, false).unwrap();
         assert_eq!(v.lru.len(), 1);
         assert!(v.lru.get(2).is_some());
+    }
+
+    fn put(name: u128, t: u64) -> Record {
+        touch(name, t, true)
+    }
+
+    #[test]
+    fn a_delete_read_first_is_not_undone_by_an_older_put_or_hit_of_another_journal() {
+        let (_d, l) = layout();
+        // Journal "a..." is read before "b..." (name order): the delete (t=20) is folded
+        // before the put (t=10) and the buffered hit (t=15) it follows.
+        let mut deleter = JournalWriter::new(l.journal_dir(), "a".into());
+        let mut putter = JournalWriter::new(l.journal_dir(), "b".into());
+        deleter
+            .append(&[Record::Delete { name: 1, t: 20 }])
+            .unwrap();
+        putter
+            .append(&[put(1, 10), touch(1, 15, false), put(2, 11)])
+            .unwrap();
+        let mut v = IndexView::default();
+        v.refresh(&l, true, false).unwrap();
+        assert!(v.lru.get(1).is_none(), "resurrected by an older put");
+        assert_eq!(v.lru.len(), 1);
+        assert_eq!(v.lru.total_bytes(), 4096);
+        // The same records read across two refreshes (a journal seen late).
+        putter.append(&[touch(1, 18, false)]).unwrap();
+        v.refresh(&l, true, false).unwrap();
+        assert!(v.lru.get(1).is_none(), "a hit brings no entry back");
+        // Published again after the delete: the newer put wins.
+        putter.append(&[put(1, 30)]).unwrap();
+        v.refresh(&l, true, false).unwrap();
+        assert_eq!(v.lru.get(1).unwrap().last_use, 30);
+    }
+
+    #[test]
+    fn tombstones_survive_a_snapshot_reload_and_prune_its_entries() {
+        let (_d, l) = layout();
+        let mut w = JournalWriter::new(l.journal_dir(), "w".into());
+        w.append(&[put(1, 10), put(2, 11)]).unwrap();
+        // A compactor that has not read the delete yet writes 1 into the snapshot.
+        let mut compactor = IndexView::default();
+        compactor.refresh(&l, true, false).unwrap();
+        let mut v = IndexView::default();
+        v.refresh(&l, true, false).unwrap();
+        assert!(v.forget(1, 20).is_some());
+        compactor.compact(&l, &[]).unwrap();
+        v.refresh(&l, true, false).unwrap();
+        assert!(
+            v.lru.get(1).is_none(),
+            "snapshot brought back a deleted entry"
+        );
+        assert!(v.lru.get(2).is_some());
+        // A file found on disk is a fact: it is indexed whatever the tombstone says.
+        v.found(1, 8192, 5);
+        assert_eq!(v.lru.get(1).unwrap().disk_bytes, 8192);
+    }
+
+    #[test]
+    fn clear_is_not_undone_by_older_records_read_later() {
+        let (_d, l) = layout();
+        let mut a = JournalWriter::new(l.journal_dir(), "a".into());
+        let mut b = JournalWriter::new(l.journal_dir(), "b".into());
+        a.append(&[Record::Clear { t: 50 }]).unwrap();
+        b.append(&[put(1, 40), put(2, 60)]).unwrap();
+        let mut v = IndexView::default();
+        v.refresh(&l, true, false).unwrap();
+        assert!(v.lru.get(1).is_none());
+        assert!(v.lru.get(2).is_some());
+    }
+
+    #[test]
+    fn age_counts_from_the_last_read_of_every_journal() {
+        let (_d, l) = layout();
+        let mut v = IndexView::default();
+        assert!(v.age().is_none(), "never read");
+        let mut w = JournalWriter::new(l.journal_dir(), "w".into());
+        w.append(&[put(1, 1)]).unwrap();
+        v.refresh(&l, true, false).unwrap();
+        let age = v.age().unwrap();
+        assert!(age < Duration::from_secs(5));
+        assert!(v.fresh);
+        assert_eq!(v.writers, 1);
+        v.refresh(&l, false, false).unwrap();
+        assert!(!v.fresh);
+        assert_eq!(v.writers, 0);
     }
 }

@@ -123,3 +123,22 @@ impl Layout {
 pub fn is_real_dir(p: &Path) -> bool {
     fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false)
 }
+
+/// Prefix of the marker directories `freshen_dir` makes (and removes at once).
+pub const FRESHEN_PREFIX: &str = ".fresh.";
+
+/// Makes a network filesystem client's view of `dir` fresh: creating and removing a
+/// directory inside it through this mount drops the client's cached listing, and the next
+/// listing brings the sizes of the files in it from the server (sshfs, whose stat and
+/// open+fstat otherwise serve cached sizes for 20 s; NFS revalidates a directory it
+/// changed). Two metadata operations; false if `dir` cannot be written.
+pub fn freshen_dir(dir: &Path) -> bool {
+    let marker = dir.join(format!(
+        "{FRESHEN_PREFIX}{}",
+        crate::publish::unique_suffix()
+    ));
+    if fs::create_dir(&marker).is_err() {
+        return false;
+    }
+    fs::remove_dir(&marker).is_ok()
+}

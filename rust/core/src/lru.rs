@@ -36,6 +36,11 @@ impl Lru {
     pub fn touch(&mut self, name: u128, disk_bytes: u64, t: u64) {
         match self.map.get_mut(&name) {
             Some(info) => {
+                // An older record (read late from another journal) may be of an earlier
+                // file of this name: only a record as new as the view's says the size.
+                if t < info.last_use {
+                    return;
+                }
                 if t > info.last_use {
                     self.order.remove(&(info.last_use, name));
                     info.last_use = t;
@@ -59,9 +64,12 @@ impl Lru {
         }
     }
 
-    /// A `touch` for a hit record: also counts it.
+    /// A `touch` for a hit record: also counts it. The size of an indexed entry is left as
+    /// its put said: a hit may have read an earlier file of the same name (replaced since,
+    /// the hit record folded after the new put's).
     pub fn hit(&mut self, name: u128, disk_bytes: u64, t: u64) {
-        self.touch(name, disk_bytes, t);
+        let size = self.map.get(&name).map_or(disk_bytes, |i| i.disk_bytes);
+        self.touch(name, size, t);
         self.add_hits(name, 1);
     }
 
@@ -141,6 +149,8 @@ mod tests {
         l.touch(1, 10, 1);
         l.touch(1, 25, 2);
         assert_eq!(l.total_bytes(), 25);
+        l.touch(1, 99, 1); // an older record, maybe of an earlier file of this name
+        assert_eq!(l.total_bytes(), 25);
         assert_eq!(l.len(), 1);
     }
 
@@ -152,6 +162,10 @@ mod tests {
         l.hit(1, 10, 3);
         l.touch(1, 10, 4); // a put of a present entry is not a hit
         assert_eq!(l.get(1).unwrap().hits, 2);
+        l.hit(1, 99, 5); // a hit of an earlier file of that name: the put's size stays
+        assert_eq!(l.get(1).unwrap().disk_bytes, 10);
+        assert_eq!(l.total_bytes(), 10);
+        l.add_hits(1, 0);
         l.add_hits(2, 5); // not indexed: ignored
         assert!(l.get(2).is_none());
         l.add_hits(1, u32::MAX);

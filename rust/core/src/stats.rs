@@ -27,9 +27,12 @@ pub enum Counter {
     ClaimWaits,
     ClaimWaitMs,
     ClaimWaitTimeouts,
+    /// Puts not published because the cache was far over its budget and this process
+    /// could not evict at that moment (another was evicting).
+    PutsRefused,
 }
 
-pub const COUNTER_NAMES: [&str; 17] = [
+pub const COUNTER_NAMES: [&str; 18] = [
     "hits",
     "misses",
     "puts",
@@ -47,6 +50,7 @@ pub const COUNTER_NAMES: [&str; 17] = [
     "claim_waits",
     "claim_wait_ms",
     "claim_wait_timeouts",
+    "puts_refused",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 

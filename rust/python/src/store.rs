@@ -506,6 +506,8 @@ impl PyStore {
         d.set_item("bytes", s.bytes)?;
         d.set_item("max_size", store.options().max_size)?;
         d.set_item("processes", s.journals)?;
+        d.set_item("view_age_s", s.view_age.map(|a| a.as_secs_f64()))?;
+        d.set_item("view_fresh", s.view_fresh)?;
         d.set_item("path", store.root().display().to_string())?;
         d.set_item("filesystem", store.filesystem().name.clone())?;
         d.set_item("read_only", store.options().read_only)?;
@@ -526,6 +528,8 @@ impl PyStore {
         let d = PyDict::new(py);
         d.set_item("removed", r.removed)?;
         d.set_item("bytes", r.bytes)?;
+        d.set_item("dropped", r.dropped)?;
+        d.set_item("added", r.added)?;
         d.set_item("names", r.names)?;
         d.set_item("skipped", r.skipped)?;
         Ok(d)

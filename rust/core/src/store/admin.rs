@@ -182,6 +182,8 @@ impl Store {
             entries: st.view.lru.len() as u64,
             bytes: st.view.lru.total_bytes(),
             journals: st.view.journals.len() as u64,
+            view_age: st.view.age(),
+            view_fresh: st.view.fresh,
         })
     }
 

@@ -1,12 +1,74 @@
 //! Eviction: refreshing the index view, evicting under the lock, compaction, sweeping.
 
 use super::*;
+use crate::layout::freshen_dir;
+use std::collections::HashSet;
+
+/// An explicit eviction re-reads the journals after its pass and goes on if what arrived
+/// meanwhile put the view over the target again, at most this many passes in all.
+const EXPLICIT_ROUNDS: u32 = 4;
+/// The put path makes the journal listing fresh (network filesystems) at most this often;
+/// the processes of one host share their client's cache, so each benefits from the others.
+const FRESHEN_EVERY: Duration = Duration::from_millis(50);
+
+/// Renews the evictor's lease every quarter lease while a long job holds it.
+pub(super) struct Heartbeat {
+    last: Instant,
+    every: Duration,
+}
+
+impl Heartbeat {
+    pub(super) fn new(lease_time: Duration) -> Self {
+        Self {
+            last: Instant::now(),
+            every: lease_time / 4,
+        }
+    }
+
+    /// False if the lease was taken over: the caller stops and leaves the rest to its new
+    /// holder.
+    pub(super) fn beat(&mut self, guard: &mut LockGuard, store: &Store) -> bool {
+        if self.last.elapsed() <= self.every {
+            return true;
+        }
+        if let Err(e) = guard.heartbeat() {
+            store.warn("lease", || format!("eviction stopped early: {e}"));
+            return false;
+        }
+        self.last = Instant::now();
+        true
+    }
+}
 
 impl Store {
+    /// Brings the view up to date for an explicit call (stats, evict, len...): through a
+    /// fresh listing of the journals on a network filesystem.
     pub(super) fn refresh(&self, st: &mut State) -> io::Result<()> {
+        self.refresh_with(st, true)
+    }
+
+    /// `refresh` for the put path: the journal listing is made fresh at most every
+    /// `FRESHEN_EVERY` (two metadata round trips on a network filesystem).
+    fn refresh_from_put(&self, st: &mut State) -> io::Result<()> {
+        let due = st.last_freshen.is_none_or(|t| t.elapsed() >= FRESHEN_EVERY);
+        self.refresh_with(st, due)
+    }
+
+    fn refresh_with(&self, st: &mut State, freshen: bool) -> io::Result<()> {
         // Our own buffered hits belong in the view too.
         self.append_locked(st, &[]);
-        st.view.refresh(&self.layout)?;
+        // A network client serves journal lengths from its attribute cache (20 s on sshfs):
+        // without a fresh listing this process would not see the other hosts' puts for that
+        // long, and each host would fill the budget on its own.
+        let (fresh, from_server) = if self.fs.local {
+            (true, false)
+        } else if freshen && !self.opts.read_only {
+            st.last_freshen = Some(Instant::now());
+            (freshen_dir(&self.layout.journal_dir()), true)
+        } else {
+            (st.view.fresh && st.last_freshen.is_some(), false)
+        };
+        st.view.refresh(&self.layout, fresh, from_server)?;
         st.pending_bytes = 0;
         st.last_refresh = Some(Instant::now());
         Ok(())
@@ -16,15 +78,21 @@ impl Store {
     /// the journals grew. Skips (never waits) when another process holds the evictor lock.
     pub(super) fn maybe_evict(&self, st: &mut State) {
         let max = self.opts.max_size;
+        // The other writers are likely putting about as much as this one: re-read their
+        // journals once the budget may be full, not only every refresh_interval (a cold
+        // cache filled by many processes would otherwise overshoot by their number).
+        let likely = st
+            .pending_bytes
+            .saturating_mul(st.view.writers.max(1) as u64);
         let due = st
             .last_refresh
             .is_none_or(|t| t.elapsed() >= self.opts.refresh_interval)
-            || max.is_some_and(|m| st.view.lru.total_bytes() + st.pending_bytes > m)
+            || max.is_some_and(|m| st.view.lru.total_bytes().saturating_add(likely) > m)
             || st.evict_backlog.is_some();
         if !due {
             return;
         }
-        if let Err(e) = self.refresh(st) {
+        if let Err(e) = self.refresh_from_put(st) {
             self.counters.inc(Counter::Errors);
             self.warn("index", || format!("cannot read the cache index: {e}"));
             return;
@@ -57,6 +125,9 @@ impl Store {
     /// Evicts with the lock held: refreshes, removes oldest entries until the total is at
     /// most `target` and every entry unused for `older_than`, then compacts and sweeps. Past
     /// `deadline` it stops and leaves the rest to the next put (`State::evict_backlog`).
+    /// Without a deadline (an explicit `evict()`), it first reconciles the view with the
+    /// files (`reconcile`), and re-reads the journals when done, going on while records
+    /// that arrived meanwhile keep it over the target.
     pub(super) fn evict_locked(
         &self,
         st: &mut State,
@@ -91,80 +162,143 @@ impl Store {
         older_than: Option<Duration>,
         deadline: Option<Instant>,
     ) -> io::Result<EvictReport> {
-        self.refresh(st)?;
+        let explicit = deadline.is_none();
+        if explicit {
+            self.refresh(st)?;
+        } else {
+            self.refresh_from_put(st)?;
+        }
         st.evict_backlog = None;
         let mut report = EvictReport::default();
+        let mut beat = Heartbeat::new(self.opts.lease_time);
+        if explicit {
+            self.reconcile(st, guard, &mut beat, &mut report)?;
+        }
         let now = crate::clock::unix_ns();
         let cutoff = older_than.map(|d| now.saturating_sub(d.as_nanos() as u64));
-        let total = st.view.lru.total_bytes();
-        let mut victims = Vec::new();
-        let mut remaining = total;
-        for (name, info) in st.view.lru.oldest() {
-            let over = target.is_some_and(|t| remaining > t);
-            let old = cutoff.is_some_and(|c| info.last_use < c);
-            if !over && !old {
+        let mut skip = HashSet::new();
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let done = self.evict_pass(
+                st,
+                guard,
+                &mut beat,
+                &mut report,
+                (target, cutoff, now),
+                deadline,
+                &mut skip,
+            );
+            let over = |st: &State| target.is_some_and(|t| st.view.lru.total_bytes() > t);
+            if !done {
+                // Out of time, or the lease was lost: the next put goes on (if it can).
+                st.evict_backlog = target.filter(|_| over(st));
                 break;
             }
-            remaining = remaining.saturating_sub(info.disk_bytes);
-            victims.push((name, info));
-        }
-        let mut records = Vec::with_capacity(victims.len());
-        let mut last_beat = Instant::now();
-        for (i, (name, info)) in victims.into_iter().enumerate() {
-            // At least one entry per slice, so a backlog always shrinks.
-            if i > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
-                st.evict_backlog = target;
+            if !explicit {
                 break;
             }
-            let path = self.layout.entry_path(name);
-            let aside = self
-                .layout
-                .trash()
-                .join(format!("{}.{}", name_hex(name), unique_suffix()));
-            match fs::rename(&path, &aside) {
-                Ok(()) => {
-                    report.removed += 1;
-                    report.bytes += info.disk_bytes;
-                    report.names.push(name_hex(name));
-                }
-                Err(e)
-                    if e.kind() == io::ErrorKind::NotFound || errno(&e) == Some(libc::ESTALE) => {}
-                Err(e) => {
-                    self.counters.inc(Counter::Errors);
-                    self.warn("evict", || format!("cannot evict {}: {e}", path.display()));
-                    continue;
-                }
-            }
-            st.view.lru.remove(name);
-            records.push(Record::Delete { name, t: now });
-            if last_beat.elapsed() > self.opts.lease_time / 4 {
-                if let Err(e) = guard.heartbeat() {
-                    // Someone took the lease over: stop and leave the rest to them.
-                    self.warn("lease", || format!("eviction stopped early: {e}"));
-                    break;
-                }
-                last_beat = Instant::now();
+            // Records that arrived while this eviction worked (other hosts' puts read only
+            // now) may have put the view over the target again: go on on the new view.
+            self.refresh(st)?;
+            if !over(st) || rounds >= EXPLICIT_ROUNDS {
+                break;
             }
         }
         self.counters.add(Counter::Evictions, report.removed);
         self.counters.add(Counter::EvictedBytes, report.bytes);
-        if !records.is_empty() {
-            self.append_locked(st, &records);
-        }
         self.flush_stats_locked(st, true);
         // Sweeping lists tmp/ and trash/ and stats every file there: once per eviction, not
         // once per time slice, and from puts at most every tenth of the shortest grace (the
         // trash holds every entry evicted within its grace, so a small cache that evicts every
         // few puts would otherwise stat thousands of files per eviction). `evict()` always
         // sweeps.
-        if st.evict_backlog.is_none() && (deadline.is_none() || self.sweep_due(st)) {
+        if st.evict_backlog.is_none() && (explicit || self.sweep_due(st)) {
             self.sweep(false);
             st.last_sweep = Some(Instant::now());
         }
         if st.view.wants_compaction() {
             self.compact_locked(st);
+            // Compaction re-read the journals: a view that grew over the target is the next
+            // put's to bring down.
+            if !explicit && target.is_some_and(|t| st.view.lru.total_bytes() > t) {
+                st.evict_backlog = target;
+            }
         }
         Ok(report)
+    }
+
+    /// Removes the oldest entries, one at a time, while the view is over `target` or the
+    /// oldest is older than `cutoff`. A record whose file is already gone (evicted or
+    /// deleted by another host the view has not heard from) frees nothing: it is dropped
+    /// and counted in `dropped`, and eviction goes on. Freed bytes are those of the files
+    /// actually moved to trash (`st_blocks`). False if it stopped early (deadline, lease).
+    #[allow(clippy::too_many_arguments)]
+    fn evict_pass(
+        &self,
+        st: &mut State,
+        guard: &mut LockGuard,
+        beat: &mut Heartbeat,
+        report: &mut EvictReport,
+        (target, cutoff, now): (Option<u64>, Option<u64>, u64),
+        deadline: Option<Instant>,
+        skip: &mut HashSet<u128>,
+    ) -> bool {
+        let mut records = Vec::new();
+        let mut done = true;
+        let mut first = true;
+        loop {
+            let over = target.is_some_and(|t| st.view.lru.total_bytes() > t);
+            let next = st
+                .view
+                .lru
+                .oldest()
+                .find(|(n, _)| !skip.contains(n))
+                .filter(|(_, info)| over || cutoff.is_some_and(|c| info.last_use < c));
+            let Some((name, info)) = next else { break };
+            // At least one entry per slice, so a backlog always shrinks.
+            if !first && deadline.is_some_and(|d| Instant::now() >= d) {
+                done = false;
+                break;
+            }
+            first = false;
+            let path = self.layout.entry_path(name);
+            let aside = self
+                .layout
+                .trash()
+                .join(format!("{}.{}", name_hex(name), unique_suffix()));
+            // What the file really takes, not what the index believed (a client's cached
+            // attributes where it has them: no extra round trip on a network filesystem).
+            let size = fs::symlink_metadata(&path).map(|m| disk_bytes(&m));
+            match fs::rename(&path, &aside) {
+                Ok(()) => {
+                    report.removed += 1;
+                    report.bytes += size.unwrap_or(info.disk_bytes);
+                    report.names.push(name_hex(name));
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotFound || errno(&e) == Some(libc::ESTALE) =>
+                {
+                    report.dropped += 1;
+                }
+                Err(e) => {
+                    self.counters.inc(Counter::Errors);
+                    self.warn("evict", || format!("cannot evict {}: {e}", path.display()));
+                    skip.insert(name);
+                    continue;
+                }
+            }
+            st.view.forget(name, now);
+            records.push(Record::Delete { name, t: now });
+            if !beat.beat(guard, self) {
+                done = false;
+                break;
+            }
+        }
+        if !records.is_empty() {
+            self.append_locked(st, &records);
+        }
+        done
     }
 
     fn sweep_due(&self, st: &State) -> bool {

@@ -12,6 +12,7 @@ mod claim_tests;
 mod evict;
 mod raw;
 mod read;
+mod reconcile;
 #[cfg(test)]
 mod tests;
 mod write;
@@ -151,7 +152,14 @@ fn check_key(key: &Key<'_>) -> Result<(), StoreError> {
 #[derive(Debug, Default, Clone)]
 pub struct EvictReport {
     pub removed: u64,
+    /// Bytes freed: the `st_blocks` of the files moved to trash.
     pub bytes: u64,
+    /// Index records dropped because their file was already gone (removed by a process
+    /// whose records this view had not read yet): they counted toward the budget, freed
+    /// nothing.
+    pub dropped: u64,
+    /// Files the index did not know, found on disk by an explicit `evict()` and indexed.
+    pub added: u64,
     /// File names (hex) of the evicted entries.
     pub names: Vec<String>,
     pub skipped: Option<String>,
@@ -204,6 +212,13 @@ pub struct Stats {
     pub entries: u64,
     pub bytes: u64,
     pub journals: u64,
+    /// How long ago the journal read longest ago was last read to its end (None: not
+    /// known, e.g. the index could not be read).
+    pub view_age: Option<Duration>,
+    /// Whether those reads went through a listing known to be fresh: false for a
+    /// read-only store on a network filesystem, whose view may lag by however long the
+    /// client caches file lengths (20 s on sshfs, up to 60 s on NFS) on top of `view_age`.
+    pub view_fresh: bool,
 }
 
 struct State {
@@ -220,6 +235,8 @@ struct State {
     evict_backlog: Option<u64>,
     /// When an eviction from a put last swept tmp/ and trash/.
     last_sweep: Option<Instant>,
+    /// When the journal directory's listing was last made fresh (network filesystems).
+    last_freshen: Option<Instant>,
 }
 
 pub struct Store {
@@ -343,6 +360,7 @@ impl Store {
                 pending: Vec::new(),
                 evict_backlog: None,
                 last_sweep: None,
+                last_freshen: None,
             }),
             layout,
             opts,

@@ -225,3 +225,87 @@ fn read_whole_reads_to_the_end_whatever_size_fstat_gave() {
         }
     }
 }
+
+#[test]
+fn eviction_drops_records_of_vanished_files_and_goes_on_to_the_target() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    for i in 0..10 {
+        s.put(key(&format!("k{i}")), &[7u8; 10_000], &[]).unwrap();
+    }
+    let per = s.stats().unwrap().bytes / 10;
+    // Another host removed the five oldest files; this view has not heard of it.
+    for i in 0..5 {
+        fs::remove_file(s.layout.entry_path(entry_name(format!("k{i}").as_bytes()))).unwrap();
+    }
+    let state = |s: &Store| {
+        let mut st = s.state();
+        let guard = s
+            .locks
+            .try_lock_for(EVICT_LOCK, Duration::ZERO)
+            .unwrap()
+            .unwrap();
+        // The put path's eviction (a deadline, no reconciliation).
+        let deadline = Some(Instant::now() + Duration::from_secs(10));
+        s.evict_locked(&mut st, guard, Some(per * 3), None, deadline)
+            .unwrap()
+    };
+    let r = state(&s);
+    assert_eq!(r.dropped, 5, "the phantoms freed nothing");
+    assert_eq!(r.removed, 2, "and eviction went on to the target");
+    assert_eq!(r.bytes, 2 * per, "freed bytes are the files' own");
+    let st = s.stats().unwrap();
+    assert_eq!((st.entries, st.bytes), (3, 3 * per));
+    assert_eq!(s.entry_files().unwrap().len(), 3);
+}
+
+#[test]
+fn explicit_evict_reconciles_with_the_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(1 << 20));
+    for i in 0..6 {
+        s.put(key(&format!("k{i}")), &[7u8; 10_000], &[]).unwrap();
+    }
+    // Another writer's file the view does not know (its put record unread), and a record
+    // whose file is gone.
+    let other = open(d.path(), None);
+    fs::remove_file(s.layout.entry_path(entry_name(b"k0"))).unwrap();
+    let per = s.stats().unwrap().bytes / 6;
+    other.put(key("x"), &[1u8; 10_000], &[]).unwrap();
+    let theirs = other.state().journal.path().unwrap().to_path_buf();
+    fs::remove_file(theirs).unwrap();
+    let r = s.evict(Some(per * 2), None).unwrap();
+    assert_eq!((r.dropped, r.added), (1, 1), "{r:?}");
+    assert_eq!(r.removed, 4, "{r:?}");
+    assert_eq!(s.entry_files().unwrap().len(), 2);
+    let st = s.stats().unwrap();
+    assert_eq!((st.entries, st.bytes), (2, 2 * per));
+    assert!(st.view_fresh && st.view_age.is_some());
+}
+
+#[test]
+fn puts_are_refused_far_over_budget_while_another_evicts() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(100_000));
+    // Another process holds the evictor lock and the view says the cache is far over.
+    let other = open(d.path(), None);
+    let _held = other
+        .locks
+        .try_lock_for(EVICT_LOCK, Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    for i in 0..20 {
+        other
+            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
+            .unwrap();
+    }
+    other.flush();
+    s.stats().unwrap(); // this process's view now knows
+    assert!(!s.put(key("k"), &[1u8; 10_000], &[]).unwrap());
+    assert_eq!(s.counters.get(Counter::PutsRefused), 1);
+    drop(_held);
+    assert!(
+        s.put(key("k"), &[1u8; 10_000], &[]).unwrap(),
+        "evicts, then admits"
+    );
+}

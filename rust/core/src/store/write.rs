@@ -5,6 +5,20 @@ use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
 const WRITE_CHUNK: usize = 256 << 10;
+/// Puts are refused while the cache is over this many times its budget (see `admits`).
+pub(super) const ADMIT_OVER: f64 = 1.0;
+
+/// A put not published because the cache is over budget (see `admits`).
+#[derive(Debug)]
+struct Refused;
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the cache is over its budget")
+    }
+}
+
+impl std::error::Error for Refused {}
 
 impl Store {
     /// Stores `value` under `key`. Ok(true) if this call published it; Ok(false) if the key
@@ -57,6 +71,10 @@ impl Store {
                 });
                 return Ok(false);
             }
+            if !self.admits(max) {
+                self.refused();
+                return Ok(false);
+            }
         }
         let outcome = self
             .write_and_publish(name, &path, &mut header, value)
@@ -90,6 +108,10 @@ impl Store {
                 self.maybe_flush_stats(false);
                 Ok(false)
             }
+            Err(e) if e.get_ref().is_some_and(|r| r.is::<Refused>()) => {
+                self.refused();
+                Ok(false)
+            }
             Err(e) => {
                 self.counters.inc(Counter::Errors);
                 self.warn("write", || {
@@ -102,6 +124,38 @@ impl Store {
                 Ok(false)
             }
         }
+    }
+
+    fn refused(&self) {
+        self.counters.inc(Counter::PutsRefused);
+        self.warn("refused", || {
+            format!(
+                "not caching an entry: the cache under {} is over its budget and another \
+                 process is evicting",
+                self.layout.root.display()
+            )
+        });
+        self.maybe_flush_stats(false);
+    }
+
+    /// Whether a put may publish: not while this process's view of the cache is over
+    /// `ADMIT_OVER` times the budget, after trying to evict (which never waits for the lock).
+    /// Eviction runs in time slices and in one process at a time, so puts from many
+    /// processes can outrun it; this bounds how far over budget the directory gets. Costs a
+    /// comparison while under budget.
+    fn admits(&self, max: u64) -> bool {
+        let limit = (max as f64 * ADMIT_OVER) as u64;
+        let mut st = self.state();
+        // The other writers' puts since this view was read are likely about this process's
+        // own (pending): look again before admitting once they may have filled the budget.
+        let likely = st
+            .pending_bytes
+            .saturating_mul(st.view.writers.max(1) as u64);
+        if st.view.lru.total_bytes().saturating_add(likely) <= limit {
+            return true;
+        }
+        self.maybe_evict(&mut st);
+        st.view.lru.total_bytes() + st.pending_bytes <= limit
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
@@ -142,6 +196,13 @@ impl Store {
             let disk = disk_bytes(&f.metadata()?);
             // close() is where NFS flushes to the server and reports errors such as ENOSPC.
             close_checked(f)?;
+            // Looked at again now that the value is written: the other writers' puts may
+            // have filled the budget meanwhile (only a comparison while under it).
+            if let Some(max) = self.opts.max_size {
+                if !self.admits(max) {
+                    return Err(io::Error::other(Refused));
+                }
+            }
             let published = match publish_no_replace(&tmp, path) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound && fs::metadata(&tmp).is_ok() => {
                     // The shard directory was removed (e.g. by hand); recreate it once.

@@ -1,0 +1,105 @@
+//! Reconciling the index view with the entry files, for an explicit `evict()` (never on
+//! the put path): the only place besides `verify` that lists every shard.
+//!
+//! Under stale views (another host's journal read late) the view holds records of files
+//! that are gone and misses files that exist, so eviction decided from it alone can stop
+//! with the directory over budget. Listing costs one read of each shard (made fresh first
+//! on a network filesystem) and a stat per file: it grows with the directory's entry count.
+
+use super::evict::Heartbeat;
+use super::*;
+use crate::layout::{freshen_dir, FRESHEN_PREFIX};
+
+fn mtime_ns(m: &fs::Metadata) -> u64 {
+    (m.mtime().max(0) as u64) * 1_000_000_000 + m.mtime_nsec().max(0) as u64
+}
+
+impl Store {
+    /// Lists every shard and brings the view in line with it: records of files that are
+    /// gone are dropped (`report.dropped`), files the view does not know are indexed with
+    /// their size on disk and their mtime as last use (`report.added`), and sizes are
+    /// corrected. What it changes is written to the journal, so other processes learn it.
+    pub(super) fn reconcile(
+        &self,
+        st: &mut State,
+        guard: &mut LockGuard,
+        beat: &mut Heartbeat,
+        report: &mut EvictReport,
+    ) -> io::Result<()> {
+        // Stamped before the listing: a file published after it has a later put record,
+        // which wins over the deletes written here.
+        let t0 = crate::clock::unix_ns();
+        let freshen = !self.fs.local;
+        let mut found: HashMap<u128, (u64, u64)> = HashMap::new();
+        for shard in 0..=255u8 {
+            let dir = self.layout.entries().join(format!("{shard:02x}"));
+            if freshen {
+                freshen_dir(&dir);
+            }
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            for e in rd.flatten() {
+                let file = e.file_name();
+                let Some(file) = file.to_str() else { continue };
+                if file.starts_with(FRESHEN_PREFIX) {
+                    continue;
+                }
+                // Foreign files are verify's business.
+                let Some(name) = parse_name_hex(file) else {
+                    continue;
+                };
+                if self.layout.shard_dir(name) != dir {
+                    continue;
+                }
+                match e.metadata() {
+                    Ok(m) if m.is_file() => {
+                        found.insert(name, (disk_bytes(&m), mtime_ns(&m)));
+                    }
+                    _ => {}
+                }
+            }
+            if !beat.beat(guard, self) {
+                // The lease is someone else's now: change nothing.
+                return Ok(());
+            }
+        }
+        let mut records = Vec::new();
+        let gone: Vec<u128> = st
+            .view
+            .lru
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| !found.contains_key(n))
+            .collect();
+        for name in gone {
+            st.view.forget(name, t0);
+            records.push(Record::Delete { name, t: t0 });
+            report.dropped += 1;
+        }
+        for (name, (disk, mtime)) in found {
+            let t = match st.view.lru.get(name) {
+                Some(info) if info.disk_bytes == disk => continue,
+                Some(info) => info.last_use,
+                None => {
+                    report.added += 1;
+                    mtime.min(t0)
+                }
+            };
+            st.view.found(name, disk, t);
+            // A publish record: being found is not a use, so it counts no hit.
+            records.push(Record::Touch {
+                name,
+                disk_bytes: disk,
+                t,
+                put: true,
+            });
+        }
+        if !records.is_empty() {
+            self.append_locked(st, &records);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,61 @@
+"""Accounting and eviction under realistic stale views (issue 13): the two-host bed with
+sshfs's default cache (20 s) and with 60 s, as long as an NFS client may keep attributes.
+
+Eight processes (four per mount) share a 3 MiB cache for 10 s (get 55%, put 40%, delete 5%
+of 120 keys, values of 0.5-256 KiB) while the server's disk is sampled; 2 s after they stop,
+a process on host A calls evict(). The scenario is ``scenarios.stale_budget``;
+``bench/reliability_report.py`` runs the same code for docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import scenarios
+from testbed import TwoHosts
+
+pytestmark = pytest.mark.netfs
+
+# Worker warnings these runs may log: a read that saw a stale (short) view of a replaced
+# entry (a miss), and a put refused while the cache was far over budget (not cached).
+PEAK_LIMIT = 1.75
+ALLOWED_WARNINGS = {"incomplete view of cache entry", "not caching an entry"}
+
+
+def check(r: dict[str, Any]) -> None:
+    assert not r["crashed"], r["crashed"]
+    assert r["exceptions"] == [], r["exceptions"]
+    assert r["torn_reads"] == 0 and r["wrong_reads"] == 0, r
+    assert set(r["worker_warning_kinds"]) <= ALLOWED_WARNINGS, r["worker_warning_kinds"]
+    # Enough work for the run to mean something: the budget turned over many times.
+    assert r["published"] * 64 * 1024 > 10 * r["max_size"], r["ops"]
+    # During the run the disk never went far over the budget (sampled every 0.1 s). The
+    # aim is 1.5x (met by most runs, see docs/reliability.md); a loaded 2-core CI machine
+    # gets some margin. Before issue 13 these runs peaked at 2.6-3.4x.
+    assert r["peak_ratio"] <= PEAK_LIMIT, (r["peak_ratio"], r["timeline"])
+    # evict() leaves the directory itself under the budget...
+    assert r["evict"]["skipped"] is None, r["evict"]
+    assert r["over_budget_after_evict"] == 0, (r["disk_after"], r["evict"])
+    # ...and stats() right after agrees with the files on the server's disk.
+    assert r["stats_after"]["view_age_s"] is not None, r["stats_after"]
+    assert r["stats_error_after"] <= 0.10, (r["stats_after"], r["disk_after"])
+    # No published entry lost that an eviction or a delete did not choose.
+    assert r["lost_count"] == 0, r["lost"]
+
+
+@pytest.mark.parametrize("lock_mode", ["fcntl", "lease"])
+def test_default_sshfs_cache(
+    two_hosts_default_cache: TwoHosts, tmp_path: Path, lock_mode: str
+) -> None:
+    check(
+        scenarios.stale_budget(
+            two_hosts_default_cache, tmp_path, cache_timeout=None, lock_mode=lock_mode
+        )
+    )
+
+
+@pytest.mark.slow
+def test_sixty_second_cache(two_hosts_60s_cache: TwoHosts, tmp_path: Path) -> None:
+    check(scenarios.stale_budget(two_hosts_60s_cache, tmp_path, cache_timeout=60))
