@@ -163,7 +163,7 @@ _STAT_ROWS = (
     ("puts", "puts"),
     ("evictions", "evictions"),
     ("corrupt", "corrupt"),
-    ("puts_refused", "puts refused (far over budget)"),
+    ("puts_refused", "puts refused (over budget, evictor busy)"),
     # How fresh entries and bytes are: see docs/reliability.md (stale views).
     ("view_age_s", "index as of"),
     # Single flight (compile claims): see docs/jax.md.
