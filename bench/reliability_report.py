@@ -486,8 +486,9 @@ def render(results: dict[str, Any]) -> str:
         )
         problems.append(
             "- **The disk can pass 1.5x the budget for a moment** when puts outrun eviction "
-            f"on these mounts ({runs}; sampled every 0.1 s). Puts are refused over the "
-            "budget while another process evicts, and every view is re-read at least every "
+            f"on these mounts ({runs}; sampled every 0.1 s). A put over the budget "
+            "evicts first (waiting up to lock_timeout for another process's eviction) and is "
+            "refused when it cannot, and every view is re-read at least every "
             "50 ms, but a put in flight is not seen by the others until it is published. "
             "The test allows 1.75x on a loaded CI machine."
         )

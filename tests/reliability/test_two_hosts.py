@@ -156,8 +156,11 @@ def test_lease_fallback_one_evictor_at_a_time(
 ) -> None:
     r = scenarios.lease_one_evictor(two_hosts, tmp_path_factory.mktemp("lease"))
     assert r["exceptions"] == [], r["exceptions"]
-    # Both hosts evicted, and they competed for the lease.
-    assert r["by_host"]["a"] > 0 and r["by_host"]["b"] > 0, r
+    # Several evictions, and the evictors competed for the lease. Which host wins it is
+    # luck: since an explicit evict() reconciles with a fresh listing of every shard (issue
+    # 13, 1-4 s here while the other three put), six seconds hold only two to five
+    # evictions, and all of them can fall to one host.
+    assert r["evictions"] >= 2, r
     assert r["skipped"] > 0, r
     # No two evictions ever ran at once, on either host or across hosts.
     assert r["overlaps"] == [], r["overlaps"]
