@@ -19,10 +19,17 @@ from testbed import TwoHosts
 pytestmark = pytest.mark.netfs
 
 # Worker warnings these runs may log: a read that saw a stale (short) view of a replaced
-# entry (a miss), and a put refused over budget while another process held the evictor
-# lock (not cached).
+# entry (a miss), a put refused over budget while another process held the evictor lock
+# (not cached), and, rarely under this churn (the budget turns over several times a
+# second), a lease or a file that another host replaced or removed between two calls
+# (a skipped eviction, or a miss). Each is a logged, counted degradation.
 PEAK_LIMIT = 1.75
-ALLOWED_WARNINGS = {"incomplete view of cache entry", "not caching an entry"}
+ALLOWED_WARNINGS = {
+    "incomplete view of cache entry",
+    "not caching an entry",
+    "cannot take the evictor lock",
+    "cannot read",
+}
 
 
 def check(r: dict[str, Any]) -> None:

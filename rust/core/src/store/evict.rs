@@ -201,7 +201,7 @@ impl Store {
             // Records that arrived while this eviction worked (other hosts' puts read only
             // now) may have put the view over the target again: go on on the new view.
             self.refresh(st)?;
-            if !over(st) || rounds >= EXPLICIT_ROUNDS {
+            if !over(st) || rounds >= EXPLICIT_ROUNDS || !beat.beat(guard, self) {
                 break;
             }
         }
@@ -214,10 +214,11 @@ impl Store {
         // few puts would otherwise stat thousands of files per eviction). `evict()` always
         // sweeps.
         if st.evict_backlog.is_none() && (explicit || self.sweep_due(st)) {
-            self.sweep(false);
+            // With a large trash on a network filesystem the sweep can outlast a lease.
+            self.sweep_with(false, &mut || beat.beat(guard, self));
             st.last_sweep = Some(Instant::now());
         }
-        if st.view.wants_compaction() {
+        if st.view.wants_compaction() && beat.beat(guard, self) {
             self.compact_locked(st);
             // Compaction re-read the journals: a view that grew over the target is the next
             // put's to bring down.
@@ -347,6 +348,12 @@ impl Store {
     /// Removes temp files, trash and lease leftovers older than their grace periods; returns
     /// how many (temp + lease leftovers, trash). With `dry_run` it only counts (for verify).
     pub(super) fn sweep(&self, dry_run: bool) -> (u64, u64) {
+        self.sweep_with(dry_run, &mut || true)
+    }
+
+    /// `sweep`, asking `go_on` (the evictor's heartbeat) before each file; stops when it
+    /// says no (the lease was lost: its new holder sweeps).
+    fn sweep_with(&self, dry_run: bool, go_on: &mut dyn FnMut() -> bool) -> (u64, u64) {
         let now = crate::clock::unix_ns();
         let mut counts = (0, 0);
         // (directory, grace, counted as trash, dot files only: in locks/ only the leftovers
@@ -366,6 +373,9 @@ impl Store {
         ] {
             let Ok(rd) = fs::read_dir(&dir) else { continue };
             for e in rd.flatten() {
+                if !go_on() {
+                    return counts;
+                }
                 if dot_only && !e.file_name().to_string_lossy().starts_with('.') {
                     continue;
                 }
