@@ -81,9 +81,7 @@ impl Store {
         // The other writers are likely putting about as much as this one: re-read their
         // journals once the budget may be full, not only every refresh_interval (a cold
         // cache filled by many processes would otherwise overshoot by their number).
-        let likely = st
-            .pending_bytes
-            .saturating_mul(st.view.writers.max(1) as u64);
+        let likely = st.likely_unseen();
         let due = st
             .last_refresh
             .is_none_or(|t| t.elapsed() >= self.opts.refresh_interval)
@@ -104,22 +102,38 @@ impl Store {
         if over.is_none() && backlog.is_none() && !st.view.wants_compaction() {
             return;
         }
-        let guard = match self.locks.try_lock_for(EVICT_LOCK, Duration::ZERO) {
-            Ok(Some(g)) => g,
-            Ok(None) => return,
+        let Some(guard) = self.take_evict_lock(Duration::ZERO) else {
+            return;
+        };
+        let target = over.map(|m| self.low_water(m)).or(backlog);
+        self.evict_slice_locked(st, guard, target);
+    }
+
+    /// The evictor lock, waiting up to `wait`; None when another process holds it (or it
+    /// cannot be taken: logged).
+    pub(super) fn take_evict_lock(&self, wait: Duration) -> Option<LockGuard> {
+        match self.locks.try_lock_for(EVICT_LOCK, wait) {
+            Ok(g) => g,
             Err(e) => {
                 self.warn("lock", || format!("cannot take the evictor lock: {e}"));
-                return;
+                None
             }
-        };
-        let target = over
-            .map(|m| (m as f64 * self.opts.low_watermark) as u64)
-            .or(backlog);
+        }
+    }
+
+    /// One time slice of eviction from the put path, toward `target`; failures are
+    /// counted and logged, never returned.
+    pub(super) fn evict_slice_locked(&self, st: &mut State, guard: LockGuard, target: Option<u64>) {
         let deadline = Instant::now() + self.opts.evict_slice;
         if let Err(e) = self.evict_locked(st, guard, target, None, Some(deadline)) {
             self.counters.inc(Counter::Errors);
             self.warn("evict", || format!("eviction failed: {e}"));
         }
+    }
+
+    /// Where an eviction for a budget of `max` bytes stops.
+    pub(super) fn low_water(&self, max: u64) -> u64 {
+        (max as f64 * self.opts.low_watermark) as u64
     }
 
     /// Evicts with the lock held: refreshes, removes oldest entries until the total is at
@@ -406,10 +420,7 @@ impl Store {
         if self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
-        let target = max_size.or(self
-            .opts
-            .max_size
-            .map(|m| (m as f64 * self.opts.low_watermark) as u64));
+        let target = max_size.or(self.opts.max_size.map(|m| self.low_water(m)));
         let guard = self
             .locks
             .try_lock_for(EVICT_LOCK, self.opts.lock_timeout)?;

@@ -239,6 +239,15 @@ struct State {
     last_freshen: Option<Instant>,
 }
 
+impl State {
+    /// What the other writers likely published since this view was read: about this
+    /// process's own puts (`pending_bytes`) each.
+    fn likely_unseen(&self) -> u64 {
+        self.pending_bytes
+            .saturating_mul(self.view.writers.max(1) as u64)
+    }
+}
+
 pub struct Store {
     layout: Layout,
     opts: StoreOptions,

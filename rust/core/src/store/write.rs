@@ -5,9 +5,6 @@ use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
 const WRITE_CHUNK: usize = 256 << 10;
-/// Puts are refused while the cache is over this many times its budget (see `admits`).
-pub(super) const ADMIT_OVER: f64 = 1.0;
-
 /// A put not published because the cache is over budget (see `admits`).
 #[derive(Debug)]
 struct Refused;
@@ -139,49 +136,34 @@ impl Store {
         self.maybe_flush_stats(false);
     }
 
-    /// Whether a put may publish: not while this process's view of the cache is over
-    /// `ADMIT_OVER` times the budget. Eviction runs in time slices and in one process at a
-    /// time, so puts from many processes can outrun it; this bounds how far over budget the
-    /// directory gets. Costs a comparison while under budget. Over it, the put first tries
-    /// to evict (never waiting), then waits up to `lock_timeout` for the process that
-    /// holds the evictor lock and evicts here: a put follows a compile that took seconds,
-    /// and a refused one costs that compile again on the next run, so a short wait is the
-    /// cheaper side. Refused only when the lock stays taken (or cannot be taken).
+    /// Whether a put may publish: not while this process's view of the cache is over the
+    /// budget. Eviction runs in time slices and in one process at a time, so puts from many
+    /// processes can outrun it; this bounds how far over budget the directory gets. Costs a
+    /// comparison while under budget. Over it, the put first tries to evict (never
+    /// waiting), then waits up to `lock_timeout` for the process that holds the evictor
+    /// lock and evicts here: a put follows a compile that took seconds, and a refused one
+    /// costs that compile again on the next run, so a short wait is the cheaper side.
+    /// Refused only when the lock stays taken (or cannot be taken).
     fn admits(&self, max: u64) -> bool {
-        let limit = (max as f64 * ADMIT_OVER) as u64;
         {
             let mut st = self.state();
-            // The other writers' puts since this view was read are likely about this
-            // process's own (pending): look again before admitting once they may have
-            // filled the budget.
-            let likely = st
-                .pending_bytes
-                .saturating_mul(st.view.writers.max(1) as u64);
-            if st.view.lru.total_bytes().saturating_add(likely) <= limit {
+            // Look again before admitting once the other writers' likely puts since this
+            // view was read may have filled the budget.
+            if st.view.lru.total_bytes().saturating_add(st.likely_unseen()) <= max {
                 return true;
             }
             self.maybe_evict(&mut st);
-            if st.view.lru.total_bytes() + st.pending_bytes <= limit {
+            if st.view.lru.total_bytes() + st.pending_bytes <= max {
                 return true;
             }
         }
         // Waited for without holding the state lock, so this process's gets go on.
-        let guard = match self.locks.try_lock_for(EVICT_LOCK, self.opts.lock_timeout) {
-            Ok(Some(g)) => g,
-            Ok(None) => return false,
-            Err(e) => {
-                self.warn("lock", || format!("cannot take the evictor lock: {e}"));
-                return false;
-            }
+        let Some(guard) = self.take_evict_lock(self.opts.lock_timeout) else {
+            return false;
         };
         let mut st = self.state();
-        let target = (max as f64 * self.opts.low_watermark) as u64;
-        let deadline = Instant::now() + self.opts.evict_slice;
-        if let Err(e) = self.evict_locked(&mut st, guard, Some(target), None, Some(deadline)) {
-            self.counters.inc(Counter::Errors);
-            self.warn("evict", || format!("eviction failed: {e}"));
-        }
-        st.view.lru.total_bytes() + st.pending_bytes <= limit
+        self.evict_slice_locked(&mut st, guard, Some(self.low_water(max)));
+        st.view.lru.total_bytes() + st.pending_bytes <= max
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
