@@ -309,3 +309,35 @@ fn puts_are_refused_far_over_budget_while_another_evicts() {
         "evicts, then admits"
     );
 }
+
+#[test]
+fn a_put_over_budget_waits_for_another_eviction_then_evicts_itself() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(100_000));
+    assert!(s.opts.lock_timeout >= Duration::from_millis(300));
+    let other = open(d.path(), None);
+    for i in 0..20 {
+        other
+            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
+            .unwrap();
+    }
+    other.flush();
+    s.stats().unwrap(); // this process's view now knows the cache is over budget
+    let held = other
+        .locks
+        .try_lock_for(EVICT_LOCK, Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    // The other evictor finishes well within this store's lock_timeout.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+    });
+    assert!(
+        s.put(key("k"), &[1u8; 10_000], &[]).unwrap(),
+        "waited, evicted, admitted"
+    );
+    release.join().unwrap();
+    assert_eq!(s.counters.get(Counter::PutsRefused), 0);
+    assert!(s.stats().unwrap().bytes <= 100_000);
+}
