@@ -318,6 +318,8 @@ def stale_budget(
     base = {
         "max_size": max_size,
         "lock_mode": lock_mode,
+        # The library's default, as a new user runs it (the other scenarios use 0).
+        "lock_timeout": 0.5,
         "duration": duration,
         "key_space": key_space,
         "value_sizes": list(value_sizes),

@@ -63,6 +63,14 @@ pub struct IndexView {
     pub fresh: bool,
     /// Journals that had grown at the last refresh: how many processes are writing.
     pub writers: usize,
+    /// This process's journal (file name), whose puts `others_put_bytes` leaves out.
+    pub own_journal: Option<String>,
+    /// Bytes of the puts of other processes read from their journals since this view was
+    /// created, not counting what a first read or a snapshot reload brings in (history,
+    /// not recent puts): its growth over time is the fleet's put rate.
+    pub others_put_bytes: u64,
+    /// Whether the next refresh reads only what arrived since the previous one.
+    counting: bool,
 }
 
 fn snap_id(m: &fs::Metadata) -> SnapId {
@@ -87,7 +95,11 @@ impl IndexView {
     fn reset(&mut self) {
         let tombstones = std::mem::take(&mut self.tombstones);
         let (cleared_at, last_prune) = (self.cleared_at, self.last_prune);
+        let own_journal = self.own_journal.take();
+        let others_put_bytes = self.others_put_bytes;
         *self = IndexView::default();
+        self.own_journal = own_journal;
+        self.others_put_bytes = others_put_bytes;
         self.tombstones = tombstones;
         self.cleared_at = cleared_at;
         self.last_prune = last_prune;
@@ -229,7 +241,9 @@ impl IndexView {
         }
         let now = Instant::now();
         let mut writers = 0;
+        let counting = self.counting;
         for name in names {
+            let others = counting && self.own_journal.as_ref() != Some(&name);
             let state = self.journals.entry(name.clone()).or_default();
             let path = layout.journal_dir().join(&name);
             // One stat tells an unchanged journal (most of them, most of the time).
@@ -260,6 +274,14 @@ impl IndexView {
             for r in recs {
                 match r {
                     Record::Stats { counters: c } => counters = Some(c),
+                    Record::Touch {
+                        disk_bytes,
+                        put: true,
+                        ..
+                    } if others => {
+                        self.others_put_bytes += disk_bytes;
+                        self.apply(r)
+                    }
                     r => self.apply(r),
                 }
             }
@@ -270,6 +292,7 @@ impl IndexView {
             }
         }
         self.loaded = true;
+        self.counting = true;
         self.fresh = fresh;
         self.writers = writers;
         Ok(())

@@ -68,9 +68,24 @@ impl Store {
         } else {
             (st.view.fresh && st.last_freshen.is_some(), false)
         };
+        // The put rate counts the other processes' journals only (this one's may have been
+        // reopened under a new name).
+        let own = st
+            .journal
+            .path()
+            .and_then(|p| p.file_name())
+            .and_then(|n| n.to_str());
+        if st.view.own_journal.as_deref() != own {
+            st.view.own_journal = own.map(str::to_string);
+        }
         st.view.refresh(&self.layout, fresh, from_server)?;
         st.pending_bytes = 0;
-        st.last_refresh = Some(Instant::now());
+        let now = Instant::now();
+        st.last_refresh = Some(now);
+        if self.fs.local || from_server {
+            st.read_fresh_at = Some(now);
+        }
+        st.note_put_rate();
         Ok(())
     }
 

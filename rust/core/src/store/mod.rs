@@ -53,6 +53,12 @@ const MMAP_MIN_BYTES: u64 = 128 * 1024;
 /// and removed by compaction.
 const REMOTE_JOURNAL_AGE: Duration = Duration::from_secs(24 * 3600);
 const EVICT_LOCK: &str = "evict";
+/// How long after a process checks the budget its put becomes visible to the others (the
+/// link, then its journal record): the others' puts in that window are unseen by both.
+const PUBLISH_WINDOW: Duration = Duration::from_millis(10);
+/// The put rate is smoothed over about this long, from samples at least this far apart.
+const RATE_SMOOTHING: Duration = Duration::from_secs(1);
+const RATE_MIN_INTERVAL: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadMode {
@@ -237,14 +243,48 @@ struct State {
     last_sweep: Option<Instant>,
     /// When the journal directory's listing was last made fresh (network filesystems).
     last_freshen: Option<Instant>,
+    /// When the view last read the journals with lengths known to be current (every
+    /// refresh on a local filesystem, a freshened one on a network filesystem).
+    read_fresh_at: Option<Instant>,
+    /// The other processes' put rate (bytes/s) as this view saw their journals grow,
+    /// smoothed over about a second; and the sample it was last updated from.
+    put_rate: f64,
+    rate_sample: Option<(Instant, u64)>,
 }
 
 impl State {
-    /// What the other writers likely published since this view was read: about this
-    /// process's own puts (`pending_bytes`) each.
+    /// What the other writers likely published that this view has not read: about this
+    /// process's own puts since it was read (`pending_bytes`) each, or their measured put
+    /// rate over the time since the view was current plus `PUBLISH_WINDOW`, whichever is
+    /// more. Near zero in a quiet fleet; in a busy one it is what keeps a view that is
+    /// even 50 ms old from admitting puts into space that is already taken.
     fn likely_unseen(&self) -> u64 {
-        self.pending_bytes
-            .saturating_mul(self.view.writers.max(1) as u64)
+        let by_own = self
+            .pending_bytes
+            .saturating_mul(self.view.writers.max(1) as u64);
+        let since = self
+            .read_fresh_at
+            .or(self.last_refresh)
+            .map_or(Duration::ZERO, |t| t.elapsed())
+            + PUBLISH_WINDOW;
+        let by_rate = (self.put_rate * since.as_secs_f64()) as u64;
+        by_own.max(by_rate)
+    }
+
+    /// Folds the other processes' puts read by the last refresh into `put_rate`.
+    fn note_put_rate(&mut self) {
+        let now = Instant::now();
+        let total = self.view.others_put_bytes;
+        if let Some((t, before)) = self.rate_sample {
+            let dt = now.duration_since(t);
+            if dt < RATE_MIN_INTERVAL {
+                return;
+            }
+            let rate = total.saturating_sub(before) as f64 / dt.as_secs_f64();
+            let weight = 1.0 - (-dt.as_secs_f64() / RATE_SMOOTHING.as_secs_f64()).exp();
+            self.put_rate += weight * (rate - self.put_rate);
+        }
+        self.rate_sample = Some((now, total));
     }
 }
 
@@ -370,6 +410,9 @@ impl Store {
                 evict_backlog: None,
                 last_sweep: None,
                 last_freshen: None,
+                read_fresh_at: None,
+                put_rate: 0.0,
+                rate_sample: None,
             }),
             layout,
             opts,

@@ -341,3 +341,89 @@ fn a_put_over_budget_waits_for_another_eviction_then_evicts_itself() {
     assert_eq!(s.counters.get(Counter::PutsRefused), 0);
     assert!(s.stats().unwrap().bytes <= 100_000);
 }
+
+#[test]
+fn a_put_over_budget_is_admitted_when_another_evictor_frees_room_while_holding_the_lock() {
+    let d = tempfile::tempdir().unwrap();
+    // A wait long enough for a loaded machine; the other holds the lock for longer still.
+    let s = Store::open(
+        d.path(),
+        StoreOptions {
+            max_size: Some(100_000),
+            lock_timeout: Duration::from_secs(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let other = std::sync::Arc::new(open(d.path(), None));
+    for i in 0..20 {
+        other
+            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
+            .unwrap();
+    }
+    other.flush();
+    s.stats().unwrap(); // this process's view now knows the cache is over budget
+    let held = other
+        .locks
+        .try_lock_for(EVICT_LOCK, Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let evictor = std::sync::Arc::clone(&other);
+    // The other process evicts, and keeps the lock for longer than this store waits.
+    let worker = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        for i in 0..15 {
+            evictor.delete(key(&format!("o{i}"))).unwrap();
+        }
+        evictor.flush();
+        let _ = rx.recv_timeout(Duration::from_secs(10));
+        drop(held);
+    });
+    assert!(
+        s.put(key("k"), &[1u8; 10_000], &[]).unwrap(),
+        "admitted once the other's deletes were in the view"
+    );
+    let still_held = s.locks.try_lock_for(EVICT_LOCK, Duration::ZERO).unwrap();
+    assert!(still_held.is_none(), "admitted without the evictor lock");
+    tx.send(()).unwrap();
+    worker.join().unwrap();
+    assert_eq!(s.counters.get(Counter::PutsRefused), 0);
+    assert_eq!(s.counters.get(Counter::Evictions), 0);
+}
+
+#[test]
+fn the_other_processes_put_rate_counts_as_likely_unseen() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(10_000_000));
+    let other = open(d.path(), None);
+    s.stats().unwrap();
+    // This process's own puts are no sign of the others'.
+    for i in 0..20 {
+        s.put(key(&format!("s{i}")), &[1u8; 10_000], &[]).unwrap();
+    }
+    s.stats().unwrap();
+    assert_eq!(s.state().put_rate, 0.0);
+    let started = Instant::now();
+    for i in 0..40 {
+        other
+            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        if i % 4 == 3 {
+            s.stats().unwrap();
+        }
+    }
+    let rate = 40.0 * 10_000.0 / started.elapsed().as_secs_f64();
+    let st = s.state();
+    assert!(
+        st.put_rate > 0.2 * rate && st.put_rate < 2.0 * rate,
+        "put rate {} vs {rate}",
+        st.put_rate
+    );
+    let now = st.likely_unseen();
+    drop(st);
+    std::thread::sleep(Duration::from_millis(100));
+    let later = s.state().likely_unseen();
+    assert!(now > 0 && later > now, "{now} then {later}");
+}

@@ -5,6 +5,9 @@ use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
 const WRITE_CHUNK: usize = 256 << 10;
+/// A put waiting for another process's eviction looks again after 5 ms, doubling to 50 ms.
+const ADMIT_POLL_MIN: Duration = Duration::from_millis(5);
+const ADMIT_POLL_MAX: Duration = Duration::from_millis(50);
 /// A put not published because the cache is over budget (see `admits`).
 #[derive(Debug)]
 struct Refused;
@@ -68,7 +71,7 @@ impl Store {
                 });
                 return Ok(false);
             }
-            if !self.admits(max) {
+            if !self.admits(max, total, false) {
                 self.refused();
                 return Ok(false);
             }
@@ -136,34 +139,87 @@ impl Store {
         self.maybe_flush_stats(false);
     }
 
-    /// Whether a put may publish: not while this process's view of the cache is over the
-    /// budget. Eviction runs in time slices and in one process at a time, so puts from many
-    /// processes can outrun it; this bounds how far over budget the directory gets. Costs a
-    /// comparison while under budget. Over it, the put first tries to evict (never
-    /// waiting), then waits up to `lock_timeout` for the process that holds the evictor
-    /// lock and evicts here: a put follows a compile that took seconds, and a refused one
-    /// costs that compile again on the next run, so a short wait is the cheaper side.
-    /// Refused only when the lock stays taken (or cannot be taken).
-    fn admits(&self, max: u64) -> bool {
+    /// Whether a put of `size` bytes may go on (`publishing`: its file is written and about
+    /// to be linked into place): not while this process's view of the cache, with it, is
+    /// over the budget. Eviction runs in time slices and in one process at a time, so puts
+    /// from many processes can outrun it; this bounds how far over budget the directory gets.
+    ///
+    /// On a network filesystem the check before publishing reads the other writers' latest
+    /// records first (a fresh journal listing: a few metadata round trips): a view even
+    /// 50 ms old misses what a busy fleet published meanwhile, and each process would admit
+    /// its own put into the same free space. Elsewhere it costs a comparison while under
+    /// budget.
+    ///
+    /// Over budget, the put evicts (never waiting for the lock); if another process holds
+    /// the evictor lock, it waits up to `lock_timeout`, watching the view for that
+    /// eviction's deletes and taking the lock when it is free. A put follows a compile that
+    /// took seconds, and a refused one costs that compile again on the next run, so a short
+    /// wait is the cheaper side. Refused only when neither happens in time.
+    fn admits(&self, max: u64, size: u64, publishing: bool) -> bool {
+        let fits = |st: &State, unseen: u64| {
+            st.view
+                .lru
+                .total_bytes()
+                .saturating_add(unseen)
+                .saturating_add(size)
+                <= max
+        };
         {
             let mut st = self.state();
-            // Look again before admitting once the other writers' likely puts since this
-            // view was read may have filled the budget.
-            if st.view.lru.total_bytes().saturating_add(st.likely_unseen()) <= max {
+            // The other writers' likely puts since this view was read count too.
+            if fits(&st, st.likely_unseen()) {
                 return true;
             }
+            if publishing && !self.fs.local {
+                if !self.fresh_view(&mut st) {
+                    return true;
+                }
+                if fits(&st, st.likely_unseen()) {
+                    return true;
+                }
+            }
             self.maybe_evict(&mut st);
-            if st.view.lru.total_bytes() + st.pending_bytes <= max {
+            if fits(&st, st.pending_bytes) {
                 return true;
             }
         }
         // Waited for without holding the state lock, so this process's gets go on.
-        let Some(guard) = self.take_evict_lock(self.opts.lock_timeout) else {
-            return false;
-        };
-        let mut st = self.state();
-        self.evict_slice_locked(&mut st, guard, Some(self.low_water(max)));
-        st.view.lru.total_bytes() + st.pending_bytes <= max
+        let deadline = Instant::now() + self.opts.lock_timeout;
+        let mut pause = ADMIT_POLL_MIN;
+        loop {
+            if let Some(guard) = self.take_evict_lock(Duration::ZERO) {
+                let mut st = self.state();
+                let target = self.low_water(max).min(max - size);
+                self.evict_slice_locked(&mut st, guard, Some(target));
+                // A slice cut short by its deadline goes on in the next round.
+                if fits(&st, st.pending_bytes) {
+                    return true;
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(ADMIT_POLL_MAX);
+            let mut st = self.state();
+            if self.fresh_view(&mut st) && fits(&st, st.likely_unseen()) {
+                return true;
+            }
+        }
+    }
+
+    /// Re-reads the journals through a fresh listing; false (logged, counted) if they
+    /// cannot be read.
+    fn fresh_view(&self, st: &mut State) -> bool {
+        match self.refresh(st) {
+            Ok(()) => true,
+            Err(e) => {
+                self.counters.inc(Counter::Errors);
+                self.warn("index", || format!("cannot read the cache index: {e}"));
+                false
+            }
+        }
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
@@ -207,7 +263,7 @@ impl Store {
             // Looked at again now that the value is written: the other writers' puts may
             // have filled the budget meanwhile (only a comparison while under it).
             if let Some(max) = self.opts.max_size {
-                if !self.admits(max) {
+                if !self.admits(max, disk, true) {
                     return Err(io::Error::other(Refused));
                 }
             }
