@@ -14,7 +14,44 @@ fn mtime_ns(m: &fs::Metadata) -> u64 {
     (m.mtime().max(0) as u64) * 1_000_000_000 + m.mtime_nsec().max(0) as u64
 }
 
+/// Threads listing shards at once on a network filesystem, and shards listed between two
+/// heartbeats of the evictor's lease.
+const LIST_THREADS: usize = 8;
+const LIST_BATCH: usize = 64;
+
 impl Store {
+    /// The entry files of one shard: (name, disk bytes, mtime). A missing shard is empty.
+    fn list_shard(&self, shard: u8, out: &mut Vec<(u128, (u64, u64))>) -> io::Result<()> {
+        let dir = self.layout.entries().join(format!("{shard:02x}"));
+        if !self.fs.local {
+            freshen_dir(&dir);
+        }
+        let rd = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for e in rd.flatten() {
+            let file = e.file_name();
+            let Some(file) = file.to_str() else { continue };
+            if file.starts_with(FRESHEN_PREFIX) {
+                continue;
+            }
+            // Foreign files are verify's business.
+            let Some(name) = parse_name_hex(file) else {
+                continue;
+            };
+            if self.layout.shard_dir(name) != dir {
+                continue;
+            }
+            match e.metadata() {
+                Ok(m) if m.is_file() => out.push((name, (disk_bytes(&m), mtime_ns(&m)))),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Lists every shard and brings the view in line with it: records of files that are
     /// gone are dropped (`report.dropped`), files the view does not know are indexed with
     /// their size on disk and their mtime as last use (`report.added`), and sizes are
@@ -29,37 +66,34 @@ impl Store {
         // Stamped before the listing: a file published after it has a later put record,
         // which wins over the deletes written here.
         let t0 = crate::clock::unix_ns();
-        let freshen = !self.fs.local;
+        // On a network filesystem each shard costs round trips (a fresh listing, then the
+        // attributes): shards are listed by several threads at once.
+        let workers = if self.fs.local { 1 } else { LIST_THREADS };
         let mut found: HashMap<u128, (u64, u64)> = HashMap::new();
-        for shard in 0..=255u8 {
-            let dir = self.layout.entries().join(format!("{shard:02x}"));
-            if freshen {
-                freshen_dir(&dir);
-            }
-            let rd = match fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            for e in rd.flatten() {
-                let file = e.file_name();
-                let Some(file) = file.to_str() else { continue };
-                if file.starts_with(FRESHEN_PREFIX) {
-                    continue;
-                }
-                // Foreign files are verify's business.
-                let Some(name) = parse_name_hex(file) else {
-                    continue;
-                };
-                if self.layout.shard_dir(name) != dir {
-                    continue;
-                }
-                match e.metadata() {
-                    Ok(m) if m.is_file() => {
-                        found.insert(name, (disk_bytes(&m), mtime_ns(&m)));
-                    }
-                    _ => {}
-                }
+        let shards: Vec<u8> = (0..=255u8).collect();
+        for batch in shards.chunks(LIST_BATCH) {
+            let lists = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..workers)
+                    .map(|w| {
+                        scope.spawn(move || {
+                            let mut files = Vec::new();
+                            for &shard in batch.iter().skip(w).step_by(workers) {
+                                self.list_shard(shard, &mut files)?;
+                            }
+                            Ok::<_, io::Error>(files)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(io::Error::other("shard listing panicked")))
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for files in lists {
+                found.extend(files?);
             }
             if !beat.beat(guard, self) {
                 // The lease is someone else's now: change nothing.
