@@ -19,11 +19,10 @@ from testbed import TwoHosts
 pytestmark = pytest.mark.netfs
 
 # Worker warnings these runs may log: a read that saw a stale (short) view of a replaced
-# entry (a miss), a put refused over budget while another process held the evictor lock
-# (not cached), and, rarely under this churn (the budget turns over several times a
-# second), a lease or a file that another host replaced or removed between two calls
-# (a skipped eviction, or a miss). Each is a logged, counted degradation.
-PEAK_LIMIT = 1.75
+# entry (a miss), a put refused over budget when no eviction made room for it within the
+# lock timeout (not cached), and, rarely under this churn (the budget turns over several
+# times a second), a lease or a file that another host replaced or removed between two
+# calls (a skipped eviction, or a miss). Each is a logged, counted degradation.
 ALLOWED_WARNINGS = {
     "incomplete view of cache entry",
     "not caching an entry",
@@ -39,10 +38,14 @@ def check(r: dict[str, Any]) -> None:
     assert set(r["worker_warning_kinds"]) <= ALLOWED_WARNINGS, r["worker_warning_kinds"]
     # Enough work for the run to mean something: the budget turned over many times.
     assert r["published"] * 64 * 1024 > 10 * r["max_size"], r["ops"]
-    # During the run the disk never went far over the budget (sampled every 0.1 s). The
-    # aim is 1.5x (met by most runs, see docs/reliability.md); a loaded 2-core CI machine
-    # gets some margin. Before issue 13 these runs peaked at 2.6-3.4x.
-    assert r["peak_ratio"] <= PEAK_LIMIT, (r["peak_ratio"], r["timeline"])
+    # During the run the disk never went over 1.5x the budget (sampled every 0.1 s; 1.14-1.28x
+    # measured, see docs/reliability.md; before issue 13 these runs peaked at 2.6-3.4x)...
+    assert r["peak_ratio"] <= 1.5, (r["peak_ratio"], r["timeline"])
+    # ...without turning puts away: a put over budget waits for an eviction to make room.
+    assert r["puts_refused"] <= 0.1 * (r["published"] + r["puts_refused"]), (
+        r["puts_refused"],
+        r["published"],
+    )
     # evict() leaves the directory itself under the budget...
     assert r["evict"]["skipped"] is None, r["evict"]
     assert r["over_budget_after_evict"] == 0, (r["disk_after"], r["evict"])

@@ -130,8 +130,8 @@ impl Store {
         self.counters.inc(Counter::PutsRefused);
         self.warn("refused", || {
             format!(
-                "not caching an entry: the cache under {} is over its budget and another \
-                 process held the evictor lock for longer than {:?}",
+                "not caching an entry: the cache under {} is over its budget and no \
+                 eviction made room for it within {:?} (another process held the evictor lock)",
                 self.layout.root.display(),
                 self.opts.lock_timeout
             )
@@ -144,11 +144,13 @@ impl Store {
     /// over the budget. Eviction runs in time slices and in one process at a time, so puts
     /// from many processes can outrun it; this bounds how far over budget the directory gets.
     ///
-    /// On a network filesystem the check before publishing reads the other writers' latest
-    /// records first (a fresh journal listing: a few metadata round trips): a view even
-    /// 50 ms old misses what a busy fleet published meanwhile, and each process would admit
-    /// its own put into the same free space. Elsewhere it costs a comparison while under
-    /// budget.
+    /// The other processes' puts this view has not read count as `State::likely_unseen`:
+    /// near zero in a quiet fleet, their measured put rate times the view's age in a busy
+    /// one. On a network filesystem, when that margin does not fit, the check before
+    /// publishing re-reads the journals through a fresh listing (a few metadata round
+    /// trips) and looks again: a view even 50 ms old misses what a busy fleet published
+    /// meanwhile, and each process would admit its own put into the same free space.
+    /// While well under budget it costs a comparison.
     ///
     /// Over budget, the put evicts (never waiting for the lock); if another process holds
     /// the evictor lock, it waits up to `lock_timeout`, watching the view for that
