@@ -191,7 +191,9 @@ impl Store {
         loop {
             if let Some(guard) = self.take_evict_lock(Duration::ZERO) {
                 let mut st = self.state();
-                let target = self.low_water(max).min(max - size);
+                // Room for this put below the low watermark, as an eviction after it would
+                // leave: evicting only down to `max - size` would make the next put evict again.
+                let target = self.low_water(max).saturating_sub(size);
                 self.evict_slice_locked(&mut st, guard, Some(target));
                 // A slice cut short by its deadline goes on in the next round.
                 if fits(&st, st.pending_bytes) {
