@@ -8,6 +8,8 @@ const WRITE_CHUNK: usize = 256 << 10;
 /// A put waiting for another process's eviction looks again after 5 ms, doubling to 50 ms.
 const ADMIT_POLL_MIN: Duration = Duration::from_millis(5);
 const ADMIT_POLL_MAX: Duration = Duration::from_millis(50);
+/// Eviction slices a put over budget may run itself before it is refused.
+const ADMIT_OWN_SLICES: u32 = 3;
 /// A put not published because the cache is over budget (see `admits`).
 #[derive(Debug)]
 struct Refused;
@@ -188,17 +190,26 @@ impl Store {
         // Waited for without holding the state lock, so this process's gets go on.
         let deadline = Instant::now() + self.opts.lock_timeout;
         let mut pause = ADMIT_POLL_MIN;
+        let mut own_slices = 0;
         loop {
             if let Some(guard) = self.take_evict_lock(Duration::ZERO) {
                 let mut st = self.state();
-                // Room for this put below the low watermark, as an eviction after it would
-                // leave: evicting only down to `max - size` would make the next put evict again.
+                // Down to where this put leaves the cache at the low watermark, as an
+                // eviction after it would: stopping at the watermark itself would bring the
+                // next eviction one put sooner.
                 let target = self.low_water(max).saturating_sub(size);
                 self.evict_slice_locked(&mut st, guard, Some(target));
-                // A slice cut short by its deadline goes on in the next round.
                 if fits(&st, st.pending_bytes) {
                     return true;
                 }
+                // A slice cut short goes on at once, a few times; a backlog larger than that
+                // (a budget just lowered) is the next puts' to work off: no put stalls for
+                // a whole eviction batch.
+                own_slices += 1;
+                if own_slices >= ADMIT_OWN_SLICES {
+                    return false;
+                }
+                continue;
             }
             let now = Instant::now();
             if now >= deadline {
