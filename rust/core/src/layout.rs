@@ -27,8 +27,12 @@ impl Layout {
     pub fn entries(&self) -> PathBuf {
         self.root.join("entries")
     }
+    /// Shard directory number `shard` (00..ff).
+    pub fn shard(&self, shard: u8) -> PathBuf {
+        self.entries().join(format!("{shard:02x}"))
+    }
     pub fn shard_dir(&self, name: u128) -> PathBuf {
-        self.entries().join(format!("{:02x}", (name >> 120) as u8))
+        self.shard((name >> 120) as u8)
     }
     pub fn entry_path(&self, name: u128) -> PathBuf {
         self.shard_dir(name).join(name_hex(name))

@@ -80,13 +80,22 @@ impl Store {
         }
         st.view.refresh(&self.layout, fresh, from_server)?;
         st.pending_bytes = 0;
-        let now = Instant::now();
-        st.last_refresh = Some(now);
-        if self.fs.local || from_server {
-            st.read_fresh_at = Some(now);
-        }
+        st.last_refresh = Some(Instant::now());
         st.note_put_rate();
         Ok(())
+    }
+
+    /// Whether a refresh from the put path worked; a failure is counted and logged (the
+    /// put goes on with the view it has).
+    pub(super) fn refreshed(&self, res: io::Result<()>) -> bool {
+        match res {
+            Ok(()) => true,
+            Err(e) => {
+                self.counters.inc(Counter::Errors);
+                self.warn("index", || format!("cannot read the cache index: {e}"));
+                false
+            }
+        }
     }
 
     /// After a put: re-read the journals when due; evict when over budget and compact when
@@ -105,9 +114,8 @@ impl Store {
         if !due {
             return;
         }
-        if let Err(e) = self.refresh_from_put(st) {
-            self.counters.inc(Counter::Errors);
-            self.warn("index", || format!("cannot read the cache index: {e}"));
+        let res = self.refresh_from_put(st);
+        if !self.refreshed(res) {
             return;
         }
         let total = st.view.lru.total_bytes();

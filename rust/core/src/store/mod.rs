@@ -243,9 +243,6 @@ struct State {
     last_sweep: Option<Instant>,
     /// When the journal directory's listing was last made fresh (network filesystems).
     last_freshen: Option<Instant>,
-    /// When the view last read the journals with lengths known to be current (every
-    /// refresh on a local filesystem, a freshened one on a network filesystem).
-    read_fresh_at: Option<Instant>,
     /// The other processes' put rate (bytes/s) as this view saw their journals grow,
     /// smoothed over about a second; and the sample it was last updated from.
     put_rate: f64,
@@ -262,8 +259,10 @@ impl State {
         let by_own = self
             .pending_bytes
             .saturating_mul(self.view.writers.max(1) as u64);
+        // The view is current as of its last refresh on a local filesystem (no
+        // `last_freshen` there), of its last fresh listing on a network one.
         let since = self
-            .read_fresh_at
+            .last_freshen
             .or(self.last_refresh)
             .map_or(Duration::ZERO, |t| t.elapsed())
             + PUBLISH_WINDOW;
@@ -366,7 +365,7 @@ impl Store {
         } else {
             layout.create()?;
             for shard in 0..=255u8 {
-                let d = layout.entries().join(format!("{shard:02x}"));
+                let d = layout.shard(shard);
                 match fs::create_dir(&d) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -410,7 +409,6 @@ impl Store {
                 evict_backlog: None,
                 last_sweep: None,
                 last_freshen: None,
-                read_fresh_at: None,
                 put_rate: 0.0,
                 rate_sample: None,
             }),

@@ -22,7 +22,7 @@ const LIST_BATCH: usize = 64;
 impl Store {
     /// The entry files of one shard: (name, disk bytes, mtime). A missing shard is empty.
     fn list_shard(&self, shard: u8, out: &mut Vec<(u128, (u64, u64))>) -> io::Result<()> {
-        let dir = self.layout.entries().join(format!("{shard:02x}"));
+        let dir = self.layout.shard(shard);
         if !self.fs.local {
             freshen_dir(&dir);
         }

@@ -227,14 +227,8 @@ impl Store {
     /// Re-reads the journals through a fresh listing; false (logged, counted) if they
     /// cannot be read.
     fn fresh_view(&self, st: &mut State) -> bool {
-        match self.refresh(st) {
-            Ok(()) => true,
-            Err(e) => {
-                self.counters.inc(Counter::Errors);
-                self.warn("index", || format!("cannot read the cache index: {e}"));
-                false
-            }
-        }
+        let res = self.refresh(st);
+        self.refreshed(res)
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
@@ -310,7 +304,7 @@ impl Store {
         let ok = self.layout.create().is_ok();
         if ok {
             for shard in 0..=255u8 {
-                let _ = fs::create_dir(self.layout.entries().join(format!("{shard:02x}")));
+                let _ = fs::create_dir(self.layout.shard(shard));
             }
             log::warn!(
                 "xla_pcache: cache directory {} was emptied or replaced; re-created its layout",
