@@ -10,6 +10,11 @@ const EXPLICIT_ROUNDS: u32 = 4;
 /// The put path makes the journal listing fresh (network filesystems) at most this often;
 /// the processes of one host share their client's cache, so each benefits from the others.
 const FRESHEN_EVERY: Duration = Duration::from_millis(50);
+/// A put-path eviction also makes room for the others' puts over about this long, at their
+/// measured rate...
+const EVICT_AHEAD: Duration = Duration::from_millis(100);
+/// ...but for no more than this share of the budget.
+const EVICT_AHEAD_MAX: f64 = 0.25;
 
 /// Renews the evictor's lease every quarter lease while a long job holds it.
 pub(super) struct Heartbeat {
@@ -52,6 +57,22 @@ impl Store {
     fn refresh_from_put(&self, st: &mut State) -> io::Result<()> {
         let due = st.last_freshen.is_none_or(|t| t.elapsed() >= FRESHEN_EVERY);
         self.refresh_with(st, due)
+    }
+
+    /// Before a put publishes into a bounded cache on a network filesystem: a view whose
+    /// journal listing is older than `FRESHEN_EVERY` is read again through a fresh one.
+    /// Otherwise a view is re-read only once the measured put rate says it may be full,
+    /// and that rate is itself measured at refreshes: when a fleet starts putting together
+    /// (an idle fleet's first compiles), nobody's view would move for up to
+    /// `refresh_interval` while each admits its puts into the same free space. Rare puts
+    /// (a compile cache's) pay nothing more: the refresh after the put is then not due.
+    /// True if it read the view just now.
+    pub(super) fn freshen_for_publish(&self, st: &mut State) -> bool {
+        if self.fs.local || st.last_freshen.is_some_and(|t| t.elapsed() < FRESHEN_EVERY) {
+            return false;
+        }
+        let res = self.refresh_from_put(st);
+        self.refreshed(res)
     }
 
     fn refresh_with(&self, st: &mut State, freshen: bool) -> io::Result<()> {
@@ -128,7 +149,7 @@ impl Store {
         let Some(guard) = self.take_evict_lock(Duration::ZERO) else {
             return;
         };
-        let target = over.map(|m| self.low_water(m)).or(backlog);
+        let target = over.map(|m| self.put_low_water(st, m)).or(backlog);
         self.evict_slice_locked(st, guard, target);
     }
 
@@ -157,6 +178,17 @@ impl Store {
     /// Where an eviction for a budget of `max` bytes stops.
     pub(super) fn low_water(&self, max: u64) -> u64 {
         (max as f64 * self.opts.low_watermark) as u64
+    }
+
+    /// Where an eviction from the put path stops: the low watermark, less what the other
+    /// processes likely put before the next eviction can run. When a busy fleet refills
+    /// the margin below the watermark within milliseconds, an eviction down to the
+    /// watermark alone leaves room for a put or two, and every other put waits for the
+    /// evictor lock (half the puts on the two-host bed, a few percent refused). Near zero
+    /// extra in a quiet fleet.
+    pub(super) fn put_low_water(&self, st: &State, max: u64) -> u64 {
+        let ahead = (st.put_rate * EVICT_AHEAD.as_secs_f64()).min(max as f64 * EVICT_AHEAD_MAX);
+        self.low_water(max).saturating_sub(ahead as u64)
     }
 
     /// Evicts with the lock held: refreshes, removes oldest entries until the total is at

@@ -56,9 +56,11 @@ const EVICT_LOCK: &str = "evict";
 /// How long after a process checks the budget its put becomes visible to the others (the
 /// link, then its journal record): the others' puts in that window are unseen by both.
 const PUBLISH_WINDOW: Duration = Duration::from_millis(10);
-/// The put rate is smoothed over about this long, from samples at least this far apart.
-const RATE_SMOOTHING: Duration = Duration::from_secs(1);
-const RATE_MIN_INTERVAL: Duration = Duration::from_millis(5);
+/// The put rate is measured over windows at least this long (about one fresh listing of the
+/// journals on a network filesystem, where the others' puts arrive in such steps)...
+const RATE_WINDOW: Duration = Duration::from_millis(50);
+/// ...follows a rise at once and decays over about this long.
+const RATE_DECAY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadMode {
@@ -243,8 +245,9 @@ struct State {
     last_sweep: Option<Instant>,
     /// When the journal directory's listing was last made fresh (network filesystems).
     last_freshen: Option<Instant>,
-    /// The other processes' put rate (bytes/s) as this view saw their journals grow,
-    /// smoothed over about a second; and the sample it was last updated from.
+    /// The other processes' put rate (bytes/s) as this view saw their journals grow: the
+    /// last window's when that is higher, else decaying over about a second; and the
+    /// sample the current window started from.
     put_rate: f64,
     rate_sample: Option<(Instant, u64)>,
 }
@@ -270,18 +273,26 @@ impl State {
         by_own.max(by_rate)
     }
 
-    /// Folds the other processes' puts read by the last refresh into `put_rate`.
+    /// Folds the other processes' puts read by the last refresh into `put_rate`. A rise
+    /// counts at once: a fleet that starts together fills an empty budget within a few
+    /// hundred milliseconds, before a smoothed rate would have caught up (the disk then
+    /// peaked at 1.6-1.7x the budget on the two-host bed); a fall decays, since puts come
+    /// in bursts.
     fn note_put_rate(&mut self) {
         let now = Instant::now();
         let total = self.view.others_put_bytes;
         if let Some((t, before)) = self.rate_sample {
             let dt = now.duration_since(t);
-            if dt < RATE_MIN_INTERVAL {
+            if dt < RATE_WINDOW {
                 return;
             }
             let rate = total.saturating_sub(before) as f64 / dt.as_secs_f64();
-            let weight = 1.0 - (-dt.as_secs_f64() / RATE_SMOOTHING.as_secs_f64()).exp();
-            self.put_rate += weight * (rate - self.put_rate);
+            if rate >= self.put_rate {
+                self.put_rate = rate;
+            } else {
+                let weight = 1.0 - (-dt.as_secs_f64() / RATE_DECAY.as_secs_f64()).exp();
+                self.put_rate += weight * (rate - self.put_rate);
+            }
         }
         self.rate_sample = Some((now, total));
     }

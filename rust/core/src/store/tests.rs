@@ -427,3 +427,76 @@ fn the_other_processes_put_rate_counts_as_likely_unseen() {
     let later = s.state().likely_unseen();
     assert!(now > 0 && later > now, "{now} then {later}");
 }
+
+#[test]
+fn a_rise_in_the_others_put_rate_counts_at_once_and_a_fall_decays() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(10_000_000));
+    let other = open(d.path(), None);
+    // This refresh closes the window open since the store was opened and starts the next
+    // one after `started`.
+    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
+    let started = Instant::now();
+    s.stats().unwrap();
+    assert_eq!(s.state().put_rate, 0.0);
+    for i in 0..20 {
+        other
+            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
+            .unwrap();
+    }
+    other.flush();
+    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
+    s.stats().unwrap();
+    // One window of at most this long saw the burst: the rate is the window's at once, not
+    // a step toward it (a smoothed rate would be a few percent of it here).
+    let burst = 20.0 * 10_000.0 / started.elapsed().as_secs_f64();
+    let risen = s.state().put_rate;
+    assert!(
+        risen >= burst,
+        "put rate {risen} after a burst of {burst}/s"
+    );
+    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
+    s.stats().unwrap();
+    let fallen = s.state().put_rate;
+    assert!(fallen > 0.0 && fallen < risen, "{risen} then {fallen}");
+}
+
+#[test]
+fn a_put_path_eviction_makes_room_for_the_others_measured_puts() {
+    // What one entry of these takes on disk.
+    let one = {
+        let d = tempfile::tempdir().unwrap();
+        let s = open(d.path(), None);
+        s.put(key("one"), &[1u8; 10_000], &[]).unwrap();
+        s.stats().unwrap().bytes
+    };
+    // The same over-budget cache, once with a quiet fleet and once with a busy one.
+    let bytes_after_a_put = |rate: f64| {
+        let d = tempfile::tempdir().unwrap();
+        let s = open(d.path(), Some(100_000));
+        let other = open(d.path(), None);
+        for i in 0..20 {
+            other
+                .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
+                .unwrap();
+        }
+        other.flush();
+        s.stats().unwrap();
+        {
+            let mut st = s.state();
+            st.put_rate = rate;
+            // A window just begun: the put's refresh leaves the rate as set.
+            st.rate_sample = Some((Instant::now(), st.view.others_put_bytes));
+        }
+        assert!(s.put(key("k"), &[1u8; 10_000], &[]).unwrap());
+        (s.stats().unwrap().bytes, s.low_water(100_000))
+    };
+    let (quiet, low) = bytes_after_a_put(0.0);
+    assert!(quiet > low - 2 * one, "{quiet} vs watermark {low}");
+    // 1 MB/s over the 100 ms ahead is more than the 25% of the budget it may take.
+    let (busy, _) = bytes_after_a_put(1_000_000.0);
+    assert!(
+        busy <= low - 25_000 + one && busy < quiet,
+        "{busy} vs watermark {low}, quiet {quiet}"
+    );
+}

@@ -170,11 +170,12 @@ impl Store {
         };
         {
             let mut st = self.state();
+            let just_read = publishing && self.freshen_for_publish(&mut st);
             // The other writers' likely puts since this view was read count too.
             if fits(&st, st.likely_unseen()) {
                 return true;
             }
-            if publishing && !self.fs.local {
+            if publishing && !self.fs.local && !just_read {
                 if !self.fresh_view(&mut st) {
                     return true;
                 }
@@ -197,7 +198,7 @@ impl Store {
                 // Down to where this put leaves the cache at the low watermark, as an
                 // eviction after it would: stopping at the watermark itself would bring the
                 // next eviction one put sooner.
-                let target = self.low_water(max).saturating_sub(size);
+                let target = self.put_low_water(&st, max).saturating_sub(size);
                 self.evict_slice_locked(&mut st, guard, Some(target));
                 if fits(&st, st.pending_bytes) {
                     return true;
