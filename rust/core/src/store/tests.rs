@@ -315,9 +315,8 @@ fn puts_are_refused_far_over_budget_while_another_evicts() {
     );
 }
 
-/// `other` fills the cache to twice the 100 kB budget of `s`, whose view then knows it, and
-/// takes the evictor lock (returned).
-fn over_budget_and_locked(other: &Store, s: &Store) -> LockGuard {
+/// `other` fills the cache to twice the 100 kB budget of `s`, whose view then knows it.
+fn fill_over_budget(other: &Store, s: &Store) {
     for i in 0..20 {
         other
             .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
@@ -325,6 +324,11 @@ fn over_budget_and_locked(other: &Store, s: &Store) -> LockGuard {
     }
     other.flush();
     s.stats().unwrap();
+}
+
+/// `fill_over_budget`, then `other` takes the evictor lock (returned).
+fn over_budget_and_locked(other: &Store, s: &Store) -> LockGuard {
+    fill_over_budget(other, s);
     other
         .locks
         .try_lock_for(EVICT_LOCK, Duration::ZERO)
@@ -474,14 +478,7 @@ fn a_put_path_eviction_makes_room_for_the_others_measured_puts() {
     let bytes_after_a_put = |rate: f64| {
         let d = tempfile::tempdir().unwrap();
         let s = open(d.path(), Some(100_000));
-        let other = open(d.path(), None);
-        for i in 0..20 {
-            other
-                .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-                .unwrap();
-        }
-        other.flush();
-        s.stats().unwrap();
+        fill_over_budget(&open(d.path(), None), &s);
         {
             let mut st = s.state();
             st.put_rate = rate;
