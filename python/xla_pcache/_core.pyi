@@ -187,8 +187,9 @@ class Store:
         re-reads the other processes' journals when done, going on while they put it over the
         target again. Returns {"removed": n, "bytes": b (st_blocks of the files removed),
         "dropped": index records of files already gone, "added": files found unindexed,
-        "names": [entry file names], "skipped": reason or None}. Raises ReadOnlyError on a
-        read-only store."""
+        "names": [entry file names], "skipped": reason or None, "skipped_files": [what it
+        went on without: index files it could not read, with their owner]}. Raises
+        ReadOnlyError on a read-only store."""
     def verify(
         self,
         repair: bool = False,
@@ -198,11 +199,15 @@ class Store:
         records and stale temp/trash files; repair if asked. ``progress(done, total)`` is
         called as files are checked. Returns {"entries", "bytes", "corrupt": [paths],
         "foreign": [paths], "unindexed", "dangling", "stale_tmp", "stale_trash", "problems",
-        "repaired"}."""
+        "repaired", "skipped_files": [entries or index files it could not read, and paths
+        that are not real directories inside the cache, with why]}."""
     def flush(self) -> None:
         """Write this process's pending counters to its journal."""
     def close(self) -> None:
         """Release (retire) held claims and flush counters; any later call raises
         CacheError."""
+    def _after_fork_child(self) -> None:
+        """In a forked child: forget the parent's journal, locks, claims and threads (called
+        by the ``os.register_at_fork`` hook of ``xla_pcache.store``)."""
     def __enter__(self) -> Store: ...
     def __exit__(self, *exc: object) -> None: ...

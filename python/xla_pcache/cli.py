@@ -349,6 +349,9 @@ def prune(
                 f"index reconciled with the directory: {dropped} records of files already "
                 f"gone dropped, {added} unindexed files added"
             )
+        skipped_files = result.get("skipped_files")
+        for f in skipped_files if isinstance(skipped_files, list) else []:
+            typer.echo(f"xla-pcache: prune went on without {f}", err=True)
     if result.get("skipped"):
         typer.echo(f"xla-pcache: prune skipped: {result['skipped']}", err=True)
         raise typer.Exit(1)

@@ -25,6 +25,8 @@ CLAIM_LEASE_VAR = "XLA_PCACHE_CLAIM_LEASE"
 # few minutes, not a job); and how long a claim may go without a heartbeat.
 DEFAULT_COMPILE_WAIT_S = 300.0
 DEFAULT_CLAIM_LEASE_S = 30.0
+# The longest duration the store accepts (about 31 years; the Rust core refuses more).
+MAX_DURATION_S = 1e9
 
 # torch_xla's in-memory cache holds 2048 computations by default; keep the same number so
 # switching between the C++ and Python caches does not change memory use.
@@ -120,7 +122,12 @@ def compile_wait_from_env(environ: Mapping[str, str] = os.environ) -> float:
     raw = _get(environ, COMPILE_WAIT_VAR)
     if raw is None:
         return DEFAULT_COMPILE_WAIT_S
-    return parse_duration(raw, name=COMPILE_WAIT_VAR)
+    wait = parse_duration(raw, name=COMPILE_WAIT_VAR)
+    if not 0 <= wait <= MAX_DURATION_S:
+        raise ValueError(
+            f"invalid {COMPILE_WAIT_VAR} {raw!r}: must be from 0 to {MAX_DURATION_S:.0f} seconds"
+        )
+    return wait
 
 
 def claim_lease_from_env(environ: Mapping[str, str] = os.environ) -> float:
@@ -130,8 +137,11 @@ def claim_lease_from_env(environ: Mapping[str, str] = os.environ) -> float:
     if raw is None:
         return DEFAULT_CLAIM_LEASE_S
     lease = parse_duration(raw, name=CLAIM_LEASE_VAR)
-    if lease <= 0:
-        raise ValueError(f"invalid {CLAIM_LEASE_VAR} {raw!r}: must be positive")
+    if not 0 < lease <= MAX_DURATION_S:
+        raise ValueError(
+            f"invalid {CLAIM_LEASE_VAR} {raw!r}: must be positive and at most "
+            f"{MAX_DURATION_S:.0f} seconds"
+        )
     return lease
 
 

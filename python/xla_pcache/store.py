@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from typing import TYPE_CHECKING, Literal
 
 from xla_pcache import _core
@@ -62,6 +63,7 @@ class Store(_core.Store):
             claim_lease=claim_lease_from_env() if claim_lease is None else claim_lease,
         )
         self._remote = _open_remote(url) if url and isinstance(self, RemoteStore) else None
+        _track_for_fork(self)
         return self
 
     _remote: RemoteTier | None
@@ -153,3 +155,32 @@ def _open_remote(url: str) -> RemoteTier:
     from xla_pcache.remote import RemoteTier
 
     return RemoteTier(url)
+
+
+# Fork safety. A child forked while another thread was inside a store (PyTorch's DataLoader
+# forks its workers) would inherit its mutexes locked, its journal (two writers on one
+# journal), its held claims and a heartbeat thread that does not exist there. Right after the
+# fork, while the child is still single-threaded, every live store forgets all of that: the
+# child opens its own journal on its first write. A plain dict of weak references (its
+# operations are single steps under the GIL, so a fork never sees it half-updated).
+_live_stores: dict[int, weakref.ref[_core.Store]] = {}
+
+
+def _track_for_fork(store: _core.Store) -> None:
+    key = id(store)
+
+    def forget(_ref: weakref.ref[_core.Store]) -> None:
+        _live_stores.pop(key, None)
+
+    _live_stores[key] = weakref.ref(store, forget)
+
+
+def _after_fork_in_child() -> None:
+    for ref in list(_live_stores.values()):
+        store = ref()
+        if store is not None:
+            store._after_fork_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -62,7 +62,7 @@ pub struct Header {
 
 impl Header {
     pub fn file_len(&self) -> u64 {
-        self.header_len as u64 + self.payload_len
+        (self.header_len as u64).saturating_add(self.payload_len)
     }
 }
 
@@ -172,6 +172,19 @@ pub fn set_payload_checksum(header: &mut [u8], payload_checksum: u64) {
     header[32..40].copy_from_slice(&payload_checksum.to_le_bytes());
     let sum = header_checksum(header);
     header[56..64].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// The length of the whole file an entry's first 64 bytes describe (header + payload),
+/// after the checks that can be made on them alone: lets a reader refuse a file whose size
+/// disagrees before it allocates anything for it.
+pub fn expected_file_len(fixed: &[u8]) -> Result<u64, EntryError> {
+    let hl = header_len(fixed)? as u64;
+    let payload = u64::from_le_bytes(
+        fixed[24..32]
+            .try_into()
+            .map_err(|_| EntryError::BadHeader)?,
+    );
+    hl.checked_add(payload).ok_or(EntryError::BadHeader)
 }
 
 /// Length of the whole header, read from its first 64 bytes, after the checks that can be

@@ -2,15 +2,13 @@
 //! in-memory view that is brought up to date incrementally (only new journal bytes are
 //! read). The index is a hint: the entry files are the truth, and `verify` reconciles.
 
+use crate::dir::{Dir, Root};
 use crate::hash::checksum;
-use crate::journal::{self, Record};
-use crate::layout::Layout;
+use crate::journal::{self, Record, JOURNAL_DIR};
 use crate::lru::Lru;
 use crate::stats::{add_into, N_COUNTERS};
 use std::collections::HashMap;
-use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 const SNAP_MAGIC: &[u8; 4] = b"XPCS";
@@ -34,7 +32,13 @@ pub struct JournalState {
 }
 
 /// Identity of the snapshot file last loaded, to notice when another process replaced it.
-type SnapId = (u64, u64, i64, i64, u64);
+type SnapId = (u64, u64, u64, u64);
+/// The index's directory and snapshot file under the root.
+pub const INDEX_DIR: &str = "index";
+pub const SNAPSHOT: &str = "snapshot";
+/// A snapshot is about 40 bytes per entry (a few MB for 100k entries): one larger than this
+/// is not one of ours, and is not read.
+pub const MAX_SNAPSHOT_LEN: u64 = 256 << 20;
 
 #[derive(Debug, Default)]
 pub struct IndexView {
@@ -71,10 +75,10 @@ pub struct IndexView {
     pub others_put_bytes: u64,
     /// Whether the next refresh reads only what arrived since the previous one.
     counting: bool,
-}
-
-fn snap_id(m: &fs::Metadata) -> SnapId {
-    (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.len())
+    /// Files of the index skipped because they cannot be read (name -> owner), and how
+    /// many were newly found so since the caller last took the count.
+    pub unreadable: HashMap<String, String>,
+    pub newly_unreadable: u64,
 }
 
 impl IndexView {
@@ -97,7 +101,11 @@ impl IndexView {
         let (cleared_at, last_prune) = (self.cleared_at, self.last_prune);
         let own_journal = self.own_journal.take();
         let others_put_bytes = self.others_put_bytes;
+        let unreadable = std::mem::take(&mut self.unreadable);
+        let newly = self.newly_unreadable;
         *self = IndexView::default();
+        self.unreadable = unreadable;
+        self.newly_unreadable = newly;
         self.own_journal = own_journal;
         self.others_put_bytes = others_put_bytes;
         self.tombstones = tombstones;
@@ -219,14 +227,22 @@ impl IndexView {
     /// the journal directory's listing fresh first (see `freshen_dir`); `from_server`
     /// asks the server for each journal's length (a network filesystem's client would
     /// serve a cached one).
-    pub fn refresh(&mut self, layout: &Layout, fresh: bool, from_server: bool) -> io::Result<()> {
+    ///
+    /// What it cannot read (a journal or snapshot of another user's mode 0600, or that is
+    /// not a regular file) is skipped and noted in `unreadable` (one warning per file): the
+    /// view is then what the readable files say.
+    pub fn refresh(&mut self, root: &Root, fresh: bool, from_server: bool) -> io::Result<()> {
         self.prune_tombstones();
-        self.check_snapshot(layout)?;
-        let names = match journal::list(&layout.journal_dir()) {
-            Ok(n) => n,
+        self.check_snapshot(root)?;
+        let jdir = match root.sub(JOURNAL_DIR) {
+            Ok(d) => Some(d),
             // No journal directory: an empty (or vanished) cache, not an error.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
+        };
+        let names = match &jdir {
+            Some(d) => journal::list(d)?,
+            None => Vec::new(),
         };
         if self
             .journals
@@ -237,35 +253,54 @@ impl IndexView {
             // snapshot holds its records), or the cache was removed: start again from
             // whatever snapshot there is now.
             self.loaded = false;
-            self.check_snapshot(layout)?;
+            self.check_snapshot(root)?;
         }
+        let Some(jdir) = jdir else {
+            self.loaded = true;
+            self.counting = true;
+            self.fresh = fresh;
+            self.writers = 0;
+            return Ok(());
+        };
         let now = Instant::now();
         let mut writers = 0;
         let counting = self.counting;
         for name in names {
             let others = counting && self.own_journal.as_ref() != Some(&name);
-            let state = self.journals.entry(name.clone()).or_default();
-            let path = layout.journal_dir().join(&name);
+            let offset = self.journals.get(&name).map_or(0, |s| s.offset);
             // One stat tells an unchanged journal (most of them, most of the time).
             let len = if from_server {
-                crate::fsinfo::len_from_server(&path)
+                jdir.len_from_server(&name)
             } else {
-                fs::metadata(&path).map(|m| m.len())
+                jdir.stat(&name).map(|m| (m.len(), m.is_file()))
             };
-            match len {
-                Ok(len) if len == state.offset => {
-                    state.seen = Some(now);
+            let len = match len {
+                Ok((_, false)) => {
+                    self.skip_unreadable(&jdir, &name, "it is not a regular file");
                     continue;
                 }
-                Ok(_) => {}
+                Ok((len, true)) if len == offset && self.journals.contains_key(&name) => {
+                    if let Some(state) = self.journals.get_mut(&name) {
+                        state.seen = Some(now);
+                    }
+                    continue;
+                }
+                Ok((len, true)) => len,
                 Err(_) => continue,
-            }
-            let (recs, end) = match journal::read_from(&path, state.offset) {
+            };
+            let read = crate::dir::open_regular(&jdir, &name)
+                .and_then(|(f, _)| journal::read_from(&f, offset, len));
+            let (recs, end) = match read {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) if e.raw_os_error() == Some(libc::ESTALE) => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.skip_unreadable(&jdir, &name, &e.to_string());
+                    continue;
+                }
             };
+            self.unreadable.remove(&name);
+            let state = self.journals.entry(name.clone()).or_default();
             self.unfolded_bytes += end - state.offset;
             writers += usize::from(end > state.offset);
             state.offset = end;
@@ -298,33 +333,74 @@ impl IndexView {
         Ok(())
     }
 
-    fn check_snapshot(&mut self, layout: &Layout) -> io::Result<()> {
-        let path = layout.snapshot();
-        let meta = match fs::metadata(&path) {
-            Ok(m) => Some(m),
+    /// Notes a file of the index that cannot be read, warning once per file (with its
+    /// owner: typically another user's journal under a umask of 077).
+    fn skip_unreadable(&mut self, dir: &Dir, name: &str, why: &str) {
+        if self.unreadable.contains_key(name) {
+            return;
+        }
+        let owner = dir
+            .stat(name)
+            .map(|s| crate::dir::user_name(s.uid()))
+            .unwrap_or_else(|_| "unknown".into());
+        log::warn!(
+            "xla_pcache: skipping {} (owner {owner}): {why}; the cache's accounting goes on \
+             without it",
+            dir.display(name)
+        );
+        self.unreadable.insert(name.to_string(), owner);
+        self.newly_unreadable += 1;
+    }
+
+    fn check_snapshot(&mut self, root: &Root) -> io::Result<()> {
+        let idir = match root.sub(INDEX_DIR) {
+            Ok(d) => Some(d),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
-        let id = meta.as_ref().map(snap_id);
+        let meta = match idir.as_ref().map(|d| d.stat(SNAPSHOT)) {
+            None => None,
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => None,
+            Some(Err(e)) => return Err(e),
+        };
+        let id = meta.as_ref().map(|m| m.id());
         if self.loaded && id == self.snapshot_id {
             return Ok(());
         }
         self.reset();
         self.snapshot_id = id;
-        if meta.is_none() {
+        let (Some(idir), Some(meta)) = (idir, meta) else {
+            return Ok(());
+        };
+        if !meta.is_file() || meta.len() > MAX_SNAPSHOT_LEN {
+            let why = if meta.is_file() {
+                format!("it is larger than {MAX_SNAPSHOT_LEN} bytes")
+            } else {
+                format!("it is {}", meta.kind())
+            };
+            self.skip_unreadable(&idir, SNAPSHOT, &why);
+            self.apply_tombstones();
             return Ok(());
         }
-        let bytes = match fs::read(&path) {
+        let bytes = match crate::dir::open_regular(&idir, SNAPSHOT)
+            .and_then(|(f, _)| crate::dir::read_capped(&f, MAX_SNAPSHOT_LEN))
+        {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
+            Err(e) => {
+                self.skip_unreadable(&idir, SNAPSHOT, &e.to_string());
+                self.apply_tombstones();
+                return Ok(());
+            }
         };
+        self.unreadable.remove(SNAPSHOT);
         self.snapshot_bytes = bytes.len() as u64;
         if let Err(why) = self.decode_snapshot(&bytes) {
             log::warn!(
                 "xla_pcache: ignoring unreadable index snapshot {} ({why}); the index is rebuilt \
                  from the journals; run `xla-pcache verify --repair` to reindex older entries",
-                path.display()
+                idir.display(SNAPSHOT)
             );
             let id = self.snapshot_id;
             self.reset();
@@ -445,7 +521,7 @@ impl IndexView {
 
     /// Writes the view as the new snapshot (temp file + rename), folding the journals in
     /// `remove` (fully read, owner gone) into the base counters; then deletes those journals.
-    pub fn compact(&mut self, layout: &Layout, remove: &[String]) -> io::Result<()> {
+    pub fn compact(&mut self, root: &Root, remove: &[String]) -> io::Result<()> {
         for name in remove {
             if let Some(st) = self.journals.remove(name) {
                 let mut acc = [0u64; N_COUNTERS];
@@ -455,25 +531,30 @@ impl IndexView {
             }
         }
         let bytes = self.encode_snapshot();
-        let tmp = layout
-            .tmp()
-            .join(format!("snapshot.{}", crate::publish::unique_suffix()));
+        let tmp_dir = root.sub("tmp")?;
+        let idir = root.sub(INDEX_DIR)?;
+        let tmp = format!("snapshot.{}", crate::publish::unique_suffix());
         let res = (|| {
-            let mut f = fs::File::create(&tmp)?;
+            let mut f =
+                tmp_dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
             f.write_all(&bytes)?;
             drop(f);
-            fs::rename(&tmp, layout.snapshot())
+            tmp_dir.rename(&tmp, &idir, SNAPSHOT)
         })();
         if res.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = tmp_dir.unlink(&tmp);
             return res;
         }
-        self.snapshot_id = fs::metadata(layout.snapshot()).ok().map(|m| snap_id(&m));
+        self.snapshot_id = idir.stat(SNAPSHOT).ok().map(|m| m.id());
         self.snapshot_bytes = bytes.len() as u64;
         self.unfolded_bytes = 0;
         self.journals_after_compaction = self.journals.len();
-        for name in remove {
-            let _ = fs::remove_file(layout.journal_dir().join(name));
+        if !remove.is_empty() {
+            if let Ok(jdir) = root.sub(JOURNAL_DIR) {
+                for name in remove {
+                    let _ = jdir.unlink(name);
+                }
+            }
         }
         Ok(())
     }
@@ -520,18 +601,30 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use crate::journal::JournalWriter;
+    use crate::layout::Layout;
+    use std::fs;
+    use std::sync::Arc;
 
-    fn layout() -> (tempfile::TempDir, Layout) {
+    fn layout() -> (tempfile::TempDir, Arc<Root>) {
         let d = tempfile::tempdir().unwrap();
         let l = Layout::new(d.path().to_path_buf());
-        l.create().unwrap();
-        (d, l)
+        let root = Arc::new(Root::open(d.path()).unwrap());
+        l.create(&root).unwrap();
+        (d, root)
+    }
+
+    fn snapshot_path(l: &Root) -> std::path::PathBuf {
+        l.path().join(INDEX_DIR).join(SNAPSHOT)
+    }
+
+    fn journals(l: &Root) -> Vec<String> {
+        journal::list(&l.sub(JOURNAL_DIR).unwrap()).unwrap()
     }
 
     #[test]
     fn view_follows_journals_and_snapshots() {
         let (_d, l) = layout();
-        let mut w = JournalWriter::new(l.journal_dir(), "h".into());
+        let mut w = JournalWriter::new(l.clone(), "h".into());
         w.append(&[
             Record::Touch {
                 name: 1,
@@ -570,9 +663,9 @@ mod tests {
         );
 
         // A journal folded and removed by someone else: the view restarts from the snapshot.
-        let name = journal::list(&l.journal_dir()).unwrap().remove(0);
+        let name = journals(&l).remove(0);
         fresh.compact(&l, &[name]).unwrap();
-        assert!(journal::list(&l.journal_dir()).unwrap().is_empty());
+        assert!(journals(&l).is_empty());
         v.refresh(&l, true, false).unwrap();
         assert_eq!(v.lru.len(), 1);
         assert_eq!(v.counters()[..2], [5, 6]);
@@ -590,7 +683,7 @@ mod tests {
     #[test]
     fn hit_records_are_counted_and_survive_compaction() {
         let (_d, l) = layout();
-        let mut w = JournalWriter::new(l.journal_dir(), "h".into());
+        let mut w = JournalWriter::new(l.clone(), "h".into());
         w.append(&[
             touch(1, 1, true),
             touch(2, 2, true),
@@ -631,7 +724,7 @@ mod tests {
         b.truncate(b.len() - 8 - section);
         let sum = checksum(&b);
         b.extend_from_slice(&sum.to_le_bytes());
-        fs::write(l.snapshot(), &b).unwrap();
+        fs::write(snapshot_path(&l), &b).unwrap();
         let mut old = IndexView::default();
         old.refresh(&l, true, false).unwrap();
         assert_eq!(old.lru.get(1).unwrap().hits, 0);
@@ -641,7 +734,7 @@ mod tests {
     #[test]
     fn corrupt_snapshot_is_ignored() {
         let (_d, l) = layout();
-        fs::write(l.snapshot(), b"XPCS garbage garbage garbage garbage").unwrap();
+        fs::write(snapshot_path(&l), b"XPCS garbage garbage garbage garbage").unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
         assert!(v.lru.is_empty());
@@ -650,7 +743,7 @@ mod tests {
     #[test]
     fn clear_record_empties_the_view() {
         let (_d, l) = layout();
-        let mut w = JournalWriter::new(l.journal_dir(), "h".into());
+        let mut w = JournalWriter::new(l.clone(), "h".into());
         w.append(&[
             Record::Touch {
                 name: 1,
@@ -682,8 +775,8 @@ mod tests {
         let (_d, l) = layout();
         // Journal "a..." is read before "b..." (name order): the delete (t=20) is folded
         // before the put (t=10) and the buffered hit (t=15) it follows.
-        let mut deleter = JournalWriter::new(l.journal_dir(), "a".into());
-        let mut putter = JournalWriter::new(l.journal_dir(), "b".into());
+        let mut deleter = JournalWriter::new(l.clone(), "a".into());
+        let mut putter = JournalWriter::new(l.clone(), "b".into());
         deleter
             .append(&[Record::Delete { name: 1, t: 20 }])
             .unwrap();
@@ -708,7 +801,7 @@ mod tests {
     #[test]
     fn tombstones_survive_a_snapshot_reload_and_prune_its_entries() {
         let (_d, l) = layout();
-        let mut w = JournalWriter::new(l.journal_dir(), "w".into());
+        let mut w = JournalWriter::new(l.clone(), "w".into());
         w.append(&[put(1, 10), put(2, 11)]).unwrap();
         // A compactor that has not read the delete yet writes 1 into the snapshot.
         let mut compactor = IndexView::default();
@@ -731,8 +824,8 @@ mod tests {
     #[test]
     fn clear_is_not_undone_by_older_records_read_later() {
         let (_d, l) = layout();
-        let mut a = JournalWriter::new(l.journal_dir(), "a".into());
-        let mut b = JournalWriter::new(l.journal_dir(), "b".into());
+        let mut a = JournalWriter::new(l.clone(), "a".into());
+        let mut b = JournalWriter::new(l.clone(), "b".into());
         a.append(&[Record::Clear { t: 50 }]).unwrap();
         b.append(&[put(1, 40), put(2, 60)]).unwrap();
         let mut v = IndexView::default();
@@ -746,7 +839,7 @@ mod tests {
         let (_d, l) = layout();
         let mut v = IndexView::default();
         assert!(v.age().is_none(), "never read");
-        let mut w = JournalWriter::new(l.journal_dir(), "w".into());
+        let mut w = JournalWriter::new(l.clone(), "w".into());
         w.append(&[put(1, 1)]).unwrap();
         v.refresh(&l, true, false).unwrap();
         let age = v.age().unwrap();

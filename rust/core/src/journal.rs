@@ -8,11 +8,12 @@
 //! record: 0xA5, kind u8, body length u16, body, xxh3-64 of everything before it
 //! ```
 
+use crate::dir::{Dir, Root};
 use crate::hash::checksum;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 const MAGIC: u8 = 0xA5;
 const MAX_BODY: usize = 1024;
@@ -137,19 +138,50 @@ pub fn decode(buf: &[u8]) -> (Vec<Record>, usize) {
     (out, at)
 }
 
-/// Reads the records of `path` from byte `offset`. Returns the records and the offset just
-/// past the last whole record. A journal that vanished is `NotFound`.
-pub fn read_from(path: &Path, offset: u64) -> io::Result<(Vec<Record>, u64)> {
-    let mut f = File::open(path)?;
-    let len = f.metadata()?.len();
+/// Longest encoded record: a reader holding fewer unread bytes than this may be looking at
+/// a tail still being written; holding more, at bytes that are not records.
+pub const MAX_RECORD: usize = 4 + MAX_BODY + 8;
+/// Journals are read in pieces of this size: memory is bounded whatever the file's length.
+const READ_CHUNK: usize = 256 << 10;
+
+/// Reads the records of an open journal from byte `offset` up to `len` (its length as the
+/// caller saw it). Returns the records and the offset just past the last whole record.
+/// Reads in chunks, and stops at the first bytes that cannot be a record or the start of
+/// one: a journal extended with zeros or garbage (`truncate -s 1T`) costs one chunk.
+pub fn read_from(f: &File, offset: u64, len: u64) -> io::Result<(Vec<Record>, u64)> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
     if len <= offset {
-        return Ok((Vec::new(), offset.min(len)));
+        return Ok((out, offset.min(len)));
     }
-    f.seek(SeekFrom::Start(offset))?;
-    let mut buf = Vec::with_capacity((len - offset) as usize);
-    f.take(len - offset).read_to_end(&mut buf)?;
-    let (recs, used) = decode(&buf);
-    Ok((recs, offset + used as u64))
+    let mut at = offset;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; READ_CHUNK];
+    loop {
+        let want = (len - at - buf.len() as u64).min(READ_CHUNK as u64) as usize;
+        if want == 0 {
+            break;
+        }
+        let n = loop {
+            match f.read_at(&mut chunk[..want], at + buf.len() as u64) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let (recs, used) = decode(&buf);
+        out.extend(recs);
+        at += used as u64;
+        buf.drain(..used);
+        if buf.len() >= MAX_RECORD {
+            // Not a tail being written: bytes that are no record. Stop here for good.
+            break;
+        }
+    }
+    Ok((out, at))
 }
 
 /// The journal file name of a process: `<host>-<pid>-<start time hex>.log`.
@@ -168,42 +200,53 @@ pub fn parse_file_name(name: &str) -> Option<(&str, u32)> {
 }
 
 /// This process's journal: created on first write, reopened under a new name if another
-/// process removed it (compaction of a journal whose owner looked gone).
+/// process removed it (compaction of a journal whose owner looked gone), or if this is a
+/// forked child of the process that opened it (one writer per journal).
 pub struct JournalWriter {
-    dir: PathBuf,
+    root: Arc<Root>,
     host: String,
-    file: Option<(File, PathBuf)>,
+    /// The open journal, its file name, and the pid that opened it.
+    file: Option<(File, String, u32)>,
     buf: Vec<u8>,
 }
 
 impl JournalWriter {
-    pub fn new(dir: PathBuf, host: String) -> Self {
+    pub fn new(root: Arc<Root>, host: String) -> Self {
         Self {
-            dir,
+            root,
             host,
             file: None,
             buf: Vec::with_capacity(64),
         }
     }
 
-    pub fn path(&self) -> Option<&Path> {
-        self.file.as_ref().map(|(_, p)| p.as_path())
+    /// The file name of this process's journal, once created.
+    pub fn name(&self) -> Option<&str> {
+        self.file.as_ref().map(|(_, n, _)| n.as_str())
+    }
+
+    pub fn path(&self) -> Option<PathBuf> {
+        self.name()
+            .map(|n| self.root.path().join(JOURNAL_DIR).join(n))
     }
 
     fn open(&mut self) -> io::Result<&mut File> {
+        let pid = std::process::id();
+        if self.file.as_ref().is_some_and(|(_, _, p)| *p != pid) {
+            // A forked child: the journal is its parent's.
+            self.file = None;
+        }
         if self.file.is_none() {
-            let name = file_name(&self.host, std::process::id(), crate::clock::unix_ns());
-            let path = self.dir.join(name);
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o666)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&path)?;
-            self.file = Some((f, path));
+            let name = file_name(&self.host, pid, crate::clock::unix_ns());
+            let f = self.root.open_file(
+                &format!("{JOURNAL_DIR}/{name}"),
+                libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_EXCL,
+                0o666,
+            )?;
+            self.file = Some((f, name, pid));
         }
         match self.file.as_mut() {
-            Some((f, _)) => Ok(f),
+            Some((f, _, _)) => Ok(f),
             None => Err(io::Error::other("journal not open")),
         }
     }
@@ -226,8 +269,8 @@ impl JournalWriter {
 
     /// Starts a new journal if the current one was unlinked by someone else.
     pub fn check_alive(&mut self) {
-        if let Some((f, _)) = &self.file {
-            if f.metadata().map(|m| m.nlink() == 0).unwrap_or(true) {
+        if let Some((f, _, _)) = &self.file {
+            if crate::dir::fstat(f).map(|m| m.nlink() == 0).unwrap_or(true) {
                 self.file = None;
             }
         }
@@ -249,11 +292,13 @@ pub fn owner_gone(name: &str, this_host: &str) -> Option<bool> {
     Some(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH))
 }
 
-pub fn list(dir: &Path) -> io::Result<Vec<String>> {
+/// The journals' directory under the root.
+pub const JOURNAL_DIR: &str = "journal";
+
+pub fn list(dir: &Dir) -> io::Result<Vec<String>> {
     let mut out = Vec::new();
-    for e in fs::read_dir(dir)? {
-        let e = e?;
-        if let Some(n) = e.file_name().to_str() {
+    for n in dir.list()? {
+        if let Some(n) = n.to_str() {
             if n.ends_with(".log") {
                 out.push(n.to_string());
             }
@@ -266,6 +311,7 @@ pub fn list(dir: &Path) -> io::Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn sample() -> Vec<Record> {
         vec![
@@ -324,29 +370,75 @@ mod tests {
         assert_eq!(decode(&flipped).1, whole);
     }
 
+    fn root() -> (tempfile::TempDir, Arc<Root>) {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir(d.path().join(JOURNAL_DIR)).unwrap();
+        let r = Arc::new(Root::open(d.path()).unwrap());
+        (d, r)
+    }
+
+    fn read_path(p: &std::path::Path, offset: u64) -> (Vec<Record>, u64) {
+        let f = File::open(p).unwrap();
+        let len = f.metadata().unwrap().len();
+        read_from(&f, offset, len).unwrap()
+    }
+
     #[test]
     fn writer_appends_and_reader_tails() {
-        let d = tempfile::tempdir().unwrap();
-        let mut w = JournalWriter::new(d.path().to_path_buf(), "h".into());
+        let (_d, r) = root();
+        let mut w = JournalWriter::new(r, "h".into());
         w.append(&sample()[..2]).unwrap();
-        let p = w.path().unwrap().to_path_buf();
-        let (a, off) = read_from(&p, 0).unwrap();
+        let p = w.path().unwrap();
+        let (a, off) = read_path(&p, 0);
         assert_eq!(a.len(), 2);
         w.append(&sample()[2..]).unwrap();
-        let (b, off2) = read_from(&p, off).unwrap();
+        let (b, off2) = read_path(&p, off);
         assert_eq!(b, sample()[2..].to_vec());
         assert_eq!(off2, fs::metadata(&p).unwrap().len());
-        let (c, off3) = read_from(&p, off2).unwrap();
+        let (c, off3) = read_path(&p, off2);
         assert!(c.is_empty());
         assert_eq!(off3, off2);
     }
 
     #[test]
+    fn a_huge_sparse_journal_is_read_in_one_chunk() {
+        let (_d, r) = root();
+        let mut w = JournalWriter::new(r, "h".into());
+        w.append(&sample()).unwrap();
+        let p = w.path().unwrap();
+        let good = fs::metadata(&p).unwrap().len();
+        let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(1 << 40).unwrap();
+        let (recs, end) = read_path(&p, 0);
+        assert_eq!(recs, sample());
+        assert_eq!(end, good);
+    }
+
+    #[test]
+    fn records_across_chunk_boundaries_are_read() {
+        let (_d, r) = root();
+        let mut w = JournalWriter::new(r, "h".into());
+        let many: Vec<Record> = (0..20_000u64)
+            .map(|i| Record::Touch {
+                name: i as u128,
+                disk_bytes: i,
+                t: i,
+                put: true,
+            })
+            .collect();
+        w.append(&many).unwrap();
+        let p = w.path().unwrap();
+        let (recs, end) = read_path(&p, 0);
+        assert_eq!(recs, many);
+        assert_eq!(end, fs::metadata(&p).unwrap().len());
+    }
+
+    #[test]
     fn writer_reopens_after_unlink() {
-        let d = tempfile::tempdir().unwrap();
-        let mut w = JournalWriter::new(d.path().to_path_buf(), "h".into());
+        let (_d, r) = root();
+        let mut w = JournalWriter::new(r, "h".into());
         w.append(&sample()[..1]).unwrap();
-        let p = w.path().unwrap().to_path_buf();
+        let p = w.path().unwrap();
         fs::remove_file(&p).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(2));
         w.check_alive();

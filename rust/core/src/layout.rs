@@ -1,5 +1,6 @@
 //! Where things live under the cache root, and the FORMAT file that names the layout version.
 
+use crate::dir::{Dir, Root};
 use crate::error::{io_err, StoreError};
 use crate::hash::name_hex;
 use std::fs;
@@ -10,6 +11,8 @@ use std::path::{Path, PathBuf};
 pub const FORMAT_VERSION: u32 = 1;
 const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_TAG: &str = "xla_pcache-format";
+/// FORMAT is a few short lines; never read more than this of it.
+const MAX_FORMAT_LEN: u64 = 4096;
 pub const SUBDIRS: [&str; 6] = ["entries", "journal", "index", "locks", "tmp", "trash"];
 
 #[derive(Debug, Clone)]
@@ -56,14 +59,43 @@ impl Layout {
         self.root.join("trash")
     }
 
+    /// `entries/xx`, relative to the root.
+    pub fn shard_rel(name: u128) -> String {
+        format!("entries/{:02x}", (name >> 120) as u8)
+    }
+    /// `entries/xx/<32 hex>`, relative to the root.
+    pub fn entry_rel(name: u128) -> String {
+        format!("entries/{:02x}/{}", (name >> 120) as u8, name_hex(name))
+    }
+
     /// Reads FORMAT. `Ok(None)` when there is none (not a cache, or not yet initialised).
-    pub fn read_format(&self) -> Result<Option<u32>, StoreError> {
+    /// Opened without following a link or waiting on a FIFO, and read up to a few KiB: a
+    /// FORMAT that is anything but a small regular file is refused, saying what it is.
+    pub fn read_format(&self, root: &Root) -> Result<Option<u32>, StoreError> {
         let path = self.format_file();
-        let text = match fs::read_to_string(&path) {
-            Ok(t) => t,
+        let f = match root.open_file(FORMAT_FILE, libc::O_RDONLY, 0) {
+            Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(StoreError::Format(format!(
+                    "{} is a symbolic link, not an xla_pcache format file (links in a cache \
+                     directory are never followed)",
+                    path.display()
+                )))
+            }
             Err(e) => return Err(io_err("read", &path, e)),
         };
+        let st = crate::dir::fstat(&f).map_err(|e| io_err("stat", &path, e))?;
+        if !st.is_file() {
+            return Err(StoreError::Format(format!(
+                "{} is {}, not an xla_pcache format file",
+                path.display(),
+                st.kind()
+            )));
+        }
+        let bytes =
+            crate::dir::read_capped(&f, MAX_FORMAT_LEN).map_err(|e| io_err("read", &path, e))?;
+        let text = String::from_utf8_lossy(&bytes);
         let first = text.lines().next().unwrap_or("");
         let mut words = first.split_whitespace();
         match (words.next(), words.next().map(str::parse::<u32>)) {
@@ -75,22 +107,24 @@ impl Layout {
                 if v > FORMAT_VERSION { " (upgrade xla_pcache, or use another directory)" } else { "" }
             ))),
             _ => Err(StoreError::Format(format!(
-                "{} is not an xla_pcache format file (first line {first:?})",
-                path.display()
+                "{} is not an xla_pcache format file (first line {:?})",
+                path.display(),
+                first.chars().take(80).collect::<String>()
             ))),
         }
     }
 
-    /// Creates the root, its sub-directories and FORMAT. Safe to race with other processes:
-    /// FORMAT is written to a temp file and linked into place, so every creator agrees.
-    pub fn create(&self) -> Result<(), StoreError> {
-        fs::create_dir_all(&self.root).map_err(|e| io_err("create directory", &self.root, e))?;
+    /// Creates the sub-directories and FORMAT under the open root. Safe to race with other
+    /// processes: FORMAT is written to a temp file and linked into place, so every creator
+    /// agrees.
+    pub fn create(&self, root: &Root) -> Result<(), StoreError> {
+        let top = root.dir().map_err(|e| io_err("open", &self.root, e))?;
         for d in SUBDIRS {
             let p = self.root.join(d);
-            match fs::create_dir(&p) {
+            match top.mkdir(d, 0o777) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    if !is_real_dir(&p) {
+                    if !top.stat(d).is_ok_and(|s| s.is_dir()) {
                         return Err(StoreError::Format(format!(
                             "{} exists but is not a directory (symbolic links are not followed)",
                             p.display()
@@ -100,26 +134,30 @@ impl Layout {
                 Err(e) => return Err(io_err("create directory", &p, e)),
             }
         }
-        if self.read_format()?.is_some() {
+        if self.read_format(root)?.is_some() {
             return Ok(());
         }
-        let tmp = self
-            .tmp()
-            .join(format!("FORMAT.{}", crate::publish::unique_suffix()));
+        let tmp_dir = root
+            .sub("tmp")
+            .map_err(|e| io_err("open", &self.tmp(), e))?;
+        let tmp = format!("FORMAT.{}", crate::publish::unique_suffix());
         let text = format!(
             "{FORMAT_TAG} {FORMAT_VERSION}\ncreated-by xla_pcache {}\ncreated-unix {}\n",
             env!("CARGO_PKG_VERSION"),
             crate::clock::unix_ns() / 1_000_000_000
         );
-        let mut f = fs::File::create(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+        let tmp_path = self.tmp().join(&tmp);
+        let mut f = tmp_dir
+            .open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)
+            .map_err(|e| io_err("create", &tmp_path, e))?;
         f.write_all(text.as_bytes())
-            .map_err(|e| io_err("write", &tmp, e))?;
+            .map_err(|e| io_err("write", &tmp_path, e))?;
         drop(f);
-        let linked = crate::publish::publish_no_replace(&tmp, &self.format_file());
-        let _ = fs::remove_file(&tmp);
+        let linked = crate::publish::publish_no_replace(&tmp_dir, &tmp, &top, FORMAT_FILE);
+        let _ = tmp_dir.unlink(&tmp);
         linked.map_err(|e| io_err("publish", &self.format_file(), e))?;
         // Whoever won, the file must now be ours to read.
-        self.read_format()?;
+        self.read_format(root)?;
         Ok(())
     }
 }
@@ -136,13 +174,10 @@ pub const FRESHEN_PREFIX: &str = ".fresh.";
 /// listing brings the sizes of the files in it from the server (sshfs, whose stat and
 /// open+fstat otherwise serve cached sizes for 20 s; NFS revalidates a directory it
 /// changed). Two metadata operations; false if `dir` cannot be written.
-pub fn freshen_dir(dir: &Path) -> bool {
-    let marker = dir.join(format!(
-        "{FRESHEN_PREFIX}{}",
-        crate::publish::unique_suffix()
-    ));
-    if fs::create_dir(&marker).is_err() {
+pub fn freshen_dir(dir: &Dir) -> bool {
+    let marker = format!("{FRESHEN_PREFIX}{}", crate::publish::unique_suffix());
+    if dir.mkdir(&marker, 0o777).is_err() {
         return false;
     }
-    fs::remove_dir(&marker).is_ok()
+    dir.rmdir(&marker).is_ok()
 }

@@ -6,8 +6,10 @@
 
 pub mod blob;
 pub mod clock;
+pub mod dir;
 pub mod entry;
 pub mod error;
+pub mod forksafe;
 pub mod fsinfo;
 pub mod hash;
 pub mod index;

@@ -21,18 +21,19 @@
 //! races be held twice. Hence the priorities: never block longer than the timeout, never
 //! panic, and report errors instead of printing them.
 
+use crate::dir::{open_regular, read_capped, Dir, Root};
+use crate::forksafe::ForkMutex;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::io::{self, Write};
 use std::os::unix::io::{AsRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -165,10 +166,13 @@ struct Observation {
 /// when each call's timeout is shorter than `lease_time`. It is `Send + Sync`.
 pub struct LockDir {
     dir: PathBuf,
+    /// Where the directory is reached from: by its path, or beneath a cache root without
+    /// following any link (see `dir.rs`), at each use.
+    beneath: Option<(Arc<Root>, String)>,
     opts: LockOptions,
     /// `Auto` only: set once fcntl locks were found unavailable here.
     use_lease: AtomicBool,
-    observed: Mutex<HashMap<String, Observation>>,
+    observed: ForkMutex<HashMap<String, Observation>>,
 }
 
 impl fmt::Debug for LockDir {
@@ -189,9 +193,57 @@ impl LockDir {
         opts.host = sanitize_host(&opts.host);
         LockDir {
             dir,
+            beneath: None,
             opts,
             use_lease: AtomicBool::new(false),
-            observed: Mutex::new(HashMap::new()),
+            observed: ForkMutex::new(HashMap::new()),
+        }
+    }
+
+    /// A lock directory at `rel` beneath a cache root, reached through directory handles
+    /// at each use: a `rel` replaced by a symbolic link (or a file) is refused (ELOOP or
+    /// ENOTDIR), never followed.
+    pub fn beneath(root: Arc<Root>, rel: &str, opts: LockOptions) -> Self {
+        let mut d = LockDir::new(root.path().join(rel), opts);
+        d.beneath = Some((root, rel.to_string()));
+        d
+    }
+
+    /// Forgets what this process observed of other holders' leases (after `fork`: the
+    /// child starts with a fresh table, whatever lock another thread of the parent held).
+    ///
+    /// # Safety
+    /// As `ForkMutex::reset`: only in a forked child that is still single-threaded.
+    pub unsafe fn reset_after_fork(&self) {
+        // SAFETY: per the contract.
+        unsafe { self.observed.reset(HashMap::new()) };
+    }
+
+    /// Opens the directory (creating it, never its parents, when `create` and it is
+    /// missing: a vanished parent may be an unmounted filesystem, whose mount point must
+    /// not be written to).
+    fn open_dir(&self, create: bool) -> io::Result<Arc<Dir>> {
+        let open = || match &self.beneath {
+            Some((root, rel)) => root.sub(rel),
+            None => Dir::open_path(&self.dir, true),
+        };
+        match open() {
+            Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+                let made = match &self.beneath {
+                    Some((root, rel)) => match rel.rsplit_once('/') {
+                        Some((parent, last)) => root.sub(parent)?.mkdir(last, 0o777),
+                        None => root.dir()?.mkdir(rel, 0o777),
+                    },
+                    None => std::fs::create_dir(&self.dir),
+                };
+                match made {
+                    // Another thread or process created it first: as good.
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                    _ => {}
+                }
+                open().map(Arc::new)
+            }
+            other => other.map(Arc::new),
         }
     }
 
@@ -263,18 +315,11 @@ impl LockDir {
     // ---------------------------------------------------------------- fcntl
 
     fn try_fcntl(&self, name: &str, deadline: Instant) -> Result<FcntlOutcome, LockError> {
-        let path = self.dir.join(format!("{name}.lock"));
+        let fname = format!("{name}.lock");
+        let path = self.dir.join(&fname);
         let file = self
-            .with_dir(|| {
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o666)
-                    .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                    .open(&path)
-            })
+            .open_dir(true)
+            .and_then(|d| d.open_file(&fname, libc::O_RDWR | libc::O_CREAT, 0o666))
             .map_err(|e| LockError::io("open", &path, e))?;
         loop {
             match lock_exclusive_nonblocking(&file) {
@@ -298,30 +343,41 @@ impl LockDir {
     // ---------------------------------------------------------------- lease
 
     fn try_lease(&self, name: &str, deadline: Instant) -> Result<Option<LockGuard>, LockError> {
-        let lease = self.dir.join(format!("{name}.lease"));
+        let lease_name = format!("{name}.lease");
+        let lease = self.dir.join(&lease_name);
+        let dir = self
+            .open_dir(true)
+            .map_err(|e| LockError::io("open", &self.dir, e))?;
         let id = LeaseId {
             host: self.opts.host.clone(),
             pid: std::process::id(),
             nonce: new_nonce(),
         };
         let content = id.content(0);
-        let tmp = self.dir.join(id.temp_name(name, 0));
-        self.with_dir(|| write_new_file(&tmp, content.as_bytes()))
+        let tmp_name = id.temp_name(name, 0);
+        let tmp = self.dir.join(&tmp_name);
+        write_new_file(&dir, &tmp_name, content.as_bytes())
             .map_err(|e| LockError::io("write", &tmp, e))?;
-        let _tmp_guard = RemoveOnDrop(&tmp);
+        let _tmp_guard = RemoveOnDrop(&dir, &tmp_name);
 
         loop {
-            if link_exclusive(&tmp, &lease).map_err(|e| LockError::io("link", &lease, e))? {
+            if link_exclusive(&dir, &tmp_name, &lease_name)
+                .map_err(|e| LockError::io("link", &lease, e))?
+            {
                 self.forget(name);
-                return Ok(Some(LockGuard::lease(lease, name, id, content, false)));
+                return Ok(Some(LockGuard::lease(
+                    &dir, lease, name, id, content, false,
+                )));
             }
             // Held by someone else (or it vanished between link and read).
-            match read_small(&lease) {
+            match read_small(&dir, &lease_name) {
                 Ok(current) => {
                     if let Some(held_for) = self.observe_stale(name, &current) {
-                        match self.take_over(name, &lease, &current, held_for, &id, &tmp)? {
+                        match self.take_over(name, &dir, &current, held_for, &id, &tmp_name)? {
                             TakeOver::Won => {
-                                return Ok(Some(LockGuard::lease(lease, name, id, content, true)));
+                                return Ok(Some(LockGuard::lease(
+                                    &dir, lease, name, id, content, true,
+                                )));
                             }
                             TakeOver::GaveUp => return Ok(None),
                             TakeOver::Retry => {}
@@ -381,8 +437,12 @@ impl LockDir {
     /// missing lease forgets what was seen of it.
     pub fn peek(&self, name: &str) -> Result<LeaseView, LockError> {
         validate_name(name)?;
-        let lease = self.dir.join(format!("{name}.lease"));
-        match read_small(&lease) {
+        let lease_name = format!("{name}.lease");
+        let lease = self.dir.join(&lease_name);
+        let read = self
+            .open_dir(false)
+            .and_then(|dir| read_small(&dir, &lease_name));
+        match read {
             Ok(content) => {
                 let stale = self.observe_stale(name, &content);
                 Ok(LeaseView::Held {
@@ -410,29 +470,34 @@ impl LockDir {
     fn take_over(
         &self,
         name: &str,
-        lease: &Path,
+        dir: &Dir,
         judged: &str,
         held_for: Duration,
         id: &LeaseId,
-        tmp: &Path,
+        tmp: &str,
     ) -> Result<TakeOver, LockError> {
-        let aside = self.dir.join(id.aside_name(name));
-        match fs::rename(lease, &aside) {
+        let lease_name = format!("{name}.lease");
+        let lease = self.dir.join(&lease_name);
+        let aside_name = id.aside_name(name);
+        let aside = self.dir.join(&aside_name);
+        match dir.rename(&lease_name, dir, &aside_name) {
             Ok(()) => {}
             Err(e) if is_gone(&e) => return Ok(TakeOver::Retry),
-            Err(e) => return Err(LockError::io("rename", lease, e)),
+            Err(e) => return Err(LockError::io("rename", &lease, e)),
         }
-        let _aside_guard = RemoveOnDrop(&aside);
+        let _aside_guard = RemoveOnDrop(dir, &aside_name);
         self.forget(name);
-        match read_small(&aside) {
+        match read_small(dir, &aside_name) {
             Ok(moved) if moved == judged => {
                 // Unlink the stale copy before linking ours (also done by the guard).
-                if let Err(e) = fs::remove_file(&aside) {
+                if let Err(e) = dir.unlink(&aside_name) {
                     if !is_gone(&e) {
                         return Err(LockError::io("unlink", &aside, e));
                     }
                 }
-                if link_exclusive(tmp, lease).map_err(|e| LockError::io("link", lease, e))? {
+                if link_exclusive(dir, tmp, &lease_name)
+                    .map_err(|e| LockError::io("link", &lease, e))?
+                {
                     // A retired lease is routine to take; a stale one is worth a line.
                     let level = if is_retired(judged) {
                         log::Level::Debug
@@ -454,7 +519,9 @@ impl LockDir {
             moved => {
                 // Refreshed or replaced between our read and the rename: put it back if
                 // the name is still free, and leave the lock to its holder this time.
-                if !link_exclusive(&aside, lease).map_err(|e| LockError::io("link", lease, e))? {
+                if !link_exclusive(dir, &aside_name, &lease_name)
+                    .map_err(|e| LockError::io("link", &lease, e))?
+                {
                     log::warn!(
                         "xla_pcache: could not put back refreshed lease {}: taken meanwhile",
                         lease.display()
@@ -465,23 +532,6 @@ impl LockDir {
                     Err(e) => Err(LockError::io("read", &aside, e)),
                 }
             }
-        }
-    }
-
-    /// Runs `op`; if it fails because the lock directory is missing, creates the
-    /// directory (never its parents: a vanished parent may be an unmounted filesystem,
-    /// whose mount point must not be written to) and runs `op` once more.
-    fn with_dir<T>(&self, mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
-        match op() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.dir.is_dir() => {
-                match fs::create_dir(&self.dir) {
-                    // Another thread or process created it first: as good.
-                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-                    _ => {}
-                }
-                op()
-            }
-            other => other,
         }
     }
 }
@@ -564,6 +614,10 @@ enum GuardInner {
     /// it would let two processes lock two different inodes of one name).
     Fcntl { _file: File, path: PathBuf },
     Lease {
+        /// The lease's directory (the handle it was taken through) and file name; `path`
+        /// is for messages.
+        dir: Arc<Dir>,
+        file: String,
         path: PathBuf,
         name: String,
         id: LeaseId,
@@ -576,9 +630,18 @@ enum GuardInner {
 }
 
 impl LockGuard {
-    fn lease(path: PathBuf, name: &str, id: LeaseId, content: String, took_over: bool) -> Self {
+    fn lease(
+        dir: &Arc<Dir>,
+        path: PathBuf,
+        name: &str,
+        id: LeaseId,
+        content: String,
+        took_over: bool,
+    ) -> Self {
         LockGuard {
             inner: GuardInner::Lease {
+                dir: Arc::clone(dir),
+                file: format!("{name}.lease"),
                 path,
                 name: name.to_string(),
                 id,
@@ -645,6 +708,8 @@ impl LockGuard {
 
     fn rewrite(&mut self, retire: bool) -> Result<(), LockError> {
         let GuardInner::Lease {
+            dir,
+            file,
             path,
             name,
             id,
@@ -661,18 +726,19 @@ impl LockGuard {
         } else {
             id.content(next)
         };
-        let dir = path.parent().unwrap_or_else(|| Path::new("."));
-        let tmp = dir.join(id.temp_name(name, next));
-        write_new_file(&tmp, new_content.as_bytes())
+        let tmp_name = id.temp_name(name, next);
+        let tmp = path.with_file_name(&tmp_name);
+        write_new_file(dir, &tmp_name, new_content.as_bytes())
             .map_err(|e| LockError::io("write", &tmp, e))?;
-        let _tmp_guard = RemoveOnDrop(&tmp);
-        match read_small(path) {
+        let _tmp_guard = RemoveOnDrop(dir, &tmp_name);
+        match read_small(dir, file) {
             Ok(current) if current == *content => {}
             Ok(_) => return Err(LockError::LeaseLost { path: path.clone() }),
             Err(e) if is_gone(&e) => return Err(LockError::LeaseLost { path: path.clone() }),
             Err(e) => return Err(LockError::io("read", path, e)),
         }
-        fs::rename(&tmp, &*path).map_err(|e| LockError::io("rename", path, e))?;
+        dir.rename(&tmp_name, dir, file)
+            .map_err(|e| LockError::io("rename", path, e))?;
         *counter = next;
         *content = new_content;
         Ok(())
@@ -686,6 +752,8 @@ impl LockGuard {
 
     fn release_inner(&mut self) -> Result<(), LockError> {
         let GuardInner::Lease {
+            dir,
+            file,
             path,
             content,
             released,
@@ -698,8 +766,8 @@ impl LockGuard {
             return Ok(());
         }
         *released = true;
-        match read_small(path) {
-            Ok(current) if current == *content => match fs::remove_file(&*path) {
+        match read_small(dir, file) {
+            Ok(current) if current == *content => match dir.unlink(file) {
                 Ok(()) => Ok(()),
                 Err(e) if is_gone(&e) => Ok(()),
                 Err(e) => Err(LockError::io("unlink", path, e)),
@@ -714,6 +782,12 @@ impl LockGuard {
             Err(e) if is_gone(&e) => Ok(()),
             Err(e) => Err(LockError::io("read", path, e)),
         }
+    }
+
+    /// Forgets the guard without touching the lock (a forked child's copy of its
+    /// parent's guard: the lock is the parent's).
+    pub fn forget_inherited(self) {
+        std::mem::forget(self);
     }
 }
 
@@ -864,15 +938,10 @@ fn is_gone(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESTALE)
 }
 
-/// Creates `path` exclusively with `data` and closes it, checking the close (on NFS
+/// Creates `dir/name` exclusively with `data` and closes it, checking the close (on NFS
 /// the data reaches the server at close). Removes the file on failure.
-fn write_new_file(path: &Path, data: &[u8]) -> io::Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o666)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)?;
+fn write_new_file(dir: &Dir, name: &str, data: &[u8]) -> io::Result<()> {
+    let mut file = dir.open_file(name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
     let result = file.write_all(data).and_then(|()| {
         let fd = file.into_raw_fd();
         // SAFETY: we own `fd` (taken from the File) and close it exactly once.
@@ -883,19 +952,16 @@ fn write_new_file(path: &Path, data: &[u8]) -> io::Result<()> {
         }
     });
     if result.is_err() {
-        let _ = fs::remove_file(path);
+        let _ = dir.unlink(name);
     }
     result
 }
 
-/// Reads a small text file without following a symlink.
-fn read_small(path: &Path) -> io::Result<String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)?;
-    let mut buf = Vec::new();
-    file.take(MAX_LEASE_LEN).read_to_end(&mut buf)?;
+/// Reads a small text file: never following a link, never waiting on a FIFO, a regular
+/// file only, at most `MAX_LEASE_LEN` bytes.
+fn read_small(dir: &Dir, name: &str) -> io::Result<String> {
+    let (file, _) = open_regular(dir, name)?;
+    let buf = read_capped(&file, MAX_LEASE_LEN)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
@@ -904,35 +970,36 @@ fn read_small(path: &Path) -> io::Result<String> {
 /// an NFS client may report EEXIST for a retransmitted link that did succeed. Then an
 /// existing `dst` means "held" whatever the error: sshfs (SFTP) reports a link onto an
 /// existing name as EPERM. Only an error with `dst` absent is returned.
-fn link_exclusive(src: &Path, dst: &Path) -> io::Result<bool> {
-    let err = match fs::hard_link(src, dst) {
+fn link_exclusive(dir: &Dir, src: &str, dst: &str) -> io::Result<bool> {
+    let err = match dir.link(src, dir, dst) {
         Ok(()) => return Ok(true),
         Err(e) => e,
     };
-    if fs::symlink_metadata(src)?.nlink() == 2 {
+    if dir.stat(src)?.nlink() == 2 {
         return Ok(true);
     }
     if err.kind() == io::ErrorKind::AlreadyExists {
         return Ok(false);
     }
-    match fs::symlink_metadata(dst) {
+    match dir.stat(dst) {
         Ok(_) => Ok(false),
         Err(_) => Err(err),
     }
 }
 
 /// Removes a file when dropped, ignoring errors (temp and aside files).
-struct RemoveOnDrop<'a>(&'a Path);
+struct RemoveOnDrop<'a>(&'a Dir, &'a str);
 
 impl Drop for RemoveOnDrop<'_> {
     fn drop(&mut self) {
-        let _ = fs::remove_file(self.0);
+        let _ = self.0.unlink(self.1);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::sync::Arc;
 
     fn opts(mode: LockMode, timeout_ms: u64, lease_ms: u64) -> LockOptions {
@@ -1307,31 +1374,26 @@ mod tests {
             pid: 1,
             nonce: 2,
         };
-        let tmpfile = d.dir().join(id.temp_name("evict", 0));
-        write_new_file(&tmpfile, id.content(0).as_bytes()).unwrap();
+        let tmpname = id.temp_name("evict", 0);
+        let tmpfile = d.dir().join(&tmpname);
+        let dir = Dir::open_path(d.dir(), true).unwrap();
+        write_new_file(&dir, &tmpname, id.content(0).as_bytes()).unwrap();
         // We judged an older content stale; the holder refreshed it meanwhile.
         let r = d
             .take_over(
                 "evict",
-                &lease,
+                &dir,
                 "h 7 0000000000000001 4\n",
                 Duration::from_secs(1),
                 &id,
-                &tmpfile,
+                &tmpname,
             )
             .unwrap();
         assert!(matches!(r, TakeOver::GaveUp));
         assert_eq!(fs::read_to_string(&lease).unwrap(), fresh);
         // The judged content is what is there: we win.
         let r = d
-            .take_over(
-                "evict",
-                &lease,
-                fresh,
-                Duration::from_secs(1),
-                &id,
-                &tmpfile,
-            )
+            .take_over("evict", &dir, fresh, Duration::from_secs(1), &id, &tmpname)
             .unwrap();
         assert!(matches!(r, TakeOver::Won));
         assert_eq!(fs::read_to_string(&lease).unwrap(), id.content(0));

@@ -1,11 +1,7 @@
 //! Publishing a finished temp file under its final name without ever replacing what is there.
 
-use std::ffi::CString;
-use std::fs;
+use crate::dir::Dir;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -22,46 +18,32 @@ pub fn unique_suffix() -> String {
     )
 }
 
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
-/// Moves `tmp` to `dest` unless `dest` exists. Ok(true): published; Ok(false): `dest` was
-/// already there (first writer wins) and `tmp` is left for the caller to remove.
+/// Moves `from/name` to `to/to_name` unless `to_name` exists. Ok(true): published;
+/// Ok(false): `to_name` was already there (first writer wins) and `name` is left for the
+/// caller to remove. Both names are taken relative to directory handles (see `dir.rs`).
 ///
-/// Tries `renameat2(RENAME_NOREPLACE)` (local filesystems), then `link` (atomic on NFS, where
-/// a retransmitted link can report EEXIST although it worked, so the link count is checked),
-/// and on filesystems with neither, a check-then-rename whose race can only replace one
-/// valid entry of a key by another valid entry of the same key.
-pub fn publish_no_replace(tmp: &Path, dest: &Path) -> io::Result<bool> {
-    let (c_tmp, c_dest) = (cstr(tmp)?, cstr(dest)?);
-    // SAFETY: both are valid NUL-terminated paths.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            c_tmp.as_ptr(),
-            libc::AT_FDCWD,
-            c_dest.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
+/// Tries `renameat2(RENAME_NOREPLACE)` (local filesystems), then `linkat` (atomic on NFS,
+/// where a retransmitted link can report EEXIST although it worked, so the link count is
+/// checked), and on filesystems with neither, a check-then-rename whose race can only
+/// replace one valid entry of a key by another valid entry of the same key.
+pub fn publish_no_replace(from: &Dir, name: &str, to: &Dir, to_name: &str) -> io::Result<bool> {
+    let err = match from.rename_noreplace(name, to, to_name) {
+        Ok(()) => return Ok(true),
+        Err(e) => e,
     };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
     match err.raw_os_error() {
         Some(libc::EEXIST) => return Ok(false),
         Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => {}
         _ => return Err(err),
     }
-    match fs::hard_link(tmp, dest) {
+    match from.link(name, to, to_name) {
         Ok(()) => {
-            let _ = fs::remove_file(tmp);
+            let _ = from.unlink(name);
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            if fs::metadata(tmp).map(|m| m.nlink() >= 2).unwrap_or(false) {
-                let _ = fs::remove_file(tmp);
+            if from.stat(name).map(|m| m.nlink() >= 2).unwrap_or(false) {
+                let _ = from.unlink(name);
                 return Ok(true);
             }
             Ok(false)
@@ -72,19 +54,14 @@ pub fn publish_no_replace(tmp: &Path, dest: &Path) -> io::Result<bool> {
                 Some(libc::EPERM) | Some(libc::ENOTSUP) | Some(libc::ENOSYS) | Some(libc::EMLINK)
             ) =>
         {
-            if fs::symlink_metadata(dest).is_ok() {
+            if to.stat(to_name).is_ok() {
                 return Ok(false);
             }
-            fs::rename(tmp, dest)?;
+            from.rename(name, to, to_name)?;
             Ok(true)
         }
         Err(e) => Err(e),
     }
-}
-
-/// fsync of a directory, so a rename in it survives power loss.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -93,6 +70,7 @@ mod tests {
 
     #[test]
     fn first_writer_wins() {
+        use std::fs;
         let d = tempfile::tempdir().unwrap();
         let (a, b, dest) = (
             d.path().join("a"),
@@ -101,8 +79,9 @@ mod tests {
         );
         fs::write(&a, "first").unwrap();
         fs::write(&b, "second").unwrap();
-        assert!(publish_no_replace(&a, &dest).unwrap());
-        assert!(!publish_no_replace(&b, &dest).unwrap());
+        let dir = Dir::open_path(d.path(), true).unwrap();
+        assert!(publish_no_replace(&dir, "a", &dir, "dest").unwrap());
+        assert!(!publish_no_replace(&dir, "b", &dir, "dest").unwrap());
         assert_eq!(fs::read_to_string(&dest).unwrap(), "first");
         assert!(!a.exists());
         assert!(

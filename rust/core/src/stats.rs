@@ -30,9 +30,16 @@ pub enum Counter {
     /// Puts not published because the cache was far over its budget and this process
     /// could not evict at that moment (another was evicting).
     PutsRefused,
+    /// Paths refused because a component was not a real directory inside the cache (a
+    /// symbolic link, a file or a FIFO where a directory belongs) or an entry's name held
+    /// a directory: the operation skipped them.
+    UnsafePaths,
+    /// Index files (journals, snapshot) skipped because they could not be read (another
+    /// user's mode 0600, or not a regular file).
+    Unreadable,
 }
 
-pub const COUNTER_NAMES: [&str; 18] = [
+pub const COUNTER_NAMES: [&str; 20] = [
     "hits",
     "misses",
     "puts",
@@ -51,6 +58,8 @@ pub const COUNTER_NAMES: [&str; 18] = [
     "claim_wait_ms",
     "claim_wait_timeouts",
     "puts_refused",
+    "unsafe_paths",
+    "unreadable",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -70,6 +79,13 @@ impl Counters {
     }
     pub fn get(&self, c: Counter) -> u64 {
         self.values[c as usize].load(Ordering::Relaxed)
+    }
+    /// Back to zero (a forked child starts its own counts, in its own journal).
+    pub fn reset(&self) {
+        for v in &self.values {
+            v.store(0, Ordering::Relaxed);
+        }
+        self.dirty.store(false, Ordering::Relaxed);
     }
     pub fn snapshot(&self) -> [u64; N_COUNTERS] {
         std::array::from_fn(|i| self.values[i].load(Ordering::Relaxed))

@@ -14,13 +14,19 @@ use std::time::Duration;
 use xla_pcache_core::store::EntrySummary;
 use xla_pcache_core::{Blob, Claim, ClaimOutcome, LockMode, ReadMode, Store, StoreOptions};
 
+/// A duration argument in seconds: finite, non-negative and at most `MAX_DURATION` (about
+/// 31 years: anything longer is a mistake, and would overflow a deadline), else a
+/// `ValueError` naming the argument.
 fn seconds(name: &str, v: f64) -> PyResult<Duration> {
-    if !v.is_finite() || v < 0.0 {
+    let max = xla_pcache_core::store::MAX_DURATION;
+    if !v.is_finite() || v < 0.0 || v > max.as_secs_f64() {
         return Err(PyValueError::new_err(format!(
-            "{name} must be a non-negative number of seconds, got {v}"
+            "{name} must be a number of seconds from 0 to {} (about 31 years), got {v}",
+            max.as_secs()
         )));
     }
-    Ok(Duration::from_secs_f64(v))
+    Duration::try_from_secs_f64(v)
+        .map_err(|e| PyValueError::new_err(format!("{name}: {e} (got {v})")))
 }
 
 fn key_object<'py>(py: Python<'py>, key: &[u8], is_text: bool) -> Bound<'py, PyAny> {
@@ -532,6 +538,7 @@ impl PyStore {
         d.set_item("added", r.added)?;
         d.set_item("names", r.names)?;
         d.set_item("skipped", r.skipped)?;
+        d.set_item("skipped_files", r.skipped_files)?;
         Ok(d)
     }
 
@@ -575,22 +582,41 @@ impl PyStore {
         d.set_item("stale_trash", r.stale_trash)?;
         d.set_item("problems", r.problems())?;
         d.set_item("repaired", r.repaired)?;
+        d.set_item("skipped_files", &r.skipped_files)?;
         Ok(d)
     }
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let store = self.store()?;
-        py.detach(|| store.flush());
+        py.detach(|| {
+            no_panic("flush", || {
+                store.flush();
+                Ok(())
+            })
+        })
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if !self.closed.swap(true, Ordering::Relaxed) {
+            py.detach(|| {
+                no_panic("close", || {
+                    self.inner.close_claims();
+                    self.inner.flush();
+                    Ok(())
+                })
+            })?;
+        }
         Ok(())
     }
 
-    fn close(&self, py: Python<'_>) {
-        if !self.closed.swap(true, Ordering::Relaxed) {
-            py.detach(|| {
-                self.inner.close_claims();
-                self.inner.flush()
-            });
-        }
+    /// Called in a forked child (xla_pcache.store registers it with os.register_at_fork):
+    /// the child gets its own journal on its next write, holds no lock or claim of the
+    /// parent's, runs no heartbeat thread of the parent's, and no mutex another thread of
+    /// the parent held at the fork stays locked.
+    fn _after_fork_child(&self) {
+        // SAFETY: os.register_at_fork(after_in_child=) runs in the child right after fork(),
+        // before the child starts any thread; this thread holds no guard into the store.
+        unsafe { self.inner.after_fork_child() };
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -598,8 +624,8 @@ impl PyStore {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) {
-        self.close(py);
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+        self.close(py)
     }
 
     fn __repr__(&self) -> String {

@@ -5,7 +5,14 @@ use super::*;
 impl Store {
     pub fn contains(&self, key: Key<'_>) -> Result<bool, StoreError> {
         check_key(&key)?;
-        Ok(fs::symlink_metadata(self.layout.entry_path(entry_name(key.bytes))).is_ok())
+        Ok(self.entry_exists(entry_name(key.bytes)))
+    }
+
+    /// Whether a file stands under `name`'s entry name (in a real shard directory).
+    pub(super) fn entry_exists(&self, name: u128) -> bool {
+        self.dir(&Layout::shard_rel(name))
+            .and_then(|d| d.stat(&name_hex(name)))
+            .is_ok()
     }
 
     /// Removes the entry (moved to trash first, so readers that opened it finish). True if
@@ -17,12 +24,24 @@ impl Store {
         }
         let name = entry_name(key.bytes);
         let path = self.layout.entry_path(name);
-        let aside = self
-            .layout
-            .trash()
-            .join(format!("{}.{}", name_hex(name), unique_suffix()));
+        let file = name_hex(name);
+        let aside = format!("{file}.{}", unique_suffix());
         let t = crate::clock::unix_ns();
-        match fs::rename(&path, &aside) {
+        let shard = match self.dir(&Layout::shard_rel(name)) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound || cdir::is_unsafe(&e) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(io_err("delete", &path, e)),
+        };
+        if shard.stat(&file).is_ok_and(|m| m.is_dir()) {
+            self.unsafe_path(&Layout::entry_rel(name), &"a directory");
+            return Ok(false);
+        }
+        let trash = self
+            .dir("trash")
+            .map_err(|e| io_err("delete", &self.layout.trash(), e))?;
+        match shard.rename(&file, &trash, &aside) {
             Ok(()) => {
                 self.append(&[Record::Delete { name, t }]);
                 Ok(true)
@@ -32,18 +51,43 @@ impl Store {
         }
     }
 
-    /// Removes every entry. Returns how many.
+    /// Removes every entry. Returns how many. What cannot be removed (another user's file
+    /// in a directory it owns) is skipped with a warning; a stray directory among the
+    /// entries is removed through directory handles, never following a link.
     pub fn clear(&self) -> Result<u64, StoreError> {
         if self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
         let t = crate::clock::unix_ns();
         let mut n = 0;
-        for path in self.entry_files()? {
-            match fs::remove_file(&path) {
-                Ok(()) => n += 1,
+        let mut failed = 0u64;
+        let mut last_err = None;
+        for (shard, file) in self.entry_files()? {
+            let dir = if shard.is_empty() {
+                self.dir("entries")
+            } else {
+                self.dir(&format!("entries/{shard}"))
+            };
+            let res = dir.and_then(|d| d.remove_any(&file));
+            match res {
+                Ok(_) => n += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err("remove", &path, e)),
+                Err(e) => {
+                    failed += 1;
+                    last_err = Some(format!("{}: {e}", self.entry_display(&shard, &file)));
+                }
+            }
+        }
+        if let Some(e) = last_err {
+            self.counters.inc(Counter::Errors);
+            log::warn!(
+                "xla_pcache: clear could not remove {failed} file(s) of the cache (last: {e})"
+            );
+        }
+        // Shards removed with stray directories are laid out again.
+        if let Ok(entries) = self.dir("entries") {
+            for shard in 0..=255u8 {
+                let _ = entries.mkdir(&format!("{shard:02x}"), 0o777);
             }
         }
         self.append(&[Record::Clear { t }]);
@@ -52,39 +96,67 @@ impl Store {
         Ok(n)
     }
 
-    /// Every file under entries/ (walks the directory).
-    pub(super) fn entry_files(&self) -> Result<Vec<PathBuf>, StoreError> {
+    fn entry_display(&self, shard: &str, file: &str) -> String {
+        self.layout
+            .entries()
+            .join(shard)
+            .join(file)
+            .display()
+            .to_string()
+    }
+
+    /// Every name under entries/ (walks the directory): (shard, file) for the names in
+    /// real shard directories, ("", name) for anything else directly under entries/ (a
+    /// stray file, or a shard that is not a real directory).
+    pub(super) fn entry_files(&self) -> Result<Vec<(String, String)>, StoreError> {
         let mut out = Vec::new();
-        let entries = self.layout.entries();
-        let rd = match fs::read_dir(&entries) {
-            Ok(rd) => rd,
+        let entries = match self.dir("entries") {
+            Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(io_err("list", &entries, e)),
+            Err(e) => return Err(io_err("list", &self.layout.entries(), e)),
         };
-        let mut shards: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+        let mut shards: Vec<String> = entries
+            .list()
+            .map_err(|e| io_err("list", &self.layout.entries(), e))?
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .collect();
         shards.sort();
         for shard in shards {
-            if !is_real_dir(&shard) {
-                out.push(shard);
+            if !entries.stat(&shard).is_ok_and(|m| m.is_dir()) {
+                out.push((String::new(), shard));
                 continue;
             }
-            let rd = match fs::read_dir(&shard) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err("list", &shard, e)),
+            let Ok(d) = entries.sub(&shard) else {
+                out.push((String::new(), shard));
+                continue;
             };
-            out.extend(rd.flatten().map(|e| e.path()));
+            let names = match d.list() {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("list", &self.layout.entries().join(&shard), e)),
+            };
+            out.extend(
+                names
+                    .into_iter()
+                    .filter_map(|n| n.into_string().ok())
+                    .map(|n| (shard.clone(), n)),
+            );
         }
         Ok(out)
     }
 
-    pub(super) fn read_header(path: &Path) -> Result<(entry::Header, fs::Metadata), ReadError> {
-        let mut f = match File::open(path) {
+    pub(super) fn read_header(&self, rel: &str) -> Result<(entry::Header, Stat), ReadError> {
+        let mut f = match self.root.open_file(rel, libc::O_RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing),
+            Err(e) if cdir::is_unsafe(&e) => return Err(ReadError::Unsafe(e.to_string())),
             Err(e) => return Err(ReadError::Io(e)),
         };
-        let m = f.metadata().map_err(ReadError::Io)?;
+        let m = cdir::fstat(&f).map_err(ReadError::Io)?;
+        if !m.is_file() {
+            return Err(ReadError::Corrupt(EntryError::BadMagic, m.ino()));
+        }
         let mut fixed = [0u8; entry::FIXED_HEADER];
         f.read_exact(&mut fixed)
             .map_err(|_| ReadError::Corrupt(EntryError::TooShort(m.len()), m.ino()))?;
@@ -119,15 +191,14 @@ impl Store {
                 .collect()
         };
         let mut out = Vec::with_capacity(files.len());
-        for path in files {
-            let Some(name) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(parse_name_hex)
-            else {
+        for (shard, file) in files {
+            let Some(name) = parse_name_hex(&file) else {
                 continue;
             };
-            let Ok((h, m)) = Self::read_header(&path) else {
+            if shard.is_empty() {
+                continue;
+            }
+            let Ok((h, m)) = self.read_header(&format!("entries/{shard}/{file}")) else {
                 continue;
             };
             out.push(EntrySummary {
@@ -150,7 +221,7 @@ impl Store {
     pub fn len(&self) -> Result<u64, StoreError> {
         let mut st = self.state();
         if let Err(e) = self.refresh(&mut st) {
-            if !is_real_dir(&self.layout.root) {
+            if !fs::symlink_metadata(&self.layout.root).is_ok_and(|m| m.is_dir()) {
                 self.warn("vanished", || {
                     format!("cache directory {} is gone", self.layout.root.display())
                 });
@@ -205,27 +276,36 @@ impl Store {
         };
         let mut seen: HashMap<u128, u64> = HashMap::new();
         let mut fix = Vec::new();
-        for (i, path) in files.iter().enumerate() {
+        for (i, (shard, file)) in files.iter().enumerate() {
             progress(i as u64, total);
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(parse_name_hex)
-                .filter(|n| path.parent() == Some(self.layout.shard_dir(*n).as_path()));
-            let Some(name) = name else {
-                report.foreign.push(path.display().to_string());
+            let display = self.entry_display(shard, file);
+            let rel = format!("entries/{shard}/{file}");
+            let name = parse_name_hex(file).filter(|n| {
+                !shard.is_empty() && Layout::shard_rel(*n) == format!("entries/{shard}")
+            });
+            let is_dir = || {
+                self.dir(&format!("entries/{shard}"))
+                    .and_then(|d| d.stat(file))
+                    .is_ok_and(|m| m.is_dir())
+            };
+            let Some(name) = name.filter(|_| !is_dir()) else {
+                report.foreign.push(display);
                 if repair {
-                    let _ = if is_real_dir(path) {
-                        fs::remove_dir_all(path)
+                    let dir = if shard.is_empty() {
+                        self.dir("entries")
                     } else {
-                        fs::remove_file(path)
+                        self.dir(&format!("entries/{shard}"))
                     };
+                    // Removed through directory handles: a link is unlinked, never followed.
+                    let _ = dir.and_then(|d| d.remove_any(file));
                 }
                 continue;
             };
-            match self.read_entry(path) {
+            match self.read_entry(&rel) {
                 Ok(blob) if entry_name(&blob.header.key) == name => {
-                    let disk = fs::symlink_metadata(path)
+                    let disk = self
+                        .dir(&format!("entries/{shard}"))
+                        .and_then(|d| d.stat(file))
                         .map(|m| disk_bytes(&m))
                         .unwrap_or(0);
                     report.entries += 1;
@@ -234,9 +314,11 @@ impl Store {
                     let _ = blob;
                 }
                 Ok(_) | Err(ReadError::Corrupt(..)) => {
-                    report.corrupt.push(path.display().to_string());
+                    report.corrupt.push(display);
                     if repair {
-                        let _ = fs::remove_file(path);
+                        let _ = self
+                            .dir(&format!("entries/{shard}"))
+                            .and_then(|d| d.unlink(file));
                         fix.push(Record::Delete {
                             name,
                             t: crate::clock::unix_ns(),
@@ -244,13 +326,22 @@ impl Store {
                     }
                 }
                 Err(ReadError::Missing) => {}
-                Err(ReadError::Io(e)) => return Err(io_err("read", path, e)),
+                // Not readable by this user (another's mode 0600 file): reported, left alone.
+                Err(ReadError::Io(e)) => report.skipped_files.push(format!("{display} ({e})")),
+                Err(ReadError::Unsafe(why)) => {
+                    report.skipped_files.push(format!("{display} ({why})"))
+                }
             }
         }
         progress(total, total);
         let mut st = self.state();
-        self.refresh(&mut st)
-            .map_err(|e| io_err("read index of", &self.layout.root, e))?;
+        if let Err(e) = self.refresh(&mut st) {
+            // Reported, and the check goes on with the view as it is.
+            report
+                .skipped_files
+                .push(format!("the index of {} ({e})", self.layout.root.display()));
+        }
+        report.skipped_files.extend(self.unreadable_files(&st));
         let now = crate::clock::unix_ns();
         for (&name, &disk) in &seen {
             match st.view.lru.get(name) {

@@ -28,6 +28,7 @@
 //! no single flight.
 
 use super::*;
+use crate::forksafe::ForkMutex;
 use crate::lock::{LeaseView, LockError};
 use std::sync::{Arc, Condvar};
 use std::thread;
@@ -90,7 +91,7 @@ pub struct ClaimOutcome {
 pub struct Claim {
     keeper: Arc<Keeper>,
     name: String,
-    entry: PathBuf,
+    entry: u128,
     released: bool,
 }
 
@@ -105,7 +106,7 @@ impl Claim {
     pub fn release(&mut self) {
         if !self.released {
             self.released = true;
-            let published = fs::symlink_metadata(&self.entry).is_ok();
+            let published = self.keeper.entry_exists(self.entry);
             self.keeper.finish(&self.name, published);
         }
     }
@@ -127,8 +128,9 @@ impl Drop for Claim {
 #[derive(Debug)]
 pub(super) struct Keeper {
     pub(super) dir: LockDir,
+    root: Arc<Root>,
     lease: Duration,
-    state: Mutex<KeeperState>,
+    state: ForkMutex<KeeperState>,
     wake: Condvar,
     counters_abandoned: std::sync::atomic::AtomicU64,
 }
@@ -143,10 +145,11 @@ struct KeeperState {
 }
 
 impl Keeper {
-    pub(super) fn new(locks: &Path, lease: Duration, host: String) -> Arc<Keeper> {
+    pub(super) fn new(root: Arc<Root>, lease: Duration, host: String) -> Arc<Keeper> {
         Arc::new(Keeper {
-            dir: LockDir::new(
-                locks.join(CLAIM_DIR),
+            dir: LockDir::beneath(
+                Arc::clone(&root),
+                &format!("locks/{CLAIM_DIR}"),
                 LockOptions {
                     mode: LockMode::Lease,
                     timeout: Duration::ZERO,
@@ -154,8 +157,9 @@ impl Keeper {
                     host,
                 },
             ),
+            root,
             lease,
-            state: Mutex::new(KeeperState::default()),
+            state: ForkMutex::new(KeeperState::default()),
             wake: Condvar::new(),
             counters_abandoned: std::sync::atomic::AtomicU64::new(0),
         })
@@ -163,6 +167,31 @@ impl Keeper {
 
     fn state(&self) -> MutexGuard<'_, KeeperState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the entry `name` has a file (in a real shard directory).
+    fn entry_exists(&self, name: u128) -> bool {
+        self.root
+            .sub(&Layout::shard_rel(name))
+            .and_then(|d| d.stat(&name_hex(name)))
+            .is_ok()
+    }
+
+    /// In a forked child: the parent's claims and their heartbeat thread are the parent's.
+    /// The inherited guards are forgotten (dropping them would remove the parent's lease
+    /// files), the heartbeat thread is known not to run here, and the state's mutex, which
+    /// that thread may have held at the fork, is replaced.
+    ///
+    /// # Safety
+    /// As `forksafe::reset_mutex`: only in a forked child that is still single-threaded.
+    pub(super) unsafe fn reset_after_fork(&self) {
+        // SAFETY: per the contract; the old state (and the guards in it) is leaked.
+        unsafe {
+            self.state.reset(KeeperState::default());
+            self.dir.reset_after_fork();
+        }
+        self.counters_abandoned
+            .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn holds(&self, name: &str) -> bool {
@@ -343,7 +372,6 @@ impl Store {
         check_key(&key)?;
         let name = entry_name(key.bytes);
         let hex = name_hex(name);
-        let entry = self.layout.entry_path(name);
         let start = Instant::now();
         let deadline = start + wait.min(MAX_WAIT);
         let mut pause = POLL_FIRST;
@@ -372,7 +400,7 @@ impl Store {
                 break ClaimState::Abandoned;
             }
             if view == LeaseView::Free || stale {
-                if fs::symlink_metadata(&entry).is_ok() {
+                if self.entry_exists(name) {
                     break ClaimState::Published;
                 }
                 if !may_claim {
@@ -382,7 +410,7 @@ impl Store {
                     Ok(Some(guard)) => {
                         // A holder may have published and released between the look at the
                         // entry and our claim: then there is nothing to compile.
-                        if fs::symlink_metadata(&entry).is_ok() {
+                        if self.entry_exists(name) {
                             drop(guard);
                             break ClaimState::Published;
                         }
@@ -408,7 +436,7 @@ impl Store {
                             Some(Claim {
                                 keeper: Arc::clone(&self.claims),
                                 name: hex,
-                                entry,
+                                entry: name,
                                 released: false,
                             }),
                             took_over,
@@ -472,7 +500,7 @@ impl Store {
         let name = entry_name(key.bytes);
         let hex = name_hex(name);
         if self.claims.holds(&hex) {
-            let published = fs::symlink_metadata(self.layout.entry_path(name)).is_ok();
+            let published = self.entry_exists(name);
             self.claims.finish(&hex, published);
         }
     }

@@ -85,21 +85,25 @@ impl Store {
             (true, false)
         } else if freshen && !self.opts.read_only {
             st.last_freshen = Some(Instant::now());
-            (freshen_dir(&self.layout.journal_dir()), true)
+            let fresh = self.dir("journal").is_ok_and(|d| freshen_dir(&d));
+            (fresh, true)
         } else {
             (st.view.fresh && st.last_freshen.is_some(), false)
         };
         // The put rate counts the other processes' journals only (this one's may have been
         // reopened under a new name).
-        let own = st
-            .journal
-            .path()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str());
+        let own = st.journal.name();
         if st.view.own_journal.as_deref() != own {
             st.view.own_journal = own.map(str::to_string);
         }
-        st.view.refresh(&self.layout, fresh, from_server)?;
+        let res = st.view.refresh(&self.root, fresh, from_server);
+        self.note_unreadable(st);
+        if let Err(e) = res {
+            if cdir::is_unsafe(&e) {
+                self.unsafe_path("journal or index", &e);
+            }
+            return Err(e);
+        }
         st.pending_bytes = 0;
         st.last_refresh = Some(Instant::now());
         st.note_put_rate();
@@ -317,6 +321,7 @@ impl Store {
         let mut records = Vec::new();
         let mut done = true;
         let mut first = true;
+        let trash = self.dir("trash");
         loop {
             let over = target.is_some_and(|t| st.view.lru.total_bytes() > t);
             let next = st
@@ -332,28 +337,54 @@ impl Store {
                 break;
             }
             first = false;
-            let path = self.layout.entry_path(name);
-            let aside = self
-                .layout
-                .trash()
-                .join(format!("{}.{}", name_hex(name), unique_suffix()));
-            // What the file really takes, not what the index believed (a client's cached
-            // attributes where it has them: no extra round trip on a network filesystem).
-            let size = fs::symlink_metadata(&path).map(|m| disk_bytes(&m));
-            match fs::rename(&path, &aside) {
-                Ok(()) => {
+            let file = name_hex(name);
+            let shard_rel = Layout::shard_rel(name);
+            let aside = format!("{file}.{}", unique_suffix());
+            let moved = match (&trash, self.dir(&shard_rel)) {
+                (Ok(trash), Ok(shard)) => {
+                    // What the file really takes, not what the index believed (a client's
+                    // cached attributes where it has them: no extra round trip on a network
+                    // filesystem).
+                    match shard.stat(&file) {
+                        Ok(m) if m.is_dir() => {
+                            // Not an entry: verify --repair's to remove, never moved to trash.
+                            self.unsafe_path(&Layout::entry_rel(name), &"a directory");
+                            Err(io::Error::from_raw_os_error(libc::ENOENT))
+                        }
+                        size => shard
+                            .rename(&file, trash, &aside)
+                            .map(|()| size.map(|m| disk_bytes(&m))),
+                    }
+                }
+                (Err(e), _) => Err(e.raw_os_error().map_or_else(
+                    || io::Error::new(e.kind(), e.to_string()),
+                    io::Error::from_raw_os_error,
+                )),
+                (_, Err(e)) => Err(e),
+            };
+            match moved {
+                Ok(size) => {
                     report.removed += 1;
                     report.bytes += size.unwrap_or(info.disk_bytes);
-                    report.names.push(name_hex(name));
+                    report.names.push(file);
                 }
+                // Gone, or not reachable inside the cache (a shard that is a link: counted
+                // where it was met): the record frees nothing here.
                 Err(e)
-                    if e.kind() == io::ErrorKind::NotFound || errno(&e) == Some(libc::ESTALE) =>
+                    if e.kind() == io::ErrorKind::NotFound
+                        || errno(&e) == Some(libc::ESTALE)
+                        || cdir::is_unsafe(&e) =>
                 {
                     report.dropped += 1;
                 }
                 Err(e) => {
                     self.counters.inc(Counter::Errors);
-                    self.warn("evict", || format!("cannot evict {}: {e}", path.display()));
+                    self.warn("evict", || {
+                        format!(
+                            "cannot evict {}: {e}",
+                            self.layout.entry_path(name).display()
+                        )
+                    });
                     skip.insert(name);
                     continue;
                 }
@@ -382,18 +413,16 @@ impl Store {
             return;
         }
         let now = crate::clock::unix_ns();
-        let own = st
-            .journal
-            .path()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str())
-            .map(str::to_string);
+        let own = st.journal.name().map(str::to_string);
+        let Ok(jdir) = self.dir("journal") else {
+            return;
+        };
         let mut remove = Vec::new();
         for (name, js) in &st.view.journals {
             if Some(name) == own.as_ref() {
                 continue;
             }
-            let Ok(m) = fs::metadata(self.layout.journal_dir().join(name)) else {
+            let Ok(m) = jdir.stat(name) else {
                 continue;
             };
             if m.len() != js.offset {
@@ -407,7 +436,7 @@ impl Store {
                 remove.push(name.clone());
             }
         }
-        if let Err(e) = st.view.compact(&self.layout, &remove) {
+        if let Err(e) = st.view.compact(&self.root, &remove) {
             self.warn("compact", || {
                 format!("cannot write the cache index snapshot: {e}")
             });
@@ -426,29 +455,32 @@ impl Store {
         let now = crate::clock::unix_ns();
         let mut counts = (0, 0);
         // (directory, grace, counted as trash, dot files only: in locks/ only the leftovers
-        // of killed lease writers are swept)
+        // of killed lease writers are swept). Each is opened beneath the root without
+        // following links, and its files removed through that handle: a directory swapped
+        // for a link to elsewhere is skipped (counted, warned), never swept.
         for (dir, grace, trash, dot_only) in [
-            (self.layout.tmp(), self.opts.tmp_grace, false, false),
-            (self.layout.trash(), self.opts.trash_grace, true, false),
-            (self.layout.locks(), self.opts.tmp_grace, false, true),
+            ("tmp", self.opts.tmp_grace, false, false),
+            ("trash", self.opts.trash_grace, true, false),
+            ("locks", self.opts.tmp_grace, false, true),
             // Compile claims of holders that died, retired ones nobody took, and their temp
             // files (a live claim is rewritten every quarter lease, so it is never this old).
-            (
-                self.layout.locks().join(CLAIM_DIR),
-                self.opts.tmp_grace,
-                false,
-                false,
-            ),
+            ("locks/claims", self.opts.tmp_grace, false, false),
         ] {
-            let Ok(rd) = fs::read_dir(&dir) else { continue };
-            for e in rd.flatten() {
+            let Ok(d) = self.dir(dir) else { continue };
+            let Ok(names) = d.list() else { continue };
+            for name in names {
                 if !go_on() {
                     return counts;
                 }
-                if dot_only && !e.file_name().to_string_lossy().starts_with('.') {
+                let Some(name) = name.to_str() else { continue };
+                if dot_only && !name.starts_with('.') {
                     continue;
                 }
-                let Ok(m) = e.metadata() else { continue };
+                let Ok(m) = d.stat(name) else { continue };
+                // The claims' own directory lives in locks/.
+                if dot_only && m.is_dir() {
+                    continue;
+                }
                 if age(&m, now) <= grace {
                     continue;
                 }
@@ -458,7 +490,11 @@ impl Store {
                     counts.0 += 1;
                 }
                 if !dry_run {
-                    let _ = fs::remove_file(e.path());
+                    let _ = if m.is_dir() {
+                        d.remove_any(name).map(drop)
+                    } else {
+                        d.unlink(name)
+                    };
                 }
             }
         }
@@ -486,7 +522,10 @@ impl Store {
             });
         };
         let mut st = self.state();
-        self.evict_locked(&mut st, guard, target, older_than, None)
-            .map_err(|e| io_err("evict in", &self.layout.root, e))
+        let mut report = self
+            .evict_locked(&mut st, guard, target, older_than, None)
+            .map_err(|e| io_err("evict in", &self.layout.root, e))?;
+        report.skipped_files = self.unreadable_files(&st);
+        Ok(report)
     }
 }

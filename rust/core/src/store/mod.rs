@@ -18,23 +18,24 @@ mod tests;
 mod write;
 
 use crate::blob::Blob;
+use crate::dir::{self as cdir, Dir, Root, Stat};
 use crate::entry::{self, EntryError};
 use crate::error::{io_err, StoreError};
+use crate::forksafe::ForkMutex;
 use crate::fsinfo::{self, FsInfo};
 use crate::hash::{entry_name, name_hex, parse_name_hex, MAX_KEY_LEN};
 use crate::index::IndexView;
 use crate::journal::{self, JournalWriter, Record};
-use crate::layout::{is_real_dir, Layout};
+use crate::layout::Layout;
 use crate::lock::{LockDir, LockGuard, LockMode, LockOptions};
-use crate::publish::{publish_no_replace, sync_dir, unique_suffix};
+use crate::publish::{publish_no_replace, unique_suffix};
 use crate::stats::{add_into, Counter, Counters, COUNTER_NAMES, N_COUNTERS};
 use memmap2::MmapOptions;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use claim::{Claim, ClaimOutcome, ClaimState, CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
@@ -61,6 +62,10 @@ const PUBLISH_WINDOW: Duration = Duration::from_millis(10);
 const RATE_WINDOW: Duration = Duration::from_millis(50);
 /// ...follows a rise at once and decays over about this long.
 const RATE_DECAY: Duration = Duration::from_secs(1);
+
+/// The longest duration an option may hold (about 31 years): longer is a mistake, and
+/// deadlines computed from it would overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(1_000_000_000);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadMode {
@@ -171,6 +176,9 @@ pub struct EvictReport {
     /// File names (hex) of the evicted entries.
     pub names: Vec<String>,
     pub skipped: Option<String>,
+    /// Files and directories it could not use and went on without: index files it could
+    /// not read, directories that were not real directories inside the cache.
+    pub skipped_files: Vec<String>,
 }
 
 /// What `verify` found (and repaired when asked).
@@ -185,6 +193,9 @@ pub struct VerifyReport {
     pub stale_tmp: u64,
     pub stale_trash: u64,
     pub repaired: bool,
+    /// What it could not look at and went on without (unreadable entries or index files,
+    /// directories that are not real directories inside the cache), with why.
+    pub skipped_files: Vec<String>,
 }
 
 impl VerifyReport {
@@ -253,6 +264,23 @@ struct State {
 }
 
 impl State {
+    fn new(root: Arc<Root>, host: String) -> State {
+        State {
+            journal: JournalWriter::new(root, host),
+            view: IndexView::default(),
+            hits_logged: HashMap::new(),
+            pending_bytes: 0,
+            last_refresh: None,
+            last_stats: Instant::now(),
+            pending: Vec::new(),
+            evict_backlog: None,
+            last_sweep: None,
+            last_freshen: None,
+            put_rate: 0.0,
+            rate_sample: None,
+        }
+    }
+
     /// What the other writers likely published that this view has not read: about this
     /// process's own puts since it was read (`pending_bytes`) each, or their measured put
     /// rate over the time since the view was current plus `PUBLISH_WINDOW`, whichever is
@@ -300,28 +328,33 @@ impl State {
 
 pub struct Store {
     layout: Layout,
+    /// The cache root, opened once; every file is reached beneath it (see `dir.rs`).
+    root: Arc<Root>,
     opts: StoreOptions,
     fs: FsInfo,
     mmap: bool,
     host: String,
     counters: Counters,
-    state: Mutex<State>,
+    state: ForkMutex<State>,
     locks: LockDir,
     claims: std::sync::Arc<claim::Keeper>,
-    warned: Mutex<HashMap<&'static str, Instant>>,
+    warned: ForkMutex<HashMap<&'static str, Instant>>,
 }
 
 enum ReadError {
     Missing,
     Corrupt(EntryError, u64),
     Io(io::Error),
+    /// The entry's shard is not a real directory, or a directory stands where the entry
+    /// file belongs: skipped, never followed nor moved.
+    Unsafe(String),
 }
 
 fn errno(e: &io::Error) -> Option<i32> {
     e.raw_os_error()
 }
 
-fn disk_bytes(m: &fs::Metadata) -> u64 {
+fn disk_bytes(m: &Stat) -> u64 {
     let blocks = m.blocks() * 512;
     if blocks > 0 {
         blocks
@@ -330,10 +363,8 @@ fn disk_bytes(m: &fs::Metadata) -> u64 {
     }
 }
 
-fn age(m: &fs::Metadata, now_ns: u64) -> Duration {
-    let ctime_ns = (m.ctime().max(0) as u64) * 1_000_000_000 + m.ctime_nsec().max(0) as u64;
-    let mtime_ns = (m.mtime().max(0) as u64) * 1_000_000_000 + m.mtime_nsec().max(0) as u64;
-    Duration::from_nanos(now_ns.saturating_sub(ctime_ns.max(mtime_ns)))
+fn age(m: &Stat, now_ns: u64) -> Duration {
+    Duration::from_nanos(now_ns.saturating_sub(m.ctime_ns().max(m.mtime_ns())))
 }
 
 impl Store {
@@ -343,6 +374,24 @@ impl Store {
             return Err(StoreError::Invalid(
                 "max_size must be positive (or None for no limit)".into(),
             ));
+        }
+        for (what, d) in [
+            ("lock_timeout", opts.lock_timeout),
+            ("lease_time", opts.lease_time),
+            ("hit_interval", opts.hit_interval),
+            ("trash_grace", opts.trash_grace),
+            ("tmp_grace", opts.tmp_grace),
+            ("refresh_interval", opts.refresh_interval),
+            ("evict_slice", opts.evict_slice),
+            ("stats_interval", opts.stats_interval),
+            ("claim_lease", opts.claim_lease),
+        ] {
+            if d > MAX_DURATION {
+                return Err(StoreError::Invalid(format!(
+                    "{what} must be at most {} seconds, got {d:?}",
+                    MAX_DURATION.as_secs()
+                )));
+            }
         }
         if !(0.0..=1.0).contains(&opts.low_watermark) {
             return Err(StoreError::Invalid(
@@ -357,33 +406,42 @@ impl Store {
             root.to_path_buf()
         };
         let layout = Layout::new(root.clone());
-        if opts.read_only {
-            match fs::metadata(&root) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    return Err(StoreError::Format(format!(
-                        "{} is not a directory",
-                        root.display()
-                    )))
-                }
+        let not_a_dir =
+            |root: &Path| StoreError::Format(format!("{} is not a directory", root.display()));
+        let root_dir = if opts.read_only {
+            let r = match Root::open(&root) {
+                Ok(r) => r,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     return Err(StoreError::NotFound(root))
                 }
+                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Err(not_a_dir(&root)),
                 Err(e) => return Err(io_err("open", &root, e)),
-            }
+            };
             // An empty or half-created directory is an empty cache; a foreign format is not.
-            layout.read_format()?;
+            layout.read_format(&r)?;
+            r
         } else {
-            layout.create()?;
+            fs::create_dir_all(&root).map_err(|e| io_err("create directory", &root, e))?;
+            let r = match Root::open(&root) {
+                Ok(r) => r,
+                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Err(not_a_dir(&root)),
+                Err(e) => return Err(io_err("open", &root, e)),
+            };
+            layout.create(&r)?;
+            let entries = r
+                .sub("entries")
+                .map_err(|e| io_err("open", &layout.entries(), e))?;
             for shard in 0..=255u8 {
-                let d = layout.shard(shard);
-                match fs::create_dir(&d) {
+                let d = format!("{shard:02x}");
+                match entries.mkdir(&d, 0o777) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(io_err("create directory", &d, e)),
+                    Err(e) => return Err(io_err("create directory", &layout.shard(shard), e)),
                 }
             }
-        }
+            r
+        };
+        let root_dir = Arc::new(root_dir);
         let fs_info = fsinfo::probe(&root);
         let mmap = match opts.read_mode {
             ReadMode::Auto => fs_info.local,
@@ -397,8 +455,9 @@ impl Store {
             LockMode::Auto if fs_info.name.starts_with("fuse") => LockMode::Lease,
             m => m,
         };
-        let locks = LockDir::new(
-            layout.locks(),
+        let locks = LockDir::beneath(
+            Arc::clone(&root_dir),
+            "locks",
             LockOptions {
                 mode: lock_mode,
                 timeout: opts.lock_timeout,
@@ -406,23 +465,11 @@ impl Store {
                 host: host.clone(),
             },
         );
-        let claims = claim::Keeper::new(&layout.locks(), opts.claim_lease, host.clone());
+        let claims = claim::Keeper::new(Arc::clone(&root_dir), opts.claim_lease, host.clone());
         Ok(Store {
             claims,
-            state: Mutex::new(State {
-                journal: JournalWriter::new(layout.journal_dir(), host.clone()),
-                view: IndexView::default(),
-                hits_logged: HashMap::new(),
-                pending_bytes: 0,
-                last_refresh: None,
-                last_stats: Instant::now(),
-                pending: Vec::new(),
-                evict_backlog: None,
-                last_sweep: None,
-                last_freshen: None,
-                put_rate: 0.0,
-                rate_sample: None,
-            }),
+            state: ForkMutex::new(State::new(Arc::clone(&root_dir), host.clone())),
+            root: root_dir,
             layout,
             opts,
             fs: fs_info,
@@ -430,7 +477,7 @@ impl Store {
             host,
             counters: Counters::default(),
             locks,
-            warned: Mutex::new(HashMap::new()),
+            warned: ForkMutex::new(HashMap::new()),
         })
     }
 
@@ -468,6 +515,82 @@ impl Store {
         }
         w.insert(kind, now);
         log::warn!("xla_pcache: {}", msg());
+    }
+
+    /// The directory `rel` beneath the root, every component a real directory. One that is
+    /// not (a symbolic link, a file, a FIFO) is counted and warned about, and the error
+    /// returned: the caller skips what it was about to do there.
+    fn dir(&self, rel: &str) -> io::Result<Dir> {
+        let r = self.root.sub(rel);
+        if let Err(e) = &r {
+            if cdir::is_unsafe(e) {
+                self.unsafe_path(rel, e);
+            }
+        }
+        r
+    }
+
+    /// Counts and warns about a path of the cache that is not what it must be.
+    fn unsafe_path(&self, rel: &str, why: &dyn std::fmt::Display) {
+        self.counters.inc(Counter::UnsafePaths);
+        self.warn("unsafe-path", || {
+            format!(
+                "{} is not a real directory or file inside the cache ({why}); skipped, never \
+                 followed (someone with write access to the cache directory replaced it)",
+                self.layout.root.join(rel).display()
+            )
+        });
+    }
+
+    /// Takes the view's count of index files newly found unreadable into the counters.
+    fn note_unreadable(&self, st: &mut State) {
+        let n = std::mem::take(&mut st.view.newly_unreadable);
+        if n > 0 {
+            self.counters.add(Counter::Unreadable, n);
+        }
+    }
+
+    /// The index files this view skipped because it could not read them, for reports.
+    fn unreadable_files(&self, st: &State) -> Vec<String> {
+        let mut v: Vec<String> = st
+            .view
+            .unreadable
+            .iter()
+            .map(|(name, owner)| {
+                let dir = if name.ends_with(".log") {
+                    "journal"
+                } else {
+                    "index"
+                };
+                format!(
+                    "{} (unreadable, owner {owner})",
+                    self.layout.root.join(dir).join(name).display()
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Resets what a forked child must not inherit: the parent's journal (one writer per
+    /// journal: the child opens its own on its first write), its buffered records, held
+    /// claims and their heartbeat thread, lease observations, counters, and every mutex
+    /// another thread of the parent may have held at the fork. Locks are not taken: in
+    /// the child they may be held by threads that no longer exist.
+    ///
+    /// # Safety
+    /// Call only in the child right after `fork()`, before it starts threads or uses this
+    /// store from more than this thread (Python's `os.register_at_fork(after_in_child=)`).
+    pub unsafe fn after_fork_child(&self) {
+        // SAFETY: per this function's contract, the child is single-threaded now.
+        unsafe {
+            self.state
+                .reset(State::new(Arc::clone(&self.root), self.host.clone()));
+            self.warned.reset(HashMap::new());
+            self.claims.reset_after_fork();
+            self.locks.reset_after_fork();
+        }
+        self.counters.reset();
     }
 
     // ---------------------------------------------------------------- journal & counters

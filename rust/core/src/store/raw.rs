@@ -7,9 +7,17 @@ impl Store {
     /// missing, corrupt or filed under another key. Does not count as a use.
     pub fn get_entry_file(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, StoreError> {
         check_key(&key)?;
-        let path = self.layout.entry_path(entry_name(key.bytes));
-        let Ok(file) = fs::read(&path) else {
-            return Ok(None);
+        let rel = Layout::entry_rel(entry_name(key.bytes));
+        let read = self
+            .root
+            .open_file(&rel, libc::O_RDONLY, 0)
+            .and_then(|f| Ok((cdir::fstat(&f)?, f)));
+        let file = match read {
+            Ok((m, f)) if m.is_file() => match read::read_entry_bytes(&f, m.len(), self.fs.local) {
+                Ok(b) => b,
+                Err(_) => return Ok(None),
+            },
+            _ => return Ok(None),
         };
         match entry::verify(&file) {
             Ok(h) if h.key == key.bytes => Ok(Some(file)),

@@ -8,11 +8,16 @@ impl Store {
         check_key(&key)?;
         let name = entry_name(key.bytes);
         let path = self.layout.entry_path(name);
+        let rel = Layout::entry_rel(name);
         let mut retried = false;
         let result = loop {
-            match self.read_entry(&path) {
+            match self.read_entry(&rel) {
                 Ok(blob) => break Some(blob),
                 Err(ReadError::Missing) => break None,
+                Err(ReadError::Unsafe(why)) => {
+                    self.unsafe_path(&rel, &why);
+                    break None;
+                }
                 Err(ReadError::Corrupt(why, _))
                     if !self.fs.local
                         && matches!(
@@ -43,7 +48,7 @@ impl Store {
                         )
                     });
                     if !self.opts.read_only {
-                        self.remove_corrupt(&path, ino, name);
+                        self.remove_corrupt(ino, name);
                     }
                     break None;
                 }
@@ -85,22 +90,22 @@ impl Store {
         Ok(result)
     }
 
-    pub(super) fn read_entry(&self, path: &Path) -> Result<Blob, ReadError> {
-        let f = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-        {
+    /// Opens and verifies the entry file at `rel` (beneath the root, no link followed in any
+    /// component, no FIFO waited on).
+    pub(super) fn read_entry(&self, rel: &str) -> Result<Blob, ReadError> {
+        let f = match self.root.open_file(rel, libc::O_RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing),
-            // A symbolic link planted in the cache is never followed; treat it as foreign.
-            Err(e) if errno(&e) == Some(libc::ELOOP) => {
-                return Err(ReadError::Corrupt(EntryError::BadMagic, 0))
-            }
+            Err(e) if cdir::is_unsafe(&e) => return Err(self.why_unsafe(rel, e)),
             Err(e) => return Err(ReadError::Io(e)),
         };
-        let meta = f.metadata().map_err(ReadError::Io)?;
+        let meta = cdir::fstat(&f).map_err(ReadError::Io)?;
         let len = meta.len();
+        if meta.is_dir() {
+            return Err(ReadError::Unsafe(
+                "a directory stands where an entry file belongs".into(),
+            ));
+        }
         if !meta.is_file() {
             return Err(ReadError::Corrupt(EntryError::BadMagic, meta.ino()));
         }
@@ -117,33 +122,52 @@ impl Store {
                 return Ok(Blob::mapped(map, header));
             }
         }
-        let buf = read_whole(&f, len, self.fs.local).map_err(ReadError::Io)?;
+        let buf = read_entry_bytes(&f, len, self.fs.local)?;
         let header = entry::verify(&buf).map_err(corrupt)?;
         Ok(Blob::owned(buf, header))
     }
 
+    /// Why opening `rel` met a link or a non-directory: its shard is not a real directory
+    /// (skipped), or the entry file itself is a symbolic link (a foreign file, removed as
+    /// corrupt).
+    fn why_unsafe(&self, rel: &str, e: io::Error) -> ReadError {
+        let shard = rel.rsplit_once('/').map_or(rel, |(d, _)| d);
+        match self.root.sub(shard) {
+            Ok(_) if e.raw_os_error() == Some(libc::ELOOP) => {
+                ReadError::Corrupt(EntryError::BadMagic, 0)
+            }
+            Err(e) if cdir::is_unsafe(&e) => ReadError::Unsafe(e.to_string()),
+            _ => ReadError::Unsafe(e.to_string()),
+        }
+    }
+
     /// Removes a corrupt file, taking care not to remove a good entry that replaced it since
     /// it was read: move it aside, check it is the same inode, put it back if not.
-    pub(super) fn remove_corrupt(&self, path: &Path, ino: u64, name: u128) {
+    pub(super) fn remove_corrupt(&self, ino: u64, name: u128) {
         // Deletes are stamped before they happen and puts after, so a racing re-put always
         // wins in the index: it may err toward a record of a missing file (harmless, dropped
         // when eviction meets it), never toward an unindexed file that escapes the budget.
         let t = crate::clock::unix_ns();
-        let aside =
-            self.layout
-                .trash()
-                .join(format!("{}.corrupt.{}", name_hex(name), unique_suffix()));
-        if fs::rename(path, &aside).is_err() {
+        let (Ok(shard), Ok(trash)) = (self.dir(&Layout::shard_rel(name)), self.dir("trash")) else {
+            return;
+        };
+        let file = name_hex(name);
+        let aside = format!("{file}.corrupt.{}", unique_suffix());
+        if shard.rename(&file, &trash, &aside).is_err() {
             return;
         }
-        match fs::symlink_metadata(&aside) {
+        match trash.stat(&aside) {
+            Ok(m) if m.is_dir() => {
+                // Raced with a directory put there: give it back, it is not ours to remove.
+                let _ = publish_no_replace(&trash, &aside, &shard, &file);
+            }
             Ok(m) if ino == 0 || m.ino() == ino => {
-                let _ = fs::remove_file(&aside);
+                let _ = trash.unlink(&aside);
                 self.append(&[Record::Delete { name, t }]);
             }
             _ => {
-                let _ = publish_no_replace(&aside, path);
-                let _ = fs::remove_file(&aside);
+                let _ = publish_no_replace(&trash, &aside, &shard, &file);
+                let _ = trash.unlink(&aside);
             }
         }
     }
@@ -178,6 +202,33 @@ impl Store {
     }
 }
 
+/// Above this size, an entry read into memory has its header checked against the file's
+/// length before the buffer is allocated: a sparse `truncate -s 1T` file is a corrupt entry,
+/// not an allocation that aborts the process.
+const CHECK_BEFORE_ALLOC: u64 = 64 << 20;
+
+/// Reads a whole entry file of `fstat` size `len` into memory: the size is checked against
+/// the entry's own header first when it is large, and the allocation may fail (a miss),
+/// never abort.
+pub(super) fn read_entry_bytes(f: &File, len: u64, local: bool) -> Result<Vec<u8>, ReadError> {
+    if len > CHECK_BEFORE_ALLOC {
+        use std::os::unix::fs::FileExt;
+        let mut fixed = [0u8; entry::FIXED_HEADER];
+        f.read_exact_at(&mut fixed, 0).map_err(ReadError::Io)?;
+        let expected = entry::expected_file_len(&fixed).map_err(|e| ReadError::Corrupt(e, 0))?;
+        if expected != len {
+            return Err(ReadError::Corrupt(
+                EntryError::BadLength {
+                    expected,
+                    actual: len,
+                },
+                0,
+            ));
+        }
+    }
+    read_whole(f, len, local).map_err(ReadError::Io)
+}
+
 /// Reads a whole file whose fstat size was `len`, with one `read` where it can: asks for one
 /// byte more than `len`, and on a local filesystem takes a short read as the end of the file
 /// (std's read_to_end costs a second fstat, an lseek and a final empty read). Elsewhere it
@@ -185,10 +236,15 @@ impl Store {
 /// one from before another host replaced the file.
 pub(super) fn read_whole(f: &File, len: u64, local: bool) -> io::Result<Vec<u8>> {
     use std::os::fd::AsRawFd;
-    let mut buf: Vec<u8> = Vec::with_capacity(len as usize + 1);
+    let mut buf: Vec<u8> = Vec::new();
+    let first = usize::try_from(len).ok().and_then(|n| n.checked_add(1));
+    first
+        .and_then(|n| buf.try_reserve_exact(n).ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "entry too large to read"))?;
     loop {
         if buf.len() == buf.capacity() {
-            buf.reserve(64 << 10);
+            buf.try_reserve(64 << 10)
+                .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "entry too large"))?;
         }
         let spare = buf.spare_capacity_mut();
         // SAFETY: the destination is the vector's unused capacity, `spare.len()` bytes that

@@ -10,10 +10,6 @@ use super::evict::Heartbeat;
 use super::*;
 use crate::layout::{freshen_dir, FRESHEN_PREFIX};
 
-fn mtime_ns(m: &fs::Metadata) -> u64 {
-    (m.mtime().max(0) as u64) * 1_000_000_000 + m.mtime_nsec().max(0) as u64
-}
-
 /// Threads listing shards at once on a network filesystem, and shards listed between two
 /// heartbeats of the evictor's lease.
 const LIST_THREADS: usize = 8;
@@ -22,17 +18,18 @@ const LIST_BATCH: usize = 64;
 impl Store {
     /// The entry files of one shard: (name, disk bytes, mtime). A missing shard is empty.
     fn list_shard(&self, shard: u8, out: &mut Vec<(u128, (u64, u64))>) -> io::Result<()> {
-        let dir = self.layout.shard(shard);
+        let rel = format!("entries/{shard:02x}");
+        let dir = match self.dir(&rel) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            // Not a real directory (counted, warned): nothing in it belongs to the cache.
+            Err(e) if cdir::is_unsafe(&e) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         if !self.fs.local {
             freshen_dir(&dir);
         }
-        let rd = match fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        for e in rd.flatten() {
-            let file = e.file_name();
+        for file in dir.list()? {
             let Some(file) = file.to_str() else { continue };
             if file.starts_with(FRESHEN_PREFIX) {
                 continue;
@@ -41,11 +38,11 @@ impl Store {
             let Some(name) = parse_name_hex(file) else {
                 continue;
             };
-            if self.layout.shard_dir(name) != dir {
+            if (name >> 120) as u8 != shard {
                 continue;
             }
-            match e.metadata() {
-                Ok(m) if m.is_file() => out.push((name, (disk_bytes(&m), mtime_ns(&m)))),
+            match dir.stat(file) {
+                Ok(m) if m.is_file() => out.push((name, (disk_bytes(&m), m.mtime_ns()))),
                 _ => {}
             }
         }

@@ -61,13 +61,16 @@ fn read_only_store_writes_nothing() {
         },
     )
     .unwrap();
-    let journals = journal::list(&ro.layout.journal_dir()).unwrap();
+    let journals = journal::list(&Dir::open_path(&ro.layout.journal_dir(), true).unwrap()).unwrap();
     assert!(!ro.put(key("new"), b"v", &[]).unwrap());
     assert!(ro.get(key("k")).unwrap().is_some());
     assert!(matches!(ro.clear(), Err(StoreError::ReadOnly(_))));
     ro.flush();
     drop(ro);
-    assert_eq!(journal::list(&d.path().join("journal")).unwrap(), journals);
+    assert_eq!(
+        journal::list(&Dir::open_path(&d.path().join("journal"), true).unwrap()).unwrap(),
+        journals
+    );
 }
 
 #[test]
@@ -107,7 +110,7 @@ fn compaction_folds_journals_of_dead_processes() {
         fs::write(s.layout.journal_dir().join(name), buf).unwrap();
     }
     assert!(s.put(key("trigger"), b"v", &[]).unwrap());
-    let left = journal::list(&s.layout.journal_dir()).unwrap();
+    let left = journal::list(&Dir::open_path(&s.layout.journal_dir(), true).unwrap()).unwrap();
     assert_eq!(
         left.len(),
         1,

@@ -10,9 +10,19 @@ const ADMIT_POLL_MIN: Duration = Duration::from_millis(5);
 const ADMIT_POLL_MAX: Duration = Duration::from_millis(50);
 /// Eviction slices a put over budget may run itself before it is refused.
 const ADMIT_OWN_SLICES: u32 = 3;
-/// A put not published because the cache is over budget (see `admits`).
+/// A put not published because the cache is over budget (see `admits`), and why no
+/// eviction made room for it.
 #[derive(Debug)]
-struct Refused;
+struct Refused(Refusal);
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Refusal {
+    /// Another process held the evictor lock until `lock_timeout`.
+    LockHeld,
+    /// This process evicted, and what it could evict did not make room (entries it could
+    /// not remove, or a budget smaller than what it cannot see to evict).
+    NoRoom,
+}
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -48,11 +58,22 @@ impl Store {
             return Ok(false);
         }
         let name = entry_name(key.bytes);
-        let path = self.layout.entry_path(name);
-        if fs::symlink_metadata(&path).is_ok() {
-            self.counters.inc(Counter::PutExists);
-            self.maybe_flush_stats(false);
-            return Ok(false);
+        let shard_rel = Layout::shard_rel(name);
+        match self.dir(&shard_rel) {
+            Ok(shard) => {
+                if shard.stat(&name_hex(name)).is_ok() {
+                    self.counters.inc(Counter::PutExists);
+                    self.maybe_flush_stats(false);
+                    return Ok(false);
+                }
+            }
+            // Not a real directory inside the cache (counted and warned): a skipped write.
+            Err(e) if cdir::is_unsafe(&e) => {
+                self.maybe_flush_stats(false);
+                return Ok(false);
+            }
+            // Missing: made again when the entry is published.
+            Err(_) => {}
         }
         // The payload checksum is filled in as the payload is written (write_and_publish).
         let mut header = entry::encode_header(
@@ -73,17 +94,17 @@ impl Store {
                 });
                 return Ok(false);
             }
-            if !self.admits(max, total, false) {
-                self.refused();
+            if let Err(why) = self.admits(max, total, false) {
+                self.refused(why);
                 return Ok(false);
             }
         }
         let outcome = self
-            .write_and_publish(name, &path, &mut header, value)
+            .write_and_publish(name, &mut header, value)
             .or_else(|e| {
                 // The root may have been replaced by an empty directory: lay it out again, once.
                 if e.kind() == io::ErrorKind::NotFound && self.relayout() {
-                    self.write_and_publish(name, &path, &mut header, value)
+                    self.write_and_publish(name, &mut header, value)
                 } else {
                     Err(e)
                 }
@@ -111,7 +132,16 @@ impl Store {
                 Ok(false)
             }
             Err(e) if e.get_ref().is_some_and(|r| r.is::<Refused>()) => {
-                self.refused();
+                let why = e
+                    .get_ref()
+                    .and_then(|r| r.downcast_ref::<Refused>())
+                    .map_or(Refusal::NoRoom, |r| r.0);
+                self.refused(why);
+                Ok(false)
+            }
+            // Counted and warned where it was met.
+            Err(e) if cdir::is_unsafe(&e) => {
+                self.maybe_flush_stats(false);
                 Ok(false)
             }
             Err(e) => {
@@ -128,15 +158,20 @@ impl Store {
         }
     }
 
-    fn refused(&self) {
+    fn refused(&self, why: Refusal) {
         self.counters.inc(Counter::PutsRefused);
-        self.warn("refused", || {
-            format!(
+        self.warn("refused", || match why {
+            Refusal::LockHeld => format!(
                 "not caching an entry: the cache under {} is over its budget and no \
                  eviction made room for it within {:?} (another process held the evictor lock)",
                 self.layout.root.display(),
                 self.opts.lock_timeout
-            )
+            ),
+            Refusal::NoRoom => format!(
+                "not caching an entry: the cache under {} is over its budget and evicting \
+                 what this process can see and remove did not make room for it",
+                self.layout.root.display(),
+            ),
         });
         self.maybe_flush_stats(false);
     }
@@ -159,7 +194,7 @@ impl Store {
     /// eviction's deletes and taking the lock when it is free. A put follows a compile that
     /// took seconds, and a refused one costs that compile again on the next run, so a short
     /// wait is the cheaper side. Refused only when neither happens in time.
-    fn admits(&self, max: u64, size: u64, publishing: bool) -> bool {
+    fn admits(&self, max: u64, size: u64, publishing: bool) -> Result<(), Refusal> {
         let fits = |st: &State, unseen: u64| {
             st.view
                 .lru
@@ -173,25 +208,26 @@ impl Store {
             let just_read = publishing && self.freshen_for_publish(&mut st);
             // The other writers' likely puts since this view was read count too.
             if fits(&st, st.likely_unseen()) {
-                return true;
+                return Ok(());
             }
             if publishing && !self.fs.local && !just_read {
                 if !self.fresh_view(&mut st) {
-                    return true;
+                    return Ok(());
                 }
                 if fits(&st, st.likely_unseen()) {
-                    return true;
+                    return Ok(());
                 }
             }
             self.maybe_evict(&mut st);
             if fits(&st, st.pending_bytes) {
-                return true;
+                return Ok(());
             }
         }
         // Waited for without holding the state lock, so this process's gets go on.
         let deadline = Instant::now() + self.opts.lock_timeout;
         let mut pause = ADMIT_POLL_MIN;
         let mut own_slices = 0;
+        let mut evicted = false;
         loop {
             if let Some(guard) = self.take_evict_lock(Duration::ZERO) {
                 let mut st = self.state();
@@ -201,26 +237,31 @@ impl Store {
                 let target = self.put_low_water(&st, max).saturating_sub(size);
                 self.evict_slice_locked(&mut st, guard, Some(target));
                 if fits(&st, st.pending_bytes) {
-                    return true;
+                    return Ok(());
                 }
                 // A slice cut short goes on at once, a few times; a backlog larger than that
                 // (a budget just lowered) is the next puts' to work off: no put stalls for
                 // a whole eviction batch.
                 own_slices += 1;
+                evicted = true;
                 if own_slices >= ADMIT_OWN_SLICES {
-                    return false;
+                    return Err(Refusal::NoRoom);
                 }
                 continue;
             }
             let now = Instant::now();
             if now >= deadline {
-                return false;
+                return Err(if evicted {
+                    Refusal::NoRoom
+                } else {
+                    Refusal::LockHeld
+                });
             }
             std::thread::sleep(pause.min(deadline - now));
             pause = (pause * 2).min(ADMIT_POLL_MAX);
             let mut st = self.state();
             if self.fresh_view(&mut st) && fits(&st, st.likely_unseen()) {
-                return true;
+                return Ok(());
             }
         }
     }
@@ -237,21 +278,16 @@ impl Store {
     pub(super) fn write_and_publish(
         &self,
         name: u128,
-        path: &Path,
         header: &mut [u8],
         value: &[u8],
     ) -> io::Result<Option<u64>> {
-        let tmp = self
-            .layout
-            .tmp()
-            .join(format!("{}.{}.tmp", name_hex(name), unique_suffix()));
+        let tmp_dir = self.dir("tmp")?;
+        let tmp = format!("{}.{}.tmp", name_hex(name), unique_suffix());
+        let file = name_hex(name);
+        let shard_rel = Layout::shard_rel(name);
         let res = (|| {
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o666)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&tmp)?;
+            let f =
+                tmp_dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
             // Payload first, each chunk hashed just before it is written, while it is in
             // cache: one pass over the value instead of two (a 64 MiB put saves ~10 ms).
             // The header, which holds the checksum, goes in last, at offset 0.
@@ -267,31 +303,35 @@ impl Store {
             if self.opts.durable {
                 f.sync_all()?;
             }
-            let disk = disk_bytes(&f.metadata()?);
+            let disk = disk_bytes(&cdir::fstat(&f)?);
             // close() is where NFS flushes to the server and reports errors such as ENOSPC.
             close_checked(f)?;
             // Looked at again now that the value is written: the other writers' puts may
             // have filled the budget meanwhile (only a comparison while under it).
             if let Some(max) = self.opts.max_size {
-                if !self.admits(max, disk, true) {
-                    return Err(io::Error::other(Refused));
+                if let Err(why) = self.admits(max, disk, true) {
+                    return Err(io::Error::other(Refused(why)));
                 }
             }
-            let published = match publish_no_replace(&tmp, path) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound && fs::metadata(&tmp).is_ok() => {
+            let shard = match self.dir(&shard_rel) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     // The shard directory was removed (e.g. by hand); recreate it once.
-                    fs::create_dir_all(self.layout.shard_dir(name))?;
-                    publish_no_replace(&tmp, path)?
+                    match self.dir("entries")?.mkdir(&shard_rel[8..], 0o777) {
+                        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                        _ => {}
+                    }
+                    self.dir(&shard_rel)?
                 }
                 other => other?,
             };
+            let published = publish_no_replace(&tmp_dir, &tmp, &shard, &file)?;
             if published && self.opts.durable {
-                sync_dir(&self.layout.shard_dir(name))?;
+                shard.sync()?;
             }
             Ok(published.then_some(disk))
         })();
         if !matches!(res, Ok(Some(_))) {
-            let _ = fs::remove_file(&tmp);
+            let _ = tmp_dir.unlink(&tmp);
         }
         res
     }
@@ -299,13 +339,13 @@ impl Store {
     /// Re-creates the layout if the root exists but lost its sub-directories. Never creates
     /// the root itself: a missing root may be an unmounted filesystem.
     pub(super) fn relayout(&self) -> bool {
-        if !is_real_dir(&self.layout.root) {
-            return false;
-        }
-        let ok = self.layout.create().is_ok();
+        self.root.reopen();
+        let ok = self.layout.create(&self.root).is_ok();
         if ok {
-            for shard in 0..=255u8 {
-                let _ = fs::create_dir(self.layout.shard(shard));
+            if let Ok(entries) = self.root.sub("entries") {
+                for shard in 0..=255u8 {
+                    let _ = entries.mkdir(&format!("{shard:02x}"), 0o777);
+                }
             }
             log::warn!(
                 "xla_pcache: cache directory {} was emptied or replaced; re-created its layout",

@@ -1,0 +1,670 @@
+//! Directory handles: every file of the cache is reached relative to a handle on the cache
+//! root, never by a path the kernel resolves through whatever the directory holds now.
+//!
+//! The cache directory is shared: anyone who can write it can replace `entries/xx`, `tmp/`
+//! or `locks/claims` by a symbolic link to somewhere else, or put a FIFO, a directory or a
+//! huge sparse file where a file is expected. So:
+//!
+//! * the root is opened once (following a link there is the user's choice of path), and
+//!   every sub-directory is opened beneath it at the time of use, refusing symbolic links in
+//!   every component (`openat2(RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)` on Linux 5.6+, else
+//!   one `openat(O_NOFOLLOW | O_DIRECTORY)` per component);
+//! * files are opened `O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC` relative to those handles (a FIFO
+//!   opens at once and is then refused by `fstat`), and removed, renamed and linked with the
+//!   `*at` calls on the same handles, so a swap after the open cannot redirect them.
+//!
+//! A component that is not a real directory reads as [`is_unsafe`]: callers skip the
+//! operation, count it and warn.
+
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+
+/// Flags every open of a cache file gets: no link followed, no FIFO waited on, not inherited.
+pub const SAFE_OPEN: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+const DIR_OPEN: libc::c_int =
+    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+/// Depth up to which a stray directory tree inside the cache is removed.
+const MAX_REMOVE_DEPTH: usize = 16;
+
+fn cstr(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn retry_fd(mut f: impl FnMut() -> libc::c_long) -> io::Result<RawFd> {
+    loop {
+        let fd = f();
+        if fd >= 0 {
+            return Ok(fd as RawFd);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Whether an error says a path component was not a real directory (a symbolic link, a
+/// file, a FIFO) or tried to leave the root: a hostile or broken layout, not a missing file.
+pub fn is_unsafe(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV)
+    )
+}
+
+/// What a directory entry is (from `fstatat(AT_SYMLINK_NOFOLLOW)`).
+#[derive(Clone, Copy)]
+pub struct Stat(libc::stat);
+
+impl std::fmt::Debug for Stat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stat({}, {} bytes)", self.kind(), self.len())
+    }
+}
+
+impl Stat {
+    pub fn is_file(&self) -> bool {
+        self.0.st_mode & libc::S_IFMT == libc::S_IFREG
+    }
+    pub fn is_dir(&self) -> bool {
+        self.0.st_mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    pub fn len(&self) -> u64 {
+        self.0.st_size.max(0) as u64
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn blocks(&self) -> u64 {
+        self.0.st_blocks.max(0) as u64
+    }
+    // The stat field types differ between architectures (st_nlink is u32 on aarch64).
+    #[allow(clippy::unnecessary_cast)]
+    pub fn ino(&self) -> u64 {
+        self.0.st_ino as u64
+    }
+    #[allow(clippy::unnecessary_cast)]
+    pub fn nlink(&self) -> u64 {
+        self.0.st_nlink as u64
+    }
+    pub fn uid(&self) -> u32 {
+        self.0.st_uid
+    }
+    pub fn mtime_ns(&self) -> u64 {
+        (self.0.st_mtime.max(0) as u64) * 1_000_000_000 + self.0.st_mtime_nsec.max(0) as u64
+    }
+    pub fn ctime_ns(&self) -> u64 {
+        (self.0.st_ctime.max(0) as u64) * 1_000_000_000 + self.0.st_ctime_nsec.max(0) as u64
+    }
+    /// Identity of a file version, to notice a replacement.
+    pub fn id(&self) -> (u64, u64, u64, u64) {
+        (self.0.st_dev, self.ino(), self.mtime_ns(), self.len())
+    }
+    /// "a regular file", "a directory", "a FIFO", ... for messages.
+    pub fn kind(&self) -> &'static str {
+        kind_of(self.0.st_mode)
+    }
+}
+
+fn kind_of(mode: libc::mode_t) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        _ => "not a regular file",
+    }
+}
+
+/// `fstat` of an open file.
+pub fn fstat(f: &impl AsRawFd) -> io::Result<Stat> {
+    // SAFETY: stat is plain data; zeroed is valid, and the kernel fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a pointer to a live stat.
+    check(unsafe { libc::fstat(f.as_raw_fd(), &mut st) })?;
+    Ok(Stat(st))
+}
+
+/// Opens a file for reading as a cache file must be opened: no link followed, no FIFO
+/// waited on, and only a regular file accepted (anything else is `InvalidData`, with what
+/// it is in the message). Returns the file and its `fstat`.
+pub fn open_regular(dir: &Dir, name: &str) -> io::Result<(File, Stat)> {
+    let f = dir.open_file(name, libc::O_RDONLY, 0)?;
+    let st = fstat(&f)?;
+    if !st.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is {}, not a regular file", dir.display(name), st.kind()),
+        ));
+    }
+    Ok((f, st))
+}
+
+/// Reads at most `cap` bytes of an open file, in pieces: memory grows with what is really
+/// there, never with what `fstat` claims (a sparse `truncate -s 1T` file).
+pub fn read_capped(f: &File, cap: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let r = f;
+    r.take(cap).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// `Dir::open_beneath` on a raw directory descriptor.
+fn open_beneath(
+    base: RawFd,
+    rel: &str,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<RawFd> {
+    let flags = flags | SAFE_OPEN;
+    if OPENAT2.load(Ordering::Relaxed) != 2 {
+        let c = cstr(OsStr::new(rel))?;
+        // SAFETY: open_how is plain data; zeroed is valid (and what the kernel wants in
+        // fields it does not know).
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = flags as u64;
+        if flags & libc::O_CREAT != 0 {
+            how.mode = mode as u64;
+        }
+        how.resolve = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH;
+        let res = retry_fd(|| {
+            // SAFETY: valid descriptor, NUL-terminated path, a live open_how of the size
+            // passed.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_openat2,
+                    base,
+                    c.as_ptr(),
+                    &how as *const libc::open_how,
+                    std::mem::size_of::<libc::open_how>(),
+                )
+            }
+        });
+        match res {
+            Ok(fd) => {
+                OPENAT2.store(1, Ordering::Relaxed);
+                return Ok(fd);
+            }
+            // No openat2 (old kernel) or a seccomp filter that refuses it: the
+            // per-component walk does the same job.
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM))
+                    && OPENAT2.load(Ordering::Relaxed) == 0 =>
+            {
+                OPENAT2.store(2, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut parts = rel.split('/').filter(|p| !p.is_empty()).peekable();
+    let mut owned: Option<OwnedFd> = None;
+    while let Some(part) = parts.next() {
+        if part == ".." {
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        }
+        let at = owned.as_ref().map_or(base, |f| f.as_raw_fd());
+        let c = cstr(OsStr::new(part))?;
+        let last = parts.peek().is_none();
+        let fl = if last { flags } else { DIR_OPEN };
+        // SAFETY: valid descriptor and NUL-terminated name.
+        let fd = retry_fd(|| {
+            let fd = unsafe { libc::openat(at, c.as_ptr(), fl, mode as libc::c_uint) };
+            fd as libc::c_long
+        })?;
+        if last {
+            return Ok(fd);
+        }
+        // SAFETY: fd was just opened and is owned by nobody else.
+        owned = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    Err(io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// The login name of `uid` ("uid 1234" when it has none), for messages.
+pub fn user_name(uid: u32) -> String {
+    // SAFETY: passwd is plain data; zeroed is valid.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer refers to live memory of the size passed.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc == 0 && !out.is_null() && !pw.pw_name.is_null() {
+        // SAFETY: getpwuid_r filled pw_name with a NUL-terminated string inside buf.
+        let name = unsafe { CStr::from_ptr(pw.pw_name) };
+        return format!("{} (uid {uid})", name.to_string_lossy());
+    }
+    format!("uid {uid}")
+}
+
+/// Whether `openat2` works here (0 unknown, 1 yes, 2 no: fall back to one `openat` per
+/// component).
+static OPENAT2: AtomicU8 = AtomicU8::new(0);
+
+/// An open directory of the cache. Its path is kept for messages only.
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl AsRawFd for Dir {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Dir {
+    /// Opens a directory by path (the root of a cache, or a directory a caller named).
+    /// `nofollow`: refuse a symbolic link as the last component.
+    pub fn open_path(path: &Path, nofollow: bool) -> io::Result<Dir> {
+        let c = cstr(path.as_os_str())?;
+        let flags = if nofollow {
+            DIR_OPEN
+        } else {
+            DIR_OPEN & !libc::O_NOFOLLOW
+        };
+        // SAFETY: a valid NUL-terminated path.
+        let fd = retry_fd(|| unsafe { libc::open(c.as_ptr(), flags) } as libc::c_long)?;
+        Ok(Dir {
+            // SAFETY: fd was just opened and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `dir/name` for messages.
+    pub fn display(&self, name: &str) -> String {
+        self.path.join(name).display().to_string()
+    }
+
+    /// Opens `rel` (one or more components separated by '/') beneath this directory with
+    /// `flags | SAFE_OPEN`, refusing a symbolic link anywhere (ELOOP) and a non-directory
+    /// in the middle (ENOTDIR).
+    fn open_beneath(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<RawFd> {
+        open_beneath(self.fd.as_raw_fd(), rel, flags, mode)
+    }
+
+    /// The sub-directory `rel` (e.g. "entries/0a"), every component a real directory.
+    pub fn sub(&self, rel: &str) -> io::Result<Dir> {
+        let fd = self.open_beneath(rel, DIR_OPEN, 0)?;
+        Ok(Dir {
+            // SAFETY: fd was just opened and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: self.path.join(rel),
+        })
+    }
+
+    /// Opens the file `rel` beneath this directory with `flags | SAFE_OPEN`.
+    pub fn open_file(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
+        let fd = self.open_beneath(rel, flags, mode)?;
+        // SAFETY: fd was just opened and is owned by nobody else.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// `fstatat(AT_SYMLINK_NOFOLLOW)` of a name in this directory.
+    pub fn stat(&self, name: &str) -> io::Result<Stat> {
+        let c = cstr(OsStr::new(name))?;
+        // SAFETY: stat is plain data; zeroed is valid.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor, NUL-terminated name, pointer to a live stat.
+        check(unsafe {
+            libc::fstatat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(Stat(st))
+    }
+
+    /// The length of `name` as the file server has it now (`statx` with
+    /// `AT_STATX_FORCE_SYNC`; see `fsinfo::len_from_server`); the link itself if a link.
+    pub fn len_from_server(&self, name: &str) -> io::Result<(u64, bool)> {
+        let c = cstr(OsStr::new(name))?;
+        // SAFETY: statx is plain data; zeroed is a valid value for every field.
+        let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor, NUL-terminated name, buf outlives the call.
+        check(unsafe {
+            libc::statx(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::AT_STATX_FORCE_SYNC | libc::AT_SYMLINK_NOFOLLOW,
+                libc::STATX_SIZE | libc::STATX_TYPE,
+                &mut buf,
+            )
+        })?;
+        let regular = u32::from(buf.stx_mode) & libc::S_IFMT == libc::S_IFREG;
+        Ok((buf.stx_size, regular))
+    }
+
+    pub fn unlink(&self, name: &str) -> io::Result<()> {
+        let c = cstr(OsStr::new(name))?;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) })
+    }
+
+    pub fn rmdir(&self, name: &str) -> io::Result<()> {
+        let c = cstr(OsStr::new(name))?;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
+    }
+
+    pub fn mkdir(&self, name: &str, mode: libc::mode_t) -> io::Result<()> {
+        let c = cstr(OsStr::new(name))?;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), mode) })
+    }
+
+    /// `renameat(self/name, to/to_name)`: replaces `to_name` if it exists.
+    pub fn rename(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
+        let (a, b) = (cstr(OsStr::new(name))?, cstr(OsStr::new(to_name))?);
+        // SAFETY: valid descriptors and NUL-terminated names.
+        check(unsafe {
+            libc::renameat(
+                self.fd.as_raw_fd(),
+                a.as_ptr(),
+                to.fd.as_raw_fd(),
+                b.as_ptr(),
+            )
+        })
+    }
+
+    /// `renameat2(RENAME_NOREPLACE)`.
+    pub fn rename_noreplace(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
+        let (a, b) = (cstr(OsStr::new(name))?, cstr(OsStr::new(to_name))?);
+        // SAFETY: valid descriptors and NUL-terminated names.
+        check(unsafe {
+            libc::renameat2(
+                self.fd.as_raw_fd(),
+                a.as_ptr(),
+                to.fd.as_raw_fd(),
+                b.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        })
+    }
+
+    /// `linkat(self/name, to/to_name)`, never following a link.
+    pub fn link(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
+        let (a, b) = (cstr(OsStr::new(name))?, cstr(OsStr::new(to_name))?);
+        // SAFETY: valid descriptors and NUL-terminated names.
+        check(unsafe {
+            libc::linkat(
+                self.fd.as_raw_fd(),
+                a.as_ptr(),
+                to.fd.as_raw_fd(),
+                b.as_ptr(),
+                0,
+            )
+        })
+    }
+
+    /// fsync of the directory, so a rename in it survives power loss.
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: valid descriptor.
+        check(unsafe { libc::fsync(self.fd.as_raw_fd()) })
+    }
+
+    /// The names in this directory (not "." and ".."), read through this handle.
+    pub fn list(&self) -> io::Result<Vec<OsString>> {
+        // fdopendir takes ownership of its descriptor: give it a duplicate.
+        // SAFETY: valid descriptor.
+        let dup = retry_fd(|| unsafe {
+            libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) as libc::c_long
+        })?;
+        // SAFETY: dup is an open directory descriptor we own; it is closed by closedir.
+        let dirp = unsafe { libc::fdopendir(dup) };
+        if dirp.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so dup is still ours to close.
+            unsafe { libc::close(dup) };
+            return Err(e);
+        }
+        // The duplicate shares its offset with our handle: start from the beginning.
+        // SAFETY: dirp is a valid directory stream.
+        unsafe { libc::rewinddir(dirp) };
+        let mut out = Vec::new();
+        let res = loop {
+            // SAFETY: errno is thread-local; cleared to tell end of stream from an error.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: dirp is a valid directory stream.
+            let ent = unsafe { libc::readdir(dirp) };
+            if ent.is_null() {
+                let e = io::Error::last_os_error();
+                break if e.raw_os_error().unwrap_or(0) == 0 {
+                    Ok(())
+                } else {
+                    Err(e)
+                };
+            }
+            // SAFETY: d_name of a returned entry is a NUL-terminated string.
+            let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
+            if name != b"." && name != b".." {
+                out.push(OsString::from_vec(name.to_vec()));
+            }
+        };
+        // SAFETY: dirp is valid and closed once.
+        unsafe { libc::closedir(dirp) };
+        res.map(|()| out)
+    }
+
+    /// Removes `name` whatever it is: a file or link is unlinked, a directory is emptied
+    /// through handles (never following a link) and removed, down to a bounded depth.
+    /// Returns how many names it removed.
+    pub fn remove_any(&self, name: &str) -> io::Result<u64> {
+        self.remove_any_at(name, 0)
+    }
+
+    fn remove_any_at(&self, name: &str, depth: usize) -> io::Result<u64> {
+        match self.unlink(name) {
+            Ok(()) => return Ok(1),
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::EISDIR) | Some(libc::EPERM)) => {
+                return Err(e)
+            }
+            Err(_) => {}
+        }
+        if depth >= MAX_REMOVE_DEPTH {
+            return Err(io::Error::other(format!(
+                "{}: directory tree deeper than {MAX_REMOVE_DEPTH}",
+                self.display(name)
+            )));
+        }
+        let sub = self.sub(name)?;
+        let mut n = 0;
+        for child in sub.list()? {
+            let Some(child) = child.to_str() else {
+                continue;
+            };
+            n += sub.remove_any_at(child, depth + 1)?;
+        }
+        self.rmdir(name)?;
+        Ok(n + 1)
+    }
+}
+
+/// The cache root: a handle opened once, re-opened only when the directory at its path is
+/// replaced (a root removed and created again), and the handles beneath it.
+#[derive(Debug)]
+pub struct Root {
+    path: PathBuf,
+    fd: AtomicI32,
+}
+
+impl Root {
+    pub fn open(path: &Path) -> io::Result<Root> {
+        let d = Dir::open_path(path, false)?;
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(d.fd);
+        Ok(Root {
+            path: path.to_path_buf(),
+            fd: AtomicI32::new(fd),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with_root<T>(&self, f: impl Fn(RawFd) -> io::Result<T>) -> io::Result<T> {
+        // The root descriptor is never closed while the Root lives (a replaced one is
+        // leaked, see `reopen`), so using it without owning it is sound.
+        match f(self.fd.load(Ordering::Acquire)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.reopen() => {
+                f(self.fd.load(Ordering::Acquire))
+            }
+            other => other,
+        }
+    }
+
+    /// The sub-directory `rel`; a root removed and created again since it was opened is
+    /// opened again (once).
+    pub fn sub(&self, rel: &str) -> io::Result<Dir> {
+        let fd = self.with_root(|root| open_beneath(root, rel, DIR_OPEN, 0))?;
+        Ok(Dir {
+            // SAFETY: fd was just opened and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: self.path.join(rel),
+        })
+    }
+
+    pub fn open_file(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
+        let fd = self.with_root(|root| open_beneath(root, rel, flags, mode))?;
+        // SAFETY: fd was just opened and is owned by nobody else.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// A handle on the root directory itself (a duplicate descriptor).
+    pub fn dir(&self) -> io::Result<Dir> {
+        let fd = self.fd.load(Ordering::Acquire);
+        // SAFETY: valid descriptor.
+        let dup =
+            retry_fd(|| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) as libc::c_long })?;
+        Ok(Dir {
+            // SAFETY: dup was just made and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(dup) },
+            path: self.path.clone(),
+        })
+    }
+
+    /// If the directory this handle is on was removed and the path now names another
+    /// directory, moves the handle there. The old descriptor is leaked, not closed: another
+    /// thread may be using it.
+    pub fn reopen(&self) -> bool {
+        let fd = self.fd.load(Ordering::Acquire);
+        // SAFETY: stat is plain data; zeroed is valid.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor, pointer to a live stat.
+        if unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_nlink > 0 {
+            return false;
+        }
+        match Dir::open_path(&self.path, false) {
+            Ok(d) => {
+                let new = std::os::fd::IntoRawFd::into_raw_fd(d.fd);
+                if self
+                    .fd
+                    .compare_exchange(fd, new, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    // SAFETY: `new` is ours and was never shared.
+                    unsafe { libc::close(new) };
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        // SAFETY: the current descriptor is owned by this Root and closed once.
+        unsafe { libc::close(self.fd.load(Ordering::Acquire)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn refuses_links_and_files_in_every_component() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        std::fs::write(d.path().join("a/b/f"), b"x").unwrap();
+        std::fs::write(outside.path().join("f"), b"y").unwrap();
+        symlink(outside.path(), d.path().join("link")).unwrap();
+        std::fs::create_dir(d.path().join("c")).unwrap();
+        symlink(outside.path(), d.path().join("c/b")).unwrap();
+        std::fs::write(d.path().join("file"), b"").unwrap();
+        let root = Root::open(d.path()).unwrap();
+        assert!(root.sub("a/b").is_ok());
+        assert!(root.open_file("a/b/f", libc::O_RDONLY, 0).is_ok());
+        for rel in ["link", "c/b", "link/f", "c/b/f", "file/x", "../x"] {
+            let e = root.open_file(rel, libc::O_RDONLY, 0).unwrap_err();
+            assert!(is_unsafe(&e), "{rel}: {e}");
+        }
+        for rel in ["link", "c/b", "file"] {
+            let e = root.sub(rel).unwrap_err();
+            assert!(is_unsafe(&e), "{rel}: {e}");
+        }
+        // The fallback walk refuses the same.
+        OPENAT2.store(2, Ordering::Relaxed);
+        for rel in ["link", "c/b", "link/f", "c/b/f", "file/x", "../x"] {
+            let e = root.open_file(rel, libc::O_RDONLY, 0).unwrap_err();
+            assert!(is_unsafe(&e), "walk {rel}: {e}");
+        }
+        assert!(root.open_file("a/b/f", libc::O_RDONLY, 0).is_ok());
+        OPENAT2.store(0, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn fifo_opens_without_waiting_and_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = CString::new(d.path().join("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid path.
+        assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o644) }, 0);
+        let root = Root::open(d.path()).unwrap();
+        let dir = root.dir().unwrap();
+        let e = open_regular(&dir, "fifo").unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+    }
+
+    #[test]
+    fn remove_any_stays_inside() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        std::fs::create_dir_all(d.path().join("t/x/y")).unwrap();
+        std::fs::write(d.path().join("t/x/y/f"), b"x").unwrap();
+        symlink(outside.path(), d.path().join("t/x/l")).unwrap();
+        let dir = Dir::open_path(d.path(), true).unwrap();
+        assert_eq!(dir.remove_any("t").unwrap(), 5);
+        assert!(!d.path().join("t").exists());
+        assert!(outside.path().join("keep").exists());
+        let names = dir.list().unwrap();
+        assert!(names.is_empty(), "{names:?}");
+    }
+}
