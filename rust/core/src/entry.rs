@@ -80,7 +80,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-fn header_checksum(header: &[u8]) -> u64 {
+pub(crate) fn header_checksum(header: &[u8]) -> u64 {
     let mut h = crate::hash::Checksum::new();
     h.update(&header[..56]);
     h.update(&header[FIXED_HEADER..]);

@@ -314,7 +314,7 @@ impl IndexView {
                         put: true,
                         ..
                     } if others => {
-                        self.others_put_bytes += disk_bytes;
+                        self.others_put_bytes = self.others_put_bytes.saturating_add(disk_bytes);
                         self.apply(r)
                     }
                     r => self.apply(r),
@@ -410,7 +410,7 @@ impl IndexView {
         Ok(())
     }
 
-    fn decode_snapshot(&mut self, b: &[u8]) -> Result<(), &'static str> {
+    pub(crate) fn decode_snapshot(&mut self, b: &[u8]) -> Result<(), &'static str> {
         if b.len() < 32 || &b[..4] != SNAP_MAGIC {
             return Err("bad magic");
         }

@@ -11,6 +11,8 @@ pub mod entry;
 pub mod error;
 pub mod forksafe;
 pub mod fsinfo;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod hash;
 pub mod index;
 pub mod journal;

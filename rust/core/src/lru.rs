@@ -15,7 +15,9 @@ pub struct EntryInfo {
 pub struct Lru {
     map: HashMap<u128, EntryInfo>,
     order: BTreeSet<(u64, u128)>,
-    total: u64,
+    /// Wide enough that no set of entries can overflow it, whatever sizes a journal or
+    /// snapshot written by someone else claims.
+    total: u128,
 }
 
 impl Lru {
@@ -26,7 +28,7 @@ impl Lru {
         self.map.is_empty()
     }
     pub fn total_bytes(&self) -> u64 {
-        self.total
+        u64::try_from(self.total).unwrap_or(u64::MAX)
     }
     pub fn get(&self, name: u128) -> Option<EntryInfo> {
         self.map.get(&name).copied()
@@ -46,7 +48,7 @@ impl Lru {
                     info.last_use = t;
                     self.order.insert((t, name));
                 }
-                self.total = self.total - info.disk_bytes + disk_bytes;
+                self.total = self.total - u128::from(info.disk_bytes) + u128::from(disk_bytes);
                 info.disk_bytes = disk_bytes;
             }
             None => {
@@ -59,7 +61,7 @@ impl Lru {
                     },
                 );
                 self.order.insert((t, name));
-                self.total += disk_bytes;
+                self.total += u128::from(disk_bytes);
             }
         }
     }
@@ -91,7 +93,7 @@ impl Lru {
     pub fn remove(&mut self, name: u128) -> Option<EntryInfo> {
         let info = self.map.remove(&name)?;
         self.order.remove(&(info.last_use, name));
-        self.total -= info.disk_bytes;
+        self.total -= u128::from(info.disk_bytes);
         Some(info)
     }
 
