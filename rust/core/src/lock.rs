@@ -317,9 +317,30 @@ impl LockDir {
     fn try_fcntl(&self, name: &str, deadline: Instant) -> Result<FcntlOutcome, LockError> {
         let fname = format!("{name}.lock");
         let path = self.dir.join(&fname);
+        let open = |d: &Dir| {
+            let f = d.open_file(&fname, libc::O_RDWR | libc::O_CREAT, 0o666)?;
+            if !crate::dir::fstat(&f)?.is_file() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "not a regular file",
+                ));
+            }
+            Ok(f)
+        };
         let file = self
             .open_dir(true)
-            .and_then(|d| d.open_file(&fname, libc::O_RDWR | libc::O_CREAT, 0o666))
+            .and_then(|d| match open(&d) {
+                // A FIFO, a directory or a link planted under the lock's name would keep
+                // the lock from ever being taken: it is nobody's, so it goes.
+                Err(e)
+                    if e.kind() == io::ErrorKind::InvalidData
+                        || matches!(e.raw_os_error(), Some(libc::EISDIR) | Some(libc::ELOOP)) =>
+                {
+                    remove_foreign(&d, name, &fname);
+                    open(&d)
+                }
+                other => other,
+            })
             .map_err(|e| LockError::io("open", &path, e))?;
         loop {
             match lock_exclusive_nonblocking(&file) {
@@ -385,6 +406,8 @@ impl LockDir {
                     }
                 }
                 Err(e) if is_gone(&e) => {}
+                // Not a regular file: nobody's lease; removed, then the name is tried again.
+                Err(e) if is_foreign(&e) => remove_foreign(&dir, name, &lease_name),
                 Err(e) => return Err(LockError::io("read", &lease, e)),
             }
             if !sleep_until_next_poll(deadline) {
@@ -455,6 +478,13 @@ impl LockDir {
                 self.forget(name);
                 Ok(LeaseView::Free)
             }
+            // Not a lease (a FIFO, a directory, a link): nobody holds it; taking the lock
+            // removes it.
+            Err(e) if is_foreign(&e) => Ok(LeaseView::Held {
+                content: String::new(),
+                stale: true,
+                retired: true,
+            }),
             Err(e) => Err(LockError::io("read", &lease, e)),
         }
     }
@@ -987,6 +1017,36 @@ fn link_exclusive(dir: &Dir, src: &str, dst: &str) -> io::Result<bool> {
     }
 }
 
+/// The name holds something that is not a lease file (a FIFO, a directory, a symbolic link).
+fn is_foreign(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::InvalidData
+        || matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EISDIR))
+}
+
+/// Removes what stands under `file` in `dir` if it is not a regular file: moved aside first,
+/// and put back if a real lease took its place meanwhile; removed through the handle, never
+/// following a link.
+fn remove_foreign(dir: &Dir, name: &str, file: &str) {
+    let aside = format!(".{name}.foreign.{:016x}", new_nonce());
+    if dir.rename(file, dir, &aside).is_err() {
+        return;
+    }
+    match dir.stat(&aside) {
+        Ok(m) if m.is_file() => {
+            let _ = link_exclusive(dir, &aside, file);
+            let _ = dir.unlink(&aside);
+        }
+        _ => {
+            log::warn!(
+                "xla_pcache: removed {}: not a lock file (someone with write access to the \
+                 cache directory put it there)",
+                dir.display(file)
+            );
+            let _ = dir.remove_any(&aside);
+        }
+    }
+}
+
 /// Removes a file when dropped, ignoring errors (temp and aside files).
 struct RemoveOnDrop<'a>(&'a Dir, &'a str);
 
@@ -1403,6 +1463,40 @@ mod tests {
             "{:?}",
             leftovers(tmp.path())
         );
+    }
+
+    #[test]
+    fn a_fifo_directory_or_link_under_a_lock_name_is_removed_not_followed() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("keep"), b"x").unwrap();
+        for mode in [LockMode::Lease, LockMode::Fcntl] {
+            for planted in ["fifo", "dir", "link"] {
+                let d = lock_dir(tmp.path(), mode, 100, 60_000);
+                fs::create_dir_all(d.dir()).unwrap();
+                let ext = if mode == LockMode::Lease {
+                    "lease"
+                } else {
+                    "lock"
+                };
+                let p = d.dir().join(format!("evict.{ext}"));
+                match planted {
+                    "fifo" => {
+                        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+                        // SAFETY: a valid path.
+                        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+                    }
+                    "dir" => fs::create_dir_all(p.join("inside")).unwrap(),
+                    _ => std::os::unix::fs::symlink(outside.path().join("keep"), &p).unwrap(),
+                }
+                let g = d.try_lock("evict").unwrap();
+                assert!(g.is_some(), "{mode} {planted}");
+                drop(g);
+                assert_eq!(fs::read(outside.path().join("keep")).unwrap(), b"x");
+                let _ = fs::remove_file(&p);
+            }
+        }
     }
 
     #[test]
