@@ -402,7 +402,10 @@ def _journal_writers(root: Path, key: str) -> list[str]:
 
 
 def test_fork_while_another_thread_uses_the_store(cache_dir: Path) -> None:
-    s = Store(cache_dir, max_size=256 << 10)
+    # A budget (so puts take the admission and eviction paths) that this test never fills:
+    # the children's puts are then all published, and no eviction or compaction removes
+    # what the journals are checked for afterwards.
+    s = Store(cache_dir, max_size=256 << 20)
     s.put("warm", b"w" * 1000)
     stop = threading.Event()
 
