@@ -7,7 +7,8 @@ impl Store {
     pub fn get(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
         check_key(&key)?;
         let name = entry_name(key.bytes);
-        let path = self.layout.entry_path(name);
+        // For messages only: not built on the hit path.
+        let path = || self.layout.entry_path(name);
         let rel = Layout::entry_rel(name);
         let mut retried = false;
         let result = loop {
@@ -34,7 +35,7 @@ impl Store {
                         format!(
                             "incomplete view of cache entry {} ({why}), likely a stale network \
                              filesystem cache; treated as a miss",
-                            path.display()
+                            path().display()
                         )
                     });
                     break None;
@@ -44,7 +45,7 @@ impl Store {
                     self.warn("corrupt", || {
                         format!(
                             "corrupt cache entry {} ({why}); treated as a miss",
-                            path.display()
+                            path().display()
                         )
                     });
                     if !self.opts.read_only {
@@ -58,7 +59,7 @@ impl Store {
                 Err(ReadError::Io(e)) => {
                     self.counters.inc(Counter::Errors);
                     self.warn("read", || {
-                        format!("cannot read {}: {e}; treated as a miss", path.display())
+                        format!("cannot read {}: {e}; treated as a miss", path().display())
                     });
                     break None;
                 }
@@ -70,7 +71,7 @@ impl Store {
                 self.warn("collision", || {
                     format!(
                         "{} holds a different key; treated as a miss",
-                        path.display()
+                        path().display()
                     )
                 });
             }

@@ -500,3 +500,88 @@ fn a_put_path_eviction_makes_room_for_the_others_measured_puts() {
         "{busy} vs watermark {low}, quiet {quiet}"
     );
 }
+
+/// Every file under `dir` with its content, for before/after comparisons.
+fn snapshot_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let data = fs::read(&p).unwrap_or_default();
+        out.push((p, data));
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn directories_swapped_for_links_while_open_are_skipped_and_counted() {
+    let d = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(7 * 86400);
+    for name in ["victim", ".victim", "x.lease"] {
+        let p = outside.path().join(name);
+        fs::write(&p, b"not the cache's").unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let s = Store::open(
+        d.path(),
+        StoreOptions {
+            max_size: Some(64 << 10),
+            tmp_grace: Duration::ZERO,
+            trash_grace: Duration::ZERO,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(s.put(key("before"), &[1u8; 3000], &[]).unwrap());
+    let before = snapshot_tree(outside.path());
+    let shard = d.path().join(Layout::shard_rel(entry_name(b"k1")));
+    for sub in [
+        d.path().join("tmp"),
+        d.path().join("trash"),
+        d.path().join("locks/claims"),
+        shard,
+    ] {
+        let _ = fs::create_dir_all(&sub);
+        fs::rename(&sub, sub.with_extension("moved")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), &sub).unwrap();
+    }
+    for i in 0..30 {
+        let k = format!("k{i}");
+        let _ = s.put(key(&k), &[2u8; 3000], &[]);
+        let _ = s.get(key(&k));
+    }
+    let _ = s.claim(key("c"), Duration::ZERO);
+    let _ = s.evict(Some(1), Some(Duration::ZERO));
+    let _ = s.verify(true, &mut |_, _| {});
+    let _ = s.clear();
+    assert_eq!(snapshot_tree(outside.path()), before);
+    assert!(s.counters().get(Counter::UnsafePaths) > 0);
+}
+
+#[test]
+fn an_unreadable_journal_is_skipped_and_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), Some(1 << 20));
+    assert!(s.put(key("mine"), b"v", &[]).unwrap());
+    // A journal that is not a regular file stands for one this user cannot read.
+    fs::create_dir(d.path().join("journal/otherhost-7-1.log")).unwrap();
+    let st = s.stats().unwrap();
+    assert_eq!(st.entries, 1);
+    let r = s.evict(None, None).unwrap();
+    assert!(
+        r.skipped_files
+            .iter()
+            .any(|f| f.contains("otherhost-7-1.log")),
+        "{:?}",
+        r.skipped_files
+    );
+    assert_eq!(s.counters().get(Counter::Unreadable), 1);
+    let v = s.verify(true, &mut |_, _| {}).unwrap();
+    assert!(v.skipped_files.iter().any(|f| f.contains("otherhost")));
+}
