@@ -172,7 +172,10 @@ class Store:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,
         too_large, claims, claim_takeovers, claims_abandoned, claim_waits, claim_wait_ms,
-        claim_wait_timeouts, puts_refused; plus hit_rate, entries, bytes (on disk), max_size,
+        claim_wait_timeouts, puts_refused, unsafe_paths (paths refused because a component was
+        not a real directory inside the cache, or a directory stood where an entry file
+        belongs), unreadable (index files skipped because they could not be read); plus
+        hit_rate, entries, bytes (on disk), max_size,
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and

@@ -90,6 +90,10 @@ impl Counters {
     pub fn snapshot(&self) -> [u64; N_COUNTERS] {
         std::array::from_fn(|i| self.values[i].load(Ordering::Relaxed))
     }
+    /// Whether anything changed since the last `take_dirty`.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
+    }
     /// Whether anything changed since the last call; clears the flag.
     pub fn take_dirty(&self) -> bool {
         self.dirty.swap(false, Ordering::Relaxed)

@@ -243,6 +243,11 @@ impl Store {
         if let Err(e) = self.refresh(&mut st) {
             // Stats of a vanished cache are this process's own counters.
             self.warn("index", || format!("cannot read the cache index: {e}"));
+        } else if !self.opts.read_only && self.counters.is_dirty() {
+            // The refresh itself counted something (an unreadable journal, a path that is
+            // not a real directory): in the figures now, not at the next call.
+            self.flush_stats_locked(&mut st, true);
+            let _ = self.refresh(&mut st);
         }
         let mut counters = st.view.counters();
         if self.opts.read_only || !st.view.is_loaded() {

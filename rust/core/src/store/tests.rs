@@ -573,6 +573,16 @@ fn an_unreadable_journal_is_skipped_and_reported() {
     fs::create_dir(d.path().join("journal/otherhost-7-1.log")).unwrap();
     let st = s.stats().unwrap();
     assert_eq!(st.entries, 1);
+    // A process whose first call is stats() sees the count at once.
+    let d2 = tempfile::tempdir().unwrap();
+    drop(open(d2.path(), None));
+    fs::create_dir(d2.path().join("journal/otherhost-7-1.log")).unwrap();
+    let unreadable = Store::counter_names()
+        .iter()
+        .position(|n| *n == "unreadable")
+        .unwrap();
+    let first = open(d2.path(), None).stats().unwrap();
+    assert_eq!(first.counters[unreadable], 1);
     let r = s.evict(None, None).unwrap();
     assert!(
         r.skipped_files
