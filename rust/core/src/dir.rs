@@ -22,7 +22,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Flags every open of a cache file gets: no link followed, no FIFO waited on, not inherited.
 pub const SAFE_OPEN: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
@@ -175,42 +175,9 @@ fn open_beneath(
 ) -> io::Result<RawFd> {
     let flags = flags | SAFE_OPEN;
     if OPENAT2.load(Ordering::Relaxed) != 2 {
-        let c = cstr(OsStr::new(rel))?;
-        // SAFETY: open_how is plain data; zeroed is valid (and what the kernel wants in
-        // fields it does not know).
-        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-        how.flags = flags as u64;
-        if flags & libc::O_CREAT != 0 {
-            how.mode = mode as u64;
-        }
-        how.resolve = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH;
-        let res = retry_fd(|| {
-            // SAFETY: valid descriptor, NUL-terminated path, a live open_how of the size
-            // passed.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_openat2,
-                    base,
-                    c.as_ptr(),
-                    &how as *const libc::open_how,
-                    std::mem::size_of::<libc::open_how>(),
-                )
-            }
-        });
-        match res {
-            Ok(fd) => {
-                OPENAT2.store(1, Ordering::Relaxed);
-                return Ok(fd);
-            }
-            // No openat2 (old kernel) or a seccomp filter that refuses it: the
-            // per-component walk does the same job.
-            Err(e)
-                if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM))
-                    && OPENAT2.load(Ordering::Relaxed) == 0 =>
-            {
-                OPENAT2.store(2, Ordering::Relaxed);
-            }
-            Err(e) => return Err(e),
+        match openat2(base, Path::new(rel), flags, mode, true) {
+            Err(_) if OPENAT2.load(Ordering::Relaxed) == 2 => {}
+            other => return other,
         }
     }
     let mut parts = rel.split('/').filter(|p| !p.is_empty()).peekable();
@@ -251,6 +218,55 @@ pub fn user_name(uid: u32) -> String {
         return format!("{} (uid {uid})", name.to_string_lossy());
     }
     format!("uid {uid}")
+}
+
+/// `openat2` with no link followed in any component (and, with `beneath`, nothing
+/// resolved outside `base`). Remembers whether the call exists here.
+fn openat2(
+    base: RawFd,
+    path: &Path,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+    beneath: bool,
+) -> io::Result<RawFd> {
+    let c = cstr(path.as_os_str())?;
+    // SAFETY: open_how is plain data; zeroed is valid (and what the kernel wants in fields
+    // it does not know).
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    if flags & libc::O_CREAT != 0 {
+        how.mode = mode as u64;
+    }
+    how.resolve = libc::RESOLVE_NO_SYMLINKS;
+    if beneath {
+        how.resolve |= libc::RESOLVE_BENEATH;
+    }
+    let res = retry_fd(|| {
+        // SAFETY: valid descriptor (or AT_FDCWD), NUL-terminated path, a live open_how of
+        // the size passed.
+        unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                base,
+                c.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        }
+    });
+    match &res {
+        Ok(_) => OPENAT2.store(1, Ordering::Relaxed),
+        // No openat2 (a kernel before 5.6) or a seccomp filter that refuses it: the
+        // per-component walk does the same job.
+        Err(e)
+            if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM))
+                && OPENAT2.load(Ordering::Relaxed) == 0 =>
+        {
+            OPENAT2.store(2, Ordering::Relaxed);
+        }
+        Err(_) => {}
+    }
+    res
 }
 
 /// Whether `openat2` works here (0 unknown, 1 yes, 2 no: fall back to one `openat` per
@@ -504,43 +520,61 @@ impl Dir {
     }
 }
 
-/// The cache root: a handle opened once, re-opened only when the directory at its path is
-/// replaced (a root removed and created again), and the handles beneath it.
+/// The cache root. Its path is resolved once, when the store opens it (a link there is the
+/// user's choice of path), into a path without links; each operation then opens that path
+/// and what is beneath it with no link followed anywhere (`openat2(RESOLVE_NO_SYMLINKS)`, or
+/// the root by path and one `openat(O_NOFOLLOW)` per component below it), and works through
+/// the handles it opened, so a swap after the open cannot redirect it. A root moved away or
+/// deleted reads as gone, and a directory put in its place is used.
 #[derive(Debug)]
 pub struct Root {
     path: PathBuf,
-    fd: AtomicI32,
+    real: PathBuf,
 }
 
 impl Root {
+    /// Resolves `path`, which must be a directory.
     pub fn open(path: &Path) -> io::Result<Root> {
-        let d = Dir::open_path(path, false)?;
-        let fd = std::os::fd::IntoRawFd::into_raw_fd(d.fd);
+        let real = std::fs::canonicalize(path)?;
+        Dir::open_path(&real, true)?;
         Ok(Root {
             path: path.to_path_buf(),
-            fd: AtomicI32::new(fd),
+            real,
         })
     }
 
+    /// The path the store was given (for messages).
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn with_root<T>(&self, f: impl Fn(RawFd) -> io::Result<T>) -> io::Result<T> {
-        // The root descriptor is never closed while the Root lives (a replaced one is
-        // leaked, see `reopen`), so using it without owning it is sound.
-        match f(self.fd.load(Ordering::Acquire)) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound && self.reopen() => {
-                f(self.fd.load(Ordering::Acquire))
-            }
-            other => other,
+    fn open_at(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<RawFd> {
+        let top = rel.is_empty() || rel == ".";
+        if rel.starts_with('/') || rel.split('/').any(|p| p == "..") {
+            // Never outside the root.
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
         }
+        if OPENAT2.load(Ordering::Relaxed) != 2 {
+            let full = if top {
+                self.real.clone()
+            } else {
+                self.real.join(rel)
+            };
+            match openat2(libc::AT_FDCWD, &full, flags | SAFE_OPEN, mode, false) {
+                Err(_) if OPENAT2.load(Ordering::Relaxed) == 2 => {}
+                other => return other,
+            }
+        }
+        let root = Dir::open_path(&self.real, true)?;
+        if top {
+            return Ok(std::os::fd::IntoRawFd::into_raw_fd(root.fd));
+        }
+        open_beneath(root.fd.as_raw_fd(), rel, flags, mode)
     }
 
-    /// The sub-directory `rel`; a root removed and created again since it was opened is
-    /// opened again (once).
+    /// The sub-directory `rel`, every component a real directory.
     pub fn sub(&self, rel: &str) -> io::Result<Dir> {
-        let fd = self.with_root(|root| open_beneath(root, rel, DIR_OPEN, 0))?;
+        let fd = self.open_at(rel, DIR_OPEN, 0)?;
         Ok(Dir {
             // SAFETY: fd was just opened and is owned by nobody else.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
@@ -548,58 +582,21 @@ impl Root {
         })
     }
 
+    /// Opens the file `rel` beneath the root with `flags | SAFE_OPEN`.
     pub fn open_file(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
-        let fd = self.with_root(|root| open_beneath(root, rel, flags, mode))?;
+        let fd = self.open_at(rel, flags, mode)?;
         // SAFETY: fd was just opened and is owned by nobody else.
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
-    /// A handle on the root directory itself (a duplicate descriptor).
+    /// A handle on the root directory itself.
     pub fn dir(&self) -> io::Result<Dir> {
-        let fd = self.fd.load(Ordering::Acquire);
-        // SAFETY: valid descriptor.
-        let dup =
-            retry_fd(|| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) as libc::c_long })?;
+        let fd = self.open_at(".", DIR_OPEN, 0)?;
         Ok(Dir {
-            // SAFETY: dup was just made and is owned by nobody else.
-            fd: unsafe { OwnedFd::from_raw_fd(dup) },
+            // SAFETY: fd was just opened and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
             path: self.path.clone(),
         })
-    }
-
-    /// If the directory this handle is on was removed and the path now names another
-    /// directory, moves the handle there. The old descriptor is leaked, not closed: another
-    /// thread may be using it.
-    pub fn reopen(&self) -> bool {
-        let fd = self.fd.load(Ordering::Acquire);
-        // SAFETY: stat is plain data; zeroed is valid.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid descriptor, pointer to a live stat.
-        if unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_nlink > 0 {
-            return false;
-        }
-        match Dir::open_path(&self.path, false) {
-            Ok(d) => {
-                let new = std::os::fd::IntoRawFd::into_raw_fd(d.fd);
-                if self
-                    .fd
-                    .compare_exchange(fd, new, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-                {
-                    // SAFETY: `new` is ours and was never shared.
-                    unsafe { libc::close(new) };
-                }
-                true
-            }
-            Err(_) => false,
-        }
-    }
-}
-
-impl Drop for Root {
-    fn drop(&mut self) {
-        // SAFETY: the current descriptor is owned by this Root and closed once.
-        unsafe { libc::close(self.fd.load(Ordering::Acquire)) };
     }
 }
 

@@ -339,7 +339,6 @@ impl Store {
     /// Re-creates the layout if the root exists but lost its sub-directories. Never creates
     /// the root itself: a missing root may be an unmounted filesystem.
     pub(super) fn relayout(&self) -> bool {
-        self.root.reopen();
         let ok = self.layout.create(&self.root).is_ok();
         if ok {
             if let Ok(entries) = self.root.sub("entries") {
