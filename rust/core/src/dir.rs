@@ -26,8 +26,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Flags every open of a cache file gets: no link followed, no FIFO waited on, not inherited.
 pub const SAFE_OPEN: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-const DIR_OPEN: libc::c_int =
-    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+/// Directory handles are `O_PATH`: lookups and the `*at` calls work through them, and no
+/// filesystem open is made (on FUSE or NFS an open of a directory is a round trip to the
+/// server; only listing and fsync open one for reading, through the handle).
+const DIR_OPEN: libc::c_int = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
 /// Depth up to which a stray directory tree inside the cache is removed.
 const MAX_REMOVE_DEPTH: usize = 16;
 
@@ -173,7 +175,7 @@ fn open_beneath(
     flags: libc::c_int,
     mode: libc::mode_t,
 ) -> io::Result<RawFd> {
-    let flags = flags | SAFE_OPEN;
+    let flags = with_safe_flags(flags);
     if OPENAT2.load(Ordering::Relaxed) != 2 {
         match openat2(base, Path::new(rel), flags, mode, true) {
             Err(_) if OPENAT2.load(Ordering::Relaxed) == 2 => {}
@@ -267,6 +269,16 @@ fn openat2(
         Err(_) => {}
     }
     res
+}
+
+/// `flags` with `SAFE_OPEN`; an `O_PATH` handle takes only `O_NOFOLLOW | O_CLOEXEC` of it
+/// (nothing is opened, so there is nothing to wait on; openat2 refuses other flags there).
+fn with_safe_flags(flags: libc::c_int) -> libc::c_int {
+    if flags & libc::O_PATH != 0 {
+        flags | libc::O_NOFOLLOW | libc::O_CLOEXEC
+    } else {
+        flags | SAFE_OPEN
+    }
 }
 
 /// Whether `openat2` works here (0 unknown, 1 yes, 2 no: fall back to one `openat` per
@@ -439,17 +451,32 @@ impl Dir {
 
     /// fsync of the directory, so a rename in it survives power loss.
     pub fn sync(&self) -> io::Result<()> {
+        let f = self.readable()?;
         // SAFETY: valid descriptor.
-        check(unsafe { libc::fsync(self.fd.as_raw_fd()) })
+        check(unsafe { libc::fsync(f.as_raw_fd()) })
+    }
+
+    /// The directory itself opened for reading, through the handle.
+    fn readable(&self) -> io::Result<OwnedFd> {
+        let fd = retry_fd(|| {
+            // SAFETY: valid descriptor and a NUL-terminated name.
+            let fd = unsafe {
+                libc::openat(
+                    self.fd.as_raw_fd(),
+                    c".".as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            fd as libc::c_long
+        })?;
+        // SAFETY: fd was just opened and is owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     /// The names in this directory (not "." and ".."), read through this handle.
     pub fn list(&self) -> io::Result<Vec<OsString>> {
-        // fdopendir takes ownership of its descriptor: give it a duplicate.
-        // SAFETY: valid descriptor.
-        let dup = retry_fd(|| unsafe {
-            libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) as libc::c_long
-        })?;
+        // fdopendir takes ownership of its descriptor.
+        let dup = std::os::fd::IntoRawFd::into_raw_fd(self.readable()?);
         // SAFETY: dup is an open directory descriptor we own; it is closed by closedir.
         let dirp = unsafe { libc::fdopendir(dup) };
         if dirp.is_null() {
@@ -458,9 +485,6 @@ impl Dir {
             unsafe { libc::close(dup) };
             return Err(e);
         }
-        // The duplicate shares its offset with our handle: start from the beginning.
-        // SAFETY: dirp is a valid directory stream.
-        unsafe { libc::rewinddir(dirp) };
         let mut out = Vec::new();
         let res = loop {
             // SAFETY: errno is thread-local; cleared to tell end of stream from an error.
@@ -560,7 +584,7 @@ impl Root {
             } else {
                 self.real.join(rel)
             };
-            match openat2(libc::AT_FDCWD, &full, flags | SAFE_OPEN, mode, false) {
+            match openat2(libc::AT_FDCWD, &full, with_safe_flags(flags), mode, false) {
                 Err(_) if OPENAT2.load(Ordering::Relaxed) == 2 => {}
                 other => return other,
             }
