@@ -367,8 +367,10 @@ impl Dir {
         Ok(Stat(st))
     }
 
-    /// The length of `name` as the file server has it now (`statx` with
-    /// `AT_STATX_FORCE_SYNC`; see `fsinfo::len_from_server`); the link itself if a link.
+    /// The length of `name` as the file server has it now, not as this client cached it
+    /// (`statx` with `AT_STATX_FORCE_SYNC` makes FUSE ask the filesystem and NFS revalidate
+    /// with the server: one round trip, where `stat` may serve attributes up to the
+    /// attribute cache time old), and whether it is a regular file (a link is not followed).
     pub fn len_from_server(&self, name: &str) -> io::Result<(u64, bool)> {
         let c = cstr(OsStr::new(name))?;
         // SAFETY: statx is plain data; zeroed is a valid value for every field.

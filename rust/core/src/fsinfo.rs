@@ -127,31 +127,6 @@ fn unescape_mount(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The length of `path` as the file server has it now, not as this client cached it:
-/// `statx` with `AT_STATX_FORCE_SYNC` makes FUSE ask the filesystem and NFS revalidate
-/// with the server (one round trip), where `stat` and `fstat` may serve attributes up to
-/// the attribute cache time old (1 s for FUSE's kernel cache, up to 60 s on NFS).
-pub fn len_from_server(path: &Path) -> std::io::Result<u64> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: statx is plain data; zeroed is a valid value for every field.
-    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: c is a valid NUL-terminated path and buf outlives the call.
-    let rc = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::AT_STATX_FORCE_SYNC | libc::AT_SYMLINK_NOFOLLOW,
-            libc::STATX_SIZE,
-            &mut buf,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(buf.stx_size)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

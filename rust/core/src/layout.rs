@@ -3,9 +3,8 @@
 use crate::dir::{Dir, Root};
 use crate::error::{io_err, StoreError};
 use crate::hash::name_hex;
-use std::fs;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// On-disk layout version. Bump it for any change an older reader would misread.
 pub const FORMAT_VERSION: u32 = 1;
@@ -160,10 +159,6 @@ impl Layout {
         self.read_format(root)?;
         Ok(())
     }
-}
-
-pub fn is_real_dir(p: &Path) -> bool {
-    fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false)
 }
 
 /// Prefix of the marker directories `freshen_dir` makes (and removes at once).
