@@ -556,9 +556,21 @@ def unreadable_cache() -> Iterator[dict[str, object]]:
             out["evict"] = s.evict(max_size=50 << 10)
         except Exception as e:
             out["evict_error"] = repr(e)
-        out["messages"] = keep.messages
+        # One store's warnings (the prune below opens a store of its own).
+        out["messages"] = list(keep.messages)
+        from xla_pcache.cli import app
+        try:
+            rc = app(["prune", "--path", str(root), "--max-size", "40K"], standalone_mode=False)
+            out["prune_rc"] = rc or 0
+        except BaseException as e:
+            out["prune_rc"] = repr(e)
         return out
     """
+    # The other user cannot read this interpreter's files (under root's home): everything
+    # the child runs is imported here first, by one prune of a scratch cache.
+    from xla_pcache.cli import app
+
+    app(["prune", "--path", str(base / "scratch"), "--max-size", "1G"], standalone_mode=False)
     result = _as_other_user(code, root)
     yield result
     shutil.rmtree(base, ignore_errors=True)
@@ -593,6 +605,7 @@ def test_evict_and_verify_repair_complete_and_report_what_they_skipped(
 ) -> None:
     r = unreadable_cache
     assert "evict_error" not in r and "verify_error" not in r, r
+    assert r["prune_rc"] == 0, r
     evict = r["evict"]
     verify = r["verify"]
     assert isinstance(evict, dict) and isinstance(verify, dict)
