@@ -156,7 +156,8 @@ pub fn read_from(f: &File, offset: u64, len: u64) -> io::Result<(Vec<Record>, u6
     }
     let mut at = offset;
     let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; READ_CHUNK];
+    // No larger than what there is to read (most reads are a few new records).
+    let mut chunk = vec![0u8; (len - offset).min(READ_CHUNK as u64) as usize];
     loop {
         let want = (len - at - buf.len() as u64).min(READ_CHUNK as u64) as usize;
         if want == 0 {
