@@ -364,6 +364,32 @@ def test_a_format_that_is_not_a_file_says_what_it_is(
     assert "SECRET" not in str(e.value)
 
 
+@pytest.mark.parametrize("kind", ["directory", "FIFO", "symbolic link"])
+def test_the_cli_says_what_a_format_that_is_not_a_file_is(
+    cache_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    Store(cache_dir).close()
+    fmt = cache_dir / "FORMAT"
+    fmt.unlink()
+    if kind == "directory":
+        fmt.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(fmt)
+    else:
+        (tmp_path / "elsewhere").write_text("xla_pcache-format 1\n")
+        fmt.symlink_to(tmp_path / "elsewhere")
+    proc = run_child(
+        f"""
+        import sys
+        from xla_pcache.cli import app
+        sys.argv = ["xla-pcache", "stats", "--path", {str(cache_dir)!r}]
+        app()
+        """
+    )
+    assert proc.returncode != 0
+    assert kind in proc.stderr and "no FORMAT file" not in proc.stderr, proc.stderr
+
+
 # ---------------------------------------------------------------- stray directories
 
 

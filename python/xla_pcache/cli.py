@@ -91,7 +91,9 @@ def _resolve_path(path: str | None) -> str:
         _fail(f"no cache directory: pass --path or set {PATH_VAR}")
     if not os.path.isdir(root):
         _fail(f"{root}: no such directory")
-    if not os.path.isfile(os.path.join(root, "FORMAT")):
+    # Only a missing FORMAT is reported here; one that is not a regular file (a directory,
+    # a FIFO, a link) is the store's to refuse, saying what it is.
+    if not os.path.lexists(os.path.join(root, "FORMAT")):
         _fail(f"{root}: not an xla_pcache cache (no FORMAT file)")
     return root
 
