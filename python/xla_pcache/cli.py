@@ -530,6 +530,13 @@ def export_cmd(
 def import_cmd(
     bundle: Annotated[str, typer.Argument(help="Bundle file written by xla-pcache export.")],
     path: PathOption = None,
+    max_entry_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-entry-size",
+            help="Reject members larger than this (e.g. 4G) (default: the budget, at most 2G).",
+        ),
+    ] = None,
 ) -> None:
     """Publish each verifying entry of a bundle into the cache (created if missing)."""
     from rich.progress import Progress
@@ -537,22 +544,35 @@ def import_cmd(
     from xla_pcache.bundle import import_bundle
 
     with _reported():
+        entry_cap = parse_size(max_entry_size, name="--max-entry-size")
+        if entry_cap == 0:
+            _fail("--max-entry-size must be positive")
         root = os.path.expanduser(path) if path else path_from_env()
         if not root:
             _fail(f"no cache directory: pass --path or set {PATH_VAR}")
         if read_only_from_env():
             _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+        if not os.path.exists(bundle):
+            _fail(f"{bundle}: no such file")
+        if os.path.isdir(bundle):
+            _fail(f"{bundle}: is a directory, not a bundle file")
         console = _console()
         bar = Progress(console=console, transient=True, disable=not console.is_terminal)
         with Store(root, max_size=max_size_from_env()) as store, bar:
             # Entries are counted as they stream in: a bundle does not say how many it holds.
             task = bar.add_task("importing entries", total=None)
-            report = import_bundle(store, bundle, progress=lambda _n: bar.advance(task))
-    console.print(
+            report = import_bundle(
+                store, bundle, progress=lambda _n: bar.advance(task), max_entry_bytes=entry_cap
+            )
+    text = (
         f"imported {report.imported}, skipped as present {report.present}, "
         f"rejected as corrupt {report.rejected}"
-        + (f"; the rest of the bundle is unreadable ({report.error})" if report.unreadable else "")
     )
+    if report.oversized:
+        text += f" ({report.oversized} of them too large)"
+    if report.unreadable:
+        text += f"; the rest of the bundle is unreadable ({report.error})"
+    console.print(text)
     if report.rejected or report.unreadable:
         raise typer.Exit(1)
 

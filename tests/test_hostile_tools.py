@@ -1,0 +1,211 @@
+"""The Python tools against a hostile directory or input: bundles (export into a directory
+others can write, import of a compression bomb), the CLI printing keys and metadata someone
+else chose, and sizes given by a user or an environment. Each test here failed before the
+fix it covers."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import tarfile
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+from xla_pcache import Store
+from xla_pcache.bundle import import_bundle
+
+# Address-space limit for the processes that import a bomb: a reader that inflates a member
+# into memory runs out here within a second or two, instead of exhausting the machine.
+BOMB_RLIMIT = 1536 << 20
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+
+
+def _run_limited(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    prelude = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({BOMB_RLIMIT}, {BOMB_RLIMIT}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        timeout=300,
+        check=False,
+    )
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xla_pcache", *args],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        timeout=120,
+        check=False,
+    )
+
+
+# bundles -------------------------------------------------------------------------------------
+
+
+def test_export_does_not_follow_a_planted_temp_link(tmp_path: Path) -> None:
+    """Someone who can write the output directory plants a link where the old exporter put
+    its temporary file (`<out>.tmp-<pid>`), pointing at a file of the victim's."""
+    with Store(tmp_path / "cache") as store:
+        assert store.put("k", b"v" * 1000)
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        victim = tmp_path / "victim.txt"
+        victim.write_bytes(b"precious")
+        out = shared / "warm.tar.gz"
+        planted = Path(f"{out}.tmp-{os.getpid()}")
+        planted.symlink_to(victim)
+        assert store.export_bundle(out) == 1
+    assert victim.read_bytes() == b"precious"
+    assert planted.is_symlink() and os.readlink(planted) == str(victim)
+    assert not out.is_symlink() and tarfile.is_tarfile(out)
+    # Nothing else is left behind in the shared directory.
+    assert sorted(p.name for p in shared.iterdir()) == sorted([out.name, planted.name])
+
+
+def test_export_replaces_a_link_at_the_output_name_without_following_it(tmp_path: Path) -> None:
+    with Store(tmp_path / "cache") as store:
+        assert store.put("k", b"v" * 1000)
+        victim = tmp_path / "victim.txt"
+        victim.write_bytes(b"precious")
+        out = tmp_path / "warm.tar.gz"
+        out.symlink_to(victim)
+        assert store.export_bundle(out) == 1
+    assert victim.read_bytes() == b"precious"
+    assert not out.is_symlink() and tarfile.is_tarfile(out)
+
+
+def _bomb(declared: int, content: int, key: str = "bomb") -> bytes:
+    """A gzip'd tar whose one member declares `declared` bytes and inflates to `content`
+    bytes of zeros, from a few MB: each MiB of zeros compresses, after a full flush, to the
+    same bytes, so the deflate stream is built by repetition (the trailer's CRC is left
+    wrong: no reader gets that far)."""
+    info = tarfile.TarInfo("00/" + "0" * 32)
+    info.size = declared
+    info.pax_headers = {"XLA_PCACHE.key_hex": key.encode().hex(), "XLA_PCACHE.key_text": "1"}
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    parts = [b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"]
+    parts.append(c.compress(info.tobuf(format=tarfile.PAX_FORMAT)) + c.flush(zlib.Z_FULL_FLUSH))
+    zeros = bytes(1 << 20)
+    first = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
+    again = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
+    assert first == again
+    parts.append(first * (content >> 20))
+    parts.append(c.flush() + struct.pack("<II", 0, 0))
+    return b"".join(parts)
+
+
+def test_gzip_bomb_is_rejected_and_counted(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.tar.gz"
+    bomb.write_bytes(_bomb(declared=8 << 30, content=4 << 30))
+    assert bomb.stat().st_size < 8 << 20
+    result = _run_limited(
+        """
+        import json
+        from xla_pcache import Store
+        with Store(sys.argv[1]) as store:
+            r = store.import_bundle(sys.argv[2])
+            print(json.dumps({**r.__dict__, "entries": len(store)}))
+        """,
+        str(tmp_path / "cache"),
+        str(bomb),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "MemoryError" not in result.stderr and "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert (report["imported"], report["rejected"], report["oversized"]) == (0, 1, 1)
+    assert report["unreadable"] and "compression bomb" in report["error"]
+    assert report["entries"] == 0
+
+
+def test_gzip_bomb_in_the_cli_is_one_clear_message(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.tar.gz"
+    bomb.write_bytes(_bomb(declared=8 << 30, content=4 << 30))
+    result = _run_limited(
+        """
+        from xla_pcache.cli import main
+        sys.argv = ["xla-pcache", "import", sys.argv[2], "--path", sys.argv[1]]
+        main()
+        """,
+        str(tmp_path / "cache"),
+        str(bomb),
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
+    assert "rejected as corrupt 1 (1 of them too large)" in result.stdout
+    assert "compression bomb" in result.stdout
+
+
+def test_member_inflating_past_the_total_cap_is_rejected(tmp_path: Path) -> None:
+    """A member under the per-entry cap whose bytes still run past the total cap is
+    rejected as it is read (counted once), and nothing after it is read."""
+    bomb = tmp_path / "bomb.tar.gz"
+    bomb.write_bytes(_bomb(declared=64 << 20, content=64 << 20))
+    with Store(tmp_path / "cache") as store:
+        r = import_bundle(store, bomb, max_total_bytes=8 << 20)
+        assert (r.imported, r.rejected, r.oversized, r.unreadable) == (0, 1, 1, True)
+        assert len(store) == 0
+
+
+def test_member_over_the_entry_cap_is_rejected_unread(tmp_path: Path) -> None:
+    with Store(tmp_path / "a") as src:
+        for i in range(3):
+            assert src.put(f"k{i}", bytes([i]) * (10_000 * (i + 1)))
+        src.export_bundle(tmp_path / "b.tgz")
+    with Store(tmp_path / "q") as dst:
+        r = import_bundle(dst, tmp_path / "b.tgz", max_entry_bytes=25_000)
+        assert (r.imported, r.rejected, r.oversized, r.unreadable) == (2, 1, 1, False)
+        assert "k2" not in dst and "k0" in dst and "k1" in dst
+        with pytest.raises(ValueError, match="max_entry_bytes"):
+            import_bundle(dst, tmp_path / "b.tgz", max_entry_bytes=0)
+
+
+def test_non_regular_members_are_rejected(tmp_path: Path) -> None:
+    """Links, devices, directories and FIFOs are never followed or created: rejected."""
+    with Store(tmp_path / "a") as src:
+        assert src.put("good", b"g" * 5000)
+        src.export_bundle(tmp_path / "b.tgz")
+    hostile = tmp_path / "h.tgz"
+    with (
+        tarfile.open(tmp_path / "b.tgz") as tin,
+        tarfile.open(hostile, "w:gz", format=tarfile.PAX_FORMAT) as tout,
+    ):
+        good = tin.getmembers()[0]
+        data = tin.extractfile(good)
+        assert data is not None
+        payload = data.read()
+        for kind, extra in (
+            (tarfile.SYMTYPE, {"linkname": "/etc/passwd"}),
+            (tarfile.LNKTYPE, {"linkname": good.name}),
+            (tarfile.DIRTYPE, {}),
+            (tarfile.FIFOTYPE, {}),
+            (tarfile.CHRTYPE, {}),
+        ):
+            m = tarfile.TarInfo(f"x{int.from_bytes(kind, 'big')}")
+            m.type = kind
+            m.pax_headers = dict(good.pax_headers)
+            for name, value in extra.items():
+                setattr(m, name, value)
+            tout.addfile(m)
+        tout.addfile(good, io.BytesIO(payload))
+    with Store(tmp_path / "q") as dst:
+        r = import_bundle(dst, hostile)
+        assert (r.imported, r.rejected, r.unreadable) == (1, 5, False)
+        assert dst.keys() == ["good"]
+    # Nothing is extracted to a path: no member name appears anywhere.
+    assert not [p for p in tmp_path.rglob("x*")]
