@@ -209,3 +209,68 @@ def test_non_regular_members_are_rejected(tmp_path: Path) -> None:
         assert dst.keys() == ["good"]
     # Nothing is extracted to a path: no member name appears anywhere.
     assert not [p for p in tmp_path.rglob("x*")]
+
+
+# CLI -----------------------------------------------------------------------------------------
+
+ODD_KEY = "jit_f[/]x [bold]y[/bold] :smile: [link=file:///etc]z"
+ODD_META = {"framework": "[/]jax", "framework_version": "[red]0.10"}
+
+
+def test_cli_prints_keys_meta_and_paths_literally(tmp_path: Path) -> None:
+    """Whoever writes the cache chooses keys and metadata: the tables show them as they are
+    (rich markup in a key used to crash `ls` with a MarkupError, or restyle the table)."""
+    name = "team[/]cache [bold]"
+    with Store(tmp_path / name) as store:
+        assert store.put(ODD_KEY, b"v" * 100, meta=ODD_META)
+    env = {**_clean_env(), "COLUMNS": "250"}
+    for args in (("ls",), ("stats",), ("verify",), ("prune", "--max-size", "1G")):
+        result = subprocess.run(
+            [sys.executable, "-m", "xla_pcache", *args, "--path", name],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        if args[0] in ("stats", "verify"):
+            # The title holds the absolute path, folded to the table's width.
+            assert "".join(name.split()) in "".join(result.stdout.split()), (args, result.stdout)
+        if args == ("ls",):
+            assert ODD_KEY in result.stdout, result.stdout
+            assert "[/]jax [red]0.10" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink"])
+def test_cli_names_what_is_wrong_with_format(tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "c"
+    root.mkdir()
+    fmt = root / "FORMAT"
+    if kind == "directory":
+        fmt.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(fmt)
+    else:
+        other = tmp_path / "elsewhere"
+        other.write_text("secret first line\n")
+        fmt.symlink_to(other)
+    result = _cli("stats", "--path", str(root))
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    words = {"directory": "a directory", "fifo": "a FIFO", "symlink": "a symbolic link"}
+    assert f"FORMAT is {words[kind]}" in result.stderr, result.stderr
+    assert "secret" not in result.stderr
+
+
+def test_cli_export_error_names_the_output(tmp_path: Path) -> None:
+    with Store(tmp_path / "c") as store:
+        assert store.put("k", b"v")
+    out = tmp_path / "missing-dir" / "b.tgz"
+    result = _cli("export", "--path", str(tmp_path / "c"), "-o", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip() == f"xla-pcache: error: cannot write {out}: No such file or directory"
+    )

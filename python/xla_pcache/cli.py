@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,22 +78,53 @@ def _reported() -> Iterator[None]:
         yield
     except (Failure, CacheError, ValueError, OSError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
-        typer.echo(f"xla-pcache: error: {text}", err=True)
+        if isinstance(exc, OSError) and not isinstance(exc, CacheError) and exc.filename:
+            # Python's own OSError text quotes the path with repr(); say it plainly.
+            text = f"{exc.filename}: {exc.strerror or type(exc).__name__}"
+        typer.echo(f"xla-pcache: error: {_key_text(text)}", err=True)
         raise typer.Exit(2) from None
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    # Keys, metadata, paths and error texts are chosen by whoever wrote the cache or typed the
+    # command: print them as they are, never as rich markup or emoji codes ("[/]" in a key
+    # would otherwise raise, "[bold]" restyle the table).
+    return Console(highlight=False, markup=False, emoji=False)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _resolve_path(path: str | None) -> str:
     root = os.path.expanduser(path) if path else path_from_env()
     if not root:
         _fail(f"no cache directory: pass --path or set {PATH_VAR}")
-    if not os.path.isdir(root):
+    if not os.path.exists(root):
         _fail(f"{root}: no such directory")
-    if not os.path.isfile(os.path.join(root, "FORMAT")):
+    if not os.path.isdir(root):
+        _fail(f"{root}: not a directory")
+    fmt = os.path.join(root, "FORMAT")
+    try:
+        # lstat: a FORMAT that is a link, a FIFO or a directory is never opened (a FIFO would
+        # block the open; a link could point anywhere).
+        mode = os.lstat(fmt).st_mode
+    except FileNotFoundError:
         _fail(f"{root}: not an xla_pcache cache (no FORMAT file)")
+    except OSError as exc:
+        _fail(f"{root}: cannot read the FORMAT file: {exc.strerror or exc}")
+    if not stat.S_ISREG(mode):
+        _fail(f"{root}: not an xla_pcache cache (FORMAT is {_file_kind(mode)}, not a file)")
     return root
 
 
@@ -295,7 +327,7 @@ def list_entries(
             _format_ago(None if created is None else now - created),
             _format_ago(None if last_use is None else now - last_use),
             str(entry.get("hits", 0)),
-            producer or "-",
+            _key_text(producer) if producer else "-",
         )
     _console().print(table)
 
@@ -382,7 +414,7 @@ def _run_verify(store: _core.Store, repair: bool, console: Console) -> dict[str,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -522,7 +554,11 @@ def export_cmd(
     with _reported(), _open(path, read_only=True) as store:
         age = None if newer_than is None else parse_duration(newer_than, name="--newer-than")
         fw = None if framework is None else framework.value
-        n = export_bundle(store, out, framework=fw, newer_than=age, min_hits=min_hits)
+        try:
+            n = export_bundle(store, out, framework=fw, newer_than=age, min_hits=min_hits)
+        except OSError as exc:
+            # The error names the temporary file; the user asked for `out`.
+            _fail(f"cannot write {out}: {exc.strerror or exc}")
     _console().print(f"exported {n} entries to {out}")
 
 
