@@ -274,3 +274,105 @@ def test_cli_export_error_names_the_output(tmp_path: Path) -> None:
     assert (
         result.stderr.strip() == f"xla-pcache: error: cannot write {out}: No such file or directory"
     )
+
+
+# sizes and durations -------------------------------------------------------------------------
+
+
+def test_huge_max_size_is_a_value_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_size") as info:
+        Store(tmp_path / "c", max_size="9" * 40)
+    assert "too large to convert" not in str(info.value)
+    with pytest.raises(ValueError, match="max_size"):
+        Store(tmp_path / "c", max_size=1 << 64)
+    # The largest budget the store can hold is accepted.
+    with Store(tmp_path / "c", max_size=(1 << 63) - 1) as store:
+        assert store.max_size == (1 << 63) - 1
+
+
+def test_evict_accepts_size_and_duration_strings(tmp_path: Path) -> None:
+    with Store(tmp_path / "c") as store:
+        for i in range(4):
+            assert store.put(f"k{i}", bytes(100_000))
+        result = store.evict(max_size="1G")
+        assert result["removed"] == 0 and len(store) == 4
+        result = store.evict(max_size="200K")
+        assert result["removed"] == 2 and len(store) == 2
+        assert store.evict(older_than="7d")["removed"] == 0
+        with pytest.raises(ValueError, match="max_size"):
+            store.evict(max_size="9" * 40)
+        with pytest.raises(ValueError, match="older_than"):
+            store.evict(older_than=float("nan"))
+
+
+def test_empty_max_size_is_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_size"):
+        Store(tmp_path / "c", max_size="")
+    with Store(tmp_path / "c") as store, pytest.raises(ValueError, match="max_size"):
+        store.evict(max_size="  ")
+    # In the environment an empty value means unset, as for every other variable.
+    code = "from xla_pcache.config import max_size_from_env; print(max_size_from_env())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**_clean_env(), "XLA_PERSISTENT_CACHE_MAX_SIZE": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "None"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name", "error"),
+    [
+        ({"max_size": -1}, "max_size", ValueError),
+        ({"max_size": float("nan")}, "max_size", TypeError),
+        ({"max_size": True}, "max_size", TypeError),
+        ({"max_size": "inf"}, "max_size", ValueError),
+        ({"lock_timeout": 1e20}, "lock_timeout", ValueError),
+        ({"lock_timeout": float("nan")}, "lock_timeout", ValueError),
+        ({"lease_time": float("inf")}, "lease_time", ValueError),
+        ({"hit_interval": -1.0}, "hit_interval", ValueError),
+        ({"trash_grace": True}, "trash_grace", TypeError),
+        ({"tmp_grace": 10**400}, "tmp_grace", ValueError),
+        ({"claim_lease": "99999999999999999999"}, "claim_lease", ValueError),
+    ],
+)
+def test_store_arguments_are_checked_by_name(
+    tmp_path: Path, kwargs: dict[str, object], name: str, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=name):
+        Store(tmp_path / "c", **kwargs)  # type: ignore[arg-type]
+    assert not (tmp_path / "c").exists()
+
+
+def test_claim_lease_variable_too_large_is_a_value_error(tmp_path: Path) -> None:
+    """It used to reach the binding as 1e20 s and panic there (a BaseException, which the
+    activation hook's `except Exception` does not catch)."""
+    code = """
+        import sys
+        from xla_pcache import Store
+        try:
+            Store(sys.argv[1])
+        except ValueError as e:
+            print("ValueError:", e)
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), str(tmp_path / "c")],
+        env={**_clean_env(), "XLA_PCACHE_CLAIM_LEASE": "99999999999999999999"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("ValueError:") and "XLA_PCACHE_CLAIM_LEASE" in out.stdout
+
+
+def test_claim_and_wait_durations_are_checked(tmp_path: Path) -> None:
+    with Store(tmp_path / "c") as store:
+        with pytest.raises(ValueError, match="wait"):
+            store.claim("k", wait=1e20)
+        with pytest.raises(ValueError, match="timeout"):
+            store.wait_for("k", float("inf"))

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xla_pcache import _core
+from xla_pcache.sizes import parse_duration
 
 log = logging.getLogger("xla_pcache")
 
@@ -76,6 +77,8 @@ def export_bundle(
     ``min_hits`` selects on a lower bound of the uses."""
     if isinstance(min_hits, bool) or not isinstance(min_hits, int) or min_hits < 0:
         raise ValueError(f"min_hits must be a non-negative int, not {min_hits!r}")
+    if newer_than is not None:
+        newer_than = parse_duration(newer_than, name="newer_than")
     now = time.time()
     chosen = []
     for e in store.entries():
