@@ -376,3 +376,39 @@ def test_claim_and_wait_durations_are_checked(tmp_path: Path) -> None:
             store.claim("k", wait=1e20)
         with pytest.raises(ValueError, match="timeout"):
             store.wait_for("k", float("inf"))
+
+
+def test_remote_arguments_and_variables_are_checked_by_name() -> None:
+    """No server is contacted: the checks come before any connection."""
+    from xla_pcache.remote import MAX_VALUE_VAR, TIMEOUT_VAR, RemoteTier
+
+    url = "redis://127.0.0.1:1/0"
+    with pytest.raises(ValueError, match="timeout"):
+        RemoteTier(url, timeout=float("nan"))
+    with pytest.raises(ValueError, match="timeout"):
+        RemoteTier(url, timeout=0)
+    with pytest.raises(ValueError, match="max_value_bytes"):
+        RemoteTier(url, max_value_bytes=-1)
+    with pytest.raises(ValueError, match="retry_after"):
+        RemoteTier(url, retry_after=float("inf"))
+    code = "from xla_pcache.remote import RemoteTier; RemoteTier('redis://127.0.0.1:1/0')"
+    for name, value in ((TIMEOUT_VAR, "soon"), (MAX_VALUE_VAR, "9" * 40)):
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**_clean_env(), name: value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 1 and f"ValueError: invalid {name}" in out.stderr, out.stderr
+    # Empty means unset, as for every other variable.
+    out = subprocess.run(
+        [sys.executable, "-c", code + ".close()"],
+        env={**_clean_env(), TIMEOUT_VAR: "", MAX_VALUE_VAR: " "},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
