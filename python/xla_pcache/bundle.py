@@ -98,7 +98,6 @@ def export_bundle(
         if min_hits and not (isinstance(hits, int) and hits >= min_hits):
             continue
         chosen.append(e)
-    written = 0
     target = os.fspath(out)
     # A fresh name made with O_EXCL|O_NOFOLLOW in the output directory: a link planted
     # there (under any name) is never followed, and the rename stays on one filesystem.
@@ -206,6 +205,7 @@ def import_bundle(
     total_cap = _limit(max_total_bytes, "max_total_bytes")
     report = ImportReport()
     counted = True  # whether the member being read is already in the report
+    bombed = False
     try:
         with open(bundle, "rb") as raw:
             if total_cap is None:
@@ -229,6 +229,7 @@ def import_bundle(
                     if progress is not None:
                         progress(member.size)
     except _Bomb:
+        bombed = True
         if not counted:
             report.rejected += 1
             report.oversized += 1
@@ -255,6 +256,16 @@ def import_bundle(
             report.imported + report.present + report.rejected,
             report.error,
         )
+    if report.oversized and not bombed:
+        # One line for the whole bundle, however many members were too large.
+        log.warning(
+            "xla_pcache: bundle %s: %d members rejected as too large (over %d bytes each, or "
+            "inflating past %d bytes in all)",
+            bundle,
+            report.oversized,
+            entry_cap,
+            total_cap,
+        )
     return report
 
 
@@ -277,12 +288,6 @@ def _import_member(
     if not member.isreg() or member.issparse():
         return "rejected"
     if member.size > entry_cap:
-        log.warning(
-            "xla_pcache: bundle member %r declares %d bytes, over the %d-byte cap: rejected",
-            member.name,
-            member.size,
-            entry_cap,
-        )
         return "oversized"
     key = _member_key(member)
     if key is None:
