@@ -189,6 +189,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(by=who, key=keys)
     def contains(self, by: str, key: Key) -> None:
+        self.seen["contains calls"] += 1
         present = key in self.here if by == "here" else self.worker.call("contains", key=_wire(key))
         if present:
             assert self.possible[key] != {None}, f"{key!r} in store, but deleted or never put"
@@ -199,6 +200,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(by=who, key=keys)
     def delete(self, by: str, key: Key) -> None:
+        self.seen["delete calls"] += 1
         if by == "here":
             removed = self.here.delete(key)
         else:
