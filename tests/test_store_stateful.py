@@ -10,7 +10,10 @@ a miss becomes possible for every key; a hit must still return exactly the bytes
 wrong bytes, in either process.
 
 CI runs a small number of examples; XLA_PCACHE_STATEFUL_EXAMPLES and
-XLA_PCACHE_STATEFUL_STEPS make a bigger run.
+XLA_PCACHE_STATEFUL_STEPS make a bigger run (past pytest's 600 s timeout: pass --timeout), e.g.
+
+    XLA_PCACHE_STATEFUL_EXAMPLES=2500 XLA_PCACHE_STATEFUL_STEPS=50 \
+        python -m pytest -s --timeout=2400 tests/test_store_stateful.py
 """
 
 from __future__ import annotations
