@@ -412,3 +412,30 @@ def test_remote_arguments_and_variables_are_checked_by_name() -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_doctor_prints_paths_and_problems_literally() -> None:
+    """`doctor` quotes paths and cache errors (a FORMAT's first line, chosen by whoever wrote
+    it): rendered as text, never as markup. The report is built by hand: collecting a real
+    one compiles a program per framework, tens of seconds."""
+    from rich.console import Console
+    from xla_pcache.doctor import _render
+
+    odd = "/shared/[/]cache [bold]x"
+    report = {
+        "xla_pcache": "0.1.0",
+        "format_version": 1,
+        "python": "3.11",
+        "config": {"path": odd, "path_source": "--path [/]"},
+        "cache": {"filesystem": "ext4[/]", "mmap_reads": True, "entries": 1, "bytes": 10},
+        "activation": {"jax": "on [/]"},
+        "frameworks": {
+            "jax": {"versions": {"jax": "0.10[/]"}, "backend_hint": "cpu", "error": "bad [/] x"}
+        },
+        "problems": [f'{odd}/FORMAT is not an xla_pcache format file (first line "[/]evil")'],
+    }
+    out = io.StringIO()
+    _render(Console(file=out, width=400, highlight=False), report)
+    text = out.getvalue()
+    for needle in (odd, "--path [/]", "ext4[/]", "on [/]", "bad [/] x", '(first line "[/]evil")'):
+        assert needle in text, (needle, text)
