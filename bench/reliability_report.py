@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+SECURITY_SECTION = Path(__file__).with_name("reliability_security.md")
 sys.path.insert(0, str(REPO / "tests" / "reliability"))
 
 import scenarios  # noqa: E402
@@ -518,22 +519,11 @@ def render(results: dict[str, Any]) -> str:
         "(`test_evict_never_recreates_a_vanished_root`); len() raised on a vanished root "
         "(`test_len_of_a_vanished_root_does_not_raise`).",
         "",
+        # Not measured by these scenarios (hostile contents, security): kept by hand next to this script.
+        SECURITY_SECTION.read_text().rstrip("\n"),
+        "",
     ]
     return "\n".join(out)
-
-
-# Sections from this heading on are written by hand (not measured by these scenarios): a
-# regeneration keeps them as they are.
-HAND_WRITTEN = "## Hostile directory contents"
-
-
-def _hand_written(out: Path) -> str:
-    try:
-        text = out.read_text()
-    except OSError:
-        return ""
-    at = text.find(HAND_WRITTEN)
-    return "\n" + text[at:] if at >= 0 else ""
 
 
 def main() -> int:
@@ -548,7 +538,7 @@ def main() -> int:
     results = json.loads(args.from_json.read_text()) if args.from_json else run(args.duration)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
-    args.out.write_text(render(results) + _hand_written(args.out))
+    args.out.write_text(render(results))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -106,6 +106,52 @@ def slow_lease_holder(path: str) -> None:
             store.put(f"refill-{time.monotonic_ns()}-{i}", b"y")
 
 
+def _key(wire: dict[str, str]) -> str | bytes:
+    return wire["s"] if "s" in wire else bytes.fromhex(wire["b"])
+
+
+def serve() -> None:
+    """The other process of the stateful test: one JSON request per stdin line, one JSON
+    reply per stdout line ({"r": result} or {"error": traceback}), until "exit"."""
+    store: Store | None = None
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req["op"]
+        try:
+            if op == "exit":
+                break
+            if op == "open":
+                if store is not None:
+                    store.close()
+                store = Store(req["path"], max_size=req["max_size"], lock_timeout=0.05)
+                result: object = None
+            elif op == "close":
+                if store is not None:
+                    store.close()
+                store = None
+                result = None
+            else:
+                assert store is not None, "no store open"
+                key = _key(req["key"])
+                if op == "put":
+                    result = store.put(key, bytes.fromhex(req["value"]))
+                elif op == "get":
+                    blob = store.get(key)
+                    result = None if blob is None else bytes(blob).hex()
+                elif op == "delete":
+                    result = store.delete(key)
+                elif op == "contains":
+                    result = key in store
+                else:
+                    raise ValueError(f"unknown op {op}")
+            reply: dict[str, object] = {"r": result}
+        except Exception:
+            reply = {"error": traceback.format_exc()}
+        print(json.dumps(reply), flush=True)
+    if store is not None:
+        store.close()
+
+
 def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "stress":
@@ -118,6 +164,8 @@ def main() -> None:
         lease_evictor(args[0], float(args[1]), args[2])
     elif mode == "slow_lease_holder":
         slow_lease_holder(args[0])
+    elif mode == "serve":
+        serve()
     else:
         raise SystemExit(f"unknown mode {mode}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,24 +78,53 @@ def _reported() -> Iterator[None]:
         yield
     except (Failure, CacheError, ValueError, OSError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
-        typer.echo(f"xla-pcache: error: {text}", err=True)
+        if isinstance(exc, OSError) and not isinstance(exc, CacheError) and exc.filename:
+            # Python's own OSError text quotes the path with repr(); say it plainly.
+            text = f"{exc.filename}: {exc.strerror or type(exc).__name__}"
+        typer.echo(f"xla-pcache: error: {_key_text(text)}", err=True)
         raise typer.Exit(2) from None
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    # Keys, metadata, paths and error texts are chosen by whoever wrote the cache or typed the
+    # command: print them as they are, never as rich markup or emoji codes ("[/]" in a key
+    # would otherwise raise, "[bold]" restyle the table).
+    return Console(highlight=False, markup=False, emoji=False)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _resolve_path(path: str | None) -> str:
     root = os.path.expanduser(path) if path else path_from_env()
     if not root:
         _fail(f"no cache directory: pass --path or set {PATH_VAR}")
-    if not os.path.isdir(root):
+    if not os.path.exists(root):
         _fail(f"{root}: no such directory")
-    # Only a missing FORMAT is reported here; one that is not a regular file (a directory,
-    # a FIFO, a link) is the store's to refuse, saying what it is.
-    if not os.path.lexists(os.path.join(root, "FORMAT")):
+    if not os.path.isdir(root):
+        _fail(f"{root}: not a directory")
+    fmt = os.path.join(root, "FORMAT")
+    try:
+        # lstat: a FORMAT that is a link, a FIFO or a directory is never opened (a FIFO would
+        # block the open; a link could point anywhere).
+        mode = os.lstat(fmt).st_mode
+    except FileNotFoundError:
         _fail(f"{root}: not an xla_pcache cache (no FORMAT file)")
+    except OSError as exc:
+        _fail(f"{root}: cannot read the FORMAT file: {exc.strerror or exc}")
+    if not stat.S_ISREG(mode):
+        _fail(f"{root}: not an xla_pcache cache (FORMAT is {_file_kind(mode)}, not a file)")
     return root
 
 
@@ -297,7 +327,7 @@ def list_entries(
             _format_ago(None if created is None else now - created),
             _format_ago(None if last_use is None else now - last_use),
             str(entry.get("hits", 0)),
-            producer or "-",
+            _key_text(producer) if producer else "-",
         )
     _console().print(table)
 
@@ -387,7 +417,7 @@ def _run_verify(store: _core.Store, repair: bool, console: Console) -> dict[str,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -527,7 +557,11 @@ def export_cmd(
     with _reported(), _open(path, read_only=True) as store:
         age = None if newer_than is None else parse_duration(newer_than, name="--newer-than")
         fw = None if framework is None else framework.value
-        n = export_bundle(store, out, framework=fw, newer_than=age, min_hits=min_hits)
+        try:
+            n = export_bundle(store, out, framework=fw, newer_than=age, min_hits=min_hits)
+        except OSError as exc:
+            # The error names the temporary file; the user asked for `out`.
+            _fail(f"cannot write {out}: {exc.strerror or exc}")
     _console().print(f"exported {n} entries to {out}")
 
 
@@ -535,6 +569,13 @@ def export_cmd(
 def import_cmd(
     bundle: Annotated[str, typer.Argument(help="Bundle file written by xla-pcache export.")],
     path: PathOption = None,
+    max_entry_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-entry-size",
+            help="Reject members larger than this (e.g. 4G) (default: the budget, at most 2G).",
+        ),
+    ] = None,
 ) -> None:
     """Publish each verifying entry of a bundle into the cache (created if missing)."""
     from rich.progress import Progress
@@ -542,22 +583,35 @@ def import_cmd(
     from xla_pcache.bundle import import_bundle
 
     with _reported():
+        entry_cap = parse_size(max_entry_size, name="--max-entry-size")
+        if entry_cap == 0:
+            _fail("--max-entry-size must be positive")
         root = os.path.expanduser(path) if path else path_from_env()
         if not root:
             _fail(f"no cache directory: pass --path or set {PATH_VAR}")
         if read_only_from_env():
             _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+        if not os.path.exists(bundle):
+            _fail(f"{bundle}: no such file")
+        if os.path.isdir(bundle):
+            _fail(f"{bundle}: is a directory, not a bundle file")
         console = _console()
         bar = Progress(console=console, transient=True, disable=not console.is_terminal)
         with Store(root, max_size=max_size_from_env()) as store, bar:
             # Entries are counted as they stream in: a bundle does not say how many it holds.
             task = bar.add_task("importing entries", total=None)
-            report = import_bundle(store, bundle, progress=lambda _n: bar.advance(task))
-    console.print(
+            report = import_bundle(
+                store, bundle, progress=lambda _n: bar.advance(task), max_entry_bytes=entry_cap
+            )
+    text = (
         f"imported {report.imported}, skipped as present {report.present}, "
         f"rejected as corrupt {report.rejected}"
-        + (f"; the rest of the bundle is unreadable ({report.error})" if report.unreadable else "")
     )
+    if report.oversized:
+        text += f" ({report.oversized} of them too large)"
+    if report.unreadable:
+        text += f"; the rest of the bundle is unreadable ({report.error})"
+    console.print(text)
     if report.rejected or report.unreadable:
         raise typer.Exit(1)
 

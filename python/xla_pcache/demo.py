@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from xla_pcache.sizes import format_size
@@ -204,7 +205,7 @@ def main(path: str | None = None, keep: bool = False) -> int:
 
     root = _resolve_path(path)
     nonce = secrets.token_hex(4)
-    console.print(f"Cache: [bold]{root}[/]")
+    console.print(f"Cache: [bold]{escape(str(root))}[/]")
     console.print(
         f"Model: {_LAYERS}-layer transformer (width {_WIDTH}), next-token loss, Adam, "
         f"{_STEPS_PER_CALL} steps per call; each run is a fresh Python process"
@@ -215,7 +216,7 @@ def main(path: str | None = None, keep: bool = False) -> int:
             with console.status(f"{label} run: starting Python, importing JAX, compiling..."):
                 reports.append(_run_child(root, nonce))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        console.print(f"[red]demo failed:[/] {exc}")
+        console.print(f"[red]demo failed:[/] {escape(str(exc))}")
         return 1
 
     cold, warm = reports
@@ -244,7 +245,7 @@ def main(path: str | None = None, keep: bool = False) -> int:
         for k, v in stats.items()
         if k not in ("path", "read_only")
     }
-    console.print("Cache stats: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    console.print("Cache stats: " + ", ".join(f"{k}={v}" for k, v in shown.items()), markup=False)
     if not keep:
         removed = _remove_demo_entries(root, nonce)
         noun = "entry" if removed == 1 else "entries"

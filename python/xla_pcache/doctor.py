@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["FRAMEWORKS", "Framework", "main", "probe_key"]
@@ -376,6 +377,12 @@ def collect(path: str | None) -> dict[str, Any]:
     }
 
 
+def _e(value: object) -> str:
+    # Paths, versions and error texts (some quote files a cache writer chose) are printed as
+    # they are, never read as rich markup.
+    return escape(str(value))
+
+
 def _render(console: Console, report: dict[str, Any]) -> None:
     from xla_pcache.sizes import format_size
 
@@ -384,7 +391,7 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         f"xla_pcache {report['xla_pcache']} (format {report['format_version']}), "
         f"Python {report['python']}"
     )
-    console.print(f"Cache: [bold]{cfg['path']}[/] (from {cfg['path_source']})")
+    console.print(f"Cache: [bold]{_e(cfg['path'])}[/] (from {_e(cfg['path_source'])})")
     if "read_only" in cfg:
         console.print(
             f"  read-only: {cfg['read_only']}, max size: {format_size(cfg['max_size'])}, "
@@ -394,20 +401,27 @@ def _render(console: Console, report: dict[str, Any]) -> None:
     if cache:
         size = cache.get("bytes")
         console.print(
-            f"  filesystem: {cache['filesystem']} "
+            f"  filesystem: {_e(cache['filesystem'])} "
             f"({'mmap' if cache['mmap_reads'] else 'pread'} reads), "
             f"{cache.get('entries')} entries, "
-            f"{format_size(size) if isinstance(size, int) else size}"
+            f"{format_size(size) if isinstance(size, int) else _e(size)}"
         )
     for name, state in report.get("activation", {}).items():
-        console.print(f"Zero-code activation for {name}: {state}")
+        console.print(f"Zero-code activation for {_e(name)}: {_e(state)}")
     table = Table(title="Frameworks")
     for column in ("framework", "versions", "backend", "serialize", "load", "note"):
         table.add_column(column)
     for name, fw in report["frameworks"].items():
         versions = ", ".join(f"{d} {v}" for d, v in fw["versions"].items())
         if "error" in fw:
-            table.add_row(name, versions, fw["backend_hint"], "?", "?", f"[red]{fw['error']}[/]")
+            table.add_row(
+                _e(name),
+                _e(versions),
+                _e(fw["backend_hint"]),
+                "?",
+                "?",
+                f"[red]{_e(fw['error'])}[/]",
+            )
             continue
         note = fw.get("detail", "")
         if fw.get("adapter") not in (None, "ok"):
@@ -415,19 +429,19 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         if fw.get("remembered"):
             note = f"{note} (remembered)".strip()
         table.add_row(
-            name,
-            versions,
-            str(fw.get("backend")),
+            _e(name),
+            _e(versions),
+            _e(fw.get("backend")),
             "[green]yes[/]" if fw.get("serialize") else "[red]no[/]",
             "[green]yes[/]" if fw.get("load") else "[red]no[/]",
-            note,
+            _e(note),
         )
     if report["frameworks"]:
         console.print(table)
     else:
         console.print("No framework found: install jax or torch_xla.")
     for problem in report["problems"]:
-        console.print(f"[red]problem:[/] {problem}")
+        console.print(f"[red]problem:[/] {_e(problem)}")
 
 
 def main(path: str | None = None, as_json: bool = False) -> int:

@@ -29,7 +29,7 @@ from xla_pcache.config import (
     path_from_env,
     read_only_from_env,
 )
-from xla_pcache.sizes import parse_size
+from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store
 
 # ``StoreCache`` is also public; see __getattr__ below.
@@ -434,11 +434,11 @@ def install(
         if isinstance(jax_max, int) and jax_max > 0:
             resolved_size = jax_max
     resolved_ro = read_only_from_env() if read_only is None else bool(read_only)
-    resolved_wait = compile_wait_from_env() if compile_wait is None else float(compile_wait)
-    if not resolved_wait >= 0:
-        raise ValueError(
-            f"compile_wait must be a non-negative number of seconds, not {compile_wait!r}"
-        )
+    resolved_wait = (
+        compile_wait_from_env()
+        if compile_wait is None
+        else parse_duration(compile_wait, name="compile_wait")
+    )
 
     with _state_lock:
         if _installed is not None:

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from xla_pcache.sizes import parse_duration, parse_size
+
 log = logging.getLogger("xla_pcache")
 
 REMOTE_VAR = "XLA_PCACHE_REMOTE"
@@ -48,6 +50,12 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, f"***@{host}", parts.path, "", ""))
 
 
+def _env(name: str) -> str | None:
+    # An empty variable means unset, as for every other variable (config.py).
+    value = os.environ.get(name, "")
+    return value if value.strip() else None
+
+
 def remote_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     raw = environ.get(REMOTE_VAR, "").strip()
     return raw or None
@@ -60,9 +68,9 @@ class RemoteTier:
         self,
         url: str,
         *,
-        timeout: float | None = None,
-        max_value_bytes: int | None = None,
-        retry_after: float = 5.0,
+        timeout: float | str | None = None,
+        max_value_bytes: int | str | None = None,
+        retry_after: float | str = 5.0,
     ) -> None:
         try:
             import redis
@@ -71,17 +79,25 @@ class RemoteTier:
                 'the remote tier needs the redis client: pip install "xla-pcache[redis]"'
             ) from e
         if timeout is None:
-            timeout = float(os.environ.get(TIMEOUT_VAR, DEFAULT_TIMEOUT))
+            raw_timeout: float | str = _env(TIMEOUT_VAR) or DEFAULT_TIMEOUT
+            timeout_name = TIMEOUT_VAR
+        else:
+            raw_timeout, timeout_name = timeout, "timeout"
+        seconds = parse_duration(raw_timeout, name=timeout_name)
+        if seconds <= 0:
+            raise ValueError(f"invalid {timeout_name} {raw_timeout!r}: must be positive")
         if max_value_bytes is None:
-            max_value_bytes = int(os.environ.get(MAX_VALUE_VAR, DEFAULT_MAX_VALUE))
-        if timeout <= 0:
-            raise ValueError(f"remote timeout must be positive, got {timeout}")
+            raw_cap: int | str = _env(MAX_VALUE_VAR) or DEFAULT_MAX_VALUE
+            value_cap = parse_size(raw_cap, name=MAX_VALUE_VAR)
+        else:
+            value_cap = parse_size(max_value_bytes, name="max_value_bytes")
+        assert value_cap is not None
         self.url = redact(url)
-        self.max_value_bytes = max_value_bytes
-        self.retry_after = retry_after
+        self.max_value_bytes = value_cap
+        self.retry_after = parse_duration(retry_after, name="retry_after")
         # from_url parses redis://, rediss:// (TLS) and user:password@ itself.
         self._client: Any = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False
+            url, socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_timeout=False
         )
         self._down_until = 0.0
         self._warned: set[str] = set()

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
 
+# The store keeps sizes in signed 64-bit fields; a budget of 8 EiB is unbounded in practice.
+MAX_SIZE = (1 << 63) - 1
+# Longer than any timeout, grace period or age anyone means, and far below what the store's
+# clocks and durations can hold.
+MAX_DURATION_S = 100 * 365.25 * 86400.0
+
 
 def parse_size(value: int | str | None, *, name: str = "size") -> int | None:
     """Bytes from an int or a string such as ``"1048576"``, ``"500M"``, ``"50G"``, ``"1.5T"``.
 
-    Suffixes are binary (K = 1024). ``None`` and ``""`` mean no limit. Anything else that is
-    not a non-negative size raises ``ValueError`` quoting the value; ``name`` says what it was.
+    Suffixes are binary (K = 1024). ``None`` means no limit. Anything else that is not a
+    size from 0 to ``MAX_SIZE`` (an empty string included) raises ``ValueError`` quoting the
+    value, or ``TypeError`` for a bool, float or other type; ``name`` says what it was.
+    (Environment variables are read by ``config``, where an empty value means unset.)
     """
     if value is None:
         return None
@@ -24,20 +33,24 @@ def parse_size(value: int | str | None, *, name: str = "size") -> int | None:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
-        return value
-    if value.strip() == "":
-        return None
-    m = _SIZE_RE.match(value)
-    if m is None:
-        raise ValueError(
-            f"invalid {name} {value!r}: expected bytes or a number with a K/M/G/T suffix, "
-            "such as '500M', '50G' or '1.5T'"
-        )
-    number = float(m.group(1))
-    result = number * _SIZE_UNITS[m.group(2).upper()]
-    if not math.isfinite(result):
-        raise ValueError(f"invalid {name} {value!r}: too large")
-    return int(result)
+        result = value
+    else:
+        if value.strip() == "":
+            # An API caller passing "" most likely lost a setting on the way: refusing it is
+            # safer than an unbounded cache filling a shared disk.
+            raise ValueError(f"invalid {name} {value!r}: empty (leave it out for no limit)")
+        m = _SIZE_RE.match(value)
+        if m is None:
+            raise ValueError(
+                f"invalid {name} {value!r}: expected bytes or a number with a K/M/G/T suffix, "
+                "such as '500M', '50G' or '1.5T'"
+            )
+        # Decimal: exact for any number of digits ("9" * 40 must not round or overflow).
+        result = int(Decimal(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
+    if result > MAX_SIZE:
+        shown = f"{value!r}" if len(str(value)) <= 40 else f"{str(value)[:37]!r}..."
+        raise ValueError(f"invalid {name} {shown}: more than the maximum of {MAX_SIZE:,} bytes")
+    return result
 
 
 def format_size(n: int | float | None) -> str:
@@ -53,17 +66,29 @@ def format_size(n: int | float | None) -> str:
 
 
 def parse_duration(value: float | int | str, *, name: str = "duration") -> float:
-    """Seconds from a number or a string such as ``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number or a string like '7d'")
-    if isinstance(value, int | float):
-        if value < 0 or not math.isfinite(value):
-            raise ValueError(f"invalid {name} {value!r}")
-        return float(value)
-    m = _DURATION_RE.match(value)
-    if m is None:
-        raise ValueError(
-            f"invalid {name} {value!r}: expected seconds or a number with an s/m/h/d/w suffix, "
-            "such as '30m' or '7d'"
+    """Seconds from a number or a string such as ``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``.
+
+    Anything but a number or string from 0 to ``MAX_DURATION_S`` (100 years) raises
+    ``ValueError`` (negative, NaN, infinite, too large, malformed) or ``TypeError`` (a bool
+    or another type), naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(
+            f"{name} must be a number of seconds or a string like '7d', not {type(value).__name__}"
         )
-    return float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
+    if isinstance(value, int | float):
+        # Compared before any conversion: an int too large for a float must not overflow.
+        if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
+            raise ValueError(f"invalid {name} {value!r}: must be a non-negative number of seconds")
+        seconds = float(value) if value <= MAX_DURATION_S else math.inf
+    else:
+        m = _DURATION_RE.match(value)
+        if m is None:
+            raise ValueError(
+                f"invalid {name} {value!r}: expected seconds or a number with an s/m/h/d/w "
+                "suffix, such as '30m' or '7d'"
+            )
+        seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
+    if not seconds <= MAX_DURATION_S:
+        shown = f"{value!r}" if len(str(value)) <= 40 else f"{str(value)[:37]!r}..."
+        raise ValueError(f"invalid {name} {shown}: more than the maximum of 100 years")
+    return seconds

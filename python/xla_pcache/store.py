@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from xla_pcache import _core
 from xla_pcache.config import claim_lease_from_env, compile_wait_from_env
-from xla_pcache.sizes import parse_size
+from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 class Store(_core.Store):
     """A persistent key -> blob store rooted at ``path`` (see ``xla_pcache._core.Store``).
 
-    ``max_size`` may be a byte count or a string such as ``"500M"``, ``"50G"``, ``"1.5T"``.
+    ``max_size`` may be a byte count or a string such as ``"500M"``, ``"50G"``, ``"1.5T"``;
+    durations are seconds or strings such as ``"30s"``, ``"7d"``. A size or duration that is
+    negative, NaN, infinite, empty or out of range is a ``ValueError`` naming the argument.
     ``claim_lease`` (seconds; default ``XLA_PCACHE_CLAIM_LEASE``, else 30) is how long a
     compile claim may go without a heartbeat before waiters take it over.
     """
@@ -33,13 +35,13 @@ class Store(_core.Store):
         read_only: bool = False,
         durable: bool = False,
         lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
-        lock_timeout: float = 0.5,
-        lease_time: float = 30.0,
-        hit_interval: float = 60.0,
-        trash_grace: float = 300.0,
-        tmp_grace: float = 3600.0,
+        lock_timeout: float | str = 0.5,
+        lease_time: float | str = 30.0,
+        hit_interval: float | str = 60.0,
+        trash_grace: float | str = 300.0,
+        tmp_grace: float | str = 3600.0,
         remote: str | None = None,
-        claim_lease: float | None = None,
+        claim_lease: float | str | None = None,
     ) -> Store:
         from xla_pcache.remote import remote_from_env
 
@@ -55,12 +57,14 @@ class Store(_core.Store):
             read_only=read_only,
             durable=durable,
             lock_mode=lock_mode,
-            lock_timeout=lock_timeout,
-            lease_time=lease_time,
-            hit_interval=hit_interval,
-            trash_grace=trash_grace,
-            tmp_grace=tmp_grace,
-            claim_lease=claim_lease_from_env() if claim_lease is None else claim_lease,
+            lock_timeout=parse_duration(lock_timeout, name="lock_timeout"),
+            lease_time=parse_duration(lease_time, name="lease_time"),
+            hit_interval=parse_duration(hit_interval, name="hit_interval"),
+            trash_grace=parse_duration(trash_grace, name="trash_grace"),
+            tmp_grace=parse_duration(tmp_grace, name="tmp_grace"),
+            claim_lease=claim_lease_from_env()
+            if claim_lease is None
+            else parse_duration(claim_lease, name="claim_lease"),
         )
         self._remote = _open_remote(url) if url and isinstance(self, RemoteStore) else None
         _track_for_fork(self)
@@ -85,7 +89,6 @@ class Store(_core.Store):
         keeps entries with at least that many hits recorded (at most one per process per
         hit interval: a lower bound on uses)."""
         from xla_pcache.bundle import export_bundle
-        from xla_pcache.sizes import parse_duration
 
         age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
         return export_bundle(self, out, framework=framework, newer_than=age, min_hits=min_hits)
@@ -96,7 +99,7 @@ class Store(_core.Store):
 
         return import_bundle(self, bundle)
 
-    def claim(self, key: _core.Key, wait: float | None = None) -> _core.Claim:
+    def claim(self, key: _core.Key, wait: float | str | None = None) -> _core.Claim:
         """Single flight: claim ``key`` for compiling, or wait for the process compiling it.
 
         The first process to miss a key claims it (``state == "claimed"``): it compiles and
@@ -109,7 +112,22 @@ class Store(_core.Store):
         seconds (killed, host lost) is taken over by a waiter (``took_over``). A read-only
         store waits but never claims (``"unclaimed"`` when nobody holds a claim).
         """
-        return super().claim(key, compile_wait_from_env() if wait is None else wait)
+        if wait is None:
+            return super().claim(key, compile_wait_from_env())
+        return super().claim(key, parse_duration(wait, name="wait"))
+
+    def wait_for(self, key: _core.Key, timeout: float | str) -> _core.Claim:
+        return super().wait_for(key, parse_duration(timeout, name="timeout"))
+
+    def evict(
+        self, max_size: int | str | None = None, older_than: float | str | None = None
+    ) -> dict[str, object]:
+        """As ``_core.Store.evict``; ``max_size`` may also be a string such as ``"50G"`` and
+        ``older_than`` one such as ``"7d"``, as ``Store()`` accepts them."""
+        return super().evict(
+            parse_size(max_size, name="max_size"),
+            None if older_than is None else parse_duration(older_than, name="older_than"),
+        )
 
 
 class RemoteStore(Store):
