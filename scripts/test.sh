@@ -60,6 +60,28 @@ jax_venv "$JAX_OLDEST" python3
 jax_venv "$JAX_NEWEST" "$py312"
 # ---- end of the JAX version range setup
 
+# ---- torch_xla version range: torch_xla 2.7 is the newest whose CPU client loads serialized
+# executables back (later ones fail with "Deserializing serialized executable not
+# supported"), so real hits are proven there, in a venv of its own; the package comes from
+# this checkout (PYTHONPATH), as for the JAX range. The main venv keeps torch_xla 2.9.
+TORCH_XLA_OLDEST=2.7.0
+torch_xla_venv() {  # version, python
+  local v=$HOME/.cache/xla-pcache-venv-torch-xla-$1
+  if [[ ! -x $v/bin/python ]] || ! "$v/bin/python" -c "import importlib.metadata as m; assert m.version('torch_xla') == '$1'" 2>/dev/null; then
+    "$2" -m venv --clear "$v"
+    "$v/bin/pip" install -q "torch==$1" "torch_xla==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
+  fi
+}
+torch_xla_venv "$TORCH_XLA_OLDEST" python3
+# The package from this checkout, with the import hook a real install puts in site-packages
+# (the zero-code and initialize_cache tests need it): a .pth naming this checkout.
+txla_site=$("$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -c \
+  'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+printf '%s\n' "$PWD/python" "$PWD/python/xla_pcache.data/purelib" \
+  'import _xla_pcache_autoload; _xla_pcache_autoload.hook_torch_xla()' \
+  >"$txla_site/xla_pcache_autoload.pth"
+# ---- end of the torch_xla version range setup
+
 # Mounts for the reliability tests (sshfs, openssh-server).
 bash tests/reliability/setup_testbed.sh
 
