@@ -7,6 +7,7 @@ tests are skipped there (and so fail in CI, where every test must run). PJRT_DEV
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -144,8 +145,16 @@ def test_doctor_names_the_hook_and_still_reports_what_cpu_cannot_load(tmp_path: 
     on = report({})
     assert on["activation"]["torch_xla"].startswith("on (xla_pcache_autoload.pth import hook")
     assert "xla_pcache_autoload.pth)" in on["activation"]["torch_xla"]
-    # The probe runs with activation off, so it still sees torch_xla's own behaviour.
-    assert on["frameworks"]["torch_xla"]["load"] is False
-    assert "cannot be loaded back" in on["frameworks"]["torch_xla"]["detail"]
+    # The probe runs with activation off, so it still sees torch_xla's own behaviour:
+    # measured, the CPU client loads entries back up to torch_xla 2.7, not from 2.8.
+    version = importlib.metadata.version("torch_xla")
+    loads = tuple(int(p) for p in version.split("+")[0].split(".")[:2]) < (2, 8)
+    assert on["frameworks"]["torch_xla"]["load"] is loads
+    detail = on["frameworks"]["torch_xla"]["detail"]
+    if loads:
+        assert "loads its entries back" in detail
+    else:
+        assert "cannot be loaded back" in detail
+        assert "https://github.com/pytorch/xla/issues/9094" in detail
     off = report({"XLA_PCACHE_DISABLE": "1"})
     assert off["activation"]["torch_xla"] == "off (XLA_PCACHE_DISABLE=1)"
