@@ -41,7 +41,8 @@ PY
 # claim and the newest, each in a venv of its own kept under ~/.cache; the package comes
 # from this checkout (PYTHONPATH; the abi3 extension built by the editable install above).
 # jax >= 0.11 needs Python >= 3.12.
-JAX_OLDEST=0.10.0
+JAX_OLDEST=0.5.0
+JAX_MIDDLE=0.7.2
 JAX_NEWEST=0.12.0.1
 # A pyenv shim named python3.12 may exist and still refuse to run: take the first that runs.
 py312=
@@ -63,6 +64,7 @@ jax_venv() {  # version, python
   fi
 }
 jax_venv "$JAX_OLDEST" python3
+jax_venv "$JAX_MIDDLE" python3
 jax_venv "$JAX_NEWEST" "$py312"
 # ---- end of the JAX version range setup
 
@@ -108,7 +110,7 @@ export PATH=$venv/bin:$PATH
 "$py" -m pytest -q -p no:cacheprovider -ra ${PYTEST_ARGS:-}
 
 # ---- JAX version range (issue 11)
-for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
+for jv in "$JAX_OLDEST" "$JAX_MIDDLE" "$JAX_NEWEST"; do
   echo "== jax $jv: adapter tests and demo"
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
   # shellcheck disable=SC2086
