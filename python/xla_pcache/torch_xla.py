@@ -329,17 +329,23 @@ def _foreign_files(path: str) -> int:
         return 0
 
 
-def _open_store(resolved: str, size: int | None, ro: bool) -> Store | None:
-    """The store at ``resolved``, or None (one warning) when it cannot be used."""
+def _open_store(
+    resolved: str,
+    size: int | None,
+    ro: bool,
+    instead: str = "torch_xla runs with no persistent cache in this process",
+) -> Store | None:
+    """The store at ``resolved``, or None (one warning, ending with ``instead``) when it
+    cannot be used."""
     try:
         store = Store(resolved, max_size=size, read_only=ro)
     except Exception as exc:
         logger.warning(
-            "xla_pcache: cannot open the cache at %s (%s: %s); torch_xla runs with no "
-            "persistent cache in this process",
+            "xla_pcache: cannot open the cache at %s (%s: %s); %s",
             resolved,
             type(exc).__name__,
             exc,
+            instead,
         )
         return None
     found = _foreign_files(resolved)
@@ -491,7 +497,12 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
             resolved,
         )
         ro = True
-    store = _open_store(resolved, inst.max_size, ro)
+    store = _open_store(
+        resolved,
+        inst.max_size,
+        ro,
+        instead=f"torch_xla.runtime.initialize_cache keeps the cache at {inst.store.path}",
+    )
     if store is None:
         return False
     mirror = HostMirror(store, inst.mirror.local_root, meta=_producer_meta)
@@ -510,7 +521,6 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
         mirror.warn("closing the store", exc)
     if not ro and inst._thread is None and inst.sync_interval:
         inst._start_thread()
-    _hide_from_children(resolved)
     return True
 
 
@@ -526,13 +536,10 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     global _installed
     resolved = os.path.abspath(os.path.expanduser(os.fspath(path)))
     ro = bool(readonly)
-    # torch_xla's own call leaves these for child processes; so does this one, except
-    # that the path goes to the variable only xla_pcache reads (see _hide_from_children).
-    os.environ[READ_ONLY_VAR] = "1" if ro else "0"
     inst = _installed
     if inst is not None and inst.pid == os.getpid() and not inst._closed:
         if (inst.store.path, inst.read_only) == (resolved, ro):
-            _hide_from_children(resolved)
+            _leave_for_children(resolved, ro)
             return
         if _executed(inst):
             raise AssertionError(
@@ -542,6 +549,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
             )
         before = inst.store.path
         if _retarget(inst, resolved, ro):
+            _leave_for_children(resolved, inst.read_only)
             logger.info(
                 "xla_pcache: torch_xla.runtime.initialize_cache(%r, readonly=%s) replaces "
                 "%s, set up by %s: before the first execution the call wins",
@@ -583,6 +591,15 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
         return
     if result is not None:
         result.via = "torch_xla.runtime.initialize_cache"
+        _leave_for_children(resolved, ro)
+
+
+def _leave_for_children(resolved: str, ro: bool) -> None:
+    """torch_xla's own call leaves its settings in the environment for child processes;
+    so does this one, with the path in the variable only xla_pcache reads (see
+    _hide_from_children), which activation in a child serves from the store."""
+    os.environ[READ_ONLY_VAR] = "1" if ro else "0"
+    _hide_from_children(resolved)
 
 
 initialize_cache._xla_pcache = True  # type: ignore[attr-defined]
