@@ -41,7 +41,7 @@ PY
 # claim and the newest, each in a venv of its own kept under ~/.cache; the package comes
 # from this checkout (PYTHONPATH; the abi3 extension built by the editable install above).
 # jax >= 0.11 needs Python >= 3.12.
-JAX_OLDEST=0.5.0
+JAX_OLDEST=0.4.36
 JAX_MIDDLE=0.7.2
 JAX_NEWEST=0.12.0.1
 # A pyenv shim named python3.12 may exist and still refuse to run: take the first that runs.

@@ -33,7 +33,15 @@ from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, max_size_from_env, read_o
 from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 
-__all__ = ["TorchXlaCache", "capability", "install", "installed", "sync"]
+__all__ = [
+    "SUPPORTED_TORCH_XLA",
+    "TorchXlaCache",
+    "capability",
+    "initialize_cache",
+    "install",
+    "installed",
+    "sync",
+]
 
 logger = logging.getLogger("xla_pcache.torch_xla")
 
@@ -41,7 +49,7 @@ logger = logging.getLogger("xla_pcache.torch_xla")
 INHERITED_PATH_VAR = "XLA_PCACHE_TORCH_XLA_SHARED_PATH"
 DEFAULT_SYNC_INTERVAL_S = 30.0
 # What CI proves: the oldest and the newest torch_xla the adapter tests run against.
-SUPPORTED_TORCH_XLA = ">=2.7, <=2.9"
+SUPPORTED_TORCH_XLA = "torch_xla >= 2.7, <= 2.9 (CI tests 2.7.0 and 2.9.0)"
 # The upstream report of torch_xla failing to load its own serialized executables back.
 CANNOT_LOAD_ISSUE = "https://github.com/pytorch/xla/issues/9094"
 
@@ -278,7 +286,7 @@ def _torch_xla() -> Any:
     for name in ("_xla_computation_cache_is_initialized", "_xla_get_num_cached_compilation_graph"):
         if not callable(getattr(xlac, name, None)):
             raise CacheError(
-                f"xla_pcache.torch_xla supports torch_xla {SUPPORTED_TORCH_XLA}; torch_xla "
+                f"xla_pcache.torch_xla supports {SUPPORTED_TORCH_XLA}; torch_xla "
                 f"{getattr(torch_xla, '__version__', '?')} lacks _XLAC.{name}, which it needs "
                 "to create torch_xla's cache before the first execution"
             )

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
+from xla_pcache.jax import SUPPORTED_JAX
 
 pytestmark = [
     pytest.mark.jax,
@@ -332,7 +333,7 @@ def test_cache_contract(tmp_path: Path) -> None:
             {"op": "unsupported", "path": str(tmp_path / "u")},
         ]
     )
-    assert report["unsupported"].startswith("CacheError: xla_pcache.jax supports jax >= 0.10")
+    assert report["unsupported"].startswith(f"CacheError: xla_pcache.jax supports {SUPPORTED_JAX}")
     assert "compilation_cache.get_file_cache" in report["unsupported"]
     assert not (tmp_path / "u").exists()
     contract = report["contract"]

@@ -168,9 +168,17 @@ def test_initialize_cache_alone_and_with_the_environment(warm: dict[str, Any]) -
     no_files_in_place(chosen)
     # Both naming the same store: no assertion from torch_xla, a hit.
     both = run(
-        tmp, {"init": [str(warm_store), False]}, {"XLA_PERSISTENT_CACHE_PATH": str(warm_store)}
+        tmp,
+        {
+            "init": [str(warm_store), False],
+            "init_after": [[str(warm_store), False], [str(chosen), False]],
+        },
+        {"XLA_PERSISTENT_CACHE_PATH": str(warm_store)},
     )
     served(both)
+    # After the first execution the same store is accepted and another refused, as torch_xla
+    # refuses any call then.
+    assert both["init_after"] == ["ok", "AssertionError"]
     # Different paths: the call wins (before the first execution), said at INFO; the warm
     # store of the environment would have served a hit, the call's new one cannot.
     other = tmp / "other"

@@ -105,7 +105,20 @@ def _patch_initialize_cache() -> None:
                 return original(path, readonly)  # type: ignore[no-any-return]
             if xt._original_initialize_cache is None:
                 xt._original_initialize_cache = original
-            xt.initialize_cache(path, readonly)
+            try:
+                xt.initialize_cache(path, readonly)
+            except AssertionError:
+                raise  # torch_xla's own refusal after the first execution
+            except Exception as exc:  # never break the user's program
+                import logging
+
+                logging.getLogger("xla_pcache").warning(
+                    "xla_pcache: torch_xla.runtime.initialize_cache(%r) failed (%s: %s); "
+                    "torch_xla's cache stays as it was set up before the call",
+                    path,
+                    type(exc).__name__,
+                    exc,
+                )
 
         initialize_cache._xla_pcache = True  # type: ignore[attr-defined]
         initialize_cache.__doc__ = original.__doc__
