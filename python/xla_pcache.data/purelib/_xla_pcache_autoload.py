@@ -86,6 +86,10 @@ def _patch_initialize_cache() -> None:
     only when it is called)."""
     try:
         runtime: Any = sys.modules.get("torch_xla.runtime")
+        if runtime is None:  # torch_xla's __init__ imports it; should a version not
+            import importlib
+
+            runtime = importlib.import_module("torch_xla.runtime")
         original: Any = getattr(runtime, "initialize_cache", None)
         if original is None or getattr(original, "_xla_pcache", False):
             return
