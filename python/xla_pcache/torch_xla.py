@@ -541,7 +541,6 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     ``install(path, read_only=readonly)`` would make it. It never raises because activation
     created torch_xla's cache first; after the first execution a different path is refused
     as torch_xla refuses it."""
-    global _installed
     resolved = os.path.abspath(os.path.expanduser(os.fspath(path)))
     ro = bool(readonly)
     inst = _installed
