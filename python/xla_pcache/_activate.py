@@ -43,8 +43,11 @@ def activate_torch_xla(via: str) -> None:
 
         xt._auto_install(via)
     except Exception as exc:
+        # _auto_install has taken the store's path out of torch_xla's sight.
         logger.warning(
-            "xla_pcache: activation for torch_xla failed, torch_xla runs without it: %s: %s",
+            "xla_pcache: activation for torch_xla failed (%s: %s); torch_xla runs with no "
+            "persistent cache (XLA_PERSISTENT_CACHE_PATH is unset in this process, so that "
+            "torch_xla does not write in place into the store)",
             type(exc).__name__,
             " ".join(str(exc).split()),
         )

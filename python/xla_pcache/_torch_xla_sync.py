@@ -24,6 +24,7 @@ inspect, and never one the pool or another process uses.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -33,6 +34,8 @@ import secrets
 import shutil
 import socket
 import stat
+import struct
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -49,6 +52,25 @@ MANIFEST_VERSION = 1
 # is free: its owner may be between creating the file and locking it.
 VIEW_GRACE_S = 60.0
 _TMP_PREFIX = ".tmp-"
+
+_IN_OPEN = 0x20
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+
+
+def _load_libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _load_libc()
 
 
 def is_torch_xla_name(name: str) -> bool:
@@ -144,6 +166,7 @@ class HostMirror:
         self.manifest_path = os.path.join(self.root, "manifest.json")
         self.view: str | None = None
         self._lock_fd: int | None = None
+        self._watch_fd: int | None = None
         # name -> (dev, ino) of the pool file linked into the view at open: not torch_xla's.
         self._linked: dict[str, tuple[int, int]] = {}
         # inodes of view files already handled (published, or found already stored).
@@ -356,11 +379,17 @@ class HostMirror:
         view = os.path.join(self.views, ident)
         os.mkdir(view)
         self.view = view
+        self._link_pool()
+        self._watch_view()
+        return view
+
+    def _link_pool(self) -> None:
+        assert self.view is not None
         with os.scandir(self.pool) as it:
             for e in it:
                 if not is_torch_xla_name(e.name):
                     continue
-                dst = os.path.join(view, e.name)
+                dst = os.path.join(self.view, e.name)
                 try:
                     os.link(e.path, dst)
                 except FileNotFoundError:
@@ -372,7 +401,75 @@ class HostMirror:
                 st = os.stat(dst)
                 self._linked[e.name] = (st.st_dev, st.st_ino)
                 self.counters.linked += 1
-        return view
+
+    def adopt_view(self, other: HostMirror) -> None:
+        """Take over ``other``'s view (the directory torch_xla already reads) for this
+        mirror's store: drop the links ``other`` made, link this pool in. Only before the
+        first execution, when every file of the view is one of ``other``'s links."""
+        assert other.view is not None and self.view is None
+        other._unwatch()
+        self.view, self._lock_fd = other.view, other._lock_fd
+        other.view, other._lock_fd = None, None
+        for name, ident in other._linked.items():
+            path = os.path.join(self.view, name)
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) == ident:
+                    os.unlink(path)
+        other._linked.clear()
+        os.makedirs(self.pool, exist_ok=True)
+        self._link_pool()
+        self._watch_view()
+
+    # -- which pool files torch_xla opened: hits the store did not serve ---------------
+
+    def _watch_view(self) -> None:
+        """Watch the view for opens: torch_xla opens a linked file only to load it, so the
+        names it opens are the store's entries it used, to be counted as hits (the pool
+        served them, the store never saw a read). Linux only; elsewhere nothing is counted."""
+        if _LIBC is None or self.view is None:
+            return
+        try:
+            fd = _LIBC.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+            if fd < 0:
+                return
+            if _LIBC.inotify_add_watch(fd, os.fsencode(self.view), _IN_OPEN) < 0:
+                os.close(fd)
+                return
+        except (AttributeError, OSError):
+            return
+        self._watch_fd = fd
+
+    def _unwatch(self) -> None:
+        if self._watch_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._watch_fd)
+            self._watch_fd = None
+
+    def opened_links(self) -> set[str]:
+        """Names of linked (store) files opened since the last call."""
+        out: set[str] = set()
+        fd = self._watch_fd
+        if fd is None:
+            return out
+        while True:
+            try:
+                buf = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                break
+            if not buf:
+                break
+            pos = 0
+            while pos + 16 <= len(buf):
+                _wd, _mask, _cookie, length = struct.unpack_from("iIII", buf, pos)
+                raw = buf[pos + 16 : pos + 16 + length].split(b"\0", 1)[0]
+                pos += 16 + length
+                name = os.fsdecode(raw)
+                if name in self._linked:
+                    out.add(name)
+        return out
 
     def _sweep_views(self) -> None:
         """Remove views whose owner died (its lock is free). Their new files are dropped,
@@ -416,6 +513,7 @@ class HostMirror:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
+        self._unwatch()
 
     # -- view -> store ------------------------------------------------------------------
 

@@ -165,6 +165,7 @@ _TORCH_XLA_PROBE = textwrap.dedent(
     }
     print(json.dumps({
         "backend": str(xr.device_type()),
+        "version": str(torch_xla.__version__),
         "files": len(os.listdir(sys.argv[1])),
         **counters,
     }))
@@ -194,9 +195,17 @@ def _probe_torch_xla() -> dict[str, Any]:
         "load": load.get("PersistentCacheHit", 0) > 0,
     }
     if load.get("PersistentCacheDeserializeFailure", 0):
+        from xla_pcache.torch_xla import CANNOT_LOAD_ISSUE
+
         out["detail"] = (
-            "entries are written but cannot be loaded back on this backend "
-            "(PersistentCacheDeserializeFailure)"
+            f"entries are written but cannot be loaded back on this backend by torch_xla "
+            f"{write.get('version', '?')} (PersistentCacheDeserializeFailure; upstream: "
+            f"{CANNOT_LOAD_ISSUE}; torch_xla 2.7 loads them on CPU)"
+        )
+    elif out["load"]:
+        out["detail"] = (
+            f"torch_xla {write.get('version', '?')} loads its entries back on this backend "
+            "(PersistentCacheHit)"
         )
     return out
 

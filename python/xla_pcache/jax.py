@@ -38,8 +38,8 @@ __all__ = ["SUPPORTED_JAX", "activation", "install", "installed_store", "uninsta
 logger = logging.getLogger(__name__)
 
 # What CI runs the adapter tests against; the range install() accepts.
-MIN_JAX = (0, 10, 0)
-SUPPORTED_JAX = "jax >= 0.10.0 (CI tests 0.10.0, 0.10.2 and 0.12.0.1)"
+MIN_JAX = (0, 4, 36)
+SUPPORTED_JAX = "jax >= 0.4.36 (CI tests 0.4.36, 0.7.2, 0.10.2 and 0.12.0.1)"
 
 # From 0.11 JAX leaves the autotune cache directory out of its cache keys (cache_key.py),
 # so the path-dependence workaround below is needed only before it.

@@ -22,18 +22,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xla_pcache._core import CacheError
-from xla_pcache._torch_xla_sync import HostMirror, default_local_root, describe
+from xla_pcache._torch_xla_sync import (
+    HostMirror,
+    default_local_root,
+    describe,
+    is_torch_xla_name,
+    store_key,
+)
 from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, max_size_from_env, read_only_from_env
 from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 
-__all__ = ["TorchXlaCache", "capability", "install", "installed", "sync"]
+__all__ = [
+    "SUPPORTED_TORCH_XLA",
+    "TorchXlaCache",
+    "capability",
+    "initialize_cache",
+    "install",
+    "installed",
+    "sync",
+]
 
 logger = logging.getLogger("xla_pcache.torch_xla")
 
 # Where install() leaves the shared path for child processes (see _hide_from_children).
 INHERITED_PATH_VAR = "XLA_PCACHE_TORCH_XLA_SHARED_PATH"
 DEFAULT_SYNC_INTERVAL_S = 30.0
+# What CI proves: the oldest and the newest torch_xla the adapter tests run against.
+SUPPORTED_TORCH_XLA = "torch_xla >= 2.7, <= 2.9 (CI tests 2.7.0 and 2.9.0)"
+# The upstream report of torch_xla failing to load its own serialized executables back.
+CANNOT_LOAD_ISSUE = "https://github.com/pytorch/xla/issues/9094"
 
 _COUNTERS = (
     "PersistentCacheMiss",
@@ -60,6 +78,19 @@ class TorchXlaCache:
     _told: bool = False
     via: str = "install()"
     _closed: bool = False
+    # Pool hits: names of store files torch_xla opened and not yet counted, and how many
+    # of torch_xla's PersistentCacheHit have been counted in the store.
+    _opened: set[str] = field(default_factory=set)
+    _hits_counted: int = 0
+    max_size: int | None = None
+    # The read-only setting torch_xla's cache was created with (fixed for the process).
+    _torch_read_only: bool = False
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="xla_pcache-torch_xla-sync", daemon=True
+        )
+        self._thread.start()
 
     @property
     def local_dir(self) -> str | None:
@@ -74,7 +105,9 @@ class TorchXlaCache:
             if self._closed:
                 return self.stats()
             self.mirror.publish(final=final)
-            self._check_capability()
+            counts = self._check_capability()
+            if counts is not None:
+                self._count_pool_hits(counts["PersistentCacheHit"])
             return self.stats()
 
     def refresh(self) -> None:
@@ -112,12 +145,28 @@ class TorchXlaCache:
             except Exception as exc:
                 self.mirror.warn("closing the store", exc)
 
-    def _check_capability(self) -> None:
+    def _count_pool_hits(self, hits: int) -> None:
+        """Record in the store the hits the host-local pool served (torch_xla loaded them
+        from the view, the store never saw a read), so that ``xla-pcache stats`` counts them
+        and eviction sees those entries as used. Each is one ``get`` of the entry, at most
+        as many as torch_xla counted hits."""
+        self._opened |= self.mirror.opened_links()
+        if self.store.read_only:
+            return  # a read-only store records nothing
+        while self._opened and self._hits_counted < hits:
+            name = self._opened.pop()
+            self._hits_counted += 1
+            try:
+                self.store.get(store_key(name))
+            except Exception as exc:
+                self.mirror.warn("counting a hit served from the host-local copy", exc)
+
+    def _check_capability(self) -> dict[str, int] | None:
         try:
             counts = torch_xla_counters()
         except Exception as exc:
             self.mirror.warn("reading torch_xla's counters", exc)
-            return
+            return None
         if counts["PersistentCacheHit"]:
             self._capability = "loads"
         elif counts["PersistentCacheDeserializeFailure"] and self._capability != "loads":
@@ -128,10 +177,14 @@ class TorchXlaCache:
                     "xla_pcache: torch_xla on this backend (%s) writes compiled programs but "
                     "cannot load them back (PersistentCacheDeserializeFailure=%d): this "
                     "process, and every later one on this backend, recompiles every graph. "
-                    "The cache still keeps the entries, for backends that can load them.",
+                    "The cache still keeps the entries, for backends that can load them "
+                    "(torch_xla %s; upstream report: %s).",
                     _device_type(),
                     counts["PersistentCacheDeserializeFailure"],
+                    _torch_xla_version(),
+                    CANNOT_LOAD_ISSUE,
                 )
+        return counts
 
     def _run(self) -> None:
         assert self.sync_interval is not None
@@ -189,6 +242,15 @@ def torch_xla_counters() -> dict[str, int]:
     return {name: int(met.counter_value(name) or 0) for name in _COUNTERS}
 
 
+def _torch_xla_version() -> str:
+    try:
+        import torch_xla
+
+        return str(getattr(torch_xla, "__version__", "?"))
+    except Exception:
+        return "?"
+
+
 def _device_type() -> str:
     try:
         import torch_xla.runtime as xr
@@ -224,8 +286,9 @@ def _torch_xla() -> Any:
     for name in ("_xla_computation_cache_is_initialized", "_xla_get_num_cached_compilation_graph"):
         if not callable(getattr(xlac, name, None)):
             raise CacheError(
-                f"xla_pcache.torch_xla supports torch_xla 2.9; torch_xla "
-                f"{getattr(torch_xla, '__version__', '?')} lacks _XLAC.{name}"
+                f"xla_pcache.torch_xla supports {SUPPORTED_TORCH_XLA}; torch_xla "
+                f"{getattr(torch_xla, '__version__', '?')} lacks _XLAC.{name}, which it needs "
+                "to create torch_xla's cache before the first execution"
             )
     return xlac
 
@@ -264,6 +327,61 @@ def _hide_from_children(path: str) -> None:
     os.environ.pop(PATH_VAR, None)
 
 
+def _foreign_files(path: str) -> int:
+    """How many of torch_xla's own cache files (decimal names, written in place by a
+    torch_xla running without xla_pcache) sit at the top of ``path``."""
+    try:
+        with os.scandir(path) as it:
+            return sum(1 for e in it if is_torch_xla_name(e.name) and e.is_file())
+    except OSError:
+        return 0
+
+
+def _open_store(
+    resolved: str,
+    size: int | None,
+    ro: bool,
+    instead: str = "torch_xla runs with no persistent cache in this process",
+) -> Store | None:
+    """The store at ``resolved``, or None (one warning, ending with ``instead``) when it
+    cannot be used."""
+    try:
+        store = Store(resolved, max_size=size, read_only=ro)
+    except Exception as exc:
+        logger.warning(
+            "xla_pcache: cannot open the cache at %s (%s: %s); %s",
+            resolved,
+            type(exc).__name__,
+            exc,
+            instead,
+        )
+        return None
+    found = _foreign_files(resolved)
+    if found:
+        # They were written in place, with no lock: any of them may be torn, and a store
+        # entry is forever (first writer wins), so they are not adopted. Nor deleted.
+        logger.warning(
+            "xla_pcache: %s holds %d file(s) of torch_xla's own persistent cache, written "
+            "in place before xla_pcache served this directory; they are left untouched and "
+            "not used (torch_xla compiles those graphs once more, into the store). Delete "
+            "them when no torch_xla without xla_pcache uses this directory any more.",
+            resolved,
+            found,
+        )
+    return store
+
+
+def _resolve(path: str | os.PathLike[str] | None) -> str:
+    if path is None:
+        raw = os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")
+        if not raw.strip():
+            raise CacheError(
+                f"xla_pcache.torch_xla.install(): no cache path; pass one or set {PATH_VAR}"
+            )
+        path = raw.strip()
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
 def install(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -292,14 +410,8 @@ def install(
         xlac = _torch_xla()
     finally:
         _explicit_depth -= 1
-    if path is None:
-        raw = os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")
-        if not raw.strip():
-            raise CacheError(
-                f"xla_pcache.torch_xla.install(): no cache path; pass one or set {PATH_VAR}"
-            )
-        path = raw.strip()
-    resolved = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    _patch_initialize_cache()
+    resolved = _resolve(path)
     size = parse_size(max_size, name="max_size")
     if size is None:
         size = max_size_from_env()
@@ -327,18 +439,9 @@ def install(
                 "before any tensor is moved to or computed on the XLA device."
             )
         root = os.fspath(local_dir) if local_dir is not None else default_local_root()
-        try:
-            store = Store(resolved, max_size=size, read_only=ro)
-        except Exception as exc:
-            logger.warning(
-                "xla_pcache: cannot open the cache at %s (%s: %s); torch_xla runs with no "
-                "persistent cache in this process",
-                resolved,
-                type(exc).__name__,
-                exc,
-            )
-            _start_cache(xlac, None, ro)
-            _hide_from_children(resolved)
+        store = _open_store(resolved, size, ro)
+        if store is None:
+            _start_without_cache(xlac, resolved, ro)
             return None
         mirror = HostMirror(store, root, meta=_producer_meta)
         mirror.refresh_pool()
@@ -348,20 +451,207 @@ def install(
             mirror.warn(f"creating a host-local cache directory under {root}", exc)
             mirror.close_view()
             store.close()
-            _start_cache(xlac, None, ro)
-            _hide_from_children(resolved)
+            _start_without_cache(xlac, resolved, ro)
             return None
         _start_cache(xlac, view, ro)
         _hide_from_children(resolved)
         inst = TorchXlaCache(store, mirror, ro, sync_interval)
+        inst.max_size = size
+        inst._torch_read_only = ro
         if sync_interval is not None and sync_interval > 0 and not ro:
-            inst._thread = threading.Thread(
-                target=inst._run, name="xla_pcache-torch_xla-sync", daemon=True
-            )
-            inst._thread.start()
+            inst._start_thread()
         atexit.register(inst.close)
         _installed = inst
         return inst
+
+
+# Set when torch_xla's cache was created with no persistent cache because the store could
+# not be used: a later initialize_cache cannot change that, and must not raise for it.
+_started_without_cache = False
+
+
+def _start_without_cache(xlac: Any, resolved: str, ro: bool) -> None:
+    global _started_without_cache
+    _start_cache(xlac, None, ro)
+    _hide_from_children(resolved)
+    _started_without_cache = True
+
+
+def _executed(inst: TorchXlaCache) -> bool:
+    """Whether torch_xla has looked anything up in its cache yet (its first execution)."""
+    try:
+        counts = torch_xla_counters()
+    except Exception:
+        return True
+    if any(counts.values()):
+        return True
+    try:
+        xlac: Any = _torch_xla()
+        return int(xlac._xla_get_num_cached_compilation_graph()) > 0
+    except Exception:
+        return True
+
+
+def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
+    """Serve the view torch_xla already reads from the store at ``resolved`` instead:
+    before the first execution torch_xla has read nothing from it, so swapping the links
+    under it is the same as having created the cache there."""
+    if ro != inst._torch_read_only and not ro:
+        logger.warning(
+            "xla_pcache: torch_xla.runtime.initialize_cache(readonly=False) after activation "
+            "started torch_xla's cache read-only (%s=1): torch_xla fixes that once, so %s is "
+            "served read-only in this process",
+            READ_ONLY_VAR,
+            resolved,
+        )
+        ro = True
+    store = _open_store(
+        resolved,
+        inst.max_size,
+        ro,
+        instead=f"torch_xla.runtime.initialize_cache keeps the cache at {inst.store.path}",
+    )
+    if store is None:
+        return False
+    mirror = HostMirror(store, inst.mirror.local_root, meta=_producer_meta)
+    mirror.refresh_pool()
+    with inst._lock:
+        old = inst.store
+        try:
+            mirror.adopt_view(inst.mirror)
+        except Exception as exc:
+            mirror.warn("linking the new cache's entries into torch_xla's directory", exc)
+        inst.store, inst.mirror, inst.read_only = store, mirror, ro
+        inst._opened.clear()
+    try:
+        old.close()
+    except Exception as exc:
+        mirror.warn("closing the store", exc)
+    if not ro and inst._thread is None and inst.sync_interval:
+        inst._start_thread()
+    return True
+
+
+_original_initialize_cache: Any = None
+
+
+def initialize_cache(path: str, readonly: bool = False) -> None:
+    """What ``torch_xla.runtime.initialize_cache`` becomes once torch_xla is imported with
+    xla_pcache installed: the directory becomes an xla_pcache store, as
+    ``install(path, read_only=readonly)`` would make it. It never raises because activation
+    created torch_xla's cache first; after the first execution a different path is refused
+    as torch_xla refuses it."""
+    resolved = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    ro = bool(readonly)
+    inst = _installed
+    if inst is not None and inst.pid == os.getpid() and not inst._closed:
+        if (inst.store.path, inst.read_only) == (resolved, ro):
+            _leave_for_children(resolved, ro)
+            return
+        if _executed(inst):
+            raise AssertionError(
+                "Computation cache has already been initialized (xla_pcache serves "
+                f"{inst.store.path}; torch_xla fixes its cache at the first execution, so "
+                f"initialize_cache({path!r}) must come before it)"
+            )
+        before = inst.store.path
+        if _retarget(inst, resolved, ro):
+            _leave_for_children(resolved, inst.read_only)
+            logger.info(
+                "xla_pcache: torch_xla.runtime.initialize_cache(%r, readonly=%s) replaces "
+                "%s, set up by %s: before the first execution the call wins",
+                path,
+                ro,
+                before,
+                inst.via,
+            )
+            inst.via = "torch_xla.runtime.initialize_cache"
+        return
+    if _started_without_cache:
+        logger.warning(
+            "xla_pcache: torch_xla.runtime.initialize_cache(%r) ignored: torch_xla's cache "
+            "was already created with no persistent cache after xla_pcache could not use "
+            "its directory",
+            path,
+        )
+        return
+    try:
+        xlac: Any = _torch_xla()
+    except CacheError as exc:
+        _initialize_unsupported(path, resolved, ro, exc)
+        return
+    if xlac._xla_computation_cache_is_initialized():
+        _call_original(path, readonly)  # torch_xla's own refusal, as without xla_pcache
+        return
+    try:
+        result = install(resolved, read_only=ro)
+    except Exception as exc:
+        logger.warning(
+            "xla_pcache: torch_xla.runtime.initialize_cache(%r) could not go through "
+            "xla_pcache (%s: %s); torch_xla runs with no persistent cache",
+            path,
+            type(exc).__name__,
+            exc,
+        )
+        if not xlac._xla_computation_cache_is_initialized():
+            _start_without_cache(xlac, resolved, ro)
+        return
+    if result is not None:
+        result.via = "torch_xla.runtime.initialize_cache"
+        _leave_for_children(resolved, ro)
+
+
+def _leave_for_children(resolved: str, ro: bool) -> None:
+    """torch_xla's own call leaves its settings in the environment for child processes;
+    so does this one, with the path in the variable only xla_pcache reads (see
+    _hide_from_children), which activation in a child serves from the store."""
+    os.environ[READ_ONLY_VAR] = "1" if ro else "0"
+    _hide_from_children(resolved)
+
+
+initialize_cache._xla_pcache = True  # type: ignore[attr-defined]
+
+
+def _initialize_unsupported(path: str, resolved: str, ro: bool, exc: Exception) -> None:
+    """initialize_cache on a torch_xla the adapter cannot serve: torch_xla's own in-place
+    cache, except in a directory that is an xla_pcache store."""
+    if os.path.exists(os.path.join(resolved, "FORMAT")):
+        logger.warning(
+            "xla_pcache: %s; torch_xla.runtime.initialize_cache(%r) names an xla_pcache "
+            "store, which torch_xla would write in place into: torch_xla runs with no "
+            "persistent cache instead",
+            exc,
+            path,
+        )
+        os.environ.pop(PATH_VAR, None)
+        return
+    logger.warning(
+        "xla_pcache: %s; torch_xla.runtime.initialize_cache(%r) is left to torch_xla's own "
+        "cache (written in place, unbounded)",
+        exc,
+        path,
+    )
+    _call_original(path, ro)
+
+
+def _call_original(path: str, readonly: bool) -> None:
+    original = _original_initialize_cache
+    if original is None:
+        raise CacheError("torch_xla.runtime.initialize_cache was not patched")
+    original(path, readonly)
+
+
+def _patch_initialize_cache() -> None:
+    """Route ``torch_xla.runtime.initialize_cache`` through ``initialize_cache`` above."""
+    global _original_initialize_cache
+    import importlib
+
+    runtime: Any = importlib.import_module("torch_xla.runtime")
+    current = getattr(runtime, "initialize_cache", None)
+    if current is None or getattr(current, "_xla_pcache", False):
+        return  # absent, or already ours (here or the import hook's shim)
+    _original_initialize_cache = current
+    runtime.initialize_cache = initialize_cache
 
 
 def _auto_install(via: str) -> None:
@@ -373,9 +663,23 @@ def _auto_install(via: str) -> None:
         return
     if not (os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")):
         return  # only JAX's own variable is set: nothing asks for a torch_xla cache
-    inst = install()
+    try:
+        _patch_initialize_cache()
+        inst = install()
+    except Exception:
+        _leave_without_cache()
+        raise
     if inst is not None:
         inst.via = via
+
+
+def _leave_without_cache() -> None:
+    """After a failed activation: torch_xla must not find the store's path, or it would
+    write its own files in place into the store. Children keep the path in the variable
+    only xla_pcache reads, so they try again."""
+    raw = os.environ.pop(PATH_VAR, "").strip()
+    if raw:
+        os.environ[INHERITED_PATH_VAR] = os.path.abspath(os.path.expanduser(raw))
 
 
 def activation() -> str | None:

@@ -5,9 +5,11 @@ JAX calls ``initialize()`` at backend initialisation, before its first compilati
 this module is advertised as a ``jax_plugins`` entry point. It registers no PJRT backend.
 
 torch_xla has no such extension point: ``xla_pcache_autoload.pth`` calls ``hook_torch_xla()``
-at interpreter start-up, which (only when the variables ask for the cache) adds a meta-path
-finder that lets ``import torch_xla`` complete and then runs ``xla_pcache.torch_xla``'s
-activation, before anything can execute on the XLA device.
+at interpreter start-up, which (unless ``XLA_PCACHE_DISABLE`` is set) adds a meta-path finder
+that lets ``import torch_xla`` complete and then routes ``torch_xla.runtime.initialize_cache``
+through xla_pcache and, when the variables ask for the cache, runs ``xla_pcache.torch_xla``'s
+activation, before anything can execute on the XLA device. In a process that never imports
+torch_xla the finder only compares one module name per import.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+def disabled() -> bool:
+    return os.environ.get("XLA_PCACHE_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def wanted() -> bool:
     """Whether the environment asks for the cache and does not turn activation off."""
-    if os.environ.get("XLA_PCACHE_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
+    if disabled():
         return False
     return any(
         os.environ.get(name, "").strip()
@@ -60,13 +66,75 @@ def _activate_torch_xla() -> None:
 
         _activate.activate_torch_xla(via="xla_pcache_autoload.pth import hook")
     except Exception as exc:  # never break the user's program
+        # torch_xla must not find the store's path: it would write in place into it.
+        path = os.environ.pop("XLA_PERSISTENT_CACHE_PATH", "").strip()
+        if path:
+            os.environ["XLA_PCACHE_TORCH_XLA_SHARED_PATH"] = path
         import logging
 
         logging.getLogger("xla_pcache").warning(
-            "xla_pcache: activation for torch_xla failed, torch_xla runs without it: %s: %s",
+            "xla_pcache: activation for torch_xla failed (%s: %s); torch_xla runs with no "
+            "persistent cache (XLA_PERSISTENT_CACHE_PATH is unset in this process, so that "
+            "torch_xla does not write in place into the store)",
             type(exc).__name__,
             exc,
         )
+
+
+def _patch_initialize_cache() -> None:
+    """``torch_xla.runtime.initialize_cache`` goes through ``xla_pcache.torch_xla`` (imported
+    only when it is called)."""
+    try:
+        runtime: Any = sys.modules.get("torch_xla.runtime")
+        if runtime is None:  # torch_xla's __init__ imports it; should a version not
+            import importlib
+
+            runtime = importlib.import_module("torch_xla.runtime")
+        original: Any = getattr(runtime, "initialize_cache", None)
+        if original is None or getattr(original, "_xla_pcache", False):
+            return
+
+        def initialize_cache(path: str, readonly: bool = False) -> None:
+            try:
+                from xla_pcache import torch_xla as xt
+            except Exception as exc:  # the package is broken: torch_xla's own call
+                import logging
+
+                logging.getLogger("xla_pcache").warning(
+                    "xla_pcache: cannot import xla_pcache.torch_xla (%s: %s); "
+                    "initialize_cache is left to torch_xla",
+                    type(exc).__name__,
+                    exc,
+                )
+                return original(path, readonly)  # type: ignore[no-any-return]
+            if xt._original_initialize_cache is None:
+                xt._original_initialize_cache = original
+            try:
+                xt.initialize_cache(path, readonly)
+            except AssertionError:
+                raise  # torch_xla's own refusal after the first execution
+            except Exception as exc:  # never break the user's program
+                import logging
+
+                logging.getLogger("xla_pcache").warning(
+                    "xla_pcache: torch_xla.runtime.initialize_cache(%r) failed (%s: %s); "
+                    "torch_xla's cache stays as it was set up before the call",
+                    path,
+                    type(exc).__name__,
+                    exc,
+                )
+
+        initialize_cache._xla_pcache = True  # type: ignore[attr-defined]
+        initialize_cache.__doc__ = original.__doc__
+        runtime.initialize_cache = initialize_cache
+    except Exception:  # never break the user's program
+        pass
+
+
+def _after_torch_xla_import() -> None:
+    _patch_initialize_cache()
+    if wanted():
+        _activate_torch_xla()
 
 
 class _TorchXlaFinder:
@@ -98,16 +166,16 @@ class _TorchXlaFinder:
 
             def exec_module(self, module: Any) -> None:
                 exec_module(module)
-                _activate_torch_xla()
+                _after_torch_xla_import()
 
         spec.loader = _Loader()
         return spec
 
 
 def hook_torch_xla() -> None:
-    """Run by the ``.pth`` file at start-up: costs a few environment look-ups when unset."""
+    """Run by the ``.pth`` file at start-up: one environment look-up and a finder."""
     try:
-        if not wanted() or "torch_xla" in sys.modules:
+        if disabled() or "torch_xla" in sys.modules:
             return
         if not any(isinstance(f, _TorchXlaFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, _TorchXlaFinder())
