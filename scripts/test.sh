@@ -14,7 +14,7 @@ fi
 py=$venv/bin/python
 "$py" -m pip install -q --upgrade pip "maturin>=1.7,<2"
 # Builds the Rust extension with maturin and installs the package with every test extra.
-"$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis]"
+"$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis,metrics]"
 
 # --- issue 15: the remote-tier tests start their own redis-server; missing it fails them.
 if ! command -v redis-server >/dev/null; then
