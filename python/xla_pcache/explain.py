@@ -22,6 +22,7 @@ malformed one is skipped.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -61,6 +62,11 @@ def _open_regular(name: str, flags: int, dir_fd: int) -> int | None:
         fd = os.open(name, flags | _O_SAFE, 0o666, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link planted in its place: never followed
+            logger.debug("xla_pcache: %s in the cache is a symbolic link; ignored", name)
+            return None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
@@ -300,10 +306,7 @@ def explain_records(
         differs = _diff(mine_by, theirs)
         if _options_follow_flags(differs, mine_by, theirs):
             differs.remove("compile_options")
-            result["notes"] = [
-                "compile_options differs only in its debug options, which XLA reads from "
-                "XLA_FLAGS: a consequence of the XLA flags"
-            ]
+            result["notes"] = [_FOLLOWS_FLAGS]
         result["nearest"] = nearest["key"]
         result["nearest_created"] = nearest.get("created")
         result["differs"] = differs
@@ -324,9 +327,18 @@ def explain_records(
     return results
 
 
+_FOLLOWS_FLAGS = (
+    "compile_options differs only in its debug options, which XLA reads from XLA_FLAGS: "
+    "a consequence of the XLA flags"
+)
+
+
 def _rank(mine: dict[str, dict[str, Any]], entry: dict[str, Any]) -> tuple[bool, int, float]:
     """Nearest first: the same computation, then the fewest differences, then the newest."""
-    diff = _diff(mine, _by_name(entry["components"]))
+    theirs = _by_name(entry["components"])
+    diff = _diff(mine, theirs)
+    if _options_follow_flags(diff, mine, theirs):
+        diff.remove("compile_options")
     return ("computation" in diff, len(diff), -float(entry.get("created") or 0))
 
 
