@@ -233,10 +233,17 @@ def _entries(store: Any) -> list[dict[str, Any]]:
         if not isinstance(key, str):
             continue
         parts = entry_components(e.get("meta"))
+        meta = e.get("meta") or {}
+        if parts:
+            module = parts.get("module")
+        elif meta.get("framework") == "torch_xla":
+            module = "torch_xla"
+        else:
+            module = _keyparts.module_name(key)
         out.append(
             {
                 "key": key,
-                "module": parts.get("module") if parts else _keyparts.module_name(key),
+                "module": module,
                 "created": e.get("created"),
                 "components": parts.get("components") if parts else None,
                 "meta": e.get("meta") or {},
@@ -319,6 +326,10 @@ def explain_records(
             }
             for name in differs
         }
+        if module == "torch_xla":
+            from xla_pcache._torch_xla_keyparts import NOT_EXPLAINED
+
+            result.setdefault("notes", []).append(NOT_EXPLAINED)
         if not differs:
             result["answer"] = "same components as the nearest entry"
         else:

@@ -142,9 +142,15 @@ _exit_stores: weakref.WeakSet[Any] = weakref.WeakSet()
 _exit_registered = False
 
 
-def summary(store: Any) -> str | None:
-    """One line about what this process did with ``store``, or None when it did nothing."""
-    c = store.process_stats()
+def summary(store: Any, hits: int | None = None, misses: int | None = None) -> str | None:
+    """One line about what this process did with ``store``, or None when it did nothing.
+    ``hits`` and ``misses`` replace the store's where the framework reads the cache itself
+    (torch_xla)."""
+    c = dict(store.process_stats())
+    if hits is not None:
+        c["hits"] = hits
+    if misses is not None:
+        c["misses"] = misses
     if not any(c.get(k) for k in ("hits", "misses", "puts")):
         return None
     from xla_pcache.sizes import format_size
@@ -155,6 +161,13 @@ def summary(store: Any) -> str | None:
         f"{format_size(c.get('bytes_written', 0))} written, compile time saved "
         f"{human_duration(c.get('compile_saved_ms', 0) / 1000)} ({store.path})"
     )
+
+
+def log_summary(store: Any, hits: int | None = None, misses: int | None = None) -> None:
+    """Log ``summary()`` now, at INFO (when there is anything to say)."""
+    line = summary(store, hits, misses)
+    if line is not None:
+        logger.info("%s", line)
 
 
 def _log_at_exit() -> None:
