@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import stat
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -201,10 +202,29 @@ def note_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: str
     if not logger.isEnabledFor(logging.INFO):
         return
     try:
-        result = explain_records([record], _entries(store))[0]
+        result = explain_records([record], _recent_entries(store))[0]
         logger.info("xla_pcache: read-only cache missed: %s", one_line(result))
     except Exception as exc:
         logger.debug("xla_pcache: cannot explain the miss of %r: %s", key, exc)
+
+
+# A read-only process explains each miss against the entries' headers; reading them all for
+# every miss of a large cache would cost more than the compile, so they are read at most once
+# per this many seconds.
+_ENTRIES_TTL_S = 60.0
+_entries_lock = threading.Lock()
+_entries_seen: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+
+def _recent_entries(store: Any) -> list[dict[str, Any]]:
+    now = time.monotonic()
+    with _entries_lock:
+        seen = _entries_seen.get(store.path)
+        if seen is not None and now - seen[0] < _ENTRIES_TTL_S:
+            return seen[1]
+        entries = _entries(store)
+        _entries_seen[store.path] = (now, entries)
+        return entries
 
 
 # --- explaining -------------------------------------------------------------------------------
