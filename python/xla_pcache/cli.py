@@ -246,7 +246,10 @@ def stats(
         from xla_pcache.metrics import prometheus_text
 
         with _reported():
-            text = prometheus_text(report)
+            try:
+                text = prometheus_text(report)
+            except ImportError as exc:
+                _fail(str(exc))
         typer.echo(text, nl=False)
         return
     if as_json or output is StatsFormat.json:
