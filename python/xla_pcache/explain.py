@@ -188,7 +188,8 @@ def miss_record(key: str, parts: dict[str, Any] | None, framework: str) -> dict[
     }
     if parts is not None:
         record["components"] = parts["components"]
-        record["verified"] = parts.get("verified", False)
+        if "verified" in parts:
+            record["verified"] = bool(parts["verified"])
     return record
 
 
@@ -327,6 +328,11 @@ def explain_records(
             results.append(result)
             continue
         mine_by = _by_name(mine)
+        if target.get("verified") is False:
+            result.setdefault("notes", []).append(
+                "these components, computed again, did not give the key JAX used: they may "
+                "not be the ones behind it"
+            )
 
         nearest = min(recorded, key=functools.partial(_rank, mine_by))
         theirs = _by_name(nearest["components"])
@@ -461,14 +467,17 @@ def lines(result: dict[str, Any], now: float | None = None) -> list[str]:
     return out
 
 
+_UNSET = "(not set)"
+
+
 def _narrow(a: Any, b: Any) -> tuple[Any, Any]:
     """Of two dict values, only the keys whose values differ (nested once)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a, b
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, _UNSET) != b.get(k, _UNSET))
     if not keys:
         return a, b
-    pairs = [_narrow(a.get(k), b.get(k)) for k in keys]
+    pairs = [_narrow(a.get(k, _UNSET), b.get(k, _UNSET)) for k in keys]
     return (
         {k: p[0] for k, p in zip(keys, pairs, strict=True)},
         {k: p[1] for k, p in zip(keys, pairs, strict=True)},
