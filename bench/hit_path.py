@@ -1,9 +1,13 @@
-"""The JAX adapter's hit path alone: ``StoreCache.get`` of one 187 KiB entry, in-process.
+"""The JAX adapter's hit path alone: ``StoreCache.get`` of one 187 KiB entry.
 
-    python bench/hit_path.py DIR     # DIR: a scratch directory (the entry is made once)
+    python bench/hit_path.py DIR            # in-process: median of 30 rounds of 200 gets
+    python bench/hit_path.py DIR --first    # this process's first get only
+    python bench/hit_path.py DIR --fill [--bare]   # write the entry (--bare: no components)
 
-Prints the median, in microseconds, of 30 rounds of 200 gets. Run it alternately with two
-trees on ``PYTHONPATH`` to compare them (docs/observability.md, "The hit path").
+Prints microseconds. Run it alternately with two trees on ``PYTHONPATH``, over entries each
+tree wrote, to compare them (docs/observability.md, "The hit path"). The entry is written
+with metadata like what the JAX adapter records (compile time, 1.5 KB of key components)
+unless ``--bare``.
 """
 
 from __future__ import annotations
@@ -16,24 +20,31 @@ import time
 import xla_pcache.jax as xj
 from xla_pcache import Store
 
+KEY = "jit_train_step-" + "ab" * 32
 
-def main(root: str) -> None:
-    cache_class = xj._cache_class(xj._hooks())
+
+def main(root: str, args: list[str]) -> None:
     store = Store(root)
-    key = "jit_train_step-" + "ab" * 32
-    if store.get(key) is None:
-        # About what the demo model's entry holds, with recorded components and time.
-        meta = {"framework": "jax", "compile_time_s": "3.2", "key_components": "x" * 1500}
-        store.put(key, os.urandom(187 * 1024), meta=meta)
-    cache = cache_class(store, {})
+    if "--fill" in args:
+        meta = {"framework": "jax"}
+        if "--bare" not in args:
+            meta.update({"compile_time_s": "3.2", "key_components": "x" * 1500})
+        store.put(KEY, os.urandom(187 * 1024), meta=meta)
+        return
+    cache = xj._cache_class(xj._hooks())(store, {})
+    if "--first" in args:
+        start = time.perf_counter()
+        cache.get(KEY)
+        print(f"{(time.perf_counter() - start) * 1e6:.0f}")
+        return
     rounds = []
     for _ in range(30):
         start = time.perf_counter()
         for _ in range(200):
-            cache.get(key)
+            cache.get(KEY)
         rounds.append((time.perf_counter() - start) / 200)
     print(f"{statistics.median(rounds) * 1e6:.1f}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
