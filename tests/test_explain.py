@@ -169,3 +169,18 @@ def test_entry_components_ignore_foreign_metadata() -> None:
     assert explain.entry_components({META_COMPONENTS: "x" * (explain.MAX_META_CHARS + 1)}) is None
     ok = {"module": "jit_f", "components": parts(computation="a")}
     assert explain.entry_components({META_COMPONENTS: json.dumps(ok)}) == ok
+
+
+def test_an_entry_key_is_explained_against_the_other_entries(tmp_path: Path) -> None:
+    def meta(flags: str) -> dict[str, str]:
+        comps = {"module": "jit_f", "components": parts(computation="c", XLA_flags=flags)}
+        return {META_COMPONENTS: json.dumps(comps)}
+
+    with Store(tmp_path) as store:
+        store.put("jit_f-1", b"a", meta=meta("--xla_a=1"))
+        store.put("jit_f-2", b"b", meta=meta("--xla_a=2"))
+        (result,) = explain.explain(store, "jit_f-2")
+        assert result["nearest"] == "jit_f-1" and result["differs"] == ["XLA flags"]
+        assert explain.explain(store) == []  # no misses logged
+        with pytest.raises(KeyError):
+            explain.explain(store, "jit_g-1")
