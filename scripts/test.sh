@@ -19,7 +19,7 @@ TORCH_XLA_OLDEST=2.7.0
 TORCH_XLA_NEWEST=2.9.0
 # ---- end of the torch_xla versions
 # Builds the Rust extension with maturin and installs the package with every test extra.
-"$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis]" \
+"$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis,metrics]" \
   "torch==$TORCH_XLA_NEWEST" "torch_xla==$TORCH_XLA_NEWEST"
 
 # --- issue 15: the remote-tier tests start their own redis-server; missing it fails them.
@@ -62,6 +62,9 @@ jax_venv() {  # version, python
     "$2" -m venv --clear "$v"
     "$v/bin/pip" install -q "jax[cpu]==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
   fi
+  # The explain tests parse `stats --format prometheus` (kept out of the check above, so
+  # that venvs made before it get it too).
+  "$v/bin/pip" install -q "prometheus-client>=0.17"
 }
 jax_venv "$JAX_OLDEST" python3
 jax_venv "$JAX_MIDDLE" python3
@@ -115,7 +118,7 @@ for jv in "$JAX_OLDEST" "$JAX_MIDDLE" "$JAX_NEWEST"; do
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
   # shellcheck disable=SC2086
   PYTHONPATH=$PWD/python "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py \
-    tests/adapters/test_jax_single_flight.py
+    tests/adapters/test_jax_single_flight.py tests/adapters/test_explain_jax.py
   demo_dir=$(mktemp -d)
   PYTHONPATH=$PWD/python "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
   rm -rf "$demo_dir"

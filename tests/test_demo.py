@@ -51,6 +51,13 @@ def test_demo_warm_run_hits_the_cache(tmp_path: Path) -> None:
     assert len(demo_entries) == 1, entries
     meta = demo_entries[0]["meta"]
     assert isinstance(meta, dict) and meta["framework"] == "jax"
+    # The warm run saved what the cold one recorded, and says so.
+    saved_line = next(line for line in proc.stdout.splitlines() if "Compile time saved" in line)
+    with Store(root, read_only=True) as store:
+        saved_ms = store.stats()["compile_saved_ms"]
+    assert isinstance(saved_ms, int) and saved_ms > 0
+    assert abs(saved_ms - float(meta["compile_time_s"]) * 1000) <= 1, (saved_ms, meta)
+    assert "by the warm run" in saved_line, proc.stdout
 
 
 @pytest.mark.jax

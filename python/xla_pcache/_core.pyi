@@ -174,12 +174,16 @@ class Store:
         too_large, claims, claim_takeovers, claims_abandoned, claim_waits, claim_wait_ms,
         claim_wait_timeouts, puts_refused, unsafe_paths (paths refused because a component was
         not a real directory inside the cache, or a directory stood where an entry file
-        belongs), unreadable (index files skipped because they could not be read); plus
-        hit_rate, entries, bytes (on disk), max_size,
+        belongs), unreadable (index files skipped because they could not be read),
+        compile_saved_ms (compile time the hits saved: each hit adds its entry's
+        ``compile_time_s`` metadata); plus hit_rate, entries, bytes (on disk), max_size,
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and
         bytes may lag by that cache's time too)."""
+    def process_stats(self) -> dict[str, int]:
+        """This process's own counters for this store handle (the names ``stats`` sums
+        across processes), without reading any journal."""
     def evict(
         self, max_size: int | None = None, older_than: float | None = None
     ) -> dict[str, object]:

@@ -154,6 +154,8 @@ class HostMirror:
     local_root: str
     meta: Callable[[], dict[str, str]] = dict
     counters: Counters = field(default_factory=Counters)
+    # Called with the store key of each entry this process published (a graph it missed).
+    on_publish: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         real = os.path.realpath(self.store.path)
@@ -580,6 +582,8 @@ class HostMirror:
             if self.store.put(key, data, meta=dict(meta, torch_xla_name=name)):
                 self.counters.published += 1
                 self._share_with_host(name)
+                if self.on_publish is not None:
+                    self.on_publish(key)
             elif key in self.store:
                 self.counters.already_stored += 1
             else:

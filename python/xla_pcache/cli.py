@@ -193,6 +193,7 @@ _STAT_ROWS = (
     ("misses", "misses"),
     ("hit_rate", "hit rate"),
     ("puts", "puts"),
+    ("compile_saved_ms", "compile time saved"),
     ("evictions", "evictions"),
     ("corrupt", "corrupt"),
     ("puts_refused", "puts refused (over budget, evictor busy)"),
@@ -238,6 +239,10 @@ def _stat_text(name: str, value: object) -> str:
         return f"{format_size(value)} ({value:,} B)"
     if name == "claim_wait_ms" and isinstance(value, int):
         return f"{value / 1000:,.1f} s"
+    if name == "compile_saved_ms" and isinstance(value, int):
+        from xla_pcache.metrics import human_duration
+
+        return human_duration(value / 1000)
     if name in ("fill", "hit_rate") and isinstance(value, float):
         return f"{value:.1%}"
     if isinstance(value, int) and not isinstance(value, bool):
@@ -245,15 +250,41 @@ def _stat_text(name: str, value: object) -> str:
     return str(value)
 
 
+class StatsFormat(StrEnum):
+    table = "table"
+    json = "json"
+    prometheus = "prometheus"
+
+
 @app.command()
 def stats(
-    path: PathOption = None, read_only: ReadOnlyOption = False, as_json: JsonOption = False
+    path: PathOption = None,
+    read_only: ReadOnlyOption = False,
+    as_json: JsonOption = False,
+    output: Annotated[
+        StatsFormat,
+        typer.Option(
+            "--format",
+            help="table, json (as --json) or prometheus (text exposition format, for "
+            "node_exporter's textfile collector; needs the metrics extra)",
+        ),
+    ] = StatsFormat.table,
 ) -> None:
-    """Entries, bytes on disk, budget and fill, hits, misses, puts, evictions, corrupt,
-    compile claims and waits."""
+    """Entries, bytes on disk, budget and fill, hits, misses, puts, compile time saved,
+    evictions, corrupt, compile claims and waits."""
     with _reported(), _open(path, read_only=read_only) as store:
         report = _stats_report(store)
-    if as_json:
+    if output is StatsFormat.prometheus:
+        from xla_pcache.metrics import prometheus_text
+
+        with _reported():
+            try:
+                text = prometheus_text(report)
+            except ImportError as exc:
+                _fail(str(exc))
+        typer.echo(text, nl=False)
+        return
+    if as_json or output is StatsFormat.json:
         _emit_json(report)
         return
     table = Table(title=f"xla_pcache {report['path']} ({report['filesystem']})", show_header=False)
@@ -487,6 +518,42 @@ def clear(
                 raise typer.Exit(1)
         removed = store.clear()
     typer.echo(f"removed {removed} entries")
+
+
+# explain -------------------------------------------------------------------------------------
+
+
+@app.command()
+def explain(
+    key: Annotated[
+        str | None,
+        typer.Argument(help="A missed key, or an entry's key (default: the recent misses)"),
+    ] = None,
+    path: PathOption = None,
+    as_json: JsonOption = False,
+    last: Annotated[int, typer.Option("--last", "-n", min=1, help="How many recent misses")] = 10,
+) -> None:
+    """Why did it miss: for each recent miss (or KEY), the nearest entry of the same program
+    and the key components that differ, with both values where recorded."""
+    from xla_pcache import explain as why
+
+    with _reported(), _open(path, read_only=True) as store:
+        try:
+            results = why.explain(store, key, last)
+        except KeyError:
+            _fail(f"no miss and no entry recorded for key {_key_text(key)}")
+    if as_json:
+        _emit_json(results)
+        return
+    if not results:
+        typer.echo("no misses recorded (misses are logged by writable processes)")
+        return
+    now = time.time()
+    for i, result in enumerate(results):
+        if i:
+            typer.echo("")
+        for line in why.lines(result, now):
+            typer.echo(_key_text(line))
 
 
 # commands implemented elsewhere ----------------------------------------------------------------

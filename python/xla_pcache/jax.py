@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import _single_flight
+from xla_pcache import _keyparts, _single_flight, metrics
 from xla_pcache._core import CacheError
 from xla_pcache.config import (
     compile_wait_from_env,
@@ -217,6 +217,8 @@ class _StoreCacheImpl:
                 self._warn("read", key, exc)
                 return None
         if blob is None:
+            # Misses only: the hit path above records nothing.
+            _keyparts.on_miss(self._store, key)
             return None
         with self._lock:
             self._served.add(key)
@@ -241,7 +243,7 @@ class _StoreCacheImpl:
                     key,
                 )
                 self._store.delete(key)
-            self._store.put(key, value, meta=self._meta)
+            self._store.put(key, value, meta=_keyparts.put_meta(self._meta, key, value))
         except Exception as exc:
             self._warn("write", key, exc)
 
@@ -453,6 +455,8 @@ def install(
             resolved_path = os.path.abspath(resolved_path.removeprefix("file://"))
 
         store = _open_store(resolved_path, resolved_size, resolved_ro)
+        if store is not None:
+            metrics.log_exit_summary(store)
         previous_xla_caches: str | None = None
         workaround = hooks.has_xla_caches_option and hooks.needs_path_workaround
         if workaround:

@@ -14,6 +14,7 @@ functions, so ``import xla_pcache`` never imports torch.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
@@ -21,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from xla_pcache import _keyparts, metrics
+from xla_pcache import _torch_xla_keyparts as _txkeys
 from xla_pcache._core import CacheError
 from xla_pcache._torch_xla_sync import (
     HostMirror,
@@ -140,6 +143,7 @@ class TorchXlaCache:
                 return
             self._closed = True
             self.mirror.close_view()
+            _summarize(self)
             try:
                 self.store.close()
             except Exception as exc:
@@ -199,6 +203,21 @@ class TorchXlaCache:
                     self.refresh()
             except Exception as exc:  # never let the thread die loudly
                 self.mirror.warn("the background sync", exc)
+
+
+def _summarize(inst: TorchXlaCache) -> None:
+    """At close: the process's INFO summary; a read-only one also says why it missed."""
+    try:
+        counts = torch_xla_counters()
+    except Exception:
+        return
+    misses = counts["PersistentCacheMiss"]
+    if inst.read_only:
+        _txkeys.explain_read_only_misses(inst.store, misses)
+    try:
+        metrics.log_summary(inst.store, hits=counts["PersistentCacheHit"], misses=misses)
+    except Exception as exc:
+        logger.debug("xla_pcache: no exit summary: %s", exc)
 
 
 _state_lock = threading.Lock()
@@ -271,6 +290,8 @@ def _producer_meta() -> dict[str, str]:
         "torch_version": str(torch.__version__),
         "device": _device_type(),
         "time": f"{time.time():.3f}",
+        # What explain compares (see _torch_xla_keyparts; the graph hash is not visible).
+        _keyparts.META_COMPONENTS: _keyparts.encode(_txkeys.components()),
     }
 
 
@@ -444,6 +465,8 @@ def install(
             _start_without_cache(xlac, resolved, ro)
             return None
         mirror = HostMirror(store, root, meta=_producer_meta)
+        if not ro:
+            mirror.on_publish = functools.partial(_txkeys.on_publish, store)
         mirror.refresh_pool()
         try:
             view = mirror.open_view()

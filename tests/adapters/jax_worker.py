@@ -22,6 +22,7 @@ import numpy as np
 
 HIT = "/jax/compilation_cache/cache_hits"
 MISS = "/jax/compilation_cache/cache_misses"
+COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 class _Capture(logging.Handler):
@@ -35,9 +36,12 @@ class _Capture(logging.Handler):
         )
 
 
-def program(jax: Any, k: int, layers: int) -> tuple[Any, tuple[Any, ...]]:
+def program(
+    jax: Any, k: int, layers: int, compiler_options: dict[str, Any] | None = None
+) -> tuple[Any, tuple[Any, ...]]:
     """A jitted function distinct for each ``k`` (k is baked into the program) and its
-    inputs. ``layers`` scales compile time: a deeper MLP with its gradient."""
+    inputs. ``layers`` scales compile time: a deeper MLP with its gradient.
+    ``compiler_options`` goes to ``jax.jit`` as it is."""
     jnp = jax.numpy
     rng = np.random.default_rng(k)
     width = 64
@@ -54,6 +58,8 @@ def program(jax: Any, k: int, layers: int) -> tuple[Any, tuple[Any, ...]]:
         value, grads = jax.value_and_grad(loss)(params, x)
         return value, sum(jnp.sum(g) for g in grads)
 
+    if compiler_options:
+        return jax.jit(step, compiler_options=compiler_options), (ws, x)
     return jax.jit(step), (ws, x)
 
 
@@ -72,6 +78,11 @@ def main() -> int:
 
     events: list[str] = []
     jax.monitoring.register_event_listener(lambda event, **kw: events.append(event))
+    # The compile times JAX measures (seconds), one per backend compile.
+    compiles: list[float] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(duration) if event == COMPILE else None
+    )
 
     report: dict[str, Any] = {"runs": [], "inspect": [], "errors": []}
     with warnings.catch_warnings(record=True) as caught:
@@ -108,7 +119,10 @@ def main() -> int:
                         time.sleep(0.005)
                 elif op == "run":
                     hits, misses = events.count(HIT), events.count(MISS)
-                    fn, args = program(jax, step["program"], step.get("layers", 2))
+                    compiled = len(compiles)
+                    fn, args = program(
+                        jax, step["program"], step.get("layers", 2), step.get("compiler_options")
+                    )
                     start = time.monotonic()
                     value, gsum = fn(*args)
                     result = [float(value), float(gsum)]
@@ -119,6 +133,7 @@ def main() -> int:
                             "miss": events.count(MISS) - misses,
                             "result": result,
                             "seconds": time.monotonic() - start,
+                            "compile_seconds": sum(compiles[compiled:]),
                         }
                     )
                 elif op == "inspect":

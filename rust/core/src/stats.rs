@@ -37,9 +37,14 @@ pub enum Counter {
     /// Index files (journals, snapshot) skipped because they could not be read (another
     /// user's mode 0600, or not a regular file).
     Unreadable,
+    /// Compile time the hits saved: each hit adds the compile time its entry's producer
+    /// recorded (`COMPILE_TIME_META`), in milliseconds. Appended last: journals and
+    /// snapshots carry their counter count, so older records read as 0 here and older
+    /// readers ignore it.
+    CompileSavedMs,
 }
 
-pub const COUNTER_NAMES: [&str; 20] = [
+pub const COUNTER_NAMES: [&str; 21] = [
     "hits",
     "misses",
     "puts",
@@ -60,6 +65,7 @@ pub const COUNTER_NAMES: [&str; 20] = [
     "puts_refused",
     "unsafe_paths",
     "unreadable",
+    "compile_saved_ms",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -100,8 +106,46 @@ impl Counters {
     }
 }
 
+/// Entry metadata under which a producer records how long the entry took to compile, in
+/// seconds (a decimal number). Hits count it as compile time saved.
+pub const COMPILE_TIME_META: &str = "compile_time_s";
+
+/// The compile time an entry's metadata records, in whole milliseconds (0 when absent or
+/// malformed; capped at a year, so a hostile value cannot overflow the counter).
+pub fn compile_ms(meta: &[(String, String)]) -> u64 {
+    const MAX_MS: f64 = 365.0 * 86_400_000.0;
+    meta.iter()
+        .find(|(k, _)| k == COMPILE_TIME_META)
+        .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(0, |s| (s * 1000.0).round().min(MAX_MS) as u64)
+}
+
 pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
     for (a, b) in acc.iter_mut().zip(v) {
         *a = a.saturating_add(*b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(v: &str) -> Vec<(String, String)> {
+        vec![
+            ("framework".into(), "jax".into()),
+            (COMPILE_TIME_META.into(), v.into()),
+        ]
+    }
+
+    #[test]
+    fn compile_time_from_meta() {
+        assert_eq!(compile_ms(&meta("1.2345")), 1235);
+        assert_eq!(compile_ms(&meta(" 2 ")), 2000);
+        for bad in ["", "x", "-1", "nan", "inf"] {
+            assert_eq!(compile_ms(&meta(bad)), 0, "{bad:?}");
+        }
+        assert_eq!(compile_ms(&meta("1e300")), 365 * 86_400_000);
+        assert_eq!(compile_ms(&[]), 0);
     }
 }

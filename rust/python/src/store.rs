@@ -521,6 +521,17 @@ impl PyStore {
         Ok(d)
     }
 
+    /// This process's own counters (no journal is read): what it did with this store.
+    fn process_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.store()?;
+        let d = PyDict::new(py);
+        let values = store.counters().snapshot();
+        for (name, v) in Store::counter_names().iter().zip(values.iter()) {
+            d.set_item(*name, *v)?;
+        }
+        Ok(d)
+    }
+
     #[pyo3(signature = (max_size=None, older_than=None))]
     fn evict<'py>(
         &self,

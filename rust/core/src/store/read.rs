@@ -1,6 +1,7 @@
 //! Reading: get, verification before a byte is exposed, removal of corrupt files, hit records.
 
 use super::*;
+use crate::stats::compile_ms;
 
 impl Store {
     /// The verified entry for `key`, or None. Never fails for cache reasons.
@@ -81,6 +82,8 @@ impl Store {
             Some(b) => {
                 self.counters.inc(Counter::Hits);
                 self.counters.add(Counter::BytesRead, b.header.payload_len);
+                self.counters
+                    .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
                 self.note_hit(name, b.header.file_len());
             }
             None => {

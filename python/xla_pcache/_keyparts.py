@@ -1,0 +1,452 @@
+"""What a JAX cache key is made of, read from JAX's own key function.
+
+JAX builds a persistent-cache key in ``jax._src.cache_key.get`` by feeding named
+components (``computation``, ``jax_lib version``, ``backend version``, ``XLA flags``,
+``compile_options``, ``accelerator_config``, ``compression``, ``custom_hook``; the list
+differs between JAX versions) into one SHA-256, and calls ``_log_cache_key_hash`` after
+each one. ``components()`` computes the key again with that function replaced, for this
+thread only, by one that keeps each component's name and the function that hashed it; each
+function is then run once more against a recorder that hashes what it is fed (the
+component's digest, as JAX's own debug log computes it) and keeps it when small (the
+readable value: flags, versions, platform). The recomputed key must equal the key JAX
+used, so the components are JAX's, never a guess.
+
+This runs on misses and puts only, never on a hit. The arguments of the key are found in
+the frame of ``jax._src.compiler.compile_or_get_cached`` on the calling thread's stack (a
+miss and the put after it are always inside that call), so the hit path carries no hook.
+Everything here is feature-detected and best effort: when JAX's internals are not as
+expected the components are left out, and the entry or the miss is recorded without them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import sys
+import threading
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# The names JAX 0.6-0.12 give the components, in the order it hashes them (0.5 has no
+# "backend version"). Only for ordering what explain prints; the recorded names are JAX's.
+KNOWN = (
+    "computation",
+    "jax_lib version",
+    "backend version",
+    "XLA flags",
+    "compile_options",
+    "accelerator_config",
+    "compression",
+    "custom_hook",
+)
+
+# Entry metadata: the components (JSON) and the compile time JAX measured (seconds; the
+# store counts it as saved on every hit, see rust/core/src/stats.rs).
+META_COMPONENTS = "key_components"
+META_COMPILE_TIME = "compile_time_s"
+
+_KEEP_BYTES = 4096  # a component fed more than this has a digest and no readable value
+_VALUE_CHARS = 2048  # longest readable value kept
+_MAX_FRAMES = 24
+_KEEP_OPTIONS = 256 * 1024  # serialized compile options are kept (not stored) up to this
+
+_capture_lock = threading.Lock()
+_local = threading.local()
+
+
+class _Recorder:
+    """Stands in for the hashlib object JAX's component functions update."""
+
+    def __init__(self, keep: int = _KEEP_BYTES) -> None:
+        self._hash = hashlib.sha256()
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self._keep = keep
+
+    def update(self, data: Any) -> None:
+        chunk = bytes(data)
+        self._hash.update(chunk)
+        self.size += len(chunk)
+        if self.size <= self._keep:
+            self.chunks.append(chunk)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+    def text(self) -> str | None:
+        """The chunks as text, space separated, when all were kept and decode."""
+        if self.size > min(self._keep, _KEEP_BYTES):
+            return None
+        try:
+            return _clip(" ".join(c.decode("utf-8") for c in self.chunks))
+        except UnicodeDecodeError:
+            return None
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 1] + "\u2026"
+
+
+def module_name(key: str) -> str:
+    """The program's name in a JAX key (``jit_step-<sha256 hex>`` -> ``jit_step``)."""
+    head, sep, tail = key.rpartition("-")
+    return head if sep and tail and all(c in "0123456789abcdef" for c in tail) else key
+
+
+def _find_frame(names: tuple[str, ...], module: str) -> Any:
+    frame: Any = sys._getframe(2)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name in names and frame.f_globals.get("__name__") == module:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def compile_time(value: Any) -> float | None:
+    """The compile time JAX measured for the executable being put, in seconds.
+
+    ``compiler._cache_write`` has it as a float (JAX 0.5-0.12); ``put_executable_and_time``
+    only as whole seconds, also written into the value's first 4 bytes (big endian) before
+    compression: each is tried in turn."""
+    try:
+        frame = _find_frame(("_cache_write",), "jax._src.compiler")
+        if frame is not None:
+            secs = frame.f_locals.get("compile_time_secs")
+            if isinstance(secs, int | float) and secs >= 0:
+                return float(secs)
+        frame = _find_frame(("put_executable_and_time",), "jax._src.compilation_cache")
+        if frame is not None:
+            secs = frame.f_locals.get("compile_time")
+            if isinstance(secs, int | float) and secs >= 0:
+                return float(secs)
+    except Exception as exc:  # introspection must never break a put
+        logger.debug("xla_pcache: no compile time from JAX's frames: %s", exc)
+    return _time_from_value(value)
+
+
+def _time_from_value(value: Any) -> float | None:
+    head = b""
+    try:
+        data = bytes(memoryview(value)[:65536])
+        if data[:4] == b"\x28\xb5\x2f\xfd":  # zstd frame
+            import zstandard  # type: ignore[import-not-found, unused-ignore]
+
+            with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+                head = reader.read(4)
+        else:
+            head = zlib.decompressobj().decompress(data, 4)
+    except Exception:
+        return None
+    return float(int.from_bytes(head, "big")) if len(head) == 4 else None
+
+
+def _key_args() -> dict[str, Any] | None:
+    """The arguments ``compile_or_get_cached`` computes its key from, from its frame."""
+    frame = _find_frame(("compile_or_get_cached",), "jax._src.compiler")
+    if frame is None:
+        return None
+    local = frame.f_locals
+    args = {name: local.get(name) for name in ("computation", "devices", "compile_options")}
+    args["backend"] = local.get("backend")
+    if any(v is None for v in args.values()):
+        return None
+    return args
+
+
+def _ignore_arg(cc: Any) -> list[Any]:
+    """The last argument of ``get_cache_key`` as JAX's compiler passes it: the custom
+    partitioning option, an enum (0.5-0.11) or a bool (later)."""
+    try:
+        import jax
+
+        flag = bool(jax.config.values.get("jax_remove_custom_partitioning_ptr_from_cache_key"))
+    except Exception:
+        flag = False
+    if not flag:
+        return []
+    params = list(inspect.signature(cc.get_cache_key).parameters)
+    if "ignore_callbacks" in params:
+        from jax._src import cache_key
+
+        return [cache_key.IgnoreCallbacks.CUSTOM_PARTITIONING]
+    return [True]
+
+
+def _capturing_log(original: Callable[..., Any]) -> Callable[..., Any]:
+    def log_cache_key_hash(hash_obj: Any, name: str, hashfn: Any) -> Any:
+        sink = getattr(_local, "sink", None)
+        if sink is None:  # another thread computing its key meanwhile
+            return original(hash_obj, name, hashfn)
+        # After the first component the running hash is that component's own digest.
+        sink.append((name, hashfn, hash_obj.hexdigest() if not sink else None))
+        return None
+
+    return log_cache_key_hash
+
+
+def _run_key(cc: Any, ck: Any, args: dict[str, Any]) -> tuple[str, list[Any]]:
+    sink: list[Any] = []
+    with _capture_lock:
+        original = ck._log_cache_key_hash
+        ck._log_cache_key_hash = _capturing_log(original)
+        _local.sink = sink
+        try:
+            key = cc.get_cache_key(
+                args["computation"],
+                args["devices"],
+                args["compile_options"],
+                args["backend"],
+                *_ignore_arg(cc),
+            )
+        finally:
+            _local.sink = None
+            ck._log_cache_key_hash = original
+    return str(key), sink
+
+
+def components(key: str) -> dict[str, Any] | None:
+    """The components of ``key``, computed from the JAX call on this thread's stack that is
+    looking it up or putting it; None when there is none (or JAX is not as expected)."""
+    try:
+        from jax._src import cache_key as ck
+        from jax._src import compilation_cache as cc
+
+        if not callable(getattr(ck, "_log_cache_key_hash", None)):
+            return None
+        args = _key_args()
+        if args is None:
+            return None
+        recomputed, captured = _run_key(cc, ck, args)
+        parts: list[dict[str, Any]] = []
+        for name, hashfn, first_digest in captured:
+            rec = _Recorder(_KEEP_OPTIONS if name == "compile_options" else _KEEP_BYTES)
+            if first_digest is not None and name == "computation":
+                digest, text = first_digest, None  # the module itself: large, not re-hashed
+            else:
+                hashfn(rec)
+                digest, text = rec.hexdigest(), rec.text()
+            part: dict[str, Any] = {"name": str(name), "digest": digest}
+            if name == "compile_options" and rec.size <= _KEEP_OPTIONS:
+                split = _split_debug_options(b"".join(rec.chunks))
+                if split is not None:
+                    part["parts"] = split
+            value = _readable(str(name), text, args)
+            if value is not None:
+                part["value"] = value
+            parts.append(part)
+        return {
+            "module": module_name(key),
+            "verified": recomputed == key,
+            "components": parts,
+        }
+    except Exception as exc:
+        logger.debug("xla_pcache: key components of %r unavailable: %s", key, exc)
+        return None
+
+
+def _readable(name: str, text: str | None, args: dict[str, Any]) -> Any:
+    if name == "computation":
+        return None
+    if name == "compile_options":
+        return _compile_options(args["compile_options"])
+    if name == "accelerator_config":
+        return _devices(args["devices"])
+    return text
+
+
+def _devices(devices: Any) -> dict[str, Any] | None:
+    try:
+        flat = list(devices.flat)
+        kinds = sorted({str(d.device_kind) for d in flat})
+        return {
+            "platform": str(flat[0].platform) if flat else None,
+            "device_kind": _clip(", ".join(kinds)),
+            "count": len(flat),
+        }
+    except Exception:
+        return None
+
+
+# Fields of xla_client.ExecutableBuildOptions / CompileOptions worth showing; any that a JAX
+# version lacks is skipped.
+_BUILD_FIELDS = (
+    "num_replicas",
+    "num_partitions",
+    "use_spmd_partitioning",
+    "use_auto_spmd_partitioning",
+    "use_shardy_partitioner",
+    "allow_spmd_sharding_propagation_to_output",
+    "exec_time_optimization_effort",
+    "memory_fitting_effort",
+    "optimization_level",
+    "memory_fitting_level",
+)
+
+
+def _compile_options(options: Any) -> dict[str, Any] | None:
+    """The compile options that change an executable: the per-call overrides
+    (``jax.jit(..., compiler_options=...)``, less those JAX leaves out of its key) and the
+    partitioning and effort settings."""
+    try:
+        out: dict[str, Any] = {}
+        try:
+            from jax._src import cache_key as ck
+
+            excluded = set(getattr(ck, "env_override_flags_to_exclude_from_cache_key", ()))
+        except Exception:
+            excluded = set()
+        overrides = getattr(options, "env_option_overrides", None) or []
+        out["env_option_overrides"] = {
+            str(k): _clip(str(v)) for k, v in overrides if str(k) not in excluded
+        }
+        build = getattr(options, "executable_build_options", None)
+        for field in _BUILD_FIELDS:
+            try:
+                value = getattr(build, field)
+            except Exception:
+                continue
+            if isinstance(value, bool | int | float | str):
+                out[field] = value
+            elif value is not None:
+                out[field] = _clip(str(value))
+        return out
+    except Exception:
+        return None
+
+
+# CompileOptionsProto.executable_build_options and ExecutableBuildOptionsProto.debug_options
+# (xla/pjrt/proto/compile_options.proto): XLA fills the debug options from XLA_FLAGS, so a
+# change of flags also changes the compile options' digest; their own digest tells the two
+# causes apart.
+_BUILD_OPTIONS_FIELD = 3
+_DEBUG_OPTIONS_FIELD = 3
+
+
+def _fields(data: bytes) -> list[tuple[int, int, int]]:
+    """(field number, start, end) of each field of a serialized protobuf message."""
+
+    def varint(at: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value, at
+
+    out = []
+    at = 0
+    while at < len(data):
+        start = at
+        tag, at = varint(at)
+        wire = tag & 7
+        if wire == 0:
+            _, at = varint(at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            length, at = varint(at)
+            at += length
+        else:
+            raise ValueError(f"wire type {wire}")
+        if at > len(data):
+            raise ValueError("truncated")
+        out.append((tag >> 3, start, at))
+    return out
+
+
+def _split_debug_options(serialized: bytes) -> dict[str, str] | None:
+    """Digests of the compile options' debug options and of everything else."""
+    try:
+        debug = hashlib.sha256()
+        rest = hashlib.sha256()
+        for number, start, end in _fields(serialized):
+            field = serialized[start:end]
+            if number != _BUILD_OPTIONS_FIELD:
+                rest.update(field)
+                continue
+            # The length-delimited body follows the tag and length varints.
+            inner = _body(field)
+            for inner_number, s, e in _fields(inner):
+                (debug if inner_number == _DEBUG_OPTIONS_FIELD else rest).update(inner[s:e])
+        return {"debug_options": debug.hexdigest(), "rest": rest.hexdigest()}
+    except (ValueError, IndexError):
+        return None
+
+
+def _body(field: bytes) -> bytes:
+    at = 0
+    for _ in range(2):  # skip the tag, then the length
+        while field[at] & 0x80:
+            at += 1
+        at += 1
+    return field[at:]
+
+
+def encode(parts: dict[str, Any]) -> str:
+    return json.dumps(parts, sort_keys=True, separators=(",", ":"))
+
+
+def order(names: set[str]) -> list[str]:
+    """Component names in JAX's order; names it may add later follow, sorted."""
+    return [n for n in KNOWN if n in names] + sorted(names - set(KNOWN))
+
+
+# --- what the JAX adapter calls on a miss and on a put -------------------------------------
+
+_PENDING_MAX = 64  # components of keys missed on this thread and not put yet
+
+
+def _pending() -> dict[str, dict[str, Any] | None]:
+    pending: dict[str, dict[str, Any] | None] | None = getattr(_local, "pending", None)
+    if pending is None:
+        pending = _local.pending = {}
+    return pending
+
+
+def on_miss(store: Any, key: str) -> None:
+    """Record a miss (never raises): its components go to the store's miss log."""
+    try:
+        pending = _pending()
+        if key in pending:  # JAX's verification wrapper reads the key again in its put
+            return
+        parts = components(key)
+        if len(pending) >= _PENDING_MAX:
+            pending.pop(next(iter(pending)))
+        pending[key] = parts
+        from xla_pcache import explain
+
+        explain.note_miss(store, key, parts, "jax")
+    except Exception as exc:
+        logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
+
+
+def put_meta(meta: dict[str, str], key: str, value: Any) -> dict[str, str]:
+    """``meta`` plus the key's components and the compile time JAX measured (never raises;
+    without them when they cannot be had)."""
+    out = dict(meta)
+    try:
+        pending = _pending()
+        parts = pending.pop(key) if key in pending else components(key)
+        if parts is not None:
+            out[META_COMPONENTS] = encode(parts)
+        secs = compile_time(value)
+        if secs is not None:
+            out[META_COMPILE_TIME] = f"{secs:.6f}"
+    except Exception as exc:
+        logger.debug("xla_pcache: key components of %r not recorded: %s", key, exc)
+    return out

@@ -1,0 +1,492 @@
+"""Why did it miss: the per-store miss log, and the comparison behind ``xla-pcache explain``.
+
+Adapters record what a key is made of (its components, see ``_keyparts`` for JAX and
+``torch_xla`` for torch_xla) in the metadata of every entry they put, and in the miss log
+for every miss. ``explain()`` takes recent misses (or one key), finds the nearest entry of
+the same program (same module name; the same computation digest first, then the fewest
+differing components, then the newest) and lists the components that differ, with both
+values where they were recorded. It reads entry headers only (``Store.entries()``), never
+a payload.
+
+The miss log is ``<root>/misses.log``, JSON lines, at most ``MAX_LOG_BYTES``; when full it
+becomes ``misses.log.1`` (replacing the previous one) and a new one starts, so the two hold
+the most recent misses and never grow without limit. A read-only process never writes it:
+it logs the explanation to the ``xla_pcache`` logger instead (INFO).
+
+The cache directory may be writable by others, so its files are opened relative to a
+directory handle (``O_DIRECTORY|O_NOFOLLOW``), themselves with ``O_NOFOLLOW|O_NONBLOCK``
+(a link or a FIFO planted in place of the log is refused, never followed or waited on),
+must be regular files, and are read within a bound. Records are checked before use; a
+malformed one is skipped.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from xla_pcache import _keyparts
+
+logger = logging.getLogger("xla_pcache.explain")
+
+MISS_LOG = "misses.log"
+MISS_LOG_OLD = "misses.log.1"
+MAX_LOG_BYTES = 256 * 1024
+MAX_RECORD_BYTES = 16 * 1024
+MAX_META_CHARS = 32 * 1024  # component metadata larger than this is not ours: ignored
+
+_O_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+# --- the miss log ---------------------------------------------------------------------------
+
+
+def _open_dir(root: str) -> int:
+    # The configured root may itself be reached through a link (the user's own setting);
+    # inside it nothing is followed.
+    real = os.path.realpath(root)
+    return os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _open_regular(name: str, flags: int, dir_fd: int) -> int | None:
+    """Open ``name`` inside the directory; None when it is absent or not a regular file."""
+    try:
+        fd = os.open(name, flags | _O_SAFE, 0o666, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link planted in its place: never followed
+            logger.debug("xla_pcache: %s in the cache is a symbolic link; ignored", name)
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_miss(root: str, record: dict[str, Any]) -> bool:
+    """Append one record to the miss log of the cache at ``root``; False when it could
+    not be written (logged at debug level: the log is a diagnostic, never a failure)."""
+    line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    if len(line) > MAX_RECORD_BYTES:
+        record = {k: v for k, v in record.items() if k != "components"}
+        record["components_dropped"] = True
+        line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        if len(line) > MAX_RECORD_BYTES:
+            return False
+    try:
+        dfd = _open_dir(root)
+    except OSError as exc:
+        logger.debug("xla_pcache: cannot open %s for the miss log: %s", root, exc)
+        return False
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        fd = _open_regular(MISS_LOG, flags, dfd)
+        if fd is None:
+            return False
+        try:
+            if os.fstat(fd).st_size + len(line) > MAX_LOG_BYTES:
+                os.close(fd)
+                fd = -1
+                # Two processes may rotate at once: the second then moves a new, nearly empty
+                # log over the first's. A few records lost, the bound kept.
+                os.replace(MISS_LOG, MISS_LOG_OLD, src_dir_fd=dfd, dst_dir_fd=dfd)
+                fd = _open_regular(MISS_LOG, flags, dfd) or -1
+                if fd < 0:
+                    return False
+            os.write(fd, line)
+            return True
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    except OSError as exc:
+        logger.debug("xla_pcache: cannot append to the miss log in %s: %s", root, exc)
+        return False
+    finally:
+        os.close(dfd)
+
+
+def _read_tail(dfd: int, name: str) -> list[str]:
+    fd = _open_regular(name, os.O_RDONLY, dfd)
+    if fd is None:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - MAX_LOG_BYTES)
+        data = os.pread(fd, size - start, start) if size > start else b""
+    finally:
+        os.close(fd)
+    lines = data.decode("utf-8", "replace").split("\n")
+    if start > 0 and lines:
+        lines = lines[1:]  # began mid-record
+    return [line for line in lines if line.strip()]
+
+
+def _valid_record(obj: Any) -> bool:
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("key"), str)
+        and 0 < len(obj["key"]) <= 4096
+        and isinstance(obj.get("t", 0), int | float)
+        and _valid_components(obj.get("components"))
+    )
+
+
+def _valid_components(parts: Any) -> bool:
+    if parts is None:
+        return True
+    return isinstance(parts, list) and all(
+        isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("digest"), str)
+        for p in parts
+    )
+
+
+def read_misses(root: str) -> list[dict[str, Any]]:
+    """The recorded misses, oldest first (both log files)."""
+    try:
+        dfd = _open_dir(root)
+    except OSError as exc:
+        raise OSError(f"cannot open {root}: {exc.strerror or exc}") from exc
+    out: list[dict[str, Any]] = []
+    try:
+        for name in (MISS_LOG_OLD, MISS_LOG):
+            for line in _read_tail(dfd, name):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if _valid_record(obj):
+                    out.append(obj)
+    finally:
+        os.close(dfd)
+    out.sort(key=lambda r: float(r.get("t", 0)))
+    return out
+
+
+def miss_record(key: str, parts: dict[str, Any] | None, framework: str) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "key": key,
+        "module": parts["module"] if parts else _keyparts.module_name(key),
+        "t": round(time.time(), 3),
+        "framework": framework,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    if parts is not None:
+        record["components"] = parts["components"]
+        if "verified" in parts:
+            record["verified"] = bool(parts["verified"])
+    return record
+
+
+def note_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> None:
+    """What an adapter calls on a miss: append to the log, or, read-only, log the
+    explanation (computed only when INFO is enabled: it reads every entry's header)."""
+    record = miss_record(key, parts, framework)
+    if not store.read_only:
+        append_miss(store.path, record)
+        return
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    try:
+        result = explain_records([record], _recent_entries(store))[0]
+        logger.info("xla_pcache: read-only cache missed: %s", one_line(result))
+    except Exception as exc:
+        logger.debug("xla_pcache: cannot explain the miss of %r: %s", key, exc)
+
+
+# A read-only process explains each miss against the entries' headers; reading them all for
+# every miss of a large cache would cost more than the compile, so they are read at most once
+# per this many seconds.
+_ENTRIES_TTL_S = 60.0
+_entries_lock = threading.Lock()
+_entries_seen: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+
+def _recent_entries(store: Any) -> list[dict[str, Any]]:
+    now = time.monotonic()
+    with _entries_lock:
+        seen = _entries_seen.get(store.path)
+        if seen is not None and now - seen[0] < _ENTRIES_TTL_S:
+            return seen[1]
+        entries = _entries(store)
+        _entries_seen[store.path] = (now, entries)
+        return entries
+
+
+# --- explaining -------------------------------------------------------------------------------
+
+
+def entry_components(meta: Any) -> dict[str, Any] | None:
+    """The components an entry's metadata recorded, or None."""
+    if not isinstance(meta, dict):
+        return None
+    raw = meta.get(_keyparts.META_COMPONENTS)
+    if not isinstance(raw, str) or len(raw) > MAX_META_CHARS:
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not _valid_components(obj.get("components")):
+        return None
+    return obj
+
+
+def _entries(store: Any) -> list[dict[str, Any]]:
+    out = []
+    for e in store.entries():
+        key = e.get("key")
+        if not isinstance(key, str):
+            continue
+        parts = entry_components(e.get("meta"))
+        meta = e.get("meta") or {}
+        if parts:
+            module = parts.get("module")
+        elif meta.get("framework") == "torch_xla":
+            module = "torch_xla"
+        else:
+            module = _keyparts.module_name(key)
+        out.append(
+            {
+                "key": key,
+                "module": module,
+                "created": e.get("created"),
+                "components": parts.get("components") if parts else None,
+                "meta": e.get("meta") or {},
+            }
+        )
+    return out
+
+
+def _by_name(parts: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {str(p["name"]): p for p in parts}
+
+
+def _diff(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[str]:
+    names = set(a) | set(b)
+    return _keyparts.order(
+        {n for n in names if a.get(n, {}).get("digest") != b.get(n, {}).get("digest")}
+    )
+
+
+def explain_records(
+    targets: list[dict[str, Any]], entries: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One explanation per target (a miss record or an entry): its nearest entry of the same
+    program and the components that differ."""
+    by_module: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_module.setdefault(str(e["module"]), []).append(e)
+    stored = {e["key"] for e in entries}
+    results = []
+    for target in targets:
+        key = str(target["key"])
+        module = str(target.get("module") or _keyparts.module_name(key))
+        result: dict[str, Any] = {
+            "key": key,
+            "module": module,
+            "time": target.get("t"),
+            "nearest": None,
+            "differs": [],
+            "values": {},
+            "cached_now": key in stored,
+        }
+        for extra in ("framework", "host", "pid", "verified"):
+            if extra in target:
+                result[extra] = target[extra]
+        mine = target.get("components")
+        same = [e for e in by_module.get(module, []) if e["key"] != key]
+        if not same:
+            result["answer"] = "No entry of this program yet"
+            results.append(result)
+            continue
+        if mine is None:
+            result["answer"] = "its key components were not recorded"
+            results.append(result)
+            continue
+        recorded = [e for e in same if e["components"] is not None]
+        if not recorded:
+            result["answer"] = (
+                f"{len(same)} entr{'y' if len(same) == 1 else 'ies'} of this program, "
+                "written without key components"
+            )
+            results.append(result)
+            continue
+        mine_by = _by_name(mine)
+        if target.get("verified") is False:
+            result.setdefault("notes", []).append(
+                "these components, computed again, did not give the key JAX used: they may "
+                "not be the ones behind it"
+            )
+
+        nearest = min(recorded, key=functools.partial(_rank, mine_by))
+        theirs = _by_name(nearest["components"])
+        differs = _diff(mine_by, theirs)
+        if _options_follow_flags(differs, mine_by, theirs):
+            differs.remove("compile_options")
+            result["notes"] = [_FOLLOWS_FLAGS]
+        result["nearest"] = nearest["key"]
+        result["nearest_created"] = nearest.get("created")
+        result["differs"] = differs
+        result["values"] = {
+            name: {
+                "this": mine_by.get(name, {}).get("value"),
+                "nearest": theirs.get(name, {}).get("value"),
+                "this_digest": mine_by.get(name, {}).get("digest"),
+                "nearest_digest": theirs.get(name, {}).get("digest"),
+            }
+            for name in differs
+        }
+        if module == "torch_xla":
+            from xla_pcache._torch_xla_keyparts import NOT_EXPLAINED
+
+            result.setdefault("notes", []).append(NOT_EXPLAINED)
+        if not differs:
+            result["answer"] = "same components as the nearest entry"
+        else:
+            result["answer"] = "differs in " + ", ".join(differs)
+        results.append(result)
+    return results
+
+
+_FOLLOWS_FLAGS = (
+    "compile_options differs only in its debug options, which XLA reads from XLA_FLAGS: "
+    "a consequence of the XLA flags"
+)
+
+
+def _rank(mine: dict[str, dict[str, Any]], entry: dict[str, Any]) -> tuple[bool, int, float]:
+    """Nearest first: the same computation, then the fewest differences, then the newest."""
+    theirs = _by_name(entry["components"])
+    diff = _diff(mine, theirs)
+    if _options_follow_flags(diff, mine, theirs):
+        diff.remove("compile_options")
+    return ("computation" in diff, len(diff), -float(entry.get("created") or 0))
+
+
+def _options_follow_flags(
+    differs: list[str], mine: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]
+) -> bool:
+    if "XLA flags" not in differs or "compile_options" not in differs:
+        return False
+    a = mine["compile_options"].get("parts")
+    b = theirs.get("compile_options", {}).get("parts")
+    return isinstance(a, dict) and isinstance(b, dict) and a.get("rest") == b.get("rest")
+
+
+def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str, Any]]:
+    """Explain the ``last`` most recent distinct misses of the store, or ``key`` (a missed
+    key, or the key of an entry, compared with the other entries of its program). Raises
+    KeyError when ``key`` is neither."""
+    entries = _entries(store)
+    misses = read_misses(store.path)
+    if key is not None:
+        found = [m for m in misses if m["key"] == key]
+        if found:
+            targets = found[-1:]
+        else:
+            entry = next((e for e in entries if e["key"] == key), None)
+            if entry is None:
+                raise KeyError(key)
+            targets = [
+                {
+                    "key": key,
+                    "module": entry["module"],
+                    "t": entry.get("created"),
+                    "components": entry["components"],
+                }
+            ]
+        return explain_records(targets, entries)
+    latest: dict[str, dict[str, Any]] = {}
+    for m in misses:
+        latest.pop(m["key"], None)
+        latest[m["key"]] = m
+    targets = list(latest.values())[-last:] if last > 0 else []
+    return list(reversed(explain_records(targets, entries)))
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(not recorded)"
+    if isinstance(value, str):
+        return repr(value) if value == "" else value
+    return json.dumps(value, sort_keys=True)
+
+
+def one_line(result: dict[str, Any]) -> str:
+    text = f"{result['key']}: {result.get('answer', '')}"
+    if result.get("nearest"):
+        text += f" (nearest entry {result['nearest']})"
+    for name in result.get("differs", []):
+        v = result["values"].get(name, {})
+        text += f"; {name}: {_show(v.get('this'))} here, {_show(v.get('nearest'))} there"
+    return text
+
+
+def lines(result: dict[str, Any], now: float | None = None) -> list[str]:
+    """The human-readable form of one explanation."""
+    now = time.time() if now is None else now
+    when = result.get("time")
+    ago = f" ({_ago(now - float(when))})" if isinstance(when, int | float) else ""
+    out = [f"{result['key']}{ago}"]
+    if result.get("cached_now"):
+        out.append("  compiled and cached since")
+    nearest = result.get("nearest")
+    if nearest is None:
+        out.append(f"  {result.get('answer', '')}")
+        return out
+    created = result.get("nearest_created")
+    made = f" (written {_ago(now - float(created))})" if isinstance(created, int | float) else ""
+    out.append(f"  nearest entry: {nearest}{made}")
+    differs = result.get("differs") or []
+    if not differs:
+        out.append("  no recorded component differs")
+    for note in result.get("notes", []):
+        out.append(f"  note: {note}")
+    for name in differs:
+        v = result["values"].get(name, {})
+        this, there = _narrow(v.get("this"), v.get("nearest"))
+        out.append(f"  differs: {name}")
+        out.append(f"    this:    {_show(this)}")
+        out.append(f"    nearest: {_show(there)}")
+    return out
+
+
+_UNSET = "(not set)"
+
+
+def _narrow(a: Any, b: Any) -> tuple[Any, Any]:
+    """Of two dict values, only the keys whose values differ (nested once)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a, b
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, _UNSET) != b.get(k, _UNSET))
+    if not keys:
+        return a, b
+    pairs = [_narrow(a.get(k, _UNSET), b.get(k, _UNSET)) for k in keys]
+    return (
+        {k: p[0] for k, p in zip(keys, pairs, strict=True)},
+        {k: p[1] for k, p in zip(keys, pairs, strict=True)},
+    )
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit} ago"
+    return f"{seconds:.0f} s ago"

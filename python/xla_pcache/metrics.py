@@ -1,0 +1,192 @@
+"""What the cache is worth, for people and for monitoring systems.
+
+``prometheus_text()`` renders ``xla-pcache stats`` in the Prometheus text exposition format
+through ``prometheus_client`` (the ``metrics`` extra), for node_exporter's textfile
+collector (see docs/observability.md): counters aggregated across every process that used
+the cache, named ``xla_pcache_*_total``, with a ``tier`` label (``local``, the directory;
+``remote``, the Redis tier, whose counters are this process's only) and a ``cache`` label
+(the directory), so several caches on one host do not collide.
+
+``log_exit_summary()`` is what the adapters register to run at exit: one INFO line with what
+this process did with the store (hits, misses, puts, bytes, compile time saved).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+logger = logging.getLogger("xla_pcache")
+
+# stats() name -> (metric name without xla_pcache_ and _total, help, scale to base unit)
+_COUNTERS: tuple[tuple[str, str, str, float], ...] = (
+    ("hits", "hits", "Lookups served from the cache.", 1),
+    ("misses", "misses", "Lookups the cache could not serve.", 1),
+    ("puts", "puts", "Entries published.", 1),
+    ("put_exists", "puts_existing", "Puts of a key already present (first writer won).", 1),
+    ("bytes_read", "read_bytes", "Payload bytes served by hits.", 1),
+    ("bytes_written", "written_bytes", "Payload bytes published.", 1),
+    ("compile_saved_ms", "compile_time_saved_seconds", "Compile time the hits saved.", 1e-3),
+    ("evictions", "evictions", "Entries evicted.", 1),
+    ("evicted_bytes", "evicted_bytes", "Disk bytes freed by eviction.", 1),
+    ("corrupt", "corrupt", "Entries found corrupt (each also a miss).", 1),
+    ("errors", "errors", "I/O failures treated as misses or skipped writes.", 1),
+    ("too_large", "too_large", "Values over the budget, not stored.", 1),
+    ("puts_refused", "puts_refused", "Puts refused: over budget, evictor busy.", 1),
+    ("claims", "claims", "Compile claims taken (single flight).", 1),
+    ("claim_takeovers", "claim_takeovers", "Claims taken over from a silent holder.", 1),
+    ("claims_abandoned", "claims_abandoned", "Claims given up without a publish.", 1),
+    ("claim_waits", "claim_waits", "Waits for another process's compile.", 1),
+    ("claim_wait_ms", "claim_wait_seconds", "Time spent waiting for others' compiles.", 1e-3),
+    ("claim_wait_timeouts", "claim_wait_timeouts", "Waits that ran out.", 1),
+)
+
+# The Redis tier's counters (xla_pcache.remote) under the local names where they match.
+_REMOTE_COUNTERS: Mapping[str, str] = {
+    "remote_hits": "hits",
+    "remote_misses": "misses",
+    "remote_puts": "puts",
+    "remote_rejected": "corrupt",
+    "remote_too_large": "too_large",
+}
+
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("entries", "entries", "Entries in the cache."),
+    ("bytes", "disk_bytes", "Bytes the entries take on disk."),
+    ("max_size", "max_size_bytes", "The cache's byte budget (absent when unbounded)."),
+    ("processes", "processes", "Processes whose counters are included."),
+    ("view_age_s", "view_age_seconds", "Age of the oldest journal data in these figures."),
+)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+class _StatsCollector:
+    def __init__(self, report: Mapping[str, Any]) -> None:
+        self._report = report
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        report = self._report
+        cache = str(report.get("path", ""))
+        families: dict[str, Any] = {}
+        for stat, name, help_text, scale in _COUNTERS:
+            value = _number(report.get(stat))
+            if value is None:
+                continue
+            fam = families.setdefault(
+                name, CounterMetricFamily(f"xla_pcache_{name}", help_text, labels=["cache", "tier"])
+            )
+            fam.add_metric([cache, "local"], value * scale)
+        for stat, name in _REMOTE_COUNTERS.items():
+            value = _number(report.get(stat))
+            if value is None:
+                continue
+            help_text = next((h for _, n, h, _ in _COUNTERS if n == name), name)
+            fam = families.setdefault(
+                name, CounterMetricFamily(f"xla_pcache_{name}", help_text, labels=["cache", "tier"])
+            )
+            fam.add_metric([cache, "remote"], value)
+        yield from families.values()
+        for stat, name, help_text in _GAUGES:
+            value = _number(report.get(stat))
+            if value is None:
+                continue
+            gauge = GaugeMetricFamily(f"xla_pcache_{name}", help_text, labels=["cache"])
+            gauge.add_metric([cache], value)
+            yield gauge
+
+
+def prometheus_text(report: Mapping[str, Any]) -> str:
+    """``report`` (what ``xla-pcache stats --format json`` prints) in the Prometheus text
+    format. Raises ImportError naming the extra when prometheus_client is missing."""
+    try:
+        from prometheus_client import CollectorRegistry, generate_latest
+    except ImportError as exc:
+        raise ImportError(
+            'prometheus output needs prometheus_client: pip install "xla-pcache[metrics]"'
+        ) from exc
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatsCollector(report))
+    return generate_latest(registry).decode()
+
+
+def human_duration(seconds: float) -> str:
+    """``11520`` -> ``"3 h 12 min"``; ``42.5`` -> ``"42.5 s"``."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60)} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+# --- one summary per process at exit ----------------------------------------------------------
+
+_exit_lock = threading.Lock()
+_exit_stores: weakref.WeakSet[Any] = weakref.WeakSet()
+_exit_registered = False
+
+
+def summary(store: Any, hits: int | None = None, misses: int | None = None) -> str | None:
+    """One line about what this process did with ``store``, or None when it did nothing.
+    ``hits`` and ``misses`` replace the store's where the framework reads the cache itself
+    (torch_xla)."""
+    c = dict(store.process_stats())
+    if hits is not None:
+        c["hits"] = hits
+    if misses is not None:
+        c["misses"] = misses
+    if not any(c.get(k) for k in ("hits", "misses", "puts")):
+        return None
+    from xla_pcache.sizes import format_size
+
+    return (
+        f"xla_pcache: this process: {c.get('hits', 0)} hits, {c.get('misses', 0)} misses, "
+        f"{c.get('puts', 0)} puts, {format_size(c.get('bytes_read', 0))} read, "
+        f"{format_size(c.get('bytes_written', 0))} written, compile time saved "
+        f"{human_duration(c.get('compile_saved_ms', 0) / 1000)} ({store.path})"
+    )
+
+
+def log_summary(store: Any, hits: int | None = None, misses: int | None = None) -> None:
+    """Log ``summary()`` now, at INFO (when there is anything to say)."""
+    line = summary(store, hits, misses)
+    if line is not None:
+        logger.info("%s", line)
+
+
+def _log_at_exit() -> None:
+    with _exit_lock:
+        stores = list(_exit_stores)
+    for store in stores:
+        try:
+            line = summary(store)
+        except Exception:  # a closed store, or one whose directory is gone
+            continue
+        if line is not None:
+            logger.info("%s", line)
+
+
+def log_exit_summary(store: Any) -> None:
+    """Log ``summary(store)`` at INFO when the process exits (once per store)."""
+    global _exit_registered
+    with _exit_lock:
+        _exit_stores.add(store)
+        if not _exit_registered:
+            atexit.register(_log_at_exit)
+            _exit_registered = True

@@ -1,0 +1,62 @@
+"""Why torch_xla missed: the environment torch_xla hashes, recorded and compared (real
+torch_xla on CPU, fresh processes). The graph hash itself is C++ and cannot be compared."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from xla_pcache import Store
+
+from .test_torch_xla import run
+
+pytestmark = [
+    pytest.mark.torch_xla,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed"
+    ),
+]
+
+
+def explain_json(root: Path) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "xla_pcache", "explain", "--path", str(root), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    results: list[dict[str, Any]] = json.loads(out)
+    return results
+
+
+def test_a_flag_change_is_explained_at_the_environment_level(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    spec = {"install": {"path": str(store), "local_dir": str(tmp_path / "host")}}
+    flags_a = "--xla_cpu_enable_fast_math=true"
+    flags_b = "--xla_cpu_enable_fast_math=false"
+    first = run({**spec, "graphs": ["add"]}, {"XLA_FLAGS": flags_a})
+    second = run({**spec, "graphs": ["add"]}, {"XLA_FLAGS": flags_b})
+    assert first["counters"]["PersistentCacheMiss"] == 1
+    assert second["counters"]["PersistentCacheMiss"] == 1
+    with Store(store, read_only=True) as s:
+        metas = [e["meta"] for e in s.entries()]
+    assert len(metas) == 2
+    parts = json.loads(metas[0]["key_components"])
+    names = [p["name"] for p in parts["components"]]
+    assert {"XLA_FLAGS", "torch version", "torch_xla version", "device"} <= set(names)
+    (newest, older) = explain_json(store)
+    assert newest["module"] == "torch_xla" and newest["nearest"] == older["key"]
+    assert newest["differs"] == ["XLA_FLAGS"]
+    assert newest["values"]["XLA_FLAGS"] == {
+        "this": flags_b,
+        "nearest": flags_a,
+        "this_digest": newest["values"]["XLA_FLAGS"]["this_digest"],
+        "nearest_digest": newest["values"]["XLA_FLAGS"]["nearest_digest"],
+    }
+    assert any("computed in C++" in note for note in newest["notes"])
