@@ -519,7 +519,8 @@ def render(results: dict[str, Any]) -> str:
         "(`test_evict_never_recreates_a_vanished_root`); len() raised on a vanished root "
         "(`test_len_of_a_vanished_root_does_not_raise`).",
         "",
-        # Not measured by these scenarios (hostile contents, security): kept by hand next to this script.
+        # Not measured by these scenarios (hostile contents, security): kept by hand
+        # next to this script.
         SECURITY_SECTION.read_text().rstrip("\n"),
         "",
     ]
