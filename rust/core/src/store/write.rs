@@ -339,8 +339,20 @@ impl Store {
     /// Re-creates the layout if the root exists but lost its sub-directories. Never creates
     /// the root itself: a missing root may be an unmounted filesystem.
     pub(super) fn relayout(&self) -> bool {
+        // A lookup can fail on a network filesystem's stale view while every directory is
+        // still there: then nothing was emptied, and the put is retried without a warning.
+        let intact = self.root.dir().is_ok_and(|top| {
+            crate::layout::SUBDIRS
+                .iter()
+                .all(|d| top.stat(d).is_ok_and(|s| s.is_dir()))
+        });
         let ok = self.layout.create(&self.root).is_ok();
-        if ok {
+        if ok && intact {
+            log::debug!(
+                "xla_pcache: a put into {} found a file or directory missing while the layout is whole; retrying once",
+                self.layout.root.display()
+            );
+        } else if ok {
             if let Ok(entries) = self.root.sub("entries") {
                 for shard in 0..=255u8 {
                     let _ = entries.mkdir(&format!("{shard:02x}"), 0o777);
