@@ -43,6 +43,8 @@ _COUNTERS: tuple[tuple[str, str, str, float], ...] = (
     ("claim_waits", "claim_waits", "Waits for another process's compile.", 1),
     ("claim_wait_ms", "claim_wait_seconds", "Time spent waiting for others' compiles.", 1e-3),
     ("claim_wait_timeouts", "claim_wait_timeouts", "Waits that ran out.", 1),
+    ("unsafe_paths", "unsafe_paths", "Paths skipped: not a real directory in the cache.", 1),
+    ("unreadable", "unreadable_files", "Index files skipped: could not be read.", 1),
 )
 
 # The Redis tier's counters (xla_pcache.remote) under the local names where they match.
