@@ -22,15 +22,16 @@ from typing import Any
 
 logger = logging.getLogger("xla_pcache")
 
-# stats() name -> (metric name without xla_pcache_ and _total, help, scale to base unit)
-_COUNTERS: tuple[tuple[str, str, str, float], ...] = (
+# stats() name -> (metric name without xla_pcache_ and _total, help, units per base unit;
+# dividing, not multiplying by 1e-3, keeps 286 ms as 0.286 and not 0.28600000000000003)
+_COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("hits", "hits", "Lookups served from the cache.", 1),
     ("misses", "misses", "Lookups the cache could not serve.", 1),
     ("puts", "puts", "Entries published.", 1),
     ("put_exists", "puts_existing", "Puts of a key already present (first writer won).", 1),
     ("bytes_read", "read_bytes", "Payload bytes served by hits.", 1),
     ("bytes_written", "written_bytes", "Payload bytes published.", 1),
-    ("compile_saved_ms", "compile_time_saved_seconds", "Compile time the hits saved.", 1e-3),
+    ("compile_saved_ms", "compile_time_saved_seconds", "Compile time the hits saved.", 1000),
     ("evictions", "evictions", "Entries evicted.", 1),
     ("evicted_bytes", "evicted_bytes", "Disk bytes freed by eviction.", 1),
     ("corrupt", "corrupt", "Entries found corrupt (each also a miss).", 1),
@@ -41,7 +42,7 @@ _COUNTERS: tuple[tuple[str, str, str, float], ...] = (
     ("claim_takeovers", "claim_takeovers", "Claims taken over from a silent holder.", 1),
     ("claims_abandoned", "claims_abandoned", "Claims given up without a publish.", 1),
     ("claim_waits", "claim_waits", "Waits for another process's compile.", 1),
-    ("claim_wait_ms", "claim_wait_seconds", "Time spent waiting for others' compiles.", 1e-3),
+    ("claim_wait_ms", "claim_wait_seconds", "Time spent waiting for others' compiles.", 1000),
     ("claim_wait_timeouts", "claim_wait_timeouts", "Waits that ran out.", 1),
     ("unsafe_paths", "unsafe_paths", "Paths skipped: not a real directory in the cache.", 1),
     ("unreadable", "unreadable_files", "Index files skipped: could not be read.", 1),
@@ -88,7 +89,7 @@ class _StatsCollector:
             fam = families.setdefault(
                 name, CounterMetricFamily(f"xla_pcache_{name}", help_text, labels=["cache", "tier"])
             )
-            fam.add_metric([cache, "local"], value * scale)
+            fam.add_metric([cache, "local"], value / scale)
         for stat, name in _REMOTE_COUNTERS.items():
             value = _number(report.get(stat))
             if value is None:
