@@ -6,6 +6,7 @@
 //! a read-only store writes nothing at all.
 
 mod admin;
+mod admission;
 mod claim;
 #[cfg(test)]
 mod claim_tests;
@@ -54,14 +55,6 @@ const MMAP_MIN_BYTES: u64 = 128 * 1024;
 /// and removed by compaction.
 const REMOTE_JOURNAL_AGE: Duration = Duration::from_secs(24 * 3600);
 const EVICT_LOCK: &str = "evict";
-/// How long after a process checks the budget its put becomes visible to the others (the
-/// link, then its journal record): the others' puts in that window are unseen by both.
-const PUBLISH_WINDOW: Duration = Duration::from_millis(10);
-/// The put rate is measured over windows at least this long (about one fresh listing of the
-/// journals on a network filesystem, where the others' puts arrive in such steps)...
-const RATE_WINDOW: Duration = Duration::from_millis(50);
-/// ...follows a rise at once and decays over about this long.
-const RATE_DECAY: Duration = Duration::from_secs(1);
 
 /// The longest duration an option may hold (about 31 years): longer is a mistake, and
 /// deadlines computed from it would overflow.
@@ -256,11 +249,8 @@ struct State {
     last_sweep: Option<Instant>,
     /// When the journal directory's listing was last made fresh (network filesystems).
     last_freshen: Option<Instant>,
-    /// The other processes' put rate (bytes/s) as this view saw their journals grow: the
-    /// last window's when that is higher, else decaying over about a second; and the
-    /// sample the current window started from.
-    put_rate: f64,
-    rate_sample: Option<(Instant, u64)>,
+    /// The other processes' put rate, as this view saw their journals grow.
+    put_rate: admission::PutRate,
 }
 
 impl State {
@@ -276,53 +266,8 @@ impl State {
             evict_backlog: None,
             last_sweep: None,
             last_freshen: None,
-            put_rate: 0.0,
-            rate_sample: None,
+            put_rate: admission::PutRate::default(),
         }
-    }
-
-    /// What the other writers likely published that this view has not read: about this
-    /// process's own puts since it was read (`pending_bytes`) each, or their measured put
-    /// rate over the time since the view was current plus `PUBLISH_WINDOW`, whichever is
-    /// more. Near zero in a quiet fleet; in a busy one it is what keeps a view that is
-    /// even 50 ms old from admitting puts into space that is already taken.
-    fn likely_unseen(&self) -> u64 {
-        let by_own = self
-            .pending_bytes
-            .saturating_mul(self.view.writers.max(1) as u64);
-        // The view is current as of its last refresh on a local filesystem (no
-        // `last_freshen` there), of its last fresh listing on a network one.
-        let since = self
-            .last_freshen
-            .or(self.last_refresh)
-            .map_or(Duration::ZERO, |t| t.elapsed())
-            + PUBLISH_WINDOW;
-        let by_rate = (self.put_rate * since.as_secs_f64()) as u64;
-        by_own.max(by_rate)
-    }
-
-    /// Folds the other processes' puts read by the last refresh into `put_rate`. A rise
-    /// counts at once: a fleet that starts together fills an empty budget within a few
-    /// hundred milliseconds, before a smoothed rate would have caught up (the disk then
-    /// peaked at 1.6-1.7x the budget on the two-host bed); a fall decays, since puts come
-    /// in bursts.
-    fn note_put_rate(&mut self) {
-        let now = Instant::now();
-        let total = self.view.others_put_bytes;
-        if let Some((t, before)) = self.rate_sample {
-            let dt = now.duration_since(t);
-            if dt < RATE_WINDOW {
-                return;
-            }
-            let rate = total.saturating_sub(before) as f64 / dt.as_secs_f64();
-            if rate >= self.put_rate {
-                self.put_rate = rate;
-            } else {
-                let weight = 1.0 - (-dt.as_secs_f64() / RATE_DECAY.as_secs_f64()).exp();
-                self.put_rate += weight * (rate - self.put_rate);
-            }
-        }
-        self.rate_sample = Some((now, total));
     }
 }
 

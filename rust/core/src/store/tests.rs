@@ -400,75 +400,6 @@ fn a_put_over_budget_is_admitted_when_another_evictor_frees_room_while_holding_t
 }
 
 #[test]
-fn the_other_processes_put_rate_counts_as_likely_unseen() {
-    let d = tempfile::tempdir().unwrap();
-    let s = open(d.path(), Some(10_000_000));
-    let other = open(d.path(), None);
-    s.stats().unwrap();
-    // This process's own puts are no sign of the others'.
-    for i in 0..20 {
-        s.put(key(&format!("s{i}")), &[1u8; 10_000], &[]).unwrap();
-    }
-    s.stats().unwrap();
-    assert_eq!(s.state().put_rate, 0.0);
-    let started = Instant::now();
-    for i in 0..40 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(10));
-        if i % 4 == 3 {
-            s.stats().unwrap();
-        }
-    }
-    let rate = 40.0 * 10_000.0 / started.elapsed().as_secs_f64();
-    let st = s.state();
-    assert!(
-        st.put_rate > 0.2 * rate && st.put_rate < 2.0 * rate,
-        "put rate {} vs {rate}",
-        st.put_rate
-    );
-    let now = st.likely_unseen();
-    drop(st);
-    std::thread::sleep(Duration::from_millis(100));
-    let later = s.state().likely_unseen();
-    assert!(now > 0 && later > now, "{now} then {later}");
-}
-
-#[test]
-fn a_rise_in_the_others_put_rate_counts_at_once_and_a_fall_decays() {
-    let d = tempfile::tempdir().unwrap();
-    let s = open(d.path(), Some(10_000_000));
-    let other = open(d.path(), None);
-    // This refresh closes the window open since the store was opened and starts the next
-    // one after `started`.
-    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
-    let started = Instant::now();
-    s.stats().unwrap();
-    assert_eq!(s.state().put_rate, 0.0);
-    for i in 0..20 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-    }
-    other.flush();
-    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
-    s.stats().unwrap();
-    // One window of at most this long saw the burst: the rate is the window's at once, not
-    // a step toward it (a smoothed rate would be a few percent of it here).
-    let burst = 20.0 * 10_000.0 / started.elapsed().as_secs_f64();
-    let risen = s.state().put_rate;
-    assert!(
-        risen >= burst,
-        "put rate {risen} after a burst of {burst}/s"
-    );
-    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
-    s.stats().unwrap();
-    let fallen = s.state().put_rate;
-    assert!(fallen > 0.0 && fallen < risen, "{risen} then {fallen}");
-}
-
-#[test]
 fn a_put_path_eviction_makes_room_for_the_others_measured_puts() {
     // What one entry of these takes on disk.
     let one = {
@@ -484,9 +415,9 @@ fn a_put_path_eviction_makes_room_for_the_others_measured_puts() {
         fill_over_budget(&open(d.path(), None), &s);
         {
             let mut st = s.state();
-            st.put_rate = rate;
             // A window just begun: the put's refresh leaves the rate as set.
-            st.rate_sample = Some((Instant::now(), st.view.others_put_bytes));
+            let others = st.view.others_put_bytes;
+            st.put_rate.set(rate, Instant::now(), others);
         }
         assert!(s.put(key("k"), &[1u8; 10_000], &[]).unwrap());
         (s.stats().unwrap().bytes, s.low_water(100_000))
