@@ -1,6 +1,6 @@
 //! The store: put / get / contains / delete / clear / stats / evict / verify.
 //!
-//! Rules kept here (DESIGN.md): entries are immutable files published by rename, never
+//! Rules kept here (ARCHITECTURE.md, "Rules, and where each is kept"): entries are immutable files published by rename, never
 //! written in place; a reader verifies header and checksum before exposing a byte; any
 //! failure inside `get` or `put` is a miss or a `false`, logged and counted, never an error;
 //! a read-only store writes nothing at all.
@@ -44,14 +44,12 @@ pub use claim::{Claim, ClaimOutcome, ClaimState};
 use claim::{CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
 
 /// Below this size a file is read into memory rather than mapped. It is glibc's default
-/// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so the
-/// read into it faults in every page, and the first get of an entry in a process paid for
-/// that (190 KB: first get 134 us read, 95-105 us mapped; 550 KB: 408-468 us read, 119 us
-/// mapped; a mapping takes the page-cache pages as they are, a few faults with the kernel's
-/// fault-around). Where malloc reuses warm memory, reading stays a little cheaper (190 KB
-/// steady 15 us read vs 20 us mapped; 550 KB 33 vs 27-32 us), so smaller entries are read.
-/// Mappings are not pre-faulted (MAP_POPULATE measured no better here, and slower for 4 MiB
-/// and 64 MiB: 630 us vs 360 us, 15 ms vs 11 ms).
+/// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so a
+/// read into it faults in every page, and the first get of an entry in a process pays for
+/// that, while a mapping takes the page-cache pages as they are (a few faults with the
+/// kernel's fault-around). Below it malloc reuses warm memory, where a read stays a little
+/// cheaper than a mapping. Mappings are not pre-faulted: MAP_POPULATE was no faster, and
+/// slower for large entries. Figures: docs/benchmarks.md, "Measurements behind the code".
 const MMAP_MIN_BYTES: u64 = 128 * 1024;
 /// Journals untouched this long whose owner cannot be checked (another host) are folded
 /// and removed by compaction.
@@ -101,7 +99,8 @@ pub struct StoreOptions {
     /// Eviction brings the cache down to this fraction of the budget.
     pub low_watermark: f64,
     /// Longest a put spends evicting; the rest continues with the next puts, so no caller
-    /// stalls for a whole batch (about 30 us per entry: 10% of 100k entries is 0.3 s).
+    /// stalls for a whole batch (evicting a tenth of a large cache takes a good part of a
+    /// second: docs/benchmarks.md, "Measurements behind the code").
     pub evict_slice: Duration,
     /// How often pending counters are written to the journal.
     pub stats_interval: Duration,

@@ -6,14 +6,14 @@ use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
 const WRITE_CHUNK: usize = 256 << 10;
-/// A put not published because the cache is over budget (see `admits`), and why no
-/// eviction made room for it.
+/// A put refused by admission (`admission.rs`) after its file was written: why no eviction
+/// made room for it.
 #[derive(Debug)]
 struct Refused(Refusal);
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the cache is over its budget")
+        f.write_str("no room within the cache's budget")
     }
 }
 
@@ -149,14 +149,17 @@ impl Store {
         self.counters.inc(Counter::PutsRefused);
         self.warn("refused", || match why {
             Refusal::LockHeld => format!(
-                "not caching an entry: the cache under {} is over its budget and no \
-                 eviction made room for it within {:?} (another process held the evictor lock)",
+                "not caching an entry: with it the cache under {} would be over its budget, \
+                 and another process held the evictor lock for all of {:?} (lock_timeout) \
+                 without its eviction making room",
                 self.layout.root.display(),
                 self.opts.lock_timeout
             ),
             Refusal::NoRoom => format!(
-                "not caching an entry: the cache under {} is over its budget and evicting \
-                 what this process can see and remove did not make room for it",
+                "not caching an entry: with it the cache under {} would be over its budget, \
+                 and what this process could see and remove in the eviction time a put may \
+                 take did not make room (entries it could not remove, or more to evict than \
+                 that: the next puts go on with it)",
                 self.layout.root.display(),
             ),
         });
@@ -186,7 +189,8 @@ impl Store {
             let f =
                 tmp_dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
             // Payload first, each chunk hashed just before it is written, while it is in
-            // cache: one pass over the value instead of two (a 64 MiB put saves ~10 ms).
+            // cache: one pass over the value instead of two, and a large value is read from
+            // memory once.
             // The header, which holds the checksum, goes in last, at offset 0.
             let mut hasher = crate::hash::Checksum::new();
             let mut at = header.len() as u64;
