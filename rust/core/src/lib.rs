@@ -2,10 +2,10 @@
 //! executables. No Python here: the pyo3 binding lives in its own crate.
 //!
 //! The modules are private to the crate; what the binding and the integration tests use is
-//! re-exported below. Dependencies point one way (ARCHITECTURE.md, "Layering"): `store`
-//! uses `index`, `journal`, `entry`, `lock`, `publish`, `fsinfo`, `stats`; those use only
-//! `dir`, `layout`, `hash`, `clock`, `error` (and `lru`, `forksafe`, `blob`), never one
-//! above them.
+//! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
+//! `layering_tests.rs`): `store` (with admission and claims); then `index`, `journal`,
+//! `entry`, `blob`, `lock`; then `dir`, `layout`, `publish`, `fsinfo`, `lru`, `stats`,
+//! `forksafe`, `hash`, `clock`, `error`. A module uses only its own tier and those below.
 
 pub(crate) mod blob;
 pub(crate) mod clock;
@@ -19,6 +19,8 @@ mod fuzz_tests;
 pub(crate) mod hash;
 pub(crate) mod index;
 pub(crate) mod journal;
+#[cfg(test)]
+mod layering_tests;
 pub(crate) mod layout;
 pub(crate) mod lock;
 pub(crate) mod lru;

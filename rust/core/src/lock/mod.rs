@@ -145,6 +145,12 @@ pub enum LockError {
     LeaseLost { path: PathBuf },
 }
 
+impl From<LockError> for crate::error::StoreError {
+    fn from(e: LockError) -> Self {
+        crate::error::StoreError::Lock(Box::new(e))
+    }
+}
+
 impl LockError {
     fn io(op: &'static str, path: &Path, source: io::Error) -> Self {
         LockError::Io {
