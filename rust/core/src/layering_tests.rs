@@ -69,3 +69,48 @@ fn no_module_imports_one_above_it() {
     assert!(upward.is_empty(), "upward imports:\n{}", upward.join("\n"));
     assert!(files.len() > 20, "found only {} sources", files.len());
 }
+
+/// ARCHITECTURE.md's file tree names every file of the core, the binding and the Python
+/// package (one line each, the path relative to its directory, as the tree writes it).
+#[test]
+fn the_architecture_file_tree_lists_every_source_file() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let Ok(doc) = fs::read_to_string(repo.join("ARCHITECTURE.md")) else {
+        panic!("no ARCHITECTURE.md at {}", repo.display());
+    };
+    let listed: Vec<&str> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let mut missing = Vec::new();
+    for dir in ["rust/core/src", "rust/python/src", "python/xla_pcache"] {
+        let base = repo.join(dir);
+        let mut stack = vec![base.clone()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if p.is_dir() {
+                    if name != "__pycache__" {
+                        stack.push(p);
+                    }
+                    continue;
+                }
+                // Built files next to the sources (the extension copied in for tests).
+                if name.ends_with(".so") || name.ends_with(".pyc") {
+                    continue;
+                }
+                let rel = p.strip_prefix(&base).unwrap().display().to_string();
+                if !listed.contains(&rel.as_str()) {
+                    missing.push(format!("{dir}/{rel}"));
+                }
+            }
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "not in ARCHITECTURE.md's file tree: {missing:?}"
+    );
+}
