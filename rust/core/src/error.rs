@@ -20,8 +20,9 @@ pub enum StoreError {
     Invalid(String),
     #[error("cache directory {0} does not exist")]
     NotFound(PathBuf),
+    /// A lock's error (`lock::LockError`, converted there: this module imports none above it).
     #[error("cannot take the evictor lock: {0}")]
-    Lock(#[from] crate::lock::LockError),
+    Lock(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 pub fn io_err(op: &'static str, path: &Path, source: io::Error) -> StoreError {

@@ -33,7 +33,7 @@ fn avx512() -> Option<long::Avx512> {
 
 /// The default secret, owned by the hasher. Owned rather than borrowed from a static: with a
 /// borrowed secret the compiler cannot prove that the accumulators do not alias it, keeps
-/// them in memory across stripes, and streams at 15 GB/s instead of 50 (measured, AVX2).
+/// them in memory across stripes, and streams at a fraction of the speed (docs/benchmarks.md, "Measurements behind the code").
 type Secret = [u8; DEFAULT_SECRET_LENGTH];
 
 fn secret_buffer() -> SecretBuffer<Secret> {

@@ -12,7 +12,6 @@ use crate::dir::{Dir, Root};
 use crate::hash::checksum;
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 const MAGIC: u8 = 0xA5;
@@ -226,7 +225,8 @@ impl JournalWriter {
         self.file.as_ref().map(|(_, n, _)| n.as_str())
     }
 
-    pub fn path(&self) -> Option<PathBuf> {
+    #[cfg(test)]
+    pub fn path(&self) -> Option<std::path::PathBuf> {
         self.name()
             .map(|n| self.root.path().join(JOURNAL_DIR).join(n))
     }

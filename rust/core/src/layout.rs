@@ -42,15 +42,6 @@ impl Layout {
     pub fn journal_dir(&self) -> PathBuf {
         self.root.join("journal")
     }
-    pub fn index_dir(&self) -> PathBuf {
-        self.root.join("index")
-    }
-    pub fn snapshot(&self) -> PathBuf {
-        self.index_dir().join("snapshot")
-    }
-    pub fn locks(&self) -> PathBuf {
-        self.root.join("locks")
-    }
     pub fn tmp(&self) -> PathBuf {
         self.root.join("tmp")
     }

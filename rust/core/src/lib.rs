@@ -1,34 +1,41 @@
 //! xla_pcache_core: a persistent, bounded, multi-process and NFS-safe store of compiled XLA
 //! executables. No Python here: the pyo3 binding lives in its own crate.
 //!
-//! Dependencies point one way: `store` uses `entry`, `publish`, `index` (which uses
-//! `journal` and `lru`), `lock`, `fsinfo`, `layout`; those use only `hash`, `clock`, `error`.
+//! The modules are private to the crate; what the binding and the integration tests use is
+//! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
+//! `layering_tests.rs`): `store` (with admission and claims); then `index`, `journal`,
+//! `entry`, `blob`, `lock`; then `dir`, `layout`, `publish`, `fsinfo`, `lru`, `stats`,
+//! `forksafe`, `hash`, `clock`, `error`. A module uses only its own tier and those below.
 
-pub mod blob;
-pub mod clock;
-pub mod dir;
-pub mod entry;
-pub mod error;
-pub mod forksafe;
-pub mod fsinfo;
+pub(crate) mod blob;
+pub(crate) mod clock;
+pub(crate) mod dir;
+pub(crate) mod entry;
+pub(crate) mod error;
+pub(crate) mod forksafe;
+pub(crate) mod fsinfo;
 #[cfg(test)]
 mod fuzz_tests;
-pub mod hash;
-pub mod index;
-pub mod journal;
-pub mod layout;
-pub mod lock;
-pub mod lru;
-pub mod publish;
-pub mod stats;
-pub mod store;
+pub(crate) mod hash;
+pub(crate) mod index;
+pub(crate) mod journal;
+#[cfg(test)]
+mod layering_tests;
+pub(crate) mod layout;
+pub(crate) mod lock;
+pub(crate) mod lru;
+pub(crate) mod publish;
+pub(crate) mod stats;
+pub(crate) mod store;
 
 pub use blob::Blob;
 pub use error::StoreError;
-pub use hash::{hash_parts, KeyHasher};
+pub use fsinfo::FsInfo;
+pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
-pub use lock::LockMode;
+pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
+pub use stats::{Counter, Counters};
 pub use store::{
-    Claim, ClaimOutcome, ClaimState, EvictReport, Key, ReadMode, Stats, Store, StoreOptions,
-    VerifyReport,
+    Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode, Stats, Store,
+    StoreOptions, VerifyReport, MAX_DURATION,
 };

@@ -24,6 +24,7 @@ impl Lru {
     pub fn len(&self) -> usize {
         self.map.len()
     }
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -27,8 +27,12 @@ pub enum Counter {
     ClaimWaits,
     ClaimWaitMs,
     ClaimWaitTimeouts,
-    /// Puts not published because the cache was far over its budget and this process
-    /// could not evict at that moment (another was evicting).
+    /// Puts not published because, with them, this process's view of the cache (counting
+    /// the other processes' likely unseen puts) was over the budget, and no eviction made
+    /// room in time: another process held the evictor lock for all of `lock_timeout` while
+    /// what its eviction removed did not make room, or this process evicted (at most three
+    /// time slices) and what it could remove did not. Counted once per put, before or after
+    /// its file was written.
     PutsRefused,
     /// Paths refused because a component was not a real directory inside the cache (a
     /// symbolic link, a file or a FIFO where a directory belongs) or an entry's name held

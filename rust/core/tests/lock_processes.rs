@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use xla_pcache_core::lock::{LockDir, LockMode, LockOptions};
+use xla_pcache_core::{LockDir, LockMode, LockOptions};
 
 const ROLE: &str = "XLA_PCACHE_LOCK_ROLE";
 const LOCK: &str = "evict";

@@ -69,13 +69,13 @@ impl PyHasher {
 #[pyfunction]
 pub fn entry_name(key: &Bound<'_, PyAny>) -> PyResult<String> {
     let key = KeyArg::extract(key)?;
-    Ok(xla_pcache_core::hash::name_hex(
-        xla_pcache_core::hash::entry_name(key.key().bytes),
-    ))
+    Ok(xla_pcache_core::name_hex(xla_pcache_core::entry_name(
+        key.key().bytes,
+    )))
 }
 
 /// The xxh3 vector path in use (`avx512`, `avx2`, `sse2`, `neon`, `scalar`, or `portable-*`).
 #[pyfunction]
 pub fn hash_impl() -> &'static str {
-    xla_pcache_core::hash::active().path()
+    xla_pcache_core::active_hash_impl().path()
 }

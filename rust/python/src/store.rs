@@ -11,14 +11,15 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use xla_pcache_core::store::EntrySummary;
-use xla_pcache_core::{Blob, Claim, ClaimOutcome, LockMode, ReadMode, Store, StoreOptions};
+use xla_pcache_core::{
+    Blob, Claim, ClaimOutcome, EntrySummary, LockMode, ReadMode, Store, StoreOptions,
+};
 
 /// A duration argument in seconds: finite, non-negative and at most `MAX_DURATION` (about
 /// 31 years: anything longer is a mistake, and would overflow a deadline), else a
 /// `ValueError` naming the argument.
 fn seconds(name: &str, v: f64) -> PyResult<Duration> {
-    let max = xla_pcache_core::store::MAX_DURATION;
+    let max = xla_pcache_core::MAX_DURATION;
     if !v.is_finite() || v < 0.0 || v > max.as_secs_f64() {
         return Err(PyValueError::new_err(format!(
             "{name} must be a number of seconds from 0 to {} (about 31 years), got {v}",

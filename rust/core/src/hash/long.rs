@@ -1,14 +1,13 @@
 //! xxh3 of inputs longer than 240 bytes with an AVX-512 stripe loop, one-shot and streaming.
 //!
-//! Why it exists: twox-hash stops at AVX2, and on the CPU measured here (AMD EPYC, 2 cores
-//! of a VM) this loop hashes cached data about a third faster than twox-hash's AVX2 one
-//! (550 KB one-shot, best of 40 interleaved runs: 77 vs 58 GB/s), which takes `hash_key`
-//! past the C library (docs/benchmarks.md, "checksum throughput"). A straight translation
-//! of the reference AVX-512 loop was no faster than AVX2 here (53 GB/s): see `stripe` for
-//! what made the difference. Only the long-input path is vectorised in xxh3, so only it is here: inputs
-//! of 240 bytes or less, and the hashers' digests of such totals, go to twox-hash. The
-//! values are xxh3's (64 and 128 bits, default secret, seed 0); the tests compare every
-//! length against the reference implementation.
+//! Why it exists: twox-hash stops at AVX2, and on a CPU with AVX-512 this loop hashes cached
+//! data markedly faster than twox-hash's AVX2 one, which takes `hash_key` past the C library
+//! (docs/benchmarks.md, "Checksum throughput" and "Measurements behind the code"). A
+//! straight translation of the reference AVX-512 loop was no faster than AVX2: see `stripe`
+//! for what made the difference. Only the long-input path is vectorised in xxh3, so only it
+//! is here: inputs of 240 bytes or less, and the hashers' digests of such totals, go to
+//! twox-hash. The values are xxh3's (64 and 128 bits, default secret, seed 0); the tests
+//! compare every length against the reference implementation.
 //!
 //! The loop is generic over a [`Kernel`] (accumulate stripes, scramble), so the block and
 //! streaming logic is tested with a plain scalar kernel on any machine, and the AVX-512
@@ -281,8 +280,8 @@ impl Avx512 {
 
 /// AVX-512F usable: the CPU has it and the OS saves its registers. Asked directly rather
 /// than through `is_x86_feature_detected!`, whose first call probes every CPUID leaf it
-/// knows: in a virtual machine each CPUID exits to the hypervisor (5-7 us each measured
-/// here, 55 us for std's first detection), and the first get of every process paid that.
+/// knows: in a virtual machine each CPUID exits to the hypervisor, and the first get of
+/// every process would pay for all of them (docs/benchmarks.md, "Measurements behind the code").
 /// This asks three leaves and XCR0 (leaf 7 is asked before knowing it exists: a CPU
 /// answers a leaf past its maximum with harmless data, ignored then). The tests check it
 /// against std's answer.

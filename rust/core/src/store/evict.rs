@@ -10,11 +10,6 @@ const EXPLICIT_ROUNDS: u32 = 4;
 /// The put path makes the journal listing fresh (network filesystems) at most this often;
 /// the processes of one host share their client's cache, so each benefits from the others.
 const FRESHEN_EVERY: Duration = Duration::from_millis(50);
-/// A put-path eviction also makes room for the others' puts over about this long, at their
-/// measured rate...
-const EVICT_AHEAD: Duration = Duration::from_millis(100);
-/// ...but for no more than this share of the budget.
-const EVICT_AHEAD_MAX: f64 = 0.25;
 
 /// Renews the evictor's lease every quarter lease while a long job holds it.
 pub(super) struct Heartbeat {
@@ -182,17 +177,6 @@ impl Store {
     /// Where an eviction for a budget of `max` bytes stops.
     pub(super) fn low_water(&self, max: u64) -> u64 {
         (max as f64 * self.opts.low_watermark) as u64
-    }
-
-    /// Where an eviction from the put path stops: the low watermark, less what the other
-    /// processes likely put before the next eviction can run. When a busy fleet refills
-    /// the margin below the watermark within milliseconds, an eviction down to the
-    /// watermark alone leaves room for a put or two, and every other put waits for the
-    /// evictor lock (half the puts on the two-host bed, a few percent refused). Near zero
-    /// extra in a quiet fleet.
-    pub(super) fn put_low_water(&self, st: &State, max: u64) -> u64 {
-        let ahead = (st.put_rate * EVICT_AHEAD.as_secs_f64()).min(max as f64 * EVICT_AHEAD_MAX);
-        self.low_water(max).saturating_sub(ahead as u64)
     }
 
     /// Evicts with the lock held: refreshes, removes oldest entries until the total is at

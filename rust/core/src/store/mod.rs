@@ -1,11 +1,12 @@
 //! The store: put / get / contains / delete / clear / stats / evict / verify.
 //!
-//! Rules kept here (DESIGN.md): entries are immutable files published by rename, never
+//! Rules kept here (ARCHITECTURE.md, "Rules, and where each is kept"): entries are immutable files published by rename, never
 //! written in place; a reader verifies header and checksum before exposing a byte; any
 //! failure inside `get` or `put` is a miss or a `false`, logged and counted, never an error;
 //! a read-only store writes nothing at all.
 
 mod admin;
+mod admission;
 mod claim;
 #[cfg(test)]
 mod claim_tests;
@@ -38,30 +39,22 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-pub use claim::{Claim, ClaimOutcome, ClaimState, CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
+pub use claim::{Claim, ClaimOutcome, ClaimState};
+#[cfg(test)]
+use claim::{CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
 
 /// Below this size a file is read into memory rather than mapped. It is glibc's default
-/// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so the
-/// read into it faults in every page, and the first get of an entry in a process paid for
-/// that (190 KB: first get 134 us read, 95-105 us mapped; 550 KB: 408-468 us read, 119 us
-/// mapped; a mapping takes the page-cache pages as they are, a few faults with the kernel's
-/// fault-around). Where malloc reuses warm memory, reading stays a little cheaper (190 KB
-/// steady 15 us read vs 20 us mapped; 550 KB 33 vs 27-32 us), so smaller entries are read.
-/// Mappings are not pre-faulted (MAP_POPULATE measured no better here, and slower for 4 MiB
-/// and 64 MiB: 630 us vs 360 us, 15 ms vs 11 ms).
+/// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so a
+/// read into it faults in every page, and the first get of an entry in a process pays for
+/// that, while a mapping takes the page-cache pages as they are (a few faults with the
+/// kernel's fault-around). Below it malloc reuses warm memory, where a read stays a little
+/// cheaper than a mapping. Mappings are not pre-faulted: MAP_POPULATE was no faster, and
+/// slower for large entries. Figures: docs/benchmarks.md, "Measurements behind the code".
 const MMAP_MIN_BYTES: u64 = 128 * 1024;
 /// Journals untouched this long whose owner cannot be checked (another host) are folded
 /// and removed by compaction.
 const REMOTE_JOURNAL_AGE: Duration = Duration::from_secs(24 * 3600);
 const EVICT_LOCK: &str = "evict";
-/// How long after a process checks the budget its put becomes visible to the others (the
-/// link, then its journal record): the others' puts in that window are unseen by both.
-const PUBLISH_WINDOW: Duration = Duration::from_millis(10);
-/// The put rate is measured over windows at least this long (about one fresh listing of the
-/// journals on a network filesystem, where the others' puts arrive in such steps)...
-const RATE_WINDOW: Duration = Duration::from_millis(50);
-/// ...follows a rise at once and decays over about this long.
-const RATE_DECAY: Duration = Duration::from_secs(1);
 
 /// The longest duration an option may hold (about 31 years): longer is a mistake, and
 /// deadlines computed from it would overflow.
@@ -106,7 +99,8 @@ pub struct StoreOptions {
     /// Eviction brings the cache down to this fraction of the budget.
     pub low_watermark: f64,
     /// Longest a put spends evicting; the rest continues with the next puts, so no caller
-    /// stalls for a whole batch (about 30 us per entry: 10% of 100k entries is 0.3 s).
+    /// stalls for a whole batch (evicting a tenth of a large cache takes a good part of a
+    /// second: docs/benchmarks.md, "Measurements behind the code").
     pub evict_slice: Duration,
     /// How often pending counters are written to the journal.
     pub stats_interval: Duration,
@@ -256,11 +250,8 @@ struct State {
     last_sweep: Option<Instant>,
     /// When the journal directory's listing was last made fresh (network filesystems).
     last_freshen: Option<Instant>,
-    /// The other processes' put rate (bytes/s) as this view saw their journals grow: the
-    /// last window's when that is higher, else decaying over about a second; and the
-    /// sample the current window started from.
-    put_rate: f64,
-    rate_sample: Option<(Instant, u64)>,
+    /// The other processes' put rate, as this view saw their journals grow.
+    put_rate: admission::PutRate,
 }
 
 impl State {
@@ -276,53 +267,8 @@ impl State {
             evict_backlog: None,
             last_sweep: None,
             last_freshen: None,
-            put_rate: 0.0,
-            rate_sample: None,
+            put_rate: admission::PutRate::default(),
         }
-    }
-
-    /// What the other writers likely published that this view has not read: about this
-    /// process's own puts since it was read (`pending_bytes`) each, or their measured put
-    /// rate over the time since the view was current plus `PUBLISH_WINDOW`, whichever is
-    /// more. Near zero in a quiet fleet; in a busy one it is what keeps a view that is
-    /// even 50 ms old from admitting puts into space that is already taken.
-    fn likely_unseen(&self) -> u64 {
-        let by_own = self
-            .pending_bytes
-            .saturating_mul(self.view.writers.max(1) as u64);
-        // The view is current as of its last refresh on a local filesystem (no
-        // `last_freshen` there), of its last fresh listing on a network one.
-        let since = self
-            .last_freshen
-            .or(self.last_refresh)
-            .map_or(Duration::ZERO, |t| t.elapsed())
-            + PUBLISH_WINDOW;
-        let by_rate = (self.put_rate * since.as_secs_f64()) as u64;
-        by_own.max(by_rate)
-    }
-
-    /// Folds the other processes' puts read by the last refresh into `put_rate`. A rise
-    /// counts at once: a fleet that starts together fills an empty budget within a few
-    /// hundred milliseconds, before a smoothed rate would have caught up (the disk then
-    /// peaked at 1.6-1.7x the budget on the two-host bed); a fall decays, since puts come
-    /// in bursts.
-    fn note_put_rate(&mut self) {
-        let now = Instant::now();
-        let total = self.view.others_put_bytes;
-        if let Some((t, before)) = self.rate_sample {
-            let dt = now.duration_since(t);
-            if dt < RATE_WINDOW {
-                return;
-            }
-            let rate = total.saturating_sub(before) as f64 / dt.as_secs_f64();
-            if rate >= self.put_rate {
-                self.put_rate = rate;
-            } else {
-                let weight = 1.0 - (-dt.as_secs_f64() / RATE_DECAY.as_secs_f64()).exp();
-                self.put_rate += weight * (rate - self.put_rate);
-            }
-        }
-        self.rate_sample = Some((now, total));
     }
 }
 

@@ -1,6 +1,7 @@
 //! Unit tests of the store.
 
 use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 fn key(s: &str) -> Key<'_> {
     Key {
@@ -339,24 +340,43 @@ fn over_budget_and_locked(other: &Store, s: &Store) -> LockGuard {
         .unwrap()
 }
 
+/// Returns once a put on `s` is waiting for the evictor lock: `s` has read its view twice
+/// since `before` (a put over budget reads it once before it waits, then at each look while
+/// it waits). Gives up when `done` is set (the put returned first: its assertions then
+/// fail, rather than this wait hang). Orders the threads without timing them.
+fn until_a_put_waits(s: &Store, before: Option<Instant>, done: &AtomicBool) {
+    let mut last = before;
+    let mut reads = 0;
+    while reads < 2 && !done.load(Ordering::SeqCst) {
+        let now = s.state().last_refresh;
+        if now != last {
+            reads += 1;
+            last = now;
+        }
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn a_put_over_budget_waits_for_another_eviction_then_evicts_itself() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), Some(100_000));
-    assert!(s.opts.lock_timeout >= Duration::from_millis(300));
     let other = open(d.path(), None);
     let held = over_budget_and_locked(&other, &s);
-    // The other evictor finishes well within this store's lock_timeout.
-    let release = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        drop(held);
+    let before = s.state().last_refresh;
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // The other evictor finishes while this put waits for it.
+        scope.spawn(|| {
+            until_a_put_waits(&s, before, &done);
+            drop(held);
+        });
+        let put = s.put(key("k"), &[1u8; 10_000], &[]);
+        done.store(true, Ordering::SeqCst);
+        assert!(put.unwrap(), "waited, evicted, admitted");
     });
-    assert!(
-        s.put(key("k"), &[1u8; 10_000], &[]).unwrap(),
-        "waited, evicted, admitted"
-    );
-    release.join().unwrap();
     assert_eq!(s.counters.get(Counter::PutsRefused), 0);
+    assert!(s.counters.get(Counter::Evictions) > 0, "evicted itself");
     assert!(s.stats().unwrap().bytes <= 100_000);
 }
 
@@ -373,99 +393,31 @@ fn a_put_over_budget_is_admitted_when_another_evictor_frees_room_while_holding_t
         },
     )
     .unwrap();
-    let other = std::sync::Arc::new(open(d.path(), None));
+    let other = open(d.path(), None);
     let held = over_budget_and_locked(&other, &s);
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let evictor = std::sync::Arc::clone(&other);
-    // The other process evicts, and keeps the lock for longer than this store waits.
-    let worker = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        for i in 0..15 {
-            evictor.delete(key(&format!("o{i}"))).unwrap();
-        }
-        evictor.flush();
-        let _ = rx.recv_timeout(Duration::from_secs(10));
-        drop(held);
+    let before = s.state().last_refresh;
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // The other process evicts while this put waits, and keeps the lock until it returns.
+        scope.spawn(|| {
+            until_a_put_waits(&s, before, &done);
+            for i in 0..15 {
+                other.delete(key(&format!("o{i}"))).unwrap();
+            }
+            other.flush();
+        });
+        let put = s.put(key("k"), &[1u8; 10_000], &[]);
+        done.store(true, Ordering::SeqCst);
+        assert!(
+            put.unwrap(),
+            "admitted once the other's deletes were in the view"
+        );
     });
-    assert!(
-        s.put(key("k"), &[1u8; 10_000], &[]).unwrap(),
-        "admitted once the other's deletes were in the view"
-    );
     let still_held = s.locks.try_lock_for(EVICT_LOCK, Duration::ZERO).unwrap();
     assert!(still_held.is_none(), "admitted without the evictor lock");
-    tx.send(()).unwrap();
-    worker.join().unwrap();
+    drop(held);
     assert_eq!(s.counters.get(Counter::PutsRefused), 0);
     assert_eq!(s.counters.get(Counter::Evictions), 0);
-}
-
-#[test]
-fn the_other_processes_put_rate_counts_as_likely_unseen() {
-    let d = tempfile::tempdir().unwrap();
-    let s = open(d.path(), Some(10_000_000));
-    let other = open(d.path(), None);
-    s.stats().unwrap();
-    // This process's own puts are no sign of the others'.
-    for i in 0..20 {
-        s.put(key(&format!("s{i}")), &[1u8; 10_000], &[]).unwrap();
-    }
-    s.stats().unwrap();
-    assert_eq!(s.state().put_rate, 0.0);
-    let started = Instant::now();
-    for i in 0..40 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(10));
-        if i % 4 == 3 {
-            s.stats().unwrap();
-        }
-    }
-    let rate = 40.0 * 10_000.0 / started.elapsed().as_secs_f64();
-    let st = s.state();
-    assert!(
-        st.put_rate > 0.2 * rate && st.put_rate < 2.0 * rate,
-        "put rate {} vs {rate}",
-        st.put_rate
-    );
-    let now = st.likely_unseen();
-    drop(st);
-    std::thread::sleep(Duration::from_millis(100));
-    let later = s.state().likely_unseen();
-    assert!(now > 0 && later > now, "{now} then {later}");
-}
-
-#[test]
-fn a_rise_in_the_others_put_rate_counts_at_once_and_a_fall_decays() {
-    let d = tempfile::tempdir().unwrap();
-    let s = open(d.path(), Some(10_000_000));
-    let other = open(d.path(), None);
-    // This refresh closes the window open since the store was opened and starts the next
-    // one after `started`.
-    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
-    let started = Instant::now();
-    s.stats().unwrap();
-    assert_eq!(s.state().put_rate, 0.0);
-    for i in 0..20 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-    }
-    other.flush();
-    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
-    s.stats().unwrap();
-    // One window of at most this long saw the burst: the rate is the window's at once, not
-    // a step toward it (a smoothed rate would be a few percent of it here).
-    let burst = 20.0 * 10_000.0 / started.elapsed().as_secs_f64();
-    let risen = s.state().put_rate;
-    assert!(
-        risen >= burst,
-        "put rate {risen} after a burst of {burst}/s"
-    );
-    std::thread::sleep(RATE_WINDOW + Duration::from_millis(10));
-    s.stats().unwrap();
-    let fallen = s.state().put_rate;
-    assert!(fallen > 0.0 && fallen < risen, "{risen} then {fallen}");
 }
 
 #[test]
@@ -484,9 +436,9 @@ fn a_put_path_eviction_makes_room_for_the_others_measured_puts() {
         fill_over_budget(&open(d.path(), None), &s);
         {
             let mut st = s.state();
-            st.put_rate = rate;
             // A window just begun: the put's refresh leaves the rate as set.
-            st.rate_sample = Some((Instant::now(), st.view.others_put_bytes));
+            let others = st.view.others_put_bytes;
+            st.put_rate.set(rate, Instant::now(), others);
         }
         assert!(s.put(key("k"), &[1u8; 10_000], &[]).unwrap());
         (s.stats().unwrap().bytes, s.low_water(100_000))

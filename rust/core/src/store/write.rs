@@ -1,32 +1,19 @@
 //! Writing: put, through a temp file published without replacing anything.
 
+use super::admission::Refusal;
 use super::*;
 use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
 const WRITE_CHUNK: usize = 256 << 10;
-/// A put waiting for another process's eviction looks again after 5 ms, doubling to 50 ms.
-const ADMIT_POLL_MIN: Duration = Duration::from_millis(5);
-const ADMIT_POLL_MAX: Duration = Duration::from_millis(50);
-/// Eviction slices a put over budget may run itself before it is refused.
-const ADMIT_OWN_SLICES: u32 = 3;
-/// A put not published because the cache is over budget (see `admits`), and why no
-/// eviction made room for it.
+/// A put refused by admission (`admission.rs`) after its file was written: why no eviction
+/// made room for it.
 #[derive(Debug)]
 struct Refused(Refusal);
 
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Refusal {
-    /// Another process held the evictor lock until `lock_timeout`.
-    LockHeld,
-    /// This process evicted, and what it could evict did not make room (entries it could
-    /// not remove, or a budget smaller than what it cannot see to evict).
-    NoRoom,
-}
-
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the cache is over its budget")
+        f.write_str("no room within the cache's budget")
     }
 }
 
@@ -162,113 +149,26 @@ impl Store {
         self.counters.inc(Counter::PutsRefused);
         self.warn("refused", || match why {
             Refusal::LockHeld => format!(
-                "not caching an entry: the cache under {} is over its budget and no \
-                 eviction made room for it within {:?} (another process held the evictor lock)",
+                "not caching an entry: with it the cache under {} would be over its budget, \
+                 and another process held the evictor lock for all of {:?} (lock_timeout) \
+                 without its eviction making room",
                 self.layout.root.display(),
                 self.opts.lock_timeout
             ),
             Refusal::NoRoom => format!(
-                "not caching an entry: the cache under {} is over its budget and evicting \
-                 what this process can see and remove did not make room for it",
+                "not caching an entry: with it the cache under {} would be over its budget, \
+                 and what this process could see and remove in the eviction time a put may \
+                 take did not make room (entries it could not remove, or more to evict than \
+                 that: the next puts go on with it)",
                 self.layout.root.display(),
             ),
         });
         self.maybe_flush_stats(false);
     }
 
-    /// Whether a put of `size` bytes may go on (`publishing`: its file is written and about
-    /// to be linked into place): not while this process's view of the cache, with it, is
-    /// over the budget. Eviction runs in time slices and in one process at a time, so puts
-    /// from many processes can outrun it; this bounds how far over budget the directory gets.
-    ///
-    /// The other processes' puts this view has not read count as `State::likely_unseen`:
-    /// near zero in a quiet fleet, their measured put rate times the view's age in a busy
-    /// one. On a network filesystem, when that margin does not fit, the check before
-    /// publishing re-reads the journals through a fresh listing (a few metadata round
-    /// trips) and looks again: a view even 50 ms old misses what a busy fleet published
-    /// meanwhile, and each process would admit its own put into the same free space.
-    /// While well under budget it costs a comparison.
-    ///
-    /// Over budget, the put evicts (never waiting for the lock); if another process holds
-    /// the evictor lock, it waits up to `lock_timeout`, watching the view for that
-    /// eviction's deletes and taking the lock when it is free. A put follows a compile that
-    /// took seconds, and a refused one costs that compile again on the next run, so a short
-    /// wait is the cheaper side. Refused only when neither happens in time.
-    fn admits(&self, max: u64, size: u64, publishing: bool) -> Result<(), Refusal> {
-        let fits = |st: &State, unseen: u64| {
-            st.view
-                .lru
-                .total_bytes()
-                .saturating_add(unseen)
-                .saturating_add(size)
-                <= max
-        };
-        {
-            let mut st = self.state();
-            let just_read = publishing && self.freshen_for_publish(&mut st);
-            // The other writers' likely puts since this view was read count too.
-            if fits(&st, st.likely_unseen()) {
-                return Ok(());
-            }
-            if publishing && !self.fs.local && !just_read {
-                if !self.fresh_view(&mut st) {
-                    return Ok(());
-                }
-                if fits(&st, st.likely_unseen()) {
-                    return Ok(());
-                }
-            }
-            self.maybe_evict(&mut st);
-            if fits(&st, st.pending_bytes) {
-                return Ok(());
-            }
-        }
-        // Waited for without holding the state lock, so this process's gets go on.
-        let deadline = Instant::now() + self.opts.lock_timeout;
-        let mut pause = ADMIT_POLL_MIN;
-        let mut own_slices = 0;
-        let mut evicted = false;
-        loop {
-            if let Some(guard) = self.take_evict_lock(Duration::ZERO) {
-                let mut st = self.state();
-                // Down to where this put leaves the cache at the low watermark, as an
-                // eviction after it would: stopping at the watermark itself would bring the
-                // next eviction one put sooner.
-                let target = self.put_low_water(&st, max).saturating_sub(size);
-                self.evict_slice_locked(&mut st, guard, Some(target));
-                if fits(&st, st.pending_bytes) {
-                    return Ok(());
-                }
-                // A slice cut short goes on at once, a few times; a backlog larger than that
-                // (a budget just lowered) is the next puts' to work off: no put stalls for
-                // a whole eviction batch.
-                own_slices += 1;
-                evicted = true;
-                if own_slices >= ADMIT_OWN_SLICES {
-                    return Err(Refusal::NoRoom);
-                }
-                continue;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(if evicted {
-                    Refusal::NoRoom
-                } else {
-                    Refusal::LockHeld
-                });
-            }
-            std::thread::sleep(pause.min(deadline - now));
-            pause = (pause * 2).min(ADMIT_POLL_MAX);
-            let mut st = self.state();
-            if self.fresh_view(&mut st) && fits(&st, st.likely_unseen()) {
-                return Ok(());
-            }
-        }
-    }
-
     /// Re-reads the journals through a fresh listing; false (logged, counted) if they
     /// cannot be read.
-    fn fresh_view(&self, st: &mut State) -> bool {
+    pub(super) fn fresh_view(&self, st: &mut State) -> bool {
         let res = self.refresh(st);
         self.refreshed(res)
     }
@@ -289,7 +189,8 @@ impl Store {
             let f =
                 tmp_dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
             // Payload first, each chunk hashed just before it is written, while it is in
-            // cache: one pass over the value instead of two (a 64 MiB put saves ~10 ms).
+            // cache: one pass over the value instead of two, and a large value is read from
+            // memory once.
             // The header, which holds the checksum, goes in last, at offset 0.
             let mut hasher = crate::hash::Checksum::new();
             let mut at = header.len() as u64;

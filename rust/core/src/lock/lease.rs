@@ -1,0 +1,682 @@
+//! Lease files: `<dir>/<name>.lease` holding one line `host pid nonce counter`, created
+//! atomically with `link()` from a temp file. A lease is judged stale only when *this
+//! process* has watched its content stay unchanged for longer than `lease_time` on its own
+//! monotonic clock; wall clocks of different hosts are never compared. The holder rewrites
+//! it with the counter incremented ([`LockGuard::heartbeat`]) more often than `lease_time`
+//! (every `lease_time / 3` is a good pace); a holder done with it may leave it "retired",
+//! which any process takes over at once. A stale lease is taken over by moving it aside
+//! and checking that what was moved is what was judged stale.
+
+use super::*;
+use crate::dir::{open_regular, read_capped};
+use std::io::Write;
+use std::os::unix::io::IntoRawFd;
+
+/// Last word of the content of a retired lease (see [`LockGuard::retire`]).
+const RETIRED: &str = "retired";
+/// A lease file is one short line; never read more than this.
+const MAX_LEASE_LEN: u64 = 4096;
+
+/// A lease content seen by this process, and when it was first seen with that content.
+pub(super) struct Observation {
+    content: String,
+    since: Instant,
+}
+
+impl LockDir {
+    pub(super) fn try_lease(
+        &self,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let lease_name = format!("{name}.lease");
+        let lease = self.dir.join(&lease_name);
+        let dir = self
+            .open_dir(true)
+            .map_err(|e| LockError::io("open", &self.dir, e))?;
+        let id = LeaseId {
+            host: self.opts.host.clone(),
+            pid: std::process::id(),
+            nonce: new_nonce(),
+        };
+        let content = id.content(0);
+        let tmp_name = id.temp_name(name, 0);
+        let tmp = self.dir.join(&tmp_name);
+        write_new_file(&dir, &tmp_name, content.as_bytes())
+            .map_err(|e| LockError::io("write", &tmp, e))?;
+        let _tmp_guard = RemoveOnDrop(&dir, &tmp_name);
+
+        loop {
+            if link_exclusive(&dir, &tmp_name, &lease_name)
+                .map_err(|e| LockError::io("link", &lease, e))?
+            {
+                self.forget(name);
+                return Ok(Some(LockGuard::lease(
+                    &dir, lease, name, id, content, false,
+                )));
+            }
+            // Held by someone else (or it vanished between link and read).
+            match read_small(&dir, &lease_name) {
+                Ok(current) => {
+                    if let Some(held_for) = self.observe_stale(name, &current) {
+                        match self.take_over(name, &dir, &current, held_for, &id, &tmp_name)? {
+                            TakeOver::Won => {
+                                return Ok(Some(LockGuard::lease(
+                                    &dir, lease, name, id, content, true,
+                                )));
+                            }
+                            TakeOver::GaveUp => return Ok(None),
+                            TakeOver::Retry => {}
+                        }
+                    }
+                }
+                Err(e) if is_gone(&e) => {}
+                // Not a regular file: nobody's lease; removed, then the name is tried again.
+                Err(e) if is_foreign(&e) => remove_foreign(&dir, name, &lease_name),
+                Err(e) => return Err(LockError::io("read", &lease, e)),
+            }
+            if !sleep_until_next_poll(deadline) {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Records that the lease `name` holds `content` now. Returns how long this process
+    /// has seen that content unchanged if that is longer than `lease_time` (stale).
+    /// The first observation of a content is never stale.
+    fn observe_stale(&self, name: &str, content: &str) -> Option<Duration> {
+        if is_retired(content) {
+            // Its holder is done with it: nothing to wait for.
+            return Some(Duration::ZERO);
+        }
+        let now = Instant::now();
+        let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        match observed.get_mut(name) {
+            Some(seen) if seen.content == content => {
+                let held_for = now.saturating_duration_since(seen.since);
+                (held_for > self.opts.lease_time).then_some(held_for)
+            }
+            Some(seen) => {
+                seen.content = content.to_string();
+                seen.since = now;
+                None
+            }
+            None => {
+                observed.insert(
+                    name.to_string(),
+                    Observation {
+                        content: content.to_string(),
+                        since: now,
+                    },
+                );
+                None
+            }
+        }
+    }
+
+    pub(super) fn forget(&self, name: &str) {
+        let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        observed.remove(name);
+    }
+
+    /// Looks at the lease `name` without trying to take it: one read of the lease file.
+    /// Records the content like an attempt does, so staleness is judged across peeks the
+    /// same way (by how long this process has seen the content unchanged). A peek at a
+    /// missing lease forgets what was seen of it.
+    pub fn peek(&self, name: &str) -> Result<LeaseView, LockError> {
+        validate_name(name)?;
+        let lease_name = format!("{name}.lease");
+        let lease = self.dir.join(&lease_name);
+        let read = self
+            .open_dir(false)
+            .and_then(|dir| read_small(&dir, &lease_name));
+        match read {
+            Ok(content) => {
+                let stale = self.observe_stale(name, &content);
+                Ok(LeaseView::Held {
+                    retired: is_retired(&content),
+                    stale: stale.is_some(),
+                    content,
+                })
+            }
+            Err(e) if is_gone(&e) => {
+                self.forget(name);
+                Ok(LeaseView::Free)
+            }
+            // Not a lease (a FIFO, a directory, a link): nobody holds it; taking the lock
+            // removes it.
+            Err(e) if is_foreign(&e) => Ok(LeaseView::Held {
+                content: String::new(),
+                stale: true,
+                retired: true,
+            }),
+            Err(e) => Err(LockError::io("read", &lease, e)),
+        }
+    }
+
+    /// Drops what this process remembers of the lease `name` (its last content and since
+    /// when), e.g. once a waiter stops watching it.
+    pub fn forget_lease(&self, name: &str) {
+        self.forget(name);
+    }
+
+    /// Takes over the lease `lease` judged stale with content `judged`: moves it aside,
+    /// checks that what was moved is still what was judged, and links our own `tmp`.
+    fn take_over(
+        &self,
+        name: &str,
+        dir: &Dir,
+        judged: &str,
+        held_for: Duration,
+        id: &LeaseId,
+        tmp: &str,
+    ) -> Result<TakeOver, LockError> {
+        let lease_name = format!("{name}.lease");
+        let lease = self.dir.join(&lease_name);
+        let aside_name = id.aside_name(name);
+        let aside = self.dir.join(&aside_name);
+        match dir.rename(&lease_name, dir, &aside_name) {
+            Ok(()) => {}
+            Err(e) if is_gone(&e) => return Ok(TakeOver::Retry),
+            Err(e) => return Err(LockError::io("rename", &lease, e)),
+        }
+        let _aside_guard = RemoveOnDrop(dir, &aside_name);
+        self.forget(name);
+        match read_small(dir, &aside_name) {
+            Ok(moved) if moved == judged => {
+                // Unlink the stale copy before linking ours (also done by the guard).
+                if let Err(e) = dir.unlink(&aside_name) {
+                    if !is_gone(&e) {
+                        return Err(LockError::io("unlink", &aside, e));
+                    }
+                }
+                if link_exclusive(dir, tmp, &lease_name)
+                    .map_err(|e| LockError::io("link", &lease, e))?
+                {
+                    // A retired lease is routine to take; a stale one is worth a line.
+                    let level = if is_retired(judged) {
+                        log::Level::Debug
+                    } else {
+                        log::Level::Info
+                    };
+                    log::log!(
+                        level,
+                        "xla_pcache: took over lock lease {} from `{}` (unchanged for {:.1?})",
+                        lease.display(),
+                        judged.trim_end(),
+                        held_for
+                    );
+                    Ok(TakeOver::Won)
+                } else {
+                    Ok(TakeOver::Retry)
+                }
+            }
+            moved => {
+                // Refreshed or replaced between our read and the rename: put it back if
+                // the name is still free, and leave the lock to its holder this time.
+                if !link_exclusive(dir, &aside_name, &lease_name)
+                    .map_err(|e| LockError::io("link", &lease, e))?
+                {
+                    log::warn!(
+                        "xla_pcache: could not put back refreshed lease {}: taken meanwhile",
+                        lease.display()
+                    );
+                }
+                match moved {
+                    Ok(_) => Ok(TakeOver::GaveUp),
+                    Err(e) => Err(LockError::io("read", &aside, e)),
+                }
+            }
+        }
+    }
+}
+
+enum TakeOver {
+    Won,
+    GaveUp,
+    Retry,
+}
+
+/// What [`LockDir::peek`] saw of a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseView {
+    /// No lease file.
+    Free,
+    /// A lease file. `stale`: this process has seen this content unchanged for longer than
+    /// `lease_time`, or it is `retired` (its holder is done with it and left it behind);
+    /// either may be taken over at once.
+    Held {
+        content: String,
+        stale: bool,
+        retired: bool,
+    },
+}
+
+/// Who holds a lease: written into the lease file as `host pid nonce counter`.
+#[derive(Clone, Debug)]
+pub(super) struct LeaseId {
+    host: String,
+    pid: u32,
+    nonce: u64,
+}
+
+impl LeaseId {
+    fn content(&self, counter: u64) -> String {
+        format!(
+            "{} {} {:016x} {}\n",
+            self.host, self.pid, self.nonce, counter
+        )
+    }
+
+    /// The last content of a lease its holder is done with (see [`LockGuard::retire`]).
+    fn retired_content(&self, counter: u64) -> String {
+        format!(
+            "{} {} {:016x} {} {RETIRED}\n",
+            self.host, self.pid, self.nonce, counter
+        )
+    }
+
+    fn temp_name(&self, name: &str, counter: u64) -> String {
+        format!(
+            ".{name}.lease.{}.{}.{:016x}.{counter}.tmp",
+            self.host, self.pid, self.nonce
+        )
+    }
+
+    fn aside_name(&self, name: &str) -> String {
+        format!(
+            ".{name}.lease.{}.{}.{:016x}.stale",
+            self.host, self.pid, self.nonce
+        )
+    }
+}
+
+impl LockGuard {
+    pub(super) fn lease(
+        dir: &Arc<Dir>,
+        path: PathBuf,
+        name: &str,
+        id: LeaseId,
+        content: String,
+        took_over: bool,
+    ) -> Self {
+        LockGuard {
+            inner: GuardInner::Lease {
+                dir: Arc::clone(dir),
+                file: format!("{name}.lease"),
+                path,
+                name: name.to_string(),
+                id,
+                counter: 0,
+                content,
+                released: false,
+                took_over,
+            },
+        }
+    }
+
+    pub(super) fn rewrite(&mut self, retire: bool) -> Result<(), LockError> {
+        let GuardInner::Lease {
+            dir,
+            file,
+            path,
+            name,
+            id,
+            counter,
+            content,
+            ..
+        } = &mut self.inner
+        else {
+            return Ok(());
+        };
+        let next = *counter + 1;
+        let new_content = if retire {
+            id.retired_content(next)
+        } else {
+            id.content(next)
+        };
+        let tmp_name = id.temp_name(name, next);
+        let tmp = path.with_file_name(&tmp_name);
+        write_new_file(dir, &tmp_name, new_content.as_bytes())
+            .map_err(|e| LockError::io("write", &tmp, e))?;
+        let _tmp_guard = RemoveOnDrop(dir, &tmp_name);
+        match read_small(dir, file) {
+            Ok(current) if current == *content => {}
+            Ok(_) => return Err(LockError::LeaseLost { path: path.clone() }),
+            Err(e) if is_gone(&e) => return Err(LockError::LeaseLost { path: path.clone() }),
+            Err(e) => return Err(LockError::io("read", path, e)),
+        }
+        dir.rename(&tmp_name, dir, file)
+            .map_err(|e| LockError::io("rename", path, e))?;
+        *counter = next;
+        *content = new_content;
+        Ok(())
+    }
+
+    pub(super) fn release_inner(&mut self) -> Result<(), LockError> {
+        let GuardInner::Lease {
+            dir,
+            file,
+            path,
+            content,
+            released,
+            ..
+        } = &mut self.inner
+        else {
+            return Ok(()); // the fcntl lock goes with the file descriptor
+        };
+        if *released {
+            return Ok(());
+        }
+        *released = true;
+        match read_small(dir, file) {
+            Ok(current) if current == *content => match dir.unlink(file) {
+                Ok(()) => Ok(()),
+                Err(e) if is_gone(&e) => Ok(()),
+                Err(e) => Err(LockError::io("unlink", path, e)),
+            },
+            Ok(_) => {
+                log::debug!(
+                    "xla_pcache: lease {} was taken over before release; leaving it",
+                    path.display()
+                );
+                Ok(())
+            }
+            Err(e) if is_gone(&e) => Ok(()),
+            Err(e) => Err(LockError::io("read", path, e)),
+        }
+    }
+}
+
+/// A lease content written by [`LockGuard::retire`].
+fn is_retired(content: &str) -> bool {
+    content
+        .trim_end()
+        .rsplit(' ')
+        .next()
+        .is_some_and(|w| w == RETIRED)
+}
+
+/// The file disappeared under us (removed locally, or by another NFS client).
+fn is_gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESTALE)
+}
+
+/// Creates `dir/name` exclusively with `data` and closes it, checking the close (on NFS
+/// the data reaches the server at close). Removes the file on failure.
+fn write_new_file(dir: &Dir, name: &str, data: &[u8]) -> io::Result<()> {
+    let mut file = dir.open_file(name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
+    let result = file.write_all(data).and_then(|()| {
+        let fd = file.into_raw_fd();
+        // SAFETY: we own `fd` (taken from the File) and close it exactly once.
+        if unsafe { libc::close(fd) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    });
+    if result.is_err() {
+        let _ = dir.unlink(name);
+    }
+    result
+}
+
+/// Reads a small text file: never following a link, never waiting on a FIFO, a regular
+/// file only, at most `MAX_LEASE_LEN` bytes.
+fn read_small(dir: &Dir, name: &str) -> io::Result<String> {
+    let (file, _) = open_regular(dir, name)?;
+    let buf = read_capped(&file, MAX_LEASE_LEN)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The name holds something that is not a lease file (a FIFO, a directory, a symbolic link).
+fn is_foreign(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::InvalidData
+        || matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EISDIR))
+}
+
+/// Removes a file when dropped, ignoring errors (temp and aside files).
+struct RemoveOnDrop<'a>(&'a Dir, &'a str);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.unlink(self.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::tests::{lease_content, leftovers, lock_dir};
+    use std::fs;
+
+    #[test]
+    fn peek_sees_a_lease_without_taking_it_and_judges_staleness() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 0, 80);
+        assert_eq!(b.peek("claim").unwrap(), LeaseView::Free);
+        let mut g = a.try_lock("claim").unwrap().unwrap();
+        assert!(!g.took_over());
+        let LeaseView::Held { stale, retired, .. } = b.peek("claim").unwrap() else {
+            panic!("held")
+        };
+        assert!(!stale && !retired, "a first sighting is never stale");
+        thread::sleep(Duration::from_millis(120));
+        let LeaseView::Held { stale, .. } = b.peek("claim").unwrap() else {
+            panic!("held")
+        };
+        assert!(stale, "unchanged for longer than the lease time");
+        g.heartbeat().unwrap();
+        let LeaseView::Held { stale, .. } = b.peek("claim").unwrap() else {
+            panic!("held")
+        };
+        assert!(!stale, "a heartbeat is a new content");
+        // Peeking never creates files (it is what read-only waiters do).
+        assert!(leftovers(tmp.path()).is_empty());
+        drop(g);
+        assert_eq!(b.peek("claim").unwrap(), LeaseView::Free);
+        assert!(b.peek("../x").is_err(), "names are validated");
+    }
+
+    #[test]
+    fn a_retired_lease_stays_visible_and_is_taken_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let mut g = a.try_lock("claim").unwrap().unwrap();
+        g.retire().unwrap();
+        let content = lease_content(tmp.path(), "claim").unwrap();
+        assert!(content.trim_end().ends_with(" retired"), "{content:?}");
+        assert_eq!(
+            b.peek("claim").unwrap(),
+            LeaseView::Held {
+                content,
+                stale: true,
+                retired: true
+            }
+        );
+        g.leave();
+        assert!(
+            lease_content(tmp.path(), "claim").is_some(),
+            "leave() keeps the file"
+        );
+        // Taken over on the first attempt, no lease time to wait out.
+        let g2 = b.try_lock("claim").unwrap().expect("retired lease taken");
+        assert!(g2.took_over());
+        assert!(!lease_content(tmp.path(), "claim")
+            .unwrap()
+            .contains("retired"));
+        drop(g2);
+        assert!(lease_content(tmp.path(), "claim").is_none());
+        // retire() then drop removes the file.
+        let mut g3 = a.try_lock("claim").unwrap().unwrap();
+        g3.retire().unwrap();
+        drop(g3);
+        assert!(lease_content(tmp.path(), "claim").is_none());
+        assert!(leftovers(tmp.path()).is_empty());
+    }
+
+    #[test]
+    fn lease_excludes_and_releases_on_drop() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 50, 60_000);
+        let g = a.try_lock("evict").unwrap().expect("first lease");
+        assert_eq!(g.kind(), "lease");
+        let content = lease_content(tmp.path(), "evict").unwrap();
+        let fields: Vec<&str> = content.split_whitespace().collect();
+        assert_eq!(fields.len(), 4, "{content:?}");
+        assert_eq!(fields[0], "test_host");
+        assert_eq!(fields[1], std::process::id().to_string());
+        assert_eq!(fields[3], "0");
+        assert!(content.ends_with('\n'));
+        assert!(b.try_lock("evict").unwrap().is_none());
+        assert!(a.try_lock("evict").unwrap().is_none(), "same LockDir again");
+        assert!(
+            leftovers(tmp.path()).is_empty(),
+            "{:?}",
+            leftovers(tmp.path())
+        );
+        drop(g);
+        assert!(
+            lease_content(tmp.path(), "evict").is_none(),
+            "removed on drop"
+        );
+        let g = b.try_lock("evict").unwrap().expect("free after drop");
+        g.release().unwrap();
+        assert!(lease_content(tmp.path(), "evict").is_none());
+        assert!(leftovers(tmp.path()).is_empty());
+    }
+
+    #[test]
+    fn stale_lease_taken_over_after_lease_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 200);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 50, 200);
+        let ga = a.try_lock("evict").unwrap().unwrap();
+        let theirs = lease_content(tmp.path(), "evict").unwrap();
+        // First observation is never stale, even of an old file.
+        assert!(b.try_lock("evict").unwrap().is_none());
+        thread::sleep(Duration::from_millis(250));
+        // Watched unchanged for > 200 ms across two calls: stale.
+        let gb = b.try_lock("evict").unwrap().expect("takeover");
+        let ours = lease_content(tmp.path(), "evict").unwrap();
+        assert_ne!(ours, theirs);
+        assert!(
+            leftovers(tmp.path()).is_empty(),
+            "{:?}",
+            leftovers(tmp.path())
+        );
+        // The old holder learns it lost the lease, and its release leaves ours alone.
+        let mut ga = ga;
+        assert!(matches!(ga.heartbeat(), Err(LockError::LeaseLost { .. })));
+        drop(ga);
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), ours);
+        drop(gb);
+        assert!(lease_content(tmp.path(), "evict").is_none());
+
+        // Within a single call whose timeout exceeds lease_time.
+        let c = lock_dir(tmp.path(), LockMode::Lease, 600, 200);
+        let _ga = a.try_lock("evict").unwrap().unwrap();
+        let t = Instant::now();
+        let _gc = c.try_lock("evict").unwrap().expect("takeover in one call");
+        assert!(t.elapsed() >= Duration::from_millis(200));
+    }
+
+    #[test]
+    fn heartbeat_prevents_takeover() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 200);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 700, 200);
+        let mut g = a.try_lock("evict").unwrap().unwrap();
+        let beating = thread::spawn(move || {
+            for _ in 0..18 {
+                thread::sleep(Duration::from_millis(50));
+                g.heartbeat().unwrap();
+            }
+            g
+        });
+        thread::sleep(Duration::from_millis(20));
+        assert!(
+            b.try_lock("evict").unwrap().is_none(),
+            "taken despite heartbeat"
+        );
+        let g = beating.join().unwrap();
+        let content = lease_content(tmp.path(), "evict").unwrap();
+        assert!(content.ends_with(" 18\n"), "{content:?}");
+        assert!(
+            leftovers(tmp.path()).is_empty(),
+            "{:?}",
+            leftovers(tmp.path())
+        );
+        drop(g);
+        assert!(lease_content(tmp.path(), "evict").is_none());
+    }
+
+    #[test]
+    fn release_after_takeover_keeps_the_new_lease() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        let g = a.try_lock("evict").unwrap().unwrap();
+        // Someone else replaced the lease (as a takeover would).
+        let lease = tmp.path().join("locks/evict.lease");
+        fs::write(&lease, "otherhost 1 00000000000000ff 0\n").unwrap();
+        g.release().unwrap();
+        assert_eq!(
+            lease_content(tmp.path(), "evict").unwrap(),
+            "otherhost 1 00000000000000ff 0\n"
+        );
+        // A guard whose lease vanished releases quietly.
+        let g = {
+            fs::remove_file(&lease).unwrap();
+            a.try_lock("evict").unwrap().unwrap()
+        };
+        fs::remove_file(&lease).unwrap();
+        g.release().unwrap();
+    }
+
+    #[test]
+    fn takeover_puts_back_a_refreshed_lease() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = lock_dir(tmp.path(), LockMode::Lease, 0, 200);
+        fs::create_dir_all(d.dir()).unwrap();
+        let lease = d.dir().join("evict.lease");
+        let fresh = "h 7 0000000000000001 5\n";
+        fs::write(&lease, fresh).unwrap();
+        let id = LeaseId {
+            host: "me".into(),
+            pid: 1,
+            nonce: 2,
+        };
+        let tmpname = id.temp_name("evict", 0);
+        let tmpfile = d.dir().join(&tmpname);
+        let dir = Dir::open_path(d.dir(), true).unwrap();
+        write_new_file(&dir, &tmpname, id.content(0).as_bytes()).unwrap();
+        // We judged an older content stale; the holder refreshed it meanwhile.
+        let r = d
+            .take_over(
+                "evict",
+                &dir,
+                "h 7 0000000000000001 4\n",
+                Duration::from_secs(1),
+                &id,
+                &tmpname,
+            )
+            .unwrap();
+        assert!(matches!(r, TakeOver::GaveUp));
+        assert_eq!(fs::read_to_string(&lease).unwrap(), fresh);
+        // The judged content is what is there: we win.
+        let r = d
+            .take_over("evict", &dir, fresh, Duration::from_secs(1), &id, &tmpname)
+            .unwrap();
+        assert!(matches!(r, TakeOver::Won));
+        assert_eq!(fs::read_to_string(&lease).unwrap(), id.content(0));
+        fs::remove_file(&tmpfile).unwrap();
+        assert!(
+            leftovers(tmp.path()).is_empty(),
+            "{:?}",
+            leftovers(tmp.path())
+        );
+    }
+}
