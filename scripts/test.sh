@@ -77,6 +77,9 @@ jax_venv "$JAX_NEWEST" "$py312"
 # this checkout (a .pth, below), as for the JAX range. The main venv has the newest.
 torch_xla_venv() {  # version, python
   local v=$HOME/.cache/xla-pcache-venv-torch-xla-$1
+  # A .pth left by a run from another checkout names a path that may be gone: drop it
+  # before the venv's Python starts (it is rewritten below for this checkout).
+  rm -f "$v"/lib/python3*/site-packages/xla_pcache_autoload.pth
   if [[ ! -x $v/bin/python ]] || ! "$v/bin/python" -c "import importlib.metadata as m; assert m.version('torch_xla') == '$1'" 2>/dev/null; then
     "$2" -m venv --clear "$v"
     "$v/bin/pip" install -q "torch==$1" "torch_xla==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
