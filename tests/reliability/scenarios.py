@@ -24,6 +24,7 @@ from typing import Any
 from testbed import SSHFS_CACHE_TIMEOUT_S, TwoHosts, read_only_bind
 from worker import MAGIC, LogCounter, check_value, make_value
 from xla_pcache import Store, _core
+from xla_pcache.config import VARIABLE_NAMES
 
 WORKER = Path(__file__).with_name("worker.py")
 # Long enough for every mount's attribute and directory caches to expire.
@@ -31,11 +32,8 @@ CACHE_EXPIRY_S = SSHFS_CACHE_TIMEOUT_S + 1.5
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("XLA_PCACHE_", "XLA_PERSISTENT_CACHE_"))
-    }
+    # As tests/helpers.py's clean_env (this module also runs outside pytest, from bench/).
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLE_NAMES}
     env.update(extra or {})
     return env
 
