@@ -1,4 +1,4 @@
-"""The commands issue 5 added: ``xla-pcache demo`` and ``xla-pcache doctor``, run as a user
+"""The user-facing commands ``xla-pcache demo`` and ``xla-pcache doctor``, run as a user
 runs them (``python -m xla_pcache ...``), against real JAX on CPU."""
 
 from __future__ import annotations
