@@ -573,8 +573,8 @@ def write(res: dict, docs: Path, notes: list[str]) -> list[Path]:
             "",
             "Each repeat: a fresh directory per peer, a batch of puts of new keys, gets of "
             "those keys (timed up to a `memoryview` of the result), gets of absent keys. "
-            "put+get is the sum of the two medians' repeats (a miss then a hit: a cache's round trip). The "
-            "page cache is warm (gets follow the puts).",
+            "put+get is the sum of the two medians' repeats (a miss then a hit: a cache's "
+            "round trip). The page cache is warm (gets follow the puts).",
             "",
             *roundtrip_md(res["roundtrip"]),
             "![put/get times](bench_roundtrip.png)",
