@@ -375,9 +375,10 @@ def test_claim_and_wait_durations_are_checked(tmp_path: Path) -> None:
             store.wait_for("k", float("inf"))
 
 
-def test_remote_arguments_and_variables_are_checked_by_name() -> None:
+def test_remote_arguments_and_variables_are_checked_by_name(tmp_path: Path) -> None:
     """No server is contacted: the checks come before any connection."""
-    from xla_pcache.remote import MAX_VALUE_VAR, TIMEOUT_VAR, RemoteTier
+    from xla_pcache.config import REMOTE_MAX_BYTES_VAR, REMOTE_TIMEOUT_VAR
+    from xla_pcache.remote import RemoteTier
 
     url = "redis://127.0.0.1:1/0"
     with pytest.raises(ValueError, match="timeout"):
@@ -388,11 +389,12 @@ def test_remote_arguments_and_variables_are_checked_by_name() -> None:
         RemoteTier(url, max_value_bytes=-1)
     with pytest.raises(ValueError, match="retry_after"):
         RemoteTier(url, retry_after=float("inf"))
-    code = "from xla_pcache.remote import RemoteTier; RemoteTier('redis://127.0.0.1:1/0')"
-    for name, value in ((TIMEOUT_VAR, "soon"), (MAX_VALUE_VAR, "9" * 40)):
+    code = "import sys; from xla_pcache import Store; Store(sys.argv[1]).get('k')"
+    store = str(tmp_path / "c")
+    for name, value in ((REMOTE_TIMEOUT_VAR, "soon"), (REMOTE_MAX_BYTES_VAR, "9" * 40)):
         out = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**clean_env(), name: value},
+            [sys.executable, "-c", code, store],
+            env={**clean_env(), "XLA_PCACHE_REMOTE": url, name: value},
             capture_output=True,
             text=True,
             timeout=60,
@@ -401,8 +403,13 @@ def test_remote_arguments_and_variables_are_checked_by_name() -> None:
         assert out.returncode == 1 and f"ValueError: invalid {name}" in out.stderr, out.stderr
     # Empty means unset, as for every other variable.
     out = subprocess.run(
-        [sys.executable, "-c", code + ".close()"],
-        env={**clean_env(), TIMEOUT_VAR: "", MAX_VALUE_VAR: " "},
+        [sys.executable, "-c", code, store],
+        env={
+            **clean_env(),
+            "XLA_PCACHE_REMOTE": url,
+            REMOTE_TIMEOUT_VAR: "",
+            REMOTE_MAX_BYTES_VAR: " ",
+        },
         capture_output=True,
         text=True,
         timeout=60,
