@@ -61,7 +61,7 @@ impl PyBlob {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        let payload = slf.get().inner.payload();
+        let payload = no_panic("Blob buffer", || Ok(slf.get().inner.payload()))?;
         // SAFETY: the payload lives as long as the Blob, which the view keeps alive through
         // its `obj` reference (set by PyBuffer_FillInfo); the buffer is read-only.
         let rc = unsafe {
@@ -82,12 +82,13 @@ impl PyBlob {
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 
-    fn __len__(&self) -> usize {
-        self.inner.payload().len()
+    fn __len__(&self) -> PyResult<usize> {
+        no_panic("Blob len", || Ok(self.inner.payload().len()))
     }
 
-    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, self.inner.payload())
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let payload = no_panic("Blob bytes", || Ok(self.inner.payload()))?;
+        Ok(PyBytes::new(py, payload))
     }
 
     #[getter]
@@ -106,8 +107,8 @@ impl PyBlob {
     }
 
     #[getter]
-    fn mapped(&self) -> bool {
-        self.inner.is_mapped()
+    fn mapped(&self) -> PyResult<bool> {
+        no_panic("Blob.mapped", || Ok(self.inner.is_mapped()))
     }
 
     fn __repr__(&self) -> String {
@@ -165,8 +166,10 @@ impl PyClaim {
     }
 
     #[getter]
-    fn held(&self) -> bool {
-        self.claim().as_ref().is_some_and(|c| c.held())
+    fn held(&self) -> PyResult<bool> {
+        no_panic("Claim.held", || {
+            Ok(self.claim().as_ref().is_some_and(|c| c.held()))
+        })
     }
 
     fn release(&self, py: Python<'_>) -> PyResult<()> {
@@ -200,7 +203,11 @@ impl PyClaim {
             } else {
                 String::new()
             },
-            if self.held() { " held" } else { "" }
+            if self.held().unwrap_or(false) {
+                " held"
+            } else {
+                ""
+            }
         )
     }
 }
