@@ -23,12 +23,12 @@ from rich.table import Table
 
 from xla_pcache import _core
 from xla_pcache._core import CacheError
-
-if TYPE_CHECKING:
-    from xla_pcache._core import Entry, VerifyReport
 from xla_pcache.config import MAX_SIZE_VAR, PATH_VAR, READ_ONLY_VAR, Settings
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 from xla_pcache.store import Store
+
+if TYPE_CHECKING:
+    from xla_pcache._core import Entry, VerifyReport
 
 app = typer.Typer(
     name="xla-pcache",
