@@ -338,3 +338,23 @@ def test_readme_table_matches_settings() -> None:
 def test_fixture_clears_every_variable() -> None:
     # The autouse fixture of conftest.py: no test sees the caller's shell.
     assert not VARIABLE_NAMES & os.environ.keys()
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", " yes ", "on", "0", "off", "", "  "])
+def test_start_up_hook_reads_disable_as_settings_does(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hook outside the package reads the variable itself (importing the package would load
+    # the extension in every Python process); it must agree with Settings.
+    import importlib.util
+
+    hook = (
+        Path(__file__).resolve().parent.parent
+        / "python/xla_pcache.data/purelib/_xla_pcache_autoload.py"
+    )
+    spec = importlib.util.spec_from_file_location("_autoload_under_test", hook)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("XLA_PCACHE_DISABLE", value)
+    assert module.disabled() == Settings.from_env().disabled
