@@ -10,7 +10,7 @@ by one process, then read by the warm ones. In a warm process the hit is split i
 cache's ``get`` (the store read), JAX's decompression, and the rest of JAX's retrieval
 (``deserialize_executable``), from JAX's ``cache_retrieval_time_sec`` event; after the hit
 the same ``get`` is repeated in-process for a steadier figure. Prints a markdown report.
-Targets (issue 5): xla_pcache's ``get`` no slower than JAX's own (ratio <= 1.0), and warm
+Targets: xla_pcache's ``get`` no slower than JAX's own (ratio <= 1.0), and warm
 compile at least 5x faster than cold.
 """
 

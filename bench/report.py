@@ -358,7 +358,7 @@ def targets(res: dict) -> list[tuple[str, str, str]]:
                 frac = r["xla_pcache"] / r["python-xxhash"]
                 rows.append(
                     (
-                        f"checksum {label}: ≥ 0.8× python-xxhash xxh3-128 (issue 12)",
+                        f"checksum {label}: ≥ 0.8× python-xxhash xxh3-128",
                         f"{r['xla_pcache'] / 1e9:.1f} vs {r['python-xxhash'] / 1e9:.1f} GB/s "
                         f"= {frac:.2f}×",
                         "met" if frac >= 0.8 else "**missed**",
@@ -368,7 +368,7 @@ def targets(res: dict) -> list[tuple[str, str, str]]:
                 frac = r["xla_pcache"] / r["memcpy"]
                 rows.append(
                     (
-                        f"checksum {label}: ≥ memory bandwidth (memcpy) (issue 12)",
+                        f"checksum {label}: ≥ memory bandwidth (memcpy)",
                         f"{r['xla_pcache'] / 1e9:.1f} vs memcpy {r['memcpy'] / 1e9:.1f} GB/s "
                         f"= {frac:.2f}×",
                         "met" if frac >= 1.0 else "**missed**",
@@ -382,8 +382,7 @@ def targets(res: dict) -> list[tuple[str, str, str]]:
             s_, dc = peers[US], peers["diskcache"]
             rows.append(
                 (
-                    f"put with eviction at {int(n):,} entries faster than diskcache (median; "
-                    "issue 12)",
+                    f"put with eviction at {int(n):,} entries faster than diskcache (median)",
                     f"{fmt_time(s_['median'])} vs {fmt_time(dc['median'])} "
                     f"({fmt_ratio(dc['median'] / s_['median'])}); p99 {fmt_time(s_['p99'])} vs "
                     f"{fmt_time(dc['p99'])}; max {fmt_time(s_['max'])} vs {fmt_time(dc['max'])}",
@@ -418,7 +417,7 @@ def targets(res: dict) -> list[tuple[str, str, str]]:
                 rows.append(
                     (
                         f"get-hit {label} (verified) ≤ 1.1× an unverified open/read/close of a "
-                        "flat file (issue 12)",
+                        "flat file",
                         f"{fmt_time(us)} vs torch_xla-style dir {fmt_time(flat)} = "
                         f"{us / flat:.2f}×",
                         "met" if us <= 1.1 * flat else "**missed**",
@@ -551,7 +550,7 @@ def write(res: dict, docs: Path, notes: list[str]) -> list[Path]:
         "open/write/close (no temp file, no rename, no lock), read with open/read, as "
         "torch_xla's `PersistentCache` does.",
         "",
-        "## Targets (issues 7 and 12)",
+        "## Targets",
         "",
         "| target | measured | verdict |",
         "|---|---|---|",
@@ -574,8 +573,8 @@ def write(res: dict, docs: Path, notes: list[str]) -> list[Path]:
             "",
             "Each repeat: a fresh directory per peer, a batch of puts of new keys, gets of "
             "those keys (timed up to a `memoryview` of the result), gets of absent keys. "
-            "put+get is the sum of the two medians' repeats (the round trip of issue 2). The "
-            "page cache is warm (gets follow the puts).",
+            "put+get is the sum of the two medians' repeats (a miss then a hit: a cache's "
+            "round trip). The page cache is warm (gets follow the puts).",
             "",
             *roundtrip_md(res["roundtrip"]),
             "![put/get times](bench_roundtrip.png)",
@@ -644,7 +643,7 @@ def write(res: dict, docs: Path, notes: list[str]) -> list[Path]:
     ws = res.get("warm_start")
     if ws is None or ws.get("status") == "missing":
         md += [
-            "*Placeholder.* `bench/jax_warm_start.py` (issue 5) did not exist when this "
+            "*Placeholder.* `bench/jax_warm_start.py` did not exist when this "
             "report was generated; `bench/run.py` runs it and puts its table here as soon as "
             "it does.",
             "",

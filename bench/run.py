@@ -220,8 +220,8 @@ def notes(res: dict) -> list[str]:
             "long hash of the process asking the CPU which vector units it has (three CPUID "
             "instructions at 5-7 µs each: in a virtual machine each one exits to the "
             "hypervisor), the rest is reading pages that are not in the CPU caches yet (a "
-            "second entry: about 30 µs; the same entry again: about 12 µs). Removed in "
-            "issue 12: the read into fresh memory that faulted in every page (entries of "
+            "second entry: about 30 µs; the same entry again: about 12 µs). Removed since: "
+            "the read into fresh memory that faulted in every page (entries of "
             "128 KiB or more are now mapped: first get 134 → 95-105 µs) and std's full CPU "
             "probe (55 µs → about 18 µs)."
         )

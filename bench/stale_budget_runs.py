@@ -1,4 +1,4 @@
-"""Issue 13's stale-budget scenario run many times, each on a new two-host bed (an empty
+"""The stale-budget scenario run many times, each on a new two-host bed (an empty
 cache, as the test starts): one line per run with the peak on disk, puts published and
 refused, and how explicit evict() ended. A test runs it once; this shows the spread.
 

@@ -22,7 +22,7 @@ TORCH_XLA_NEWEST=2.9.0
 "$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis,metrics]" \
   "torch==$TORCH_XLA_NEWEST" "torch_xla==$TORCH_XLA_NEWEST"
 
-# --- issue 15: the remote-tier tests start their own redis-server; missing it fails them.
+# --- The remote-tier tests start their own redis-server; missing it fails them.
 if ! command -v redis-server >/dev/null; then
   if [[ $(id -u) == 0 ]]; then apt-get update -qq && apt-get install -y -qq redis-server; \
   else sudo apt-get update -qq && sudo apt-get install -y -qq redis-server; fi
@@ -37,7 +37,7 @@ if missing:
     sys.exit(f"test dependencies missing: {', '.join(missing)}")
 PY
 
-# ---- JAX version range (issue 11): the adapter tests and the demo against the oldest JAX we
+# ---- JAX version range: the adapter tests and the demo against the oldest JAX we
 # claim and the newest, each in a venv of its own kept under ~/.cache; the package comes
 # from this checkout (PYTHONPATH; the abi3 extension built by the editable install above).
 # jax >= 0.11 needs Python >= 3.12.
@@ -115,7 +115,7 @@ export PATH=$venv/bin:$PATH
 # shellcheck disable=SC2086
 "$py" -m pytest -q -p no:cacheprovider -ra ${PYTEST_ARGS:-}
 
-# ---- JAX version range (issue 11)
+# ---- JAX version range
 for jv in "$JAX_OLDEST" "$JAX_MIDDLE" "$JAX_NEWEST"; do
   echo "== jax $jv: adapter tests and demo"
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from xla_pcache.config import VARIABLE_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,3 +24,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
+
+
+@pytest.fixture(autouse=True)
+def _no_cache_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variable ``Settings`` reads is unset for each test (and the processes it starts,
+    which inherit ``os.environ``): a test sets what it means to test, and never depends on
+    the shell that runs it."""
+    for name in VARIABLE_NAMES:
+        monkeypatch.delenv(name, raising=False)

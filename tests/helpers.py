@@ -12,6 +12,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def clean_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
+    """The environment for a child process: this one's, less every variable ``Settings``
+    reads (already unset in a test by conftest.py's fixture; cleared here too for scripts
+    run outside pytest) and those starting with a prefix in ``drop`` (such as ``"JAX_"``,
+    ``"PJRT_"``, or ``"XLA_"`` to leave out ``XLA_FLAGS`` too), plus ``extra``."""
+    from xla_pcache.config import VARIABLE_NAMES
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in VARIABLE_NAMES and not (drop and k.startswith(drop))
+    }
+    env.update(extra)
+    return env
+
+
 def run_python(
     code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

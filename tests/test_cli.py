@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 
 JAX_META = {"framework": "jax", "framework_version": "0.10.2"}
@@ -20,12 +21,6 @@ ENTRIES = {
     "jit_big-bbbb": (b"b" * 50_000, JAX_META),
     "123456789012345678901234567890": (b"t" * 5_000, TORCH_META),
 }
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-    env.update(extra)
-    return env
 
 
 def run(

@@ -10,6 +10,8 @@ import pytest
 import xla_pcache
 from xla_pcache.config import (
     DEFAULT_MEMORY_CAPACITY,
+    VARIABLE_NAMES,
+    VARIABLES,
     Settings,
     default_cache_path,
     parse_bool,
@@ -74,13 +76,10 @@ def test_every_variable_set(tmp_path: Path) -> None:
 
 
 def test_empty_values_count_as_unset() -> None:
-    names = [
-        "XLA_PERSISTENT_CACHE_PATH",
-        "XLA_PERSISTENT_CACHE_READ_ONLY",
-        "XLA_COMPILATION_CACHE_SIZE",
-        "XLA_PERSISTENT_CACHE_MAX_SIZE",
-    ]
-    assert settings_from_env(dict.fromkeys(names, "")) == Settings()
+    assert settings_from_env(dict.fromkeys(VARIABLE_NAMES, "")) == Settings()
+    assert settings_from_env(dict.fromkeys(VARIABLE_NAMES, "  ")) == Settings()
+    # The one the binding used to read itself, where an empty value was an error.
+    assert Settings.from_env({"XLA_PCACHE_LOCK_MODE": ""}).lock_mode == "auto"
 
 
 def test_max_size_forms() -> None:
@@ -217,15 +216,19 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_compile_wait_and_claim_lease() -> None:
-    from xla_pcache.config import claim_lease_from_env, compile_wait_from_env
+    def wait(value: str) -> float:
+        return Settings.from_env({"XLA_PCACHE_COMPILE_WAIT": value}).compile_wait
 
-    assert compile_wait_from_env({}) == 300.0
-    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": " "}) == 300.0
-    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": "0"}) == 0.0
-    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": "90"}) == 90.0
-    assert compile_wait_from_env({"XLA_PCACHE_COMPILE_WAIT": "5m"}) == 300.0
-    assert claim_lease_from_env({}) == 30.0
-    assert claim_lease_from_env({"XLA_PCACHE_CLAIM_LEASE": "2.5s"}) == 2.5
+    def lease(value: str) -> float:
+        return Settings.from_env({"XLA_PCACHE_CLAIM_LEASE": value}).claim_lease
+
+    assert Settings.from_env({}).compile_wait == 300.0
+    assert wait(" ") == 300.0
+    assert wait("0") == 0.0
+    assert wait("90") == 90.0
+    assert wait("5m") == 300.0
+    assert Settings.from_env({}).claim_lease == 30.0
+    assert lease("2.5s") == 2.5
     for name, value in (
         ("XLA_PCACHE_COMPILE_WAIT", "-1"),
         ("XLA_PCACHE_COMPILE_WAIT", "soon"),
@@ -233,4 +236,125 @@ def test_compile_wait_and_claim_lease() -> None:
         ("XLA_PCACHE_CLAIM_LEASE", "x"),
     ):
         with pytest.raises(ValueError, match=name):
-            (compile_wait_from_env if "WAIT" in name else claim_lease_from_env)({name: value})
+            Settings.from_env({name: value})
+
+
+# the table of variables ------------------------------------------------------------------------
+
+
+def test_every_field_has_one_variable() -> None:
+    fields = [f.name for f in dataclasses.fields(Settings)]
+    assert sorted(fields) == sorted(v.field for v in VARIABLES)
+    assert len(VARIABLE_NAMES) == len(VARIABLES)
+
+
+def test_from_env_reads_every_variable(tmp_path: Path) -> None:
+    # One well-formed, non-default value per variable: each must reach its field.
+    values = {
+        "XLA_PERSISTENT_CACHE_PATH": str(tmp_path / "p"),
+        "XLA_PERSISTENT_CACHE_READ_ONLY": "1",
+        "XLA_COMPILATION_CACHE_SIZE": "7",
+        "XLA_PERSISTENT_CACHE_MAX_SIZE": "3G",
+        "XLA_PCACHE_COMPILE_WAIT": "1m",
+        "XLA_PCACHE_CLAIM_LEASE": "45",
+        "XLA_PCACHE_LOCK_MODE": "lease",
+        "XLA_PCACHE_READ_MODE": "PREAD",
+        "XLA_PCACHE_EVICT_TRACE": str(tmp_path / "trace"),
+        "XLA_PCACHE_HASH_IMPL": "portable",
+        "XLA_PCACHE_DISABLE": "yes",
+        "XLA_PCACHE_TORCH_XLA_SHARED_PATH": str(tmp_path / "shared"),
+        "XLA_PCACHE_TORCH_XLA_LOCAL_DIR": str(tmp_path / "local"),
+        "XLA_PCACHE_REMOTE": "redis://cache:6379/0",
+        "XLA_PCACHE_REMOTE_TIMEOUT": "0.5",
+        "XLA_PCACHE_REMOTE_MAX_BYTES": "1.5G",
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+    }
+    assert set(values) == VARIABLE_NAMES
+    settings = Settings.from_env(values)
+    default = Settings()
+    for var in VARIABLES:
+        assert getattr(settings, var.field) != getattr(default, var.field), var.name
+    assert settings.remote_max_bytes == 3 << 29
+    assert settings.read_mode == "pread" and settings.lock_mode == "lease"
+    assert settings.torch_xla_local_root() == str(tmp_path / "local")
+
+
+def test_remote_max_bytes_takes_a_size() -> None:
+    assert Settings.from_env({"XLA_PCACHE_REMOTE_MAX_BYTES": "512M"}).remote_max_bytes == 512 << 20
+    assert Settings.from_env({"XLA_PCACHE_REMOTE_MAX_BYTES": "1024"}).remote_max_bytes == 1024
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("XLA_PCACHE_LOCK_MODE", "flock"),
+        ("XLA_PCACHE_READ_MODE", "mapped"),
+        ("XLA_PCACHE_DISABLE", "maybe"),
+        ("XLA_PCACHE_REMOTE_TIMEOUT", "0"),
+        ("XLA_PCACHE_REMOTE_TIMEOUT", "later"),
+        ("XLA_PCACHE_REMOTE_MAX_BYTES", "lots"),
+        ("XLA_PCACHE_REMOTE_MAX_BYTES", "0"),
+        ("XLA_PCACHE_COMPILE_WAIT", "nan"),
+    ],
+)
+def test_every_error_names_its_variable(name: str, value: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({name: value})
+    assert name in str(info.value)
+    assert repr(value) in str(info.value)
+
+
+def test_store_errors_name_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("XLA_PCACHE_LOCK_MODE", "flock"), ("XLA_PCACHE_READ_MODE", "x")):
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            with pytest.raises(ValueError, match=name):
+                xla_pcache.Store(tmp_path / "c")
+    # Passed as arguments, the message names the argument.
+    with pytest.raises(ValueError, match="lock_mode"):
+        xla_pcache.Store(tmp_path / "c", lock_mode="flock")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="read_mode"):
+        xla_pcache.Store(tmp_path / "c", read_mode="x")  # type: ignore[arg-type]
+
+
+def _readme_table() -> dict[str, str]:
+    """Variable -> default, from the README's configuration table."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[2].strip("`")
+    return rows
+
+
+def test_readme_table_matches_settings() -> None:
+    table = _readme_table()
+    assert list(table) == [v.name for v in VARIABLES]
+    assert table == {v.name: v.default.strip("`") for v in VARIABLES}
+
+
+def test_fixture_clears_every_variable() -> None:
+    # The autouse fixture of conftest.py: no test sees the caller's shell.
+    assert not VARIABLE_NAMES & os.environ.keys()
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", " yes ", "on", "0", "off", "", "  "])
+def test_start_up_hook_reads_disable_as_settings_does(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hook outside the package reads the variable itself (importing the package would load
+    # the extension in every Python process); it must agree with Settings.
+    import importlib.util
+
+    hook = (
+        Path(__file__).resolve().parent.parent
+        / "python/xla_pcache.data/purelib/_xla_pcache_autoload.py"
+    )
+    spec = importlib.util.spec_from_file_location("_autoload_under_test", hook)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("XLA_PCACHE_DISABLE", value)
+    assert module.disabled() == Settings.from_env().disabled

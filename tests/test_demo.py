@@ -1,4 +1,4 @@
-"""The commands issue 5 added: ``xla-pcache demo`` and ``xla-pcache doctor``, run as a user
+"""The user-facing commands ``xla-pcache demo`` and ``xla-pcache doctor``, run as a user
 runs them (``python -m xla_pcache ...``), against real JAX on CPU."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.doctor import FRAMEWORKS, probe_key
 
@@ -19,7 +19,7 @@ needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PERSISTENT_CACHE_")}
+    base = clean_env()
     return subprocess.run(
         [sys.executable, "-m", "xla_pcache", *args],
         capture_output=True,

@@ -17,16 +17,13 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.bundle import import_bundle
 
 # Address-space limit for the processes that import a bomb: a reader that inflates a member
 # into memory runs out here within a second or two, instead of exhausting the machine.
 BOMB_RLIMIT = 1536 << 20
-
-
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
 
 
 def _run_limited(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +35,7 @@ def _run_limited(code: str, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
-        env=_clean_env(),
+        env=clean_env(),
         timeout=300,
         check=False,
     )
@@ -49,7 +46,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "xla_pcache", *args],
         capture_output=True,
         text=True,
-        env=_clean_env(),
+        env=clean_env(),
         timeout=120,
         check=False,
     )
@@ -223,7 +220,7 @@ def test_cli_prints_keys_meta_and_paths_literally(tmp_path: Path) -> None:
     name = "team[/]cache [bold]"
     with Store(tmp_path / name) as store:
         assert store.put(ODD_KEY, b"v" * 100, meta=ODD_META)
-    env = {**_clean_env(), "COLUMNS": "250"}
+    env = {**clean_env(), "COLUMNS": "250"}
     for args in (("ls",), ("stats",), ("verify",), ("prune", "--max-size", "1G")):
         result = subprocess.run(
             [sys.executable, "-m", "xla_pcache", *args, "--path", name],
@@ -311,10 +308,10 @@ def test_empty_max_size_is_a_value_error(tmp_path: Path) -> None:
     with Store(tmp_path / "c") as store, pytest.raises(ValueError, match="max_size"):
         store.evict(max_size="  ")
     # In the environment an empty value means unset, as for every other variable.
-    code = "from xla_pcache.config import max_size_from_env; print(max_size_from_env())"
+    code = "from xla_pcache.config import Settings; print(Settings.from_env().max_size)"
     out = subprocess.run(
         [sys.executable, "-c", code],
-        env={**_clean_env(), "XLA_PERSISTENT_CACHE_MAX_SIZE": ""},
+        env={**clean_env(), "XLA_PERSISTENT_CACHE_MAX_SIZE": ""},
         capture_output=True,
         text=True,
         timeout=60,
@@ -360,7 +357,7 @@ def test_claim_lease_variable_too_large_is_a_value_error(tmp_path: Path) -> None
     """
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), str(tmp_path / "c")],
-        env={**_clean_env(), "XLA_PCACHE_CLAIM_LEASE": "99999999999999999999"},
+        env={**clean_env(), "XLA_PCACHE_CLAIM_LEASE": "99999999999999999999"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -378,9 +375,10 @@ def test_claim_and_wait_durations_are_checked(tmp_path: Path) -> None:
             store.wait_for("k", float("inf"))
 
 
-def test_remote_arguments_and_variables_are_checked_by_name() -> None:
+def test_remote_arguments_and_variables_are_checked_by_name(tmp_path: Path) -> None:
     """No server is contacted: the checks come before any connection."""
-    from xla_pcache.remote import MAX_VALUE_VAR, TIMEOUT_VAR, RemoteTier
+    from xla_pcache.config import REMOTE_MAX_BYTES_VAR, REMOTE_TIMEOUT_VAR
+    from xla_pcache.remote import RemoteTier
 
     url = "redis://127.0.0.1:1/0"
     with pytest.raises(ValueError, match="timeout"):
@@ -391,11 +389,12 @@ def test_remote_arguments_and_variables_are_checked_by_name() -> None:
         RemoteTier(url, max_value_bytes=-1)
     with pytest.raises(ValueError, match="retry_after"):
         RemoteTier(url, retry_after=float("inf"))
-    code = "from xla_pcache.remote import RemoteTier; RemoteTier('redis://127.0.0.1:1/0')"
-    for name, value in ((TIMEOUT_VAR, "soon"), (MAX_VALUE_VAR, "9" * 40)):
+    code = "import sys; from xla_pcache import Store; Store(sys.argv[1]).get('k')"
+    store = str(tmp_path / "c")
+    for name, value in ((REMOTE_TIMEOUT_VAR, "soon"), (REMOTE_MAX_BYTES_VAR, "9" * 40)):
         out = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**_clean_env(), name: value},
+            [sys.executable, "-c", code, store],
+            env={**clean_env(), "XLA_PCACHE_REMOTE": url, name: value},
             capture_output=True,
             text=True,
             timeout=60,
@@ -404,8 +403,13 @@ def test_remote_arguments_and_variables_are_checked_by_name() -> None:
         assert out.returncode == 1 and f"ValueError: invalid {name}" in out.stderr, out.stderr
     # Empty means unset, as for every other variable.
     out = subprocess.run(
-        [sys.executable, "-c", code + ".close()"],
-        env={**_clean_env(), TIMEOUT_VAR: "", MAX_VALUE_VAR: " "},
+        [sys.executable, "-c", code, store],
+        env={
+            **clean_env(),
+            "XLA_PCACHE_REMOTE": url,
+            REMOTE_TIMEOUT_VAR: "",
+            REMOTE_MAX_BYTES_VAR: " ",
+        },
         capture_output=True,
         text=True,
         timeout=60,

@@ -493,3 +493,77 @@ def test_hits_are_recorded_without_a_write_on_the_read_path(cache_dir: Path) -> 
     assert set((cache_dir / "journal").iterdir()) == journals, "a hit created a journal"
     reader.close()  # ...and the hit reaches the journal when the reader flushes
     assert len(set((cache_dir / "journal").iterdir()) - journals) == 1
+
+
+# the constructor and the tier ----------------------------------------------------------------
+
+
+def test_store_is_a_store_whatever_the_environment(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XLA_PCACHE_REMOTE", "redis://127.0.0.1:9/0")
+    with Store(cache_dir) as store:
+        assert type(store) is Store
+        assert store.stats()["remote"] == "redis://127.0.0.1:9/0"  # type: ignore[typeddict-item]
+    with Store(cache_dir, remote="redis://127.0.0.1:9/0") as store:
+        assert type(store) is Store
+
+
+def test_enter_returns_the_subclass(cache_dir: Path) -> None:
+    class Mine(Store):
+        pass
+
+    with Mine(cache_dir) as store:
+        assert type(store) is Mine
+
+
+def test_a_configured_tier_starts_nothing_until_used(cache_dir: Path) -> None:
+    # Looking at a store (what `xla-pcache stats` does) with a tier configured must not load
+    # the client, start its writer thread or register its exit hook; the first miss does.
+    code = """
+        import atexit, sys, threading
+        from xla_pcache import Store
+
+        before = (threading.active_count(), atexit._ncallbacks())
+        store = Store(sys.argv[1])
+        store.stats(), len(store), "k" in store, store.entries()
+        after = (threading.active_count(), atexit._ncallbacks())
+        print("redis" in sys.modules, before == after, store._tier is None)
+        assert store.get("k") is None  # a miss asks the tier (refused connection: a miss)
+        print("redis" in sys.modules, store._tier is not None)
+        store.close()
+    """
+    out = run_python(code, str(cache_dir), env={"XLA_PCACHE_REMOTE": "redis://127.0.0.1:9/0"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True", "True", "True"], out.stdout
+
+
+def test_a_tierless_store_serves_gets_from_the_binding(cache_dir: Path) -> None:
+    # No Python frame between the caller and the Rust get when there is no tier: the
+    # Python class does not override get or put at all.
+    assert "get" not in Store.__dict__ and "put" not in Store.__dict__
+    with Store(cache_dir) as store:
+        assert store.put("k", b"v")
+        blob = store.get("k")
+        assert blob is not None and bytes(blob) == b"v"
+        assert store._tier_url is None
+
+
+def test_a_bad_remote_url_names_its_source(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="remote"):
+        Store(cache_dir, remote="http://example/")
+    monkeypatch.setenv("XLA_PCACHE_REMOTE", "memcached://host")
+    with pytest.raises(ValueError, match="XLA_PCACHE_REMOTE"):
+        Store(cache_dir)
+
+
+def test_settings_argument_replaces_the_environment(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XLA_PCACHE_LOCK_MODE", "flock")  # malformed, but not read
+    monkeypatch.setenv("XLA_PCACHE_REMOTE", "redis://127.0.0.1:9/0")
+    with Store(cache_dir, settings=xla_pcache.Settings()) as store:
+        assert "remote" not in store.stats()
+        assert store.settings == xla_pcache.Settings()

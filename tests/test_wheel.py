@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from adapters.test_activation import PROGRAM
+from helpers import clean_env
 
 # A release build and a venv with the newest JAX take minutes on two cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -78,12 +79,12 @@ def test_wheel_installs_without_rust_and_activates_jax(tmp_path: Path) -> None:
     # Only the venv and the system: no cargo or rustc, no other venv, no PYTHONPATH.
     path = os.pathsep.join([str(vbin), "/usr/bin", "/bin"])
     assert shutil.which("cargo", path=path) is None and shutil.which("rustc", path=path) is None
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("XLA_", "JAX_", "PYTHON", "VIRTUAL_ENV", "CARGO", "RUSTUP"))
-    }
-    env.update(PATH=path, PIP_CACHE_DIR=str(PIP_CACHE), JAX_PLATFORMS="cpu")
+    env = clean_env(
+        ("XLA_", "JAX_", "PYTHON", "VIRTUAL_ENV", "CARGO", "RUSTUP"),
+        PATH=path,
+        PIP_CACHE_DIR=str(PIP_CACHE),
+        JAX_PLATFORMS="cpu",
+    )
     pip = [str(vbin / "python"), "-m", "pip", "install", "-q"]
     _run([*pip, "jax[cpu]>=0.12"], env)
     newest = _jax_version(vbin / "python", env)

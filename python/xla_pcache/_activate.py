@@ -6,15 +6,19 @@ Every failure here is one logged warning: activation must never break the user's
 from __future__ import annotations
 
 import logging
-import os
+
+from xla_pcache.config import Settings
 
 logger = logging.getLogger("xla_pcache")
 
-DISABLE_VAR = "XLA_PCACHE_DISABLE"
-
 
 def disabled() -> bool:
-    return os.environ.get(DISABLE_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+    """``XLA_PCACHE_DISABLE``; a malformed value (neither true nor false) counts as not
+    disabled, and the warning comes from the adapter that then reads the settings."""
+    try:
+        return Settings.from_env().disabled
+    except ValueError:
+        return False
 
 
 def activate_jax(via: str) -> None:

@@ -5,7 +5,7 @@ The extension is private: import its names from ``xla_pcache``.
 
 import os
 from collections.abc import Callable
-from typing import Literal, TypeVar, final
+from typing import Literal, Self, TypedDict, TypeVar, final
 
 from typing_extensions import Buffer, disjoint_base
 
@@ -68,6 +68,81 @@ def entry_name(key: Key) -> str:
     """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed
     in ``entries/<first two digits>/``."""
 
+class Stats(TypedDict):
+    """What ``Store.stats()`` returns: the counters summed over every process that used the
+    cache, and what they are about."""
+
+    hits: int
+    misses: int
+    puts: int
+    put_exists: int
+    corrupt: int
+    errors: int
+    evictions: int
+    evicted_bytes: int
+    bytes_written: int
+    bytes_read: int
+    too_large: int
+    claims: int
+    claim_takeovers: int
+    claims_abandoned: int
+    claim_waits: int
+    claim_wait_ms: int
+    claim_wait_timeouts: int
+    puts_refused: int
+    unsafe_paths: int
+    unreadable: int
+    compile_saved_ms: int
+    hit_rate: float | None
+    entries: int
+    bytes: int
+    max_size: int | None
+    processes: int
+    view_age_s: float | None
+    view_fresh: bool
+    path: str
+    filesystem: str
+    read_only: bool
+    mmap_reads: bool
+
+class Entry(TypedDict):
+    """One entry of ``Store.entries()``."""
+
+    key: Key
+    name: str
+    size: int
+    disk_bytes: int
+    created: float
+    last_use: float | None
+    hits: int
+    meta: dict[str, str]
+
+class EvictReport(TypedDict):
+    """What ``Store.evict()`` did."""
+
+    removed: int
+    bytes: int
+    dropped: int
+    added: int
+    names: list[str]
+    skipped: str | None
+    skipped_files: list[str]
+
+class VerifyReport(TypedDict):
+    """What ``Store.verify()`` found (and repaired when asked)."""
+
+    entries: int
+    bytes: int
+    corrupt: list[str]
+    foreign: list[str]
+    unindexed: int
+    dangling: int
+    stale_tmp: int
+    stale_trash: int
+    problems: int
+    repaired: bool
+    skipped_files: list[str]
+
 ClaimState = Literal["claimed", "published", "abandoned", "timed_out", "unclaimed"]
 
 @final
@@ -105,7 +180,11 @@ class Store:
     ``max_size`` is a byte budget (int) or None for unbounded. ``read_only`` stores never
     write anything to the directory. ``durable`` fsyncs file and directory on every put.
     ``lock_mode`` is ``"auto"`` (fcntl, lease file where fcntl locks fail), ``"fcntl"`` or
-    ``"lease"``; ``None`` reads ``XLA_PCACHE_LOCK_MODE`` (default ``"auto"``).
+    ``"lease"``; ``None`` is ``"auto"``. ``read_mode`` is ``"auto"`` (mmap on local
+    filesystems, pread elsewhere), ``"mmap"`` or ``"pread"``; ``None`` is ``"auto"``.
+    ``evict_trace`` names a file to which every eviction appends ``pid start_ns end_ns``.
+    The environment is never read here: ``xla_pcache.Store`` fills these from
+    ``xla_pcache.config.Settings``.
     """
 
     def __new__(
@@ -122,6 +201,8 @@ class Store:
         trash_grace: float = 300.0,
         tmp_grace: float = 3600.0,
         claim_lease: float = 30.0,
+        read_mode: Literal["auto", "mmap", "pread"] | None = None,
+        evict_trace: str | os.PathLike[str] | None = None,
     ) -> _S: ...
     @property
     def path(self) -> str: ...
@@ -135,6 +216,12 @@ class Store:
     @property
     def filesystem(self) -> str:
         """Name of the filesystem the root is on (ext4, nfs, fuse.sshfs, tmpfs, ...)."""
+    def _set_tier(
+        self, on_miss: Callable[[Key], Blob | None], on_publish: Callable[[Key], object]
+    ) -> None:
+        """Put a tier behind the directory (once): ``get`` returns ``on_miss(key)`` after a
+        local miss, ``put`` calls ``on_publish(key)`` after it published. Exceptions they
+        raise are logged, never the caller's."""
     def put(self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
         """Store value under key. True if this call stored it; False if the key exists (first
         writer wins), the store is read-only, the value is over budget, or the write failed
@@ -164,11 +251,11 @@ class Store:
         """Remove every entry; returns how many were removed. ReadOnlyError if read-only."""
     def __len__(self) -> int: ...
     def keys(self) -> list[Key]: ...
-    def entries(self) -> list[dict[str, object]]:
+    def entries(self) -> list[Entry]:
         """One dict per entry: key, name, size (payload bytes), disk_bytes, created,
         last_use, hits (hit records folded from the journals: at most one per process per
         hit interval, a lower bound), meta. Reads entry headers (walks the directory)."""
-    def stats(self) -> dict[str, int | float | str | bool | None]:
+    def stats(self) -> Stats:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,
         too_large, claims, claim_takeovers, claims_abandoned, claim_waits, claim_wait_ms,
@@ -184,9 +271,7 @@ class Store:
     def process_stats(self) -> dict[str, int]:
         """This process's own counters for this store handle (the names ``stats`` sums
         across processes), without reading any journal."""
-    def evict(
-        self, max_size: int | None = None, older_than: float | None = None
-    ) -> dict[str, object]:
+    def evict(self, max_size: int | None = None, older_than: float | None = None) -> EvictReport:
         """Evict least recently used entries now, down to ``max_size`` bytes (default: the
         low watermark of the store's budget) and/or every entry unused for ``older_than``
         seconds. First reconciles the index with the directory (lists every shard: records
@@ -201,7 +286,7 @@ class Store:
         self,
         repair: bool = False,
         progress: Callable[[int, int], object] | None = None,
-    ) -> dict[str, object]:
+    ) -> VerifyReport:
         """Walk every file; report corrupt, foreign (orphaned), unindexed and dangling index
         records and stale temp/trash files; repair if asked. ``progress(done, total)`` is
         called as files are checked. Returns {"entries", "bytes", "corrupt": [paths],
@@ -216,5 +301,5 @@ class Store:
     def _after_fork_child(self) -> None:
         """In a forked child: forget the parent's journal, locks, claims and threads (called
         by the ``os.register_at_fork`` hook of ``xla_pcache.store``)."""
-    def __enter__(self) -> Store: ...
+    def __enter__(self) -> Self: ...
     def __exit__(self, *exc: object) -> None: ...

@@ -82,17 +82,6 @@ def store_key(name: str) -> str:
     return KEY_PREFIX + name
 
 
-def default_local_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
-    """``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``, else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``."""
-    explicit = environ.get("XLA_PCACHE_TORCH_XLA_LOCAL_DIR", "").strip()
-    if explicit:
-        return os.path.expanduser(explicit)
-    base = environ.get("XDG_CACHE_HOME", "").strip()
-    if not base or not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "xla_pcache", "torch_xla")
-
-
 def open_inodes() -> set[tuple[int, int]] | None:
     """(st_dev, st_ino) of every file this process holds open, or None without /proc.
 

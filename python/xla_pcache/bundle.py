@@ -80,22 +80,13 @@ def export_bundle(
     if newer_than is not None:
         newer_than = parse_duration(newer_than, name="newer_than")
     now = time.time()
-    chosen = []
+    chosen: list[_core.Entry] = []
     for e in store.entries():
-        meta = e.get("meta") or {}
-        if framework is not None and (
-            not isinstance(meta, dict) or meta.get("framework") != framework
-        ):
+        if framework is not None and e["meta"].get("framework") != framework:
             continue
-        created = e.get("created")
-        if (
-            newer_than is not None
-            and isinstance(created, (int, float))
-            and now - created > newer_than
-        ):
+        if newer_than is not None and now - e["created"] > newer_than:
             continue
-        hits = e.get("hits")
-        if min_hits and not (isinstance(hits, int) and hits >= min_hits):
+        if e["hits"] < min_hits:
             continue
         chosen.append(e)
     target = os.fspath(out)
@@ -123,7 +114,7 @@ def export_bundle(
 def _write_tar(
     store: _core.Store,
     sink: io.BufferedWriter,
-    chosen: list[dict[str, object]],
+    chosen: list[_core.Entry],
     now: float,
     progress: Callable[[int, int], None] | None,
 ) -> int:
@@ -131,7 +122,6 @@ def _write_tar(
     with tarfile.open(fileobj=sink, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         for i, e in enumerate(chosen):
             key = e["key"]
-            assert isinstance(key, (str, bytes))
             data = store.get_entry_file(key)
             if progress is not None:
                 progress(i + 1, len(chosen))

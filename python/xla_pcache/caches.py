@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from xla_pcache._core import CacheError
-from xla_pcache.config import memory_capacity_from_env, parse_capacity, settings_from_env
+from xla_pcache.config import Settings, parse_capacity
 from xla_pcache.store import Store
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class MemoryCache(ComputationCache[T]):
 
     def __init__(self, capacity: int | None = None) -> None:
         if capacity is None:
-            capacity = memory_capacity_from_env()
+            capacity = Settings.from_env().memory_capacity
         self._capacity = parse_capacity(capacity, "capacity")
         self._items: OrderedDict[Key, T] = OrderedDict()
         self._lock = threading.Lock()
@@ -171,7 +171,8 @@ class PersistentCache(ComputationCache[T]):
     entry removed unless ``read_only``. ``read_only`` caches never write to ``path``; ``add``
     then only fills memory. ``max_size`` is the store's byte budget (int or ``"50G"``).
     ``meta`` (such as ``{"framework": "jax", "framework_version": "0.10.2"}``) is recorded in
-    each entry written.
+    each entry written. ``settings`` (default ``Settings.from_env()``) gives the memory
+    capacity when none is passed and the store's settings (see ``Store``).
     """
 
     def __init__(
@@ -184,9 +185,13 @@ class PersistentCache(ComputationCache[T]):
         max_size: int | str | None = None,
         memory_capacity: int | None = None,
         meta: Mapping[str, str] | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        self._memory: MemoryCache[T] = MemoryCache(memory_capacity)
-        self._store = Store(path, max_size=max_size, read_only=read_only)
+        cfg = Settings.from_env() if settings is None else settings
+        self._memory: MemoryCache[T] = MemoryCache(
+            cfg.memory_capacity if memory_capacity is None else memory_capacity
+        )
+        self._store = Store(path, max_size=max_size, read_only=read_only, settings=cfg)
         self._serialize = serialize
         self._deserialize = deserialize
         self._meta = dict(meta) if meta else None
@@ -302,7 +307,8 @@ class PersistentCache(ComputationCache[T]):
         for name, value in self._memory.stats().items():
             if name != "kind":
                 result[f"memory_{name}"] = value
-        for name, value in self._store.stats().items():
+        store_stats: Stats = dict(self._store.stats())  # type: ignore[arg-type]
+        for name, value in store_stats.items():
             result[f"store_{name}"] = value
         return result
 
@@ -342,7 +348,7 @@ def from_env(
     ``deserialize=lambda blob: blob`` to get the zero-copy ``Blob`` instead.
     Raises ``ValueError`` naming the variable when one is malformed.
     """
-    settings = settings_from_env(environ)
+    settings = Settings.from_env(environ)
     if settings.path is None:
         return MemoryCache(settings.memory_capacity)
     return PersistentCache(
@@ -353,4 +359,5 @@ def from_env(
         max_size=settings.max_size,
         memory_capacity=settings.memory_capacity,
         meta=meta,
+        settings=settings,
     )

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -23,16 +23,12 @@ from rich.table import Table
 
 from xla_pcache import _core
 from xla_pcache._core import CacheError
-from xla_pcache.config import (
-    MAX_SIZE_VAR,
-    PATH_VAR,
-    READ_ONLY_VAR,
-    max_size_from_env,
-    path_from_env,
-    read_only_from_env,
-)
+from xla_pcache.config import MAX_SIZE_VAR, PATH_VAR, READ_ONLY_VAR, Settings
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 from xla_pcache.store import Store
+
+if TYPE_CHECKING:
+    from xla_pcache._core import Entry, VerifyReport
 
 app = typer.Typer(
     name="xla-pcache",
@@ -106,8 +102,8 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _resolve_path(path: str | None) -> str:
-    root = os.path.expanduser(path) if path else path_from_env()
+def _resolve_path(path: str | None, settings: Settings) -> str:
+    root = os.path.expanduser(path) if path else settings.path
     if not root:
         _fail(f"no cache directory: pass --path or set {PATH_VAR}")
     if not os.path.exists(root):
@@ -134,17 +130,17 @@ def _open(path: str | None, *, read_only: bool, write: bool = False) -> Store:
     The store is opened read-only first so that a directory of an unknown format is refused
     before anything is written to it. ``write`` reopens it writable for prune/repair/clear.
     """
-    root = _resolve_path(path)
-    max_size = max_size_from_env()
     # Read even when only looking, so that a malformed value is reported by every command.
-    read_only = read_only_from_env() or read_only
-    store = Store(root, max_size=max_size, read_only=True)
+    settings = Settings.from_env()
+    root = _resolve_path(path, settings)
+    read_only = settings.read_only or read_only
+    store = Store(root, max_size=settings.max_size, read_only=True, settings=settings)
     if not write:
         return store
     store.close()
     if read_only:
         _fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
-    return Store(root, max_size=max_size, read_only=False)
+    return Store(root, max_size=settings.max_size, read_only=False, settings=settings)
 
 
 def _key_text(key: object) -> str:
@@ -154,9 +150,9 @@ def _key_text(key: object) -> str:
     return text if text.isprintable() else repr(text)[1:-1]
 
 
-def _entry_json(entry: dict[str, Any]) -> dict[str, Any]:
-    key = entry.get("key")
-    result = {**entry, "key": key if isinstance(key, str) else _key_text(key)}
+def _entry_json(entry: Entry) -> dict[str, Any]:
+    key = entry["key"]
+    result: dict[str, Any] = {**entry, "key": key if isinstance(key, str) else _key_text(key)}
     if isinstance(key, bytes):
         # The text form of a binary key is lossy; the hex form is exact.
         result["key_hex"] = key.hex()
@@ -171,10 +167,6 @@ def _format_ago(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"
     return f"{seconds:.0f}s"
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _emit_json(value: object) -> None:
@@ -196,7 +188,7 @@ _STAT_ROWS = (
     ("compile_saved_ms", "compile time saved"),
     ("evictions", "evictions"),
     ("corrupt", "corrupt"),
-    ("puts_refused", "puts refused (over budget, evictor busy)"),
+    ("puts_refused", "puts refused (over budget, no room made in time)"),
     # How fresh entries and bytes are: see docs/reliability.md (stale views).
     ("view_age_s", "index as of"),
     # Single flight (compile claims): see docs/jax.md.
@@ -210,20 +202,16 @@ _STAT_ROWS = (
 
 
 def _stats_report(store: _core.Store) -> dict[str, Any]:
-    report: dict[str, Any] = {"path": store.path, "filesystem": store.filesystem}
-    report.update(store.stats())
+    stats = store.stats()
+    budget = stats["max_size"]
+    report: dict[str, Any] = {**stats, "fill": stats["bytes"] / budget if budget else None}
     # These describe the handle this command opened (read-only to look), not the cache.
-    report.pop("read_only", None)
-    report.pop("mmap_reads", None)
-    hits, misses = _number(report.get("hits")) or 0, _number(report.get("misses")) or 0
-    report["hit_rate"] = hits / (hits + misses) if hits + misses else None
-    used, budget = _number(report.get("bytes")), _number(report.get("max_size"))
-    report["fill"] = used / budget if used is not None and budget else None
+    del report["read_only"], report["mmap_reads"]
     return report
 
 
-def _view_age_text(age: object, fresh: object) -> str:
-    if not isinstance(age, int | float) or isinstance(age, bool):
+def _view_age_text(age: float | None, fresh: bool) -> str:
+    if age is None:
         return "unknown"
     text = f"{age:,.1f} s ago"
     if fresh is False:
@@ -293,7 +281,7 @@ def stats(
     shown = {"path", "filesystem", "view_fresh"}
     for name, label in _STAT_ROWS:
         if name == "view_age_s":
-            text = _view_age_text(report.get(name), report.get("view_fresh"))
+            text = _view_age_text(report[name], report["view_fresh"])
         else:
             text = _stat_text(name, report.get(name))
         table.add_row(label, text)
@@ -306,19 +294,14 @@ def stats(
 # ls ------------------------------------------------------------------------------------------
 
 
-def _sort_entries(entries: list[dict[str, Any]], sort: SortKey) -> list[dict[str, Any]]:
+def _sort_entries(entries: list[Entry], sort: SortKey) -> list[Entry]:
     # Each order puts the largest value of the column it names first: the biggest, the
     # oldest, the longest unused (the next candidates for eviction).
-    def field(entry: dict[str, Any], name: str) -> float:
-        return _number(entry.get(name)) or 0.0
-
     if sort is SortKey.size:
-        return sorted(
-            entries, key=lambda e: field(e, "disk_bytes") or field(e, "size"), reverse=True
-        )
+        return sorted(entries, key=lambda e: e["disk_bytes"] or e["size"], reverse=True)
     if sort is SortKey.age:
-        return sorted(entries, key=lambda e: field(e, "created"))
-    return sorted(entries, key=lambda e: field(e, "last_use") or field(e, "created"))
+        return sorted(entries, key=lambda e: e["created"])
+    return sorted(entries, key=lambda e: e["last_use"] or e["created"])
 
 
 @app.command("ls")
@@ -348,16 +331,16 @@ def list_entries(
     table.add_column("hits", justify="right")
     table.add_column("producer")
     for entry in entries:
-        meta = entry.get("meta") or {}
-        producer = " ".join(str(meta[k]) for k in ("framework", "framework_version") if k in meta)
-        created, last_use = _number(entry.get("created")), _number(entry.get("last_use"))
+        meta = entry["meta"]
+        producer = " ".join(meta[k] for k in ("framework", "framework_version") if k in meta)
+        last_use = entry["last_use"]
         table.add_row(
-            _key_text(entry.get("key")),
-            format_size(_number(entry.get("size"))),
-            format_size(_number(entry.get("disk_bytes"))),
-            _format_ago(None if created is None else now - created),
+            _key_text(entry["key"]),
+            format_size(entry["size"]),
+            format_size(entry["disk_bytes"]),
+            _format_ago(now - entry["created"]),
             _format_ago(None if last_use is None else now - last_use),
-            str(entry.get("hits", 0)),
+            str(entry["hits"]),
             _key_text(producer) if producer else "-",
         )
     _console().print(table)
@@ -394,54 +377,31 @@ def prune(
             # evict() reports file names; map them back to keys for people to read.
             keys_by_name = {e["name"]: e["key"] for e in store.entries()}
             result = store.evict(max_size=target, older_than=age)
-    names = result.get("names", result.get("keys"))
-    removed_names: list[object] = names if isinstance(names, list) else []
-    removed_keys = [_key_text(keys_by_name.get(n, n)) for n in removed_names]
-    result["keys"] = removed_keys
+    removed_keys = [_key_text(keys_by_name.get(n, n)) for n in result["names"]]
     if as_json:
-        _emit_json(result)
+        _emit_json({**result, "keys": removed_keys})
     else:
         for key in removed_keys:
             typer.echo(f"removed {key}")
-        removed, freed = result.get("removed", 0), _number(result.get("bytes")) or 0
-        typer.echo(f"removed {removed} entries, {format_size(freed)}")
+        typer.echo(f"removed {result['removed']} entries, {format_size(result['bytes'])}")
         # The index and the directory disagreed (other hosts' records not read yet): say so.
-        dropped, added = result.get("dropped") or 0, result.get("added") or 0
+        dropped, added = result["dropped"], result["added"]
         if dropped or added:
             typer.echo(
                 f"index reconciled with the directory: {dropped} records of files already "
                 f"gone dropped, {added} unindexed files added"
             )
-        skipped_files = result.get("skipped_files")
-        for f in skipped_files if isinstance(skipped_files, list) else []:
+        for f in result["skipped_files"]:
             typer.echo(f"xla-pcache: prune went on without {f}", err=True)
-    if result.get("skipped"):
+    if result["skipped"]:
         typer.echo(f"xla-pcache: prune skipped: {result['skipped']}", err=True)
         raise typer.Exit(1)
 
 
 # verify --------------------------------------------------------------------------------------
 
-# Fields of the verify report that list or count faults; stale temp and trash files are
-# housekeeping the store sweeps on its own, not faults.
-_PROBLEM_FIELDS = ("corrupt", "foreign", "unindexed", "dangling")
 
-
-def _problem_count(report: dict[str, object]) -> int:
-    reported = report.get("problems")
-    if isinstance(reported, int) and not isinstance(reported, bool):
-        return reported
-    total = 0
-    for name in _PROBLEM_FIELDS:
-        value = report.get(name)
-        if isinstance(value, list | tuple | set):
-            total += len(value)
-        elif isinstance(value, int) and not isinstance(value, bool):
-            total += value
-    return total
-
-
-def _run_verify(store: _core.Store, repair: bool, console: Console) -> dict[str, object]:
+def _run_verify(store: _core.Store, repair: bool, console: Console) -> VerifyReport:
     if not console.is_terminal:
         return store.verify(repair=repair)
     # Lazy: only a terminal needs the progress machinery.
@@ -476,9 +436,10 @@ def verify(
     with _reported(), _open(path, read_only=read_only, write=repair) as store:
         root = store.path
         report = _run_verify(store, repair, console)
-    problems = _problem_count(report)
+    # Stale temp and trash files are housekeeping the store sweeps on its own, not problems.
+    problems = report["problems"]
     if as_json:
-        _emit_json({**report, "problems": problems})
+        _emit_json(report)
     else:
         table = Table(title=f"verify{' --repair' if repair else ''} {root}", show_header=False)
         table.add_column("check")
@@ -590,7 +551,7 @@ def doctor(path: PathOption = None, as_json: JsonOption = False) -> None:
     raise typer.Exit(int(main_fn(path, as_json)))
 
 
-# export / import (issue 15: bundles, see xla_pcache.bundle) ----------------------------------
+# export / import (bundles, see xla_pcache.bundle) --------------------------------------------
 
 
 class Framework(StrEnum):
@@ -653,10 +614,11 @@ def import_cmd(
         entry_cap = parse_size(max_entry_size, name="--max-entry-size")
         if entry_cap == 0:
             _fail("--max-entry-size must be positive")
-        root = os.path.expanduser(path) if path else path_from_env()
+        settings = Settings.from_env()
+        root = os.path.expanduser(path) if path else settings.path
         if not root:
             _fail(f"no cache directory: pass --path or set {PATH_VAR}")
-        if read_only_from_env():
+        if settings.read_only:
             _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
         if not os.path.exists(bundle):
             _fail(f"{bundle}: no such file")
@@ -664,7 +626,7 @@ def import_cmd(
             _fail(f"{bundle}: is a directory, not a bundle file")
         console = _console()
         bar = Progress(console=console, transient=True, disable=not console.is_terminal)
-        with Store(root, max_size=max_size_from_env()) as store, bar:
+        with Store(root, max_size=settings.max_size, settings=settings) as store, bar:
             # Entries are counted as they stream in: a bundle does not say how many it holds.
             task = bar.add_task("importing entries", total=None)
             report = import_bundle(

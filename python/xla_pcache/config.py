@@ -1,15 +1,24 @@
-"""Settings from environment variables, named as torch_xla names them plus our own.
+"""Every environment variable the package reads, in one place: named, parsed and documented.
 
-Every malformed value is a ``ValueError`` that names the variable and quotes the value:
-a cache that silently falls back to a default could fill a shared disk or write to a
-directory that was meant to be read-only.
+``Settings.from_env()`` reads them all at once; nothing else in the package (the Rust binding
+included) looks at the environment for them. ``VARIABLES`` is the table of them (name, type,
+default, meaning) from which the README's table is checked and the tests clear the
+environment. The start-up hook ``_xla_pcache_autoload`` (outside the package, so that a
+Python process that does not use the cache never loads the extension) reads
+``XLA_PCACHE_DISABLE`` and the two path variables itself, with the same rules.
+
+Every malformed value is a ``ValueError`` that names the variable and quotes the value: a
+cache that silently falls back to a default could fill a shared disk or write to a directory
+that was meant to be read-only. An empty variable counts as unset, everywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from xla_pcache.sizes import parse_duration, parse_size
 
@@ -19,6 +28,17 @@ MEMORY_CAPACITY_VAR = "XLA_COMPILATION_CACHE_SIZE"
 MAX_SIZE_VAR = "XLA_PERSISTENT_CACHE_MAX_SIZE"
 COMPILE_WAIT_VAR = "XLA_PCACHE_COMPILE_WAIT"
 CLAIM_LEASE_VAR = "XLA_PCACHE_CLAIM_LEASE"
+LOCK_MODE_VAR = "XLA_PCACHE_LOCK_MODE"
+READ_MODE_VAR = "XLA_PCACHE_READ_MODE"
+EVICT_TRACE_VAR = "XLA_PCACHE_EVICT_TRACE"
+HASH_IMPL_VAR = "XLA_PCACHE_HASH_IMPL"
+DISABLE_VAR = "XLA_PCACHE_DISABLE"
+SHARED_PATH_VAR = "XLA_PCACHE_TORCH_XLA_SHARED_PATH"
+LOCAL_DIR_VAR = "XLA_PCACHE_TORCH_XLA_LOCAL_DIR"
+REMOTE_VAR = "XLA_PCACHE_REMOTE"
+REMOTE_TIMEOUT_VAR = "XLA_PCACHE_REMOTE_TIMEOUT"
+REMOTE_MAX_BYTES_VAR = "XLA_PCACHE_REMOTE_MAX_BYTES"
+XDG_CACHE_HOME_VAR = "XDG_CACHE_HOME"
 
 # Single flight: how long a process that misses waits for another one compiling the same
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
@@ -32,22 +52,180 @@ MAX_DURATION_S = 1e9
 # switching between the C++ and Python caches does not change memory use.
 DEFAULT_MEMORY_CAPACITY = 2048
 
+# A remote read or write that takes longer than this counts as a miss or a skipped write.
+DEFAULT_REMOTE_TIMEOUT_S = 2.0
+# Redis' proto-max-bulk-len: the largest value a default server accepts.
+DEFAULT_REMOTE_MAX_BYTES = 512 << 20
+
+LockMode = Literal["auto", "fcntl", "lease"]
+ReadMode = Literal["auto", "mmap", "pread"]
+LOCK_MODES: tuple[LockMode, ...] = ("auto", "fcntl", "lease")
+READ_MODES: tuple[ReadMode, ...] = ("auto", "mmap", "pread")
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
 @dataclass(frozen=True)
-class Settings:
-    """What the environment asks of the cache.
+class Variable:
+    """One row of the configuration table: ``default`` and ``meaning`` as the README shows
+    them (the README's table is checked against this one by a test)."""
 
-    ``path`` is None when no persistent cache is wanted. ``max_size`` is a byte budget or
-    None for unbounded. ``memory_capacity`` is the number of live objects kept in memory.
-    """
+    name: str
+    field: str
+    kind: str
+    default: str
+    meaning: str
 
-    path: str | None = None
-    read_only: bool = False
-    max_size: int | None = None
-    memory_capacity: int = DEFAULT_MEMORY_CAPACITY
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable(
+        PATH_VAR,
+        "path",
+        "path",
+        "unset",
+        "The cache directory (torch_xla's variable). `from_env()` gives a `PersistentCache` "
+        "there, else a `MemoryCache`; the adapters and the CLI use it as their default path.",
+    ),
+    Variable(
+        READ_ONLY_VAR,
+        "read_only",
+        "bool",
+        "0",
+        "Never write to the cache: no entries, journals, locks, temp files or repairs "
+        "(torch_xla's variable). `1/0`, `true/false`, `yes/no`, `on/off`, any case.",
+    ),
+    Variable(
+        MEMORY_CAPACITY_VAR,
+        "memory_capacity",
+        "count",
+        "2048",
+        "Compiled objects each process keeps in memory in front of the directory "
+        "(torch_xla's variable).",
+    ),
+    Variable(
+        MAX_SIZE_VAR,
+        "max_size",
+        "size",
+        "unbounded",
+        "Byte budget of the directory, shared by all processes; least recently used entries "
+        "are evicted past it, down to 90 %. Bytes or `K/M/G/T` (binary), decimals allowed.",
+    ),
+    Variable(
+        COMPILE_WAIT_VAR,
+        "compile_wait",
+        "duration",
+        "300",
+        "Single flight: on a miss, how long a process waits for another one already "
+        "compiling the same program (JAX; see docs/jax.md), seconds or `90s`/`5m`. `0` turns "
+        "it off: every process that misses compiles.",
+    ),
+    Variable(
+        CLAIM_LEASE_VAR,
+        "claim_lease",
+        "duration",
+        "30",
+        "A compile claim whose heartbeat a waiter has not seen change for this long is taken "
+        "over (its holder died or lost the filesystem). Seconds or `30s`/`2m`.",
+    ),
+    Variable(
+        LOCK_MODE_VAR,
+        "lock_mode",
+        "choice",
+        "auto",
+        "Evictor exclusion: `auto` (fcntl locks; lease files on FUSE and where locks fail), "
+        "`fcntl`, `lease`.",
+    ),
+    Variable(
+        READ_MODE_VAR,
+        "read_mode",
+        "choice",
+        "auto",
+        "How entries are read: `auto` (mmap on local filesystems, `pread` on NFS/FUSE/"
+        "unknown), `mmap`, `pread`.",
+    ),
+    Variable(
+        EVICT_TRACE_VAR,
+        "evict_trace",
+        "path",
+        "unset",
+        "Append `pid start_ns end_ns` for every eviction to this file (to check that evictors "
+        "never overlap).",
+    ),
+    Variable(
+        HASH_IMPL_VAR,
+        "hash_impl",
+        "choice",
+        "auto",
+        "xxh3 implementation for checksums and names: `auto` (vector path picked at run time: "
+        "AVX-512/AVX2/SSE2 on x86-64, NEON on aarch64), `twox` (the same without the AVX-512 "
+        "loop), `portable` (the build-time baseline, SSE2 on x86-64). Same values either "
+        "way. Read by the Rust core once per process; an unknown value is logged and ignored "
+        "there (it is not a setting of the store's behaviour, only of its speed).",
+    ),
+    Variable(
+        DISABLE_VAR,
+        "disabled",
+        "bool",
+        "0",
+        "Turn zero-code activation off: JAX and torch_xla run as if xla_pcache were not "
+        "installed (explicit `install()` calls still work).",
+    ),
+    Variable(
+        SHARED_PATH_VAR,
+        "torch_xla_shared_path",
+        "path",
+        "unset",
+        "Set by the torch_xla adapter, not by users: the shared cache path, moved out of "
+        "`XLA_PERSISTENT_CACHE_PATH` so that child processes running torch_xla without "
+        "xla_pcache do not write into the store; `install()` and activation in a child "
+        "still find it.",
+    ),
+    Variable(
+        LOCAL_DIR_VAR,
+        "torch_xla_local_dir",
+        "path",
+        "`$XDG_CACHE_HOME/xla_pcache/torch_xla`",
+        "The host-local directory torch_xla writes to after `xla_pcache.torch_xla.install()`"
+        " (see docs/torch_xla.md).",
+    ),
+    Variable(
+        REMOTE_VAR,
+        "remote",
+        "url",
+        "unset",
+        "A Redis remote tier behind the directory, for every `Store` built from the "
+        "environment (adapters included): `redis://[:password@]host:port/db` or `rediss://` "
+        '(TLS). Needs `pip install "xla-pcache[redis]"`. See docs/remote.md.',
+    ),
+    Variable(
+        REMOTE_TIMEOUT_VAR,
+        "remote_timeout",
+        "duration",
+        "2",
+        "Seconds (or `30s`/`1m`) for each remote connect/read/write before it counts as a "
+        "miss or a skipped write.",
+    ),
+    Variable(
+        REMOTE_MAX_BYTES_VAR,
+        "remote_max_bytes",
+        "size",
+        "512M",
+        "Entries larger than this are not written to the remote (counted "
+        "`remote_too_large`); match the server's `proto-max-bulk-len`. Bytes or `K/M/G/T`.",
+    ),
+    Variable(
+        XDG_CACHE_HOME_VAR,
+        "xdg_cache_home",
+        "path",
+        "`~/.cache`",
+        "Where the default caches live when no path is given: `$XDG_CACHE_HOME/xla_pcache` "
+        "(JAX, the demo) and `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
+        "directory). A relative value is ignored, as the XDG spec says.",
+    ),
+)
+
+VARIABLE_NAMES: frozenset[str] = frozenset(v.name for v in VARIABLES)
 
 
 def parse_bool(value: str, name: str) -> bool:
@@ -78,87 +256,138 @@ def parse_capacity(value: str | int, name: str) -> int:
     return count
 
 
-def _get(environ: Mapping[str, str], name: str) -> str | None:
-    # An empty variable counts as unset, as in torch_xla and in shells that export VAR=.
-    value = environ.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value
+def _choice(value: str, name: str, choices: tuple[str, ...]) -> Any:
+    word = value.strip().lower()
+    if word not in choices:
+        raise ValueError(f"invalid {name} {value!r}: expected one of {', '.join(choices)}")
+    return word
 
 
-def memory_capacity_from_env(environ: Mapping[str, str] = os.environ) -> int:
-    """``XLA_COMPILATION_CACHE_SIZE``, or the default of 2048."""
-    raw = _get(environ, MEMORY_CAPACITY_VAR)
-    return DEFAULT_MEMORY_CAPACITY if raw is None else parse_capacity(raw, MEMORY_CAPACITY_VAR)
-
-
-def read_only_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """``XLA_PERSISTENT_CACHE_READ_ONLY``, or False."""
-    raw = _get(environ, READ_ONLY_VAR)
-    return False if raw is None else parse_bool(raw, READ_ONLY_VAR)
-
-
-def max_size_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
-    """``XLA_PERSISTENT_CACHE_MAX_SIZE`` in bytes, or None (unbounded)."""
-    raw = _get(environ, MAX_SIZE_VAR)
-    size = parse_size(raw, name=MAX_SIZE_VAR)
+def _positive_size(value: str, name: str) -> int:
+    size = parse_size(value, name=name)
     # A zero budget would evict every entry as soon as it is written; unset means unbounded.
-    if size == 0:
-        raise ValueError(
-            f"invalid {MAX_SIZE_VAR} {raw!r}: must be positive (unset it for no limit)"
-        )
+    if not size:
+        raise ValueError(f"invalid {name} {value!r}: must be positive (unset it for no limit)")
     return size
 
 
-def path_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
-    """``XLA_PERSISTENT_CACHE_PATH`` with ``~`` expanded, or None."""
-    raw = _get(environ, PATH_VAR)
-    return None if raw is None else os.path.expanduser(raw)
+def _duration(*, zero_ok: bool) -> Callable[[str, str], float]:
+    bounds = "from 0 to" if zero_ok else "positive and at most"
+
+    def parse(value: str, name: str) -> float:
+        seconds = parse_duration(value, name=name)
+        if seconds > MAX_DURATION_S or (seconds == 0 and not zero_ok):
+            raise ValueError(
+                f"invalid {name} {value!r}: must be {bounds} {MAX_DURATION_S:.0f} seconds"
+            )
+        return seconds
+
+    return parse
 
 
-def compile_wait_from_env(environ: Mapping[str, str] = os.environ) -> float:
-    """``XLA_PCACHE_COMPILE_WAIT`` in seconds (``"90"``, ``"90s"``, ``"5m"``), or 300.
-    ``0`` turns single flight off: every process that misses compiles."""
-    raw = _get(environ, COMPILE_WAIT_VAR)
-    if raw is None:
-        return DEFAULT_COMPILE_WAIT_S
-    wait = parse_duration(raw, name=COMPILE_WAIT_VAR)
-    if not 0 <= wait <= MAX_DURATION_S:
-        raise ValueError(
-            f"invalid {COMPILE_WAIT_VAR} {raw!r}: must be from 0 to {MAX_DURATION_S:.0f} seconds"
-        )
-    return wait
+def _path(value: str, name: str) -> str:
+    return os.path.expanduser(value.strip())
 
 
-def claim_lease_from_env(environ: Mapping[str, str] = os.environ) -> float:
-    """``XLA_PCACHE_CLAIM_LEASE`` in seconds, or 30: a compile claim whose heartbeat a
-    waiter has not seen change for this long is taken over."""
-    raw = _get(environ, CLAIM_LEASE_VAR)
-    if raw is None:
-        return DEFAULT_CLAIM_LEASE_S
-    lease = parse_duration(raw, name=CLAIM_LEASE_VAR)
-    if not 0 < lease <= MAX_DURATION_S:
-        raise ValueError(
-            f"invalid {CLAIM_LEASE_VAR} {raw!r}: must be positive and at most "
-            f"{MAX_DURATION_S:.0f} seconds"
-        )
-    return lease
+def _text(value: str, name: str) -> str:
+    return value.strip()
+
+
+def _absolute(value: str, name: str) -> str | None:
+    # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+    value = value.strip()
+    return value if os.path.isabs(value) else None
+
+
+# How each field is parsed from its (non-empty) variable.
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "path": _path,
+    "read_only": parse_bool,
+    "memory_capacity": parse_capacity,
+    "max_size": _positive_size,
+    "compile_wait": _duration(zero_ok=True),
+    "claim_lease": _duration(zero_ok=False),
+    "lock_mode": lambda v, n: _choice(v, n, LOCK_MODES),
+    "read_mode": lambda v, n: _choice(v, n, READ_MODES),
+    "evict_trace": _path,
+    "hash_impl": _text,
+    "disabled": parse_bool,
+    "torch_xla_shared_path": _path,
+    "torch_xla_local_dir": _path,
+    "remote": _text,
+    "remote_timeout": _duration(zero_ok=False),
+    "remote_max_bytes": _positive_size,
+    "xdg_cache_home": _absolute,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the environment asks of the cache; ``Settings()`` is what an empty one asks.
+
+    ``path`` is None when no persistent cache is wanted. ``max_size`` is a byte budget or
+    None for unbounded. ``memory_capacity`` is the number of live objects kept in memory.
+    Durations are seconds, sizes bytes. See ``VARIABLES`` for every field's variable.
+    """
+
+    path: str | None = None
+    read_only: bool = False
+    memory_capacity: int = DEFAULT_MEMORY_CAPACITY
+    max_size: int | None = None
+    compile_wait: float = DEFAULT_COMPILE_WAIT_S
+    claim_lease: float = DEFAULT_CLAIM_LEASE_S
+    lock_mode: LockMode = "auto"
+    read_mode: ReadMode = "auto"
+    evict_trace: str | None = None
+    hash_impl: str = "auto"
+    disabled: bool = False
+    torch_xla_shared_path: str | None = None
+    torch_xla_local_dir: str | None = None
+    remote: str | None = None
+    remote_timeout: float = DEFAULT_REMOTE_TIMEOUT_S
+    remote_max_bytes: int = DEFAULT_REMOTE_MAX_BYTES
+    xdg_cache_home: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """Read every variable of ``VARIABLES``; raise ``ValueError`` naming the first
+        malformed one. An empty variable counts as unset (as in torch_xla and in shells
+        that export ``VAR=``)."""
+        values: dict[str, Any] = {}
+        for var in VARIABLES:
+            raw = environ.get(var.name)
+            if raw is None or raw.strip() == "":
+                continue
+            values[var.field] = _PARSERS[var.field](raw, var.name)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def inherited_path(self) -> str | None:
+        """The shared cache path a process should use: ``XLA_PERSISTENT_CACHE_PATH``, else
+        the one the torch_xla adapter of a parent process moved aside for its children."""
+        return self.path or self.torch_xla_shared_path
+
+    def cache_home(self) -> str:
+        """``$XDG_CACHE_HOME``, or ``~/.cache`` per the XDG base-dir spec."""
+        return self.xdg_cache_home or os.path.join(os.path.expanduser("~"), ".cache")
+
+    def default_cache_path(self) -> str:
+        """``$XDG_CACHE_HOME/xla_pcache``, or ``~/.cache/xla_pcache``."""
+        return os.path.join(self.cache_home(), "xla_pcache")
+
+    def torch_xla_local_root(self) -> str:
+        """``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``, else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``."""
+        return self.torch_xla_local_dir or os.path.join(self.default_cache_path(), "torch_xla")
 
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
-    """Read every variable; raise ``ValueError`` on the first malformed one."""
-    return Settings(
-        path=path_from_env(environ),
-        read_only=read_only_from_env(environ),
-        max_size=max_size_from_env(environ),
-        memory_capacity=memory_capacity_from_env(environ),
-    )
+    """``Settings.from_env(environ)``."""
+    return Settings.from_env(environ)
 
 
 def default_cache_path(environ: Mapping[str, str] = os.environ) -> str:
     """``$XDG_CACHE_HOME/xla_pcache``, or ``~/.cache/xla_pcache`` per the XDG base-dir spec."""
-    base = _get(environ, "XDG_CACHE_HOME")
-    # The spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
-    if base is None or not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "xla_pcache")
+    return Settings.from_env(environ).default_cache_path()

@@ -185,9 +185,12 @@ def _run_child(path: str, nonce: str) -> dict[str, Any]:
 
 
 def _resolve_path(path: str | None) -> str:
-    from xla_pcache.config import default_cache_path, path_from_env
+    from xla_pcache.config import Settings
 
-    return os.path.abspath(os.path.expanduser(path or path_from_env() or default_cache_path()))
+    settings = Settings.from_env()
+    return os.path.abspath(
+        os.path.expanduser(path or settings.path or settings.default_cache_path())
+    )
 
 
 def _remove_demo_entries(path: str, nonce: str) -> int:
@@ -250,11 +253,11 @@ def main(path: str | None = None, keep: bool = False) -> int:
         stats = store.stats()
     console.print(
         f"Compile time saved: {human_duration(float(warm.get('saved_s', 0.0)))} by the warm "
-        f"run, {human_duration(int(stats.get('compile_saved_ms') or 0) / 1000)} by this "
+        f"run, {human_duration(stats['compile_saved_ms'] / 1000)} by this "
         "cache in all"
     )
     shown = {
-        k: format_size(v) if k in ("bytes", "max_size") and not isinstance(v, str) else v
+        k: format_size(v) if k in ("bytes", "max_size") and isinstance(v, int) else v
         for k, v in stats.items()
         if k not in ("path", "read_only")
     }

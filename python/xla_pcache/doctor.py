@@ -28,6 +28,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from xla_pcache.config import DISABLE_VAR, Settings
+
 __all__ = ["FRAMEWORKS", "Framework", "main", "probe_key"]
 
 PROBE_KEY_PREFIX = "xla_pcache.doctor/probe/v1"
@@ -259,18 +261,26 @@ def _check_framework(fw: Framework, store: Any) -> dict[str, Any] | None:
     return report
 
 
-def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
-    from xla_pcache.config import default_cache_path, settings_from_env
+def _settings() -> Settings:
+    """The environment's settings; a malformed variable is reported by ``_configuration``,
+    and the rest of the report goes on with the defaults."""
+    try:
+        return Settings.from_env()
+    except (ValueError, TypeError):
+        return Settings()
 
+
+def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
     problems: list[str] = []
     config: dict[str, Any] = {}
+    settings: Settings | None
     try:
-        settings = settings_from_env()
+        settings = Settings.from_env()
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
         settings = None
     env_path = settings.path if settings else None
-    resolved = path or env_path or default_cache_path()
+    resolved = path or env_path or _settings().default_cache_path()
     config["path"] = os.path.abspath(os.path.expanduser(resolved))
     config["path_source"] = (
         "--path" if path else "XLA_PERSISTENT_CACHE_PATH" if env_path else "default"
@@ -279,6 +289,10 @@ def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
         config["read_only"] = settings.read_only
         config["max_size"] = settings.max_size
         config["memory_capacity"] = settings.memory_capacity
+        if settings.remote is not None:
+            from xla_pcache.remote import redact
+
+            config["remote"] = redact(settings.remote)
     return config, problems
 
 
@@ -309,17 +323,14 @@ def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]
 def _activation() -> dict[str, str]:
     """Whether zero-code activation is on in processes started with this environment, and
     by which path (nothing here imports a framework)."""
-    from xla_pcache._activate import DISABLE_VAR, disabled
-
+    settings = _settings()
     registered = any(
         ep.value == "_xla_pcache_autoload"
         for ep in importlib.metadata.entry_points(group="jax_plugins")
     )
-    wanted = any(
-        os.environ.get(v, "").strip()
-        for v in ("XLA_PERSISTENT_CACHE_PATH", "JAX_COMPILATION_CACHE_DIR")
-    )
-    if disabled():
+    # JAX_COMPILATION_CACHE_DIR is JAX's own variable, read by JAX (and by the start-up hook).
+    wanted = settings.path is not None or os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip()
+    if settings.disabled:
         state = f"off ({DISABLE_VAR}=1)"
     elif not registered:
         state = "off (package not installed with its entry point; pip install it)"
@@ -333,20 +344,16 @@ def _activation() -> dict[str, str]:
 def _torch_xla_activation() -> str:
     import site
 
-    from xla_pcache._activate import DISABLE_VAR, disabled
-
+    settings = _settings()
     dirs = [*site.getsitepackages(), site.getusersitepackages()]
     hook = next(
         (d for d in dirs if os.path.isfile(os.path.join(d, "xla_pcache_autoload.pth"))), None
     )
-    if disabled():
+    if settings.disabled:
         return f"off ({DISABLE_VAR}=1)"
     if hook is None:
         return "off (package not installed with its xla_pcache_autoload.pth; pip install it)"
-    if not any(
-        os.environ.get(v, "").strip()
-        for v in ("XLA_PERSISTENT_CACHE_PATH", "XLA_PCACHE_TORCH_XLA_SHARED_PATH")
-    ):
+    if settings.inherited_path is None:
         return "off (XLA_PERSISTENT_CACHE_PATH unset)"
     return (
         "on (xla_pcache_autoload.pth import hook, right after `import torch_xla`; "

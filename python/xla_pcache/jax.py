@@ -22,13 +22,7 @@ from typing import Any
 
 from xla_pcache import _keyparts, _single_flight, metrics
 from xla_pcache._core import CacheError
-from xla_pcache.config import (
-    compile_wait_from_env,
-    default_cache_path,
-    max_size_from_env,
-    path_from_env,
-    read_only_from_env,
-)
+from xla_pcache.config import Settings
 from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store
 
@@ -408,7 +402,8 @@ def install(
     """Make every JAX compilation in this process read and write an xla_pcache store.
 
     Defaults: ``path`` from ``XLA_PERSISTENT_CACHE_PATH``, else JAX's own
-    ``jax_compilation_cache_dir`` when set, else ``xla_pcache.config.default_cache_path()``;
+    ``jax_compilation_cache_dir`` when set, else ``Settings.default_cache_path()``
+    (``$XDG_CACHE_HOME/xla_pcache``);
     ``max_size`` (bytes or a string such as ``"50G"``) from ``XLA_PERSISTENT_CACHE_MAX_SIZE``,
     else JAX's ``jax_compilation_cache_max_size`` when positive, else unbounded;
     ``read_only`` from ``XLA_PERSISTENT_CACHE_READ_ONLY``; ``compile_wait`` (seconds) from
@@ -428,16 +423,17 @@ def install(
     global _installed
     hooks = _hooks()
     jax_config = hooks.jax.config
+    settings = Settings.from_env()
     resolved_size = parse_size(max_size, name="max_size")
     if resolved_size is None:
-        resolved_size = max_size_from_env()
+        resolved_size = settings.max_size
     if resolved_size is None:
         jax_max = jax_config.values.get("jax_compilation_cache_max_size", -1)
         if isinstance(jax_max, int) and jax_max > 0:
             resolved_size = jax_max
-    resolved_ro = read_only_from_env() if read_only is None else bool(read_only)
+    resolved_ro = settings.read_only if read_only is None else bool(read_only)
     resolved_wait = (
-        compile_wait_from_env()
+        settings.compile_wait
         if compile_wait is None
         else parse_duration(compile_wait, name="compile_wait")
     )
@@ -449,7 +445,7 @@ def install(
         if path is not None:
             resolved_path = os.fspath(path)
         else:
-            resolved_path = path_from_env() or previous_dir or default_cache_path()
+            resolved_path = settings.path or previous_dir or settings.default_cache_path()
         resolved_path = os.path.expanduser(str(resolved_path))
         if _is_local(resolved_path):
             resolved_path = os.path.abspath(resolved_path.removeprefix("file://"))
@@ -530,8 +526,7 @@ def _auto_install(via: str) -> None:
     with _state_lock:
         if _installed is not None:
             return
-        path = path_from_env() or os.environ.get("XLA_PCACHE_TORCH_XLA_SHARED_PATH", "").strip()
-        store = install(path or None)
+        store = install(Settings.from_env().inherited_path)
         if store is None:
             uninstall()
             return

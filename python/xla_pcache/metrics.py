@@ -37,7 +37,7 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("corrupt", "corrupt", "Entries found corrupt (each also a miss).", 1),
     ("errors", "errors", "I/O failures treated as misses or skipped writes.", 1),
     ("too_large", "too_large", "Values over the budget, not stored.", 1),
-    ("puts_refused", "puts_refused", "Puts refused: over budget, evictor busy.", 1),
+    ("puts_refused", "puts_refused", "Puts refused: over budget, no room made in time.", 1),
     ("claims", "claims", "Compile claims taken (single flight).", 1),
     ("claim_takeovers", "claim_takeovers", "Claims taken over from a silent holder.", 1),
     ("claims_abandoned", "claims_abandoned", "Claims given up without a publish.", 1),

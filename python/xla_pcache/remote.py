@@ -8,32 +8,74 @@ for ``retry_after`` seconds so a dead server costs at most one timeout per inter
 Values larger than ``max_value_bytes`` (Redis' ``proto-max-bulk-len``, 512 MB by default) are
 skipped, counted as ``remote_too_large``: not split, because a split value could be evicted
 half-way by ``allkeys-lru`` and a 512 MB compiled program is rare enough not to be worth it.
+
+``xla_pcache.store.Store`` reaches a tier only through ``Tier`` and ``open_tier``; the tier is
+opened on the first miss or put that needs it, so a store that is only looked at (``xla-pcache
+stats``) starts no client, thread or exit hook.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import logging
-import os
 import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
+from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 log = logging.getLogger("xla_pcache")
 
-REMOTE_VAR = "XLA_PCACHE_REMOTE"
-TIMEOUT_VAR = "XLA_PCACHE_REMOTE_TIMEOUT"
-MAX_VALUE_VAR = "XLA_PCACHE_REMOTE_MAX_BYTES"
-DEFAULT_TIMEOUT = 2.0
-DEFAULT_MAX_VALUE = 512 << 20
 KEY_PREFIX = "xla_pcache:1:"
+
+
+class Tier(Protocol):
+    """What a store asks of the tier behind its directory. Whole entry files travel, keyed by
+    entry name; the store verifies what comes back. No method raises: a failure is a miss or
+    a skipped write, logged and counted by the tier."""
+
+    def get(self, name: str) -> bytes | None:
+        """The entry file stored under ``name``, or None."""
+
+    def put_async(self, name: str, data: bytes) -> None:
+        """Write ``data`` under ``name`` in the background."""
+
+    def count(self, counter: str, n: int = 1) -> None:
+        """Add ``n`` to one of the tier's counters (the store counts hits and rejects)."""
+
+    def stats(self) -> dict[str, int | str]:
+        """The tier's counters, flat, merged into ``Store.stats()``."""
+
+    def flush(self) -> None:
+        """Wait for the writes queued so far."""
+
+    def close(self) -> None:
+        """Finish queued writes and let go of connections and threads."""
+
+
+def check_url(url: str, name: str) -> None:
+    """Refuse, without connecting, a URL no tier can open (``ValueError`` naming ``name``),
+    or a tier whose client is not installed (``ImportError``)."""
+    scheme = urllib.parse.urlsplit(url.strip()).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(
+            f"invalid {name} {redact(url)!r}: expected redis://, rediss:// or unix:// URL"
+        )
+    if importlib.util.find_spec("redis") is None:
+        raise ImportError('the remote tier needs the redis client: pip install "xla-pcache[redis]"')
+
+
+def open_tier(url: str, settings: Settings) -> Tier:
+    """The tier ``url`` names, configured from ``settings`` (timeout, largest value)."""
+    return RemoteTier(
+        url, timeout=settings.remote_timeout, max_value_bytes=settings.remote_max_bytes
+    )
 
 
 def redact(url: str) -> str:
@@ -50,17 +92,6 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, f"***@{host}", parts.path, "", ""))
 
 
-def _env(name: str) -> str | None:
-    # An empty variable means unset, as for every other variable (config.py).
-    value = os.environ.get(name, "")
-    return value if value.strip() else None
-
-
-def remote_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
-    raw = environ.get(REMOTE_VAR, "").strip()
-    return raw or None
-
-
 class RemoteTier:
     """One Redis server, reached with short timeouts; writes go through a background thread."""
 
@@ -68,8 +99,8 @@ class RemoteTier:
         self,
         url: str,
         *,
-        timeout: float | str | None = None,
-        max_value_bytes: int | str | None = None,
+        timeout: float | str = DEFAULT_REMOTE_TIMEOUT_S,
+        max_value_bytes: int | str = DEFAULT_REMOTE_MAX_BYTES,
         retry_after: float | str = 5.0,
     ) -> None:
         try:
@@ -78,20 +109,12 @@ class RemoteTier:
             raise ImportError(
                 'the remote tier needs the redis client: pip install "xla-pcache[redis]"'
             ) from e
-        if timeout is None:
-            raw_timeout: float | str = _env(TIMEOUT_VAR) or DEFAULT_TIMEOUT
-            timeout_name = TIMEOUT_VAR
-        else:
-            raw_timeout, timeout_name = timeout, "timeout"
-        seconds = parse_duration(raw_timeout, name=timeout_name)
+        seconds = parse_duration(timeout, name="timeout")
         if seconds <= 0:
-            raise ValueError(f"invalid {timeout_name} {raw_timeout!r}: must be positive")
-        if max_value_bytes is None:
-            raw_cap: int | str = _env(MAX_VALUE_VAR) or DEFAULT_MAX_VALUE
-            value_cap = parse_size(raw_cap, name=MAX_VALUE_VAR)
-        else:
-            value_cap = parse_size(max_value_bytes, name="max_value_bytes")
-        assert value_cap is not None
+            raise ValueError(f"invalid timeout {timeout!r}: must be positive")
+        value_cap = parse_size(max_value_bytes, name="max_value_bytes")
+        if not value_cap:
+            raise ValueError(f"invalid max_value_bytes {max_value_bytes!r}: must be positive")
         self.url = redact(url)
         self.max_value_bytes = value_cap
         self.retry_after = parse_duration(retry_after, name="retry_after")
@@ -125,9 +148,9 @@ class RemoteTier:
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def count(self, name: str) -> None:
+    def count(self, counter: str, n: int = 1) -> None:
         with self._lock:
-            self.counters[name] += 1
+            self.counters[counter] += n
 
     def get(self, name: str) -> bytes | None:
         """The raw value stored for entry ``name``, or None (miss or failure, both counted)."""
@@ -174,9 +197,11 @@ class RemoteTier:
 
     def flush(self) -> None:
         """Waits for the writes queued so far (each bounded by the timeout)."""
-        self._writer.submit(lambda: None).result()
+        with contextlib.suppress(RuntimeError):  # closed: nothing is queued
+            self._writer.submit(lambda: None).result()
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         self._writer.shutdown(wait=True)
         with contextlib.suppress(Exception):
             self._client.close()

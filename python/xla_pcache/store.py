@@ -1,20 +1,23 @@
-"""``Store``: the Rust store, with budgets accepted as size strings."""
+"""``Store``: the Rust store, with budgets accepted as size strings, defaults from
+``Settings`` and an optional tier (a remote cache) behind the directory."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import weakref
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 from xla_pcache import _core
-from xla_pcache.config import claim_lease_from_env, compile_wait_from_env
+from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer
-
     from xla_pcache.bundle import ImportReport
-    from xla_pcache.remote import RemoteTier
+    from xla_pcache.remote import Tier
+
+log = logging.getLogger("xla_pcache")
 
 
 class Store(_core.Store):
@@ -23,9 +26,20 @@ class Store(_core.Store):
     ``max_size`` may be a byte count or a string such as ``"500M"``, ``"50G"``, ``"1.5T"``;
     durations are seconds or strings such as ``"30s"``, ``"7d"``. A size or duration that is
     negative, NaN, infinite, empty or out of range is a ``ValueError`` naming the argument.
-    ``claim_lease`` (seconds; default ``XLA_PCACHE_CLAIM_LEASE``, else 30) is how long a
-    compile claim may go without a heartbeat before waiters take it over.
+
+    What is not passed comes from ``settings`` (default ``Settings.from_env()``): the lock
+    and read modes, the eviction trace, ``claim_lease`` (how long a compile claim may go
+    without a heartbeat before waiters take it over), the wait of ``claim()`` and the remote
+    tier. ``remote`` (a URL such as ``"redis://host:6379/0"``) puts a tier behind the
+    directory: a local miss asks it, a put this process published is copied to it
+    (docs/remote.md). The tier's client and threads start on the first miss or put.
     """
+
+    _settings: Settings
+    _tier_url: str | None
+    _tier: Tier | None
+    _tier_failed: bool
+    _tier_lock: threading.Lock
 
     def __new__(
         cls,
@@ -35,48 +49,135 @@ class Store(_core.Store):
         read_only: bool = False,
         durable: bool = False,
         lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
+        read_mode: Literal["auto", "mmap", "pread"] | None = None,
         lock_timeout: float | str = 0.5,
         lease_time: float | str = 30.0,
         hit_interval: float | str = 60.0,
         trash_grace: float | str = 300.0,
         tmp_grace: float | str = 3600.0,
-        remote: str | None = None,
         claim_lease: float | str | None = None,
-    ) -> Store:
-        from xla_pcache.remote import remote_from_env
+        remote: str | None = None,
+        settings: Settings | None = None,
+    ) -> Self:
+        cfg = Settings.from_env() if settings is None else settings
+        url = (remote if remote is not None else cfg.remote) or None
+        if url is not None:
+            from xla_pcache.remote import check_url
 
-        url = remote if remote is not None else remote_from_env()
-        if url and cls is Store:
-            # The remote tier's get/put live in a subclass so that a store without one serves
-            # hits straight from the Rust methods, with no Python frame in between.
-            cls = RemoteStore
+            # Checked now, opened later: a wrong URL is the caller's error at once.
+            check_url(url, name="remote" if remote is not None else REMOTE_VAR)
         self = super().__new__(
             cls,
             path,
             max_size=parse_size(max_size, name="max_size"),
             read_only=read_only,
             durable=durable,
-            lock_mode=lock_mode,
+            lock_mode=cfg.lock_mode if lock_mode is None else lock_mode,
+            read_mode=cfg.read_mode if read_mode is None else read_mode,
             lock_timeout=parse_duration(lock_timeout, name="lock_timeout"),
             lease_time=parse_duration(lease_time, name="lease_time"),
             hit_interval=parse_duration(hit_interval, name="hit_interval"),
             trash_grace=parse_duration(trash_grace, name="trash_grace"),
             tmp_grace=parse_duration(tmp_grace, name="tmp_grace"),
-            claim_lease=claim_lease_from_env()
+            claim_lease=cfg.claim_lease
             if claim_lease is None
             else parse_duration(claim_lease, name="claim_lease"),
+            evict_trace=cfg.evict_trace,
         )
-        self._remote = _open_remote(url) if url and isinstance(self, RemoteStore) else None
+        self._settings = cfg
+        self._tier_url = url
+        self._tier = None
+        self._tier_failed = False
+        self._tier_lock = threading.Lock()
+        if self._tier_url is not None:
+            # Only then does the Rust get/put call back into Python (on a miss, after a
+            # publish); a store without a tier serves hits with no Python frame in between.
+            # The hooks hold the store weakly: a strong reference would be a cycle through
+            # the Rust object, which the garbage collector cannot see.
+            self._set_tier(*_tier_hooks(self))
         _track_for_fork(self)
         return self
 
-    _remote: RemoteTier | None
+    @property
+    def settings(self) -> Settings:
+        """The settings this store was opened with."""
+        return self._settings
 
     @property
-    def remote(self) -> RemoteTier | None:
-        return self._remote
+    def remote(self) -> Tier | None:
+        """The tier behind the directory (opened now if it was not yet), or None."""
+        return self._open_tier()
 
-    # --- bundles (issue 15): see xla_pcache.bundle -----------------------------------------
+    def _open_tier(self) -> Tier | None:
+        if self._tier is not None or self._tier_url is None or self._tier_failed:
+            return self._tier
+        with self._tier_lock:
+            if self._tier is None and not self._tier_failed:
+                from xla_pcache.remote import open_tier, redact
+
+                try:
+                    self._tier = open_tier(self._tier_url, self._settings)
+                except Exception as e:  # never the caller's: the local cache still works
+                    self._tier_failed = True
+                    log.warning(
+                        "xla_pcache: cannot open the remote cache %s (%s: %s); local cache only",
+                        redact(self._tier_url),
+                        type(e).__name__,
+                        e,
+                    )
+        return self._tier
+
+    def _tier_get(self, key: _core.Key) -> _core.Blob | None:
+        """After a local miss: the tier's entry file, verified, and published here."""
+        tier = self._open_tier()
+        if tier is None:
+            return None
+        data = tier.get(_core.entry_name(key))
+        if data is None:
+            return None
+        # Verified in memory first, so that what is served is what was checked, even when
+        # the publish below does not happen (read-only) or the entry is evicted at once.
+        blob = self.verify_entry_file(key, data)
+        tier.count("remote_hits" if blob is not None else "remote_rejected")
+        if blob is not None and not self.read_only:
+            self.put_entry_file(key, data)
+        return blob
+
+    def _tier_put(self, key: _core.Key) -> None:
+        """After a put this process published: copy the entry file to the tier."""
+        tier = self._open_tier()
+        if tier is None:
+            return
+        data = self.get_entry_file(key)
+        if data is not None:
+            tier.put_async(_core.entry_name(key), data)
+
+    def stats(self) -> _core.Stats:
+        """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password
+        redacted) and, once it was used, its counters (``remote_hits``, ...)."""
+        out = super().stats()
+        if self._tier_url is not None:
+            from xla_pcache.remote import redact
+
+            extra = cast(dict[str, Any], out)
+            if self._tier is not None:
+                extra.update(self._tier.stats())
+            extra["remote"] = redact(self._tier_url)
+        return out
+
+    def close(self) -> None:
+        """As ``_core.Store.close``; also finishes the tier's queued writes."""
+        super().close()
+        tier, self._tier = self._tier, None
+        if tier is not None:
+            tier.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def export_bundle(
         self,
         out: str | os.PathLike[str],
@@ -87,7 +188,7 @@ class Store(_core.Store):
     ) -> int:
         """Write verified entries to a bundle file (tar.gz); returns how many. ``min_hits``
         keeps entries with at least that many hits recorded (at most one per process per
-        hit interval: a lower bound on uses)."""
+        hit interval: a lower bound on uses). See ``xla_pcache.bundle``."""
         from xla_pcache.bundle import export_bundle
 
         age = None if newer_than is None else parse_duration(newer_than, name="newer_than")
@@ -105,7 +206,8 @@ class Store(_core.Store):
         The first process to miss a key claims it (``state == "claimed"``): it compiles and
         puts the key, and the put releases the claim (so does ``release()``, leaving the
         ``with`` block, or closing the store). Others that miss the same key meanwhile wait
-        up to ``wait`` seconds (default ``XLA_PCACHE_COMPILE_WAIT``, else 300) and get
+        up to ``wait`` seconds (default the settings' ``compile_wait``:
+        ``XLA_PCACHE_COMPILE_WAIT``, else 300) and get
         ``"published"`` once the entry is there (then ``get`` it), ``"abandoned"`` when the
         holder gave up without publishing, or ``"timed_out"``; in both of the last cases
         they compile themselves. A holder that stops heartbeating for ``claim_lease``
@@ -113,7 +215,7 @@ class Store(_core.Store):
         store waits but never claims (``"unclaimed"`` when nobody holds a claim).
         """
         if wait is None:
-            return super().claim(key, compile_wait_from_env())
+            return super().claim(key, self._settings.compile_wait)
         return super().claim(key, parse_duration(wait, name="wait"))
 
     def wait_for(self, key: _core.Key, timeout: float | str) -> _core.Claim:
@@ -121,7 +223,7 @@ class Store(_core.Store):
 
     def evict(
         self, max_size: int | str | None = None, older_than: float | str | None = None
-    ) -> dict[str, object]:
+    ) -> _core.EvictReport:
         """As ``_core.Store.evict``; ``max_size`` may also be a string such as ``"50G"`` and
         ``older_than`` one such as ``"7d"``, as ``Store()`` accepts them."""
         return super().evict(
@@ -130,49 +232,19 @@ class Store(_core.Store):
         )
 
 
-class RemoteStore(Store):
-    """A store with a Redis tier behind it: local first, then the remote (docs/remote.md)."""
+def _tier_hooks(store: Store) -> tuple[Any, Any]:
+    ref = weakref.ref(store)
 
-    def get(self, key: _core.Key) -> _core.Blob | None:
-        blob = super().get(key)
-        if blob is not None or self._remote is None:
-            return blob
-        name = _core.entry_name(key)
-        data = self._remote.get(name)
-        if data is None:
-            return None
-        if self.read_only:
-            # Nothing may be written locally, so the value is verified in memory and served
-            # from there; the next read-only process asks the remote again.
-            verified = self.verify_entry_file(key, data)
-            self._remote.count("remote_hits" if verified is not None else "remote_rejected")
-            return verified
-        published = self.put_entry_file(key, data)
-        if published is None:
-            self._remote.count("remote_rejected")
-            return None
-        self._remote.count("remote_hits")
-        return super().get(key)
+    def on_miss(key: _core.Key) -> _core.Blob | None:
+        s = ref()
+        return None if s is None else s._tier_get(key)
 
-    def put(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
-        stored = super().put(key, value, meta=meta)
-        if stored and self._remote is not None and not self.read_only:
-            data = self.get_entry_file(key)
-            if data is not None:
-                self._remote.put_async(_core.entry_name(key), data)
-        return stored
+    def on_publish(key: _core.Key) -> None:
+        s = ref()
+        if s is not None:
+            s._tier_put(key)
 
-    def stats(self) -> dict[str, int | float | str | bool | None]:
-        out = super().stats()
-        if self._remote is not None:
-            out.update(self._remote.stats())
-        return out
-
-
-def _open_remote(url: str) -> RemoteTier:
-    from xla_pcache.remote import RemoteTier
-
-    return RemoteTier(url)
+    return on_miss, on_publish
 
 
 # Fork safety. A child forked while another thread was inside a store (PyTorch's DataLoader
@@ -198,6 +270,11 @@ def _after_fork_in_child() -> None:
         store = ref()
         if store is not None:
             store._after_fork_child()
+            if isinstance(store, Store):
+                # The tier's writer thread did not come across the fork: a fresh one is
+                # opened on the child's first miss or put.
+                store._tier = None
+                store._tier_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

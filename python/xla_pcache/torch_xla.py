@@ -27,12 +27,11 @@ from xla_pcache import _torch_xla_keyparts as _txkeys
 from xla_pcache._core import CacheError
 from xla_pcache._torch_xla_sync import (
     HostMirror,
-    default_local_root,
     describe,
     is_torch_xla_name,
     store_key,
 )
-from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, max_size_from_env, read_only_from_env
+from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
 from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 
@@ -49,7 +48,7 @@ __all__ = [
 logger = logging.getLogger("xla_pcache.torch_xla")
 
 # Where install() leaves the shared path for child processes (see _hide_from_children).
-INHERITED_PATH_VAR = "XLA_PCACHE_TORCH_XLA_SHARED_PATH"
+INHERITED_PATH_VAR = SHARED_PATH_VAR
 DEFAULT_SYNC_INTERVAL_S = 30.0
 # What CI proves: the oldest and the newest torch_xla the adapter tests run against.
 SUPPORTED_TORCH_XLA = "torch_xla >= 2.7, <= 2.9 (CI tests 2.7.0 and 2.9.0)"
@@ -392,14 +391,13 @@ def _open_store(
     return store
 
 
-def _resolve(path: str | os.PathLike[str] | None) -> str:
+def _resolve(path: str | os.PathLike[str] | None, settings: Settings) -> str:
     if path is None:
-        raw = os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")
-        if not raw.strip():
+        path = settings.inherited_path
+        if path is None:
             raise CacheError(
                 f"xla_pcache.torch_xla.install(): no cache path; pass one or set {PATH_VAR}"
             )
-        path = raw.strip()
     return os.path.abspath(os.path.expanduser(os.fspath(path)))
 
 
@@ -432,11 +430,12 @@ def install(
     finally:
         _explicit_depth -= 1
     _patch_initialize_cache()
-    resolved = _resolve(path)
+    settings = Settings.from_env()
+    resolved = _resolve(path, settings)
     size = parse_size(max_size, name="max_size")
     if size is None:
-        size = max_size_from_env()
-    ro = read_only_from_env() if read_only is None else bool(read_only)
+        size = settings.max_size
+    ro = settings.read_only if read_only is None else bool(read_only)
     with _state_lock:
         if _installed is not None and _installed.pid == os.getpid():
             same = (_installed.store.path, _installed.read_only) == (resolved, ro)
@@ -459,7 +458,7 @@ def install(
                 "torch_xla.runtime.initialize_cache was used). Call install() first thing, "
                 "before any tensor is moved to or computed on the XLA device."
             )
-        root = os.fspath(local_dir) if local_dir is not None else default_local_root()
+        root = os.fspath(local_dir) if local_dir is not None else settings.torch_xla_local_root()
         store = _open_store(resolved, size, ro)
         if store is None:
             _start_without_cache(xlac, resolved, ro)
@@ -684,9 +683,10 @@ def _auto_install(via: str) -> None:
     once)."""
     if _explicit_depth or _installed is not None:
         return
-    if not (os.environ.get(PATH_VAR, "").strip() or os.environ.get(INHERITED_PATH_VAR, "")):
-        return  # only JAX's own variable is set: nothing asks for a torch_xla cache
     try:
+        # Inside the try: a malformed variable must also leave torch_xla without the path.
+        if Settings.from_env().inherited_path is None:
+            return  # only JAX's own variable is set: nothing asks for a torch_xla cache
         _patch_initialize_cache()
         inst = install()
     except Exception:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import tree_state
+from helpers import clean_env, tree_state
 
 pytestmark = [
     pytest.mark.jax,
@@ -46,12 +45,9 @@ PROGRAM = textwrap.dedent(
 
 
 def run_program(env: dict[str, str]) -> tuple[float, int, str]:
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("XLA_PERSISTENT_CACHE_", "JAX_", "XLA_PCACHE_"))
-    }
-    base.update(JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **env)
+    base = clean_env(
+        ("JAX_",), JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **env
+    )
     proc = subprocess.run(
         [sys.executable, "-c", PROGRAM],
         capture_output=True,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.jax import SUPPORTED_JAX
 
@@ -37,9 +38,7 @@ STEP_ENV = {
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PERSISTENT_CACHE_")}
-    env = {k: v for k, v in env.items() if not k.startswith("JAX_")}
-    env.update(STEP_ENV)
+    env = clean_env(("JAX_",), **STEP_ENV)
     env.update(extra or {})
     return env
 

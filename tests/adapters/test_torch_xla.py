@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache._torch_xla_sync import HostMirror, is_torch_xla_name, store_key
 
@@ -27,7 +28,7 @@ WORKER = Path(__file__).with_name("torch_xla_worker.py")
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_"))}
+    env = clean_env(("XLA_", "PJRT_"))
     # The worker imports torch_xla before its explicit install(...) with test-specific
     # arguments; zero-code activation would set the cache up first at the import (see
     # docs/torch_xla.md), so it is off here: these tests are about install() itself.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache._torch_xla_sync import is_torch_xla_name
 
@@ -50,7 +51,7 @@ PROGRAM = textwrap.dedent(
 
 
 def run_program(tmp: Path, env: dict[str, str], code: str = PROGRAM) -> tuple[dict[str, Any], str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "JAX_"))}
+    base = clean_env(("XLA_", "PJRT_", "JAX_"))
     base.update(
         PJRT_DEVICE="CPU",
         TF_CPP_MIN_LOG_LEVEL="1",
@@ -142,7 +143,7 @@ def test_an_unusable_directory_is_one_warning_and_the_program_runs(tmp_path: Pat
 
 
 def test_doctor_names_the_hook_and_still_reports_what_cpu_cannot_load(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "JAX_"))}
+    env = clean_env(("XLA_", "PJRT_", "JAX_"))
     env.update(PJRT_DEVICE="CPU", XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "shared"))
     doctor = [sys.executable, "-m", "xla_pcache", "doctor", "--json"]
 

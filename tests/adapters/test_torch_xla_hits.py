@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache._torch_xla_sync import is_torch_xla_name
 from xla_pcache.torch_xla import CANNOT_LOAD_ISSUE
@@ -56,7 +57,7 @@ def run(
 ) -> dict[str, Any]:
     """One fresh process; ``host`` names its host-local directory (an empty one is a
     cold host)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "JAX_"))}
+    base = clean_env(("XLA_", "PJRT_", "JAX_"))
     base.update(
         PJRT_DEVICE="CPU",
         TF_CPP_MIN_LOG_LEVEL="1",

@@ -24,6 +24,7 @@ from typing import Any
 from testbed import SSHFS_CACHE_TIMEOUT_S, TwoHosts, read_only_bind
 from worker import MAGIC, LogCounter, check_value, make_value
 from xla_pcache import Store, _core
+from xla_pcache.config import VARIABLE_NAMES
 
 WORKER = Path(__file__).with_name("worker.py")
 # Long enough for every mount's attribute and directory caches to expire.
@@ -31,11 +32,8 @@ CACHE_EXPIRY_S = SSHFS_CACHE_TIMEOUT_S + 1.5
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("XLA_PCACHE_", "XLA_PERSISTENT_CACHE_"))
-    }
+    # As tests/helpers.py's clean_env (this module also runs outside pytest, from bench/).
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLE_NAMES}
     env.update(extra or {})
     return env
 
@@ -307,7 +305,7 @@ def stale_budget(
     value_sizes: tuple[int, int] = (512, 256 * 1024),
     wait_s: float = 2.0,
 ) -> dict[str, Any]:
-    """Issue 13's scenario: ``per_host`` mixed workers on each mount (get 55%, put 40%,
+    """The stale-budget scenario: ``per_host`` mixed workers on each mount (get 55%, put 40%,
     delete 5%) share one bounded cache while the server's disk is sampled; ``wait_s`` after
     they stop, a process on host A opens the store and calls evict(). Reports what stats()
     said before and after against the files on the server's disk, and every published
@@ -490,7 +488,7 @@ def lease_one_evictor(
     workdir: Path,
     *,
     lock_mode: str = "lease",
-    # An explicit evict() reconciles with a fresh listing of every shard first (issue 13):
+    # An explicit evict() reconciles with a fresh listing of every shard first:
     # 0.7 s alone on sshfs, 2-5 s while the three others put; 12 s hold several.
     duration: float = 12.0,
     per_host: int = 2,

@@ -172,3 +172,33 @@ def test_auth_error_is_a_miss_and_the_password_is_never_logged(
         assert bytes(c.get("k") or b"") == b"v"
     finally:
         server.stop()
+
+
+def test_a_subclass_keeps_the_tier(tmp_path: Path, redis_server: RedisServer) -> None:
+    class Mine(Store):
+        pass
+
+    with Mine(tmp_path / "a", remote=redis_server.url) as a:
+        assert type(a) is Mine
+        assert a.put("k", b"shared")
+        assert a.remote is not None
+        a.remote.flush()
+    with Mine(tmp_path / "b", remote=redis_server.url) as b:
+        blob = b.get("k")
+        assert blob is not None and bytes(blob) == b"shared"
+        assert b.stats()["remote_hits"] == 1  # type: ignore[typeddict-item]
+
+
+def test_the_tier_comes_from_the_environment(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XLA_PCACHE_REMOTE", redis_server.url)
+    monkeypatch.setenv("XLA_PCACHE_REMOTE_MAX_BYTES", "512M")
+    with Store(tmp_path / "a") as a:
+        assert type(a) is Store
+        a.put("k", b"v")
+        assert a.remote is not None
+        a.remote.flush()
+        assert getattr(a.remote, "max_value_bytes", None) == 512 << 20
+    with Store(tmp_path / "b") as b:
+        assert b.get("k") is not None

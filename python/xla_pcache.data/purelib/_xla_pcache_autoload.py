@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
-# Importing typing at start-up would cost ~10 ms in every Python process; type checkers
-# read this constant as true.
+# Importing typing at start-up would slow every Python process down (docs/benchmarks.md);
+# type checkers read this constant as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -2,6 +2,7 @@
 
 use crate::buffer::HeldBuffer;
 use crate::buffer::KeyArg;
+use crate::errors::no_panic;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
 use xla_pcache_core::KeyHasher;
@@ -11,16 +12,25 @@ const DETACH_BYTES: usize = 64 * 1024;
 
 fn update(py: Python<'_>, h: &mut KeyHasher, part: &Bound<'_, PyAny>) -> PyResult<()> {
     if let Ok(s) = part.cast::<PyString>() {
-        h.update(s.to_str()?.as_bytes());
-        return Ok(());
+        let bytes = s.to_str()?.as_bytes();
+        return no_panic("hash", || {
+            h.update(bytes);
+            Ok(())
+        });
     }
     let buf = HeldBuffer::get(part, "each part")?;
-    if buf.as_slice().len() >= DETACH_BYTES {
-        py.detach(|| h.update(buf.as_slice()));
+    let data = buf.as_slice();
+    let mut hash = || {
+        no_panic("hash", || {
+            h.update(data);
+            Ok(())
+        })
+    };
+    if data.len() >= DETACH_BYTES {
+        py.detach(hash)
     } else {
-        h.update(buf.as_slice());
+        hash()
     }
-    Ok(())
 }
 
 /// xxh3-128 hex digest of the parts (str as UTF-8), each length-prefixed.
@@ -31,7 +41,7 @@ pub fn hash_key(py: Python<'_>, parts: &Bound<'_, PyTuple>) -> PyResult<String> 
     for p in parts.iter() {
         update(py, &mut h, &p)?;
     }
-    Ok(h.hexdigest())
+    no_panic("hash_key", || Ok(h.hexdigest()))
 }
 
 /// Streaming xxh3-128 over str/bytes/buffer parts.
@@ -56,12 +66,13 @@ impl PyHasher {
         update(py, &mut self.inner, data)
     }
 
-    fn hexdigest(&self) -> String {
-        self.inner.hexdigest()
+    fn hexdigest(&self) -> PyResult<String> {
+        no_panic("hexdigest", || Ok(self.inner.hexdigest()))
     }
 
-    fn digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.inner.digest128().to_be_bytes())
+    fn digest<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let digest = no_panic("digest", || Ok(self.inner.digest128()))?;
+        Ok(PyBytes::new(py, &digest.to_be_bytes()))
     }
 }
 
@@ -69,13 +80,17 @@ impl PyHasher {
 #[pyfunction]
 pub fn entry_name(key: &Bound<'_, PyAny>) -> PyResult<String> {
     let key = KeyArg::extract(key)?;
-    Ok(xla_pcache_core::name_hex(xla_pcache_core::entry_name(
-        key.key().bytes,
-    )))
+    no_panic("entry_name", || {
+        Ok(xla_pcache_core::name_hex(xla_pcache_core::entry_name(
+            key.key().bytes,
+        )))
+    })
 }
 
 /// The xxh3 vector path in use (`avx512`, `avx2`, `sse2`, `neon`, `scalar`, or `portable-*`).
 #[pyfunction]
-pub fn hash_impl() -> &'static str {
-    xla_pcache_core::active_hash_impl().path()
+pub fn hash_impl() -> PyResult<&'static str> {
+    no_panic("hash_impl", || {
+        Ok(xla_pcache_core::active_hash_impl().path())
+    })
 }

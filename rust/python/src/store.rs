@@ -1,7 +1,7 @@
 //! `Store` and `Blob` for Python.
 
 use crate::buffer::{HeldBuffer, KeyArg};
-use crate::errors::{no_panic, to_py, CacheError};
+use crate::errors::{no_panic, CacheError};
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -9,7 +9,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
     Blob, Claim, ClaimOutcome, EntrySummary, LockMode, ReadMode, Store, StoreOptions,
@@ -62,7 +62,7 @@ impl PyBlob {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        let payload = slf.get().inner.payload();
+        let payload = no_panic("Blob buffer", || Ok(slf.get().inner.payload()))?;
         // SAFETY: the payload lives as long as the Blob, which the view keeps alive through
         // its `obj` reference (set by PyBuffer_FillInfo); the buffer is read-only.
         let rc = unsafe {
@@ -83,12 +83,13 @@ impl PyBlob {
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 
-    fn __len__(&self) -> usize {
-        self.inner.payload().len()
+    fn __len__(&self) -> PyResult<usize> {
+        no_panic("Blob len", || Ok(self.inner.payload().len()))
     }
 
-    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, self.inner.payload())
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let payload = no_panic("Blob bytes", || Ok(self.inner.payload()))?;
+        Ok(PyBytes::new(py, payload))
     }
 
     #[getter]
@@ -107,8 +108,8 @@ impl PyBlob {
     }
 
     #[getter]
-    fn mapped(&self) -> bool {
-        self.inner.is_mapped()
+    fn mapped(&self) -> PyResult<bool> {
+        no_panic("Blob.mapped", || Ok(self.inner.is_mapped()))
     }
 
     fn __repr__(&self) -> String {
@@ -166,8 +167,10 @@ impl PyClaim {
     }
 
     #[getter]
-    fn held(&self) -> bool {
-        self.claim().as_ref().is_some_and(|c| c.held())
+    fn held(&self) -> PyResult<bool> {
+        no_panic("Claim.held", || {
+            Ok(self.claim().as_ref().is_some_and(|c| c.held()))
+        })
     }
 
     fn release(&self, py: Python<'_>) -> PyResult<()> {
@@ -201,9 +204,22 @@ impl PyClaim {
             } else {
                 String::new()
             },
-            if self.held() { " held" } else { "" }
+            if self.held().unwrap_or(false) {
+                " held"
+            } else {
+                ""
+            }
         )
     }
+}
+
+/// What a tier behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
+/// `on_miss(key)` after a local miss returns what `get` returns; `on_publish(key)` after a
+/// put this process published. A store without a tier has none, so its hits and misses run
+/// no Python code.
+struct TierHooks {
+    on_miss: Py<PyAny>,
+    on_publish: Py<PyAny>,
 }
 
 /// A persistent key -> blob store rooted at a directory.
@@ -211,6 +227,21 @@ impl PyClaim {
 pub struct PyStore {
     inner: Arc<Store>,
     closed: AtomicBool,
+    tier: OnceLock<TierHooks>,
+}
+
+/// A choice argument (`lock_mode`, `read_mode`): parsed by the core, the error naming the
+/// argument.
+fn choice<T: std::str::FromStr>(name: &str, value: Option<String>) -> PyResult<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .map(|s| {
+            s.parse::<T>()
+                .map_err(|e| PyValueError::new_err(format!("invalid {name} {s:?}: {e}")))
+        })
+        .transpose()
 }
 
 impl PyStore {
@@ -230,7 +261,7 @@ impl PyStore {
     #[new]
     #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
         lock_timeout=0.5, lease_time=30.0, hit_interval=60.0, trash_grace=300.0, tmp_grace=3600.0,
-        claim_lease=30.0))]
+        claim_lease=30.0, read_mode=None, evict_trace=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -245,6 +276,8 @@ impl PyStore {
         trash_grace: f64,
         tmp_grace: f64,
         claim_lease: f64,
+        read_mode: Option<String>,
+        evict_trace: Option<PathBuf>,
     ) -> PyResult<Self> {
         let max_size = match max_size {
             None => None,
@@ -255,16 +288,8 @@ impl PyStore {
                 )))
             }
         };
-        let lock_mode = match lock_mode.or_else(|| std::env::var("XLA_PCACHE_LOCK_MODE").ok()) {
-            None => LockMode::Auto,
-            Some(s) => s
-                .parse::<LockMode>()
-                .map_err(|e| PyValueError::new_err(e.to_string()))?,
-        };
-        let read_mode = match std::env::var("XLA_PCACHE_READ_MODE") {
-            Ok(s) => s.parse::<ReadMode>().map_err(to_py)?,
-            Err(_) => ReadMode::Auto,
-        };
+        let lock_mode = choice::<LockMode>("lock_mode", lock_mode)?.unwrap_or(LockMode::Auto);
+        let read_mode = choice::<ReadMode>("read_mode", read_mode)?.unwrap_or(ReadMode::Auto);
         if path.as_os_str().is_empty() {
             return Err(PyValueError::new_err("path must not be empty"));
         }
@@ -280,39 +305,52 @@ impl PyStore {
             tmp_grace: seconds("tmp_grace", tmp_grace)?,
             claim_lease: seconds("claim_lease", claim_lease)?,
             read_mode,
-            evict_trace: std::env::var_os("XLA_PCACHE_EVICT_TRACE").map(PathBuf::from),
+            evict_trace,
             ..StoreOptions::default()
         };
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
         Ok(Self {
             inner: Arc::new(store),
             closed: AtomicBool::new(false),
+            tier: OnceLock::new(),
         })
     }
 
     #[getter]
-    fn path(&self) -> String {
-        self.inner.root().display().to_string()
+    fn path(&self) -> PyResult<String> {
+        no_panic("path", || Ok(self.inner.root().display().to_string()))
     }
 
     #[getter]
-    fn read_only(&self) -> bool {
-        self.inner.options().read_only
+    fn read_only(&self) -> PyResult<bool> {
+        no_panic("read_only", || Ok(self.inner.options().read_only))
     }
 
     #[getter]
-    fn max_size(&self) -> Option<u64> {
-        self.inner.options().max_size
+    fn max_size(&self) -> PyResult<Option<u64>> {
+        no_panic("max_size", || Ok(self.inner.options().max_size))
     }
 
     #[getter]
-    fn mmap_reads(&self) -> bool {
-        self.inner.mmap_reads()
+    fn mmap_reads(&self) -> PyResult<bool> {
+        no_panic("mmap_reads", || Ok(self.inner.mmap_reads()))
     }
 
     #[getter]
-    fn filesystem(&self) -> String {
-        self.inner.filesystem().name.clone()
+    fn filesystem(&self) -> PyResult<String> {
+        no_panic("filesystem", || Ok(self.inner.filesystem().name.clone()))
+    }
+
+    /// Puts a tier behind the directory: `on_miss(key)` is called after each local miss and
+    /// its result returned by `get`; `on_publish(key)` after each put that published. Once
+    /// per store (xla_pcache.store.Store calls it when a tier is configured).
+    fn _set_tier(&self, on_miss: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
+        self.tier
+            .set(TierHooks {
+                on_miss,
+                on_publish,
+            })
+            .map_err(|_| PyValueError::new_err("this store already has a tier"))
     }
 
     #[pyo3(signature = (key, value, *, meta=None))]
@@ -323,6 +361,7 @@ impl PyStore {
         value: &Bound<'_, PyAny>,
         meta: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<bool> {
+        let key_obj = key;
         let key = KeyArg::extract(key)?;
         let buf = HeldBuffer::get(value, "value")?;
         let mut pairs = Vec::new();
@@ -339,25 +378,49 @@ impl PyStore {
         let store = self.store()?;
         let res = py.detach(|| no_panic("put", || store.put(key.key(), buf.as_slice(), &pairs)));
         drop(buf);
-        match res {
+        let stored = match res {
             Err(e) if e.is_instance_of::<CacheError>(py) => {
                 log::error!("xla_pcache: {e}; not cached");
-                Ok(false)
+                false
             }
-            other => other,
+            other => other?,
+        };
+        if stored {
+            if let Some(tier) = self.tier.get() {
+                // The tier's own failures are logged and counted in Python; anything that
+                // still escapes must not turn a put that succeeded into an error.
+                if let Err(e) = tier.on_publish.call1(py, (key_obj,)) {
+                    log::error!("xla_pcache: remote tier: {e}; not written there");
+                }
+            }
         }
+        Ok(stored)
     }
 
-    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyBlob>> {
+    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let key_obj = key;
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        match py.detach(|| no_panic("get", || store.get(key.key()))) {
-            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
+        let local = match py.detach(|| no_panic("get", || store.get(key.key()))) {
+            Ok(b) => b,
             Err(e) if e.is_instance_of::<CacheError>(py) => {
                 log::error!("xla_pcache: {e}; treated as a miss");
-                Ok(None)
+                None
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
+        };
+        if let Some(inner) = local {
+            return Ok(Py::new(py, PyBlob { inner })?.into_any());
+        }
+        let Some(tier) = self.tier.get() else {
+            return Ok(py.None());
+        };
+        match tier.on_miss.call1(py, (key_obj,)) {
+            Ok(found) => Ok(found),
+            Err(e) => {
+                log::error!("xla_pcache: remote tier: {e}; treated as a miss");
+                Ok(py.None())
+            }
         }
     }
 
@@ -526,7 +589,7 @@ impl PyStore {
     fn process_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;
         let d = PyDict::new(py);
-        let values = store.counters().snapshot();
+        let values = no_panic("process_stats", || Ok(store.counters().snapshot()))?;
         for (name, v) in Store::counter_names().iter().zip(values.iter()) {
             d.set_item(*name, *v)?;
         }
@@ -625,10 +688,14 @@ impl PyStore {
     /// the child gets its own journal on its next write, holds no lock or claim of the
     /// parent's, runs no heartbeat thread of the parent's, and no mutex another thread of
     /// the parent held at the fork stays locked.
-    fn _after_fork_child(&self) {
-        // SAFETY: os.register_at_fork(after_in_child=) runs in the child right after fork(),
-        // before the child starts any thread; this thread holds no guard into the store.
-        unsafe { self.inner.after_fork_child() };
+    fn _after_fork_child(&self) -> PyResult<()> {
+        no_panic("_after_fork_child", || {
+            // SAFETY: os.register_at_fork(after_in_child=) runs in the child right after
+            // fork(), before the child starts any thread; this thread holds no guard into
+            // the store.
+            unsafe { self.inner.after_fork_child() };
+            Ok(())
+        })
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
