@@ -22,9 +22,14 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xla_pcache.sizes import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from xla_pcache.chain import Chain
 
 log = logging.getLogger("xla_pcache")
 
@@ -54,6 +59,16 @@ def _env(name: str) -> str | None:
     # An empty variable means unset, as for every other variable (config.py).
     value = os.environ.get(name, "")
     return value if value.strip() else None
+
+
+def open_tier(url: str, settings: Any = None, *, read_only: bool | None = None) -> Chain:
+    """The remote tiers named by ``url`` (a comma-separated chain, see ``xla_pcache.chain``)
+    behind the one-tier interface the store uses. Never raises for a URL it cannot use
+    (that tier is dropped with a warning); a malformed timeout or size setting is a
+    ``ValueError`` naming it."""
+    from xla_pcache.chain import open_chain
+
+    return open_chain(url, settings, read_only=read_only)
 
 
 def remote_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -125,9 +140,9 @@ class RemoteTier:
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def count(self, name: str) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         with self._lock:
-            self.counters[name] += 1
+            self.counters[name] += n
 
     def get(self, name: str) -> bytes | None:
         """The raw value stored for entry ``name``, or None (miss or failure, both counted)."""
@@ -144,8 +159,10 @@ class RemoteTier:
             return None
         return bytes(value)
 
-    def put_async(self, name: str, data: bytes) -> None:
+    def put_async(self, name: str, data: Buffer) -> None:
         """Writes ``data`` in the background; too-large values are skipped and counted."""
+        if not isinstance(data, bytes):
+            data = bytes(data)  # a backfill from another tier may hand any buffer
         if len(data) > self.max_value_bytes:
             self.count("remote_too_large")
             if "too_large" not in self._warned:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
     from xla_pcache.bundle import ImportReport
-    from xla_pcache.remote import RemoteTier
+    from xla_pcache.chain import Chain
 
 
 class Store(_core.Store):
@@ -66,14 +66,16 @@ class Store(_core.Store):
             if claim_lease is None
             else parse_duration(claim_lease, name="claim_lease"),
         )
-        self._remote = _open_remote(url) if url and isinstance(self, RemoteStore) else None
+        self._remote = (
+            _open_remote(url, self.read_only) if url and isinstance(self, RemoteStore) else None
+        )
         _track_for_fork(self)
         return self
 
-    _remote: RemoteTier | None
+    _remote: Chain | None
 
     @property
-    def remote(self) -> RemoteTier | None:
+    def remote(self) -> Chain | None:
         return self._remote
 
     # --- bundles (issue 15): see xla_pcache.bundle -----------------------------------------
@@ -169,10 +171,10 @@ class RemoteStore(Store):
         return out
 
 
-def _open_remote(url: str) -> RemoteTier:
-    from xla_pcache.remote import RemoteTier
+def _open_remote(url: str, read_only: bool) -> Chain:
+    from xla_pcache.remote import open_tier
 
-    return RemoteTier(url)
+    return open_tier(url, None, read_only=read_only)
 
 
 # Fork safety. A child forked while another thread was inside a store (PyTorch's DataLoader

@@ -1,0 +1,394 @@
+"""Object-store tiers and chains against a real S3 service (SeaweedFS ``weed mini``) and a
+real redis-server, on loopback. GCS and Azure: URL parsing and redaction only (no service)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+import redis
+from obstore.store import S3Store
+from xla_pcache import Store, entry_name
+from xla_pcache.chain import open_chain, redact
+from xla_pcache.objstore import ENTRY_DIR, parse_object_url
+
+from tests.adapters.test_jax import _finish, _start, hits, results, run_jax, runs
+from tests.remote.conftest import (
+    S3_ACCESS_KEY,
+    S3_BUCKET,
+    S3_SECRET_KEY,
+    RedisServer,
+    S3Server,
+    start_s3,
+)
+
+
+def _prefix() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def _client(server: S3Server, prefix: str) -> Any:
+    return S3Store(
+        S3_BUCKET,
+        prefix=prefix,
+        endpoint=server.endpoint,
+        access_key_id=S3_ACCESS_KEY,
+        secret_access_key=S3_SECRET_KEY,
+        region="us-east-1",
+        client_options={"allow_http": True},
+    )
+
+
+def _objects(server: S3Server, prefix: str) -> list[str]:
+    return sorted(o["path"] for o in obstore.list(_client(server, prefix)).collect())
+
+
+def _flush(store: Store) -> None:
+    assert store.remote is not None
+    store.remote.flush()
+
+
+def test_two_hosts_share_through_s3(tmp_path: Path, s3: S3Server) -> None:
+    url = s3.url(_prefix())
+    a = Store(tmp_path / "a", remote=url)
+    payload = os.urandom(550_000)
+    assert a.put("k", payload, meta={"m": "1"})
+    _flush(a)
+    b = Store(tmp_path / "b", remote=url)
+    blob = b.get("k")
+    assert blob is not None and bytes(blob) == payload and blob.meta["m"] == "1"
+    assert "k" in b  # published locally: the next get is a local hit
+    assert b.get("missing") is None
+    st = b.stats()
+    assert st["remote_hits"] == 1 and st["remote_misses"] == 1, st
+    assert st["tier1"] == url and st["tier1_hits"] == 1
+
+
+def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, s3: S3Server) -> None:
+    url = s3.url(_prefix())
+    a = Store(tmp_path / "a", remote=url)
+    payload = os.urandom(19 << 20)  # three pieces of 8 MiB at most
+    assert a.put("big", payload)
+    _flush(a)
+    b = Store(tmp_path / "b", remote=url)
+    blob = b.get("big")
+    assert blob is not None and bytes(blob) == payload
+    assert b.stats()["remote_read_bytes"] > len(payload)
+
+
+@pytest.mark.jax
+def test_jax_program_compiled_on_one_host_hits_on_the_other(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    env = {"XLA_PCACHE_REMOTE": s3_server.url(_prefix()), **s3_server.env()}
+    first = run_jax([{"op": "install", "path": str(tmp_path / "a")}, *runs(0)], env=env)
+    assert hits(first) == [0]
+    second = run_jax([{"op": "install", "path": str(tmp_path / "b")}, *runs(0)], env=env)
+    assert hits(second) == [1]
+    assert results(second)[0] == results(first)[0]
+
+
+def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, s3: S3Server) -> None:
+    prefix = _prefix()
+    url = s3.url(prefix)
+    stores = [Store(tmp_path / w, remote=url) for w in ("a", "b")]
+    barrier = threading.Barrier(2)
+
+    def put(i: int) -> None:
+        barrier.wait()
+        assert stores[i].put("k", b"same program" * 1000, meta={"writer": str(i)})
+        _flush(stores[i])
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
+    st = [s.stats() for s in stores]
+    assert sum(int(s.get("remote_puts", 0)) for s in st) == 1, st
+    assert sum(int(s.get("remote_put_exists", 0)) for s in st) == 1, st
+    # Both see it; a third host gets the winner's entry.
+    for s in stores:
+        assert bytes(s.get("k") or b"") == b"same program" * 1000
+    c = Store(tmp_path / "c", remote=url)
+    blob = c.get("k")
+    assert blob is not None and blob.meta["writer"] in ("0", "1")
+
+
+def test_tampered_and_truncated_objects_are_counted_misses(tmp_path: Path, s3: S3Server) -> None:
+    prefix = _prefix()
+    url = s3.url(prefix)
+    a = Store(tmp_path / "a", remote=url)
+    for k in ("flip", "cut"):
+        assert a.put(k, bytes(range(256)) * 100)
+    _flush(a)
+    client = _client(s3, prefix)
+    for k in ("flip", "cut"):
+        path = f"{ENTRY_DIR}/{entry_name(k)}"
+        value = bytearray(obstore.get(client, path).bytes())
+        if k == "cut":
+            del value[-1]
+        else:
+            value[-10] ^= 0xFF
+        obstore.put(client, path, bytes(value))
+    b = Store(tmp_path / "b", remote=url)
+    assert b.get("flip") is None and b.get("cut") is None
+    assert b.stats()["remote_rejected"] == 2
+    assert len(b) == 0  # nothing bad published
+
+
+class _CutRelay:
+    """A TCP relay to the S3 server that forwards requests whole and responses up to
+    ``limit`` bytes, then stops forwarding: the test kills the server behind it while the
+    client is mid-transfer, and the relay then drops the client's connection."""
+
+    def __init__(self, port: int, limit: int) -> None:
+        self.upstream = port
+        self.limit = limit
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = int(self.sock.getsockname()[1])
+        self.cut = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                client.close()
+                continue
+            self.conns += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
+            threading.Thread(
+                target=self._pipe, args=(server, client, self.limit), daemon=True
+            ).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
+        sent = 0
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if limit is not None and sent + len(data) >= limit:
+                    dst.sendall(data[: limit - sent])
+                    self.cut.set()
+                    # Stalled here until the server is killed.
+                    while src.recv(65536):
+                        pass
+                    break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_server_killed_mid_transfer_is_a_miss_and_the_local_tier_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = start_s3(tmp_path / "weed")
+    try:
+        prefix = _prefix()
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        a = Store(tmp_path / "a", remote=server.url(prefix))
+        payload = os.urandom(4 << 20)
+        assert a.put("k", payload)
+        _flush(a)
+        relay = _CutRelay(server.port, limit=1 << 20)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{relay.port}")
+        monkeypatch.setenv("XLA_PCACHE_REMOTE_TIMEOUT", "3")
+        b = Store(tmp_path / "b", remote=server.url(prefix))
+        result: list[Any] = []
+        getter = threading.Thread(target=lambda: result.append(b.get("k")))
+        getter.start()
+        assert relay.cut.wait(30), "the transfer never reached the cut"
+        server.stop()  # SIGKILL while the object is a quarter sent
+        getter.join(30)
+        assert not getter.is_alive()
+        assert result == [None]
+        st = b.stats()
+        assert st["remote_get_errors"] == 1 and "k" not in b, st
+        # The local tier goes on: puts and gets work, the dead remote is skipped.
+        assert b.put("local", b"v")
+        assert bytes(b.get("local") or b"") == b"v"
+        _flush(b)
+        relay.close()
+    finally:
+        server.stop()
+
+
+def test_wrong_credentials_are_a_miss_logged_once_without_the_secret(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = _prefix()
+    a = Store(tmp_path / "a", remote=s3.url(prefix))
+    assert a.put("k", b"v" * 100)
+    _flush(a)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0b1d")
+    with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+        b = Store(tmp_path / "b", remote=s3.url(prefix))
+        assert b.get("k") is None
+        assert b.get("k2") is None  # left alone after the failure: skipped, no new warning
+        assert b.put("k3", b"local")
+        _flush(b)
+    st = b.stats()
+    assert st["remote_get_errors"] == 1 and st["remote_skipped"] == 1, st
+    assert bytes(b.get("k3") or b"") == b"local"
+    warnings = [r for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(warnings) == 1 or all("put" in r.getMessage() for r in warnings[1:]), warnings
+    for secret in ("wrong-secret-0b1d", S3_SECRET_KEY):
+        assert secret not in caplog.text and secret not in str(st)
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
+
+
+def test_redis_s3_chain_backfills_redis(
+    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+) -> None:
+    chain = f"{redis_server.url},{s3.url(_prefix())}"
+    a = Store(tmp_path / "a", remote=chain)
+    assert a.put("k", b"payload" * 1000)
+    _flush(a)
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.dbsize() == 1  # written through to both tiers
+    client.flushall()
+    b = Store(tmp_path / "b", remote=chain)
+    assert bytes(b.get("k") or b"") == b"payload" * 1000
+    _flush(b)
+    st = b.stats()
+    assert st["tier1_misses"] == 1 and st["tier2_hits"] == 1 and st["tier1_backfills"] == 1, st
+    assert client.dbsize() == 1
+    # Redis alone now serves it.
+    c = Store(tmp_path / "c", remote=redis_server.url)
+    assert bytes(c.get("k") or b"") == b"payload" * 1000
+
+
+def test_read_only_tier_and_read_only_store_write_nothing(
+    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+) -> None:
+    prefix = _prefix()
+    seed = Store(tmp_path / "seed", remote=s3.url(prefix))
+    assert seed.put("seeded", b"from s3")
+    _flush(seed)
+    chain = f"{redis_server.url},{s3.url(prefix, ro='1')}"
+    a = Store(tmp_path / "a", remote=chain)
+    assert a.put("k", b"v")
+    _flush(a)
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.dbsize() == 1
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
+    assert a.stats()["tier2"] == s3.url(prefix) and "ro=1" in a.stats()["remote"]
+    # A read-only store reads the chain and backfills nothing, locally or to Redis.
+    client.flushall()
+    Store(tmp_path / "ro").close()
+    ro = Store(tmp_path / "ro", remote=chain, read_only=True)
+    assert bytes(ro.get("seeded") or b"") == b"from s3"
+    _flush(ro)
+    assert client.dbsize() == 0 and "seeded" not in ro
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
+
+
+def test_a_bad_tier_is_dropped_and_the_others_go_on(
+    tmp_path: Path, s3: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = s3.url(_prefix())
+    with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+        a = Store(tmp_path / "a", remote=f"ftp://u:pw-9@host/x,{url},s3://{S3_BUCKET}/p?bad=1")
+    assert a.put("k", b"v")
+    _flush(a)
+    assert "pw-9" not in caplog.text and "unknown scheme ftp://" in caplog.text
+    st = a.stats()
+    assert st["remote"] == url and st["remote_dropped"].count(",") == 1, st
+    b = Store(tmp_path / "b", remote="nonsense")
+    assert b.put("k", b"v") and bytes(b.get("k") or b"") == b"v"
+
+
+def test_object_store_urls_parse_and_redact() -> None:
+    assert parse_object_url("s3://bucket/a/b/") == ("s3://bucket/a/b", False)
+    assert parse_object_url("gs://bucket?ro=1") == ("gs://bucket", True)
+    assert parse_object_url("az://container/p?read_only=yes") == ("az://container/p", True)
+    for bad in ("s3://", "s3://k:secret@bucket/p", "gs://b/p?token=x", "http://h/p"):
+        with pytest.raises(ValueError):
+            parse_object_url(bad)
+    assert redact("s3://b/p?ro=1&sig=abc") == "s3://b/p?ro=1&sig=***"
+    assert redact("rediss://user:pw@host:6380/1") == "rediss://***@host:6380/1"
+    assert "secret" not in redact("az://u:secret@c/p")
+
+
+def test_gcs_and_azure_tiers_from_their_standard_variables(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is sent: building a client makes no request. Azure needs an account name;
+    without one the tier is dropped with a warning that names no secret."""
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "c2VjcmV0LWF6dXJlLWtleQ==")
+    with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+        bare = open_chain("az://ctr/pre")
+    assert len(bare) == 0 and bare.dropped == ["az://ctr/pre"]
+    assert "c2VjcmV0" not in caplog.text and "Account must be specified" in caplog.text
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "xpcaccount")
+    chain = open_chain("gs://bkt/pre?ro=1,az://ctr/pre")
+    assert [t["url"] for t in chain.describe()] == ["gs://bkt/pre", "az://ctr/pre"]
+    assert [t["read_only"] for t in chain.describe()] == [True, False]
+    assert "c2VjcmV0" not in str(chain.stats())
+    chain.close()
+
+
+def _single_flight_steps(cache: Path, ready: Path, go: Path) -> list[dict[str, Any]]:
+    return [
+        {"op": "install", "path": str(cache), "compile_wait": 300},
+        {"op": "wait", "ready": str(ready), "file": str(go)},
+        *runs(5, layers=12),
+    ]
+
+
+@pytest.mark.jax
+def test_single_flight_across_hosts_sharing_only_the_bucket(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """Six processes, three per "host" (separate cache directories), sharing only the
+    bucket, start the same program together: one compiles, five hit."""
+    prefix = _prefix()
+    env = {"XLA_PCACHE_REMOTE": s3_server.url(prefix), **s3_server.env()}
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(6)]
+    procs = [
+        _start(_single_flight_steps(tmp_path / ("a" if i < 3 else "b"), ready[i], go), env)
+        for i in range(6)
+    ]
+    deadline = time.monotonic() + 240
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    go.touch()
+    reports = [_finish(p, timeout=300) for p in procs]
+    got = [hits(r)[0] for r in reports]
+    assert sorted(got) == [0, 1, 1, 1, 1, 1], got
+    assert len({str(results(r)[5]) for r in reports}) == 1
+    # The claim is gone from the bucket once the entry is there.
+    names = _objects(s3_server, prefix)
+    assert [n.split("/")[1] for n in names] == ["entries"], names
