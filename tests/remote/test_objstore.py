@@ -392,3 +392,35 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     # The claim is gone from the bucket once the entry is there.
     names = _objects(s3_server, prefix)
     assert [n.split("/")[1] for n in names] == ["entries"], names
+
+
+def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+    from xla_pcache import doctor
+
+    monkeypatch.setenv(
+        "XLA_PCACHE_REMOTE", "redis://:pw-2c4e@127.0.0.1:1/0,s3://bkt/p?ro=1,bogus://h/x"
+    )
+    store, info, problems = doctor._open_store({"path": str(tmp_path / "c")})
+    store.close()
+    assert info["remote"] == [
+        {"tier": 1, "url": "redis://***@127.0.0.1:1/0", "read_only": False},
+        {"tier": 2, "url": "s3://bkt/p", "read_only": True},
+    ]
+    assert problems == ["remote tier bogus://h/x is not used (see the warning)"]
+    out = io.StringIO()
+    report = {
+        "xla_pcache": "0",
+        "format_version": 1,
+        "python": "3",
+        "config": {"path": str(tmp_path / "c"), "path_source": "--path"},
+        "cache": {**info, "entries": 0, "bytes": 0, "mmap_reads": True},
+        "frameworks": {},
+        "problems": problems,
+    }
+    doctor._render(Console(file=out, width=200), report)
+    text = out.getvalue()
+    assert "remote tier 1: redis://***@127.0.0.1:1/0" in text
+    assert "remote tier 2: s3://bkt/p (read-only)" in text and "pw-2c4e" not in text
