@@ -23,7 +23,8 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xla_pcache.sizes import parse_duration, parse_size
@@ -37,12 +38,28 @@ log = logging.getLogger("xla_pcache")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _RO_OPTIONS = ("ro", "read_only")
+# Tier counters -> the store's counters that keep them across processes.
+_PERSISTED = {
+    "remote_hits": "remote_hits",
+    "remote_misses": "remote_misses",
+    "remote_rejected": "remote_rejected",
+    "remote_get_errors": "remote_errors",
+    "remote_put_errors": "remote_errors",
+    "remote_claim_errors": "remote_errors",
+    "remote_puts": "remote_puts",
+    "remote_put_exists": "remote_put_exists",
+    "remote_read_bytes": "remote_read_bytes",
+    "remote_written_bytes": "remote_written_bytes",
+    "remote_get_ms": "remote_get_ms",
+    "remote_backfills": "remote_backfills",
+}
 # Counters a tier keeps that are failures of any kind.
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
 
 
 class Tier(Protocol):
     url: str
+    on_count: Callable[[str, int], None] | None
 
     def get(self, name: str) -> Any: ...
     def put_async(self, name: str, data: Buffer) -> None: ...
@@ -109,6 +126,7 @@ class _RedisReadOnly:
     def __init__(self, tier: Any) -> None:
         self._tier = tier
         self.url = tier.url
+        self.on_count: Callable[[str, int], None] | None = None
 
     def get(self, name: str) -> Any:
         return self._tier.get(name)
@@ -117,8 +135,7 @@ class _RedisReadOnly:
         return None
 
     def count(self, counter: str, n: int = 1) -> None:
-        for _ in range(n):
-            self._tier.count(counter)
+        self._tier.count(counter, n)
 
     def stats(self) -> dict[str, int | str]:
         out: dict[str, int | str] = self._tier.stats()
@@ -157,6 +174,25 @@ class Chain:
         self.dropped = dropped or []
         self._last = threading.local()
         self.url = ",".join(s.tier.url + ("?ro=1" if s.read_only else "") for s in slots)
+        self._sink: Callable[[], Any] | None = None
+        for slot in slots:
+            inner = getattr(slot.tier, "_tier", slot.tier)
+            inner.on_count = self._persist
+
+    def persist_counters(self, store: Any) -> None:
+        """Also count into ``store`` (``Store.add_counter``: its ``remote_*`` counters,
+        written to its journal and summed across processes by ``stats``). Held weakly."""
+        self._sink = weakref.ref(store)
+
+    def _persist(self, counter: str, n: int) -> None:
+        name = _PERSISTED.get(counter)
+        store = self._sink() if self._sink is not None else None
+        if name is None or store is None or n <= 0:
+            return
+        try:
+            store.add_counter(name, n)
+        except Exception as e:  # a closed store: the counts of this process stop there
+            log.debug("xla_pcache: remote counter %s not kept: %s", name, e)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -182,9 +218,12 @@ class Chain:
             ms = (time.perf_counter() - t) * 1000
             with slot.lock:
                 slot.get_ms += ms
+            self._persist("remote_get_ms", round(ms))
             if data is not None:
+                size = len(memoryview(data))
                 with slot.lock:
-                    slot.read_bytes += len(memoryview(data))
+                    slot.read_bytes += size
+                self._persist("remote_read_bytes", size)
                 self._last.hit = (i, name, data)
                 return data
         return None
@@ -200,6 +239,7 @@ class Chain:
                     slot.hits += n
                 else:
                     slot.rejected += n
+            self._persist(counter, n)
             if counter == "remote_hits" and not self.read_only:
                 self._backfill(i, name, data)
             return
@@ -213,6 +253,7 @@ class Chain:
                 slot.tier.put_async(name, data)
                 with slot.lock:
                     slot.backfills += 1
+                self._persist("remote_backfills", 1)
 
     def put_async(self, name: str, data: Buffer) -> None:
         if self.read_only:

@@ -299,6 +299,8 @@ def stats(
         table.add_row(label, text)
         shown.add(name)
     for name in sorted(report.keys() - shown):
+        if name.startswith("remote_") and not report[name]:
+            continue  # a cache without remote tiers: no rows of zeros for them
         table.add_row(name.replace("_", " "), _stat_text(name, report[name]))
     _console().print(table)
 

@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -155,6 +155,8 @@ class ObjectTier:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self.counters: Counter[str] = Counter()
+        # Told every count too (the chain keeps the cross-process totals in the store).
+        self.on_count: Callable[[str, int], None] | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-objstore")
         self._readers: ThreadPoolExecutor | None = None
         self.claims = ObjectClaims(self)
@@ -162,10 +164,16 @@ class ObjectTier:
 
     # ---------------------------------------------------------------- bookkeeping
     def count(self, counter: str, n: int = 1) -> None:
+        hook = self.on_count
+        if hook is not None:
+            hook(counter, n)
         with self._lock:
             self.counters[counter] += n
 
     def _fail(self, what: str, e: BaseException) -> None:
+        hook = self.on_count
+        if hook is not None:
+            hook(f"remote_{what}_errors", 1)
         with self._lock:
             self.counters[f"remote_{what}_errors"] += 1
             self._down_until = time.monotonic() + self.retry_after

@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -118,10 +118,13 @@ class RemoteTier:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self.counters: Counter[str] = Counter()
+        # Told every count too (the chain keeps the cross-process totals in the store).
+        self.on_count: Callable[[str, int], None] | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-remote")
         atexit.register(self.close)
 
     def _fail(self, what: str, e: BaseException) -> None:
+        self._notify(f"remote_{what}_errors", 1)
         with self._lock:
             self.counters[f"remote_{what}_errors"] += 1
             self._down_until = time.monotonic() + self.retry_after
@@ -140,7 +143,13 @@ class RemoteTier:
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
 
+    def _notify(self, name: str, n: int) -> None:
+        hook = self.on_count
+        if hook is not None:
+            hook(name, n)
+
     def count(self, name: str, n: int = 1) -> None:
+        self._notify(name, n)
         with self._lock:
             self.counters[name] += n
 
@@ -188,6 +197,7 @@ class RemoteTier:
             self._fail("put", e)
             return
         self.count("remote_puts")
+        self.count("remote_written_bytes", len(data))
 
     def flush(self) -> None:
         """Waits for the writes queued so far (each bounded by the timeout)."""

@@ -69,6 +69,8 @@ class Store(_core.Store):
         self._remote = (
             _open_remote(url, self.read_only) if url and isinstance(self, RemoteStore) else None
         )
+        if self._remote is not None:
+            self._remote.persist_counters(self)
         _track_for_fork(self)
         return self
 
@@ -167,7 +169,9 @@ class RemoteStore(Store):
     def stats(self) -> dict[str, int | float | str | bool | None]:
         out = super().stats()
         if self._remote is not None:
-            out.update(self._remote.stats())
+            # The totals the store keeps across processes win over this process's own.
+            for k, v in self._remote.stats().items():
+                out.setdefault(k, v)
         return out
 
 

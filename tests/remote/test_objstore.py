@@ -424,3 +424,48 @@ def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.Mon
     text = out.getvalue()
     assert "remote tier 1: redis://***@127.0.0.1:1/0" in text
     assert "remote tier 2: s3://bkt/p (read-only)" in text and "pw-2c4e" not in text
+
+
+def test_remote_counters_are_summed_across_processes(
+    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+) -> None:
+    """Each process writes its remote counters to its journal; ``stats`` of any process
+    (and ``xla-pcache stats``) sums them, as it does the local counters."""
+    import subprocess
+    import sys
+
+    chain = f"{redis_server.url},{s3.url(_prefix())}"
+    seed = Store(tmp_path / "seed", remote=chain)
+    assert seed.put("k", b"x" * 5000)
+    _flush(seed)
+    redis.Redis.from_url(redis_server.url).flushall()
+    code = (
+        "import sys; from xla_pcache import Store\n"
+        "s = Store(sys.argv[1], remote=sys.argv[2])\n"
+        "assert s.get(sys.argv[3]) is not None\n"
+        "s.remote.flush(); s.close()\n"
+    )
+    for _ in range(2):
+        # Two processes on one cache directory, one after the other: the first fetches
+        # from S3 (backfilling Redis), the second hits locally.
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "shared"), chain, "k"],
+            check=True,
+            timeout=120,
+        )
+    code_miss = (
+        "import sys; from xla_pcache import Store\n"
+        "s = Store(sys.argv[1], remote=sys.argv[2])\n"
+        "assert s.get('absent') is None; s.close()\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code_miss, str(tmp_path / "shared"), chain],
+        check=True,
+        timeout=120,
+    )
+    st = Store(tmp_path / "shared").stats()
+    assert st["remote_hits"] == 1 and st["remote_backfills"] == 1, st
+    assert st["remote_misses"] == 3, st  # Redis then S3 for "k" once, and for "absent" 2
+    assert st["remote_read_bytes"] > 5000 and st["remote_puts"] == 1, st
+    with pytest.raises(ValueError, match="name"):
+        Store(tmp_path / "shared").add_counter("hits", 1)
