@@ -416,6 +416,10 @@ class ObjectClaims:
                 now = time.monotonic()
                 if e_tag is None:
                     if waited:
+                        # The holder uploads the entry, then deletes its claim: both may
+                        # have happened since the look at the entry above.
+                        if tier.exists(name):
+                            return ObjectClaim(self, name, "published", now - start)
                         tier.count("remote_claims_abandoned_seen")
                         return ObjectClaim(self, name, "abandoned", now - start)
                     if not may_claim:
