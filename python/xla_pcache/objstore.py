@@ -47,8 +47,13 @@ OBJECT_SCHEMES = ("s3", "gs", "az")
 # Where entries and claims live below the URL's prefix; the digit is the entry format.
 ENTRY_DIR = "xla_pcache-1/entries"
 CLAIM_DIR = "xla_pcache-1/claims"
-# Objects larger than this are fetched in ranged pieces of this size, in parallel.
+# The first request asks for this many bytes (the whole of most entries, and the object's
+# size); the rest of a larger object is fetched in ranged pieces of RANGE_PIECE, in parallel.
+# Pieces of 16 MiB: smaller ones cost more than they gain on a fast link (8 MiB pieces took
+# a 64 MiB get on loopback from 1.7 to 2.3 times a plain GET), larger ones leave a
+# 100 MB/s-per-stream cloud link idle.
 RANGE_CHUNK = 8 << 20
+RANGE_PIECE = 16 << 20
 RANGE_THREADS = 8
 # Writes run in the background; a large PUT is given at least this long.
 PUT_TIMEOUT_S = 60.0
@@ -227,27 +232,22 @@ class ObjectTier:
 
         if size > self.max_value_bytes:
             raise ValueError(f"object of {size} bytes is over the limit")
-        out = bytearray(size)
-        view = memoryview(out)
-        first = memoryview(head)
-        view[: len(first)] = first
-        starts = list(range(len(first), size, RANGE_CHUNK))
+        starts = list(range(len(memoryview(head)), size, RANGE_PIECE))
 
-        def fetch(start: int) -> int:
-            end = min(start + RANGE_CHUNK, size)
-            part = memoryview(obstore.get_range(self._store, path, start=start, end=end))
-            if len(part) != end - start:
+        def fetch(start: int) -> Buffer:
+            end = min(start + RANGE_PIECE, size)
+            part = obstore.get_range(self._store, path, start=start, end=end)
+            if len(memoryview(part)) != end - start:
                 raise ValueError("short ranged read")
-            view[start:end] = part
-            return len(part)
+            return part
 
         if self._readers is None:
             self._readers = ThreadPoolExecutor(
                 max_workers=RANGE_THREADS, thread_name_prefix="xla_pcache-objstore-get"
             )
-        for _ in self._readers.map(fetch, starts):
-            pass
-        return out
+        # One join: a bytearray of the whole size would first be zeroed and faulted in
+        # (44 ms for 64 MiB here), then copied into.
+        return b"".join([head, *self._readers.map(fetch, starts)])
 
     def exists(self, name: str) -> bool:
         import obstore

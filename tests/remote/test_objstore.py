@@ -76,7 +76,7 @@ def test_two_hosts_share_through_s3(tmp_path: Path, s3: S3Server) -> None:
 def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, s3: S3Server) -> None:
     url = s3.url(_prefix())
     a = Store(tmp_path / "a", remote=url)
-    payload = os.urandom(19 << 20)  # three pieces of 8 MiB at most
+    payload = os.urandom(26 << 20)  # the first 8 MiB, then two ranged pieces in parallel
     assert a.put("big", payload)
     _flush(a)
     b = Store(tmp_path / "b", remote=url)
