@@ -89,7 +89,8 @@ def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, s3: S3Server) -> N
 def test_jax_program_compiled_on_one_host_hits_on_the_other(
     tmp_path: Path, s3_server: S3Server
 ) -> None:
-    env = {"XLA_PCACHE_REMOTE": s3_server.url(_prefix()), **s3_server.env()}
+    # A tier that cannot be used (unknown scheme) drops itself, not the cache.
+    env = {"XLA_PCACHE_REMOTE": "ftp://nowhere/x," + s3_server.url(_prefix()), **s3_server.env()}
     first = run_jax([{"op": "install", "path": str(tmp_path / "a")}, *runs(0)], env=env)
     assert hits(first) == [0]
     second = run_jax([{"op": "install", "path": str(tmp_path / "b")}, *runs(0)], env=env)
@@ -469,3 +470,43 @@ def test_remote_counters_are_summed_across_processes(
     assert st["remote_read_bytes"] > 5000 and st["remote_puts"] == 1, st
     with pytest.raises(ValueError, match="name"):
         Store(tmp_path / "shared").add_counter("hits", 1)
+
+
+def test_bucket_claims_single_flight_and_takeover(tmp_path: Path, s3: S3Server) -> None:
+    """One claim per key on the bucket; a waiter sees it held, then published once the
+    holder's entry is uploaded and the claim released; a claim whose ETag stops changing
+    for the lease (a killed holder) is taken over by exactly one waiter."""
+    url = s3.url(_prefix())
+    holder = Store(tmp_path / "a", remote=url)
+    waiter = Store(tmp_path / "b", remote=url)
+    assert holder.remote is not None and waiter.remote is not None
+    hc, wc = holder.remote.claims(), waiter.remote.claims()
+    assert hc is not None and wc is not None
+    name = entry_name("k")
+    mine = hc.claim(name, wait=5, lease=30)
+    assert mine.state == "claimed" and mine.held
+    assert wc.claim(name, wait=0.3, lease=30).state == "timed_out"
+    assert holder.put("k", b"compiled")
+    mine.release()  # queued after the upload
+    got = wc.claim(name, wait=10, lease=30)
+    assert got.state == "published"
+    assert bytes(waiter.get("k") or b"") == b"compiled"
+    # A holder that died: its claim object stays and never changes.
+    dead = entry_name("dead")
+    client = _client(s3, url.split("/", 3)[3])
+    obstore.put(client, f"xla_pcache-1/claims/{dead}", b"{}", mode="create")
+    results_: list[Any] = []
+
+    def take() -> None:
+        results_.append(wc.claim(dead, wait=3, lease=0.5))
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    states = sorted((c.state, c.took_over) for c in results_)
+    # One takes it over; the other then sees the taker's heartbeats and waits it out.
+    assert states == [("claimed", True), ("timed_out", False)], states
+    for c in results_:
+        c.release()
