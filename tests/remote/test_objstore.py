@@ -470,6 +470,19 @@ def test_remote_counters_are_summed_across_processes(
     assert st["remote_read_bytes"] > 5000 and st["remote_puts"] == 1, st
     with pytest.raises(ValueError, match="name"):
         Store(tmp_path / "shared").add_counter("hits", 1)
+    out = subprocess.run(
+        [sys.executable, "-m", "xla_pcache", "stats", "--path", str(tmp_path / "shared"), "--json"],
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "XLA_PCACHE_REMOTE": chain},
+    )
+    import json
+
+    report = json.loads(out.stdout)
+    assert report["remote_hits"] == 1 and report["remote_misses"] == 3, report
+    assert report["tier1"] == redis_server.url and report["tier2"].startswith("s3://"), report
 
 
 def test_bucket_claims_single_flight_and_takeover(tmp_path: Path, s3: S3Server) -> None:
