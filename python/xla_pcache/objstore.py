@@ -156,6 +156,7 @@ class ObjectTier:
         self.retry_after = retry_after
         self._store = open_store(url, timeout=timeout, environ=environ)
         self._put_store = open_store(url, timeout=timeout, environ=environ, for_writes=True)
+        self._pid = os.getpid()
         self._down_until = 0.0
         self._warned: set[str] = set()
         self._lock = threading.Lock()
@@ -166,6 +167,26 @@ class ObjectTier:
         self._readers: ThreadPoolExecutor | None = None
         self.claims = ObjectClaims(self)
         atexit.register(self.close)
+
+    def _after_fork(self) -> None:
+        """In a forked child (a DataLoader worker) neither the parent's threads nor
+        obstore's runtime exist: a request would wait for ever (seen: a put in a child
+        never returned, its timeout never fired). The child leaves this tier alone: its
+        gets are misses, its puts skipped, counted, with one warning; the local directory
+        and the other tiers go on."""
+        if os.getpid() == self._pid:
+            return
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._down_until = float("inf")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-objstore")
+        self._readers = None
+        self.claims = ObjectClaims(self)
+        log.warning(
+            "xla_pcache: remote cache %s is not used in this forked process (its client "
+            "does not survive fork); the local cache goes on",
+            self.url,
+        )
 
     # ---------------------------------------------------------------- bookkeeping
     def count(self, counter: str, n: int = 1) -> None:
@@ -205,6 +226,7 @@ class ObjectTier:
     # ---------------------------------------------------------------- reads
     def get(self, name: str) -> Buffer | None:
         """The object stored for entry ``name``, or None (miss or failure, both counted)."""
+        self._after_fork()
         if not self.available():
             self.count("remote_skipped")
             return None
@@ -263,6 +285,7 @@ class ObjectTier:
         """Publishes ``data`` in the background with a conditional create."""
         if self.read_only:
             return
+        self._after_fork()
         if len(memoryview(data)) > self.max_value_bytes:
             self.count("remote_too_large")
             return
@@ -295,11 +318,13 @@ class ObjectTier:
 
     def submit(self, fn: Any) -> None:
         """Runs ``fn`` on the writer thread, after the writes queued before it."""
+        self._after_fork()
         with contextlib.suppress(RuntimeError):
             self._writer.submit(fn)
 
     def flush(self) -> None:
         """Waits for the writes queued so far (each bounded by its timeout)."""
+        self._after_fork()
         with contextlib.suppress(RuntimeError):
             self._writer.submit(lambda: None).result()
 

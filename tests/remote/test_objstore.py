@@ -523,3 +523,41 @@ def test_bucket_claims_single_flight_and_takeover(tmp_path: Path, s3: S3Server) 
     assert states == [("claimed", True), ("timed_out", False)], states
     for c in results_:
         c.release()
+
+
+def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """obstore's runtime does not survive fork: a child forked from a process that used the
+    tier (a DataLoader worker) skips it (a request there would wait for ever) and goes on
+    with its local directory."""
+    import subprocess
+    import sys
+
+    prefix = _prefix()
+    code = (
+        "import os, sys\n"
+        "from xla_pcache import Store\n"
+        "s = Store(sys.argv[1], remote=sys.argv[2])\n"
+        "assert s.put('parent', b'p'); s.remote.flush()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ok = s.put('child', b'c') and s.get('other') is None\n"
+        "    s.remote.flush()\n"
+        "    st = s.remote.stats()\n"
+        "    ok = ok and st['remote_skipped'] == 1 and st['remote_put_skipped'] == 1\n"
+        "    os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0, status\n"
+        "assert s.put('after', b'a'); s.remote.flush()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c"), s3.url(prefix)],
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "not used in this forked process" in out.stderr
+    names = {entry_name(k) for k in ("parent", "after")}
+    assert {p.split("/", 2)[2] for p in _objects(s3, prefix)} == names
