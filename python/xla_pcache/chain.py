@@ -37,6 +37,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("xla_pcache")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+# The settings' names and variables (config.Settings may carry them: remote_timeout,
+# remote_max_bytes, read_only; read from the environment otherwise).
+TIMEOUT_VAR = "XLA_PCACHE_REMOTE_TIMEOUT"
+MAX_VALUE_VAR = "XLA_PCACHE_REMOTE_MAX_BYTES"
+DEFAULT_TIMEOUT = 2.0
+# Redis' proto-max-bulk-len by default; an object store takes a single PUT of up to 5 GiB.
+DEFAULT_MAX_VALUE = 512 << 20
+DEFAULT_OBJECT_MAX_VALUE = 5 << 30
 _RO_OPTIONS = ("ro", "read_only")
 # Tier counters -> the store's counters that keep them across processes.
 _PERSISTED = {
@@ -59,10 +67,9 @@ _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_error
 
 class Tier(Protocol):
     url: str
-    on_count: Callable[[str, int], None] | None
 
     def get(self, name: str) -> Any: ...
-    def put_async(self, name: str, data: Buffer) -> None: ...
+    def put_async(self, name: str, data: Any) -> None: ...
     def count(self, counter: str, n: int = 1) -> None: ...
     def stats(self) -> dict[str, int | str]: ...
     def flush(self) -> None: ...
@@ -120,13 +127,19 @@ def _setting(settings: Any, name: str, var: str, environ: Mapping[str, str]) -> 
     return value
 
 
+def _for(tier: Tier, data: Buffer) -> Buffer:
+    # The Redis client takes bytes only; an object store's value is a buffer of its own.
+    from xla_pcache.objstore import ObjectTier
+
+    return data if isinstance(tier, ObjectTier) or isinstance(data, bytes) else bytes(data)
+
+
 class _RedisReadOnly:
     """A Redis tier marked ``?ro=1``: read, never written."""
 
     def __init__(self, tier: Any) -> None:
         self._tier = tier
         self.url = tier.url
-        self.on_count: Callable[[str, int], None] | None = None
 
     def get(self, name: str) -> Any:
         return self._tier.get(name)
@@ -157,6 +170,8 @@ class _Slot:
         self.lock = threading.Lock()
         self.hits = 0
         self.rejected = 0
+        # The tier's own counters already handed to the store.
+        self.synced: dict[str, int] = {}
         self.read_bytes = 0
         self.get_ms = 0.0
         self.backfills = 0
@@ -175,14 +190,36 @@ class Chain:
         self._last = threading.local()
         self.url = ",".join(s.tier.url + ("?ro=1" if s.read_only else "") for s in slots)
         self._sink: Callable[[], Any] | None = None
-        for slot in slots:
-            inner = getattr(slot.tier, "_tier", slot.tier)
-            inner.on_count = self._persist
+        self._sync_lock = threading.Lock()
 
     def persist_counters(self, store: Any) -> None:
         """Also count into ``store`` (``Store.add_counter``: its ``remote_*`` counters,
         written to its journal and summed across processes by ``stats``). Held weakly."""
         self._sink = weakref.ref(store)
+
+    def _store(self) -> Any:
+        return self._sink() if self._sink is not None else None
+
+    def _writes(self) -> bool:
+        """Whether this chain may write (backfill): not for a read-only store."""
+        store = self._store()
+        return not (self.read_only or bool(getattr(store, "read_only", False)))
+
+    def sync_counters(self) -> None:
+        """Hands the store what the tiers counted since the last call (their own counters
+        are cumulative: the difference is added)."""
+        if self._store() is None:
+            return
+        with self._sync_lock:
+            for slot in self._slots:
+                raw = slot.tier.stats()
+                for name, value in raw.items():
+                    if name not in _PERSISTED or not isinstance(value, int):
+                        continue
+                    delta = value - slot.synced.get(name, 0)
+                    if delta > 0:
+                        slot.synced[name] = value
+                        self._persist(name, delta)
 
     def _persist(self, counter: str, n: int) -> None:
         name = _PERSISTED.get(counter)
@@ -219,6 +256,7 @@ class Chain:
             with slot.lock:
                 slot.get_ms += ms
             self._persist("remote_get_ms", round(ms))
+            self.sync_counters()
             if data is not None:
                 size = len(memoryview(data))
                 with slot.lock:
@@ -240,7 +278,7 @@ class Chain:
                 else:
                     slot.rejected += n
             self._persist(counter, n)
-            if counter == "remote_hits" and not self.read_only:
+            if counter == "remote_hits" and self._writes():
                 self._backfill(i, name, data)
             return
         if self._slots:
@@ -250,21 +288,22 @@ class Chain:
         # The faster tiers before the one that answered get the verified entry.
         for slot in self._slots[:k]:
             if not slot.read_only:
-                slot.tier.put_async(name, data)
+                slot.tier.put_async(name, _for(slot.tier, data))
                 with slot.lock:
                     slot.backfills += 1
                 self._persist("remote_backfills", 1)
 
     def put_async(self, name: str, data: Buffer) -> None:
-        if self.read_only:
+        if not self._writes():
             return
         for slot in self._slots:
             if not slot.read_only:
-                slot.tier.put_async(name, data)
+                slot.tier.put_async(name, _for(slot.tier, data))
 
     def flush(self) -> None:
         for slot in self._slots:
             slot.tier.flush()
+        self.sync_counters()
 
     def close(self) -> None:
         for slot in self._slots:
@@ -272,6 +311,7 @@ class Chain:
                 slot.tier.close()
             except Exception as e:  # closing at exit must not raise into the program
                 log.debug("xla_pcache: closing remote tier %s: %s", slot.tier.url, e)
+        self.sync_counters()
 
     def claims(self) -> ObjectClaims | None:
         """The compile claims of the first writable object-store tier, if any."""
@@ -314,6 +354,7 @@ class Chain:
         """Per tier (``tier<N>``, ``tier<N>_<counter>``) and summed over the tiers: each
         tier's own ``remote_*`` counters, and the chain's (hits, rejected, backfills,
         bytes and time read)."""
+        self.sync_counters()
         out: dict[str, int | float | str] = {}
         totals: dict[str, int | float] = {}
         for slot in self._slots:
@@ -348,8 +389,6 @@ def open_chain(
     """The chain for a comma-separated URL list. A URL that cannot be used is dropped with
     one warning naming it (redacted) and why; a malformed timeout or size is a ValueError
     naming its variable, as for every other setting."""
-    from xla_pcache.remote import DEFAULT_MAX_VALUE, DEFAULT_TIMEOUT, MAX_VALUE_VAR, TIMEOUT_VAR
-
     if read_only is None:
         read_only = bool(getattr(settings, "read_only", False))
     raw_timeout = _setting(settings, "remote_timeout", TIMEOUT_VAR, environ)
@@ -405,7 +444,7 @@ def _open_one(
         display_url=bare,
         read_only=ro,
         timeout=timeout,
-        max_value_bytes=cap or (5 << 30),
+        max_value_bytes=cap or DEFAULT_OBJECT_MAX_VALUE,
         environ=environ,
     )
     return _Slot(obj, ro)

@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -107,17 +107,30 @@ def _classify(e: BaseException) -> str:
     return "error"
 
 
+# The process that first used obstore: its runtime's threads exist there only, so a process
+# forked from it cannot use obstore at all (a request there waits for ever).
+_obstore_pid: int | None = None
+
+
 def open_store(
     url: str, *, timeout: float, environ: Mapping[str, str] = os.environ, for_writes: bool = False
 ) -> Any:
     """The obstore store for ``url`` (scheme, bucket and prefix; no query), credentials and
     endpoint from the environment. Creating it makes no request."""
+    global _obstore_pid
     try:
         from obstore.store import from_url
     except ImportError as e:
         raise ImportError(
             'object-store tiers need obstore: pip install "xla-pcache[objstore]"'
         ) from e
+    if _obstore_pid is None:
+        _obstore_pid = os.getpid()
+    elif _obstore_pid != os.getpid():
+        raise RuntimeError(
+            "not usable in a process forked from one that used it (the client does not "
+            "survive fork)"
+        )
     request_timeout = max(timeout, PUT_TIMEOUT_S) if for_writes else timeout
     client: dict[str, Any] = {
         "connect_timeout": timedelta(seconds=timeout),
@@ -161,8 +174,6 @@ class ObjectTier:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self.counters: Counter[str] = Counter()
-        # Told every count too (the chain keeps the cross-process totals in the store).
-        self.on_count: Callable[[str, int], None] | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-objstore")
         self._readers: ThreadPoolExecutor | None = None
         self.claims = ObjectClaims(self)
@@ -190,16 +201,10 @@ class ObjectTier:
 
     # ---------------------------------------------------------------- bookkeeping
     def count(self, counter: str, n: int = 1) -> None:
-        hook = self.on_count
-        if hook is not None:
-            hook(counter, n)
         with self._lock:
             self.counters[counter] += n
 
     def _fail(self, what: str, e: BaseException) -> None:
-        hook = self.on_count
-        if hook is not None:
-            hook(f"remote_{what}_errors", 1)
         with self._lock:
             self.counters[f"remote_{what}_errors"] += 1
             self._down_until = time.monotonic() + self.retry_after

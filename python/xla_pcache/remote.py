@@ -20,15 +20,13 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer
-
     from xla_pcache.chain import Chain
 
 log = logging.getLogger("xla_pcache")
@@ -118,13 +116,10 @@ class RemoteTier:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self.counters: Counter[str] = Counter()
-        # Told every count too (the chain keeps the cross-process totals in the store).
-        self.on_count: Callable[[str, int], None] | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-remote")
         atexit.register(self.close)
 
     def _fail(self, what: str, e: BaseException) -> None:
-        self._notify(f"remote_{what}_errors", 1)
         with self._lock:
             self.counters[f"remote_{what}_errors"] += 1
             self._down_until = time.monotonic() + self.retry_after
@@ -143,13 +138,7 @@ class RemoteTier:
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def _notify(self, name: str, n: int) -> None:
-        hook = self.on_count
-        if hook is not None:
-            hook(name, n)
-
     def count(self, name: str, n: int = 1) -> None:
-        self._notify(name, n)
         with self._lock:
             self.counters[name] += n
 
@@ -168,10 +157,8 @@ class RemoteTier:
             return None
         return bytes(value)
 
-    def put_async(self, name: str, data: Buffer) -> None:
+    def put_async(self, name: str, data: bytes) -> None:
         """Writes ``data`` in the background; too-large values are skipped and counted."""
-        if not isinstance(data, bytes):
-            data = bytes(data)  # a backfill from another tier may hand any buffer
         if len(data) > self.max_value_bytes:
             self.count("remote_too_large")
             if "too_large" not in self._warned:

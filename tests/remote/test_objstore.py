@@ -546,6 +546,9 @@ def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
         "    s.remote.flush()\n"
         "    st = s.remote.stats()\n"
         "    ok = ok and st['remote_skipped'] == 1 and st['remote_put_skipped'] == 1\n"
+        # A tier opened anew in the child (a store made there) is dropped, not used.
+        "    s2 = Store(sys.argv[1] + '-child', remote=sys.argv[2])\n"
+        "    ok = ok and s2.put('x', b'y') and len(s2.remote) == 0\n"
         "    os._exit(0 if ok else 3)\n"
         "_, status = os.waitpid(pid, 0)\n"
         "assert os.waitstatus_to_exitcode(status) == 0, status\n"
