@@ -525,7 +525,7 @@ impl PyStore {
     /// `remote_*` counters), aggregated across processes by `stats` like the rest.
     fn add_counter(&self, name: &str, n: u64) -> PyResult<()> {
         let store = self.store()?;
-        if store.add_named(name, n) {
+        if no_panic("add_counter", || Ok(store.add_named(name, n)))? {
             Ok(())
         } else {
             Err(PyValueError::new_err(format!(
