@@ -119,6 +119,21 @@ def split_urls(raw: str) -> list[str]:
     return [u.strip() for u in raw.split(",") if u.strip()]
 
 
+def redact_chain(raw: str) -> str:
+    """A comma-separated chain, each URL redacted."""
+    return ",".join(redact(u) for u in split_urls(raw))
+
+
+def check_chain(raw: object, name: str) -> None:
+    """What is wrong with a chain before any tier is opened: not a string, or no URL in it
+    (``TypeError`` / ``ValueError`` naming ``name``). A URL no tier can use is not an error
+    here: that tier is dropped with a warning when the chain is opened, the rest goes on."""
+    if not isinstance(raw, str):
+        raise TypeError(f"{name} must be a string of comma-separated URLs")
+    if not split_urls(raw):
+        raise ValueError(f"invalid {name} {raw!r}: no URL in it")
+
+
 def _setting(settings: Any, name: str, var: str, environ: Mapping[str, str]) -> Any:
     value = getattr(settings, name, None)
     if value is None:
@@ -233,6 +248,11 @@ class Chain:
 
     def __len__(self) -> int:
         return len(self._slots)
+
+    def __bool__(self) -> bool:
+        # A chain whose tiers were all dropped is still the store's tier (``if store.remote``
+        # must not read it as no tier).
+        return True
 
     @property
     def tiers(self) -> list[Tier]:
