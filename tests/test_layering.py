@@ -17,8 +17,10 @@ LEVELS = {
     "_core": 0,
     "sizes": 0,
     "config": 0,
-    # Leaves the store and the tools use: the remote tier, bundles, metrics.
+    # Leaves the store and the tools use: the remote tiers, bundles, metrics.
     "remote": 1,
+    "chain": 1,
+    "objstore": 1,
     "bundle": 1,
     "metrics": 1,
     "store": 2,

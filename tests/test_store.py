@@ -549,14 +549,27 @@ def test_a_tierless_store_serves_gets_from_the_binding(cache_dir: Path) -> None:
         assert store._tier_url is None
 
 
-def test_a_bad_remote_url_names_its_source(
+def test_a_remote_value_naming_no_url_names_its_source(
     cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(ValueError, match="remote"):
-        Store(cache_dir, remote="http://example/")
-    monkeypatch.setenv("XLA_PCACHE_REMOTE", "memcached://host")
+        Store(cache_dir, remote=" , ")
+    monkeypatch.setenv("XLA_PCACHE_REMOTE", ",")
     with pytest.raises(ValueError, match="XLA_PCACHE_REMOTE"):
         Store(cache_dir)
+
+
+def test_an_unusable_remote_url_leaves_the_local_cache_working(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One bad tier must not turn the cache off: it is dropped with one warning naming it.
+    monkeypatch.setenv("XLA_PCACHE_REMOTE", "memcached://host")
+    with caplog.at_level("WARNING", logger="xla_pcache"), Store(cache_dir) as store:
+        assert store.put("k", b"v")
+        assert store.get("k") is not None
+        assert store.get("absent") is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "memcached://host" in warnings[0], warnings
 
 
 def test_settings_argument_replaces_the_environment(

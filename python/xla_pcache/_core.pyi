@@ -268,6 +268,10 @@ class Store:
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and
         bytes may lag by that cache's time too)."""
+    def add_counter(self, name: str, n: int) -> None:
+        """Add ``n`` to a counter kept for callers outside the core (the remote tiers'
+        ``remote_*``), summed across processes by ``stats``; ``ValueError`` for any other
+        name."""
     def process_stats(self) -> dict[str, int]:
         """This process's own counters for this store handle (the names ``stats`` sums
         across processes), without reading any journal."""

@@ -12,6 +12,12 @@ compile themselves). A waiter therefore never waits for a program that will not 
 for longer than its compile takes. A ``get`` outside that call (or on another thread than
 the one compiling) never claims nor waits.
 
+When the store's remote chain has a writable object-store tier, a fleet whose hosts share
+only the bucket gets single flight across hosts too: the process holding the local claim
+(one per host) then claims the key on the bucket (``xla_pcache.objstore.ObjectClaims``), or
+waits there for another host's compile and fetches its entry, which the local waiters then
+find published.
+
 This module imports nothing from JAX; ``xla_pcache.jax`` hands it the module to wrap.
 """
 
@@ -21,9 +27,9 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from xla_pcache._core import Blob, Claim
+from xla_pcache._core import Blob, Claim, entry_name
 from xla_pcache.store import Store
 
 logger = logging.getLogger(__name__)
@@ -34,13 +40,39 @@ _TARGET = "compile_or_get_cached"
 _local = threading.local()
 
 
+class _Releasable(Protocol):
+    def release(self) -> None: ...
+
+
+class _Both:
+    """A local claim and the bucket's claim on the same key, released together (the
+    bucket's after the entry's upload, which was queued first)."""
+
+    def __init__(self, local: Claim, remote: _Releasable) -> None:
+        self.local = local
+        self.remote = remote
+
+    def release(self) -> None:
+        try:
+            self.local.release()
+        finally:
+            self.remote.release()
+
+
+def _bucket_claims(store: Store) -> Any:
+    """The object-store claims of the store's remote chain, or None."""
+    chain = getattr(store, "remote", None)
+    claims = getattr(chain, "claims", None)
+    return claims() if callable(claims) else None
+
+
 class _Scope:
     """The claims taken during one ``compile_or_get_cached`` call, by key."""
 
     __slots__ = ("claims",)
 
     def __init__(self) -> None:
-        self.claims: dict[str, Claim] = {}
+        self.claims: dict[str, _Releasable] = {}
 
     def release(self) -> None:
         for key, claim in self.claims.items():
@@ -132,6 +164,10 @@ class SingleFlight:
             )
             return None
         state = claim.state
+        bucket = _bucket_claims(store) if state in ("claimed", "unclaimed") else None
+        if bucket is not None:
+            fetched: Blob | None = self._across_hosts(bucket, store, key, claim, scope)
+            return fetched
         if state == "claimed":
             scope.claims[key] = claim
             return None
@@ -145,4 +181,27 @@ class SingleFlight:
                 claim.waited,
                 key,
             )
+        return None
+
+    def _across_hosts(
+        self, bucket: Any, store: Store, key: str, claim: Claim, scope: _Scope
+    ) -> Any:
+        """This host's turn: claim ``key`` on the bucket, or wait for the host compiling it."""
+        held = claim.state == "claimed"
+        if held:
+            scope.claims[key] = claim  # released with the scope whatever happens below
+        try:
+            remote = bucket.claim(
+                entry_name(key), self._wait, store.settings.claim_lease, may_claim=held
+            )
+        except Exception as exc:
+            logger.warning("xla_pcache: compile claim on the bucket failed: %s", exc)
+            return None
+        if remote.state == "claimed":
+            scope.claims[key] = _Both(claim, remote)
+            return None
+        if remote.state == "published":
+            logger.debug("xla_pcache: %r was compiled by another host meanwhile", key)
+            blob: Blob | None = store.get(key)
+            return blob
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -238,6 +239,10 @@ def _stat_text(name: str, value: object) -> str:
     return str(value)
 
 
+# This process's per-tier counters of the remote chain (``tier2_hits``).
+_TIER_COUNTER = re.compile(r"tier\d+_")
+
+
 class StatsFormat(StrEnum):
     table = "table"
     json = "json"
@@ -287,6 +292,8 @@ def stats(
         table.add_row(label, text)
         shown.add(name)
     for name in sorted(report.keys() - shown):
+        if (name.startswith("remote_") or _TIER_COUNTER.match(name)) and not report[name]:
+            continue  # no rows of zeros for remote tiers that did nothing (or are not set)
         table.add_row(name.replace("_", " "), _stat_text(name, report[name]))
     _console().print(table)
 

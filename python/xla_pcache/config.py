@@ -194,9 +194,11 @@ VARIABLES: tuple[Variable, ...] = (
         "remote",
         "url",
         "unset",
-        "A Redis remote tier behind the directory, for every `Store` built from the "
-        "environment (adapters included): `redis://[:password@]host:port/db` or `rediss://` "
-        '(TLS). Needs `pip install "xla-pcache[redis]"`. See docs/remote.md.',
+        "Remote tiers behind the directory, for every `Store` built from the environment "
+        "(adapters included): a comma-separated chain tried in order, of "
+        "`redis://[:password@]host:port/db` (or `rediss://`), `s3://bucket/prefix`, "
+        "`gs://bucket/prefix`, `az://container/prefix`; `?ro=1` makes a tier read-only. "
+        'Needs `pip install "xla-pcache[redis]"` / `"xla-pcache[objstore]"`. See docs/remote.md.',
     ),
     Variable(
         REMOTE_TIMEOUT_VAR,
@@ -210,9 +212,10 @@ VARIABLES: tuple[Variable, ...] = (
         REMOTE_MAX_BYTES_VAR,
         "remote_max_bytes",
         "size",
-        "512M",
-        "Entries larger than this are not written to the remote (counted "
-        "`remote_too_large`); match the server's `proto-max-bulk-len`. Bytes or `K/M/G/T`.",
+        "512M (Redis), 5G (object stores)",
+        "Entries larger than this are not written to a remote tier (counted "
+        "`remote_too_large`); for Redis, match the server's `proto-max-bulk-len`. Bytes or "
+        "`K/M/G/T`.",
     ),
     Variable(
         XDG_CACHE_HOME_VAR,
@@ -345,7 +348,8 @@ class Settings:
     torch_xla_local_dir: str | None = None
     remote: str | None = None
     remote_timeout: float = DEFAULT_REMOTE_TIMEOUT_S
-    remote_max_bytes: int = DEFAULT_REMOTE_MAX_BYTES
+    # None: each kind of tier's own largest value (DEFAULT_REMOTE_MAX_BYTES for Redis).
+    remote_max_bytes: int | None = None
     xdg_cache_home: str | None = None
 
     @classmethod

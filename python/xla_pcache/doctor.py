@@ -290,9 +290,9 @@ def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
         config["max_size"] = settings.max_size
         config["memory_capacity"] = settings.memory_capacity
         if settings.remote is not None:
-            from xla_pcache.remote import redact
+            from xla_pcache.chain import redact_chain
 
-            config["remote"] = redact(settings.remote)
+            config["remote"] = redact_chain(settings.remote)
     return config, problems
 
 
@@ -317,7 +317,14 @@ def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]
         )
     except Exception as exc:
         info["stats_error"] = f"{type(exc).__name__}: {exc}"
-    return store, info, []
+    problems: list[str] = []
+    chain = getattr(store, "remote", None)
+    if chain is not None:
+        # The chain as XLA_PCACHE_REMOTE set it, redacted (no user, password or option
+        # value but the read-only flag); the tiers that could not be used are problems.
+        info["remote"] = chain.describe()
+        problems += [f"remote tier {url} is not used (see the warning)" for url in chain.dropped]
+    return store, info, problems
 
 
 def _activation() -> dict[str, str]:
@@ -421,6 +428,11 @@ def _render(console: Console, report: dict[str, Any]) -> None:
             f"({'mmap' if cache['mmap_reads'] else 'pread'} reads), "
             f"{cache.get('entries')} entries, "
             f"{format_size(size) if isinstance(size, int) else _e(size)}"
+        )
+    for tier in cache.get("remote", []):
+        console.print(
+            f"  remote tier {tier['tier']}: {_e(tier['url'])}"
+            + (" (read-only)" if tier["read_only"] else "")
         )
     for name, state in report.get("activation", {}).items():
         console.print(f"Zero-code activation for {_e(name)}: {_e(state)}")

@@ -4,7 +4,7 @@
 through ``prometheus_client`` (the ``metrics`` extra), for node_exporter's textfile
 collector (see docs/observability.md): counters aggregated across every process that used
 the cache, named ``xla_pcache_*_total``, with a ``tier`` label (``local``, the directory;
-``remote``, the Redis tier, whose counters are this process's only) and a ``cache`` label
+``remote``, the remote tiers summed, aggregated across processes too) and a ``cache`` label
 (the directory), so several caches on one host do not collide.
 
 ``log_exit_summary()`` is what the adapters register to run at exit: one INFO line with what
@@ -48,12 +48,16 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("unreadable", "unreadable_files", "Index files skipped: could not be read.", 1),
 )
 
-# The Redis tier's counters (xla_pcache.remote) under the local names where they match.
+# The remote tiers' counters (xla_pcache.chain) under the local names where they match.
 _REMOTE_COUNTERS: Mapping[str, str] = {
     "remote_hits": "hits",
     "remote_misses": "misses",
     "remote_puts": "puts",
+    "remote_put_exists": "puts_existing",
     "remote_rejected": "corrupt",
+    "remote_errors": "errors",
+    "remote_read_bytes": "read_bytes",
+    "remote_written_bytes": "written_bytes",
     "remote_too_large": "too_large",
 }
 

@@ -1,4 +1,6 @@
-"""A Redis remote tier: whole verified entry files, shared by caches without a common disk.
+"""The remote tiers' interface, and the Redis tier: whole verified entry files, shared by
+caches without a common disk (object stores: ``xla_pcache.objstore``; chains of tiers:
+``xla_pcache.chain``).
 
 What travels is the entry file (header, key, metadata, checksums, payload), so a value damaged
 or cut short in Redis fails verification on the way in and is a counted miss, never wrong bytes.
@@ -18,21 +20,27 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import logging
 import threading
 import time
 import urllib.parse
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from xla_pcache.chain import Chain
+
 log = logging.getLogger("xla_pcache")
 
 KEY_PREFIX = "xla_pcache:1:"
+# A tier URL's query options that make it read-only (the only option shown unredacted).
+RO_OPTIONS = ("ro", "read_only")
 
 
 class Tier(Protocol):
@@ -40,10 +48,12 @@ class Tier(Protocol):
     entry name; the store verifies what comes back. No method raises: a failure is a miss or
     a skipped write, logged and counted by the tier."""
 
-    def get(self, name: str) -> bytes | None:
+    url: str
+
+    def get(self, name: str) -> Buffer | None:
         """The entry file stored under ``name``, or None."""
 
-    def put_async(self, name: str, data: bytes) -> None:
+    def put_async(self, name: str, data: Buffer) -> None:
         """Write ``data`` under ``name`` in the background."""
 
     def count(self, counter: str, n: int = 1) -> None:
@@ -60,36 +70,43 @@ class Tier(Protocol):
 
 
 def check_url(url: str, name: str) -> None:
-    """Refuse, without connecting, a URL no tier can open (``ValueError`` naming ``name``),
-    or a tier whose client is not installed (``ImportError``)."""
-    scheme = urllib.parse.urlsplit(url.strip()).scheme
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(
-            f"invalid {name} {redact(url)!r}: expected redis://, rediss:// or unix:// URL"
-        )
-    if importlib.util.find_spec("redis") is None:
-        raise ImportError('the remote tier needs the redis client: pip install "xla-pcache[redis]"')
+    """Refuse, without connecting, a value that names no URL at all (``ValueError`` naming
+    ``name``). A URL no tier can use is not refused here: the chain drops that tier with one
+    warning when it opens, and the local directory and the other tiers go on."""
+    from xla_pcache.chain import check_chain
+
+    check_chain(url, name)
 
 
-def open_tier(url: str, settings: Settings) -> Tier:
-    """The tier ``url`` names, configured from ``settings`` (timeout, largest value)."""
-    return RemoteTier(
-        url, timeout=settings.remote_timeout, max_value_bytes=settings.remote_max_bytes
-    )
+def open_tier(url: str, settings: Settings, *, read_only: bool = False) -> Chain:
+    """The tiers ``url`` names (a comma-separated chain, see ``xla_pcache.chain``), configured
+    from ``settings`` (timeout, largest value), behind the one-tier interface above."""
+    from xla_pcache.chain import open_chain
+
+    return open_chain(url, settings, read_only=read_only)
 
 
 def redact(url: str) -> str:
-    """The URL without its password (and user name), safe for logs, stats and doctor."""
+    """``url`` safe for logs, stats and doctor: no user name, password or query value but
+    the read-only flag."""
     try:
-        parts = urllib.parse.urlsplit(url)
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
     except ValueError:
         return "<unparseable remote URL>"
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, f"***@{host}", parts.path, "", ""))
+    netloc = parts.hostname or ""
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = f"***@{netloc}"
+    query = urllib.parse.urlencode(
+        [
+            (k, v if k in RO_OPTIONS else "***")
+            for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ],
+        safe="*",
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 class RemoteTier:
@@ -167,20 +184,23 @@ class RemoteTier:
             return None
         return bytes(value)
 
-    def put_async(self, name: str, data: bytes) -> None:
+    def put_async(self, name: str, data: Buffer) -> None:
         """Writes ``data`` in the background; too-large values are skipped and counted."""
-        if len(data) > self.max_value_bytes:
+        size = memoryview(data).nbytes
+        if size > self.max_value_bytes:
             self.count("remote_too_large")
             if "too_large" not in self._warned:
                 self._warned.add("too_large")
                 log.warning(
                     "xla_pcache: not writing a %d-byte entry to the remote cache (limit %d bytes)",
-                    len(data),
+                    size,
                     self.max_value_bytes,
                 )
             return
+        # The Redis client takes bytes only.
+        value = data if isinstance(data, bytes) else bytes(data)
         try:
-            self._writer.submit(self._put, name, data)
+            self._writer.submit(self._put, name, value)
         except RuntimeError:  # shut down at exit
             self.count("remote_put_skipped")
 
@@ -194,6 +214,7 @@ class RemoteTier:
             self._fail("put", e)
             return
         self.count("remote_puts")
+        self.count("remote_written_bytes", len(data))
 
     def flush(self) -> None:
         """Waits for the writes queued so far (each bounded by the timeout)."""

@@ -15,7 +15,7 @@ from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from xla_pcache.bundle import ImportReport
-    from xla_pcache.remote import Tier
+    from xla_pcache.chain import Chain
 
 log = logging.getLogger("xla_pcache")
 
@@ -37,7 +37,7 @@ class Store(_core.Store):
 
     _settings: Settings
     _tier_url: str | None
-    _tier: Tier | None
+    _tier: Chain | None
     _tier_failed: bool
     _tier_lock: threading.Lock
 
@@ -104,24 +104,28 @@ class Store(_core.Store):
         return self._settings
 
     @property
-    def remote(self) -> Tier | None:
+    def remote(self) -> Chain | None:
         """The tier behind the directory (opened now if it was not yet), or None."""
         return self._open_tier()
 
-    def _open_tier(self) -> Tier | None:
+    def _open_tier(self) -> Chain | None:
         if self._tier is not None or self._tier_url is None or self._tier_failed:
             return self._tier
         with self._tier_lock:
             if self._tier is None and not self._tier_failed:
-                from xla_pcache.remote import open_tier, redact
+                from xla_pcache.chain import redact_chain
+                from xla_pcache.remote import open_tier
 
                 try:
-                    self._tier = open_tier(self._tier_url, self._settings)
+                    tier = open_tier(self._tier_url, self._settings, read_only=self.read_only)
+                    # Its counters also go to this store's journal, summed across processes.
+                    tier.persist_counters(self)
+                    self._tier = tier
                 except Exception as e:  # never the caller's: the local cache still works
                     self._tier_failed = True
                     log.warning(
                         "xla_pcache: cannot open the remote cache %s (%s: %s); local cache only",
-                        redact(self._tier_url),
+                        redact_chain(self._tier_url),
                         type(e).__name__,
                         e,
                     )
@@ -157,12 +161,21 @@ class Store(_core.Store):
         redacted) and, once it was used, its counters (``remote_hits``, ...)."""
         out = super().stats()
         if self._tier_url is not None:
+            from xla_pcache.chain import redact_chain, split_urls
             from xla_pcache.remote import redact
 
             extra = cast(dict[str, Any], out)
             if self._tier is not None:
-                extra.update(self._tier.stats())
-            extra["remote"] = redact(self._tier_url)
+                # The totals the store keeps across processes win over this process's own.
+                for k, v in self._tier.stats().items():
+                    extra.setdefault(k, v)
+            else:
+                # Not opened (and not opened for this: no client just to report): the tiers
+                # as configured, by number, as the chain names them.
+                for i, url in enumerate(split_urls(self._tier_url), 1):
+                    extra[f"tier{i}"] = redact(url)
+            # Before the chain is opened, the tiers as configured; then the tiers in use.
+            extra.setdefault("remote", redact_chain(self._tier_url))
         return out
 
     def close(self) -> None:

@@ -199,6 +199,6 @@ def test_the_tier_comes_from_the_environment(
         a.put("k", b"v")
         assert a.remote is not None
         a.remote.flush()
-        assert getattr(a.remote, "max_value_bytes", None) == 512 << 20
+        assert getattr(a.remote.tiers[0], "max_value_bytes", None) == 512 << 20
     with Store(tmp_path / "b") as b:
         assert b.get("k") is not None

@@ -46,9 +46,46 @@ pub enum Counter {
     /// snapshots carry their counter count, so older records read as 0 here and older
     /// readers ignore it.
     CompileSavedMs,
+    /// The remote tiers (Redis, object stores) behind the store, summed over the tiers:
+    /// counted by the Python chain through `Store::add_named`, kept here so that they are
+    /// aggregated across processes like the rest. Appended last, as `CompileSavedMs` was.
+    RemoteHits,
+    RemoteMisses,
+    RemoteRejected,
+    RemoteErrors,
+    RemotePuts,
+    RemotePutExists,
+    RemoteReadBytes,
+    RemoteWrittenBytes,
+    RemoteGetMs,
+    RemoteBackfills,
 }
 
-pub const COUNTER_NAMES: [&str; 21] = [
+/// The first counter callers outside the core may add to by name (`Store::add_named`);
+/// every counter from it on is theirs.
+const FIRST_NAMED: usize = Counter::RemoteHits as usize;
+
+/// The counter named `name`, if it is one callers outside the core may add to.
+pub fn named(name: &str) -> Option<Counter> {
+    const NAMED: [Counter; N_COUNTERS - FIRST_NAMED] = [
+        Counter::RemoteHits,
+        Counter::RemoteMisses,
+        Counter::RemoteRejected,
+        Counter::RemoteErrors,
+        Counter::RemotePuts,
+        Counter::RemotePutExists,
+        Counter::RemoteReadBytes,
+        Counter::RemoteWrittenBytes,
+        Counter::RemoteGetMs,
+        Counter::RemoteBackfills,
+    ];
+    COUNTER_NAMES[FIRST_NAMED..]
+        .iter()
+        .position(|n| *n == name)
+        .map(|i| NAMED[i])
+}
+
+pub const COUNTER_NAMES: [&str; 31] = [
     "hits",
     "misses",
     "puts",
@@ -70,6 +107,16 @@ pub const COUNTER_NAMES: [&str; 21] = [
     "unsafe_paths",
     "unreadable",
     "compile_saved_ms",
+    "remote_hits",
+    "remote_misses",
+    "remote_rejected",
+    "remote_errors",
+    "remote_puts",
+    "remote_put_exists",
+    "remote_read_bytes",
+    "remote_written_bytes",
+    "remote_get_ms",
+    "remote_backfills",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -140,6 +187,20 @@ mod tests {
             ("framework".into(), "jax".into()),
             (COMPILE_TIME_META.into(), v.into()),
         ]
+    }
+
+    #[test]
+    fn named_counters_are_the_appended_ones() {
+        assert_eq!(named("remote_hits"), Some(Counter::RemoteHits));
+        assert_eq!(named("remote_backfills"), Some(Counter::RemoteBackfills));
+        for (i, name) in COUNTER_NAMES.iter().enumerate() {
+            assert_eq!(
+                named(name).map(|c| c as usize),
+                (i >= FIRST_NAMED).then_some(i)
+            );
+        }
+        assert_eq!(named("hits"), None);
+        assert_eq!(named("nonsense"), None);
     }
 
     #[test]

@@ -585,6 +585,19 @@ impl PyStore {
         Ok(d)
     }
 
+    /// Adds `n` to a counter kept for callers outside the core (the remote tiers'
+    /// `remote_*` counters), aggregated across processes by `stats` like the rest.
+    fn add_counter(&self, name: &str, n: u64) -> PyResult<()> {
+        let store = self.store()?;
+        if no_panic("add_counter", || Ok(store.add_named(name, n)))? {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err(format!(
+                "invalid name {name:?}: not a counter callers may add to"
+            )))
+        }
+    }
+
     /// This process's own counters (no journal is read): what it did with this store.
     fn process_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;

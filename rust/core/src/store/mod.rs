@@ -442,6 +442,18 @@ impl Store {
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
+    /// Adds `n` to the counter `name` if it is one that callers outside the core keep
+    /// (the remote tiers' `remote_*`); false for any other name. Written to the journal
+    /// with the rest, so `stats` sums it across processes.
+    pub fn add_named(&self, name: &str, n: u64) -> bool {
+        match crate::stats::named(name) {
+            Some(c) => {
+                self.counters.add(c, n);
+                true
+            }
+            None => false,
+        }
+    }
 
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave State inconsistent in a way that

@@ -1,0 +1,411 @@
+"""Remote tiers chained behind the local directory, tried in order, as sccache chains them.
+
+``XLA_PCACHE_REMOTE`` (or ``Store(..., remote=...)``) is a comma-separated list of URLs:
+``redis://`` / ``rediss://`` (a Redis server), ``s3://bucket/prefix``, ``gs://bucket/prefix``,
+``az://container/prefix`` (object stores). ``?ro=1`` (or ``?read_only=1``) after a URL makes
+that tier read-only: read, never written, never backfilled.
+
+- **get**: each tier in order; the first that has the entry answers. Once the store has
+  verified it (it then says ``count("remote_hits")``), the entry is backfilled in the
+  background into every writable tier before the one that answered.
+- **put**: written through to every writable tier, each in its own background thread.
+- A URL that cannot be used (unknown scheme, missing client package, bad option) drops that
+  tier with one warning; the others and the local directory go on.
+
+Counters are kept per tier (``tier<N>_<counter>``, ``tier<N>`` naming the tier, 1 being the
+first remote tier) and summed over the tiers under the ``remote_*`` names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import urllib.parse
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
+from xla_pcache.remote import RO_OPTIONS, RemoteTier, Tier, redact
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from xla_pcache.objstore import ObjectClaims
+
+log = logging.getLogger("xla_pcache")
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+# An object store takes a single PUT of up to 5 GiB (Redis: config.DEFAULT_REMOTE_MAX_BYTES).
+DEFAULT_OBJECT_MAX_VALUE = 5 << 30
+# Tier counters -> the store's counters that keep them across processes.
+_PERSISTED = {
+    "remote_hits": "remote_hits",
+    "remote_misses": "remote_misses",
+    "remote_rejected": "remote_rejected",
+    "remote_get_errors": "remote_errors",
+    "remote_put_errors": "remote_errors",
+    "remote_claim_errors": "remote_errors",
+    "remote_puts": "remote_puts",
+    "remote_put_exists": "remote_put_exists",
+    "remote_read_bytes": "remote_read_bytes",
+    "remote_written_bytes": "remote_written_bytes",
+    "remote_get_ms": "remote_get_ms",
+    "remote_backfills": "remote_backfills",
+}
+# Counters a tier keeps that are failures of any kind.
+_ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
+
+
+def _split_read_only(url: str) -> tuple[str, bool]:
+    """The URL without ``ro`` / ``read_only`` in its query, and whether it asked for it."""
+    from xla_pcache.config import parse_bool
+
+    parts = urllib.parse.urlsplit(url)
+    read_only = False
+    rest = []
+    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if k in RO_OPTIONS:
+            read_only = parse_bool(v or "1", k)
+        else:
+            rest.append((k, v))
+    query = urllib.parse.urlencode(rest)
+    return urllib.parse.urlunsplit(parts._replace(query=query)), read_only
+
+
+def split_urls(raw: str) -> list[str]:
+    return [u.strip() for u in raw.split(",") if u.strip()]
+
+
+def redact_chain(raw: str) -> str:
+    """A comma-separated chain, each URL redacted."""
+    return ",".join(redact(u) for u in split_urls(raw))
+
+
+def check_chain(raw: object, name: str) -> None:
+    """What is wrong with a chain before any tier is opened: not a string, or no URL in it
+    (``TypeError`` / ``ValueError`` naming ``name``). A URL no tier can use is not an error
+    here: that tier is dropped with a warning when the chain is opened, the rest goes on."""
+    if not isinstance(raw, str):
+        raise TypeError(f"{name} must be a string of comma-separated URLs")
+    if not split_urls(raw):
+        raise ValueError(f"invalid {name} {raw!r}: no URL in it")
+
+
+class _RedisReadOnly:
+    """A Redis tier marked ``?ro=1``: read, never written."""
+
+    def __init__(self, tier: Any) -> None:
+        self._tier = tier
+        self.url = tier.url
+
+    def get(self, name: str) -> Any:
+        return self._tier.get(name)
+
+    def put_async(self, name: str, data: Buffer) -> None:
+        return None
+
+    def count(self, counter: str, n: int = 1) -> None:
+        self._tier.count(counter, n)
+
+    def stats(self) -> dict[str, int | str]:
+        out: dict[str, int | str] = self._tier.stats()
+        return out
+
+    def flush(self) -> None:
+        self._tier.flush()
+
+    def close(self) -> None:
+        self._tier.close()
+
+
+class _Slot:
+    """One tier of the chain and the counters the chain keeps for it."""
+
+    def __init__(self, tier: Tier, read_only: bool) -> None:
+        self.tier = tier
+        self.read_only = read_only
+        self.lock = threading.Lock()
+        self.hits = 0
+        self.rejected = 0
+        # The tier's own counters already handed to the store.
+        self.synced: dict[str, int] = {}
+        self.read_bytes = 0
+        self.get_ms = 0.0
+        self.backfills = 0
+
+
+class Chain:
+    """The remote tiers in order, behind the interface the store uses for one tier:
+    ``get``, ``put_async``, ``count``, ``stats``, ``close`` (and ``flush``)."""
+
+    def __init__(
+        self, slots: list[_Slot], *, read_only: bool = False, dropped: list[str] | None = None
+    ) -> None:
+        self._slots = slots
+        self.read_only = read_only
+        self.dropped = dropped or []
+        self._last = threading.local()
+        self.url = ",".join(s.tier.url + ("?ro=1" if s.read_only else "") for s in slots)
+        self._sink: Callable[[], Any] | None = None
+        self._sync_lock = threading.Lock()
+
+    def persist_counters(self, store: Any) -> None:
+        """Also count into ``store`` (``Store.add_counter``: its ``remote_*`` counters,
+        written to its journal and summed across processes by ``stats``). Held weakly."""
+        self._sink = weakref.ref(store)
+
+    def _store(self) -> Any:
+        return self._sink() if self._sink is not None else None
+
+    def _writes(self) -> bool:
+        """Whether this chain may write (backfill): not for a read-only store."""
+        store = self._store()
+        return not (self.read_only or bool(getattr(store, "read_only", False)))
+
+    def sync_counters(self) -> None:
+        """Hands the store what the tiers counted since the last call (their own counters
+        are cumulative: the difference is added)."""
+        if self._store() is None:
+            return
+        with self._sync_lock:
+            for slot in self._slots:
+                raw = slot.tier.stats()
+                for name, value in raw.items():
+                    if name not in _PERSISTED or not isinstance(value, int):
+                        continue
+                    delta = value - slot.synced.get(name, 0)
+                    if delta > 0:
+                        slot.synced[name] = value
+                        self._persist(name, delta)
+
+    def _persist(self, counter: str, n: int) -> None:
+        name = _PERSISTED.get(counter)
+        store = self._sink() if self._sink is not None else None
+        if name is None or store is None or n <= 0:
+            return
+        try:
+            store.add_counter(name, n)
+        except Exception as e:  # a closed store: the counts of this process stop there
+            log.debug("xla_pcache: remote counter %s not kept: %s", name, e)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __bool__(self) -> bool:
+        # A chain whose tiers were all dropped is still the store's tier (``if store.remote``
+        # must not read it as no tier).
+        return True
+
+    @property
+    def tiers(self) -> list[Tier]:
+        return [s.tier for s in self._slots]
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each tier, redacted, for doctor and stats."""
+        return [
+            {"tier": i + 1, "url": s.tier.url, "read_only": s.read_only or self.read_only}
+            for i, s in enumerate(self._slots)
+        ]
+
+    def get(self, name: str) -> Any:
+        """The first tier's value for ``name`` (not yet verified: the store verifies it and
+        says ``count("remote_hits")`` or ``count("remote_rejected")``)."""
+        self._last.hit = None
+        for i, slot in enumerate(self._slots):
+            t = time.perf_counter()
+            data = slot.tier.get(name)
+            ms = (time.perf_counter() - t) * 1000
+            with slot.lock:
+                slot.get_ms += ms
+            self._persist("remote_get_ms", round(ms))
+            self.sync_counters()
+            if data is not None:
+                size = len(memoryview(data))
+                with slot.lock:
+                    slot.read_bytes += size
+                self._persist("remote_read_bytes", size)
+                self._last.hit = (i, name, data)
+                return data
+        return None
+
+    def count(self, counter: str, n: int = 1) -> None:
+        last = getattr(self._last, "hit", None)
+        self._last.hit = None
+        if counter in ("remote_hits", "remote_rejected") and last is not None:
+            i, name, data = last
+            slot = self._slots[i]
+            with slot.lock:
+                if counter == "remote_hits":
+                    slot.hits += n
+                else:
+                    slot.rejected += n
+            self._persist(counter, n)
+            if counter == "remote_hits" and self._writes():
+                self._backfill(i, name, data)
+            return
+        if self._slots:
+            self._slots[0].tier.count(counter, n)
+
+    def _backfill(self, k: int, name: str, data: Buffer) -> None:
+        # The faster tiers before the one that answered get the verified entry.
+        for slot in self._slots[:k]:
+            if not slot.read_only:
+                slot.tier.put_async(name, data)
+                with slot.lock:
+                    slot.backfills += 1
+                self._persist("remote_backfills", 1)
+
+    def put_async(self, name: str, data: Buffer) -> None:
+        if not self._writes():
+            return
+        for slot in self._slots:
+            if not slot.read_only:
+                slot.tier.put_async(name, data)
+
+    def flush(self) -> None:
+        for slot in self._slots:
+            slot.tier.flush()
+        self.sync_counters()
+
+    def close(self) -> None:
+        for slot in self._slots:
+            try:
+                slot.tier.close()
+            except Exception as e:  # closing at exit must not raise into the program
+                log.debug("xla_pcache: closing remote tier %s: %s", slot.tier.url, e)
+        self.sync_counters()
+
+    def claims(self) -> ObjectClaims | None:
+        """The compile claims of the first writable object-store tier, if any."""
+        from xla_pcache.objstore import ObjectTier
+
+        for slot in self._slots:
+            tier = slot.tier
+            if isinstance(tier, ObjectTier) and not slot.read_only:
+                return tier.claims
+        return None
+
+    def tier_stats(self) -> list[dict[str, int | float | str]]:
+        out: list[dict[str, int | float | str]] = []
+        for i, slot in enumerate(self._slots):
+            raw = slot.tier.stats()
+            with slot.lock:
+                row: dict[str, int | float | str] = {
+                    "tier": i + 1,
+                    "url": str(raw.get("remote", slot.tier.url)),
+                    "hits": slot.hits,
+                    "misses": int(raw.get("remote_misses", 0)),
+                    "rejected": slot.rejected,
+                    "errors": sum(int(raw.get(c, 0)) for c in _ERROR_COUNTERS),
+                    "skipped": int(raw.get("remote_skipped", 0))
+                    + int(raw.get("remote_put_skipped", 0)),
+                    "puts": int(raw.get("remote_puts", 0)),
+                    "put_exists": int(raw.get("remote_put_exists", 0)),
+                    "backfills": slot.backfills,
+                    "read_bytes": slot.read_bytes,
+                    "written_bytes": int(raw.get("remote_written_bytes", 0)),
+                    "get_ms": round(slot.get_ms, 1),
+                }
+            for k, v in raw.items():
+                if k.startswith("remote_claim") and isinstance(v, int):
+                    row[k.removeprefix("remote_")] = v
+            out.append(row)
+        return out
+
+    def stats(self) -> dict[str, int | float | str]:
+        """Per tier (``tier<N>``, ``tier<N>_<counter>``) and summed over the tiers: each
+        tier's own ``remote_*`` counters, and the chain's (hits, rejected, backfills,
+        bytes and time read)."""
+        self.sync_counters()
+        out: dict[str, int | float | str] = {}
+        totals: dict[str, int | float] = {}
+        for slot in self._slots:
+            raw: dict[str, int | str] = slot.tier.stats()
+            for name, value in raw.items():
+                if isinstance(value, int) and name.startswith("remote_"):
+                    totals[name] = totals.get(name, 0) + value
+        for row in self.tier_stats():
+            i = row["tier"]
+            out[f"tier{i}"] = row["url"]
+            for k, v in row.items():
+                if k in ("tier", "url") or isinstance(v, str):
+                    continue
+                out[f"tier{i}_{k}"] = v
+                if k in ("hits", "rejected", "backfills", "read_bytes", "get_ms"):
+                    totals[f"remote_{k}"] = totals.get(f"remote_{k}", 0) + v
+        for name, total in totals.items():
+            out[name] = round(total, 1) if isinstance(total, float) else total
+        out["remote"] = self.url
+        if self.dropped:
+            out["remote_dropped"] = ",".join(self.dropped)
+        return out
+
+
+def open_chain(
+    raw: str,
+    settings: Settings | None = None,
+    *,
+    read_only: bool | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Chain:
+    """The chain for a comma-separated URL list. A URL that cannot be used is dropped with
+    one warning naming it (redacted) and why; a malformed timeout or size is a ValueError
+    naming its variable, as for every other setting."""
+    cfg = Settings.from_env(environ) if settings is None else settings
+    if read_only is None:
+        read_only = cfg.read_only
+    timeout = cfg.remote_timeout
+    cap = cfg.remote_max_bytes
+    slots: list[_Slot] = []
+    dropped: list[str] = []
+    for url in split_urls(raw):
+        shown = redact(url)
+        try:
+            slots.append(_open_one(url, shown, timeout, cap, environ))
+        except Exception as e:
+            from xla_pcache.objstore import scrub
+
+            dropped.append(shown)
+            log.warning(
+                "xla_pcache: remote cache %s is not used (%s: %s); the other tiers and the "
+                "local cache go on",
+                shown,
+                type(e).__name__,
+                scrub(str(e), environ),
+            )
+    return Chain(slots, read_only=read_only, dropped=dropped)
+
+
+def _open_one(
+    url: str,
+    shown: str,
+    timeout: float,
+    cap: int | None,
+    environ: Mapping[str, str],
+) -> _Slot:
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme in REDIS_SCHEMES:
+        bare, ro = _split_read_only(url)
+        tier: Tier = RemoteTier(
+            bare, timeout=timeout, max_value_bytes=cap or DEFAULT_REMOTE_MAX_BYTES
+        )
+        tier.url = shown.split("?")[0]
+        return _Slot(_RedisReadOnly(tier) if ro else tier, ro)
+    from xla_pcache.objstore import OBJECT_SCHEMES, ObjectTier, parse_object_url
+
+    if scheme not in OBJECT_SCHEMES:
+        known = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES[:2], *OBJECT_SCHEMES))
+        raise ValueError(f"unknown scheme {scheme + '://' if scheme else '(none)'}: use {known}")
+    bare, ro = parse_object_url(url)
+    obj = ObjectTier(
+        bare,
+        display_url=bare,
+        read_only=ro,
+        timeout=timeout,
+        max_value_bytes=cap or DEFAULT_OBJECT_MAX_VALUE,
+        environ=environ,
+    )
+    return _Slot(obj, ro)

@@ -1,0 +1,573 @@
+"""An object-store tier (S3, GCS, Azure Blob) through ``obstore``, the Python binding of the
+Rust ``object_store`` crate: one client and one API for the three clouds, each configured
+from its own standard environment variables (``AWS_*``, ``GOOGLE_*``, ``AZURE_STORAGE_*``).
+
+The guarantees are the directory's:
+
+- what travels is the whole entry file, verified by the store on the way in (a damaged or
+  truncated object is a counted miss, never wrong bytes);
+- publish is a conditional create (``If-None-Match: *``): the first writer wins on the
+  bucket, a later one is counted ``remote_put_exists``;
+- every failure (unknown bucket, wrong credentials, a server down, slow or killed
+  mid-transfer) is a miss or a skipped write within the timeout, logged once per kind and
+  counted, after which the tier is left alone for ``retry_after`` seconds.
+
+Objects over ``RANGE_CHUNK`` bytes are fetched with ranged reads in parallel: one stream to
+a cloud store is limited to some 100 MB/s, several are not.
+
+Compile claims for fleets that share only the bucket live here as well (``ObjectClaims``):
+a claim is an object created with ``If-None-Match: *`` and heartbeated by an overwrite
+conditional on its ETag.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+log = logging.getLogger("xla_pcache")
+
+OBJECT_SCHEMES = ("s3", "gs", "az")
+# Where entries and claims live below the URL's prefix; the digit is the entry format.
+ENTRY_DIR = "xla_pcache-1/entries"
+CLAIM_DIR = "xla_pcache-1/claims"
+# The first request asks for this many bytes (the whole of most entries, and the object's
+# size); the rest of a larger object is fetched in ranged pieces of RANGE_PIECE, in parallel.
+# Pieces of 16 MiB: smaller ones cost more than they gain on a fast link (8 MiB pieces took
+# a 64 MiB get on loopback from 1.7 to 2.3 times a plain GET), larger ones leave a
+# 100 MB/s-per-stream cloud link idle.
+RANGE_CHUNK = 8 << 20
+RANGE_PIECE = 16 << 20
+RANGE_THREADS = 8
+# Writes run in the background; a large PUT is given at least this long.
+PUT_TIMEOUT_S = 60.0
+# Variables whose values are secrets: scrubbed from every message this module logs.
+_SECRET_VARS = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_STORAGE_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+)
+_ENDPOINT_VARS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT",
+    "AZURE_STORAGE_ENDPOINT",
+    "AZURE_ENDPOINT",
+    "GOOGLE_ENDPOINT",
+)
+
+
+def scrub(text: str, environ: Mapping[str, str] = os.environ) -> str:
+    """``text`` (an exception message) without any secret the environment holds, one line."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    for var in _SECRET_VARS:
+        value = environ.get(var, "")
+        if len(value) >= 4:
+            line = line.replace(value, "***")
+    return line[:300]
+
+
+def _allow_http(environ: Mapping[str, str]) -> bool:
+    # object_store refuses plain http unless told; an endpoint the user set to http:// (a
+    # test server, a store on a private network) is what they asked for.
+    return any(environ.get(v, "").strip().lower().startswith("http://") for v in _ENDPOINT_VARS)
+
+
+def _classify(e: BaseException) -> str:
+    """``missing``, ``exists``, ``precondition`` or ``error`` for an obstore exception."""
+    import obstore.exceptions as ox
+
+    if isinstance(e, FileNotFoundError | ox.NotFoundError):
+        return "missing"
+    if isinstance(e, ox.AlreadyExistsError):
+        return "exists"
+    if isinstance(e, ox.PreconditionError):
+        return "precondition"
+    return "error"
+
+
+# The process that first used obstore: its runtime's threads exist there only, so a process
+# forked from it cannot use obstore at all (a request there waits for ever).
+_obstore_pid: int | None = None
+
+
+def open_store(
+    url: str, *, timeout: float, environ: Mapping[str, str] = os.environ, for_writes: bool = False
+) -> Any:
+    """The obstore store for ``url`` (scheme, bucket and prefix; no query), credentials and
+    endpoint from the environment. Creating it makes no request."""
+    global _obstore_pid
+    try:
+        from obstore.store import from_url
+    except ImportError as e:
+        raise ImportError(
+            'object-store tiers need obstore: pip install "xla-pcache[objstore]"'
+        ) from e
+    if _obstore_pid is None:
+        _obstore_pid = os.getpid()
+    elif _obstore_pid != os.getpid():
+        raise RuntimeError(
+            "not usable in a process forked from one that used it (the client does not "
+            "survive fork)"
+        )
+    request_timeout = max(timeout, PUT_TIMEOUT_S) if for_writes else timeout
+    client: dict[str, Any] = {
+        "connect_timeout": timedelta(seconds=timeout),
+        "timeout": timedelta(seconds=request_timeout),
+        "allow_http": _allow_http(environ),
+    }
+    # One retry, inside the timeout: a dead server costs one timeout, not object_store's
+    # default of ten retries over three minutes.
+    retry = {
+        "max_retries": 1,
+        "retry_timeout": timedelta(seconds=timeout),
+        "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(1)},
+    }
+    return from_url(url, client_options=client, retry_config=retry)  # type: ignore[call-overload]
+
+
+class ObjectTier:
+    """One bucket (or container) and prefix: entries read whole or in ranged pieces,
+    written by a background thread with a conditional create."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        display_url: str,
+        read_only: bool = False,
+        timeout: float = 2.0,
+        max_value_bytes: int = 5 << 30,
+        retry_after: float = 5.0,
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        self.url = display_url
+        self.read_only = read_only
+        self.timeout = timeout
+        self.max_value_bytes = max_value_bytes
+        self.retry_after = retry_after
+        self._store = open_store(url, timeout=timeout, environ=environ)
+        self._put_store = open_store(url, timeout=timeout, environ=environ, for_writes=True)
+        self._pid = os.getpid()
+        self._down_until = 0.0
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self.counters: Counter[str] = Counter()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-objstore")
+        self._readers: ThreadPoolExecutor | None = None
+        self.claims = ObjectClaims(self)
+        atexit.register(self.close)
+
+    def _after_fork(self) -> None:
+        """In a forked child (a DataLoader worker) neither the parent's threads nor
+        obstore's runtime exist: a request would wait for ever (seen: a put in a child
+        never returned, its timeout never fired). The child leaves this tier alone: its
+        gets are misses, its puts skipped, counted, with one warning; the local directory
+        and the other tiers go on."""
+        if os.getpid() == self._pid:
+            return
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._down_until = float("inf")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-objstore")
+        self._readers = None
+        self.claims = ObjectClaims(self)
+        log.warning(
+            "xla_pcache: remote cache %s is not used in this forked process (its client "
+            "does not survive fork); the local cache goes on",
+            self.url,
+        )
+
+    # ---------------------------------------------------------------- bookkeeping
+    def count(self, counter: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[counter] += n
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        with self._lock:
+            self.counters[f"remote_{what}_errors"] += 1
+            self._down_until = time.monotonic() + self.retry_after
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            log.warning(
+                "xla_pcache: remote cache %s: %s failed (%s: %s); local cache only, "
+                "retried in %.0f s",
+                self.url,
+                what,
+                type(e).__name__,
+                scrub(str(e)),
+                self.retry_after,
+            )
+
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    @staticmethod
+    def entry_path(name: str) -> str:
+        return f"{ENTRY_DIR}/{name}"
+
+    # ---------------------------------------------------------------- reads
+    def get(self, name: str) -> Buffer | None:
+        """The object stored for entry ``name``, or None (miss or failure, both counted)."""
+        self._after_fork()
+        if not self.available():
+            self.count("remote_skipped")
+            return None
+        import obstore
+
+        path = self.entry_path(name)
+        try:
+            # The first piece, in a request that also says how large the object is: one
+            # round trip for the usual entry, the rest in parallel for a large one.
+            first = obstore.get(self._store, path, options={"range": (0, RANGE_CHUNK)})
+            size = int(first.meta["size"])
+            head = first.bytes()
+            if size <= len(head):
+                return head
+            return self._get_rest(path, head, size)
+        except Exception as e:
+            if _classify(e) == "missing":
+                self.count("remote_misses")
+            else:
+                self._fail("get", e)
+            return None
+
+    def _get_rest(self, path: str, head: Buffer, size: int) -> Buffer:
+        import obstore
+
+        if size > self.max_value_bytes:
+            raise ValueError(f"object of {size} bytes is over the limit")
+        starts = list(range(len(memoryview(head)), size, RANGE_PIECE))
+
+        def fetch(start: int) -> Buffer:
+            end = min(start + RANGE_PIECE, size)
+            part = obstore.get_range(self._store, path, start=start, end=end)
+            if len(memoryview(part)) != end - start:
+                raise ValueError("short ranged read")
+            return part
+
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(
+                max_workers=RANGE_THREADS, thread_name_prefix="xla_pcache-objstore-get"
+            )
+        # One join: a bytearray of the whole size would first be zeroed and faulted in
+        # (44 ms for 64 MiB here), then copied into.
+        return b"".join([head, *self._readers.map(fetch, starts)])
+
+    def exists(self, name: str) -> bool:
+        import obstore
+
+        try:
+            obstore.head(self._store, self.entry_path(name))
+        except Exception:
+            return False
+        return True
+
+    # ---------------------------------------------------------------- writes
+    def put_async(self, name: str, data: Buffer) -> None:
+        """Publishes ``data`` in the background with a conditional create."""
+        if self.read_only:
+            return
+        self._after_fork()
+        if len(memoryview(data)) > self.max_value_bytes:
+            self.count("remote_too_large")
+            return
+        try:
+            self._writer.submit(self._put, name, data)
+        except RuntimeError:  # shut down at exit
+            self.count("remote_put_skipped")
+
+    def _put(self, name: str, data: Buffer) -> None:
+        if not self.available():
+            self.count("remote_put_skipped")
+            return
+        import obstore
+
+        t = time.perf_counter()
+        try:
+            # A single PUT: object_store's multipart upload cannot be conditional.
+            obstore.put(
+                self._put_store, self.entry_path(name), data, mode="create", use_multipart=False
+            )
+        except Exception as e:
+            if _classify(e) in ("exists", "precondition"):
+                self.count("remote_put_exists")  # first writer won, as in the directory
+            else:
+                self._fail("put", e)
+            return
+        self.count("remote_puts")
+        self.count("remote_written_bytes", len(memoryview(data)))
+        self.count("remote_put_ms", round((time.perf_counter() - t) * 1000))
+
+    def submit(self, fn: Any) -> None:
+        """Runs ``fn`` on the writer thread, after the writes queued before it."""
+        self._after_fork()
+        with contextlib.suppress(RuntimeError):
+            self._writer.submit(fn)
+
+    def flush(self) -> None:
+        """Waits for the writes queued so far (each bounded by its timeout)."""
+        self._after_fork()
+        with contextlib.suppress(RuntimeError):
+            self._writer.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self.claims.close()
+        self._writer.shutdown(wait=True)
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
+
+    def stats(self) -> dict[str, int | str]:
+        with self._lock:
+            out: dict[str, int | str] = dict(self.counters)
+        out["remote"] = self.url
+        return out
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+class ObjectClaim:
+    """How a claim on the bucket ended; ``release()`` gives up a held one (after the
+    writes queued before it, so a waiter finds the entry before the claim is gone)."""
+
+    def __init__(self, claims: ObjectClaims, name: str, state: str, waited: float) -> None:
+        self._claims = claims
+        self.name = name
+        self.state = state
+        self.waited = waited
+        self.took_over = False
+        self.e_tag: str | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.state == "claimed" and self.e_tag is not None
+
+    def release(self) -> None:
+        if self.held:
+            self._claims.release(self)
+
+
+class ObjectClaims:
+    """Compile claims on the bucket: ``<prefix>/xla_pcache-1/claims/<entry name>``.
+
+    Taking one is a conditional create; its holder rewrites it every ``lease / 3`` seconds
+    with an overwrite conditional on the ETag it last wrote, so two holders cannot both
+    believe they hold it. A waiter takes the claim over when its ETag has not changed for
+    ``lease`` seconds of the waiter's own clock (no clocks are compared across hosts), with
+    the same conditional overwrite: of several waiters, one wins. The holder releases it
+    by deleting it once the entry is uploaded; a waiter that sees the claim gone and no
+    entry compiles itself (``abandoned``).
+    """
+
+    def __init__(self, tier: ObjectTier) -> None:
+        self._tier = tier
+        self._held: dict[str, ObjectClaim] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lease = 30.0
+        self._owner = f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(32):08x}"
+
+    def _path(self, name: str) -> str:
+        return f"{CLAIM_DIR}/{name}"
+
+    def _body(self) -> bytes:
+        return json.dumps({"owner": self._owner, "t": time.time()}).encode()
+
+    def _create(self, name: str) -> str | None:
+        import obstore
+
+        result = obstore.put(self._tier._store, self._path(name), self._body(), mode="create")
+        return str(result["e_tag"]) if result.get("e_tag") else None
+
+    def _overwrite(self, name: str, e_tag: str) -> str | None:
+        import obstore
+
+        mode: Any = {"e_tag": e_tag}
+        result = obstore.put(self._tier._store, self._path(name), self._body(), mode=mode)
+        return str(result["e_tag"]) if result.get("e_tag") else None
+
+    def _peek(self, name: str) -> str | None:
+        """The claim's ETag, or None when there is no claim."""
+        import obstore
+
+        try:
+            meta = obstore.head(self._tier._store, self._path(name))
+        except Exception as e:
+            if _classify(e) == "missing":
+                return None
+            raise
+        return str(meta["e_tag"])
+
+    def claim(self, name: str, wait: float, lease: float, may_claim: bool = True) -> ObjectClaim:
+        """Claim ``name`` or wait up to ``wait`` seconds for its holder on another host.
+
+        ``claimed`` (ours: compile, put, release), ``published`` (the entry is in the
+        bucket), ``abandoned`` (the holder went away without one), ``timed_out``, or
+        ``unclaimed`` when the bucket cannot be reached (compile without a claim)."""
+        self._lease = lease
+        tier = self._tier
+        start = time.monotonic()
+        deadline = start + wait
+        seen: str | None = None
+        seen_at = start
+        waited = False
+        interval = 0.05
+        try:
+            while True:
+                if not tier.available():
+                    return ObjectClaim(self, name, "unclaimed", time.monotonic() - start)
+                if tier.exists(name):
+                    return ObjectClaim(self, name, "published", time.monotonic() - start)
+                e_tag = self._peek(name)
+                now = time.monotonic()
+                if e_tag is None:
+                    if waited:
+                        # The holder uploads the entry, then deletes its claim: both may
+                        # have happened since the look at the entry above.
+                        if tier.exists(name):
+                            return ObjectClaim(self, name, "published", now - start)
+                        tier.count("remote_claims_abandoned_seen")
+                        return ObjectClaim(self, name, "abandoned", now - start)
+                    if not may_claim:
+                        return ObjectClaim(self, name, "unclaimed", now - start)
+                    try:
+                        new = self._create(name)
+                    except Exception as e:
+                        if _classify(e) not in ("exists", "precondition"):
+                            raise
+                        continue  # another host was first: wait for it
+                    return self._held_claim(name, new, now - start, took_over=False)
+                if e_tag != seen:
+                    seen, seen_at = e_tag, now
+                elif may_claim and now - seen_at >= lease:
+                    try:
+                        new = self._overwrite(name, e_tag)
+                    except Exception as e:
+                        if _classify(e) not in ("exists", "precondition"):
+                            raise
+                        continue  # another waiter took it over first
+                    return self._held_claim(name, new, now - start, took_over=True)
+                if now >= deadline:
+                    tier.count("remote_claim_wait_timeouts")
+                    return ObjectClaim(self, name, "timed_out", now - start)
+                if not waited:
+                    waited = True
+                    tier.count("remote_claim_waits")
+                time.sleep(min(interval, max(0.0, deadline - now)))
+                interval = min(interval * 1.5, 0.5)
+        except Exception as e:
+            tier._fail("claim", e)
+            return ObjectClaim(self, name, "unclaimed", time.monotonic() - start)
+
+    def _held_claim(
+        self, name: str, e_tag: str | None, waited: float, *, took_over: bool
+    ) -> ObjectClaim:
+        claim = ObjectClaim(self, name, "claimed", waited)
+        claim.e_tag = e_tag
+        claim.took_over = took_over
+        self._tier.count("remote_claims")
+        if took_over:
+            self._tier.count("remote_claim_takeovers")
+        with self._lock:
+            self._held[name] = claim
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._heartbeat, name="xla_pcache-objstore-claims", daemon=True
+                )
+                self._thread.start()
+        return claim
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(max(0.05, self._lease / 3)):
+            with self._lock:
+                held = [c for c in self._held.values() if c.e_tag is not None]
+            for claim in held:
+                try:
+                    assert claim.e_tag is not None
+                    new = self._overwrite(claim.name, claim.e_tag)
+                except Exception as e:
+                    if _classify(e) in ("precondition", "exists", "missing"):
+                        # Taken over (we were silent too long) or gone: no longer ours.
+                        with self._lock:
+                            self._held.pop(claim.name, None)
+                        claim.e_tag = None
+                    continue
+                with self._lock:
+                    if claim.e_tag is not None:
+                        claim.e_tag = new
+
+    def release(self, claim: ObjectClaim) -> None:
+        with self._lock:
+            self._held.pop(claim.name, None)
+        e_tag, claim.e_tag = claim.e_tag, None
+        if e_tag is None:
+            return
+
+        def drop() -> None:
+            import obstore
+
+            try:
+                # Only our own claim: a takeover since then changed its ETag.
+                if self._peek(claim.name) == e_tag:
+                    obstore.delete(self._tier._store, self._path(claim.name))
+            except Exception as e:
+                self._tier._fail("claim", e)
+
+        self._tier.submit(drop)
+
+    def release_all(self) -> None:
+        with self._lock:
+            held = list(self._held.values())
+        for claim in held:
+            self.release(claim)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.release_all()
+
+
+def parse_object_url(url: str) -> tuple[str, bool]:
+    """(the URL for obstore: scheme, bucket, prefix; whether ``?ro=1``). ``ValueError``
+    for what is not an object-store URL or carries unknown options."""
+    from xla_pcache.config import parse_bool
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in OBJECT_SCHEMES:
+        raise ValueError(f"not an object-store URL (scheme {parts.scheme!r})")
+    if not parts.hostname:
+        raise ValueError("no bucket or container in the URL")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("credentials do not go in the URL: use the cloud's standard variables")
+    read_only = False
+    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if k in ("ro", "read_only"):
+            read_only = parse_bool(v or "1", k)
+        else:
+            raise ValueError(f"unknown option {k!r} (known: ro, read_only)")
+    prefix = parts.path.strip("/")
+    base = f"{parts.scheme}://{parts.hostname}"
+    return (f"{base}/{prefix}" if prefix else base), read_only
