@@ -9,7 +9,6 @@
 
 use crate::entry;
 use crate::hash::checksum;
-use crate::index::IndexView;
 use crate::journal::{self, Record};
 use proptest::prelude::*;
 
@@ -181,8 +180,18 @@ fn check_journal(bytes: &[u8]) {
 }
 
 fn check_snapshot(bytes: &[u8]) {
-    let mut v = IndexView::default();
-    let _ = v.decode_snapshot(bytes);
+    let _ = crate::snapshot::decode_v1(bytes);
+    let mut f = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut f, bytes).unwrap();
+    if let Ok(crate::snapshot::Opened::V2(base, _)) =
+        crate::snapshot::Base::open(f, bytes.len() as u64)
+    {
+        for b in 0..base.blocks() {
+            let _ = base.block(b);
+        }
+        let _ = base.lookup(0);
+        let _ = base.lookup(u128::MAX);
+    }
 }
 
 proptest! {

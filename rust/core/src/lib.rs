@@ -2,7 +2,7 @@
 //! executables. No Python here: the pyo3 binding lives in its own crate.
 //!
 //! Dependencies point one way: `store` uses `entry`, `publish`, `index` (which uses
-//! `journal` and `lru`), `lock`, `fsinfo`, `layout`; those use only `hash`, `clock`, `error`.
+//! `journal`, `snapshot`, `overlay` and `lru`), `lock`, `fsinfo`, `layout`; those use only `hash`, `clock`, `error`.
 
 pub mod blob;
 pub mod clock;
@@ -19,7 +19,9 @@ pub mod journal;
 pub mod layout;
 pub mod lock;
 pub mod lru;
+pub mod overlay;
 pub mod publish;
+pub mod snapshot;
 pub mod stats;
 pub mod store;
 
