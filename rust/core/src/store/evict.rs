@@ -264,6 +264,7 @@ impl Store {
             );
             let over = |st: &State| target.is_some_and(|t| st.view.lru.total_bytes() > t);
             if !done {
+                report.interrupted = explicit && self.interrupted();
                 // Out of time, or the lease was lost: the next put goes on (if it can).
                 st.evict_backlog = target.filter(|_| over(st));
                 break;
@@ -331,6 +332,10 @@ impl Store {
                 .find(|(n, _)| !skip.contains(n))
                 .filter(|(_, info)| over || cutoff.is_some_and(|c| info.last_use < c));
             let Some((name, info)) = next else { break };
+            if deadline.is_none() && self.interrupt_pending() {
+                done = false;
+                break;
+            }
             // At least one entry per slice, so a backlog always shrinks.
             if !first && deadline.is_some_and(|d| Instant::now() >= d) {
                 done = false;
