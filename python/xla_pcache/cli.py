@@ -457,38 +457,43 @@ def list_entries(
     console = _console()
     if limit is None:
         limit = 0 if as_json or not console.is_terminal else max(10, console.height - 5)
+    with _reported(), _open(path, read_only=read_only) as store:
+        try:
+            _write_entries(store, sort, limit, as_json)
+        except BrokenPipeError:
+            # The reader (head, less) had enough: not an error. Python would otherwise
+            # complain while flushing stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _write_entries(store: _core.Store, sort: SortKey | None, limit: int, as_json: bool) -> None:
     out = sys.stdout
-    try:
-        with _reported(), _open(path, read_only=read_only) as store:
-            stream: Iterable[dict[str, Any]] = _iter_entries(store)
-            if sort is not None:
-                stream = _ordered(stream, sort, limit)
-            elif limit:
-                stream = itertools.islice(stream, limit)
-            if as_json:
-                first = True
-                for entry in stream:
-                    out.write(("[\n" if first else ",\n") + _json_item(entry))
-                    first = False
-                out.write("[]\n" if first else "\n]\n")
-                return
-            total = len(store)
-            out.write(f"{total:,} entries in {store.path} (from the index)\n")
-            out.write(_ls_line(_LS_COLUMNS) + "\n")
-            now = time.time()
-            shown = 0
-            for entry in stream:
-                out.write(_ls_row(entry, now) + "\n")
-                shown += 1
-                if shown % 256 == 0:
-                    out.flush()
-            if limit and shown == limit and total > shown:
-                out.write(f"... and about {total - shown:,} more (--limit 0 lists every one)\n")
+    stream: Iterable[dict[str, Any]] = _iter_entries(store)
+    if sort is not None:
+        stream = _ordered(stream, sort, limit)
+    elif limit:
+        stream = itertools.islice(stream, limit)
+    if as_json:
+        first = True
+        for entry in stream:
+            out.write(("[\n" if first else ",\n") + _json_item(entry))
+            first = False
+        out.write("[]\n" if first else "\n]\n")
+        out.flush()
+        return
+    total = len(store)
+    out.write(f"{total:,} entries in {store.path} (from the index)\n")
+    out.write(_ls_line(_LS_COLUMNS) + "\n")
+    now = time.time()
+    shown = 0
+    for entry in stream:
+        out.write(_ls_row(entry, now) + "\n")
+        shown += 1
+        if shown % 256 == 0:
             out.flush()
-    except BrokenPipeError:
-        # The reader (head, less) had enough: not an error. Python would otherwise complain
-        # while flushing stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+    if limit and shown == limit and total > shown:
+        out.write(f"... and about {total - shown:,} more (--limit 0 lists every one)\n")
+    out.flush()
 
 
 # prune ---------------------------------------------------------------------------------------
