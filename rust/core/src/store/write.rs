@@ -205,13 +205,13 @@ impl Store {
         };
         {
             let mut st = self.state();
-            let just_read = publishing && self.freshen_for_publish(&mut st);
+            let just_read = publishing && self.refresh_before_publish(&mut st);
             // The other writers' likely puts since this view was read count too.
             if fits(&st, st.likely_unseen()) {
                 return Ok(());
             }
             if publishing && !self.fs.local && !just_read {
-                if !self.fresh_view(&mut st) {
+                if !self.refresh_or_warn(&mut st) {
                     return Ok(());
                 }
                 if fits(&st, st.likely_unseen()) {
@@ -260,7 +260,7 @@ impl Store {
             std::thread::sleep(pause.min(deadline - now));
             pause = (pause * 2).min(ADMIT_POLL_MAX);
             let mut st = self.state();
-            if self.fresh_view(&mut st) && fits(&st, st.likely_unseen()) {
+            if self.refresh_or_warn(&mut st) && fits(&st, st.likely_unseen()) {
                 return Ok(());
             }
         }
@@ -268,9 +268,9 @@ impl Store {
 
     /// Re-reads the journals through a fresh listing; false (logged, counted) if they
     /// cannot be read.
-    fn fresh_view(&self, st: &mut State) -> bool {
+    fn refresh_or_warn(&self, st: &mut State) -> bool {
         let res = self.refresh(st);
-        self.refreshed(res)
+        self.refresh_ok(res)
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
