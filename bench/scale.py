@@ -175,7 +175,48 @@ def run_size(n: int, scratch: Path, repeats: int, with_diskcache: bool) -> dict[
     return row
 
 
-def run(sizes: list[int], scratch_parent: Path | None, repeats: int, diskcache: bool) -> dict:
+_CHURN = r"""
+import json, os, sys, time
+import xla_pcache
+root, n = sys.argv[1], int(sys.argv[2])
+store = xla_pcache.Store(root)
+counts = []
+t0 = time.perf_counter()
+for i in range(n):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if store.put(b"churn%d" % i, b"c" * 1024) else 1
+            store.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    if (i + 1) % (n // 10) == 0:
+        counts.append([i + 1, len(os.listdir(os.path.join(root, "journal")))])
+store.close()
+print(json.dumps({"seconds": time.perf_counter() - t0, "journals": counts}))
+"""
+
+
+def run_churn(n: int, scratch: Path, repeats: int) -> dict[str, Any]:
+    """``n`` short-lived processes (forked: an exec'd interpreter each would take most of
+    an hour on this machine; each child has its own pid, so its own journal, exactly as a
+    new process does) put one entry each into a cache of 10,000 entries."""
+    root = scratch / "churn"
+    _py(_XP_FILL, root, 10_000)
+    out: dict[str, Any] = {"processes": n}
+    out["before"] = _median_runs(_XP_PROBE, [root, 1 << 40, 5000], repeats)
+    out.update(json.loads(_py(_CHURN, root, n)))
+    out["after"] = _median_runs(_XP_PROBE, [root, 1 << 40, 5000], repeats)
+    out["journal_files"] = len(os.listdir(root / "journal"))
+    return out
+
+
+def run(
+    sizes: list[int], scratch_parent: Path | None, repeats: int, diskcache: bool, churn: int
+) -> dict:
     import platform
 
     import xla_pcache
@@ -202,6 +243,9 @@ def run(sizes: list[int], scratch_parent: Path | None, repeats: int, diskcache: 
         out["diskcache"] = dc.__version__
     scratch = Path(tempfile.mkdtemp(prefix="xla-pcache-scale-", dir=scratch_parent))
     try:
+        if churn:
+            out["churn"] = run_churn(churn, scratch, repeats)
+            print(json.dumps(out["churn"]), file=sys.stderr, flush=True)
         for n in sizes:
             row = run_size(n, scratch, repeats, diskcache)
             out["rows"].append(row)
@@ -310,6 +354,21 @@ def section(out: dict) -> list[str]:
         "",
         "![scale](bench_scale.png)",
     ]
+    churn = out.get("churn")
+    if churn:
+        counts = ", ".join(f"{n:,}: {j}" for n, j in churn["journals"])
+        lines += [
+            "",
+            f"Process churn: {churn['processes']:,} short-lived processes (forked, each its "
+            "own pid and so its own journal, as a new process has) each put one entry into a "
+            f"cache of 10,000 entries, in {churn['seconds']:.0f} s. Journal files after "
+            f"so many processes: {counts}; {churn['journal_files']} at the end (compaction "
+            "folds the journals of processes that are gone once there are more than 64). The "
+            "next fresh process: first put "
+            f"{_ms(churn['before']['put'])} ms before the churn, {_ms(churn['after']['put'])} ms "
+            f"after; peak RSS {_mb(churn['before']['rss'])} MB before, "
+            f"{_mb(churn['after']['rss'])} MB after.",
+        ]
     return lines
 
 
@@ -354,6 +413,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-diskcache", action="store_true")
+    parser.add_argument(
+        "--churn", type=int, default=10_000, help="short-lived processes to run first (0: none)"
+    )
     parser.add_argument("--scratch", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--from-json", type=Path, default=None)
@@ -363,8 +425,8 @@ def main() -> int:
     if args.from_json:
         out = json.loads(args.from_json.read_text())
     else:
-        sizes = [int(s) for s in args.sizes.split(",")]
-        out = run(sizes, args.scratch, args.repeats, not args.no_diskcache)
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        out = run(sizes, args.scratch, args.repeats, not args.no_diskcache, args.churn)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     lines = section(out)
