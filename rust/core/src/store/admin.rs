@@ -422,11 +422,16 @@ impl Store {
         }
         report.skipped_files.extend(self.unreadable_files(&st));
         let now = crate::clock::unix_ns();
-        for (&name, &disk) in &seen {
-            match st.view.lru.get(name) {
+        // Sorted: the index's records of one snapshot block are read together.
+        let mut files: Vec<(u128, u64)> = seen.iter().map(|(&n, &d)| (n, d)).collect();
+        files.sort_unstable();
+        let names: Vec<u128> = files.iter().map(|f| f.0).collect();
+        let indexed = st.view.lru.get_sorted(&names);
+        for ((name, disk), indexed) in files.into_iter().zip(indexed) {
+            match indexed {
                 Some(info) if info.disk_bytes == disk => {}
                 _ => {
-                    report.unindexed += u64::from(st.view.lru.get(name).is_none());
+                    report.unindexed += u64::from(indexed.is_none());
                     // Recorded as a publish: reindexing is not a use, so it counts no hit.
                     fix.push(Record::Touch {
                         name,

@@ -92,8 +92,9 @@ impl Store {
             for files in lists {
                 found.extend(files?);
             }
-            if !beat.beat(guard, self) {
-                // The lease is someone else's now: change nothing.
+            if !beat.beat(guard, self) || self.interrupt_pending() {
+                // The lease is someone else's now, or the caller asked to stop: change
+                // nothing.
                 return Ok(());
             }
         }
@@ -110,8 +111,13 @@ impl Store {
             records.push(Record::Delete { name, t: t0 });
             report.dropped += 1;
         }
-        for (name, (disk, mtime)) in found {
-            let t = match st.view.lru.get(name) {
+        // Sorted: the index's records of one snapshot block are read together.
+        let mut found: Vec<(u128, (u64, u64))> = found.into_iter().collect();
+        found.sort_unstable_by_key(|f| f.0);
+        let names: Vec<u128> = found.iter().map(|f| f.0).collect();
+        let indexed = st.view.lru.get_sorted(&names);
+        for ((name, (disk, mtime)), indexed) in found.into_iter().zip(indexed) {
+            let t = match indexed {
                 Some(info) if info.disk_bytes == disk => continue,
                 Some(info) => info.last_use,
                 None => {
