@@ -486,7 +486,7 @@ impl IndexView {
         let tmp = format!("snapshot.{}", crate::publish::unique_suffix());
         let res = (|| {
             let f = tmp_dir.open_file(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o666)?;
-            let mut w = snapshot::Writer::new(f)?;
+            let mut w = snapshot::Writer::new(f, self.lru.len() as u64)?;
             for (name, info) in self.lru.iter_by_name() {
                 w.push(name, info)?;
             }

@@ -11,10 +11,13 @@
 //!                       of the block's first 4088 bytes in its last 8
 //! meta                  journals (name, offset, counters) and the folded counters, xxh3-64
 //! fence                 each block's first name (u128), xxh3-64
+//! filter                a Bloom filter of the names (about 10 bits per entry, 7 probes),
+//!                       xxh3-64
 //! ```
 //!
-//! A reader loads the header, meta and fence (16 bytes per 102 entries) and reads one
-//! 4 KiB block per lookup, checking that block's checksum. Version 1 (one checksummed body,
+//! A reader loads the header, meta, fence (16 bytes per 102 entries) and filter (1.25 bytes
+//! per entry) and reads one 4 KiB block per lookup of a name the filter may hold, checking
+//! that block's checksum: a new name (most puts) costs no block. Version 1 (one checksummed body,
 //! written before) is still read, in full, when found.
 
 use crate::hash::checksum;
@@ -34,7 +37,11 @@ pub const BLOCK: usize = 4096;
 const REC: usize = 40;
 /// Records per block: what fits before the block's checksum.
 pub const PER_BLOCK: usize = (BLOCK - 8) / REC;
-const HEADER_LEN: usize = 72;
+const HEADER_LEN: usize = 80;
+/// Bits of the name filter per expected entry, and probes per name: about 1% false
+/// positives.
+const FILTER_BITS_PER_ENTRY: u64 = 10;
+const FILTER_PROBES: u64 = 7;
 /// A version-1 snapshot is read whole: one larger than this is not one of ours.
 pub const MAX_V1_LEN: u64 = 256 << 20;
 /// The meta section (journals and counters) is read whole: bounded like a version-1 file.
@@ -65,6 +72,7 @@ pub struct Base {
     pub entries: u64,
     pub total: u128,
     fence: Vec<u128>,
+    filter: Filter,
     /// Blocks read since opened (a measure of what lookups cost, for tests and benches).
     pub blocks_read: std::cell::Cell<u64>,
 }
@@ -107,7 +115,8 @@ impl Base {
         let meta_at = r.u64()?;
         let meta_len = r.u64()?;
         let fence_at = r.u64()?;
-        if checksum(&head[..64]) != r.u64()? {
+        let filter_len = r.u64()?;
+        if checksum(&head[..72]) != r.u64()? {
             return Err("header checksum mismatch".into());
         }
         let want_blocks = entries.div_ceil(PER_BLOCK as u64);
@@ -118,7 +127,10 @@ impl Base {
             || meta_len > MAX_META_LEN
             || fence_len > MAX_FENCE_LEN
             || fence_at != meta_at + meta_len
-            || len != fence_at + fence_len + 8
+            || filter_len > MAX_FENCE_LEN
+            || !(filter_len / 8).is_power_of_two()
+            || filter_len % 8 != 0
+            || len != fence_at + fence_len + 8 + filter_len + 8
         {
             return Err("inconsistent header".into());
         }
@@ -136,12 +148,25 @@ impl Base {
         if fence.windows(2).any(|w| w[0] >= w[1]) {
             return Err("fence out of order".into());
         }
+        let filter_at = fence_at + fence_len + 8;
+        let filter_bytes = read_exact(&file, filter_at, filter_len as usize + 8)?;
+        let (body, sum) = filter_bytes.split_at(filter_len as usize);
+        if checksum(body) != u64::from_le_bytes(sum.try_into().map_err(|_| "short")?) {
+            return Err("filter checksum mismatch".into());
+        }
+        let filter = Filter {
+            words: body
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect(),
+        };
         Ok(Opened::V2(
             Base {
                 file,
                 entries,
                 total,
                 fence,
+                filter,
                 blocks_read: std::cell::Cell::new(0),
             },
             meta,
@@ -189,8 +214,12 @@ impl Base {
         Ok(out)
     }
 
-    /// The block that would hold `name`, if any.
+    /// The block that would hold `name`, if any: none when the filter says it is not in
+    /// the snapshot.
     pub fn block_of(&self, name: u128) -> Option<usize> {
+        if !self.filter.may_hold(name) {
+            return None;
+        }
         match self.fence.binary_search(&name) {
             Ok(i) => Some(i),
             Err(0) => None,
@@ -215,6 +244,7 @@ impl Base {
 /// order, holding one block and the fence in memory.
 pub struct Writer {
     out: io::BufWriter<File>,
+    filter: Filter,
     block: Vec<u8>,
     in_block: usize,
     fence: Vec<u128>,
@@ -224,12 +254,14 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(file: File) -> io::Result<Self> {
+    /// A writer of about `expected` entries (sizes the name filter; any number may come).
+    pub fn new(file: File, expected: u64) -> io::Result<Self> {
         let mut out = io::BufWriter::with_capacity(1 << 20, file);
         // The header goes in last, when the counts are known.
         out.write_all(&[0u8; BLOCK])?;
         Ok(Writer {
             out,
+            filter: Filter::sized(expected),
             block: Vec::with_capacity(BLOCK),
             in_block: 0,
             fence: Vec::new(),
@@ -247,6 +279,7 @@ impl Writer {
             ));
         }
         self.last = Some(name);
+        self.filter.add(name);
         if self.in_block == 0 {
             self.fence.push(name);
         }
@@ -291,6 +324,16 @@ impl Writer {
         let sum = checksum(&fence);
         fence.extend_from_slice(&sum.to_le_bytes());
         self.out.write_all(&fence)?;
+        let mut filter: Vec<u8> = self
+            .filter
+            .words
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let filter_len = filter.len() as u64;
+        let sum = checksum(&filter);
+        filter.extend_from_slice(&sum.to_le_bytes());
+        self.out.write_all(&filter)?;
         let mut h = Vec::with_capacity(HEADER_LEN);
         h.extend_from_slice(SNAP_MAGIC);
         h.extend_from_slice(&SNAP_VERSION.to_le_bytes());
@@ -300,12 +343,61 @@ impl Writer {
         h.extend_from_slice(&meta_at.to_le_bytes());
         h.extend_from_slice(&(meta_bytes.len() as u64).to_le_bytes());
         h.extend_from_slice(&fence_at.to_le_bytes());
+        h.extend_from_slice(&filter_len.to_le_bytes());
         let sum = checksum(&h);
         h.extend_from_slice(&sum.to_le_bytes());
         let file = self.out.into_inner().map_err(|e| e.into_error())?;
         file.write_all_at(&h, 0)?;
-        Ok((file, fence_at + fence.len() as u64))
+        Ok((file, fence_at + fence.len() as u64 + filter.len() as u64))
     }
+}
+
+/// A Bloom filter of names (double hashing over the name's two halves, each mixed: names
+/// are hashes, but what a snapshot holds is whatever its writer put there).
+#[derive(Debug, Clone)]
+struct Filter {
+    /// A power of two of words.
+    words: Vec<u64>,
+}
+
+impl Filter {
+    fn sized(expected: u64) -> Filter {
+        let bits = expected
+            .saturating_mul(FILTER_BITS_PER_ENTRY)
+            .clamp(64, MAX_FENCE_LEN * 8)
+            .next_power_of_two();
+        Filter {
+            words: vec![0; (bits / 64) as usize],
+        }
+    }
+
+    fn probes(&self, name: u128) -> impl Iterator<Item = (usize, u64)> {
+        let mask = (self.words.len() as u64 * 64).wrapping_sub(1);
+        let (lo, hi) = (name as u64, (name >> 64) as u64);
+        let h1 = mix(lo ^ mix(hi));
+        let h2 = mix(h1 ^ hi ^ 0x9e37_79b9_7f4a_7c15) | 1;
+        (0..FILTER_PROBES).map(move |i| {
+            let bit = h1.wrapping_add(i.wrapping_mul(h2)) & mask;
+            ((bit / 64) as usize, 1u64 << (bit % 64))
+        })
+    }
+
+    fn add(&mut self, name: u128) {
+        for (w, b) in self.probes(name) {
+            self.words[w] |= b;
+        }
+    }
+
+    fn may_hold(&self, name: u128) -> bool {
+        self.words.is_empty() || self.probes(name).all(|(w, b)| self.words[w] & b != 0)
+    }
+}
+
+/// splitmix64's finaliser.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn fixed(v: &[u64]) -> impl Iterator<Item = u64> + '_ {
@@ -538,7 +630,7 @@ mod tests {
 
     fn write(n: u128) -> (tempfile::NamedTempFile, Meta) {
         let f = tempfile::NamedTempFile::new().unwrap();
-        let mut w = Writer::new(f.reopen().unwrap()).unwrap();
+        let mut w = Writer::new(f.reopen().unwrap(), n as u64).unwrap();
         for i in 0..n {
             w.push(i * 7 + 3, info(i as u64 + 1, i as u64, i as u32 % 3))
                 .unwrap();
@@ -581,7 +673,12 @@ mod tests {
                 assert!(base.lookup(i * 7 + 4).unwrap().is_none());
             }
             assert!(base.lookup(0).unwrap().is_none());
-            assert_eq!(base.blocks_read.get(), 2 * n as u64);
+            // One block per present name; the filter spares almost every absent one.
+            let reads = base.blocks_read.get();
+            assert!(
+                reads >= n as u64 && reads <= n as u64 + n as u64 / 10 + 1,
+                "{reads}"
+            );
         }
     }
 
@@ -611,7 +708,7 @@ mod tests {
     #[test]
     fn out_of_order_entries_are_refused() {
         let f = tempfile::NamedTempFile::new().unwrap();
-        let mut w = Writer::new(f.reopen().unwrap()).unwrap();
+        let mut w = Writer::new(f.reopen().unwrap(), 100).unwrap();
         w.push(5, info(1, 1, 0)).unwrap();
         assert!(w.push(5, info(1, 1, 0)).is_err());
         assert!(w.push(4, info(1, 1, 0)).is_err());
