@@ -121,7 +121,7 @@ class _NoProgress:
         return None
 
 
-def _progress(console: Console, description: str) -> Any:
+def _progress(console: Console) -> Any:
     """A rich progress bar on a terminal (nothing otherwise), with a count and the time."""
     if not console.is_terminal:
         return _NoProgress()
@@ -525,7 +525,7 @@ def prune(
                     f"nothing to prune to: pass --max-size or --older-than, or set {MAX_SIZE_VAR}"
                 )
             console = _console()
-            with _interruptible("prune"), _progress(console, f"pruning {store.path}") as bar:
+            with _interruptible("prune"), _progress(console) as bar:
                 bar.add_task(f"pruning {store.path}", total=None)
                 result = store.evict(max_size=target, older_than=age)
             # evict() reports file names; their keys are read back from trash/, where the
@@ -581,7 +581,7 @@ def _problem_count(report: dict[str, object]) -> int:
 def _run_verify(store: _core.Store, repair: bool, console: Console) -> dict[str, object]:
     if not console.is_terminal:
         return store.verify(repair=repair)
-    with _progress(console, f"verifying {store.path}") as progress:
+    with _progress(console) as progress:
         task = progress.add_task(f"verifying {store.path}", total=None)
 
         def advance(done: int, total: int) -> None:
@@ -755,7 +755,7 @@ def export_cmd(
         fw = None if framework is None else framework.value
         console = _console()
         try:
-            with _interruptible("export"), _progress(console, f"exporting to {out}") as bar:
+            with _interruptible("export"), _progress(console) as bar:
                 task = bar.add_task(f"exporting to {out}", total=None)
 
                 def advance(done: int, total: int) -> None:
@@ -799,7 +799,7 @@ def import_cmd(
         if os.path.isdir(bundle):
             _fail(f"{bundle}: is a directory, not a bundle file")
         console = _console()
-        bar = _progress(console, "importing entries")
+        bar = _progress(console)
         with (
             _interruptible("import"),
             Store(root, max_size=max_size_from_env()) as store,
