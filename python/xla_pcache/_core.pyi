@@ -251,10 +251,21 @@ class Store:
         """Remove every entry; returns how many were removed. ReadOnlyError if read-only."""
     def __len__(self) -> int: ...
     def keys(self) -> list[Key]: ...
-    def entries(self) -> list[Entry]:
+    def entries(self, shard: str | None = None) -> list[Entry]:
         """One dict per entry: key, name, size (payload bytes), disk_bytes, created,
         last_use, hits (hit records folded from the journals: at most one per process per
-        hit interval, a lower bound), meta. Reads entry headers (walks the directory)."""
+        hit interval, a lower bound), meta. Reads entry headers (walks the directory); with
+        ``shard`` (a name ``entry_shards`` gave), only that shard's."""
+    def entry_shards(self) -> list[str]:
+        """The shard directories under entries/, sorted: ``entries(shard)`` of each in turn
+        lists every entry a shard at a time (a caller shows the first ones at once)."""
+    def trashed_keys(self, names: list[str]) -> dict[str, Key]:
+        """The keys of entries just evicted (file names as ``evict`` reports them), read from
+        their files in trash/ while they are there (a few minutes); absent names are left
+        out."""
+    def interrupt(self) -> None:
+        """Ask the running (or next) ``verify`` or ``evict`` to stop after the entry it is
+        at; the cache is valid after each entry. Ctrl-C does this on its own."""
     def stats(self) -> Stats:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,
@@ -284,8 +295,10 @@ class Store:
         target again. Returns {"removed": n, "bytes": b (st_blocks of the files removed),
         "dropped": index records of files already gone, "added": files found unindexed,
         "names": [entry file names], "skipped": reason or None, "skipped_files": [what it
-        went on without: index files it could not read, with their owner]}. Raises
-        ReadOnlyError on a read-only store."""
+        went on without: index files it could not read, with their owner], "interrupted":
+        stopped early by ``interrupt``}. Ctrl-C stops it after the entry it is at (the cache
+        stays valid) and raises KeyboardInterrupt. Raises ReadOnlyError on a read-only
+        store."""
     def verify(
         self,
         repair: bool = False,
@@ -295,8 +308,10 @@ class Store:
         records and stale temp/trash files; repair if asked. ``progress(done, total)`` is
         called as files are checked. Returns {"entries", "bytes", "corrupt": [paths],
         "foreign": [paths], "unindexed", "dangling", "stale_tmp", "stale_trash", "problems",
-        "repaired", "skipped_files": [entries or index files it could not read, and paths
-        that are not real directories inside the cache, with why]}."""
+        "repaired", "interrupted", "skipped_files": [entries or index files it could not
+        read, and paths that are not real directories inside the cache, with why]}. Ctrl-C
+        (or a ``progress`` that raises) stops it after the file it is at, and the exception
+        is raised; an interrupted walk neither reconciles nor repairs the index."""
     def flush(self) -> None:
         """Write this process's pending counters to its journal."""
     def close(self) -> None:

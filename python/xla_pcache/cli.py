@@ -7,13 +7,16 @@ this module must stay cheap: the framework-facing commands import their modules 
 
 from __future__ import annotations
 
+import heapq
 import importlib
+import itertools
 import json
 import os
 import re
 import stat
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -80,6 +83,61 @@ def _reported() -> Iterator[None]:
             text = f"{exc.filename}: {exc.strerror or type(exc).__name__}"
         typer.echo(f"xla-pcache: error: {_key_text(text)}", err=True)
         raise typer.Exit(2) from None
+
+
+@contextmanager
+def _interruptible(what: str) -> Iterator[None]:
+    """Ctrl-C during a long command: the store stopped after the entry it was at (every
+    step of verify, prune, export and import leaves a valid cache); say so, exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(
+            f"xla-pcache: {what} interrupted; the cache is left valid (nothing half-done)",
+            err=True,
+        )
+        raise typer.Exit(130) from None
+
+
+class _NoProgress:
+    """What a command reports progress to when no terminal shows it."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        return 0
+
+    def update(self, task: int, **fields: object) -> None:
+        return None
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        return None
+
+
+def _progress(console: Console) -> Any:
+    """A rich progress bar on a terminal (nothing otherwise), with a count and the time."""
+    if not console.is_terminal:
+        return _NoProgress()
+    # Lazy: only a terminal needs the progress machinery.
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    return Progress(*columns, console=console, transient=True)
+
+
+def _iter_entries(store: _core.Store) -> Iterator[Entry]:
+    """Every entry, a shard directory at a time: the first ones come at once at any size."""
+    for shard in store.entry_shards():
+        yield from store.entries(shard)
 
 
 def _console() -> Console:
@@ -301,14 +359,60 @@ def stats(
 # ls ------------------------------------------------------------------------------------------
 
 
-def _sort_entries(entries: list[Entry], sort: SortKey) -> list[Entry]:
-    # Each order puts the largest value of the column it names first: the biggest, the
-    # oldest, the longest unused (the next candidates for eviction).
+def _sort_key(sort: SortKey) -> tuple[Callable[[Entry], float], bool]:
+    """The key of an order, and whether its largest values come first. Each order puts
+    first what the column names most of: the biggest, the oldest, the longest unused (the
+    next candidates for eviction)."""
     if sort is SortKey.size:
-        return sorted(entries, key=lambda e: e["disk_bytes"] or e["size"], reverse=True)
+        return (lambda e: e["disk_bytes"] or e["size"]), True
     if sort is SortKey.age:
-        return sorted(entries, key=lambda e: e["created"])
-    return sorted(entries, key=lambda e: e["last_use"] or e["created"])
+        return (lambda e: e["created"]), False
+    return (lambda e: e["last_use"] or e["created"]), False
+
+
+def _ordered(entries: Iterable[Entry], sort: SortKey, limit: int) -> list[Entry]:
+    """The first ``limit`` entries in ``sort`` order (all of them when ``limit`` is 0),
+    holding at most ``limit`` of them at a time (a heap over the stream)."""
+    key, largest = _sort_key(sort)
+    if limit:
+        pick = heapq.nlargest if largest else heapq.nsmallest
+        return pick(limit, entries, key=key)
+    return sorted(entries, key=key, reverse=largest)
+
+
+_LS_COLUMNS = ("size", "on disk", "age", "last use", "hits", "producer", "key")
+_LS_WIDTHS = (8, 8, 8, 8, 6, 20)
+
+
+def _ls_line(cells: Iterable[str]) -> str:
+    *fixed, key = cells
+    parts = [
+        f"{c:<{w}}" if i == len(_LS_WIDTHS) - 1 else f"{c:>{w}}"
+        for i, (c, w) in enumerate(zip(fixed, _LS_WIDTHS, strict=True))
+    ]
+    return "  ".join([*parts, key])
+
+
+def _ls_row(entry: Entry, now: float) -> str:
+    meta = entry["meta"]
+    producer = " ".join(meta[k] for k in ("framework", "framework_version") if k in meta)
+    last_use = entry["last_use"]
+    return _ls_line(
+        (
+            format_size(entry["size"]),
+            format_size(entry["disk_bytes"]),
+            _format_ago(now - entry["created"]),
+            _format_ago(None if last_use is None else now - last_use),
+            str(entry["hits"]),
+            _key_text(producer) if producer else "-",
+            _key_text(entry["key"]),
+        )
+    )
+
+
+def _json_item(entry: Entry) -> str:
+    text = json.dumps(_entry_json(entry), indent=2, sort_keys=True, default=_key_text)
+    return "  " + text.replace("\n", "\n  ")
 
 
 @app.command("ls")
@@ -316,41 +420,71 @@ def list_entries(
     path: PathOption = None,
     read_only: ReadOnlyOption = False,
     sort: Annotated[
-        SortKey, typer.Option("--sort", help="Largest, oldest or least recently used first.")
-    ] = SortKey.last_use,
+        SortKey | None,
+        typer.Option(
+            "--sort",
+            help="Largest, oldest or least recently used first (reads every entry's header, "
+            "keeping only --limit of them). Default: directory order, streamed.",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            "-n",
+            min=0,
+            help="At most N entries; 0 for all. Default: a screenful on a terminal, all "
+            "when piped or with --json.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Entries with key, size, age, last use, hits and producer (framework and version).
 
-    Hits are the hits recorded, at most one per process per hit interval: a lower bound."""
+    Lines are printed as each shard directory is read, so the first come at once at any
+    size. Hits are the hits recorded, at most one per process per hit interval: a lower
+    bound."""
+    console = _console()
+    if limit is None:
+        limit = 0 if as_json or not console.is_terminal else max(10, console.height - 5)
     with _reported(), _open(path, read_only=read_only) as store:
-        entries = _sort_entries(store.entries(), sort)
+        try:
+            _write_entries(store, sort, limit, as_json)
+        except BrokenPipeError:
+            # The reader (head, less) had enough: not an error. Python would otherwise
+            # complain while flushing stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _write_entries(store: _core.Store, sort: SortKey | None, limit: int, as_json: bool) -> None:
+    out = sys.stdout
+    stream: Iterable[Entry] = _iter_entries(store)
+    if sort is not None:
+        stream = _ordered(stream, sort, limit)
+    elif limit:
+        stream = itertools.islice(stream, limit)
     if as_json:
-        _emit_json([_entry_json(e) for e in entries])
+        first = True
+        for entry in stream:
+            out.write(("[\n" if first else ",\n") + _json_item(entry))
+            first = False
+        out.write("[]\n" if first else "\n]\n")
+        out.flush()
         return
+    total = len(store)
+    out.write(f"{total:,} entries in {store.path} (from the index)\n")
+    out.write(_ls_line(_LS_COLUMNS) + "\n")
     now = time.time()
-    table = Table(title=f"{len(entries)} entries")
-    table.add_column("key", overflow="fold")
-    table.add_column("size", justify="right")
-    table.add_column("on disk", justify="right")
-    table.add_column("age", justify="right")
-    table.add_column("last use", justify="right")
-    table.add_column("hits", justify="right")
-    table.add_column("producer")
-    for entry in entries:
-        meta = entry["meta"]
-        producer = " ".join(meta[k] for k in ("framework", "framework_version") if k in meta)
-        last_use = entry["last_use"]
-        table.add_row(
-            _key_text(entry["key"]),
-            format_size(entry["size"]),
-            format_size(entry["disk_bytes"]),
-            _format_ago(now - entry["created"]),
-            _format_ago(None if last_use is None else now - last_use),
-            str(entry["hits"]),
-            _key_text(producer) if producer else "-",
-        )
-    _console().print(table)
+    shown = 0
+    for entry in stream:
+        out.write(_ls_row(entry, now) + "\n")
+        shown += 1
+        if shown % 256 == 0:
+            out.flush()
+    if limit and shown == limit and total > shown:
+        out.write(f"... and about {total - shown:,} more (--limit 0 lists every one)\n")
+    out.flush()
 
 
 # prune ---------------------------------------------------------------------------------------
@@ -381,9 +515,13 @@ def prune(
                 _fail(
                     f"nothing to prune to: pass --max-size or --older-than, or set {MAX_SIZE_VAR}"
                 )
-            # evict() reports file names; map them back to keys for people to read.
-            keys_by_name = {e["name"]: e["key"] for e in store.entries()}
-            result = store.evict(max_size=target, older_than=age)
+            console = _console()
+            with _interruptible("prune"), _progress(console) as bar:
+                bar.add_task(f"pruning {store.path}", total=None)
+                result = store.evict(max_size=target, older_than=age)
+            # evict() reports file names; their keys are read back from trash/, where the
+            # evicted files stay a few minutes (no walk of the whole cache).
+            keys_by_name = store.trashed_keys(result["names"])
     removed_keys = [_key_text(keys_by_name.get(n, n)) for n in result["names"]]
     if as_json:
         _emit_json({**result, "keys": removed_keys})
@@ -411,16 +549,7 @@ def prune(
 def _run_verify(store: _core.Store, repair: bool, console: Console) -> VerifyReport:
     if not console.is_terminal:
         return store.verify(repair=repair)
-    # Lazy: only a terminal needs the progress machinery.
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (
-        TextColumn("{task.description}", markup=False),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as progress:
+    with _progress(console) as progress:
         task = progress.add_task(f"verifying {store.path}", total=None)
 
         def advance(done: int, total: int) -> None:
@@ -442,7 +571,8 @@ def verify(
     console = _console()
     with _reported(), _open(path, read_only=read_only, write=repair) as store:
         root = store.path
-        report = _run_verify(store, repair, console)
+        with _interruptible("verify"):
+            report = _run_verify(store, repair, console)
     # Stale temp and trash files are housekeeping the store sweeps on its own, not problems.
     problems = report["problems"]
     if as_json:
@@ -592,12 +722,21 @@ def export_cmd(
     with _reported(), _open(path, read_only=True) as store:
         age = None if newer_than is None else parse_duration(newer_than, name="--newer-than")
         fw = None if framework is None else framework.value
+        console = _console()
         try:
-            n = export_bundle(store, out, framework=fw, newer_than=age, min_hits=min_hits)
+            with _interruptible("export"), _progress(console) as bar:
+                task = bar.add_task(f"exporting to {out}", total=None)
+
+                def advance(done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                n = export_bundle(
+                    store, out, framework=fw, newer_than=age, min_hits=min_hits, progress=advance
+                )
         except OSError as exc:
             # The error names the temporary file; the user asked for `out`.
             _fail(f"cannot write {out}: {exc.strerror or exc}")
-    _console().print(f"exported {n} entries to {out}")
+    console.print(f"exported {n} entries to {out}")
 
 
 @app.command("import")
@@ -613,8 +752,6 @@ def import_cmd(
     ] = None,
 ) -> None:
     """Publish each verifying entry of a bundle into the cache (created if missing)."""
-    from rich.progress import Progress
-
     from xla_pcache.bundle import import_bundle
 
     with _reported():
@@ -632,8 +769,12 @@ def import_cmd(
         if os.path.isdir(bundle):
             _fail(f"{bundle}: is a directory, not a bundle file")
         console = _console()
-        bar = Progress(console=console, transient=True, disable=not console.is_terminal)
-        with Store(root, max_size=settings.max_size, settings=settings) as store, bar:
+        bar = _progress(console)
+        with (
+            _interruptible("import"),
+            Store(root, max_size=settings.max_size, settings=settings) as store,
+            bar,
+        ):
             # Entries are counted as they stream in: a bundle does not say how many it holds.
             task = bar.add_task("importing entries", total=None)
             report = import_bundle(

@@ -1,20 +1,17 @@
-//! The LRU index: a compacted snapshot plus the journals' records since, folded into an
-//! in-memory view that is brought up to date incrementally (only new journal bytes are
-//! read). The index is a hint: the entry files are the truth, and `verify` reconciles.
+//! The LRU index: a compacted snapshot plus the journals' records since, folded into a
+//! view that is brought up to date incrementally (only new journal bytes are read). The
+//! snapshot's entries stay on disk and are looked up as the journals mention them
+//! (`overlay::Entries`). The index is a hint: the entry files are the truth, and `verify`
+//! reconciles.
 
 use crate::dir::{Dir, Root};
-use crate::hash::checksum;
 use crate::journal::{self, Record, JOURNAL_DIR};
-use crate::lru::Lru;
+use crate::overlay::Entries;
+use crate::snapshot::{self, Base, JournalMark, Meta, Opened};
 use crate::stats::{add_into, N_COUNTERS};
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io;
 use std::time::{Duration, Instant};
-
-const SNAP_MAGIC: &[u8; 4] = b"XPCS";
-const SNAP_VERSION: u32 = 1;
-/// Per-entry hit counts, appended after the version-1 body so older readers still load it.
-const HITS_TAG: &[u8; 4] = b"HITS";
 
 /// How long a view remembers a deleted name. Journals reach a reader late (a network
 /// client caches their lengths: 20 s on sshfs, up to 60 s on NFS, more on a loaded server),
@@ -36,13 +33,11 @@ type SnapId = (u64, u64, u64, u64);
 /// The index's directory and snapshot file under the root.
 pub const INDEX_DIR: &str = "index";
 pub const SNAPSHOT: &str = "snapshot";
-/// A snapshot is about 40 bytes per entry (a few MB for 100k entries): one larger than this
-/// is not one of ours, and is not read.
-pub const MAX_SNAPSHOT_LEN: u64 = 256 << 20;
 
 #[derive(Debug, Default)]
 pub struct IndexView {
-    pub lru: Lru,
+    /// The entries: the snapshot's on disk, under the journals' records since in memory.
+    pub lru: Entries,
     pub journals: HashMap<String, JournalState>,
     /// Counters of journals folded and removed.
     pub base_counters: Vec<u64>,
@@ -208,6 +203,8 @@ impl IndexView {
     /// Drops entries of a freshly loaded snapshot that a remembered delete removed (the
     /// snapshot's writer may not have read that delete yet).
     fn apply_tombstones(&mut self) {
+        let mut names: Vec<u128> = self.tombstones.keys().copied().collect();
+        self.lru.materialize_many(&mut names);
         let dead: Vec<u128> = self
             .tombstones
             .iter()
@@ -305,6 +302,16 @@ impl IndexView {
             writers += usize::from(end > state.offset);
             state.offset = end;
             state.seen = Some(now);
+            // The snapshot's records of the names these records mention, each block read
+            // once, rather than one lookup per record.
+            let mut names: Vec<u128> = recs
+                .iter()
+                .filter_map(|r| match r {
+                    Record::Touch { name, .. } | Record::Delete { name, .. } => Some(*name),
+                    _ => None,
+                })
+                .collect();
+            self.lru.materialize_many(&mut names);
             let mut counters = None;
             for r in recs {
                 match r {
@@ -373,20 +380,18 @@ impl IndexView {
         let (Some(idir), Some(meta)) = (idir, meta) else {
             return Ok(());
         };
-        if !meta.is_file() || meta.len() > MAX_SNAPSHOT_LEN {
-            let why = if meta.is_file() {
-                format!("it is larger than {MAX_SNAPSHOT_LEN} bytes")
-            } else {
-                format!("it is {}", meta.kind())
-            };
-            self.skip_unreadable(&idir, SNAPSHOT, &why);
+        if !meta.is_file() {
+            self.skip_unreadable(&idir, SNAPSHOT, &format!("it is {}", meta.kind()));
             self.apply_tombstones();
             return Ok(());
         }
-        let bytes = match crate::dir::open_regular(&idir, SNAPSHOT)
-            .and_then(|(f, _)| crate::dir::read_capped(&f, MAX_SNAPSHOT_LEN))
-        {
-            Ok(b) => b,
+        let opened = match crate::dir::open_regular(&idir, SNAPSHOT) {
+            Ok((f, st)) => {
+                // The snapshot read is the one opened (it may have been replaced since the
+                // stat above).
+                self.snapshot_id = Some(st.id());
+                Base::open(f, st.len()).map(|o| (o, st.len()))
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => {
                 self.skip_unreadable(&idir, SNAPSHOT, &e.to_string());
@@ -395,127 +400,61 @@ impl IndexView {
             }
         };
         self.unreadable.remove(SNAPSHOT);
-        self.snapshot_bytes = bytes.len() as u64;
-        if let Err(why) = self.decode_snapshot(&bytes) {
-            log::warn!(
-                "xla_pcache: ignoring unreadable index snapshot {} ({why}); the index is rebuilt \
-                 from the journals; run `xla-pcache verify --repair` to reindex older entries",
-                idir.display(SNAPSHOT)
-            );
-            let id = self.snapshot_id;
-            self.reset();
-            self.snapshot_id = id;
+        match opened {
+            Ok((o, len)) => {
+                self.snapshot_bytes = len;
+                self.install(o);
+            }
+            Err(why) => {
+                log::warn!(
+                    "xla_pcache: ignoring unreadable index snapshot {} ({why}); the index is \
+                     rebuilt from the journals; run `xla-pcache verify --repair` to reindex \
+                     older entries",
+                    idir.display(SNAPSHOT)
+                );
+            }
         }
         self.apply_tombstones();
         Ok(())
     }
 
-    pub(crate) fn decode_snapshot(&mut self, b: &[u8]) -> Result<(), &'static str> {
-        if b.len() < 32 || &b[..4] != SNAP_MAGIC {
-            return Err("bad magic");
-        }
-        let (body, sum) = b.split_at(b.len() - 8);
-        if checksum(body) != u64::from_le_bytes(sum.try_into().map_err(|_| "short")?) {
-            return Err("checksum mismatch");
-        }
-        let mut r = Reader { b: body, at: 4 };
-        if r.u32()? != SNAP_VERSION {
-            return Err("unknown version");
-        }
-        let n_entries = r.u64()?;
-        let n_journals = r.u32()?;
-        let n_counters = r.u32()? as usize;
-        for _ in 0..n_entries {
-            let name = r.u128()?;
-            let disk_bytes = r.u64()?;
-            let last_use = r.u64()?;
-            self.lru.touch(name, disk_bytes, last_use);
-        }
-        for _ in 0..n_journals {
-            let len = r.u16()? as usize;
-            let name = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| "bad name")?;
-            let offset = r.u64()?;
-            let counters = (0..n_counters)
-                .map(|_| r.u64())
-                .collect::<Result<Vec<_>, _>>()?;
-            self.journals.insert(
-                name,
-                JournalState {
-                    offset,
-                    counters,
-                    seen: None,
-                },
-            );
-        }
-        self.base_counters = (0..n_counters)
-            .map(|_| r.u64())
-            .collect::<Result<Vec<_>, _>>()?;
-        // Optional trailing section (readers before it ignore trailing bytes, and a snapshot
-        // written before it has none: every entry then has 0 hits).
-        if r.at < r.b.len() {
-            if r.take(4)? != HITS_TAG {
-                return Err("unknown trailing section");
+    /// Makes an opened snapshot the view's base.
+    fn install(&mut self, opened: Opened) {
+        let meta = match opened {
+            Opened::V2(base, meta) => {
+                self.lru = Entries::with_base(Some(base));
+                meta
             }
-            let n = r.u64()?;
-            for _ in 0..n {
-                let name = r.u128()?;
-                let hits = r.u32()?;
-                self.lru.add_hits(name, hits);
+            Opened::V1(lru, meta) => {
+                self.lru = Entries::from_lru(lru);
+                meta
             }
-        }
-        Ok(())
-    }
-
-    fn encode_snapshot(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(32 + self.lru.len() * 32 + self.journals.len() * 160);
-        b.extend_from_slice(SNAP_MAGIC);
-        b.extend_from_slice(&SNAP_VERSION.to_le_bytes());
-        b.extend_from_slice(&(self.lru.len() as u64).to_le_bytes());
-        b.extend_from_slice(&(self.journals.len() as u32).to_le_bytes());
-        b.extend_from_slice(&(N_COUNTERS as u32).to_le_bytes());
-        for (name, info) in self.lru.iter() {
-            b.extend_from_slice(&name.to_le_bytes());
-            b.extend_from_slice(&info.disk_bytes.to_le_bytes());
-            b.extend_from_slice(&info.last_use.to_le_bytes());
-        }
-        let fixed = |v: &[u64]| -> Vec<u64> {
-            (0..N_COUNTERS)
-                .map(|i| v.get(i).copied().unwrap_or(0))
-                .collect()
         };
-        for (name, st) in &self.journals {
-            b.extend_from_slice(&(name.len() as u16).to_le_bytes());
-            b.extend_from_slice(name.as_bytes());
-            b.extend_from_slice(&st.offset.to_le_bytes());
-            for c in fixed(&st.counters) {
-                b.extend_from_slice(&c.to_le_bytes());
-            }
-        }
-        for c in fixed(&self.base_counters) {
-            b.extend_from_slice(&c.to_le_bytes());
-        }
-        let hits: Vec<(u128, u32)> = self
-            .lru
-            .iter()
-            .filter(|(_, i)| i.hits > 0)
-            .map(|(n, i)| (n, i.hits))
+        self.journals = meta
+            .journals
+            .into_iter()
+            .map(|j| {
+                (
+                    j.name,
+                    JournalState {
+                        offset: j.offset,
+                        counters: j.counters,
+                        seen: None,
+                    },
+                )
+            })
             .collect();
-        b.extend_from_slice(HITS_TAG);
-        b.extend_from_slice(&(hits.len() as u64).to_le_bytes());
-        for (name, n) in hits {
-            b.extend_from_slice(&name.to_le_bytes());
-            b.extend_from_slice(&n.to_le_bytes());
-        }
-        let sum = checksum(&b);
-        b.extend_from_slice(&sum.to_le_bytes());
-        b
+        self.base_counters = meta.base_counters;
     }
 
     /// Whether enough journal bytes accumulated that folding them into a new snapshot is
-    /// cheaper than reading them again (amortised: each compaction at least doubles the
-    /// bytes it replaces).
+    /// cheaper than reading them again. A new process reads (and looks up in the snapshot)
+    /// every record since the snapshot before its first put, so the journals are kept to at
+    /// most a sixteenth of the snapshot's size, and never over 2 MiB (about 40,000 records,
+    /// some 30 ms to fold); compaction streams the snapshot and costs its size in I/O
+    /// (about 40 bytes per entry), in the process that holds the evictor lock.
     pub fn wants_compaction(&self) -> bool {
-        self.unfolded_bytes > (1 << 20).max(self.snapshot_bytes)
+        self.unfolded_bytes > (self.snapshot_bytes / 16).clamp(1 << 20, 2 << 20)
             || self.journals.len() > 64.max(2 * self.journals_after_compaction)
     }
 
@@ -530,23 +469,54 @@ impl IndexView {
                 self.base_counters = acc.to_vec();
             }
         }
-        let bytes = self.encode_snapshot();
+        let meta = Meta {
+            journals: self
+                .journals
+                .iter()
+                .map(|(name, st)| JournalMark {
+                    name: name.clone(),
+                    offset: st.offset,
+                    counters: st.counters.clone(),
+                })
+                .collect(),
+            base_counters: self.base_counters.clone(),
+        };
         let tmp_dir = root.sub("tmp")?;
         let idir = root.sub(INDEX_DIR)?;
         let tmp = format!("snapshot.{}", crate::publish::unique_suffix());
         let res = (|| {
-            let mut f =
-                tmp_dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
-            f.write_all(&bytes)?;
-            drop(f);
-            tmp_dir.rename(&tmp, &idir, SNAPSHOT)
+            let f = tmp_dir.open_file(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o666)?;
+            let mut w = snapshot::Writer::new(f, self.lru.len() as u64)?;
+            for (name, info) in self.lru.iter_by_name() {
+                w.push(name, info)?;
+            }
+            let (f, len) = w.finish(&meta)?;
+            tmp_dir.rename(&tmp, &idir, SNAPSHOT)?;
+            Ok((f, len))
         })();
-        if res.is_err() {
-            let _ = tmp_dir.unlink(&tmp);
-            return res;
+        let (f, len) = match res {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = tmp_dir.unlink(&tmp);
+                return Err(e);
+            }
+        };
+        self.snapshot_id = crate::dir::fstat(&f).ok().map(|m| m.id());
+        self.snapshot_bytes = len;
+        // The view goes on from the snapshot just written (the same file, still open),
+        // holding nothing of it in memory.
+        match Base::open(f, len) {
+            Ok(opened @ Opened::V2(..)) => {
+                let (journals, counters) = (
+                    std::mem::take(&mut self.journals),
+                    std::mem::take(&mut self.base_counters),
+                );
+                self.install(opened);
+                self.journals = journals;
+                self.base_counters = counters;
+            }
+            _ => self.loaded = false,
         }
-        self.snapshot_id = idir.stat(SNAPSHOT).ok().map(|m| m.id());
-        self.snapshot_bytes = bytes.len() as u64;
         self.unfolded_bytes = 0;
         self.journals_after_compaction = self.journals.len();
         if !remove.is_empty() {
@@ -557,43 +527,6 @@ impl IndexView {
             }
         }
         Ok(())
-    }
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], &'static str> {
-        let end = self.at.checked_add(n).ok_or("overflow")?;
-        if end > self.b.len() {
-            return Err("truncated");
-        }
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-    fn u16(&mut self) -> Result<u16, &'static str> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().map_err(|_| "short")?,
-        ))
-    }
-    fn u32(&mut self) -> Result<u32, &'static str> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().map_err(|_| "short")?,
-        ))
-    }
-    fn u64(&mut self) -> Result<u64, &'static str> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().map_err(|_| "short")?,
-        ))
-    }
-    fn u128(&mut self) -> Result<u128, &'static str> {
-        Ok(u128::from_le_bytes(
-            self.take(16)?.try_into().map_err(|_| "short")?,
-        ))
     }
 }
 
@@ -713,26 +646,92 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_without_hits_section_loads_with_zero_hits() {
+    fn version_1_snapshots_are_read_with_or_without_hits() {
+        for with_hits in [false, true] {
+            let (_d, l) = layout();
+            let mut lru = crate::lru::Lru::default();
+            lru.touch(1, 4096, 1);
+            lru.hit(1, 4096, 2);
+            lru.touch(2, 100, 3);
+            let meta = Meta {
+                journals: Vec::new(),
+                base_counters: vec![7],
+            };
+            fs::write(
+                snapshot_path(&l),
+                snapshot::encode_v1(&lru, &meta, with_hits),
+            )
+            .unwrap();
+            let mut old = IndexView::default();
+            old.refresh(&l, true, false).unwrap();
+            assert_eq!(old.lru.len(), 2);
+            assert_eq!(old.lru.total_bytes(), 4196);
+            assert_eq!(old.lru.get(1).unwrap().hits, u32::from(with_hits));
+            assert_eq!(old.lru.get(1).unwrap().last_use, 2);
+            assert_eq!(old.counters()[0], 7);
+            // Compaction writes the current version, which reads back the same.
+            old.compact(&l, &[]).unwrap();
+            let mut new = IndexView::default();
+            new.refresh(&l, true, false).unwrap();
+            assert_eq!(new.lru.len(), 2);
+            assert_eq!(new.lru.total_bytes(), 4196);
+            assert_eq!(new.lru.get(1).unwrap().hits, u32::from(with_hits));
+        }
+    }
+
+    #[test]
+    fn a_put_reads_the_totals_not_the_snapshot() {
         let (_d, l) = layout();
+        let mut w = JournalWriter::new(l.clone(), "w".into());
+        let n = 5000u128;
+        let recs: Vec<Record> = (0..n).map(|i| put(i * 1_000_003, i as u64)).collect();
+        w.append(&recs).unwrap();
         let mut v = IndexView::default();
-        v.lru.touch(1, 4096, 1);
-        v.lru.hit(1, 4096, 2);
-        let mut b = v.encode_snapshot();
-        // What a writer before the hits section produced: the body up to the base counters.
-        let section = 4 + 8 + (16 + 4);
-        b.truncate(b.len() - 8 - section);
-        let sum = checksum(&b);
-        b.extend_from_slice(&sum.to_le_bytes());
-        fs::write(snapshot_path(&l), &b).unwrap();
-        let mut old = IndexView::default();
-        old.refresh(&l, true, false).unwrap();
-        assert_eq!(old.lru.get(1).unwrap().hits, 0);
-        assert_eq!(old.lru.get(1).unwrap().last_use, 2);
+        v.refresh(&l, true, false).unwrap();
+        v.compact(&l, &[]).unwrap();
+        assert_eq!(v.lru.in_memory(), 0, "compaction keeps nothing in memory");
+        // A new process: totals from the header, journal tail looked up by block.
+        w.append(&[
+            put(7, 9_000_000),
+            Record::Delete {
+                name: 0,
+                t: 9_000_001,
+            },
+        ])
+        .unwrap();
+        let mut fresh = IndexView::default();
+        fresh.refresh(&l, true, false).unwrap();
+        assert_eq!(fresh.lru.len(), n as usize);
+        assert_eq!(fresh.lru.total_bytes(), n as u64 * 4096);
+        assert!(fresh.lru.in_memory() <= 2, "{}", fresh.lru.in_memory());
+        assert!(fresh.lru.blocks_read() <= 2, "{}", fresh.lru.blocks_read());
+        assert!(fresh.lru.get(0).is_none());
+        assert_eq!(fresh.lru.get(1_000_003).unwrap().last_use, 1);
+        // The evictor's order merges the snapshot's oldest with the journals'.
+        let first: Vec<u128> = fresh.lru.oldest().take(3).map(|(n, _)| n).collect();
+        assert_eq!(first, vec![1_000_003, 2_000_006, 3_000_009]);
+        let all: Vec<u128> = fresh.lru.oldest().map(|(n, _)| n).collect();
+        assert_eq!(all.len(), n as usize);
+        assert_eq!(*all.last().unwrap(), 7);
+        assert_eq!(fresh.lru.iter().count(), n as usize);
+        // Every entry removed through the order: totals follow.
+        loop {
+            let next = fresh.lru.oldest().next();
+            let Some((name, _)) = next else { break };
+            fresh.forget(name, 10_000_000);
+        }
+        assert_eq!(fresh.lru.len(), 0);
+        assert_eq!(fresh.lru.total_bytes(), 0);
     }
 
     #[test]
     fn corrupt_snapshot_is_ignored() {
+        // (And one of an unknown future version.)
+        let (_d, l) = layout();
+        fs::write(snapshot_path(&l), b"XPCS\x09\0\0\0 garbage garbage garbage").unwrap();
+        let mut v = IndexView::default();
+        v.refresh(&l, true, false).unwrap();
+        assert!(v.lru.is_empty());
         let (_d, l) = layout();
         fs::write(snapshot_path(&l), b"XPCS garbage garbage garbage garbage").unwrap();
         let mut v = IndexView::default();

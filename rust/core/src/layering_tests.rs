@@ -8,7 +8,9 @@ use std::path::Path;
 /// Top to bottom. A module may use those of its own tier and the tiers below.
 const TIERS: &[&[&str]] = &[
     &["store"],
-    &["index", "journal", "snapshot", "entry", "blob", "lock"],
+    &[
+        "index", "overlay", "journal", "snapshot", "entry", "blob", "lock",
+    ],
     &[
         "dir", "layout", "publish", "fsinfo", "lru", "stats", "forksafe", "hash", "clock", "error",
     ],

@@ -3,9 +3,10 @@
 //!
 //! The modules are private to the crate; what the binding and the integration tests use is
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
-//! `layering_tests.rs`): `store` (with admission and claims); then `index`, `journal`,
-//! `entry`, `blob`, `lock`; then `dir`, `layout`, `publish`, `fsinfo`, `lru`, `stats`,
-//! `forksafe`, `hash`, `clock`, `error`. A module uses only its own tier and those below.
+//! `layering_tests.rs`): `store` (with admission and claims); then `index`, `overlay`,
+//! `journal`, `snapshot`, `entry`, `blob`, `lock`; then `dir`, `layout`, `publish`, `fsinfo`,
+//! `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`. A module uses only its own tier and
+//! those below.
 
 pub(crate) mod blob;
 pub(crate) mod clock;
@@ -24,7 +25,9 @@ mod layering_tests;
 pub(crate) mod layout;
 pub(crate) mod lock;
 pub(crate) mod lru;
+pub(crate) mod overlay;
 pub(crate) mod publish;
+pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub(crate) mod store;
 

@@ -28,11 +28,24 @@ impl Lru {
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
+    #[cfg(test)]
     pub fn total_bytes(&self) -> u64 {
         u64::try_from(self.total).unwrap_or(u64::MAX)
     }
     pub fn get(&self, name: u128) -> Option<EntryInfo> {
         self.map.get(&name).copied()
+    }
+    /// The total, unclamped.
+    pub fn total_wide(&self) -> u128 {
+        self.total
+    }
+
+    /// Adds `name` as `info` says (a record read from a snapshot), replacing any record.
+    pub fn insert(&mut self, name: u128, info: EntryInfo) {
+        self.remove(name);
+        self.map.insert(name, info);
+        self.order.insert((info.last_use, name));
+        self.total += u128::from(info.disk_bytes);
     }
 
     /// Records that `name` exists with `disk_bytes` and was used at `t` (keeps the latest use).

@@ -45,6 +45,42 @@ fn meta_dict<'py>(py: Python<'py>, meta: &[(String, String)]) -> PyResult<Bound<
     Ok(d)
 }
 
+/// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
+/// looks for signals every 20 ms: on Ctrl-C (KeyboardInterrupt from Python's handler) it
+/// asks the store to stop at the next entry, waits for `f` to return, and raises. A walk
+/// in the calling thread would see Ctrl-C only once it had finished.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    store: &Store,
+    f: impl FnOnce() -> PyResult<T> + Send,
+) -> PyResult<T> {
+    let (res, err) = py.detach(|| {
+        std::thread::scope(|s| {
+            let h = s.spawn(f);
+            let mut err = None;
+            while !h.is_finished() {
+                std::thread::sleep(Duration::from_millis(20));
+                if err.is_none() {
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        store.interrupt();
+                        err = Some(e);
+                    }
+                }
+            }
+            let res = h.join().unwrap_or_else(|_| {
+                Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "xla_pcache: the store walk panicked",
+                ))
+            });
+            (res, err)
+        })
+    });
+    match err {
+        Some(e) => Err(e),
+        None => res,
+    }
+}
+
 fn ns_to_secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
@@ -539,9 +575,13 @@ impl PyStore {
         )
     }
 
-    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    #[pyo3(signature = (shard=None))]
+    fn entries<'py>(&self, py: Python<'py>, shard: Option<String>) -> PyResult<Bound<'py, PyList>> {
         let store = self.store()?;
-        let entries: Vec<EntrySummary> = py.detach(|| no_panic("entries", || store.entries()))?;
+        let entries: Vec<EntrySummary> = py.detach(|| match &shard {
+            Some(s) => no_panic("entries", || store.shard_entries(s)),
+            None => no_panic("entries", || store.entries()),
+        })?;
         let out = PyList::empty(py);
         for e in entries {
             let d = PyDict::new(py);
@@ -556,6 +596,31 @@ impl PyStore {
             out.append(d)?;
         }
         Ok(out)
+    }
+
+    fn entry_shards<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store()?;
+        let shards = py.detach(|| no_panic("entry_shards", || store.entry_shards()))?;
+        PyList::new(py, shards)
+    }
+
+    fn trashed_keys<'py>(
+        &self,
+        py: Python<'py>,
+        names: Vec<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.store()?;
+        let found = py.detach(|| no_panic("trashed_keys", || Ok(store.trashed_keys(&names))))?;
+        let d = PyDict::new(py);
+        for (name, key, is_text) in found {
+            d.set_item(name, key_object(py, &key, is_text))?;
+        }
+        Ok(d)
+    }
+
+    fn interrupt(&self) -> PyResult<()> {
+        self.store()?.interrupt();
+        Ok(())
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -618,7 +683,9 @@ impl PyStore {
     ) -> PyResult<Bound<'py, PyDict>> {
         let older = older_than.map(|s| seconds("older_than", s)).transpose()?;
         let store = self.store()?;
-        let r = py.detach(|| no_panic("evict", || store.evict(max_size, older)))?;
+        let r = interruptible(py, store, || {
+            no_panic("evict", || store.evict(max_size, older))
+        })?;
         let d = PyDict::new(py);
         d.set_item("removed", r.removed)?;
         d.set_item("bytes", r.bytes)?;
@@ -627,6 +694,7 @@ impl PyStore {
         d.set_item("names", r.names)?;
         d.set_item("skipped", r.skipped)?;
         d.set_item("skipped_files", r.skipped_files)?;
+        d.set_item("interrupted", r.interrupted)?;
         Ok(d)
     }
 
@@ -638,25 +706,28 @@ impl PyStore {
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;
-        let mut cb_err: Option<PyErr> = None;
-        let r = py.detach(|| {
+        let cb_err = std::sync::Mutex::new(None::<PyErr>);
+        let r = interruptible(py, store, || {
             let mut last = std::time::Instant::now() - Duration::from_secs(1);
             let mut cb = |done: u64, total: u64| {
                 let Some(p) = &progress else { return };
-                if cb_err.is_some() || (done != total && last.elapsed() < Duration::from_millis(50))
-                {
+                if done != total && last.elapsed() < Duration::from_millis(50) {
                     return;
                 }
                 last = std::time::Instant::now();
                 Python::attach(|py| {
                     if let Err(e) = p.call1(py, (done, total)) {
-                        cb_err = Some(e);
+                        // A callback that raises stops the walk, as an interrupt does.
+                        store.interrupt();
+                        if let Ok(mut slot) = cb_err.lock() {
+                            slot.get_or_insert(e);
+                        }
                     }
                 });
             };
             no_panic("verify", || store.verify(repair, &mut cb))
         })?;
-        if let Some(e) = cb_err {
+        if let Some(e) = cb_err.lock().ok().and_then(|mut s| s.take()) {
             return Err(e);
         }
         let d = PyDict::new(py);
@@ -670,6 +741,7 @@ impl PyStore {
         d.set_item("stale_trash", r.stale_trash)?;
         d.set_item("problems", r.problems())?;
         d.set_item("repaired", r.repaired)?;
+        d.set_item("interrupted", r.interrupted)?;
         d.set_item("skipped_files", &r.skipped_files)?;
         Ok(d)
     }

@@ -180,25 +180,63 @@ impl Store {
 
     /// Every entry with its header (walks the directory; headers only, payloads unread).
     pub fn entries(&self) -> Result<Vec<EntrySummary>, StoreError> {
-        let files = self.entry_files()?;
-        let view_uses: HashMap<u128, (u64, u32)> = {
+        let mut out = Vec::new();
+        for shard in self.entry_shards()? {
+            out.extend(self.shard_entries(&shard)?);
+        }
+        Ok(out)
+    }
+
+    /// The names under entries/, sorted: `shard_entries` of each, in turn, lists every
+    /// entry, a shard at a time (so a caller can show the first ones at once, at any size).
+    pub fn entry_shards(&self) -> Result<Vec<String>, StoreError> {
+        let entries = match self.dir("entries") {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("list", &self.layout.entries(), e)),
+        };
+        let mut shards: Vec<String> = entries
+            .list()
+            .map_err(|e| io_err("list", &self.layout.entries(), e))?
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .collect();
+        shards.sort();
+        Ok(shards)
+    }
+
+    /// The entries of one shard with their headers, last use and hits from the index
+    /// (looked up together: the snapshot blocks of one shard's names, each read once).
+    /// Nothing for a name that is no shard directory.
+    pub fn shard_entries(&self, shard: &str) -> Result<Vec<EntrySummary>, StoreError> {
+        let rel = format!("entries/{shard}");
+        if shard.len() != 2 || !shard.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(Vec::new());
+        }
+        let d = match self.dir(&rel) {
+            Ok(d) => d,
+            Err(_) => return Ok(Vec::new()),
+        };
+        let names = match d.list() {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("list", &self.layout.entries().join(shard), e)),
+        };
+        let mut files: Vec<(u128, String)> = names
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .filter_map(|f| parse_name_hex(&f).map(|n| (n, f)))
+            .collect();
+        files.sort_unstable();
+        let uses = {
             let mut st = self.state();
             let _ = self.refresh(&mut st);
-            st.view
-                .lru
-                .iter()
-                .map(|(n, i)| (n, (i.last_use, i.hits)))
-                .collect()
+            let names: Vec<u128> = files.iter().map(|f| f.0).collect();
+            st.view.lru.get_sorted(&names)
         };
         let mut out = Vec::with_capacity(files.len());
-        for (shard, file) in files {
-            let Some(name) = parse_name_hex(&file) else {
-                continue;
-            };
-            if shard.is_empty() {
-                continue;
-            }
-            let Ok((h, m)) = self.read_header(&format!("entries/{shard}/{file}")) else {
+        for ((name, file), info) in files.into_iter().zip(uses) {
+            let Ok((h, m)) = self.read_header(&format!("{rel}/{file}")) else {
                 continue;
             };
             out.push(EntrySummary {
@@ -208,12 +246,38 @@ impl Store {
                 size: h.payload_len,
                 disk_bytes: disk_bytes(&m),
                 created_ns: h.created_ns,
-                last_use_ns: view_uses.get(&name).map(|u| u.0),
-                hits: view_uses.get(&name).map_or(0, |u| u.1),
+                last_use_ns: info.map(|i| i.last_use),
+                hits: info.map_or(0, |i| i.hits),
                 meta: h.meta,
             });
         }
         Ok(out)
+    }
+
+    /// The keys of entries just evicted or deleted (file names as `EvictReport::names`
+    /// gives them), read from their headers in trash/ while they are there (a few minutes):
+    /// a report can name what it removed without listing the cache first.
+    pub fn trashed_keys(&self, names: &[String]) -> Vec<(String, Vec<u8>, bool)> {
+        let wanted: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+        let Ok(trash) = self.dir("trash") else {
+            return Vec::new();
+        };
+        let Ok(files) = trash.list() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for f in files.into_iter().filter_map(|n| n.into_string().ok()) {
+            let Some((name, _)) = f.split_once('.') else {
+                continue;
+            };
+            if !wanted.contains(name) {
+                continue;
+            }
+            if let Ok((h, _)) = self.read_header(&format!("trash/{f}")) {
+                out.push((name.to_string(), h.key, h.key_is_text));
+            }
+        }
+        out
     }
 
     /// Number of entries, from the index. A cache whose directory vanished has none; an index
@@ -283,6 +347,16 @@ impl Store {
         let mut fix = Vec::new();
         for (i, (shard, file)) in files.iter().enumerate() {
             progress(i as u64, total);
+            if self.interrupted() {
+                report.interrupted = true;
+                let mut st = self.state();
+                report.skipped_files.extend(self.unreadable_files(&st));
+                // The corrupt files removed so far: their deletes are recorded.
+                if !fix.is_empty() {
+                    self.append_locked(&mut st, &fix);
+                }
+                return Ok(report);
+            }
             let display = self.entry_display(shard, file);
             let rel = format!("entries/{shard}/{file}");
             let name = parse_name_hex(file).filter(|n| {
@@ -348,11 +422,16 @@ impl Store {
         }
         report.skipped_files.extend(self.unreadable_files(&st));
         let now = crate::clock::unix_ns();
-        for (&name, &disk) in &seen {
-            match st.view.lru.get(name) {
+        // Sorted: the index's records of one snapshot block are read together.
+        let mut files: Vec<(u128, u64)> = seen.iter().map(|(&n, &d)| (n, d)).collect();
+        files.sort_unstable();
+        let names: Vec<u128> = files.iter().map(|f| f.0).collect();
+        let indexed = st.view.lru.get_sorted(&names);
+        for ((name, disk), indexed) in files.into_iter().zip(indexed) {
+            match indexed {
                 Some(info) if info.disk_bytes == disk => {}
                 _ => {
-                    report.unindexed += u64::from(st.view.lru.get(name).is_none());
+                    report.unindexed += u64::from(indexed.is_none());
                     // Recorded as a publish: reindexing is not a use, so it counts no hit.
                     fix.push(Record::Touch {
                         name,

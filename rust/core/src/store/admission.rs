@@ -217,13 +217,13 @@ impl Store {
         let fits = |st: &State, unseen: u64| fits(st.view.lru.total_bytes(), unseen, size, max);
         {
             let mut st = self.state();
-            let just_read = publishing && self.freshen_for_publish(&mut st);
+            let just_read = publishing && self.refresh_before_publish(&mut st);
             // The other writers' likely puts since this view was read count too.
             if fits(&st, st.likely_unseen()) {
                 return Ok(());
             }
             if publishing && !self.fs.local && !just_read {
-                if !self.fresh_view(&mut st) {
+                if !self.refresh_or_warn(&mut st) {
                     return Ok(());
                 }
                 if fits(&st, st.likely_unseen()) {
@@ -253,7 +253,7 @@ impl Store {
             }
             std::thread::sleep(wait.pause(Instant::now())?);
             let mut st = self.state();
-            if self.fresh_view(&mut st) && fits(&st, st.likely_unseen()) {
+            if self.refresh_or_warn(&mut st) && fits(&st, st.likely_unseen()) {
                 return Ok(());
             }
         }

@@ -44,14 +44,14 @@ impl Store {
     /// Brings the view up to date for an explicit call (stats, evict, len...): through a
     /// fresh listing of the journals on a network filesystem.
     pub(super) fn refresh(&self, st: &mut State) -> io::Result<()> {
-        self.refresh_with(st, true)
+        self.refresh_view(st, true)
     }
 
     /// `refresh` for the put path: the journal listing is made fresh at most every
     /// `FRESHEN_EVERY` (two metadata round trips on a network filesystem).
-    fn refresh_from_put(&self, st: &mut State) -> io::Result<()> {
+    fn refresh_for_put(&self, st: &mut State) -> io::Result<()> {
         let due = st.last_freshen.is_none_or(|t| t.elapsed() >= FRESHEN_EVERY);
-        self.refresh_with(st, due)
+        self.refresh_view(st, due)
     }
 
     /// Before a put publishes into a bounded cache on a network filesystem: a view whose
@@ -62,15 +62,18 @@ impl Store {
     /// `refresh_interval` while each admits its puts into the same free space. Rare puts
     /// (a compile cache's) pay nothing more: the refresh after the put is then not due.
     /// True if it read the view just now.
-    pub(super) fn freshen_for_publish(&self, st: &mut State) -> bool {
+    pub(super) fn refresh_before_publish(&self, st: &mut State) -> bool {
         if self.fs.local || st.last_freshen.is_some_and(|t| t.elapsed() < FRESHEN_EVERY) {
             return false;
         }
-        let res = self.refresh_from_put(st);
-        self.refreshed(res)
+        let res = self.refresh_for_put(st);
+        self.refresh_ok(res)
     }
 
-    fn refresh_with(&self, st: &mut State, freshen: bool) -> io::Result<()> {
+    /// Every way of re-reading the journals ends here (`refresh`, `refresh_for_put`,
+    /// `refresh_before_publish`, `refresh_or_warn`): `freshen` makes the journal listing
+    /// fresh first on a network filesystem.
+    fn refresh_view(&self, st: &mut State, freshen: bool) -> io::Result<()> {
         // Our own buffered hits belong in the view too.
         self.append_locked(st, &[]);
         // A network client serves journal lengths from its attribute cache (20 s on sshfs):
@@ -107,7 +110,7 @@ impl Store {
 
     /// Whether a refresh from the put path worked; a failure is counted and logged (the
     /// put goes on with the view it has).
-    pub(super) fn refreshed(&self, res: io::Result<()>) -> bool {
+    pub(super) fn refresh_ok(&self, res: io::Result<()>) -> bool {
         match res {
             Ok(()) => true,
             Err(e) => {
@@ -134,8 +137,8 @@ impl Store {
         if !due {
             return;
         }
-        let res = self.refresh_from_put(st);
-        if !self.refreshed(res) {
+        let res = self.refresh_for_put(st);
+        if !self.refresh_ok(res) {
             return;
         }
         let total = st.view.lru.total_bytes();
@@ -223,7 +226,7 @@ impl Store {
         if explicit {
             self.refresh(st)?;
         } else {
-            self.refresh_from_put(st)?;
+            self.refresh_for_put(st)?;
         }
         st.evict_backlog = None;
         let mut report = EvictReport::default();
@@ -248,6 +251,7 @@ impl Store {
             );
             let over = |st: &State| target.is_some_and(|t| st.view.lru.total_bytes() > t);
             if !done {
+                report.interrupted = explicit && self.interrupted();
                 // Out of time, or the lease was lost: the next put goes on (if it can).
                 st.evict_backlog = target.filter(|_| over(st));
                 break;
@@ -315,6 +319,10 @@ impl Store {
                 .find(|(n, _)| !skip.contains(n))
                 .filter(|(_, info)| over || cutoff.is_some_and(|c| info.last_use < c));
             let Some((name, info)) = next else { break };
+            if deadline.is_none() && self.interrupt_pending() {
+                done = false;
+                break;
+            }
             // At least one entry per slice, so a backlog always shrinks.
             if !first && deadline.is_some_and(|d| Instant::now() >= d) {
                 done = false;

@@ -170,6 +170,8 @@ pub struct EvictReport {
     /// File names (hex) of the evicted entries.
     pub names: Vec<String>,
     pub skipped: Option<String>,
+    /// Stopped early by `interrupt`.
+    pub interrupted: bool,
     /// Files and directories it could not use and went on without: index files it could
     /// not read, directories that were not real directories inside the cache.
     pub skipped_files: Vec<String>,
@@ -187,6 +189,9 @@ pub struct VerifyReport {
     pub stale_tmp: u64,
     pub stale_trash: u64,
     pub repaired: bool,
+    /// Stopped early by `interrupt`: the counts cover the files checked until then, and
+    /// the index was neither reconciled nor repaired.
+    pub interrupted: bool,
     /// What it could not look at and went on without (unreadable entries or index files,
     /// directories that are not real directories inside the cache), with why.
     pub skipped_files: Vec<String>,
@@ -285,6 +290,9 @@ pub struct Store {
     locks: LockDir,
     claims: std::sync::Arc<claim::Keeper>,
     warned: ForkMutex<HashMap<&'static str, Instant>>,
+    /// Set by `interrupt`: the running (or next) `verify` or explicit `evict` stops at the
+    /// next entry, leaving the cache as valid as after any entry.
+    interrupt: std::sync::atomic::AtomicBool,
 }
 
 enum ReadError {
@@ -424,6 +432,7 @@ impl Store {
             counters: Counters::default(),
             locks,
             warned: ForkMutex::new(HashMap::new()),
+            interrupt: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -439,6 +448,25 @@ impl Store {
     pub fn mmap_reads(&self) -> bool {
         self.mmap
     }
+    /// Asks the running `verify` or explicit `evict` (or the next one) to stop after the
+    /// entry it is at: each step leaves a valid cache, so stopping between two is clean.
+    /// Safe from any thread (a signal handler's, while another thread runs the call).
+    pub fn interrupt(&self) {
+        self.interrupt
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether `interrupt` was called; consumes the request.
+    fn interrupted(&self) -> bool {
+        self.interrupt
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether `interrupt` was called, leaving the request for `interrupted` to consume.
+    fn interrupt_pending(&self) -> bool {
+        self.interrupt.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.counters
     }

@@ -168,9 +168,9 @@ impl Store {
 
     /// Re-reads the journals through a fresh listing; false (logged, counted) if they
     /// cannot be read.
-    pub(super) fn fresh_view(&self, st: &mut State) -> bool {
+    pub(super) fn refresh_or_warn(&self, st: &mut State) -> bool {
         let res = self.refresh(st);
-        self.refreshed(res)
+        self.refresh_ok(res)
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
