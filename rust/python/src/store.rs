@@ -619,8 +619,11 @@ impl PyStore {
     }
 
     fn interrupt(&self) -> PyResult<()> {
-        self.store()?.interrupt();
-        Ok(())
+        let store = self.store()?;
+        no_panic("interrupt", || {
+            store.interrupt();
+            Ok(())
+        })
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
