@@ -93,6 +93,58 @@ class Stats(TypedDict):
     unsafe_paths: int
     unreadable: int
     compile_saved_ms: int
+    # The remote tiers' counters (counted by xla_pcache.chain), summed over the tiers, then
+    # per kind of tier.
+    remote_hits: int
+    remote_misses: int
+    remote_rejected: int
+    remote_errors: int
+    remote_puts: int
+    remote_put_exists: int
+    remote_read_bytes: int
+    remote_written_bytes: int
+    remote_get_ms: int
+    remote_backfills: int
+    remote_redis_hits: int
+    remote_redis_misses: int
+    remote_redis_rejected: int
+    remote_redis_errors: int
+    remote_redis_puts: int
+    remote_redis_put_exists: int
+    remote_redis_read_bytes: int
+    remote_redis_written_bytes: int
+    remote_redis_get_ms: int
+    remote_redis_backfills: int
+    remote_s3_hits: int
+    remote_s3_misses: int
+    remote_s3_rejected: int
+    remote_s3_errors: int
+    remote_s3_puts: int
+    remote_s3_put_exists: int
+    remote_s3_read_bytes: int
+    remote_s3_written_bytes: int
+    remote_s3_get_ms: int
+    remote_s3_backfills: int
+    remote_gs_hits: int
+    remote_gs_misses: int
+    remote_gs_rejected: int
+    remote_gs_errors: int
+    remote_gs_puts: int
+    remote_gs_put_exists: int
+    remote_gs_read_bytes: int
+    remote_gs_written_bytes: int
+    remote_gs_get_ms: int
+    remote_gs_backfills: int
+    remote_az_hits: int
+    remote_az_misses: int
+    remote_az_rejected: int
+    remote_az_errors: int
+    remote_az_puts: int
+    remote_az_put_exists: int
+    remote_az_read_bytes: int
+    remote_az_written_bytes: int
+    remote_az_get_ms: int
+    remote_az_backfills: int
     hit_rate: float | None
     entries: int
     bytes: int
