@@ -4,7 +4,7 @@ The extension is private: import its names from ``xla_pcache``.
 """
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal, Self, TypedDict, TypeVar, final
 
 from typing_extensions import Buffer, disjoint_base
@@ -285,6 +285,11 @@ class Store:
     def verify_entry_file(self, key: Key, data: Buffer) -> Blob | None:
         """Verify a whole entry file in memory (header, length, checksum, key) and return its
         payload as a Blob without writing anything; None if it does not verify."""
+    def take_entry_file(self, key: Key, pieces: Iterable[Buffer], publish: bool) -> Blob | None:
+        """A whole entry file received in ``pieces`` (buffers, in order): gathered into one
+        buffer (the only copy), verified once (header, length, checksum, key), published when
+        ``publish`` (what is published is what was verified), and its payload returned as a
+        Blob; None if it does not verify (nothing written)."""
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
         None if it does not verify (nothing written), else what ``put`` returns."""

@@ -72,6 +72,12 @@ TIER_KINDS = {
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
 
 
+def _size(data: Buffer | list[Buffer]) -> int:
+    if isinstance(data, list):
+        return sum(len(memoryview(p)) for p in data)
+    return len(memoryview(data))
+
+
 def _split_read_only(url: str) -> tuple[str, bool]:
     """The URL without ``ro`` / ``read_only`` in its query, and whether it asked for it."""
     from xla_pcache.config import parse_bool
@@ -231,8 +237,9 @@ class Chain:
         ]
 
     def get(self, name: str) -> Any:
-        """The first tier's value for ``name`` (not yet verified: the store verifies it and
-        says ``count("remote_hits")`` or ``count("remote_rejected")``)."""
+        """The first tier's value for ``name``: a buffer, or a list of buffers to be taken
+        in order (an object store's ranged pieces). Not yet verified: the store verifies it
+        and says ``count("remote_hits")`` or ``count("remote_rejected")``."""
         self._last.hit = None
         for i, slot in enumerate(self._slots):
             t = time.perf_counter()
@@ -243,7 +250,7 @@ class Chain:
             self._persist("remote_get_ms", round(ms), slot)
             self.sync_counters()
             if data is not None:
-                size = len(memoryview(data))
+                size = _size(data)
                 with slot.lock:
                     slot.read_bytes += size
                 self._persist("remote_read_bytes", size, slot)
@@ -269,14 +276,17 @@ class Chain:
         if self._slots:
             self._slots[0].tier.count(counter, n)
 
-    def _backfill(self, k: int, name: str, data: Buffer) -> None:
+    def _backfill(self, k: int, name: str, data: Buffer | list[Buffer]) -> None:
         # The faster tiers before the one that answered get the verified entry.
-        for slot in self._slots[:k]:
-            if not slot.read_only:
-                slot.tier.put_async(name, data)
-                with slot.lock:
-                    slot.backfills += 1
-                self._persist("remote_backfills", 1, slot)
+        targets = [slot for slot in self._slots[:k] if not slot.read_only]
+        if not targets:
+            return
+        whole = b"".join(data) if isinstance(data, list) else data  # tiers write one buffer
+        for slot in targets:
+            slot.tier.put_async(name, whole)
+            with slot.lock:
+                slot.backfills += 1
+            self._persist("remote_backfills", 1, slot)
 
     def put_async(self, name: str, data: Buffer) -> None:
         if not self._writes():
