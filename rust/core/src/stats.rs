@@ -299,6 +299,17 @@ mod tests {
     }
 
     #[test]
+    fn records_of_other_lengths_add_what_they_hold() {
+        // A journal of an older version holds fewer counters (the per-kind ones read as
+        // 0); one of a newer version more (ignored here).
+        let mut acc = [0u64; N_COUNTERS];
+        add_into(&mut acc, &[1; FIRST_TIER]);
+        add_into(&mut acc, &[2; N_COUNTERS + 5]);
+        assert!(acc[..FIRST_TIER].iter().all(|v| *v == 3));
+        assert!(acc[FIRST_TIER..].iter().all(|v| *v == 2));
+    }
+
+    #[test]
     fn compile_time_from_meta() {
         assert_eq!(compile_ms(&meta("1.2345")), 1235);
         assert_eq!(compile_ms(&meta(" 2 ")), 2000);
