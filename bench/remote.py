@@ -68,6 +68,9 @@ def _run(tier: str, url: str, plain_get: Callable[[str], int], reps: int, d: str
             plain.append(time.perf_counter() - t)
             assert n > size
             b = Store(tempfile.mkdtemp(dir=d), remote=url)
+            # The tier's client is made before the clock starts, as the plain client was:
+            # what is timed is the get (a new connection all the same).
+            assert b.remote is not None
             t = time.perf_counter()
             blob = b.get(key)
             assert blob is not None and len(memoryview(blob)) == size

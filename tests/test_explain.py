@@ -127,6 +127,21 @@ def test_remote_counters_carry_the_remote_tier() -> None:
     assert 'xla_pcache_hits_total{cache="/c",tier="remote"} 5.0' in text
 
 
+def test_remote_counters_per_kind_of_tier() -> None:
+    """Each kind of tier has its own ``tier`` label; what the kinds do not account for
+    (counted by an older version, without a kind) stays ``remote``: the sum over the label
+    is the whole cache's."""
+    report = {"path": "/c", "remote_hits": 5, "remote_s3_hits": 3, "remote_redis_hits": 2}
+    report |= {"remote_misses": 7, "remote_s3_misses": 4, "remote_gs_misses": 0}
+    text = metrics.prometheus_text(report)
+    assert 'xla_pcache_hits_total{cache="/c",tier="s3"} 3.0' in text
+    assert 'xla_pcache_hits_total{cache="/c",tier="redis"} 2.0' in text
+    assert 'xla_pcache_hits_total{cache="/c",tier="remote"}' not in text
+    assert 'xla_pcache_misses_total{cache="/c",tier="s3"} 4.0' in text
+    assert 'xla_pcache_misses_total{cache="/c",tier="remote"} 3.0' in text
+    assert 'tier="gs"' not in text
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [

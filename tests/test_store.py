@@ -580,3 +580,37 @@ def test_settings_argument_replaces_the_environment(
     with Store(cache_dir, settings=xla_pcache.Settings()) as store:
         assert "remote" not in store.stats()
         assert store.settings == xla_pcache.Settings()
+
+
+def test_take_entry_file_gathers_pieces_verifies_once_and_publishes(tmp_path: Path) -> None:
+    """A remote value in pieces (an object store's ranged reads): gathered, verified and
+    published as one entry; a damaged or short one, or one filed under another key, is None
+    and writes nothing; asked not to publish, it is served but not written."""
+    with Store(tmp_path / "src") as src:
+        payload = os.urandom(300_000)
+        assert src.put("k", payload, meta={"m": "1"})
+        data = src.get_entry_file("k")
+    assert data is not None
+    whole = bytes(data)
+    pieces = [whole[i : i + 70_000] for i in range(0, len(whole), 70_000)]
+    damaged = bytearray(whole)
+    damaged[-1] ^= 0xFF
+    with Store(tmp_path / "dst") as dst:
+        for key, bad in [
+            ("k", [whole[:100_000], whole[100_001:]]),
+            ("k", [bytes(damaged)]),
+            ("k", [whole, b"x"]),
+            ("other", pieces),
+            ("k", []),
+        ]:
+            assert dst.take_entry_file(key, bad, True) is None
+        assert dst.get("k") is None and len(dst) == 0
+        blob = dst.take_entry_file("k", pieces, False)
+        assert blob is not None and bytes(blob) == payload and blob.meta["m"] == "1"
+        assert len(dst) == 0
+        blob = dst.take_entry_file("k", pieces, True)
+        assert blob is not None and bytes(blob) == payload
+        stored = dst.get("k")
+        assert stored is not None and bytes(stored) == payload
+        with pytest.raises(TypeError):
+            dst.take_entry_file("k", [1, 2], True)

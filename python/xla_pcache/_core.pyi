@@ -4,7 +4,7 @@ The extension is private: import its names from ``xla_pcache``.
 """
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal, Self, TypedDict, TypeVar, final
 
 from typing_extensions import Buffer, disjoint_base
@@ -93,6 +93,58 @@ class Stats(TypedDict):
     unsafe_paths: int
     unreadable: int
     compile_saved_ms: int
+    # The remote tiers' counters (counted by xla_pcache.chain), summed over the tiers, then
+    # per kind of tier.
+    remote_hits: int
+    remote_misses: int
+    remote_rejected: int
+    remote_errors: int
+    remote_puts: int
+    remote_put_exists: int
+    remote_read_bytes: int
+    remote_written_bytes: int
+    remote_get_ms: int
+    remote_backfills: int
+    remote_redis_hits: int
+    remote_redis_misses: int
+    remote_redis_rejected: int
+    remote_redis_errors: int
+    remote_redis_puts: int
+    remote_redis_put_exists: int
+    remote_redis_read_bytes: int
+    remote_redis_written_bytes: int
+    remote_redis_get_ms: int
+    remote_redis_backfills: int
+    remote_s3_hits: int
+    remote_s3_misses: int
+    remote_s3_rejected: int
+    remote_s3_errors: int
+    remote_s3_puts: int
+    remote_s3_put_exists: int
+    remote_s3_read_bytes: int
+    remote_s3_written_bytes: int
+    remote_s3_get_ms: int
+    remote_s3_backfills: int
+    remote_gs_hits: int
+    remote_gs_misses: int
+    remote_gs_rejected: int
+    remote_gs_errors: int
+    remote_gs_puts: int
+    remote_gs_put_exists: int
+    remote_gs_read_bytes: int
+    remote_gs_written_bytes: int
+    remote_gs_get_ms: int
+    remote_gs_backfills: int
+    remote_az_hits: int
+    remote_az_misses: int
+    remote_az_rejected: int
+    remote_az_errors: int
+    remote_az_puts: int
+    remote_az_put_exists: int
+    remote_az_read_bytes: int
+    remote_az_written_bytes: int
+    remote_az_get_ms: int
+    remote_az_backfills: int
     hit_rate: float | None
     entries: int
     bytes: int
@@ -233,6 +285,11 @@ class Store:
     def verify_entry_file(self, key: Key, data: Buffer) -> Blob | None:
         """Verify a whole entry file in memory (header, length, checksum, key) and return its
         payload as a Blob without writing anything; None if it does not verify."""
+    def take_entry_file(self, key: Key, pieces: Iterable[Buffer], publish: bool) -> Blob | None:
+        """A whole entry file received in ``pieces`` (buffers, in order): gathered into one
+        buffer (the only copy), verified once (header, length, checksum, key), published when
+        ``publish`` (what is published is what was verified), and its payload returned as a
+        Blob; None if it does not verify (nothing written)."""
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
         None if it does not verify (nothing written), else what ``put`` returns."""

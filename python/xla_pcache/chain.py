@@ -13,7 +13,10 @@ that tier read-only: read, never written, never backfilled.
   tier with one warning; the others and the local directory go on.
 
 Counters are kept per tier (``tier<N>_<counter>``, ``tier<N>`` naming the tier, 1 being the
-first remote tier) and summed over the tiers under the ``remote_*`` names.
+first remote tier; this process's own) and summed over the tiers under the ``remote_*``
+names. The store also keeps the totals per kind of tier (``remote_redis_hits``,
+``remote_s3_get_ms``, ...) in its journal, so that both are summed across processes; two
+tiers of one kind in a chain add into the same per-kind counters.
 """
 
 from __future__ import annotations
@@ -55,8 +58,24 @@ _PERSISTED = {
     "remote_get_ms": "remote_get_ms",
     "remote_backfills": "remote_backfills",
 }
+# The kind of tier each scheme is; the store keeps each total of _PERSISTED per kind too
+# (``remote_<kind>_hits``, ...), summed across processes whose chains may differ.
+TIER_KINDS = {
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "s3": "s3",
+    "gs": "gs",
+    "az": "az",
+}
 # Counters a tier keeps that are failures of any kind.
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
+
+
+def _size(data: Buffer | list[Buffer]) -> int:
+    if isinstance(data, list):
+        return sum(len(memoryview(p)) for p in data)
+    return len(memoryview(data))
 
 
 def _split_read_only(url: str) -> tuple[str, bool]:
@@ -135,6 +154,7 @@ class _Slot:
         self.read_bytes = 0
         self.get_ms = 0.0
         self.backfills = 0
+        self.kind = TIER_KINDS.get(tier.url.split(":", 1)[0].lower(), "")
 
 
 class Chain:
@@ -179,17 +199,23 @@ class Chain:
                     delta = value - slot.synced.get(name, 0)
                     if delta > 0:
                         slot.synced[name] = value
-                        self._persist(name, delta)
+                        self._persist(name, delta, slot)
 
-    def _persist(self, counter: str, n: int) -> None:
+    def _persist(self, counter: str, n: int, slot: _Slot) -> None:
+        """Adds ``n`` to the store's total for ``counter`` and to its total for the kind
+        of ``slot``'s tier."""
         name = _PERSISTED.get(counter)
         store = self._sink() if self._sink is not None else None
         if name is None or store is None or n <= 0:
             return
-        try:
-            store.add_counter(name, n)
-        except Exception as e:  # a closed store: the counts of this process stop there
-            log.debug("xla_pcache: remote counter %s not kept: %s", name, e)
+        names = [name]
+        if slot.kind:
+            names.append(name.replace("remote_", f"remote_{slot.kind}_", 1))
+        for one in names:
+            try:
+                store.add_counter(one, n)
+            except Exception as e:  # a closed store: the counts of this process stop there
+                log.debug("xla_pcache: remote counter %s not kept: %s", one, e)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -211,8 +237,9 @@ class Chain:
         ]
 
     def get(self, name: str) -> Any:
-        """The first tier's value for ``name`` (not yet verified: the store verifies it and
-        says ``count("remote_hits")`` or ``count("remote_rejected")``)."""
+        """The first tier's value for ``name``: a buffer, or a list of buffers to be taken
+        in order (an object store's ranged pieces). Not yet verified: the store verifies it
+        and says ``count("remote_hits")`` or ``count("remote_rejected")``."""
         self._last.hit = None
         for i, slot in enumerate(self._slots):
             t = time.perf_counter()
@@ -220,13 +247,13 @@ class Chain:
             ms = (time.perf_counter() - t) * 1000
             with slot.lock:
                 slot.get_ms += ms
-            self._persist("remote_get_ms", round(ms))
+            self._persist("remote_get_ms", round(ms), slot)
             self.sync_counters()
             if data is not None:
-                size = len(memoryview(data))
+                size = _size(data)
                 with slot.lock:
                     slot.read_bytes += size
-                self._persist("remote_read_bytes", size)
+                self._persist("remote_read_bytes", size, slot)
                 self._last.hit = (i, name, data)
                 return data
         return None
@@ -242,21 +269,24 @@ class Chain:
                     slot.hits += n
                 else:
                     slot.rejected += n
-            self._persist(counter, n)
+            self._persist(counter, n, slot)
             if counter == "remote_hits" and self._writes():
                 self._backfill(i, name, data)
             return
         if self._slots:
             self._slots[0].tier.count(counter, n)
 
-    def _backfill(self, k: int, name: str, data: Buffer) -> None:
+    def _backfill(self, k: int, name: str, data: Buffer | list[Buffer]) -> None:
         # The faster tiers before the one that answered get the verified entry.
-        for slot in self._slots[:k]:
-            if not slot.read_only:
-                slot.tier.put_async(name, data)
-                with slot.lock:
-                    slot.backfills += 1
-                self._persist("remote_backfills", 1)
+        targets = [slot for slot in self._slots[:k] if not slot.read_only]
+        if not targets:
+            return
+        whole = b"".join(data) if isinstance(data, list) else data  # tiers write one buffer
+        for slot in targets:
+            slot.tier.put_async(name, whole)
+            with slot.lock:
+                slot.backfills += 1
+            self._persist("remote_backfills", 1, slot)
 
     def put_async(self, name: str, data: Buffer) -> None:
         if not self._writes():

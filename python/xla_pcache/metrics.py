@@ -4,8 +4,10 @@
 through ``prometheus_client`` (the ``metrics`` extra), for node_exporter's textfile
 collector (see docs/observability.md): counters aggregated across every process that used
 the cache, named ``xla_pcache_*_total``, with a ``tier`` label (``local``, the directory;
-``remote``, the remote tiers summed, aggregated across processes too) and a ``cache`` label
-(the directory), so several caches on one host do not collide.
+``redis``, ``s3``, ``gs``, ``az``, the remote tiers of that kind, aggregated across processes
+too; ``remote``, what remote tiers counted without a kind, in processes of versions before
+the per-kind counters) and a ``cache`` label (the directory), so several caches on one host
+do not collide: summed over ``tier``, a counter is the whole cache's.
 
 ``log_exit_summary()`` is what the adapters register to run at exit: one INFO line with what
 this process did with the store (hits, misses, puts, bytes, compile time saved).
@@ -61,6 +63,9 @@ _REMOTE_COUNTERS: Mapping[str, str] = {
     "remote_too_large": "too_large",
 }
 
+# The kinds of remote tier the store counts apart (``remote_<kind>_<counter>``).
+_TIER_KINDS = ("redis", "s3", "gs", "az")
+
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("entries", "entries", "Entries in the cache."),
     ("bytes", "disk_bytes", "Bytes the entries take on disk."),
@@ -102,7 +107,15 @@ class _StatsCollector:
             fam = families.setdefault(
                 name, CounterMetricFamily(f"xla_pcache_{name}", help_text, labels=["cache", "tier"])
             )
-            fam.add_metric([cache, "remote"], value)
+            # Each kind of tier on its own; what the kinds do not account for stays "remote".
+            rest = value
+            for kind in _TIER_KINDS:
+                part = _number(report.get(stat.replace("remote_", f"remote_{kind}_", 1)))
+                if part:
+                    fam.add_metric([cache, kind], part)
+                    rest -= part
+            if rest > 0 or rest == value:
+                fam.add_metric([cache, "remote"], rest)
         yield from families.values()
         for stat, name, help_text in _GAUGES:
             value = _number(report.get(stat))

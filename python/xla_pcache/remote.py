@@ -50,8 +50,9 @@ class Tier(Protocol):
 
     url: str
 
-    def get(self, name: str) -> Buffer | None:
-        """The entry file stored under ``name``, or None."""
+    def get(self, name: str) -> Buffer | list[Buffer] | None:
+        """The entry file stored under ``name`` (one buffer, or its pieces in order), or
+        None."""
 
     def put_async(self, name: str, data: Buffer) -> None:
         """Write ``data`` under ``name`` in the background."""

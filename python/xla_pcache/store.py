@@ -139,12 +139,12 @@ class Store(_core.Store):
         data = tier.get(_core.entry_name(key))
         if data is None:
             return None
-        # Verified in memory first, so that what is served is what was checked, even when
-        # the publish below does not happen (read-only) or the entry is evicted at once.
-        blob = self.verify_entry_file(key, data)
+        # Verified once, in the buffer this store then owns: what is published (unless
+        # read-only) and served is exactly what was checked, even when the entry is evicted
+        # at once. A large object comes as its ranged pieces, gathered there (one copy).
+        pieces = data if isinstance(data, list) else [data]
+        blob = self.take_entry_file(key, pieces, not self.read_only)
         tier.count("remote_hits" if blob is not None else "remote_rejected")
-        if blob is not None and not self.read_only:
-            self.put_entry_file(key, data)
         return blob
 
     def _tier_put(self, key: _core.Key) -> None:

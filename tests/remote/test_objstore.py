@@ -468,6 +468,15 @@ def test_remote_counters_are_summed_across_processes(
     assert st["remote_hits"] == 1 and st["remote_backfills"] == 1, st
     assert st["remote_misses"] == 3, st  # Redis then S3 for "k" once, and for "absent" 2
     assert st["remote_read_bytes"] > 5000 and st["remote_puts"] == 1, st
+    # The same per kind of tier: S3 answered, Redis missed and was backfilled (its put came
+    # from the backfill), both missed "absent".
+    per_kind: dict[str, Any] = dict(st)
+    assert per_kind["remote_s3_hits"] == 1 and per_kind["remote_redis_hits"] == 0, st
+    assert per_kind["remote_redis_misses"] == 2 and per_kind["remote_s3_misses"] == 1, st
+    assert per_kind["remote_redis_backfills"] == 1 and per_kind["remote_redis_puts"] == 1, st
+    assert per_kind["remote_s3_read_bytes"] == st["remote_read_bytes"], st
+    assert per_kind["remote_redis_written_bytes"] == st["remote_written_bytes"] > 5000, st
+    assert per_kind["remote_gs_misses"] == 0 == per_kind["remote_az_hits"], st
     with pytest.raises(ValueError, match="name"):
         Store(tmp_path / "shared").add_counter("hits", 1)
     out = subprocess.run(
@@ -482,6 +491,8 @@ def test_remote_counters_are_summed_across_processes(
 
     report = json.loads(out.stdout)
     assert report["remote_hits"] == 1 and report["remote_misses"] == 3, report
+    assert report["remote_s3_hits"] == 1 and report["remote_redis_misses"] == 2, report
+    assert report["remote_s3_get_ms"] + report["remote_redis_get_ms"] == report["remote_get_ms"]
     assert report["tier1"] == redis_server.url and report["tier2"].startswith("s3://"), report
 
 

@@ -65,27 +65,24 @@ pub enum Counter {
 /// every counter from it on is theirs.
 const FIRST_NAMED: usize = Counter::RemoteHits as usize;
 
-/// The counter named `name`, if it is one callers outside the core may add to.
-pub fn named(name: &str) -> Option<Counter> {
-    const NAMED: [Counter; N_COUNTERS - FIRST_NAMED] = [
-        Counter::RemoteHits,
-        Counter::RemoteMisses,
-        Counter::RemoteRejected,
-        Counter::RemoteErrors,
-        Counter::RemotePuts,
-        Counter::RemotePutExists,
-        Counter::RemoteReadBytes,
-        Counter::RemoteWrittenBytes,
-        Counter::RemoteGetMs,
-        Counter::RemoteBackfills,
-    ];
+// After the `Counter` variants come the remote tiers' counters per kind of tier
+// (`remote_<kind>_<counter>`: kinds redis, s3, gs, az, in this order, each with the counters
+// of the `remote_*` totals in their order; the test below holds the layout). A process's
+// chain may differ from another's, but a kind means the same in every process, so these sum
+// across processes where a tier's position would not. Only callers outside the core count
+// them (by name), so they have no variant. Appended last, as `CompileSavedMs` was: never
+// reordered.
+
+/// The index of the counter named `name`, if it is one callers outside the core may add to
+/// (the `remote_*` totals and the per-kind `remote_<kind>_*`).
+pub fn named(name: &str) -> Option<usize> {
     COUNTER_NAMES[FIRST_NAMED..]
         .iter()
         .position(|n| *n == name)
-        .map(|i| NAMED[i])
+        .map(|i| FIRST_NAMED + i)
 }
 
-pub const COUNTER_NAMES: [&str; 31] = [
+pub const COUNTER_NAMES: [&str; 71] = [
     "hits",
     "misses",
     "puts",
@@ -117,19 +114,76 @@ pub const COUNTER_NAMES: [&str; 31] = [
     "remote_written_bytes",
     "remote_get_ms",
     "remote_backfills",
+    "remote_redis_hits",
+    "remote_redis_misses",
+    "remote_redis_rejected",
+    "remote_redis_errors",
+    "remote_redis_puts",
+    "remote_redis_put_exists",
+    "remote_redis_read_bytes",
+    "remote_redis_written_bytes",
+    "remote_redis_get_ms",
+    "remote_redis_backfills",
+    "remote_s3_hits",
+    "remote_s3_misses",
+    "remote_s3_rejected",
+    "remote_s3_errors",
+    "remote_s3_puts",
+    "remote_s3_put_exists",
+    "remote_s3_read_bytes",
+    "remote_s3_written_bytes",
+    "remote_s3_get_ms",
+    "remote_s3_backfills",
+    "remote_gs_hits",
+    "remote_gs_misses",
+    "remote_gs_rejected",
+    "remote_gs_errors",
+    "remote_gs_puts",
+    "remote_gs_put_exists",
+    "remote_gs_read_bytes",
+    "remote_gs_written_bytes",
+    "remote_gs_get_ms",
+    "remote_gs_backfills",
+    "remote_az_hits",
+    "remote_az_misses",
+    "remote_az_rejected",
+    "remote_az_errors",
+    "remote_az_puts",
+    "remote_az_put_exists",
+    "remote_az_read_bytes",
+    "remote_az_written_bytes",
+    "remote_az_get_ms",
+    "remote_az_backfills",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Counters {
     values: [AtomicU64; N_COUNTERS],
     dirty: std::sync::atomic::AtomicBool,
+}
+
+// By hand: `Default` is derived for arrays of at most 32 elements.
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            values: std::array::from_fn(|_| AtomicU64::new(0)),
+            dirty: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 impl Counters {
     pub fn add(&self, c: Counter, n: u64) {
         self.values[c as usize].fetch_add(n, Ordering::Relaxed);
         self.dirty.store(true, Ordering::Relaxed);
+    }
+    /// Adds to the counter at `index` (from `named`); out of range is ignored.
+    pub fn add_at(&self, index: usize, n: u64) {
+        if let Some(v) = self.values.get(index) {
+            v.fetch_add(n, Ordering::Relaxed);
+            self.dirty.store(true, Ordering::Relaxed);
+        }
     }
     pub fn inc(&self, c: Counter) {
         self.add(c, 1);
@@ -181,6 +235,20 @@ pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    const TIER_KINDS: [&str; 4] = ["redis", "s3", "gs", "az"];
+    const TIER_COUNTERS: [&str; 10] = [
+        "hits",
+        "misses",
+        "rejected",
+        "errors",
+        "puts",
+        "put_exists",
+        "read_bytes",
+        "written_bytes",
+        "get_ms",
+        "backfills",
+    ];
+    const FIRST_TIER: usize = Counter::RemoteBackfills as usize + 1;
 
     fn meta(v: &str) -> Vec<(String, String)> {
         vec![
@@ -191,16 +259,54 @@ mod tests {
 
     #[test]
     fn named_counters_are_the_appended_ones() {
-        assert_eq!(named("remote_hits"), Some(Counter::RemoteHits));
-        assert_eq!(named("remote_backfills"), Some(Counter::RemoteBackfills));
+        assert_eq!(named("remote_hits"), Some(Counter::RemoteHits as usize));
+        assert_eq!(
+            named("remote_backfills"),
+            Some(Counter::RemoteBackfills as usize)
+        );
         for (i, name) in COUNTER_NAMES.iter().enumerate() {
-            assert_eq!(
-                named(name).map(|c| c as usize),
-                (i >= FIRST_NAMED).then_some(i)
-            );
+            assert_eq!(named(name), (i >= FIRST_NAMED).then_some(i));
         }
         assert_eq!(named("hits"), None);
         assert_eq!(named("nonsense"), None);
+    }
+
+    #[test]
+    fn per_kind_counters_follow_the_totals_in_order() {
+        assert_eq!(
+            FIRST_TIER, 31,
+            "the per-kind counters come after the existing ones"
+        );
+        assert_eq!(
+            N_COUNTERS,
+            FIRST_TIER + TIER_KINDS.len() * TIER_COUNTERS.len()
+        );
+        for (k, kind) in TIER_KINDS.iter().enumerate() {
+            for (c, counter) in TIER_COUNTERS.iter().enumerate() {
+                let i = FIRST_TIER + k * TIER_COUNTERS.len() + c;
+                assert_eq!(COUNTER_NAMES[i], format!("remote_{kind}_{counter}"));
+                assert_eq!(named(COUNTER_NAMES[i]), Some(i));
+            }
+        }
+        for counter in TIER_COUNTERS {
+            assert!(named(&format!("remote_{counter}")).is_some(), "{counter}");
+        }
+        let c = Counters::default();
+        c.add_at(named("remote_s3_hits").unwrap_or(usize::MAX), 2);
+        c.add_at(N_COUNTERS, 1);
+        assert_eq!(c.snapshot()[FIRST_TIER + TIER_COUNTERS.len()], 2);
+        assert!(c.is_dirty());
+    }
+
+    #[test]
+    fn records_of_other_lengths_add_what_they_hold() {
+        // A journal of an older version holds fewer counters (the per-kind ones read as
+        // 0); one of a newer version more (ignored here).
+        let mut acc = [0u64; N_COUNTERS];
+        add_into(&mut acc, &[1; FIRST_TIER]);
+        add_into(&mut acc, &[2; N_COUNTERS + 5]);
+        assert!(acc[..FIRST_TIER].iter().all(|v| *v == 3));
+        assert!(acc[FIRST_TIER..].iter().all(|v| *v == 2));
     }
 
     #[test]

@@ -499,6 +499,40 @@ impl PyStore {
         }
     }
 
+    /// A whole entry file received in `pieces` (buffers, in order): gathered into one
+    /// buffer (the only copy), verified once, published when `publish`, and its payload
+    /// returned as a Blob; None if it does not verify (nothing is written).
+    fn take_entry_file(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        pieces: &Bound<'_, PyAny>,
+        publish: bool,
+    ) -> PyResult<Option<PyBlob>> {
+        let key = KeyArg::extract(key)?;
+        let mut held = Vec::new();
+        for piece in pieces.try_iter()? {
+            held.push(HeldBuffer::get(&piece?, "pieces")?);
+        }
+        let store = self.store()?;
+        let res = py.detach(|| {
+            no_panic("take_entry_file", || {
+                let total = held.iter().map(|b| b.as_slice().len()).sum();
+                let mut file = Vec::with_capacity(total);
+                for b in &held {
+                    file.extend_from_slice(b.as_slice());
+                }
+                store.take_entry_file(key.key(), file, publish)
+            })
+        });
+        drop(held);
+        match res {
+            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
+            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Publishes a whole entry file after verifying it; None if it does not verify.
     fn put_entry_file(
         &self,

@@ -471,12 +471,12 @@ impl Store {
         &self.counters
     }
     /// Adds `n` to the counter `name` if it is one that callers outside the core keep
-    /// (the remote tiers' `remote_*`); false for any other name. Written to the journal
+    /// (the remote tiers' `remote_*` and `remote_<kind>_*`); false for any other name. Written to the journal
     /// with the rest, so `stats` sums it across processes.
     pub fn add_named(&self, name: &str, n: u64) -> bool {
         match crate::stats::named(name) {
-            Some(c) => {
-                self.counters.add(c, n);
+            Some(i) => {
+                self.counters.add_at(i, n);
                 true
             }
             None => false,

@@ -40,6 +40,30 @@ impl Store {
         }
     }
 
+    /// Verifies an entry file received as bytes once, publishes it when `publish` (as
+    /// `put_entry_file`, without verifying it a second time) and hands its payload back as a
+    /// Blob: a remote hit in one pass over the bytes. None if it does not verify (nothing is
+    /// written). What is published is exactly what was verified: the same bytes, in memory
+    /// this call owns.
+    pub fn take_entry_file(
+        &self,
+        key: Key<'_>,
+        file: Vec<u8>,
+        publish: bool,
+    ) -> Result<Option<Blob>, StoreError> {
+        check_key(&key)?;
+        let h = match entry::verify(&file) {
+            Ok(h) if h.key == key.bytes => h,
+            _ => return Ok(None),
+        };
+        if publish {
+            // Not publishing (exists, over budget, a write error) is a skipped write the put
+            // counted; the verified payload is served all the same.
+            self.put(key, &file[h.header_len..], &h.meta)?;
+        }
+        Ok(Some(Blob::owned(file, h)))
+    }
+
     /// Publishes an entry received as a whole file, after verifying its header, length,
     /// payload checksum and that it is filed under `key`. Ok(None) if it does not verify
     /// (nothing is written); otherwise what `put` returns.
@@ -94,6 +118,24 @@ mod tests {
             &[7u8; 5000][..]
         );
         assert_eq!(dst.put_entry_file(key("k"), &file).unwrap(), Some(false));
+
+        let c = tempfile::tempdir().unwrap();
+        let third = store(c.path());
+        let blob = third
+            .take_entry_file(key("k"), file.clone(), false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(blob.payload(), &[7u8; 5000][..]);
+        assert!(!third.contains(key("k")).unwrap()); // not asked to publish
+        let blob = third
+            .take_entry_file(key("k"), file.clone(), true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(blob.header.meta, meta);
+        assert_eq!(
+            third.get(key("k")).unwrap().unwrap().payload(),
+            &[7u8; 5000][..]
+        );
     }
 
     #[test]
@@ -130,6 +172,12 @@ mod tests {
                 dst.put_entry_file(k, &bytes).unwrap(),
                 None,
                 "{what}: published"
+            );
+            assert!(
+                dst.take_entry_file(k, bytes.clone(), true)
+                    .unwrap()
+                    .is_none(),
+                "{what}: taken"
             );
         }
         assert!(dst.entries().unwrap().is_empty());
