@@ -496,10 +496,15 @@ def test_remote_counters_are_summed_across_processes(
     assert report["tier1"] == redis_server.url and report["tier2"].startswith("s3://"), report
 
 
-def test_bucket_claims_single_flight_and_takeover(tmp_path: Path, s3: S3Server) -> None:
+def test_bucket_claims_single_flight_and_takeover(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One claim per key on the bucket; a waiter sees it held, then published once the
     holder's entry is uploaded and the claim released; a claim whose ETag stops changing
     for the lease (a killed holder) is taken over by exactly one waiter."""
+    # The order under test needs the upload to succeed: on a loaded machine a request can
+    # take longer than the default 2 s, and a failed upload rightly makes the waiter compile.
+    monkeypatch.setenv("XLA_PCACHE_REMOTE_TIMEOUT", "20")
     url = s3.url(_prefix())
     holder = Store(tmp_path / "a", remote=url)
     waiter = Store(tmp_path / "b", remote=url)
