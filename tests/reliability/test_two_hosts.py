@@ -157,9 +157,9 @@ def test_lease_fallback_one_evictor_at_a_time(
     r = scenarios.lease_one_evictor(two_hosts, tmp_path_factory.mktemp("lease"))
     assert r["exceptions"] == [], r["exceptions"]
     # Several evictions, and the evictors competed for the lease. Which host wins it is
-    # luck: since an explicit evict() reconciles with a fresh listing of every shard (issue
-    # 13, 1-4 s here while the other three put), a run holds only a few evictions, and
-    # all of them can fall to one host.
+    # luck: since an explicit evict() reconciles with a fresh listing of every shard (a few
+    # seconds here while the other three put), a run holds only a few evictions, and all of
+    # them can fall to one host.
     assert r["evictions"] >= 2, r
     assert r["skipped"] > 0, r
     # No two evictions ever ran at once, on either host or across hosts.

@@ -48,7 +48,9 @@ fn meta_dict<'py>(py: Python<'py>, meta: &[(String, String)]) -> PyResult<Bound<
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
 /// looks for signals every 20 ms: on Ctrl-C (KeyboardInterrupt from Python's handler) it
 /// asks the store to stop at the next entry, waits for `f` to return, and raises. A walk
-/// in the calling thread would see Ctrl-C only once it had finished.
+/// in the calling thread would see Ctrl-C only once it had finished. The walk's end is
+/// received, not polled for: the caller gets control back as soon as the walk releases
+/// what it held (another process may take the evictor lock at that instant).
 fn interruptible<T: Send>(
     py: Python<'_>,
     store: &Store,
@@ -56,22 +58,35 @@ fn interruptible<T: Send>(
 ) -> PyResult<T> {
     let (res, err) = py.detach(|| {
         std::thread::scope(|s| {
-            let h = s.spawn(f);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let h = s.spawn(move || {
+                // A send fails only if the receiver is gone, which it is not before the
+                // scope ends.
+                let _ = tx.send(f());
+            });
             let mut err = None;
-            while !h.is_finished() {
-                std::thread::sleep(Duration::from_millis(20));
-                if err.is_none() {
-                    if let Err(e) = Python::attach(|py| py.check_signals()) {
-                        store.interrupt();
-                        err = Some(e);
+            let res = loop {
+                match rx.recv_timeout(Duration::from_millis(20)) {
+                    Ok(res) => break res,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        if err.is_none() {
+                            if let Err(e) = Python::attach(|py| py.check_signals()) {
+                                store.interrupt();
+                                err = Some(e);
+                            }
+                        }
+                    }
+                    // The sender was dropped without sending: `f` panicked.
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        break Err(pyo3::exceptions::PyRuntimeError::new_err(
+                            "xla_pcache: the store walk panicked",
+                        ))
                     }
                 }
-            }
-            let res = h.join().unwrap_or_else(|_| {
-                Err(pyo3::exceptions::PyRuntimeError::new_err(
-                    "xla_pcache: the store walk panicked",
-                ))
-            });
+            };
+            // Joined here, so that a panic of the walk is the error above and never
+            // resumes in this thread when the scope ends.
+            let _ = h.join();
             (res, err)
         })
     });
