@@ -49,9 +49,9 @@ ENTRY_DIR = "xla_pcache-1/entries"
 CLAIM_DIR = "xla_pcache-1/claims"
 # The first request asks for this many bytes (the whole of most entries, and the object's
 # size); the rest of a larger object is fetched in ranged pieces of RANGE_PIECE, in parallel.
-# Pieces of 16 MiB: smaller ones cost more than they gain on a fast link (8 MiB pieces took
-# a 64 MiB get on loopback from 1.7 to 2.3 times a plain GET), larger ones leave a
-# 100 MB/s-per-stream cloud link idle.
+# Pieces of 16 MiB: smaller ones cost more requests than their parallelism gains on a fast
+# link, larger ones leave a single-stream cloud link idle (docs/benchmarks.md, "Measurements
+# behind the code").
 RANGE_CHUNK = 8 << 20
 RANGE_PIECE = 16 << 20
 RANGE_THREADS = 8
@@ -274,9 +274,8 @@ class ObjectTier:
             self._readers = ThreadPoolExecutor(
                 max_workers=RANGE_THREADS, thread_name_prefix="xla_pcache-objstore-get"
             )
-        # Not joined here: a join is a copy of the whole object into fresh memory (about
-        # 50 ms for 64 MiB here), and the store copies the pieces once anyway, into the
-        # buffer it verifies and serves.
+        # Not joined here: a join is a copy of the whole object into fresh memory, and the
+        # store copies the pieces once anyway, into the buffer it verifies and serves.
         return [head, *self._readers.map(fetch, starts)]
 
     def exists(self, name: str) -> bool:

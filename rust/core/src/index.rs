@@ -450,9 +450,10 @@ impl IndexView {
     /// Whether enough journal bytes accumulated that folding them into a new snapshot is
     /// cheaper than reading them again. A new process reads (and looks up in the snapshot)
     /// every record since the snapshot before its first put, so the journals are kept to at
-    /// most a sixteenth of the snapshot's size, and never over 2 MiB (about 40,000 records,
-    /// some 30 ms to fold); compaction streams the snapshot and costs its size in I/O
-    /// (about 40 bytes per entry), in the process that holds the evictor lock.
+    /// most a sixteenth of the snapshot's size, and never over 2 MiB (about 40,000 records;
+    /// what folding them costs is in docs/benchmarks.md, "Measurements behind the code");
+    /// compaction streams the snapshot and costs its size in I/O (about 40 bytes per
+    /// entry), in the process that holds the evictor lock.
     pub fn wants_compaction(&self) -> bool {
         self.unfolded_bytes > (self.snapshot_bytes / 16).clamp(1 << 20, 2 << 20)
             || self.journals.len() > 64.max(2 * self.journals_after_compaction)
