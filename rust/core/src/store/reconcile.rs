@@ -5,6 +5,8 @@
 //! that are gone and misses files that exist, so eviction decided from it alone can stop
 //! with the directory over budget. Listing costs one read of each shard (made fresh first
 //! on a network filesystem) and a stat per file: it grows with the directory's entry count.
+//! Its memory does not: one batch of shards' listing at a time, walked against the view in
+//! name order, and what differs.
 
 use super::evict::Heartbeat;
 use super::*;
@@ -13,7 +15,7 @@ use crate::layout::{freshen_dir, FRESHEN_PREFIX};
 /// Threads listing shards at once on a network filesystem, and shards listed between two
 /// heartbeats of the evictor's lease.
 const LIST_THREADS: usize = 8;
-const LIST_BATCH: usize = 64;
+const LIST_BATCH: usize = 16;
 
 impl Store {
     /// The entry files of one shard: (name, disk bytes, mtime). A missing shard is empty.
@@ -66,9 +68,14 @@ impl Store {
         // On a network filesystem each shard costs round trips (a fresh listing, then the
         // attributes): shards are listed by several threads at once.
         let workers = if self.fs.local { 1 } else { LIST_THREADS };
-        // Every file's name, size and time (40 bytes each: what an explicit evict holds
-        // beyond the view), sorted by name once listed.
-        let mut found: Vec<(u128, (u64, u64))> = Vec::new();
+        // The view in name order (one snapshot block at a time), walked alongside the
+        // listings of the shards, which come in name order too: what this holds is one
+        // batch of shards' files (40 bytes each) and what differs, never every file. The
+        // view is changed only once every shard was listed, so a lease lost or a stop asked
+        // for on the way changes nothing.
+        let mut view = st.view.lru.iter_by_name().peekable();
+        let mut gone: Vec<u128> = Vec::new();
+        let mut changed: Vec<(u128, u64, u64)> = Vec::new();
         let shards: Vec<u8> = (0..=255u8).collect();
         for batch in shards.chunks(LIST_BATCH) {
             let lists = std::thread::scope(|scope| {
@@ -91,8 +98,49 @@ impl Store {
                     })
                     .collect::<Vec<_>>()
             });
+            let mut found: Vec<(u128, (u64, u64))> = Vec::new();
             for files in lists {
                 found.extend(files?);
+            }
+            found.sort_unstable_by_key(|f| f.0);
+            // Every name of this batch's shards is at most `last`.
+            let last_shard = batch.last().copied().unwrap_or(u8::MAX);
+            let in_batch = |n: u128| (n >> 120) as u8 <= last_shard;
+            let mut files = found.into_iter().peekable();
+            loop {
+                let next_view = view.peek().map(|v| v.0).filter(|&n| in_batch(n));
+                let next_file = files.peek().map(|f| f.0);
+                match (next_view, next_file) {
+                    (None, None) => break,
+                    (Some(v), None) => {
+                        // Indexed, and no file: gone.
+                        gone.push(v);
+                        view.next();
+                    }
+                    (Some(v), Some(f)) if v < f => {
+                        gone.push(v);
+                        view.next();
+                    }
+                    (v, Some(f)) => {
+                        let Some((name, (disk, mtime))) = files.next() else {
+                            break;
+                        };
+                        let indexed = if v == Some(f) {
+                            view.next().map(|(_, info)| info)
+                        } else {
+                            None
+                        };
+                        let t = match indexed {
+                            Some(info) if info.disk_bytes == disk => continue,
+                            Some(info) => info.last_use,
+                            None => {
+                                report.added += 1;
+                                mtime.min(t0)
+                            }
+                        };
+                        changed.push((name, disk, t));
+                    }
+                }
             }
             if !beat.beat(guard, self) || self.interrupt_pending() {
                 // The lease is someone else's now, or the caller asked to stop: change
@@ -100,37 +148,12 @@ impl Store {
                 return Ok(());
             }
         }
-        found.sort_unstable_by_key(|f| f.0);
+        drop(view);
         let mut records = Vec::new();
-        let gone: Vec<u128> = st
-            .view
-            .lru
-            .iter()
-            .map(|(n, _)| n)
-            .filter(|n| found.binary_search_by_key(n, |f| f.0).is_err())
-            .collect();
         for name in gone {
             st.view.forget(name, t0);
             records.push(Record::Delete { name, t: t0 });
             report.dropped += 1;
-        }
-        // In name order, a few thousand at a time: the index's records of one snapshot
-        // block are read together.
-        let mut changed = Vec::new();
-        for chunk in found.chunks(4096) {
-            let names: Vec<u128> = chunk.iter().map(|f| f.0).collect();
-            let indexed = st.view.lru.get_sorted(&names);
-            for (&(name, (disk, mtime)), indexed) in chunk.iter().zip(indexed) {
-                let t = match indexed {
-                    Some(info) if info.disk_bytes == disk => continue,
-                    Some(info) => info.last_use,
-                    None => {
-                        report.added += 1;
-                        mtime.min(t0)
-                    }
-                };
-                changed.push((name, disk, t));
-            }
         }
         for (name, disk, t) in changed {
             st.view.found(name, disk, t);
