@@ -110,18 +110,9 @@ impl Store {
     /// stray file, or a shard that is not a real directory).
     pub(super) fn entry_files(&self) -> Result<Vec<(String, String)>, StoreError> {
         let mut out = Vec::new();
-        let entries = match self.dir("entries") {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(io_err("list", &self.layout.entries(), e)),
+        let Some((entries, shards)) = self.list_entries_dir()? else {
+            return Ok(out);
         };
-        let mut shards: Vec<String> = entries
-            .list()
-            .map_err(|e| io_err("list", &self.layout.entries(), e))?
-            .into_iter()
-            .filter_map(|n| n.into_string().ok())
-            .collect();
-        shards.sort();
         for shard in shards {
             if !entries.stat(&shard).is_ok_and(|m| m.is_dir()) {
                 out.push((String::new(), shard));
@@ -190,19 +181,27 @@ impl Store {
     /// The names under entries/, sorted: `shard_entries` of each, in turn, lists every
     /// entry, a shard at a time (so a caller can show the first ones at once, at any size).
     pub fn entry_shards(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .list_entries_dir()?
+            .map(|(_, names)| names)
+            .unwrap_or_default())
+    }
+
+    /// entries/ and the names in it, sorted; None when there is no entries/ yet.
+    fn list_entries_dir(&self) -> Result<Option<(Dir, Vec<String>)>, StoreError> {
         let entries = match self.dir("entries") {
             Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_err("list", &self.layout.entries(), e)),
         };
-        let mut shards: Vec<String> = entries
+        let mut names: Vec<String> = entries
             .list()
             .map_err(|e| io_err("list", &self.layout.entries(), e))?
             .into_iter()
             .filter_map(|n| n.into_string().ok())
             .collect();
-        shards.sort();
-        Ok(shards)
+        names.sort();
+        Ok(Some((entries, names)))
     }
 
     /// The entries of one shard with their headers, last use and hits from the index
