@@ -136,15 +136,28 @@ class Store(_core.Store):
         tier = self._open_tier()
         if tier is None:
             return None
-        data = tier.get(_core.entry_name(key))
+        from xla_pcache.remote import Spooled
+
+        # What a tier holds is untrusted: never accepted past this store's budget, and a
+        # large one is streamed to this cache's tmp/ rather than held in memory.
+        spool_dir = os.path.join(self.path, "tmp")
+        data = tier.get(_core.entry_name(key), max_bytes=self.max_size, spool_dir=spool_dir)
         if data is None:
             return None
         # Verified once, in the buffer this store then owns: what is published (unless
         # read-only) and served is exactly what was checked, even when the entry is evicted
-        # at once. A large object comes as its ranged pieces, gathered there (one copy).
-        pieces = data if isinstance(data, list) else [data]
-        blob = self.take_entry_file(key, pieces, not self.read_only)
-        tier.count("remote_hits" if blob is not None else "remote_rejected")
+        # at once. A large object comes as its ranged pieces, gathered there (one copy), or
+        # as the file it was spooled to, read once.
+        try:
+            if isinstance(data, Spooled):
+                blob = self.take_entry_fd(key, data.fd, not self.read_only)
+            else:
+                pieces = data if isinstance(data, list) else [data]
+                blob = self.take_entry_file(key, pieces, not self.read_only)
+            tier.count("remote_hits" if blob is not None else "remote_rejected")
+        finally:
+            if isinstance(data, Spooled):
+                data.close()
         return blob
 
     def _tier_put(self, key: _core.Key) -> None:

@@ -40,6 +40,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use claim::{Claim, ClaimOutcome, ClaimState};
+pub use raw::entry_file_len;
 #[cfg(test)]
 use claim::{CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
 

@@ -2,6 +2,15 @@
 
 use super::*;
 
+/// The length of the whole entry file whose first bytes are `head`, when they hold its
+/// whole header, that header verifies and its key is filed under `name` (32 hex digits);
+/// None otherwise. Lets a tier refuse a foreign, garbage or oversized object after its first
+/// bytes, before it reads the rest.
+pub fn entry_file_len(head: &[u8], name: &str) -> Option<u64> {
+    let h = entry::decode_header(head).ok()?;
+    (name_hex(entry_name(&h.key)) == name).then(|| h.file_len())
+}
+
 impl Store {
     /// The verified entry file (header, key, metadata, payload) for `key`, or None when it is
     /// missing, corrupt or filed under another key. Does not count as a use.
@@ -62,6 +71,27 @@ impl Store {
             self.put(key, &file[h.header_len..], &h.meta)?;
         }
         Ok(Some(Blob::owned(file, h)))
+    }
+
+    /// As `take_entry_file`, for an entry file a tier spooled to `file` (a large object
+    /// streamed to disk rather than held in memory): read once into memory allocated
+    /// fallibly (a file larger than memory allows is a miss, never an abort), after its
+    /// first bytes' length agrees with the file's size.
+    pub fn take_entry_from_file(
+        &self,
+        key: Key<'_>,
+        file: &File,
+        publish: bool,
+    ) -> Result<Option<Blob>, StoreError> {
+        check_key(&key)?;
+        let len = match cdir::fstat(file) {
+            Ok(m) if m.is_file() => m.len(),
+            _ => return Ok(None),
+        };
+        match read::read_entry_bytes(file, len, true) {
+            Ok(bytes) => self.take_entry_file(key, bytes, publish),
+            Err(_) => Ok(None),
+        }
     }
 
     /// Publishes an entry received as a whole file, after verifying its header, length,
