@@ -23,14 +23,15 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import logging
 import sys
 import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from xla_pcache._text import package_logger
+
+logger = package_logger(__name__)
 
 # The names JAX 0.6-0.12 give the components, in the order it hashes them (0.5 has no
 # "backend version"). Only for ordering what explain prints; the recorded names are JAX's.

@@ -21,7 +21,6 @@ tiers of one kind in a chain add into the same per-kind counters.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -30,6 +29,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from xla_pcache._text import package_logger
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
 from xla_pcache.remote import RO_OPTIONS, RemoteTier, Spooled, Tier, redact
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from xla_pcache.objstore import ObjectClaims
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 # An object store takes a single PUT of up to 5 GiB (Redis: config.DEFAULT_REMOTE_MAX_BYTES).

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from xla_pcache import _core
 from xla_pcache._core import CacheError
+from xla_pcache._text import ShownStream, raw_stream, shown
 from xla_pcache.config import MAX_SIZE_VAR, PATH_VAR, READ_ONLY_VAR, Settings
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 from xla_pcache.store import Store
@@ -144,7 +145,9 @@ def _console() -> Console:
     # Keys, metadata, paths and error texts are chosen by whoever wrote the cache or typed the
     # command: print them as they are, never as rich markup or emoji codes ("[/]" in a key
     # would otherwise raise, "[bold]" restyle the table).
-    return Console(highlight=False, markup=False, emoji=False)
+    # Rich writes to the stream under the CLI's escaping one (its own colours and progress
+    # bar are control sequences): what it is given to show is passed through shown().
+    return Console(file=raw_stream(sys.stdout), highlight=False, markup=False, emoji=False)
 
 
 def _file_kind(mode: int) -> str:
@@ -203,10 +206,9 @@ def _open(path: str | None, *, read_only: bool, write: bool = False) -> Store:
 
 
 def _key_text(key: object) -> str:
-    """A key as one printable line: control characters and undecodable bytes escaped, so a
-    hostile or binary key cannot break the table or the terminal."""
-    text = key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
-    return text if text.isprintable() else repr(text)[1:-1]
+    """A key as one printable line: control characters, bidi overrides and undecodable
+    bytes escaped, so a hostile or binary key cannot break the table or the terminal."""
+    return shown(key)
 
 
 def _entry_json(entry: Entry) -> dict[str, Any]:
@@ -338,21 +340,23 @@ def stats(
     if as_json or output is StatsFormat.json:
         _emit_json(report)
         return
-    table = Table(title=f"xla_pcache {report['path']} ({report['filesystem']})", show_header=False)
+    table = Table(
+        title=shown(f"xla_pcache {report['path']} ({report['filesystem']})"), show_header=False
+    )
     table.add_column("counter")
     table.add_column("value", justify="right")
-    shown = {"path", "filesystem", "view_fresh"}
+    listed = {"path", "filesystem", "view_fresh"}
     for name, label in _STAT_ROWS:
         if name == "view_age_s":
             text = _view_age_text(report[name], report["view_fresh"])
         else:
             text = _stat_text(name, report.get(name))
-        table.add_row(label, text)
-        shown.add(name)
-    for name in sorted(report.keys() - shown):
+        table.add_row(label, shown(text))
+        listed.add(name)
+    for name in sorted(report.keys() - listed):
         if (name.startswith("remote_") or _TIER_COUNTER.match(name)) and not report[name]:
             continue  # no rows of zeros for remote tiers that did nothing (or are not set)
-        table.add_row(name.replace("_", " "), _stat_text(name, report[name]))
+        table.add_row(shown(name.replace("_", " ")), shown(_stat_text(name, report[name])))
     _console().print(table)
 
 
@@ -473,17 +477,17 @@ def _write_entries(store: _core.Store, sort: SortKey | None, limit: int, as_json
         out.flush()
         return
     total = len(store)
-    out.write(f"{total:,} entries in {store.path} (from the index)\n")
+    out.write(f"{total:,} entries in {shown(store.path)} (from the index)\n")
     out.write(_ls_line(_LS_COLUMNS) + "\n")
     now = time.time()
-    shown = 0
+    written = 0
     for entry in stream:
         out.write(_ls_row(entry, now) + "\n")
-        shown += 1
-        if shown % 256 == 0:
+        written += 1
+        if written % 256 == 0:
             out.flush()
-    if limit and shown == limit and total > shown:
-        out.write(f"... and about {total - shown:,} more (--limit 0 lists every one)\n")
+    if limit and written == limit and total > written:
+        out.write(f"... and about {total - written:,} more (--limit 0 lists every one)\n")
     out.flush()
 
 
@@ -537,9 +541,9 @@ def prune(
                 f"gone dropped, {added} unindexed files added"
             )
         for f in result["skipped_files"]:
-            typer.echo(f"xla-pcache: prune went on without {f}", err=True)
+            typer.echo(f"xla-pcache: prune went on without {shown(f)}", err=True)
     if result["skipped"]:
-        typer.echo(f"xla-pcache: prune skipped: {result['skipped']}", err=True)
+        typer.echo(f"xla-pcache: prune skipped: {shown(result['skipped'])}", err=True)
         raise typer.Exit(1)
 
 
@@ -578,7 +582,9 @@ def verify(
     if as_json:
         _emit_json(report)
     else:
-        table = Table(title=f"verify{' --repair' if repair else ''} {root}", show_header=False)
+        table = Table(
+            title=shown(f"verify{' --repair' if repair else ''} {root}"), show_header=False
+        )
         table.add_column("check")
         table.add_column("result")
         for name, value in report.items():
@@ -586,7 +592,7 @@ def verify(
                 text = f"{len(value)}" + "".join(f"\n  {_key_text(v)}" for v in value)
             else:
                 text = _key_text(value)
-            table.add_row(name.replace("_", " "), text)
+            table.add_row(shown(name.replace("_", " ")), text)
         console.print(table)
         console.print("no problems found" if problems == 0 else f"{problems} problems found")
     if problems:
@@ -736,7 +742,7 @@ def export_cmd(
         except OSError as exc:
             # The error names the temporary file; the user asked for `out`.
             _fail(f"cannot write {out}: {exc.strerror or exc}")
-    console.print(f"exported {n} entries to {out}")
+    console.print(shown(f"exported {n} entries to {out}"))
 
 
 @app.command("import")
@@ -788,7 +794,7 @@ def import_cmd(
         text += f" ({report.oversized} of them too large)"
     if report.unreadable:
         text += f"; the rest of the bundle is unreadable ({report.error})"
-    console.print(text)
+    console.print(shown(text))
     if report.rejected or report.unreadable:
         raise typer.Exit(1)
 
@@ -814,5 +820,11 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Everything printed goes through one escaping stream
+    (``xla_pcache._text``): names, paths, metadata and errors read from the cache, and the
+    warnings the package logs while the command runs."""
+    if not isinstance(sys.stdout, ShownStream):
+        sys.stdout = ShownStream(sys.stdout)
+    if not isinstance(sys.stderr, ShownStream):
+        sys.stderr = ShownStream(sys.stderr)
     app(prog_name="xla-pcache")

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from xla_pcache._text import raw_stream, shown
 from xla_pcache.config import DISABLE_VAR, Settings
 
 __all__ = ["FRAMEWORKS", "Framework", "main", "probe_key"]
@@ -403,7 +404,8 @@ def collect(path: str | None) -> dict[str, Any]:
 def _e(value: object) -> str:
     # Paths, versions and error texts (some quote files a cache writer chose) are printed as
     # they are, never read as rich markup.
-    return escape(str(value))
+    # Control sequences in them are made visible (shown), never sent to the terminal.
+    return escape(shown(value))
 
 
 def _render(console: Console, report: dict[str, Any]) -> None:
@@ -474,7 +476,7 @@ def _render(console: Console, report: dict[str, Any]) -> None:
 
 def main(path: str | None = None, as_json: bool = False) -> int:
     """Print the report; 0 when the configuration is usable, 1 when it is not."""
-    console = Console()
+    console = Console(file=raw_stream(sys.stdout))
     if as_json:
         report = collect(path)
         print(json.dumps(report, indent=2, sort_keys=True))

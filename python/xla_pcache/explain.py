@@ -35,8 +35,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from xla_pcache import _keyparts
+from xla_pcache._text import package_logger
 
-logger = logging.getLogger("xla_pcache.explain")
+logger = package_logger("xla_pcache.explain")
 
 MISS_LOG = "misses.log"
 MISS_LOG_OLD = "misses.log.1"

@@ -22,6 +22,7 @@ from typing import Any
 
 from xla_pcache import _keyparts, _single_flight, metrics
 from xla_pcache._core import CacheError
+from xla_pcache._text import package_logger
 from xla_pcache.config import Settings
 from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store
@@ -29,7 +30,7 @@ from xla_pcache.store import Store
 # ``StoreCache`` is also public; see __getattr__ below.
 __all__ = ["SUPPORTED_JAX", "activation", "install", "installed_store", "uninstall"]
 
-logger = logging.getLogger(__name__)
+logger = package_logger(__name__)
 
 # What CI runs the adapter tests against; the range install() accepts.
 MIN_JAX = (0, 4, 36)

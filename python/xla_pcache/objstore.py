@@ -26,7 +26,6 @@ import atexit
 import contextlib
 import itertools
 import json
-import logging
 import os
 import random
 import socket
@@ -41,12 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName, entry_name_or_none
+from xla_pcache._text import package_logger
 from xla_pcache.remote import Spooled, reject
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 OBJECT_SCHEMES = ("s3", "gs", "az")
 # Where entries and claims live below the URL's prefix; the digit is the entry format.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName, entry_name_or_none
+from xla_pcache._text import package_logger
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from xla_pcache.chain import Chain
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 KEY_PREFIX = "xla_pcache:1:"
 # A tier URL's query options that make it read-only (the only option shown unredacted).

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 from xla_pcache import _core
+from xla_pcache._text import package_logger
 from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from xla_pcache.bundle import ImportReport
     from xla_pcache.chain import Chain
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 
 class Store(_core.Store):
