@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import stat
 import sys
 import time
@@ -86,18 +87,35 @@ def _reported() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
+class _Terminated(BaseException):
+    """SIGTERM during a long command, raised where the command is, so that what it holds
+    (export's temporary file beside the bundle) is cleaned up as for Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 @contextmanager
 def _interruptible(what: str) -> Iterator[None]:
-    """Ctrl-C during a long command: the store stopped after the entry it was at (every
-    step of verify, prune, export and import leaves a valid cache); say so, exit 130."""
+    """Ctrl-C or SIGTERM during a long command: the store stopped after the entry it was at
+    (every step of verify, prune, export and import leaves a valid cache) and the command's
+    own temporary files are removed; say so, exit 130 (143 for SIGTERM)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread (an embedding): the default action stays
+        previous = None
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated) as exc:
         typer.echo(
             f"xla-pcache: {what} interrupted; the cache is left valid (nothing half-done)",
             err=True,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class _NoProgress:
@@ -644,7 +662,7 @@ def explain(
     with _reported(), _open(path, read_only=True) as store:
         try:
             results = why.explain(store, key, last)
-        except KeyError:
+        except why.NotRecorded:
             _fail(f"no miss and no entry recorded for key {_key_text(key)}")
     if as_json:
         _emit_json(results)
