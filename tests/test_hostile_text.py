@@ -51,7 +51,7 @@ def test_shown_makes_every_control_and_bidi_character_visible() -> None:
     assert shown("a\x7fb\x9bc\x00") == "a\\x7fb\\x9bc\\x00"
     for ch in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c":
         assert shown(f"x{ch}y") == f"x\\u{ord(ch):04x}y"
-    assert shown("line\nnext\u2028") == "line\\x0anext\\u2028"
+    assert shown("line\nnext\u2028\r") == "line\\nnext\\u2028\\r"
     assert shown("line\nnext\ttab", keep="\n\t") == "line\nnext\ttab"
     assert shown(b"\xff\x1b") == "\\xff\\x1b"
 

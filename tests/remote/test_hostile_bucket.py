@@ -159,9 +159,7 @@ def test_a_large_entry_is_spooled_to_tmp_and_served(tmp_path: Path, s3: S3Server
     assert os.listdir(tmp_path / "r" / "tmp") == []
 
 
-def test_redis_values_are_bounded_the_same_way(
-    tmp_path: Path, redis_server: RedisServer
-) -> None:
+def test_redis_values_are_bounded_the_same_way(tmp_path: Path, redis_server: RedisServer) -> None:
     """Redis: the length and the header come first (STRLEN, GETRANGE); a value over the
     budget or not an entry file is a miss with one warning per kind, never read whole."""
     client = redis.Redis.from_url(redis_server.url)
@@ -179,9 +177,7 @@ def test_redis_values_are_bounded_the_same_way(
     assert report["grew_kib"] < 64 << 10, report
 
 
-def test_names_reach_a_tier_only_through_the_validating_type(
-    tmp_path: Path, s3: S3Server
-) -> None:
+def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3: S3Server) -> None:
     """Object keys and claim names are usable only as EntryName: a name with '/', '..',
     NUL or another shape is refused before any request."""
     for bad in ("../x", "a/b", "..", "\0" * 32, "A" * 32, "0" * 31, "0" * 33, "", 7):
