@@ -90,7 +90,11 @@ pub fn entry_name(key: &Bound<'_, PyAny>) -> PyResult<String> {
 /// The length of the whole entry file whose first bytes are `head`, when they hold its
 /// whole header, it verifies and its key is filed under `name`; None otherwise.
 #[pyfunction]
-pub fn entry_file_len(py: Python<'_>, head: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<u64>> {
+pub fn entry_file_len(
+    py: Python<'_>,
+    head: &Bound<'_, PyAny>,
+    name: &str,
+) -> PyResult<Option<u64>> {
     let buf = HeldBuffer::get(head, "head")?;
     let name = name.to_owned();
     py.detach(|| {

@@ -88,6 +88,11 @@ impl Store {
             Ok(m) if m.is_file() => m.len(),
             _ => return Ok(None),
         };
+        // Read from the start, whatever the descriptor's offset (the writer may have left
+        // it at the end).
+        if io::Seek::seek(&mut &*file, io::SeekFrom::Start(0)).is_err() {
+            return Ok(None);
+        }
         match read::read_entry_bytes(file, len, true) {
             Ok(bytes) => self.take_entry_file(key, bytes, publish),
             Err(_) => Ok(None),
@@ -211,5 +216,54 @@ mod tests {
             );
         }
         assert!(dst.entries().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_entry_head_tells_its_length_only_when_it_verifies_and_is_filed_under_the_name() {
+        let a = tempfile::tempdir().unwrap();
+        let src = store(a.path());
+        src.put(key("k"), &[5u8; 3000], &[]).unwrap();
+        let file = src.get_entry_file(key("k")).unwrap().unwrap();
+        let name = name_hex(entry_name(b"k"));
+        let header_len = entry::verify(&file).unwrap().header_len;
+        assert_eq!(
+            entry_file_len(&file[..header_len], &name),
+            Some(file.len() as u64)
+        );
+        assert_eq!(entry_file_len(&file, &name), Some(file.len() as u64));
+        assert_eq!(entry_file_len(&file, &name_hex(entry_name(b"other"))), None);
+        assert_eq!(entry_file_len(&file[..header_len - 1], &name), None);
+        assert_eq!(entry_file_len(&[0u8; 4096], &name), None);
+        let mut flipped = file.clone();
+        flipped[20] ^= 1;
+        assert_eq!(entry_file_len(&flipped, &name), None);
+    }
+
+    #[test]
+    fn an_entry_spooled_to_a_file_is_taken_once_and_garbage_is_a_miss() {
+        use std::io::Write as _;
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let src = store(a.path());
+        src.put(key("k"), &[9u8; 70_000], &[]).unwrap();
+        let file = src.get_entry_file(key("k")).unwrap().unwrap();
+        let dst = store(b.path());
+
+        let mut spooled = tempfile::tempfile().unwrap();
+        spooled.write_all(&file).unwrap();
+        let blob = dst
+            .take_entry_from_file(key("k"), &spooled, true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(blob.payload(), &[9u8; 70_000][..]);
+        assert!(dst.contains(key("k")).unwrap());
+
+        let mut junk = tempfile::tempfile().unwrap();
+        junk.write_all(&[0u8; 200_000]).unwrap();
+        assert!(dst
+            .take_entry_from_file(key("j"), &junk, true)
+            .unwrap()
+            .is_none());
+        assert!(!dst.contains(key("j")).unwrap());
     }
 }
