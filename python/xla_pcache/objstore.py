@@ -278,7 +278,12 @@ class ObjectTier:
             if size <= len(head):
                 return head
             if size > SPOOL_BYTES and spool_dir is not None:
-                return self._spool_rest(path, head, size, spool_dir)
+                try:
+                    spooled = Spooled.create(spool_dir)
+                except OSError:
+                    # tmp/ not writable here (a read-only mount): in memory, as a smaller one.
+                    return self._get_rest(path, head, size)
+                return self._spool_rest(path, head, size, spooled)
             return self._get_rest(path, head, size)
         except Exception as e:
             if _classify(e) == "missing":
@@ -322,10 +327,9 @@ class ObjectTier:
         # store copies the pieces once anyway, into the buffer it verifies and serves.
         return [head, *self._pieces(path, len(memoryview(head)), size, RANGE_THREADS)]
 
-    def _spool_rest(self, path: str, head: Buffer, size: int, spool_dir: str) -> Spooled:
+    def _spool_rest(self, path: str, head: Buffer, size: int, spooled: Spooled) -> Spooled:
         # A large object goes to a file, piece by piece, rather than into memory twice
         # (pieces, then the gathered copy): the store reads it once from there.
-        spooled = Spooled.create(spool_dir)
         try:
             at = spooled.write_at(head, 0)
             # map() yields in order and keeps at most the pieces not yet taken in flight.
