@@ -71,6 +71,7 @@ def test_check_value_accepts_what_jax_writes_and_rejects_the_rest() -> None:
 
 def test_check_value_zstd() -> None:
     import zstandard
+
     good = zstandard.ZstdCompressor().compress((7).to_bytes(4, "big") + b"executable" * 100)
     assert jcd.check_value(good, frozenset({jcd.ZSTD})) == jcd.ZSTD
     assert jcd.compile_time(good) == 7.0

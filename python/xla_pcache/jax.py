@@ -292,9 +292,7 @@ class _Adopter:
             while len(self._aliases) > self._MAX_ALIASES:
                 self._aliases.pop(next(iter(self._aliases)))
 
-    def take(
-        self, store: Store, key: str, meta: dict[str, str], warn: _Warner
-    ) -> bytes | None:
+    def take(self, store: Store, key: str, meta: dict[str, str], warn: _Warner) -> bytes | None:
         with self._lock:
             names = self._aliases.pop(key, [])
         for source in self.sources:
