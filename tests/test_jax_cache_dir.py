@@ -6,10 +6,13 @@ and on hostile ones. The adapter tests with real JAX are in tests/adapters/test_
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
 import pytest
+from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache import jax_cache_dir as jcd
 
@@ -174,3 +177,70 @@ def test_remove_leaves_a_file_replaced_since_it_was_read(tmp_path: Path) -> None
     (d / f"{KEY}-cache").write_bytes(value(b"new"))
     assert not src.remove(KEY, read)
     assert (d / f"{KEY}-cache").exists()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xla_pcache", *args],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_import_from_jax_cli(tmp_path: Path) -> None:
+    """Values in both formats: the CLI takes the one the importable JAX reads."""
+    import zstandard
+
+    probe = (
+        "from xla_pcache import jax_cache_dir as j\n"
+        "try:\n"
+        "    from jax._src import compilation_cache as cc\n"
+        "    print(','.join(sorted(j.jax_formats(cc))))\n"
+        "except ImportError:\n"
+        "    print(','.join(sorted(j.decodable_formats())))\n"
+    )
+    formats = set(
+        subprocess.run(
+            [sys.executable, "-c", probe], env=clean_env(), capture_output=True, text=True
+        )
+        .stdout.split()[0]
+        .split(",")
+    )
+    raw = (2).to_bytes(4, "big") + b"executable" * 40
+    zstd_value = zstandard.ZstdCompressor().compress(raw)
+    entries = {
+        "jit_a-" + "01" * 32: zlib.compress(raw),
+        "jit_b-" + "02" * 32: zstd_value,
+        "jit_c-" + "03" * 32: b"garbage",
+    }
+    d = jax_dir(tmp_path, entries)
+    ours = tmp_path / "store"
+    result = cli("import", "--from-jax", str(d), "--path", str(ours))
+    good = (jcd.ZLIB in formats) + (jcd.ZSTD in formats)
+    assert f"adopted {good}, already present 0, skipped as bad {3 - good}" in result.stdout
+    assert result.returncode == 1, result.stderr
+    assert len(os.listdir(d)) == 2 * (3 - good)  # the bad ones and their atime files
+    with Store(ours, read_only=True) as store:
+        assert len(store) == good
+        for key in store.keys():
+            blob = store.get(key)
+            assert blob is not None and bytes(blob) == entries[key]
+            assert blob.meta["adopted_from"] == "jax_cache"
+            assert blob.meta["compile_time_s"] == "2.000000"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("import",), "give either a bundle file or --from-jax DIR"),
+        (("import", "b.tar.gz", "--from-jax", "d"), "give either a bundle file or --from-jax"),
+        (("import", "--from-jax", "/nonexistent/jax", "--path", "p"), "not a directory"),
+    ],
+)
+def test_import_from_jax_cli_errors(args: tuple[str, ...], needle: str) -> None:
+    result = cli(*args)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert needle in result.stderr
