@@ -224,7 +224,8 @@ def test_import_from_jax_cli(tmp_path: Path) -> None:
     assert len(os.listdir(d)) == 2 * (3 - good)  # the bad ones and their atime files
     with Store(ours, read_only=True) as store:
         assert len(store) == good
-        for key in store.keys():
+        keys = store.keys()
+        for key in keys:
             blob = store.get(key)
             assert blob is not None and bytes(blob) == entries[key]
             assert blob.meta["adopted_from"] == "jax_cache"
