@@ -245,3 +245,12 @@ def test_import_from_jax_cli_errors(args: tuple[str, ...], needle: str) -> None:
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     assert needle in result.stderr
+
+
+def test_a_key_jax_never_files_is_missing_not_rejected(tmp_path: Path) -> None:
+    d = jax_dir(tmp_path, {KEY: value()})
+    with Store(tmp_path / "store") as store:
+        out = jcd.adopt(store, jcd.JaxCacheDir(d), "jit_f-0123", formats=ZLIB)
+        assert out.status == jcd.MISSING
+        out = jcd.adopt(store, jcd.JaxCacheDir(d), "../x", names=[KEY], formats=ZLIB)
+        assert (out.status, out.name) == (jcd.ADOPTED, KEY)

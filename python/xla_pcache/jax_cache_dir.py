@@ -268,6 +268,12 @@ class JaxCacheDir:
         dfd = self._dir_fd()
         try:
             try:
+                # Never open what is not a regular file: a device's open may act, a FIFO's
+                # may block. The fstat below checks the opened file is still that one.
+                if not stat.S_ISREG(
+                    os.stat(key + CACHE_SUFFIX, dir_fd=dfd, follow_symlinks=False).st_mode
+                ):
+                    raise Rejected("not a regular file")
                 fd = os.open(
                     key + CACHE_SUFFIX,
                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
@@ -365,6 +371,8 @@ def adopt(
     for what is in the directory; ``OSError`` only if the directory cannot be opened."""
     rejected: Outcome | None = None
     for name in (key, *[n for n in names if n != key]):
+        if not valid_key(name):
+            continue  # not a name JAX gives a file: no such file in its directory
         try:
             read = source.read(name, max_bytes)
             if read is None:
