@@ -571,6 +571,10 @@ def install(
     (``jax_persistent_cache_min_compile_time_secs``, ``..._min_entry_size_bytes``) are left
     as they are. Calling it again reinstalls with the new settings.
 
+    A directory JAX's own cache filled (the store's own, or the ``jax_compilation_cache_dir``
+    set before this call) is served on a miss and its entries moved into the store as they
+    are asked for (docs/jax.md, "Adopting JAX's own cache").
+
     Returns the opened ``Store``, or None when the directory cannot be opened (logged; JAX
     then compiles as if there were no persistent cache). Raises ``CacheError`` when the
     installed jax lacks the hooks this adapter needs, ``ValueError`` on malformed settings.
