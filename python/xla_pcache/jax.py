@@ -353,6 +353,8 @@ class _KeyAliases:
     def __init__(self, original: Callable[..., str], adopter: _Adopter) -> None:
         self.original = original
         self.adopter = adopter
+        # inspect.signature and _keyparts (which computes keys itself) see JAX's function.
+        self.__wrapped__ = original
 
     def __call__(
         self, module: Any, devices: Any, compile_options: Any, backend: Any, *a: Any, **kw: Any

@@ -129,6 +129,15 @@ def test_jax_cache_is_served_from_the_first_run_and_kept_once(
     assert len(jax_files(jax_dir)) == len(cache_files(jax_dir))  # no atime file left behind
     assert len(store_keys(ours)) >= hits(first)
     assert not any(r["level"] == "WARNING" for r in first["log"]), first["log"]
+    # Adopted entries are entries like any other: the key's components (for explain) and
+    # JAX's compile time, computed under the adapter's key.
+    with Store(ours, read_only=True) as store:
+        keys = store.keys()
+        metas = [store.get(k).meta for k in keys]  # type: ignore[union-attr]
+    for meta in metas:
+        assert meta["adopted_from"] == "jax_cache"
+        assert meta["framework"] == "jax"
+        assert "key_components" in meta and "compile_time_s" in meta, meta
 
     second = run(PROGRAMS, env, compression, tmp_path)
     assert hits(second) == len(store_keys(ours)) >= 0.9 * len(PROGRAMS)
