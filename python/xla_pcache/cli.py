@@ -828,12 +828,23 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
             _fail(f"{source_dir}: not a directory")
         source = jcd.JaxCacheDir(source_dir)
         # What JAX reads here: the format its own compilation cache decompresses.
+        jax_version: str | None = None
         try:
+            import jax
             from jax._src import compilation_cache as cc
 
             formats = jcd.jax_formats(cc)
+            jax_version = str(jax.__version__)
         except Exception:
             formats = jcd.decodable_formats()
+        if jax_version is not None and _before_jax_011(jax_version):
+            _fail(
+                f"jax {jax_version}: before jax 0.11 JAX's keys hold the path of its cache "
+                f"directory, so entries moved from {source_dir} would never be found under "
+                "the adapter's keys; nothing was moved. Keep JAX_COMPILATION_CACHE_DIR set "
+                "beside XLA_PERSISTENT_CACHE_PATH instead: each entry is adopted, under the "
+                "right key, when a program asks for it (docs/jax.md)"
+            )
         keys = sorted(source.keys())
         counts = {jcd.ADOPTED: 0, jcd.PRESENT: 0, jcd.REJECTED: 0, jcd.SERVED: 0}
         console = _console()
@@ -866,6 +877,13 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
     console.print(text)
     if counts[jcd.REJECTED] or counts[jcd.SERVED]:
         raise typer.Exit(1)
+
+
+def _before_jax_011(version: str) -> bool:
+    try:
+        return tuple(int(p) for p in version.split(".")[:2]) < (0, 11)
+    except ValueError:
+        return False
 
 
 def _adopted_meta(secs: float | None) -> dict[str, str]:
