@@ -67,6 +67,9 @@ jax_venv() {  # version, python
   # The explain tests parse `stats --format prometheus` (kept out of the check above, so
   # that venvs made before it get it too).
   "$v/bin/pip" install -q "prometheus-client>=0.17"
+  # JAX's own cache compresses with zstd when this is there (zlib otherwise); the adoption
+  # tests check both formats.
+  "$v/bin/pip" install -q "zstandard>=0.22"
 }
 jax_venv "$JAX_OLDEST" python3
 jax_venv "$JAX_MIDDLE" python3
@@ -123,7 +126,8 @@ for jv in "$JAX_OLDEST" "$JAX_MIDDLE" "$JAX_NEWEST"; do
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
   # shellcheck disable=SC2086
   PYTHONPATH=$PWD/python "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py \
-    tests/adapters/test_jax_single_flight.py tests/adapters/test_explain_jax.py
+    tests/adapters/test_jax_single_flight.py tests/adapters/test_explain_jax.py \
+    tests/adapters/test_jax_adopt.py
   demo_dir=$(mktemp -d)
   PYTHONPATH=$PWD/python "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
   rm -rf "$demo_dir"

@@ -176,7 +176,7 @@ def _ignore_arg(cc: Any) -> list[Any]:
         flag = False
     if not flag:
         return []
-    params = list(inspect.signature(cc.get_cache_key).parameters)
+    params = list(inspect.signature(inspect.unwrap(cc.get_cache_key)).parameters)
     if "ignore_callbacks" in params:
         from jax._src import cache_key
 
@@ -203,7 +203,8 @@ def _run_key(cc: Any, ck: Any, args: dict[str, Any]) -> tuple[str, list[Any]]:
         ck._log_cache_key_hash = _capturing_log(original)
         _local.sink = sink
         try:
-            key = cc.get_cache_key(
+            # Unwrapped: the adoption of JAX's own cache may wrap it to compute more keys.
+            key = inspect.unwrap(cc.get_cache_key)(
                 args["computation"],
                 args["devices"],
                 args["compile_options"],

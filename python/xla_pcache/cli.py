@@ -765,8 +765,18 @@ def export_cmd(
 
 @app.command("import")
 def import_cmd(
-    bundle: Annotated[str, typer.Argument(help="Bundle file written by xla-pcache export.")],
+    bundle: Annotated[
+        str | None, typer.Argument(help="Bundle file written by xla-pcache export.")
+    ] = None,
     path: PathOption = None,
+    from_jax: Annotated[
+        str | None,
+        typer.Option(
+            "--from-jax",
+            help="Adopt the entries JAX's own cache wrote in this directory instead of a "
+            "bundle: each valid one is published and its file removed there.",
+        ),
+    ] = None,
     max_entry_size: Annotated[
         str | None,
         typer.Option(
@@ -778,6 +788,13 @@ def import_cmd(
     """Publish each verifying entry of a bundle into the cache (created if missing)."""
     from xla_pcache.bundle import import_bundle
 
+    if (bundle is None) == (from_jax is None):
+        with _reported():
+            _fail("give either a bundle file or --from-jax DIR")
+    if from_jax is not None:
+        _import_from_jax(from_jax, path, max_entry_size)
+        return
+    assert bundle is not None
     with _reported():
         entry_cap = parse_size(max_entry_size, name="--max-entry-size")
         if entry_cap == 0:
@@ -815,6 +832,91 @@ def import_cmd(
     console.print(shown(text))
     if report.rejected or report.unreadable:
         raise typer.Exit(1)
+
+
+def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | None) -> None:
+    from xla_pcache import jax_cache_dir as jcd
+
+    with _reported():
+        entry_cap = parse_size(max_entry_size, name="--max-entry-size")
+        if entry_cap == 0:
+            _fail("--max-entry-size must be positive")
+        settings = Settings.from_env()
+        root = os.path.expanduser(path) if path else settings.path
+        if not root:
+            _fail(f"no cache directory: pass --path or set {PATH_VAR}")
+        if settings.read_only:
+            _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+        source_dir = os.path.expanduser(source_dir)
+        if not os.path.isdir(source_dir):
+            _fail(f"{source_dir}: not a directory")
+        source = jcd.JaxCacheDir(source_dir)
+        # What JAX reads here: the format its own compilation cache decompresses.
+        jax_version: str | None = None
+        try:
+            import jax
+            from jax._src import compilation_cache as cc
+
+            formats = jcd.jax_formats(cc)
+            jax_version = str(jax.__version__)
+        except Exception:
+            formats = jcd.decodable_formats()
+        if jax_version is not None and _before_jax_011(jax_version):
+            _fail(
+                f"jax {jax_version}: before jax 0.11 JAX's keys hold the path of its cache "
+                f"directory, so entries moved from {source_dir} would never be found under "
+                "the adapter's keys; nothing was moved. Keep JAX_COMPILATION_CACHE_DIR set "
+                "beside XLA_PERSISTENT_CACHE_PATH instead: each entry is adopted, under the "
+                "right key, when a program asks for it (docs/jax.md)"
+            )
+        keys = sorted(source.keys())
+        counts = {jcd.ADOPTED: 0, jcd.PRESENT: 0, jcd.REJECTED: 0, jcd.SERVED: 0}
+        console = _console()
+        bar = _progress(console)
+        with (
+            _interruptible("import"),
+            Store(root, max_size=settings.max_size, settings=settings) as store,
+            bar,
+        ):
+            bound = entry_cap or min(settings.max_size or jcd.MAX_ENTRY_BYTES, jcd.MAX_ENTRY_BYTES)
+            task = bar.add_task(f"adopting JAX's entries from {source_dir}", total=len(keys))
+            for key in keys:
+                outcome = jcd.adopt(
+                    store,
+                    source,
+                    key,
+                    formats=formats,
+                    meta=lambda value: _adopted_meta(jcd.compile_time(value)),
+                    max_bytes=bound,
+                )
+                if outcome.status in counts:
+                    counts[outcome.status] += 1
+                bar.advance(task)
+    text = (
+        f"adopted {counts[jcd.ADOPTED]}, already present {counts[jcd.PRESENT]}, "
+        f"skipped as bad {counts[jcd.REJECTED]}"
+    )
+    if counts[jcd.SERVED]:
+        text += f", left in place as the cache did not take them {counts[jcd.SERVED]}"
+    console.print(text)
+    if counts[jcd.REJECTED] or counts[jcd.SERVED]:
+        raise typer.Exit(1)
+
+
+def _before_jax_011(version: str) -> bool:
+    try:
+        return tuple(int(p) for p in version.split(".")[:2]) < (0, 11)
+    except ValueError:
+        return False
+
+
+def _adopted_meta(secs: float | None) -> dict[str, str]:
+    from xla_pcache import _keyparts
+
+    meta = {"framework": "jax", "adopted_from": "jax_cache"}
+    if secs is not None:
+        meta[_keyparts.META_COMPILE_TIME] = f"{secs:.6f}"
+    return meta
 
 
 def _version_callback(value: bool) -> None:
