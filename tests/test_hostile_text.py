@@ -229,3 +229,18 @@ def test_export_interrupted_leaves_no_temporary_file(tmp_path: Path, sig: int) -
     if proc.returncode != 0:
         assert b"interrupted" in err, err
     assert [n for n in os.listdir(out_dir) if n.endswith(".tmp")] == []
+
+
+def test_every_package_logger_escapes_what_it_logs() -> None:
+    """A module that made its logger with ``logging.getLogger`` would log names read from the
+    cache raw: every module of the package makes it with ``package_logger``."""
+    import re
+
+    package = Path(__file__).resolve().parent.parent / "python" / "xla_pcache"
+    offenders = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "_text.py"
+        and re.search(r"^\w+\s*=\s*logging\.getLogger\(", path.read_text(), re.MULTILINE)
+    ]
+    assert offenders == []

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import logging
 import os
 import re
 import stat
@@ -32,8 +31,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from xla_pcache._core import Store as _CoreStore
+from xla_pcache._text import package_logger
 
-logger = logging.getLogger(__name__)
+logger = package_logger(__name__)
 
 CACHE_SUFFIX = "-cache"
 ATIME_SUFFIX = "-atime"
