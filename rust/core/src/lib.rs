@@ -38,7 +38,10 @@ pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
-pub use sign::{check_key_name, generate_seed, public_key, SigFields, Signer, TrustSet, Untrusted};
+pub use sign::{
+    check_key_name, digest as blake3_digest, generate_seed, public_key, SigFields, Signer,
+    TrustSet, Untrusted,
+};
 pub use stats::{Counter, Counters};
 pub use store::{
     Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode, Stats, Store,
