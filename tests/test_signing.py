@@ -65,7 +65,7 @@ def test_a_readable_or_malformed_key_file_is_an_error_naming_the_variable(
 ) -> None:
     out, _ = keygen(tmp_path, "ci-1")
     out.chmod(0o640)
-    with pytest.raises(ValueError, match="XLA_PCACHE_SIGNING_KEY.*group or others"):
+    with pytest.raises(ValueError, match=r"XLA_PCACHE_SIGNING_KEY.*group or others"):
         Settings.from_env({"XLA_PCACHE_SIGNING_KEY": str(out)})
     for text in ("", "ci-1\n", "ci-1:notbase64!\n", "ci-1:" + base64.b64encode(b"x").decode()):
         bad = tmp_path / "bad.key"
