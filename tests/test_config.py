@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import os
 from pathlib import Path
@@ -268,6 +269,8 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_REMOTE_TIMEOUT": "0.5",
         "XLA_PCACHE_REMOTE_MAX_BYTES": "1.5G",
         "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+        "XLA_PCACHE_SIGNING_KEY": _key_file(tmp_path),
+        "XLA_PCACHE_TRUSTED_KEYS": "ci-1:" + base64.b64encode(bytes(32)).decode(),
     }
     assert set(values) == VARIABLE_NAMES
     settings = Settings.from_env(values)
@@ -277,6 +280,13 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
     assert settings.remote_max_bytes == 3 << 29
     assert settings.read_mode == "pread" and settings.lock_mode == "lease"
     assert settings.torch_xla_local_root() == str(tmp_path / "local")
+
+
+def _key_file(tmp_path: Path) -> str:
+    path = tmp_path / "ci-1.key"
+    path.write_text("ci-1:" + base64.b64encode(bytes(range(32))).decode() + "\n")
+    path.chmod(0o600)
+    return str(path)
 
 
 def test_remote_max_bytes_takes_a_size() -> None:

@@ -41,6 +41,10 @@ class Blob:
     @property
     def meta(self) -> dict[str, str]: ...
     @property
+    def signer(self) -> str | None:
+        """The signing key's name of a signed entry (a store with trusted keys served it only
+        if that key signed it), else None."""
+    @property
     def created(self) -> float:
         """Unix time (seconds) at which the entry was written."""
     @property
@@ -67,6 +71,15 @@ def hash_impl() -> str:
     """The xxh3 vector path in use on this CPU for inputs past 240 bytes: ``avx512``, ``avx2``,
     ``sse2``, ``neon``, ``scalar``, or ``portable-*`` when ``XLA_PCACHE_HASH_IMPL=portable``
     forces the build-time one."""
+
+def generate_signing_key() -> bytes:
+    """A new Ed25519 private key: 32 random bytes from the operating system."""
+
+def signing_public_key(private: bytes) -> bytes:
+    """The 32-byte public key of a 32-byte private key."""
+
+def check_key_name(name: str) -> None:
+    """Raise ValueError unless ``name`` is a valid key name (ending in a version: ``ci-1``)."""
 
 def entry_name(key: Key) -> str:
     """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed
@@ -149,6 +162,9 @@ class Stats(TypedDict):
     remote_az_written_bytes: int
     remote_az_get_ms: int
     remote_az_backfills: int
+    # Entries a store with trusted keys would not serve (a miss each, never loaded), and
+    # what a trusting import or tier rejected.
+    untrusted: int
     hit_rate: float | None
     entries: int
     bytes: int
@@ -172,6 +188,7 @@ class Entry(TypedDict):
     last_use: float | None
     hits: int
     meta: dict[str, str]
+    signer: str | None
 
 class EvictReport(TypedDict):
     """What ``Store.evict()`` did."""
@@ -259,7 +276,19 @@ class Store:
         claim_lease: float = 30.0,
         read_mode: Literal["auto", "mmap", "pread"] | None = None,
         evict_trace: str | os.PathLike[str] | None = None,
+        signing_key: tuple[str, bytes] | None = None,
+        trusted_keys: Iterable[tuple[str, bytes]] | None = None,
     ) -> _S: ...
+    @property
+    def signing_key_name(self) -> str | None:
+        """The name of the key every put is signed with, or None (unsigned puts)."""
+    @property
+    def trusted_key_names(self) -> list[str] | None:
+        """The names of the trusted keys, or None (every verified entry is served)."""
+    def untrusted_entries(self, remove: bool = False) -> list[tuple[str, Key, str]]:
+        """(path, key, why) of each entry a reader with this store's trusted keys would not
+        serve ("unsigned", "signed by mallory-1, not trusted", ...); with ``remove``, each
+        is removed (ReadOnlyError if read-only). ValueError without trusted keys."""
     @property
     def path(self) -> str: ...
     @property

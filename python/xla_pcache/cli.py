@@ -29,7 +29,14 @@ from rich.table import Table
 from xla_pcache import _core
 from xla_pcache._core import CacheError
 from xla_pcache._text import ShownStream, raw_stream, shown
-from xla_pcache.config import MAX_SIZE_VAR, PATH_VAR, READ_ONLY_VAR, Settings
+from xla_pcache.config import (
+    MAX_SIZE_VAR,
+    PATH_VAR,
+    READ_ONLY_VAR,
+    SIGNING_KEY_VAR,
+    TRUSTED_KEYS_VAR,
+    Settings,
+)
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 from xla_pcache.store import Store
 
@@ -402,14 +409,14 @@ def _ordered(entries: Iterable[Entry], sort: SortKey, limit: int) -> list[Entry]
     return sorted(entries, key=key, reverse=largest)
 
 
-_LS_COLUMNS = ("size", "on disk", "age", "last use", "hits", "producer", "key")
-_LS_WIDTHS = (8, 8, 8, 8, 6, 20)
+_LS_COLUMNS = ("size", "on disk", "age", "last use", "hits", "producer", "signer", "key")
+_LS_WIDTHS = (8, 8, 8, 8, 6, 20, 12)
 
 
 def _ls_line(cells: Iterable[str]) -> str:
     *fixed, key = cells
     parts = [
-        f"{c:<{w}}" if i == len(_LS_WIDTHS) - 1 else f"{c:>{w}}"
+        f"{c:<{w}}" if i >= len(_LS_WIDTHS) - 2 else f"{c:>{w}}"
         for i, (c, w) in enumerate(zip(fixed, _LS_WIDTHS, strict=True))
     ]
     return "  ".join([*parts, key])
@@ -427,6 +434,7 @@ def _ls_row(entry: Entry, now: float) -> str:
             _format_ago(None if last_use is None else now - last_use),
             str(entry["hits"]),
             _key_text(producer) if producer else "-",
+            _key_text(entry.get("signer") or "-"),
             _key_text(entry["key"]),
         )
     )
@@ -462,7 +470,8 @@ def list_entries(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Entries with key, size, age, last use, hits and producer (framework and version).
+    """Entries with key, size, age, last use, hits, producer (framework and version) and
+    signer (the key name a signed entry names; `verify --trusted` checks the signatures).
 
     Lines are printed as each shard directory is read, so the first come at once at any
     size. Hits are the hits recorded, at most one per process per hit interval: a lower
@@ -526,9 +535,19 @@ def prune(
     older_than: Annotated[
         str | None, typer.Option("--older-than", help="Evict entries unused this long (e.g. 7d).")
     ] = None,
+    untrusted: Annotated[
+        bool,
+        typer.Option(
+            "--untrusted",
+            help=f"Remove the entries no trusted key signed (keys from ${TRUSTED_KEYS_VAR}).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Evict least recently used entries now and print what was removed."""
+    if untrusted:
+        _prune_untrusted(path, read_only, as_json)
+        return
     with _reported():
         target = parse_size(max_size, name="--max-size")
         age = None if older_than is None else parse_duration(older_than, name="--older-than")
@@ -565,6 +584,24 @@ def prune(
         raise typer.Exit(1)
 
 
+def _untrusted(store: _core.Store, remove: bool) -> list[tuple[str, _core.Key, str]]:
+    if store.trusted_key_names is None:
+        _fail(f"no trusted keys: set {TRUSTED_KEYS_VAR} to the keys whose entries are served")
+    with _interruptible("verify" if not remove else "prune"):
+        return store.untrusted_entries(remove=remove)
+
+
+def _prune_untrusted(path: str | None, read_only: bool, as_json: bool) -> None:
+    with _reported(), _open(path, read_only=read_only, write=True) as store:
+        found = _untrusted(store, remove=True)
+    if as_json:
+        _emit_json([{"path": p, "key": _key_text(k), "why": w} for p, k, w in found])
+        return
+    for _path, key, why in found:
+        typer.echo(f"removed {_key_text(key)} ({_key_text(why)})")
+    typer.echo(f"removed {len(found)} untrusted entries")
+
+
 # verify --------------------------------------------------------------------------------------
 
 
@@ -587,9 +624,35 @@ def verify(
     repair: Annotated[
         bool, typer.Option("--repair", help="Remove bad files and repair the index.")
     ] = False,
+    trusted: Annotated[
+        bool,
+        typer.Option(
+            "--trusted",
+            help=f"List the entries no trusted key signed (keys from ${TRUSTED_KEYS_VAR}); "
+            "exit 1 if there are any.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Check every file of the cache; exit 1 if any problem was found (even if repaired)."""
+    if trusted:
+        with _reported(), _open(path, read_only=True) as store:
+            names = store.trusted_key_names or []
+            found = _untrusted(store, remove=False)
+        if as_json:
+            _emit_json(
+                {
+                    "trusted_keys": names,
+                    "untrusted": [{"path": p, "key": _key_text(k), "why": w} for p, k, w in found],
+                }
+            )
+        else:
+            for p, key, why in found:
+                typer.echo(f"{_key_text(key)}: {_key_text(why)} ({_key_text(p)})")
+            typer.echo(f"{len(found)} untrusted entries (trusted keys: {', '.join(names)})")
+        if found:
+            raise typer.Exit(1)
+        return
     console = _console()
     with _reported(), _open(path, read_only=read_only, write=repair) as store:
         root = store.path
@@ -676,6 +739,46 @@ def explain(
             typer.echo("")
         for line in why.lines(result, now):
             typer.echo(_key_text(line))
+
+
+# keygen --------------------------------------------------------------------------------------
+
+
+@app.command()
+def keygen(
+    name: Annotated[
+        str, typer.Argument(help="The key's name, with a version for rotation: ci-1, then ci-2.")
+    ],
+    out: Annotated[str, typer.Option("--out", "-o", help="Private key file to create (0600).")],
+) -> None:
+    """Make an Ed25519 key pair for signed entries. The private key goes to --out (mode
+    0600, never overwritten); the public key, NAME:BASE64, is printed on the last line."""
+    import base64
+
+    with _reported():
+        try:
+            _core.check_key_name(name)
+        except ValueError as e:
+            _fail(str(e))
+        private = _core.generate_signing_key()
+        public = base64.b64encode(_core.signing_public_key(private)).decode()
+        target = os.path.expanduser(out)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            _fail(f"{target} exists: keygen never overwrites a key")
+        except OSError as e:
+            _fail(f"cannot create {target}: {e.strerror or e}")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(
+                "# xla_pcache signing key (Ed25519, private): whoever holds it can sign entries.\n"
+                f"# Use it with {SIGNING_KEY_VAR}={target}\n"
+                f"{name}:{base64.b64encode(private).decode()}\n"
+            )
+    typer.echo(f"wrote the private key {name} to {target} (mode 0600)", err=True)
+    typer.echo(f"trust it with {TRUSTED_KEYS_VAR}={name}:{public}", err=True)
+    typer.echo(f"{name}:{public}")
 
 
 # commands implemented elsewhere ----------------------------------------------------------------

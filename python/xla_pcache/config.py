@@ -14,10 +14,14 @@ that was meant to be read-only. An empty variable counts as unset, everywhere.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import os
+import re
+import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from xla_pcache.sizes import parse_duration, parse_size
@@ -39,6 +43,8 @@ REMOTE_VAR = "XLA_PCACHE_REMOTE"
 REMOTE_TIMEOUT_VAR = "XLA_PCACHE_REMOTE_TIMEOUT"
 REMOTE_MAX_BYTES_VAR = "XLA_PCACHE_REMOTE_MAX_BYTES"
 XDG_CACHE_HOME_VAR = "XDG_CACHE_HOME"
+SIGNING_KEY_VAR = "XLA_PCACHE_SIGNING_KEY"
+TRUSTED_KEYS_VAR = "XLA_PCACHE_TRUSTED_KEYS"
 
 # Single flight: how long a process that misses waits for another one compiling the same
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
@@ -228,6 +234,28 @@ VARIABLES: tuple[Variable, ...] = (
     ),
 )
 
+# Trusted writers: appended here, after the existing rows.
+VARIABLES += (
+    Variable(
+        SIGNING_KEY_VAR,
+        "signing_key",
+        "path",
+        "unset",
+        "A private key file made by `xla-pcache keygen` (mode 0600): every put of this "
+        "process is signed with it. A malformed file, or one group or others can access, is "
+        'an error. See docs/reliability.md, "Trusted writers".',
+    ),
+    Variable(
+        TRUSTED_KEYS_VAR,
+        "trusted_keys",
+        "keys",
+        "unset",
+        "`NAME:BASE64[,NAME:BASE64...]` (the public keys `keygen` prints), or `@FILE` with one "
+        "per line: only entries signed by one of these keys are served; any other is a miss, "
+        "counted `untrusted`, never loaded. Unset: every verified entry is served.",
+    ),
+)
+
 VARIABLE_NAMES: frozenset[str] = frozenset(v.name for v in VARIABLES)
 
 
@@ -296,6 +324,102 @@ def _text(value: str, name: str) -> str:
     return value.strip()
 
 
+# Key names carry a version, for rotation (`ci-1`, then `ci-2`); the Rust core checks the
+# same rule again.
+_KEY_NAME = re.compile(r"[A-Za-z0-9._-]{0,62}[A-Za-z0-9._]-[0-9]+")
+
+
+def check_key_name(key_name: str, name: str) -> str:
+    """A key name (letters, digits, ``.``, ``_``, ``-``, at most 64, ending in ``-N``)."""
+    if len(key_name) > 64 or not _KEY_NAME.fullmatch(key_name):
+        raise ValueError(
+            f"invalid {name}: key name {key_name!r} must be letters, digits, '.', '_' or '-' "
+            "(at most 64) ending in a version, like 'ci-1'"
+        )
+    return key_name
+
+
+def _key_bytes(text: str, what: str, name: str) -> bytes:
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"invalid {name}: the {what} is not base64") from None
+    if len(raw) != 32:
+        raise ValueError(f"invalid {name}: the {what} is {len(raw)} bytes, not 32")
+    return raw
+
+
+def _key_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A private key read from a key file: its name, and the 32 bytes (never shown)."""
+
+    name: str
+    path: str
+    private: bytes = field(repr=False)
+
+
+def read_signing_key(path: str, name: str = SIGNING_KEY_VAR) -> SigningKey:
+    """Reads a key file written by ``xla-pcache keygen``: one ``NAME:BASE64`` line (``#``
+    comments allowed). It must be a regular file that group and others cannot access."""
+    path = os.path.expanduser(path.strip())
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ValueError(f"invalid {name} {path!r}: cannot open it ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"invalid {name} {path!r}: not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
+            raise ValueError(
+                f"invalid {name} {path!r}: a private key readable or writable by group or "
+                f"others (mode {mode:04o}); run chmod 600 on it"
+            )
+        data = f.read(4096)
+    try:
+        lines = _key_lines(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        lines = []
+    if len(lines) != 1 or ":" not in lines[0]:
+        raise ValueError(
+            f"invalid {name} {path!r}: expected one 'NAME:BASE64' line, as xla-pcache keygen writes"
+        )
+    key_name, b64 = lines[0].split(":", 1)
+    check_key_name(key_name.strip(), name)
+    return SigningKey(key_name.strip(), path, _key_bytes(b64, "private key", name))
+
+
+def parse_trusted_keys(value: str, name: str = TRUSTED_KEYS_VAR) -> tuple[tuple[str, bytes], ...]:
+    """``NAME:BASE64[,NAME:BASE64...]``, or ``@FILE`` with one such key per line."""
+    value = value.strip()
+    if value.startswith("@"):
+        path = os.path.expanduser(value[1:].strip())
+        try:
+            with open(path, encoding="utf-8") as f:
+                items = _key_lines(f.read(1 << 20))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"invalid {name} {value!r}: cannot read it ({e})") from None
+    else:
+        items = [v.strip() for v in value.split(",") if v.strip()]
+    keys: list[tuple[str, bytes]] = []
+    for item in items:
+        if ":" not in item:
+            raise ValueError(f"invalid {name}: {item[:80]!r} is not NAME:BASE64")
+        key_name, b64 = (p.strip() for p in item.split(":", 1))
+        check_key_name(key_name, name)
+        if any(n == key_name for n, _ in keys):
+            raise ValueError(f"invalid {name}: key name {key_name!r} is given twice")
+        keys.append((key_name, _key_bytes(b64, f"public key of {key_name!r}", name)))
+    if not keys:
+        raise ValueError(f"invalid {name} {value!r}: no keys in it")
+    return tuple(keys)
+
+
 def _absolute(value: str, name: str) -> str | None:
     # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
     value = value.strip()
@@ -321,6 +445,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "remote_timeout": _duration(zero_ok=False),
     "remote_max_bytes": _positive_size,
     "xdg_cache_home": _absolute,
+    "signing_key": read_signing_key,
+    "trusted_keys": parse_trusted_keys,
 }
 
 
@@ -351,6 +477,10 @@ class Settings:
     # None: each kind of tier's own largest value (DEFAULT_REMOTE_MAX_BYTES for Redis).
     remote_max_bytes: int | None = None
     xdg_cache_home: str | None = None
+    # Trusted writers: the private key every put is signed with, and the public keys
+    # (name, 32 bytes) whose entries alone are served. None: unsigned puts; every entry.
+    signing_key: SigningKey | None = None
+    trusted_keys: tuple[tuple[str, bytes], ...] | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:

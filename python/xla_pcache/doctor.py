@@ -340,7 +340,31 @@ def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
             from xla_pcache.chain import redact_chain
 
             config["remote"] = redact_chain(settings.remote)
+        config["trust"] = _trust(settings)
     return config, problems
+
+
+def _trust(settings: Settings) -> dict[str, Any]:
+    """The trust set-up by key name: never the private key, nor its file's content."""
+    import base64
+    import hashlib
+
+    signing = settings.signing_key
+    trusted = settings.trusted_keys
+    return {
+        "signing_key": None if signing is None else {"name": signing.name, "file": signing.path},
+        # A short fingerprint of each public key, to compare with what keygen printed.
+        "trusted_keys": None
+        if trusted is None
+        else [
+            {
+                "name": name,
+                "public_key": base64.b64encode(public).decode(),
+                "fingerprint": hashlib.sha256(public).hexdigest()[:16],
+            }
+            for name, public in trusted
+        ],
+    }
 
 
 def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]:
@@ -467,6 +491,25 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         console.print(
             f"  read-only: {cfg['read_only']}, max size: {format_size(cfg['max_size'])}, "
             f"in-memory capacity: {cfg['memory_capacity']}"
+        )
+    trust = cfg.get("trust")
+    if trust is not None:
+        signing, trusted = trust["signing_key"], trust["trusted_keys"]
+        console.print(
+            "  signing: "
+            + (
+                f"every put signed by {_e(signing['name'])} (key file {_e(signing['file'])})"
+                if signing
+                else "puts are unsigned"
+            )
+        )
+        console.print(
+            "  trusted keys: "
+            + (
+                ", ".join(_e(k["name"]) for k in trusted) + ": only entries they signed are loaded"
+                if trusted
+                else "none set, every verified entry is loaded (any writer's)"
+            )
         )
     cache = report["cache"]
     if cache:

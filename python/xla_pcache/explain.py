@@ -452,13 +452,31 @@ def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str
                     "components": entry["components"],
                 }
             ]
-        return explain_records(targets, entries)
+        return _note_untrusted(store, explain_records(targets, entries))
     latest: dict[str, dict[str, Any]] = {}
     for m in misses:
         latest.pop(m["key"], None)
         latest[m["key"]] = m
     targets = list(latest.values())[-last:] if last > 0 else []
-    return list(reversed(explain_records(targets, entries)))
+    return _note_untrusted(store, list(reversed(explain_records(targets, entries))))
+
+
+def _note_untrusted(store: Any, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """With trusted keys: a key whose entries are all untrusted is a miss for this store
+    ("signed by mallory-1, not trusted", "unsigned"), not an entry cached since."""
+    if getattr(store, "trusted_key_names", None) is None:
+        return results
+    why_by_key: dict[str, str] = {}
+    for _path, key, why in store.untrusted_entries():
+        if isinstance(key, str):
+            why_by_key.setdefault(key, why)
+    for result in results:
+        key = result["key"]
+        if key in why_by_key and store.get_entry_file(key) is None:
+            why = why_by_key[key]
+            result["untrusted"] = why
+            result["cached_now"] = False
+    return results
 
 
 def _show(value: Any) -> str:
@@ -471,6 +489,8 @@ def _show(value: Any) -> str:
 
 def one_line(result: dict[str, Any]) -> str:
     text = f"{result['key']}: {result.get('answer', '')}"
+    if result.get("untrusted"):
+        text += f" (the entry there is {result['untrusted']}: not loaded)"
     if result.get("nearest"):
         text += f" (nearest entry {result['nearest']})"
     for name in result.get("differs", []):
@@ -487,6 +507,8 @@ def lines(result: dict[str, Any], now: float | None = None) -> list[str]:
     out = [f"{result['key']}{ago}"]
     if result.get("cached_now"):
         out.append("  compiled and cached since")
+    if result.get("untrusted"):
+        out.append(f"  the entry there is {result['untrusted']}: not loaded")
     nearest = result.get("nearest")
     if nearest is None:
         out.append(f"  {result.get('answer', '')}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 from xla_pcache import _core
@@ -30,7 +31,10 @@ class Store(_core.Store):
     What is not passed comes from ``settings`` (default ``Settings.from_env()``): the lock
     and read modes, the eviction trace, ``claim_lease`` (how long a compile claim may go
     without a heartbeat before waiters take it over), the wait of ``claim()`` and the remote
-    tier. ``remote`` (a URL such as ``"redis://host:6379/0"``) puts a tier behind the
+    tier, and the signing and trusted keys. ``signing_key`` ((name, 32-byte private key))
+    signs every put; ``trusted_keys`` ((name, 32-byte public key) pairs) makes the store
+    serve only entries one of them signed (docs/reliability.md, "Trusted writers").
+    ``remote`` (a URL such as ``"redis://host:6379/0"``) puts a tier behind the
     directory: a local miss asks it, a put this process published is copied to it
     (docs/remote.md). The tier's client and threads start on the first miss or put.
     """
@@ -58,6 +62,8 @@ class Store(_core.Store):
         claim_lease: float | str | None = None,
         remote: str | None = None,
         settings: Settings | None = None,
+        signing_key: tuple[str, bytes] | None = None,
+        trusted_keys: Sequence[tuple[str, bytes]] | None = None,
     ) -> Self:
         cfg = Settings.from_env() if settings is None else settings
         url = (remote if remote is not None else cfg.remote) or None
@@ -83,6 +89,14 @@ class Store(_core.Store):
             if claim_lease is None
             else parse_duration(claim_lease, name="claim_lease"),
             evict_trace=cfg.evict_trace,
+            signing_key=signing_key
+            if signing_key is not None
+            else (cfg.signing_key.name, cfg.signing_key.private)
+            if cfg.signing_key is not None
+            else None,
+            trusted_keys=list(trusted_keys if trusted_keys is not None else cfg.trusted_keys or ())
+            if trusted_keys is not None or cfg.trusted_keys is not None
+            else None,
         )
         self._settings = cfg
         self._tier_url = url

@@ -58,6 +58,8 @@ pub struct Header {
     pub payload_len: u64,
     pub payload_checksum: u64,
     pub created_ns: u64,
+    /// The signature fields (`sign.rs`), split off `meta`; None for an unsigned entry.
+    pub signature: Option<crate::sign::SigFields>,
 }
 
 impl Header {
@@ -87,7 +89,7 @@ pub(crate) fn header_checksum(header: &[u8]) -> u64 {
     h.digest()
 }
 
-fn encode_meta(meta: &[(String, String)]) -> Result<Vec<u8>, EntryError> {
+pub(crate) fn encode_meta(meta: &[(String, String)]) -> Result<Vec<u8>, EntryError> {
     let mut out = Vec::new();
     for (k, v) in meta {
         let k_len = u16::try_from(k.len()).map_err(|_| EntryError::BadMeta)?;
@@ -229,10 +231,12 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, EntryError> {
     let key_len = u32_at(h, 12) as usize;
     let meta_len = u32_at(h, 16) as usize;
     let key_end = FIXED_HEADER + key_len;
+    let (meta, signature) = crate::sign::split_meta(decode_meta(&h[key_end..key_end + meta_len])?);
     Ok(Header {
         key: h[FIXED_HEADER..key_end].to_vec(),
         key_is_text: u16_at(h, 6) & FLAG_TEXT_KEY != 0,
-        meta: decode_meta(&h[key_end..key_end + meta_len])?,
+        meta,
+        signature,
         header_len,
         payload_len: u64_at(h, 24),
         payload_checksum: u64_at(h, 32),

@@ -9,7 +9,7 @@ use std::path::Path;
 const TIERS: &[&[&str]] = &[
     &["store"],
     &[
-        "index", "overlay", "journal", "snapshot", "entry", "blob", "lock",
+        "index", "overlay", "journal", "snapshot", "entry", "sign", "blob", "lock",
     ],
     &[
         "dir", "layout", "publish", "fsinfo", "lru", "stats", "forksafe", "hash", "clock", "error",

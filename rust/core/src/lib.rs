@@ -27,6 +27,7 @@ pub(crate) mod lock;
 pub(crate) mod lru;
 pub(crate) mod overlay;
 pub(crate) mod publish;
+pub(crate) mod sign;
 pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub(crate) mod store;
@@ -37,6 +38,10 @@ pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
+pub use sign::{
+    check_key_name, digest as blake3_digest, generate_seed, public_key, SigFields, Signer,
+    TrustSet, Untrusted,
+};
 pub use stats::{Counter, Counters};
 pub use store::{
     entry_file_len, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode,

@@ -59,6 +59,10 @@ pub enum Counter {
     RemoteWrittenBytes,
     RemoteGetMs,
     RemoteBackfills,
+    /// Entries a store with trusted keys would not serve (unsigned, signed by a key it does
+    /// not trust, or a signature that does not verify): a miss each, never loaded; also
+    /// what a trusting `import` rejected. Appended after the per-kind tier counters.
+    Untrusted = 71,
 }
 
 /// The first counter callers outside the core may add to by name (`Store::add_named`);
@@ -82,7 +86,7 @@ pub fn named(name: &str) -> Option<usize> {
         .map(|i| FIRST_NAMED + i)
 }
 
-pub const COUNTER_NAMES: [&str; 71] = [
+pub const COUNTER_NAMES: [&str; 72] = [
     "hits",
     "misses",
     "puts",
@@ -154,6 +158,7 @@ pub const COUNTER_NAMES: [&str; 71] = [
     "remote_az_written_bytes",
     "remote_az_get_ms",
     "remote_az_backfills",
+    "untrusted",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -278,9 +283,10 @@ mod tests {
             "the per-kind counters come after the existing ones"
         );
         assert_eq!(
-            N_COUNTERS,
+            Counter::Untrusted as usize,
             FIRST_TIER + TIER_KINDS.len() * TIER_COUNTERS.len()
         );
+        assert_eq!(COUNTER_NAMES[Counter::Untrusted as usize], "untrusted");
         for (k, kind) in TIER_KINDS.iter().enumerate() {
             for (c, counter) in TIER_COUNTERS.iter().enumerate() {
                 let i = FIRST_TIER + k * TIER_COUNTERS.len() + c;

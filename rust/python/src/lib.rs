@@ -5,6 +5,7 @@ mod buffer;
 mod errors;
 mod hashing;
 mod logging;
+mod signing;
 mod store;
 
 use pyo3::prelude::*;
@@ -23,5 +24,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_file_len, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::hash_impl, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::generate_signing_key, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::signing_public_key, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::check_key_name, m)?)?;
     Ok(())
 }

@@ -153,6 +153,17 @@ impl PyBlob {
         meta_dict(py, &self.inner.header.meta)
     }
 
+    /// The signer's key name of a signed entry (as the entry says; a store with trusted
+    /// keys served it only if that key signed it), else None.
+    #[getter]
+    fn signer(&self) -> Option<String> {
+        self.inner
+            .header
+            .signature
+            .as_ref()
+            .map(|f| f.signer.clone())
+    }
+
     #[getter]
     fn created(&self) -> f64 {
         ns_to_secs(self.inner.header.created_ns)
@@ -312,7 +323,7 @@ impl PyStore {
     #[new]
     #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
         lock_timeout=0.5, lease_time=30.0, hit_interval=60.0, trash_grace=300.0, tmp_grace=3600.0,
-        claim_lease=30.0, read_mode=None, evict_trace=None))]
+        claim_lease=30.0, read_mode=None, evict_trace=None, signing_key=None, trusted_keys=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -329,6 +340,8 @@ impl PyStore {
         claim_lease: f64,
         read_mode: Option<String>,
         evict_trace: Option<PathBuf>,
+        signing_key: Option<(String, Vec<u8>)>,
+        trusted_keys: Option<Vec<(String, Vec<u8>)>>,
     ) -> PyResult<Self> {
         let max_size = match max_size {
             None => None,
@@ -357,6 +370,8 @@ impl PyStore {
             claim_lease: seconds("claim_lease", claim_lease)?,
             read_mode,
             evict_trace,
+            signer: crate::signing::signer(signing_key)?,
+            trust: crate::signing::trust(trusted_keys)?,
             ..StoreOptions::default()
         };
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
@@ -685,7 +700,50 @@ impl PyStore {
             d.set_item("last_use", e.last_use_ns.map(ns_to_secs))?;
             d.set_item("hits", e.hits)?;
             d.set_item("meta", meta_dict(py, &e.meta)?)?;
+            d.set_item("signer", &e.signer)?;
             out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// The names of the keys this store trusts (None: it serves every verified entry) and
+    /// of its signing key (None: puts are unsigned). Never a private key.
+    #[getter]
+    fn trusted_key_names(&self) -> PyResult<Option<Vec<String>>> {
+        let store = self.store()?;
+        Ok(store
+            .options()
+            .trust
+            .as_ref()
+            .map(|t| t.names().map(str::to_string).collect()))
+    }
+
+    #[getter]
+    fn signing_key_name(&self) -> PyResult<Option<String>> {
+        let store = self.store()?;
+        Ok(store
+            .options()
+            .signer
+            .as_ref()
+            .map(|s| s.name().to_string()))
+    }
+
+    /// The entries a reader with this store's trusted keys would not serve, as (path, key,
+    /// why) tuples; with `remove`, they are removed. ValueError without trusted keys.
+    #[pyo3(signature = (remove=false))]
+    fn untrusted_entries<'py>(
+        &self,
+        py: Python<'py>,
+        remove: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store()?;
+        let found = interruptible(py, store, || {
+            no_panic("untrusted_entries", || store.untrusted_entries(remove))
+        })?;
+        let out = PyList::empty(py);
+        for (path, key, why) in found {
+            let key = key_object(py, &key, true);
+            out.append((path, key, why))?;
         }
         Ok(out)
     }

@@ -5,7 +5,19 @@ use super::*;
 impl Store {
     pub fn contains(&self, key: Key<'_>) -> Result<bool, StoreError> {
         check_key(&key)?;
-        Ok(self.entry_exists(entry_name(key.bytes)))
+        Ok(self.names_of(key).any(|n| self.entry_exists(n)))
+    }
+
+    /// The files an entry of `key` may be under: the plain name, and with trusted keys (or
+    /// a signer) each trusted signer's own name (`sign::signed_name`).
+    fn names_of<'a>(&'a self, key: Key<'a>) -> impl Iterator<Item = u128> + 'a {
+        let trust = self.opts.trust.as_deref().or(self.write_trust.as_ref());
+        std::iter::once(entry_name(key.bytes)).chain(
+            trust
+                .into_iter()
+                .flat_map(|t| t.names())
+                .map(move |s| crate::sign::signed_name(key.bytes, s)),
+        )
     }
 
     /// Whether a file stands under `name`'s entry name (in a real shard directory).
@@ -22,7 +34,14 @@ impl Store {
         if self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
-        let name = entry_name(key.bytes);
+        let mut any = false;
+        for name in self.names_of(key).collect::<Vec<_>>() {
+            any |= self.delete_name(name)?;
+        }
+        Ok(any)
+    }
+
+    fn delete_name(&self, name: u128) -> Result<bool, StoreError> {
         let path = self.layout.entry_path(name);
         let file = name_hex(name);
         let aside = format!("{file}.{}", unique_suffix());
@@ -169,6 +188,62 @@ impl Store {
         Ok((header, m))
     }
 
+    /// The entries a reader with this store's trusted keys would not serve, each as (file,
+    /// key, why); with `remove`, they are moved out (two-phase, through trash/) as they are
+    /// found. Corrupt files are `verify`'s, not counted here.
+    pub fn untrusted_entries(
+        &self,
+        remove: bool,
+    ) -> Result<Vec<(String, Vec<u8>, String)>, StoreError> {
+        let Some(trust) = self.opts.trust.as_deref() else {
+            return Err(StoreError::Invalid(
+                "no trusted keys: every entry is served (set trusted keys to check)".into(),
+            ));
+        };
+        if remove && self.opts.read_only {
+            return Err(StoreError::ReadOnly(self.layout.root.clone()));
+        }
+        let mut out = Vec::new();
+        for (shard, file) in self.entry_files()? {
+            if self.interrupted() {
+                break;
+            }
+            let Some(name) = parse_name_hex(&file).filter(|n| {
+                !shard.is_empty() && Layout::shard_rel(*n) == format!("entries/{shard}")
+            }) else {
+                continue;
+            };
+            let rel = format!("entries/{shard}/{file}");
+            let (key, why) = match self.read_entry(&rel, Some(trust)) {
+                Ok(b) if filed_under(&b.header, name) => continue,
+                Ok(b) => {
+                    let by = b.header.signature.map(|f| f.signer).unwrap_or_default();
+                    (
+                        b.header.key,
+                        format!("filed under another signer's name (signed by {by})"),
+                    )
+                }
+                Err(ReadError::Untrusted(why)) => {
+                    let key = self
+                        .read_header(&rel)
+                        .map(|(h, _)| h.key)
+                        .unwrap_or_default();
+                    (key, why.to_string())
+                }
+                Err(_) => continue,
+            };
+            if remove {
+                let ino = self
+                    .dir(&format!("entries/{shard}"))
+                    .and_then(|d| d.stat(&file))
+                    .map_or(0, |m| m.ino());
+                self.remove_corrupt(ino, name);
+            }
+            out.push((self.entry_display(&shard, &file), key, why));
+        }
+        Ok(out)
+    }
+
     /// Every entry with its header (walks the directory; headers only, payloads unread).
     pub fn entries(&self) -> Result<Vec<EntrySummary>, StoreError> {
         let mut out = Vec::new();
@@ -247,6 +322,7 @@ impl Store {
                 created_ns: h.created_ns,
                 last_use_ns: info.map(|i| i.last_use),
                 hits: info.map_or(0, |i| i.hits),
+                signer: h.signature.map(|f| f.signer),
                 meta: h.meta,
             });
         }
@@ -379,8 +455,8 @@ impl Store {
                 }
                 continue;
             };
-            match self.read_entry(&rel) {
-                Ok(blob) if entry_name(&blob.header.key) == name => {
+            match self.read_entry(&rel, None) {
+                Ok(blob) if filed_under(&blob.header, name) => {
                     let disk = self
                         .dir(&format!("entries/{shard}"))
                         .and_then(|d| d.stat(file))
@@ -403,7 +479,7 @@ impl Store {
                         });
                     }
                 }
-                Err(ReadError::Missing) => {}
+                Err(ReadError::Missing) | Err(ReadError::Untrusted(_)) => {}
                 // Not readable by this user (another's mode 0600 file): reported, left alone.
                 Err(ReadError::Io(e)) => report.skipped_files.push(format!("{display} ({e})")),
                 Err(ReadError::Unsafe(why)) => {
@@ -473,4 +549,13 @@ impl Store {
         }
         Ok(report)
     }
+}
+
+/// Whether an entry with this header belongs under the file name `name`: the plain name of
+/// its key, or its signer's own name for it.
+fn filed_under(h: &entry::Header, name: u128) -> bool {
+    entry_name(&h.key) == name
+        || h.signature
+            .as_ref()
+            .is_some_and(|f| crate::sign::signed_name(&h.key, &f.signer) == name)
 }

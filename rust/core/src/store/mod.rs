@@ -15,6 +15,8 @@ mod raw;
 mod read;
 mod reconcile;
 #[cfg(test)]
+mod sign_tests;
+#[cfg(test)]
 mod tests;
 mod write;
 
@@ -30,6 +32,7 @@ use crate::journal::{self, JournalWriter, Record};
 use crate::layout::Layout;
 use crate::lock::{LockDir, LockGuard, LockMode, LockOptions};
 use crate::publish::{publish_no_replace, unique_suffix};
+use crate::sign::{Signer, TrustSet};
 use crate::stats::{add_into, Counter, Counters, COUNTER_NAMES, N_COUNTERS};
 use memmap2::MmapOptions;
 use std::collections::HashMap;
@@ -111,6 +114,11 @@ pub struct StoreOptions {
     /// A compile claim whose content a waiter has seen unchanged for longer than this is
     /// taken over; its holder heartbeats every quarter of it.
     pub claim_lease: Duration,
+    /// Every put is signed with this key (`sign.rs`).
+    pub signer: Option<Arc<Signer>>,
+    /// When set, only entries signed by one of these keys are served; any other is a miss,
+    /// counted `untrusted`, its payload never read. None: every verified entry is served.
+    pub trust: Option<Arc<TrustSet>>,
 }
 
 impl Default for StoreOptions {
@@ -132,6 +140,8 @@ impl Default for StoreOptions {
             stats_interval: Duration::from_secs(2),
             evict_trace: None,
             claim_lease: Duration::from_secs(30),
+            signer: None,
+            trust: None,
         }
     }
 }
@@ -221,6 +231,8 @@ pub struct EntrySummary {
     pub last_use_ns: Option<u64>,
     /// Hits recorded, at most one per process per hit interval: a lower bound on uses.
     pub hits: u32,
+    /// The signer's key name (signed entries), as the entry says: not a verdict on it.
+    pub signer: Option<String>,
     pub meta: Vec<(String, String)>,
 }
 
@@ -294,6 +306,9 @@ pub struct Store {
     /// Set by `interrupt`: the running (or next) `verify` or explicit `evict` stops at the
     /// next entry, leaving the cache as valid as after any entry.
     interrupt: std::sync::atomic::AtomicBool,
+    /// The keys whose entries this store's own signed puts accept as already there: the
+    /// trusted set and the signer's own key (None without a signer).
+    write_trust: Option<TrustSet>,
 }
 
 enum ReadError {
@@ -303,6 +318,8 @@ enum ReadError {
     /// The entry's shard is not a real directory, or a directory stands where the entry
     /// file belongs: skipped, never followed nor moved.
     Unsafe(String),
+    /// A whole, verified file a trusting reader will not serve (its payload unread).
+    Untrusted(crate::sign::Untrusted),
 }
 
 fn errno(e: &io::Error) -> Option<i32> {
@@ -421,7 +438,12 @@ impl Store {
             },
         );
         let claims = claim::Keeper::new(Arc::clone(&root_dir), opts.claim_lease, host.clone());
+        let write_trust = opts
+            .signer
+            .as_deref()
+            .map(|s| TrustSet::with_signer(opts.trust.as_deref(), s));
         Ok(Store {
+            write_trust,
             claims,
             state: ForkMutex::new(State::new(Arc::clone(&root_dir), host.clone())),
             root: root_dir,

@@ -1,6 +1,7 @@
 //! Whole entry files as bytes: what a remote tier or a bundle carries between caches.
 
 use super::*;
+use crate::sign;
 
 /// The length of the whole entry file whose first bytes are `head`, when they hold its
 /// whole header, that header verifies and its key is filed under `name` (32 hex digits);
@@ -13,47 +14,84 @@ pub fn entry_file_len(head: &[u8], name: &str) -> Option<u64> {
 
 impl Store {
     /// The verified entry file (header, key, metadata, payload) for `key`, or None when it is
-    /// missing, corrupt or filed under another key. Does not count as a use.
+    /// missing, corrupt or filed under another key. Does not count as a use. A store with
+    /// trusted keys (or a signer) hands out only an entry they trust: the plain file, or a
+    /// trusted signer's own file for the key.
     pub fn get_entry_file(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, StoreError> {
         check_key(&key)?;
-        let rel = Layout::entry_rel(entry_name(key.bytes));
+        let plain = entry_name(key.bytes);
+        let Some(trust) = self.opts.trust.as_deref().or(self.write_trust.as_ref()) else {
+            return Ok(self
+                .entry_file_at(plain)
+                .filter(|f| entry::verify(f).is_ok_and(|h| h.key == key.bytes)));
+        };
+        for signer in std::iter::once(None).chain(trust.names().map(Some)) {
+            let at = signer.map_or(plain, |s| sign::signed_name(key.bytes, s));
+            let Some(file) = self.entry_file_at(at) else {
+                continue;
+            };
+            if let Ok(sign::Verdict::Trusted(h)) = sign::verify_entry(&file, trust) {
+                let by = h.signature.as_ref().map(|f| f.signer.as_str());
+                if h.key == key.bytes && signer.is_none_or(|s| by == Some(s)) {
+                    return Ok(Some(file));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The bytes of the entry file `name` (unverified), or None.
+    fn entry_file_at(&self, name: u128) -> Option<Vec<u8>> {
+        let rel = Layout::entry_rel(name);
         let read = self
             .root
             .open_file(&rel, libc::O_RDONLY, 0)
             .and_then(|f| Ok((cdir::fstat(&f)?, f)));
-        let file = match read {
-            Ok((m, f)) if m.is_file() => match read::read_entry_bytes(&f, m.len(), self.fs.local) {
-                Ok(b) => b,
-                Err(_) => return Ok(None),
-            },
-            _ => return Ok(None),
-        };
-        match entry::verify(&file) {
-            Ok(h) if h.key == key.bytes => Ok(Some(file)),
-            _ => Ok(None),
+        match read {
+            Ok((m, f)) if m.is_file() => read::read_entry_bytes(&f, m.len(), self.fs.local).ok(),
+            _ => None,
         }
     }
 
+    /// Verifies an entry file received whole: header, exact length, payload checksum, filed
+    /// under `key`, and for a store with trusted keys, signed by one of them (an untrusted
+    /// one is counted `untrusted`, its payload unread). The header, or None.
+    fn check_received(&self, key: Key<'_>, file: &[u8]) -> Option<entry::Header> {
+        let h = match self.opts.trust.as_deref() {
+            None => entry::verify(file).ok()?,
+            Some(t) => match sign::verify_entry(file, t) {
+                Ok(sign::Verdict::Trusted(h)) => h,
+                Ok(sign::Verdict::Untrusted(why)) => {
+                    self.counters.inc(Counter::Untrusted);
+                    log::debug!("xla_pcache: a received entry is {why}; refused");
+                    return None;
+                }
+                Err(_) => return None,
+            },
+        };
+        (h.key == key.bytes).then_some(h)
+    }
+
     /// Verifies an entry file received as bytes (header, exact length, payload checksum, filed
-    /// under `key`) and hands its payload back as a Blob without writing anything: what a
-    /// read-only store does with a remote value. None if it does not verify.
+    /// under `key`, trusted when the store has trusted keys) and hands its payload back as a
+    /// Blob without writing anything: what a read-only store does with a remote value. None
+    /// if it does not verify.
     pub fn verify_entry_file(
         &self,
         key: Key<'_>,
         file: Vec<u8>,
     ) -> Result<Option<Blob>, StoreError> {
         check_key(&key)?;
-        match entry::verify(&file) {
-            Ok(h) if h.key == key.bytes => Ok(Some(Blob::owned(file, h))),
-            _ => Ok(None),
-        }
+        Ok(self
+            .check_received(key, &file)
+            .map(|h| Blob::owned(file, h)))
     }
 
     /// Verifies an entry file received as bytes once, publishes it when `publish` (as
     /// `put_entry_file`, without verifying it a second time) and hands its payload back as a
     /// Blob: a remote hit in one pass over the bytes. None if it does not verify (nothing is
     /// written). What is published is exactly what was verified: the same bytes, in memory
-    /// this call owns.
+    /// this call owns, with its signature.
     pub fn take_entry_file(
         &self,
         key: Key<'_>,
@@ -61,14 +99,13 @@ impl Store {
         publish: bool,
     ) -> Result<Option<Blob>, StoreError> {
         check_key(&key)?;
-        let h = match entry::verify(&file) {
-            Ok(h) if h.key == key.bytes => h,
-            _ => return Ok(None),
+        let Some(h) = self.check_received(key, &file) else {
+            return Ok(None);
         };
         if publish {
             // Not publishing (exists, over budget, a write error) is a skipped write the put
             // counted; the verified payload is served all the same.
-            self.put(key, &file[h.header_len..], &h.meta)?;
+            self.put_received(key, &file[h.header_len..], &h)?;
         }
         Ok(Some(Blob::owned(file, h)))
     }
@@ -99,17 +136,27 @@ impl Store {
         }
     }
 
-    /// Publishes an entry received as a whole file, after verifying its header, length,
-    /// payload checksum and that it is filed under `key`. Ok(None) if it does not verify
-    /// (nothing is written); otherwise what `put` returns.
+    /// Publishes an entry received as a whole file, after verifying it as
+    /// `verify_entry_file` does. Ok(None) if it does not verify (nothing is written);
+    /// otherwise what `put` returns. Its signature is kept.
     pub fn put_entry_file(&self, key: Key<'_>, file: &[u8]) -> Result<Option<bool>, StoreError> {
         check_key(&key)?;
-        let h = match entry::verify(file) {
-            Ok(h) if h.key == key.bytes => h,
-            _ => return Ok(None),
+        let Some(h) = self.check_received(key, file) else {
+            return Ok(None);
         };
-        let payload = &file[h.header_len..];
-        self.put(key, payload, &h.meta).map(Some)
+        self.put_received(key, &file[h.header_len..], &h).map(Some)
+    }
+
+    fn put_received(
+        &self,
+        key: Key<'_>,
+        payload: &[u8],
+        h: &entry::Header,
+    ) -> Result<bool, StoreError> {
+        let carried = h.signature.as_ref().and_then(sign::carried_fields);
+        let res = self.put_entry(key, payload, &h.meta, carried);
+        self.release_claim_after_put(&key);
+        res
     }
 }
 

@@ -8,14 +8,69 @@ impl Store {
     pub fn get(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
         check_key(&key)?;
         let name = entry_name(key.bytes);
+        let result = match self.opts.trust.as_deref() {
+            None => self.lookup(key, name, None, None).ok().flatten(),
+            Some(trust) => self.get_trusted(key, name, trust),
+        };
+        match &result {
+            Some((b, at)) => {
+                self.counters.inc(Counter::Hits);
+                self.counters.add(Counter::BytesRead, b.header.payload_len);
+                self.counters
+                    .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
+                self.note_hit(*at, b.header.file_len());
+            }
+            None => {
+                self.counters.inc(Counter::Misses);
+                self.maybe_flush_stats(false);
+            }
+        }
+        Ok(result.map(|(b, _)| b))
+    }
+
+    /// A trusting reader's get: the plain file if a trusted key signed it, else the first
+    /// trusted key's own file for this key (`sign::signed_name`) that it signed. An entry
+    /// that is not trusted is counted, once per get, and its payload never read.
+    fn get_trusted(&self, key: Key<'_>, name: u128, trust: &TrustSet) -> Option<(Blob, u128)> {
+        let mut refused = false;
+        for signer in std::iter::once(None).chain(trust.names().map(Some)) {
+            let at = signer.map_or(name, |s| crate::sign::signed_name(key.bytes, s));
+            match self.lookup(key, at, Some(trust), signer) {
+                Ok(Some(hit)) => return Some(hit),
+                Ok(None) => {}
+                Err(why) => {
+                    refused = true;
+                    log::debug!(
+                        "xla_pcache: {} for this key is {why}; not served",
+                        self.layout.entry_path(at).display()
+                    );
+                }
+            }
+        }
+        if refused {
+            self.counters.inc(Counter::Untrusted);
+        }
+        None
+    }
+
+    /// The entry file `name` when it verifies (under `trust` when given) and holds `key`
+    /// (signed by `signer` when given): `Err` when it is whole but not trusted.
+    fn lookup(
+        &self,
+        key: Key<'_>,
+        name: u128,
+        trust: Option<&TrustSet>,
+        signer: Option<&str>,
+    ) -> Result<Option<(Blob, u128)>, crate::sign::Untrusted> {
         // For messages only: not built on the hit path.
         let path = || self.layout.entry_path(name);
         let rel = Layout::entry_rel(name);
         let mut retried = false;
         let result = loop {
-            match self.read_entry(&rel) {
+            match self.read_entry(&rel, trust) {
                 Ok(blob) => break Some(blob),
                 Err(ReadError::Missing) => break None,
+                Err(ReadError::Untrusted(why)) => return Err(why),
                 Err(ReadError::Unsafe(why)) => {
                     self.unsafe_path(&rel, &why);
                     break None;
@@ -66,37 +121,35 @@ impl Store {
                 }
             }
         };
-        let result = result.filter(|b| {
-            let same = b.header.key == key.bytes;
-            if !same {
-                self.warn("collision", || {
-                    format!(
-                        "{} holds a different key; treated as a miss",
-                        path().display()
-                    )
-                });
-            }
-            same
-        });
-        match &result {
-            Some(b) => {
-                self.counters.inc(Counter::Hits);
-                self.counters.add(Counter::BytesRead, b.header.payload_len);
-                self.counters
-                    .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
-                self.note_hit(name, b.header.file_len());
-            }
-            None => {
-                self.counters.inc(Counter::Misses);
-                self.maybe_flush_stats(false);
+        let Some(b) = result else {
+            return Ok(None);
+        };
+        if b.header.key != key.bytes {
+            self.warn("collision", || {
+                format!(
+                    "{} holds a different key; treated as a miss",
+                    path().display()
+                )
+            });
+            return Ok(None);
+        }
+        if let Some(s) = signer {
+            if b.header.signature.as_ref().map(|f| f.signer.as_str()) != Some(s) {
+                return Err(crate::sign::Untrusted::Misfiled(s.to_string()));
             }
         }
-        Ok(result)
+        Ok(Some((b, name)))
     }
 
     /// Opens and verifies the entry file at `rel` (beneath the root, no link followed in any
     /// component, no FIFO waited on).
-    pub(super) fn read_entry(&self, rel: &str) -> Result<Blob, ReadError> {
+    /// With `trust`, the entry must be signed by one of its keys: its BLAKE3 digest is the
+    /// payload's check (one pass), and an entry not trusted is `Untrusted`, payload unread.
+    pub(super) fn read_entry(
+        &self,
+        rel: &str,
+        trust: Option<&TrustSet>,
+    ) -> Result<Blob, ReadError> {
         let f = match self.root.open_file(rel, libc::O_RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing),
@@ -116,18 +169,17 @@ impl Store {
         if len < entry::FIXED_HEADER as u64 {
             return Err(ReadError::Corrupt(EntryError::TooShort(len), meta.ino()));
         }
-        let corrupt = |e| ReadError::Corrupt(e, meta.ino());
         if self.mmap && len >= MMAP_MIN_BYTES {
             // SAFETY: entry files are immutable once published (never written in place), and
             // mapping is used only on local filesystems where a removed file stays readable.
             // A mapping refused (a process holding vm.max_map_count mappings) is a read.
             if let Ok(map) = unsafe { MmapOptions::new().map(&f) } {
-                let header = entry::verify(&map).map_err(corrupt)?;
+                let header = check_entry(&map, trust, meta.ino())?;
                 return Ok(Blob::mapped(map, header));
             }
         }
         let buf = read_entry_bytes(&f, len, self.fs.local)?;
-        let header = entry::verify(&buf).map_err(corrupt)?;
+        let header = check_entry(&buf, trust, meta.ino())?;
         Ok(Blob::owned(buf, header))
     }
 
@@ -203,6 +255,24 @@ impl Store {
             });
         }
         self.flush_stats_locked(&mut st, false);
+    }
+}
+
+/// A whole entry file's check: xxh3 for an untrusting reader, the signature and BLAKE3 for a
+/// trusting one.
+pub(super) fn check_entry(
+    file: &[u8],
+    trust: Option<&TrustSet>,
+    ino: u64,
+) -> Result<entry::Header, ReadError> {
+    use crate::sign::{verify_entry, Verdict};
+    match trust {
+        None => entry::verify(file).map_err(|e| ReadError::Corrupt(e, ino)),
+        Some(t) => match verify_entry(file, t) {
+            Ok(Verdict::Trusted(h)) => Ok(h),
+            Ok(Verdict::Untrusted(why)) => Err(ReadError::Untrusted(why)),
+            Err(e) => Err(ReadError::Corrupt(e, ino)),
+        },
     }
 }
 

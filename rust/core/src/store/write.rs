@@ -2,6 +2,7 @@
 
 use super::admission::Refusal;
 use super::*;
+use crate::sign;
 use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
@@ -29,39 +30,58 @@ impl Store {
         value: &[u8],
         meta: &[(String, String)],
     ) -> Result<bool, StoreError> {
-        let res = self.put_entry(key, value, meta);
+        let res = self.put_entry(key, value, meta, None);
         self.release_claim_after_put(&key);
         res
     }
 
-    fn put_entry(
+    /// `carried`: the signature fields of an entry received whole (a tier, a bundle), kept
+    /// as they are; otherwise this store's signer, if any, signs the put.
+    pub(super) fn put_entry(
         &self,
         key: Key<'_>,
         value: &[u8],
         meta: &[(String, String)],
+        carried: Option<Vec<(String, String)>>,
     ) -> Result<bool, StoreError> {
         check_key(&key)?;
+        if let Some((k, _)) = meta.iter().find(|(k, _)| k.starts_with(sign::META_PREFIX)) {
+            return Err(StoreError::Invalid(format!(
+                "meta name {k:?}: names starting with {:?} are reserved for signatures",
+                sign::META_PREFIX
+            )));
+        }
         if self.opts.read_only {
             return Ok(false);
         }
-        let name = entry_name(key.bytes);
-        let shard_rel = Layout::shard_rel(name);
-        match self.dir(&shard_rel) {
-            Ok(shard) => {
-                if shard.stat(&name_hex(name)).is_ok() {
-                    self.counters.inc(Counter::PutExists);
-                    self.maybe_flush_stats(false);
-                    return Ok(false);
-                }
+        let bad = |e: EntryError| StoreError::Invalid(format!("cannot encode entry: {e}"));
+        // The signer, and which trusted set decides whether an entry already there stands
+        // for this one.
+        let own = self.opts.signer.as_deref();
+        let (signer, accept) = match (&carried, own) {
+            (Some(f), _) => (sign::fields_signer(f), self.opts.trust.as_deref()),
+            (None, Some(s)) => (Some(s.name().to_string()), self.write_trust.as_ref()),
+            (None, None) => (None, None),
+        };
+        let Some((name, replace)) = self.put_target(key, accept.zip(signer.as_deref())) else {
+            self.maybe_flush_stats(false);
+            return Ok(false);
+        };
+        // Signed only once it is known to be written.
+        let sig = match (carried, own) {
+            (Some(f), _) => Some(f),
+            (None, Some(s)) => Some(s.sign(key.bytes, key.is_text, value, meta).map_err(bad)?),
+            (None, None) => None,
+        };
+        let mut all_meta;
+        let meta = match sig {
+            Some(f) => {
+                all_meta = meta.to_vec();
+                all_meta.extend(f);
+                &all_meta[..]
             }
-            // Not a real directory inside the cache (counted and warned): a skipped write.
-            Err(e) if cdir::is_unsafe(&e) => {
-                self.maybe_flush_stats(false);
-                return Ok(false);
-            }
-            // Missing: made again when the entry is published.
-            Err(_) => {}
-        }
+            None => meta,
+        };
         // The payload checksum is filled in as the payload is written (write_and_publish).
         let mut header = entry::encode_header(
             key.bytes,
@@ -71,7 +91,7 @@ impl Store {
             0,
             crate::clock::unix_ns(),
         )
-        .map_err(|e| StoreError::Invalid(format!("cannot encode entry: {e}")))?;
+        .map_err(bad)?;
         let total = (header.len() + value.len()) as u64;
         if let Some(max) = self.opts.max_size {
             if total > max {
@@ -87,11 +107,11 @@ impl Store {
             }
         }
         let outcome = self
-            .write_and_publish(name, &mut header, value)
+            .write_and_publish(name, &mut header, value, replace)
             .or_else(|e| {
                 // The root may have been replaced by an empty directory: lay it out again, once.
                 if e.kind() == io::ErrorKind::NotFound && self.relayout() {
-                    self.write_and_publish(name, &mut header, value)
+                    self.write_and_publish(name, &mut header, value, replace)
                 } else {
                     Err(e)
                 }
@@ -145,6 +165,64 @@ impl Store {
         }
     }
 
+    /// Where a put of `key` goes: Some((name, replace)), or None when it is not to be
+    /// written (counted). The plain file unless it is there already; a signed put (`signed`:
+    /// the set that decides what stands for it, and the signer's name) whose plain file holds
+    /// an entry that set would not serve goes to the signer's own file, replacing whatever
+    /// is there that is not a trusted entry of that signer: no unsigned or untrusted writer
+    /// can squat a key for a trusted one.
+    fn put_target(&self, key: Key<'_>, signed: Option<(&TrustSet, &str)>) -> Option<(u128, bool)> {
+        let exists = |name: u128| match self.dir(&Layout::shard_rel(name)) {
+            Ok(shard) => Some(shard.stat(&name_hex(name)).is_ok()),
+            // Not a real directory inside the cache (counted and warned): a skipped write.
+            Err(e) if cdir::is_unsafe(&e) => None,
+            // Missing: made again when the entry is published.
+            Err(_) => Some(false),
+        };
+        let plain = entry_name(key.bytes);
+        if !exists(plain)? {
+            return Some((plain, false));
+        }
+        let put_exists = || {
+            self.counters.inc(Counter::PutExists);
+            None
+        };
+        let Some((trust, signer)) = signed else {
+            return put_exists();
+        };
+        if self.holds_trusted(plain, key, trust, None) {
+            return put_exists();
+        }
+        let own = sign::signed_name(key.bytes, signer);
+        if !exists(own)? {
+            return Some((own, false));
+        }
+        if self.holds_trusted(own, key, trust, Some(signer)) {
+            return put_exists();
+        }
+        Some((own, true))
+    }
+
+    /// Whether the file `name` is a whole entry of `key` that `trust` would serve (signed by
+    /// `signer` when given).
+    fn holds_trusted(
+        &self,
+        name: u128,
+        key: Key<'_>,
+        trust: &TrustSet,
+        signer: Option<&str>,
+    ) -> bool {
+        match self.read_entry(&Layout::entry_rel(name), Some(trust)) {
+            Ok(b) => {
+                b.header.key == key.bytes
+                    && signer.is_none_or(|s| {
+                        b.header.signature.as_ref().map(|f| f.signer.as_str()) == Some(s)
+                    })
+            }
+            Err(_) => false,
+        }
+    }
+
     fn refused(&self, why: Refusal) {
         self.counters.inc(Counter::PutsRefused);
         self.warn("refused", || match why {
@@ -174,12 +252,14 @@ impl Store {
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
-    /// Ok(None) if another writer got there first.
+    /// Ok(None) if another writer got there first. With `replace`, renamed over what is
+    /// there (a signer's own file held by an entry no trusting reader serves).
     pub(super) fn write_and_publish(
         &self,
         name: u128,
         header: &mut [u8],
         value: &[u8],
+        replace: bool,
     ) -> io::Result<Option<u64>> {
         let tmp_dir = self.dir("tmp")?;
         let tmp = format!("{}.{}.tmp", name_hex(name), unique_suffix());
@@ -225,7 +305,12 @@ impl Store {
                 }
                 other => other?,
             };
-            let published = publish_no_replace(&tmp_dir, &tmp, &shard, &file)?;
+            let published = if replace {
+                tmp_dir.rename(&tmp, &shard, &file)?;
+                true
+            } else {
+                publish_no_replace(&tmp_dir, &tmp, &shard, &file)?
+            };
             if published && self.opts.durable {
                 shard.sync()?;
             }

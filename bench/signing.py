@@ -1,0 +1,130 @@
+"""Signed against unsigned entries, side by side in one run.
+
+    python bench/signing.py [--quick]
+
+For payloads of 100 KB, 10 MB and 100 MB:
+- the first get of an entry in a fresh process (a trusting store: BLAKE3 of the payload and
+  one Ed25519 verification; an untrusting one: xxh3), timed around the get alone;
+- a repeated hit in one process (median; the signature is verified once per process, so
+  what remains is BLAKE3 against xxh3);
+- a put with and without a signing key (median; signing hashes the payload with BLAKE3
+  and signs once).
+
+Prints a table and one JSON line. Stores are opened with explicit arguments (no
+environment). The machine is shared: compare the columns of one run, not runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from xla_pcache import _core
+from xla_pcache.config import Settings
+from xla_pcache.store import Store
+
+SIZES = {"100 KB": 100_000, "10 MB": 10_000_000, "100 MB": 100_000_000}
+
+FIRST_GET = """
+import sys, time, json
+from xla_pcache.store import Store
+from xla_pcache.config import Settings
+root, key, trusted = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+tk = None if trusted is None else [(n, bytes.fromhex(p)) for n, p in trusted]
+s = Store(root, read_only=True, trusted_keys=tk, settings=Settings())
+t = time.perf_counter()
+b = s.get(key)
+dt = time.perf_counter() - t
+assert b is not None
+print(dt)
+"""
+
+
+def first_get(root: str, key: str, trusted: list[tuple[str, str]] | None, runs: int) -> float:
+    out = []
+    for _ in range(runs):
+        proc = subprocess.run(
+            [sys.executable, "-c", FIRST_GET, root, key, json.dumps(trusted)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out.append(float(proc.stdout.strip()))
+    return statistics.median(out)
+
+
+def repeated_get(store: Store, key: str, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        b = store.get(key)
+        times.append(time.perf_counter() - t)
+        assert b is not None
+        del b
+    return statistics.median(times)
+
+
+def puts(store_factory: object, payload: bytes, rounds: int) -> float:
+    times = []
+    for i in range(rounds):
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
+            s = store_factory(d)  # type: ignore[operator]
+            t = time.perf_counter()
+            assert s.put(f"k{i}", payload)
+            times.append(time.perf_counter() - t)
+            s.close()
+    return statistics.median(times)
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    seed = _core.generate_signing_key()
+    pub = _core.signing_public_key(seed)
+    trusted = [("bench-1", pub.hex())]
+    cfg = Settings()
+    rows = {}
+    for label, size in SIZES.items():
+        payload = os.urandom(size)
+        runs = 5 if quick else (15 if size < 50_000_000 else 7)
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
+            plain, signed = os.path.join(d, "plain"), os.path.join(d, "signed")
+            Store(plain, settings=cfg).put("k", payload)
+            Store(signed, settings=cfg, signing_key=("bench-1", seed)).put("k", payload)
+            row = {
+                "first_unsigned_s": first_get(plain, "k", None, runs),
+                "first_signed_s": first_get(signed, "k", trusted, runs),
+            }
+            s_plain = Store(plain, read_only=True, settings=cfg)
+            s_signed = Store(signed, read_only=True, settings=cfg, trusted_keys=[("bench-1", pub)])
+            row["hit_unsigned_s"] = repeated_get(s_plain, "k", runs * 4)
+            row["hit_signed_s"] = repeated_get(s_signed, "k", runs * 4)
+            row["put_unsigned_s"] = puts(lambda p: Store(p, settings=cfg), payload, runs)
+            row["put_signed_s"] = puts(
+                lambda p: Store(p, settings=cfg, signing_key=("bench-1", seed)), payload, runs
+            )
+        rows[label] = row
+
+    def us(v: float) -> str:
+        return f"{v * 1e6:,.0f} us" if v < 0.01 else f"{v * 1e3:,.1f} ms"
+
+    print(
+        f"{'size':>7} | {'first get unsigned':>18} {'signed':>10} | "
+        f"{'hit unsigned':>12} {'signed':>10} {'ratio':>6} | {'put unsigned':>12} {'signed':>10}"
+    )
+    for label, r in rows.items():
+        print(
+            f"{label:>7} | {us(r['first_unsigned_s']):>18} {us(r['first_signed_s']):>10} | "
+            f"{us(r['hit_unsigned_s']):>12} {us(r['hit_signed_s']):>10} "
+            f"{r['hit_signed_s'] / r['hit_unsigned_s']:>5.2f}x | "
+            f"{us(r['put_unsigned_s']):>12} {us(r['put_signed_s']):>10}"
+        )
+    print(json.dumps({"cpus": os.cpu_count(), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

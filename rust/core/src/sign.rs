@@ -1,0 +1,558 @@
+//! Signed entries: Ed25519 signatures over a BLAKE3 digest of the payload, trusted key sets,
+//! and the verification a trusting reader makes before it exposes a byte.
+//!
+//! A signed entry is an ordinary entry (format 1) whose metadata carries three reserved
+//! fields: the signer's key name, the BLAKE3 digest of the payload (hex) and the Ed25519
+//! signature (hex). Readers of this version strip them from the metadata they hand out; older
+//! readers see three more metadata fields and serve the entry as before (its xxh3 checksum is
+//! kept valid). What is signed is `message()`: a domain tag, the cache key, the payload's
+//! length and digest, the producer's metadata, and the signer's name.
+//!
+//! A trusted writer whose key's plain file is held by an entry it would not trust publishes
+//! under a second name, `signed_name(key, signer)`: one per key name, so only entries of
+//! distinct trusted keys sit side by side, and they are bounded by the trusted set.
+
+use crate::entry::{self, EntryError, Header};
+use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+/// Reserved metadata names (never accepted from a producer).
+pub const META_PREFIX: &str = "xla_pcache.sig.";
+pub const META_SIGNER: &str = "xla_pcache.sig.signer";
+pub const META_DIGEST: &str = "xla_pcache.sig.blake3";
+pub const META_SIGNATURE: &str = "xla_pcache.sig.ed25519";
+const DOMAIN: &[u8] = b"xla_pcache signed entry v1\0";
+/// Payloads at least this large are hashed by all cores (blake3's rayon back-end): below it
+/// the threads' start-up costs more than it saves.
+const PARALLEL_MIN: usize = 1 << 20;
+/// Verified messages remembered per trusted set; past it the memory starts over.
+const VERIFIED_MAX: usize = 1 << 16;
+
+/// The signature fields of an entry, as they were read (possibly malformed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigFields {
+    pub signer: String,
+    pub digest: Option<[u8; 32]>,
+    pub signature: Option<[u8; 64]>,
+}
+
+/// Why a trusting reader would not serve an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Untrusted {
+    Unsigned,
+    /// Signed by a key name outside the trusted set.
+    NotTrusted(String),
+    /// Signed under a trusted name, but the signature does not verify (forged, or copied
+    /// onto another key or metadata).
+    BadSignature(String),
+    /// Under a signer's second name, but not signed by that name.
+    Misfiled(String),
+}
+
+impl std::fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Untrusted::Unsigned => f.write_str("unsigned"),
+            Untrusted::NotTrusted(n) => write!(f, "signed by {n}, not trusted"),
+            Untrusted::BadSignature(n) => {
+                write!(f, "signed as {n}, but the signature does not verify")
+            }
+            Untrusted::Misfiled(n) => write!(f, "filed as {n}'s entry, but not signed by {n}"),
+        }
+    }
+}
+
+/// A key name: letters, digits, `.`, `_`, `-`, at most 64 bytes, ending in `-<version>`
+/// (`ci-1`, then `ci-2`), so that keys can be rotated and revoked by name.
+pub fn check_key_name(name: &str) -> Result<(), String> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    let versioned = name.rsplit_once('-').is_some_and(|(base, v)| {
+        !base.is_empty() && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())
+    });
+    if name.is_empty() || name.len() > 64 || !ok_chars || !versioned {
+        return Err(format!(
+            "key name {name:?} must be letters, digits, '.', '_' or '-' (at most 64) ending in \
+             a version, like 'ci-1'"
+        ));
+    }
+    Ok(())
+}
+
+/// BLAKE3 of a payload, on every core for large ones.
+pub fn digest(payload: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    if payload.len() >= PARALLEL_MIN {
+        h.update_rayon(payload);
+    } else {
+        h.update(payload);
+    }
+    *h.finalize().as_bytes()
+}
+
+/// The bytes a signature covers.
+pub fn message(
+    key: &[u8],
+    key_is_text: bool,
+    payload_len: u64,
+    digest: &[u8; 32],
+    meta: &[(String, String)],
+    signer: &str,
+) -> Result<Vec<u8>, EntryError> {
+    let meta = entry::encode_meta(meta)?;
+    let mut m = Vec::with_capacity(DOMAIN.len() + key.len() + meta.len() + signer.len() + 64);
+    m.extend_from_slice(DOMAIN);
+    m.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    m.extend_from_slice(key);
+    m.push(key_is_text as u8);
+    m.extend_from_slice(&payload_len.to_le_bytes());
+    m.extend_from_slice(digest);
+    m.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    m.extend_from_slice(&meta);
+    m.extend_from_slice(&(signer.len() as u16).to_le_bytes());
+    m.extend_from_slice(signer.as_bytes());
+    Ok(m)
+}
+
+/// The name of a signer's own file for `key`, beside the plain one (`entry_name(key)`).
+pub fn signed_name(key: &[u8], signer: &str) -> u128 {
+    let mut b = Vec::with_capacity(key.len() + signer.len() + 24);
+    b.extend_from_slice(b"xla_pcache signed by\0");
+    b.extend_from_slice(signer.as_bytes());
+    b.push(0);
+    b.extend_from_slice(key);
+    crate::hash::entry_name(&b)
+}
+
+fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Splits the reserved signature fields off an entry's metadata.
+pub fn split_meta(meta: Vec<(String, String)>) -> (Vec<(String, String)>, Option<SigFields>) {
+    if !meta.iter().any(|(k, _)| k.starts_with(META_PREFIX)) {
+        return (meta, None);
+    }
+    let mut producer = Vec::with_capacity(meta.len());
+    let mut sig = SigFields {
+        signer: String::new(),
+        digest: None,
+        signature: None,
+    };
+    for (k, v) in meta {
+        match k.as_str() {
+            META_SIGNER => sig.signer = v,
+            META_DIGEST => sig.digest = unhex(&v),
+            META_SIGNATURE => sig.signature = unhex(&v),
+            k if k.starts_with(META_PREFIX) => {}
+            _ => producer.push((k, v)),
+        }
+    }
+    (producer, Some(sig))
+}
+
+/// The signer's name in a list of signature fields.
+pub fn fields_signer(fields: &[(String, String)]) -> Option<String> {
+    fields
+        .iter()
+        .find(|(k, _)| k == META_SIGNER)
+        .map(|(_, v)| v.clone())
+}
+
+/// The metadata fields that carry a signature read from an entry, to write it again
+/// elsewhere unchanged (None when they were malformed: such an entry is unsigned there).
+pub fn carried_fields(sig: &SigFields) -> Option<Vec<(String, String)>> {
+    let (d, s) = (sig.digest?, sig.signature?);
+    check_key_name(&sig.signer).ok()?;
+    Some(vec![
+        (META_SIGNER.to_string(), sig.signer.clone()),
+        (META_DIGEST.to_string(), hex(&d)),
+        (META_SIGNATURE.to_string(), hex(&s)),
+    ])
+}
+
+/// A private key and its name: every put of a store holding one is signed.
+pub struct Signer {
+    name: String,
+    key: SigningKey,
+}
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Signer({})", self.name)
+    }
+}
+
+impl Signer {
+    pub fn new(name: &str, seed: &[u8]) -> Result<Signer, String> {
+        check_key_name(name)?;
+        let seed: [u8; 32] = seed
+            .try_into()
+            .map_err(|_| format!("a private key is 32 bytes, got {}", seed.len()))?;
+        Ok(Signer {
+            name: name.to_string(),
+            key: SigningKey::from_bytes(&seed),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn public_key(&self) -> [u8; 32] {
+        self.key.verifying_key().to_bytes()
+    }
+
+    /// The reserved metadata fields that sign an entry of `key` with this payload and
+    /// producer metadata.
+    pub fn sign(
+        &self,
+        key: &[u8],
+        key_is_text: bool,
+        payload: &[u8],
+        meta: &[(String, String)],
+    ) -> Result<Vec<(String, String)>, EntryError> {
+        let d = digest(payload);
+        let m = message(key, key_is_text, payload.len() as u64, &d, meta, &self.name)?;
+        let sig = self.key.sign(&m);
+        Ok(vec![
+            (META_SIGNER.to_string(), self.name.clone()),
+            (META_DIGEST.to_string(), hex(&d)),
+            (META_SIGNATURE.to_string(), hex(&sig.to_bytes())),
+        ])
+    }
+}
+
+/// A new private key (32 random bytes from the operating system).
+pub fn generate_seed() -> Result<[u8; 32], String> {
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| format!("no randomness from the system: {e}"))?;
+    Ok(seed)
+}
+
+/// The public key of a private key.
+pub fn public_key(seed: &[u8]) -> Result<[u8; 32], String> {
+    let seed: [u8; 32] = seed
+        .try_into()
+        .map_err(|_| format!("a private key is 32 bytes, got {}", seed.len()))?;
+    Ok(SigningKey::from_bytes(&seed).verifying_key().to_bytes())
+}
+
+/// The keys a reader trusts, by name, and the messages it has verified already (each
+/// entry's signature is checked once per process).
+pub struct TrustSet {
+    keys: Vec<(String, VerifyingKey)>,
+    verified: Mutex<HashSet<[u8; 32]>>,
+}
+
+impl std::fmt::Debug for TrustSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.keys.iter().map(|(n, _)| n.as_str()).collect();
+        write!(f, "TrustSet({names:?})")
+    }
+}
+
+impl TrustSet {
+    pub fn new(keys: &[(String, Vec<u8>)]) -> Result<TrustSet, String> {
+        let mut out: Vec<(String, VerifyingKey)> = Vec::new();
+        for (name, public) in keys {
+            check_key_name(name)?;
+            if out.iter().any(|(n, _)| n == name) {
+                return Err(format!("key name {name:?} is given twice"));
+            }
+            let b: [u8; 32] = public
+                .as_slice()
+                .try_into()
+                .map_err(|_| format!("public key {name:?} is {} bytes, not 32", public.len()))?;
+            let k = VerifyingKey::from_bytes(&b)
+                .map_err(|_| format!("public key {name:?} is not an Ed25519 key"))?;
+            out.push((name.clone(), k));
+        }
+        Ok(TrustSet {
+            keys: out,
+            verified: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// `base`'s keys (all but one named as `signer`) and `signer`'s own public key.
+    pub fn with_signer(base: Option<&TrustSet>, signer: &Signer) -> TrustSet {
+        let mut keys: Vec<(String, VerifyingKey)> = base
+            .map(|b| {
+                b.keys
+                    .iter()
+                    .filter(|(n, _)| n != signer.name())
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        keys.push((signer.name.clone(), signer.key.verifying_key()));
+        TrustSet {
+            keys,
+            verified: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|(n, _)| n.as_str())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    fn key(&self, name: &str) -> Option<&VerifyingKey> {
+        self.keys.iter().find(|(n, _)| n == name).map(|(_, k)| k)
+    }
+
+    /// Whether a header's signature would be accepted before the payload is looked at:
+    /// the signer trusted and the signature valid over the digest the header claims. The
+    /// payload must still hash to that digest (`verify_entry`).
+    pub fn check_header(&self, h: &Header) -> Result<[u8; 32], Untrusted> {
+        let Some(sig) = &h.signature else {
+            return Err(Untrusted::Unsigned);
+        };
+        let Some(key) = self.key(&sig.signer) else {
+            return Err(Untrusted::NotTrusted(sig.signer.clone()));
+        };
+        let bad = || Untrusted::BadSignature(sig.signer.clone());
+        let (Some(d), Some(s)) = (sig.digest, sig.signature) else {
+            return Err(bad());
+        };
+        let m = message(
+            &h.key,
+            h.key_is_text,
+            h.payload_len,
+            &d,
+            &h.meta,
+            &sig.signer,
+        )
+        .map_err(|_| bad())?;
+        let id = *blake3::hash(&m).as_bytes();
+        if self.verified.lock().is_ok_and(|v| v.contains(&id)) {
+            return Ok(d);
+        }
+        key.verify_strict(&m, &Signature::from_bytes(&s))
+            .map_err(|_| bad())?;
+        if let Ok(mut v) = self.verified.lock() {
+            if v.len() >= VERIFIED_MAX {
+                v.clear();
+            }
+            v.insert(id);
+        }
+        Ok(d)
+    }
+}
+
+/// What a trusting reader concluded about a whole entry file.
+#[derive(Debug)]
+pub enum Verdict {
+    Trusted(Header),
+    Untrusted(Untrusted),
+}
+
+/// Verifies a whole entry file for a trusting reader, in one pass over the payload: the
+/// header, the exact length, the signature (once per process), and the payload's BLAKE3,
+/// which stands in for the xxh3 checksum. An unsigned or untrusted entry's payload is never
+/// read. A payload that does not hash to its signed digest is corrupt.
+pub fn verify_entry(file: &[u8], trust: &TrustSet) -> Result<Verdict, EntryError> {
+    let header = entry::decode_header(file)?;
+    if header.file_len() != file.len() as u64 {
+        return Err(EntryError::BadLength {
+            expected: header.file_len(),
+            actual: file.len() as u64,
+        });
+    }
+    match trust.check_header(&header) {
+        Err(why) => Ok(Verdict::Untrusted(why)),
+        Ok(d) => {
+            if digest(&file[header.header_len..]) != d {
+                return Err(EntryError::PayloadChecksum);
+            }
+            Ok(Verdict::Trusted(header))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::checksum;
+
+    fn signer(name: &str, byte: u8) -> Signer {
+        Signer::new(name, &[byte; 32]).unwrap()
+    }
+
+    fn trust(signers: &[&Signer]) -> TrustSet {
+        let keys: Vec<(String, Vec<u8>)> = signers
+            .iter()
+            .map(|s| (s.name().to_string(), s.public_key().to_vec()))
+            .collect();
+        TrustSet::new(&keys).unwrap()
+    }
+
+    fn signed(s: &Signer, key: &[u8], payload: &[u8]) -> Vec<u8> {
+        let producer = vec![("framework".to_string(), "jax".to_string())];
+        let mut meta = producer.clone();
+        meta.extend(s.sign(key, true, payload, &producer).unwrap());
+        let mut f =
+            entry::encode_header(key, true, &meta, payload.len() as u64, checksum(payload), 1)
+                .unwrap();
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn signed_entry_verifies_and_hides_its_fields() {
+        let ci = signer("ci-1", 1);
+        let f = signed(&ci, b"k", b"payload");
+        // An older reader's check still passes: the xxh3 checksum is kept.
+        let plain = entry::verify(&f).unwrap();
+        assert_eq!(
+            plain.meta,
+            vec![("framework".to_string(), "jax".to_string())]
+        );
+        assert_eq!(plain.signature.as_ref().unwrap().signer, "ci-1");
+        match verify_entry(&f, &trust(&[&ci])).unwrap() {
+            Verdict::Trusted(h) => assert_eq!(&f[h.header_len..], b"payload"),
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn untrusted_signers_and_unsigned_entries_are_named() {
+        let ci = signer("ci-1", 1);
+        let mallory = signer("mallory-1", 2);
+        let t = trust(&[&ci]);
+        let f = signed(&mallory, b"k", b"x");
+        let Verdict::Untrusted(why) = verify_entry(&f, &t).unwrap() else {
+            panic!()
+        };
+        assert_eq!(why.to_string(), "signed by mallory-1, not trusted");
+        let mut u = entry::encode_header(b"k", true, &[], 1, checksum(b"x"), 1).unwrap();
+        u.push(b'x');
+        let Verdict::Untrusted(why) = verify_entry(&u, &t).unwrap() else {
+            panic!()
+        };
+        assert_eq!(why, Untrusted::Unsigned);
+    }
+
+    #[test]
+    fn a_forger_using_a_trusted_name_is_refused() {
+        let ci = signer("ci-1", 1);
+        let forger = signer("ci-1", 9);
+        let f = signed(&forger, b"k", b"x");
+        let Verdict::Untrusted(why) = verify_entry(&f, &trust(&[&ci])).unwrap() else {
+            panic!()
+        };
+        assert_eq!(why, Untrusted::BadSignature("ci-1".into()));
+    }
+
+    #[test]
+    fn a_signature_copied_onto_other_bytes_is_refused() {
+        let ci = signer("ci-1", 1);
+        let t = trust(&[&ci]);
+        let good = signed(&ci, b"k", b"the real executable");
+        let h = entry::decode_header(&good).unwrap();
+        // The same signature fields over other bytes of the same length, with a fresh xxh3.
+        let mut meta = h.meta.clone();
+        let sig = h.signature.clone().unwrap();
+        meta.push((META_SIGNER.into(), sig.signer.clone()));
+        meta.push((META_DIGEST.into(), hex(&sig.digest.unwrap())));
+        meta.push((META_SIGNATURE.into(), hex(&sig.signature.unwrap())));
+        let evil = b"an evil executable!";
+        let mut f =
+            entry::encode_header(b"k", true, &meta, evil.len() as u64, checksum(evil), 1).unwrap();
+        f.extend_from_slice(evil);
+        assert!(entry::verify(&f).is_ok(), "the xxh3 layer alone is fooled");
+        assert_eq!(
+            verify_entry(&f, &t).unwrap_err(),
+            EntryError::PayloadChecksum
+        );
+        // Onto another key: the signature does not cover it.
+        let mut f = entry::encode_header(
+            b"other",
+            true,
+            &meta,
+            19,
+            checksum(b"the real executable"),
+            1,
+        )
+        .unwrap();
+        f.extend_from_slice(b"the real executable");
+        assert!(matches!(
+            verify_entry(&f, &t).unwrap(),
+            Verdict::Untrusted(Untrusted::BadSignature(_))
+        ));
+    }
+
+    #[test]
+    fn every_flipped_payload_or_signature_byte_is_refused() {
+        let ci = signer("ci-1", 1);
+        let t = trust(&[&ci]);
+        let f = signed(&ci, b"key", &[5u8; 100]);
+        for i in 0..f.len() {
+            let mut g = f.clone();
+            g[i] ^= 0x01;
+            let trusted = matches!(verify_entry(&g, &t), Ok(Verdict::Trusted(_)));
+            assert!(!trusted, "flip at byte {i} still trusted");
+        }
+    }
+
+    #[test]
+    fn names_carry_a_version() {
+        for ok in ["ci-1", "cache.example.org-12", "a_b-0"] {
+            assert!(check_key_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "ci",
+            "ci-",
+            "-1",
+            "ci-1a",
+            "ci 1-1",
+            "a:b-1",
+            &"x".repeat(70),
+        ] {
+            assert!(check_key_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn trust_sets_refuse_bad_keys() {
+        assert!(TrustSet::new(&[("ci-1".into(), vec![0u8; 31])]).is_err());
+        let k = signer("ci-1", 1).public_key().to_vec();
+        assert!(TrustSet::new(&[("ci-1".into(), k.clone()), ("ci-1".into(), k)]).is_err());
+        assert!(Signer::new("ci-1", &[0u8; 31]).is_err());
+    }
+
+    #[test]
+    fn signed_names_differ_by_signer_and_key() {
+        assert_ne!(signed_name(b"k", "ci-1"), signed_name(b"k", "ci-2"));
+        assert_ne!(signed_name(b"k", "ci-1"), signed_name(b"j", "ci-1"));
+        assert_ne!(signed_name(b"k", "ci-1"), crate::hash::entry_name(b"k"));
+    }
+
+    #[test]
+    fn producer_meta_cannot_use_the_reserved_names() {
+        let (producer, sig) = split_meta(vec![("a".into(), "1".into())]);
+        assert_eq!(producer.len(), 1);
+        assert!(sig.is_none());
+    }
+}

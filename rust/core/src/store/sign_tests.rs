@@ -1,0 +1,238 @@
+//! Unit tests of signed puts and trusting reads (`sign.rs`, "No squatting").
+
+use super::*;
+
+fn key(s: &str) -> Key<'_> {
+    Key {
+        bytes: s.as_bytes(),
+        is_text: true,
+    }
+}
+
+fn signer(name: &str, byte: u8) -> Arc<Signer> {
+    Arc::new(Signer::new(name, &[byte; 32]).unwrap())
+}
+
+fn trust(signers: &[&Signer]) -> Option<Arc<TrustSet>> {
+    let keys: Vec<(String, Vec<u8>)> = signers
+        .iter()
+        .map(|s| (s.name().to_string(), s.public_key().to_vec()))
+        .collect();
+    Some(Arc::new(TrustSet::new(&keys).unwrap()))
+}
+
+fn open(dir: &Path, signer: Option<Arc<Signer>>, trust: Option<Arc<TrustSet>>) -> Store {
+    open_ro(dir, signer, trust, false)
+}
+
+fn open_ro(
+    dir: &Path,
+    signer: Option<Arc<Signer>>,
+    trust: Option<Arc<TrustSet>>,
+    read_only: bool,
+) -> Store {
+    Store::open(
+        dir,
+        StoreOptions {
+            signer,
+            trust,
+            read_only,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn meta() -> Vec<(String, String)> {
+    vec![("framework".to_string(), "jax".to_string())]
+}
+
+fn payload(s: &Store, k: &str) -> Option<Vec<u8>> {
+    s.get(key(k)).unwrap().map(|b| b.payload().to_vec())
+}
+
+#[test]
+fn a_signed_put_is_served_to_trusting_and_untrusting_readers() {
+    let d = tempfile::tempdir().unwrap();
+    let ci = signer("ci-1", 1);
+    let w = open(d.path(), Some(ci.clone()), None);
+    assert!(w.put(key("k"), b"exe", &meta()).unwrap());
+    let r = open(d.path(), None, trust(&[&ci]));
+    let b = r.get(key("k")).unwrap().unwrap();
+    assert_eq!(b.payload(), b"exe");
+    assert_eq!(b.header.meta, meta(), "the signature is not producer meta");
+    assert_eq!(b.header.signature.as_ref().unwrap().signer, "ci-1");
+    assert_eq!(payload(&open(d.path(), None, None), "k").unwrap(), b"exe");
+    let ro = open_ro(d.path(), None, trust(&[&ci]), true);
+    assert_eq!(payload(&ro, "k").unwrap(), b"exe");
+    assert_eq!(r.counters.get(Counter::Untrusted), 0);
+    // A larger payload (mapped, hashed on every core) verifies too.
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    assert!(w.put(key("big"), &big, &[]).unwrap());
+    assert_eq!(payload(&r, "big").unwrap(), big);
+}
+
+#[test]
+fn untrusted_and_unsigned_entries_are_counted_misses() {
+    let d = tempfile::tempdir().unwrap();
+    let ci = signer("ci-1", 1);
+    let mallory = signer("mallory-1", 2);
+    open(d.path(), Some(mallory), None)
+        .put(key("m"), b"evil", &[])
+        .unwrap();
+    open(d.path(), None, None)
+        .put(key("u"), b"evil", &[])
+        .unwrap();
+    let r = open(d.path(), None, trust(&[&ci]));
+    assert!(r.get(key("m")).unwrap().is_none());
+    assert!(r.get(key("u")).unwrap().is_none());
+    assert_eq!(r.counters.get(Counter::Untrusted), 2);
+    assert_eq!(r.counters.get(Counter::Corrupt), 0);
+    // Neither was removed: an untrusting reader still has them.
+    assert_eq!(payload(&open(d.path(), None, None), "m").unwrap(), b"evil");
+    let listed = r.untrusted_entries(false).unwrap();
+    let mut why: Vec<String> = listed.iter().map(|(_, _, w)| w.clone()).collect();
+    why.sort();
+    assert_eq!(why, vec!["signed by mallory-1, not trusted", "unsigned"]);
+    assert_eq!(r.untrusted_entries(true).unwrap().len(), 2);
+    assert!(r.untrusted_entries(false).unwrap().is_empty());
+    assert!(open(d.path(), None, None).get(key("m")).unwrap().is_none());
+}
+
+#[test]
+fn a_squatted_key_is_still_served_from_the_trusted_writer() {
+    let d = tempfile::tempdir().unwrap();
+    let ci = signer("ci-1", 1);
+    let mallory = signer("mallory-1", 2);
+    for (k, squatter) in [("unsigned", None), ("signed", Some(mallory.clone()))] {
+        assert!(open(d.path(), squatter, None)
+            .put(key(k), b"evil", &[])
+            .unwrap());
+        let w = open(d.path(), Some(ci.clone()), trust(&[&ci]));
+        assert!(w.put(key(k), b"good", &meta()).unwrap(), "{k}");
+        // First writer wins among trusted entries: a second trusted put is an existing key.
+        assert!(!w.put(key(k), b"good again", &meta()).unwrap());
+        assert_eq!(payload(&w, k).unwrap(), b"good");
+        let r = open_ro(d.path(), None, trust(&[&ci]), true);
+        assert_eq!(payload(&r, k).unwrap(), b"good", "{k}");
+        assert_eq!(r.counters.get(Counter::Untrusted), 0, "served, not refused");
+        // An untrusting reader sees the first writer's entry, as before.
+        assert_eq!(payload(&open(d.path(), None, None), k).unwrap(), b"evil");
+        assert_eq!(
+            w.get_entry_file(key(k))
+                .unwrap()
+                .map(|f| f.ends_with(b"good")),
+            Some(true)
+        );
+    }
+    let report = open(d.path(), None, None)
+        .verify(false, &mut |_, _| {})
+        .unwrap();
+    assert!(
+        report.foreign.is_empty() && report.corrupt.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(report.entries, 4);
+}
+
+#[test]
+fn a_squatter_of_the_signers_own_name_is_replaced() {
+    let d = tempfile::tempdir().unwrap();
+    let ci = signer("ci-1", 1);
+    let forger = signer("ci-1", 9);
+    // The plain name, then ci-1's own name, taken first by a forger calling itself ci-1.
+    open(d.path(), None, None)
+        .put(key("k"), b"evil", &[])
+        .unwrap();
+    let f = open(d.path(), Some(forger), trust(&[]));
+    assert!(f.put(key("k"), b"forged", &[]).unwrap());
+    let r = open(d.path(), None, trust(&[&ci]));
+    assert!(r.get(key("k")).unwrap().is_none());
+    let w = open(d.path(), Some(ci.clone()), None);
+    assert!(w.put(key("k"), b"good", &[]).unwrap());
+    assert_eq!(payload(&r, "k").unwrap(), b"good");
+}
+
+#[test]
+fn rotation_two_trusted_keys_then_one_revoked() {
+    let d = tempfile::tempdir().unwrap();
+    let (ci1, ci2) = (signer("ci-1", 1), signer("ci-2", 2));
+    open(d.path(), Some(ci1.clone()), None)
+        .put(key("old"), b"1", &[])
+        .unwrap();
+    open(d.path(), Some(ci2.clone()), None)
+        .put(key("new"), b"2", &[])
+        .unwrap();
+    let both = open(d.path(), None, trust(&[&ci1, &ci2]));
+    assert_eq!(payload(&both, "old").unwrap(), b"1");
+    assert_eq!(payload(&both, "new").unwrap(), b"2");
+    let revoked = open(d.path(), None, trust(&[&ci2]));
+    assert!(revoked.get(key("old")).unwrap().is_none());
+    assert_eq!(payload(&revoked, "new").unwrap(), b"2");
+    // The new key publishes beside the revoked key's entry.
+    let w = open(d.path(), Some(ci2.clone()), trust(&[&ci2]));
+    assert!(w.put(key("old"), b"1 again", &[]).unwrap());
+    assert_eq!(payload(&revoked, "old").unwrap(), b"1 again");
+}
+
+#[test]
+fn entry_files_carry_their_signature_and_trusting_stores_refuse_others() {
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let ci = signer("ci-1", 1);
+    let src = open(a.path(), Some(ci.clone()), None);
+    src.put(key("k"), &[7u8; 5000], &meta()).unwrap();
+    let file = src.get_entry_file(key("k")).unwrap().unwrap();
+    let dst = open(b.path(), None, trust(&[&ci]));
+    let blob = dst
+        .take_entry_file(key("k"), file.clone(), true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(blob.header.meta, meta());
+    // Backfilled with its signature: a trusting reader of the copy hits.
+    assert_eq!(payload(&dst, "k").unwrap(), vec![7u8; 5000]);
+    let copied = dst.get_entry_file(key("k")).unwrap().unwrap();
+    let sig = |f: &[u8]| entry::decode_header(f).unwrap().signature;
+    assert!(sig(&copied).is_some() && sig(&copied) == sig(&file));
+
+    let unsigned = open(c.path(), None, None);
+    unsigned.put(key("u"), b"x", &[]).unwrap();
+    let ufile = unsigned.get_entry_file(key("u")).unwrap().unwrap();
+    assert!(dst
+        .take_entry_file(key("u"), ufile.clone(), true)
+        .unwrap()
+        .is_none());
+    assert_eq!(dst.put_entry_file(key("u"), &ufile).unwrap(), None);
+    assert!(dst.verify_entry_file(key("u"), ufile).unwrap().is_none());
+    assert_eq!(dst.counters.get(Counter::Untrusted), 3);
+    assert!(!dst.contains(key("u")).unwrap());
+}
+
+#[test]
+fn producers_cannot_write_signature_fields() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None, None);
+    let m = vec![(crate::sign::META_SIGNER.to_string(), "ci-1".to_string())];
+    assert!(matches!(
+        s.put(key("k"), b"x", &m),
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+#[test]
+fn delete_removes_the_signers_own_file_too() {
+    let d = tempfile::tempdir().unwrap();
+    let ci = signer("ci-1", 1);
+    open(d.path(), None, None)
+        .put(key("k"), b"evil", &[])
+        .unwrap();
+    let w = open(d.path(), Some(ci.clone()), trust(&[&ci]));
+    assert!(w.put(key("k"), b"good", &[]).unwrap());
+    assert!(w.contains(key("k")).unwrap());
+    assert!(w.delete(key("k")).unwrap());
+    assert!(!w.contains(key("k")).unwrap());
+    assert!(w.entries().unwrap().is_empty());
+}

@@ -1,0 +1,49 @@
+//! Key pairs for signed entries: generation and the public half of a private key. The
+//! cryptography is the core's (`ed25519-dalek`); this is conversion only.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::Arc;
+use xla_pcache_core::{Signer, TrustSet};
+
+/// 32 random bytes from the operating system: a new Ed25519 private key.
+#[pyfunction]
+pub fn generate_signing_key<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+    let seed = xla_pcache_core::generate_seed().map_err(PyValueError::new_err)?;
+    Ok(PyBytes::new(py, &seed))
+}
+
+/// The 32-byte public key of a 32-byte private key.
+#[pyfunction]
+pub fn signing_public_key<'py>(py: Python<'py>, private: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let public = xla_pcache_core::public_key(private)
+        .map_err(|e| PyValueError::new_err(format!("private: {e}")))?;
+    Ok(PyBytes::new(py, &public))
+}
+
+/// Raises ValueError unless `name` is a valid key name (versioned: `ci-1`).
+#[pyfunction]
+pub fn check_key_name(name: &str) -> PyResult<()> {
+    xla_pcache_core::check_key_name(name).map_err(PyValueError::new_err)
+}
+
+/// The `signing_key` argument of Store: (name, 32-byte private key).
+pub fn signer(arg: Option<(String, Vec<u8>)>) -> PyResult<Option<Arc<Signer>>> {
+    arg.map(|(name, seed)| {
+        Signer::new(&name, &seed)
+            .map(Arc::new)
+            .map_err(|e| PyValueError::new_err(format!("signing_key: {e}")))
+    })
+    .transpose()
+}
+
+/// The `trusted_keys` argument of Store: (name, 32-byte public key) pairs.
+pub fn trust(arg: Option<Vec<(String, Vec<u8>)>>) -> PyResult<Option<Arc<TrustSet>>> {
+    arg.map(|keys| {
+        TrustSet::new(&keys)
+            .map(Arc::new)
+            .map_err(|e| PyValueError::new_err(format!("trusted_keys: {e}")))
+    })
+    .transpose()
+}

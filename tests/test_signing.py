@@ -1,0 +1,164 @@
+"""Trusted writers outside the frameworks: the variables and key files, the CLI commands
+(keygen, verify --trusted, prune --untrusted, ls, explain, doctor) and bundles."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import clean_env
+from xla_pcache import Store, _core
+from xla_pcache.bundle import export_bundle, import_bundle
+from xla_pcache.config import Settings, read_signing_key
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xla_pcache", *args],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def keygen(tmp_path: Path, name: str) -> tuple[Path, str]:
+    out = tmp_path / f"{name}.key"
+    r = cli("keygen", name, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return out, r.stdout.strip().splitlines()[-1]
+
+
+def pair(key_file: Path) -> tuple[str, bytes]:
+    k = read_signing_key(str(key_file))
+    return k.name, k.private
+
+
+def public(text: str) -> tuple[str, bytes]:
+    name, b64 = text.split(":", 1)
+    return name, base64.b64decode(b64)
+
+
+def test_keygen_writes_0600_never_overwrites_and_prints_the_public_key(tmp_path: Path) -> None:
+    out, pub = keygen(tmp_path, "ci-1")
+    assert os.stat(out).st_mode & 0o777 == 0o600
+    name, raw = public(pub)
+    assert name == "ci-1" and len(raw) == 32
+    assert _core.signing_public_key(pair(out)[1]) == raw
+    before = out.read_bytes()
+    again = cli("keygen", "ci-1", "--out", str(out))
+    assert again.returncode == 2 and "never overwrites" in again.stderr
+    assert out.read_bytes() == before
+    bad = cli("keygen", "ci", "--out", str(tmp_path / "x.key"))
+    assert bad.returncode == 2 and "version" in bad.stderr
+    assert not (tmp_path / "x.key").exists()
+
+
+def test_a_readable_or_malformed_key_file_is_an_error_naming_the_variable(
+    tmp_path: Path,
+) -> None:
+    out, _ = keygen(tmp_path, "ci-1")
+    out.chmod(0o640)
+    with pytest.raises(ValueError, match=r"XLA_PCACHE_SIGNING_KEY.*group or others"):
+        Settings.from_env({"XLA_PCACHE_SIGNING_KEY": str(out)})
+    for text in ("", "ci-1\n", "ci-1:notbase64!\n", "ci-1:" + base64.b64encode(b"x").decode()):
+        bad = tmp_path / "bad.key"
+        bad.write_text(text)
+        bad.chmod(0o600)
+        with pytest.raises(ValueError, match="XLA_PCACHE_SIGNING_KEY"):
+            Settings.from_env({"XLA_PCACHE_SIGNING_KEY": str(bad)})
+    with pytest.raises(ValueError, match="XLA_PCACHE_SIGNING_KEY"):
+        Settings.from_env({"XLA_PCACHE_SIGNING_KEY": str(tmp_path / "missing")})
+    # The private key never shows in the settings' repr.
+    out.chmod(0o600)
+    s = Settings.from_env({"XLA_PCACHE_SIGNING_KEY": str(out)})
+    assert s.signing_key is not None
+    assert base64.b64encode(s.signing_key.private).decode() not in repr(s)
+
+
+def test_trusted_keys_from_the_variable_or_a_file(tmp_path: Path) -> None:
+    _, a = keygen(tmp_path, "ci-1")
+    _, b = keygen(tmp_path, "ci-2")
+    listed = Settings.from_env({"XLA_PCACHE_TRUSTED_KEYS": f"{a}, {b}"}).trusted_keys
+    f = tmp_path / "trusted"
+    f.write_text(f"# comment\n{a}\n\n{b}\n")
+    from_file = Settings.from_env({"XLA_PCACHE_TRUSTED_KEYS": f"@{f}"}).trusted_keys
+    assert listed == from_file == (public(a), public(b))
+    for bad in ("ci-1", f"{a},{a}", "ci:" + a.split(":")[1], "ci-1:AAAA", "@/nonexistent"):
+        with pytest.raises(ValueError, match="XLA_PCACHE_TRUSTED_KEYS"):
+            Settings.from_env({"XLA_PCACHE_TRUSTED_KEYS": bad})
+
+
+def test_operator_commands_name_signers_and_remove_the_untrusted(tmp_path: Path) -> None:
+    ci_file, ci_pub = keygen(tmp_path, "ci-1")
+    m_file, _ = keygen(tmp_path, "mallory-1")
+    root = tmp_path / "cache"
+    meta = {"framework": "jax"}
+    with Store(root, settings=Settings(), signing_key=pair(ci_file)) as s:
+        assert s.put("good", b"g", meta=meta)
+    with Store(root, settings=Settings(), signing_key=pair(m_file)) as s:
+        assert s.put("evil", b"e", meta=meta)
+    with Store(root, settings=Settings()) as s:
+        assert s.put("plain", b"p", meta=meta)
+    env = {"XLA_PERSISTENT_CACHE_PATH": str(root), "XLA_PCACHE_TRUSTED_KEYS": ci_pub}
+    ls = cli("ls", "--json", **env)
+    signers = {e["key"]: e["signer"] for e in json.loads(ls.stdout)}
+    assert signers == {"good": "ci-1", "evil": "mallory-1", "plain": None}
+    listed = cli("verify", "--trusted", **env)
+    assert listed.returncode == 1, listed.stderr
+    assert "evil: signed by mallory-1, not trusted" in listed.stdout
+    assert "plain: unsigned" in listed.stdout
+    assert "good" not in listed.stdout
+    explained = cli("explain", "evil", **env)
+    assert "signed by mallory-1, not trusted" in explained.stdout
+    # doctor's trust set-up (its framework probes are left out: they start JAX and torch).
+    from xla_pcache import doctor
+
+    with pytest.MonkeyPatch.context() as m:
+        for k, v in {**env, "XLA_PCACHE_SIGNING_KEY": str(ci_file)}.items():
+            m.setenv(k, v)
+        config, problems = doctor._configuration(None)
+    assert problems == []
+    assert config["trust"]["signing_key"]["name"] == "ci-1"
+    assert [k["name"] for k in config["trust"]["trusted_keys"]] == ["ci-1"]
+    secret = base64.b64encode(pair(ci_file)[1]).decode()
+    assert secret not in json.dumps(config)
+    assert cli("verify", "--trusted", **{"XLA_PERSISTENT_CACHE_PATH": str(root)}).returncode == 2
+    pruned = cli("prune", "--untrusted", **env)
+    assert pruned.returncode == 0 and "removed 2 untrusted entries" in pruned.stdout
+    assert cli("verify", "--trusted", **env).returncode == 0
+    with Store(root, settings=Settings(), trusted_keys=[public(ci_pub)]) as s:
+        assert bytes(s.get("good") or b"") == b"g"
+        assert len(s) == 1
+
+
+def test_bundles_keep_signatures_and_a_trusting_import_rejects_and_counts(
+    tmp_path: Path,
+) -> None:
+    ci_file, ci_pub = keygen(tmp_path, "ci-1")
+    src = tmp_path / "src"
+    with Store(src, settings=Settings(), signing_key=pair(ci_file)) as s:
+        assert s.put("signed", b"s" * 1000, meta={"framework": "jax"})
+    with Store(src, settings=Settings()) as s:
+        assert s.put("unsigned", b"u" * 1000, meta={"framework": "jax"})
+    bundle = tmp_path / "b.tar.gz"
+    with Store(src, settings=Settings(), read_only=True) as s:
+        assert export_bundle(s, bundle) == 2
+    dst = tmp_path / "dst"
+    # An untrusted entry already at the signed one's key does not stop the import.
+    with Store(dst, settings=Settings()) as s:
+        assert s.put("signed", b"squatter", meta={"framework": "jax"})
+    trusting = {"trusted_keys": [public(ci_pub)]}
+    with Store(dst, settings=Settings(), **trusting) as s:  # type: ignore[arg-type]
+        report = import_bundle(s, bundle)
+        assert (report.imported, report.rejected) == (1, 1)
+        assert s.stats()["untrusted"] >= 1
+        blob = s.get("signed")
+        assert blob is not None and bytes(blob) == b"s" * 1000 and blob.signer == "ci-1"
+        assert s.get("unsigned") is None
