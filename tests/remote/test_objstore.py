@@ -526,8 +526,11 @@ def test_bucket_claims_single_flight_and_takeover(
     obstore.put(client, f"xla_pcache-1/claims/{dead}", b"{}", mode="create")
     results_: list[Any] = []
 
+    # The lease is long beside a request's round trip, so the taker's heartbeats keep the
+    # claim alive for the other thread, which waits out several leases: two takeovers would
+    # be a lost race, not a slow machine.
     def take() -> None:
-        results_.append(wc.claim(dead, wait=3, lease=0.5))
+        results_.append(wc.claim(dead, wait=8, lease=2))
 
     threads = [threading.Thread(target=take) for _ in range(2)]
     for t in threads:
