@@ -32,7 +32,7 @@ from xla_pcache.sizes import format_size, parse_duration, parse_size
 from xla_pcache.store import Store
 
 if TYPE_CHECKING:
-    from xla_pcache._core import Entry, VerifyReport
+    from xla_pcache._reports import Entry, VerifyReport
 
 app = typer.Typer(
     name="xla-pcache",

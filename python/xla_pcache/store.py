@@ -14,6 +14,7 @@ from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
     from xla_pcache.chain import Chain
 
@@ -156,7 +157,7 @@ class Store(_core.Store):
         if data is not None:
             tier.put_async(_core.entry_name(key), data)
 
-    def stats(self) -> _core.Stats:
+    def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password
         redacted) and, once it was used, its counters (``remote_hits``, ...)."""
         out = super().stats()
@@ -236,7 +237,7 @@ class Store(_core.Store):
 
     def evict(
         self, max_size: int | str | None = None, older_than: float | str | None = None
-    ) -> _core.EvictReport:
+    ) -> EvictReport:
         """As ``_core.Store.evict``; ``max_size`` may also be a string such as ``"50G"`` and
         ``older_than`` one such as ``"7d"``, as ``Store()`` accepts them."""
         return super().evict(
