@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "python" / "xla_pcache"
 LEVELS = {
     # The extension, and what every layer may read: sizes and the settings.
     "_core": 0,
+    "_reports": 0,
     "sizes": 0,
     "config": 0,
     # Leaves the store and the tools use: the remote tiers, bundles, metrics.

@@ -12,6 +12,7 @@ from typing import Any, NotRequired, Required, get_args, get_origin, get_type_hi
 
 import pytest
 from xla_pcache import Store, _core, _reports
+from xla_pcache._reports import tier_counters
 
 
 def _conforms(value: Any, tp: Any) -> bool:
@@ -41,6 +42,12 @@ def _conforms(value: Any, tp: Any) -> bool:
 def _mismatches(report: dict[str, Any], td: Any) -> list[str]:
     hints = get_type_hints(td)
     required: frozenset[str] = td.__required_keys__
+    if td is _reports.Stats:
+        # The counters per tier are keyed by the tiers' names, which are data: declared as
+        # a pattern (remote_<tier>_<counter>, every counter of TIER_COUNTERS), read back by
+        # tier_counters; each one an int.
+        for tier, counts in tier_counters(report).items():
+            hints |= {f"remote_{tier}_{c}": int for c in counts}
     problems = [f"{k}: returned, not declared" for k in report if k not in hints]
     problems += [f"{k}: declared, not returned" for k in required if k not in report]
     problems += [
@@ -87,6 +94,16 @@ def test_an_interrupted_walk_reports_it_in_declared_keys(tmp_path: Path) -> None
     store.interrupt()
     verified = store.verify()
     assert _mismatches(dict(verified), _reports.VerifyReport) == []
+    store.close()
+
+
+def test_a_store_with_tiers_counted_matches_too(tmp_path: Path) -> None:
+    store = _filled(tmp_path / "cache")
+    store.add_tier_counter("s3", "hits", 2)
+    store.add_tier_counter("redis", "misses", 1)
+    st = dict(store.stats())
+    assert set(tier_counters(st)) == {"s3", "redis"}
+    assert _mismatches(st, _reports.Stats) == []
     store.close()
 
 

@@ -212,11 +212,18 @@ class Store:
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and
-        bytes may lag by that cache's time too)."""
+        bytes may lag by that cache's time too). Once some remote tier counted (in any
+        process), also the ``remote_*`` totals and ``remote_<tier>_<counter>`` for each tier
+        by name; a store that never had a tier reports neither."""
     def add_counter(self, name: str, n: int) -> None:
         """Add ``n`` to a counter kept for callers outside the core (the remote tiers'
-        ``remote_*``), summed across processes by ``stats``; ``ValueError`` for any other
-        name."""
+        ``remote_*`` totals), summed across processes by ``stats``; ``ValueError`` for any
+        other name."""
+    def add_tier_counter(self, tier: str, counter: str, n: int) -> None:
+        """Add ``n`` to counter ``counter`` (one of ``xla_pcache._reports.TIER_COUNTERS``) of
+        the remote tier named ``tier`` (1 to 40 of ``a-z 0-9 _ - .``; at most 32 tiers), and
+        to its ``remote_*`` total; summed across processes by ``stats``, which reports it as
+        ``remote_<tier>_<counter>``. ``ValueError`` for another name or counter."""
     def process_stats(self) -> dict[str, int]:
         """This process's own counters for this store handle (the names ``stats`` sums
         across processes), without reading any journal."""

@@ -2,11 +2,46 @@
 plain dicts built by the binding, described here as TypedDicts. A real module rather than a part
 of the stub, so that tests/test_stubs.py holds them against what the runtime returns."""
 
-from __future__ import annotations
-
-from typing import TypedDict
+# No `from __future__ import annotations`: TypedDict reads NotRequired from real annotations.
+from collections.abc import Mapping
+from typing import NotRequired, TypedDict
 
 Key = str | bytes
+
+# The counters the store keeps per remote tier, in the core's order (stats::TIER_COUNTER_NAMES):
+# ``stats()`` reports each as ``remote_<tier>_<counter>``, and their sums as ``remote_<counter>``.
+TIER_COUNTERS = (
+    "hits",
+    "misses",
+    "rejected",
+    "errors",
+    "puts",
+    "put_exists",
+    "read_bytes",
+    "written_bytes",
+    "get_ms",
+    "backfills",
+)
+# Longest suffix first: ``put_exists`` before ``puts``'s neighbours, ``written_bytes`` whole.
+_BY_LENGTH = sorted(TIER_COUNTERS, key=len, reverse=True)
+
+
+def tier_counters(report: Mapping[str, object]) -> dict[str, dict[str, int]]:
+    """The per-tier counters of a ``stats()`` report, by tier name then counter: only the
+    tiers the report holds (the store names no tier it did not count). The store reports
+    every counter of a tier it counted, so a name with fewer (``remote_get_errors``, a
+    tier's own process counter) is no tier."""
+    out: dict[str, dict[str, int]] = {}
+    for key, value in report.items():
+        if not key.startswith("remote_") or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        rest = key.removeprefix("remote_")
+        for counter in _BY_LENGTH:
+            tier = rest.removesuffix(f"_{counter}")
+            if tier != rest and tier:
+                out.setdefault(tier, {})[counter] = value
+                break
+    return {t: c for t, c in out.items() if len(c) == len(TIER_COUNTERS)}
 
 
 class Stats(TypedDict):
@@ -34,58 +69,20 @@ class Stats(TypedDict):
     unsafe_paths: int
     unreadable: int
     compile_saved_ms: int
-    # The remote tiers' counters (counted by xla_pcache.chain), summed over the tiers, then
-    # per kind of tier.
-    remote_hits: int
-    remote_misses: int
-    remote_rejected: int
-    remote_errors: int
-    remote_puts: int
-    remote_put_exists: int
-    remote_read_bytes: int
-    remote_written_bytes: int
-    remote_get_ms: int
-    remote_backfills: int
-    remote_redis_hits: int
-    remote_redis_misses: int
-    remote_redis_rejected: int
-    remote_redis_errors: int
-    remote_redis_puts: int
-    remote_redis_put_exists: int
-    remote_redis_read_bytes: int
-    remote_redis_written_bytes: int
-    remote_redis_get_ms: int
-    remote_redis_backfills: int
-    remote_s3_hits: int
-    remote_s3_misses: int
-    remote_s3_rejected: int
-    remote_s3_errors: int
-    remote_s3_puts: int
-    remote_s3_put_exists: int
-    remote_s3_read_bytes: int
-    remote_s3_written_bytes: int
-    remote_s3_get_ms: int
-    remote_s3_backfills: int
-    remote_gs_hits: int
-    remote_gs_misses: int
-    remote_gs_rejected: int
-    remote_gs_errors: int
-    remote_gs_puts: int
-    remote_gs_put_exists: int
-    remote_gs_read_bytes: int
-    remote_gs_written_bytes: int
-    remote_gs_get_ms: int
-    remote_gs_backfills: int
-    remote_az_hits: int
-    remote_az_misses: int
-    remote_az_rejected: int
-    remote_az_errors: int
-    remote_az_puts: int
-    remote_az_put_exists: int
-    remote_az_read_bytes: int
-    remote_az_written_bytes: int
-    remote_az_get_ms: int
-    remote_az_backfills: int
+    # The remote tiers' counters, summed over the tiers and over every process: present only
+    # once some tier counted (a store without tiers reports none). Each tier's own are keys
+    # ``remote_<tier>_<counter>`` (``<counter>`` one of TIER_COUNTERS), not declared here since
+    # the tiers' names are data: ``tier_counters()`` reads them.
+    remote_hits: NotRequired[int]
+    remote_misses: NotRequired[int]
+    remote_rejected: NotRequired[int]
+    remote_errors: NotRequired[int]
+    remote_puts: NotRequired[int]
+    remote_put_exists: NotRequired[int]
+    remote_read_bytes: NotRequired[int]
+    remote_written_bytes: NotRequired[int]
+    remote_get_ms: NotRequired[int]
+    remote_backfills: NotRequired[int]
     hit_rate: float | None
     entries: int
     bytes: int

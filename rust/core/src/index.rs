@@ -8,7 +8,7 @@ use crate::dir::{Dir, Root};
 use crate::journal::{self, Record, JOURNAL_DIR};
 use crate::overlay::Entries;
 use crate::snapshot::{self, Base, JournalMark, Meta, Opened};
-use crate::stats::{add_into, N_COUNTERS};
+use crate::stats::{add_into, add_tiers_into, tier_values, TierCounters, N_COUNTERS};
 use std::collections::HashMap;
 use std::io;
 use std::time::{Duration, Instant};
@@ -23,6 +23,8 @@ const TOMBSTONE_KEEP: Duration = Duration::from_secs(600);
 pub struct JournalState {
     pub offset: u64,
     pub counters: Vec<u64>,
+    /// Its latest counters per remote tier name.
+    pub tiers: TierCounters,
     /// When a refresh last found this journal's end (None: never since loaded from the
     /// snapshot). On a network filesystem that end is only as fresh as the listing was.
     pub seen: Option<Instant>,
@@ -41,6 +43,8 @@ pub struct IndexView {
     pub journals: HashMap<String, JournalState>,
     /// Counters of journals folded and removed.
     pub base_counters: Vec<u64>,
+    /// Their counters per remote tier name.
+    pub base_tiers: TierCounters,
     snapshot_id: Option<SnapId>,
     loaded: bool,
     /// Journal bytes read since the snapshot: when large, compaction pays for itself.
@@ -87,6 +91,16 @@ impl IndexView {
         add_into(&mut acc, &self.base_counters);
         for j in self.journals.values() {
             add_into(&mut acc, &j.counters);
+        }
+        acc
+    }
+
+    /// Counters per remote tier name over every process, as of the last refresh (at most
+    /// `stats::MAX_TIERS` tiers).
+    pub fn tier_counters(&self) -> TierCounters {
+        let mut acc = self.base_tiers.clone();
+        for j in self.journals.values() {
+            add_tiers_into(&mut acc, &j.tiers);
         }
         acc
     }
@@ -148,7 +162,7 @@ impl IndexView {
                 self.lru.clear_up_to(t);
                 self.cleared_at = self.cleared_at.max(t);
             }
-            Record::Stats { .. } => {}
+            Record::Stats { .. } | Record::TierStats { .. } => {}
         }
     }
 
@@ -313,9 +327,15 @@ impl IndexView {
                 .collect();
             self.lru.materialize_many(&mut names);
             let mut counters = None;
+            let mut tiers = TierCounters::new();
             for r in recs {
                 match r {
                     Record::Stats { counters: c } => counters = Some(c),
+                    // Cumulative: the latest record of a tier replaces the one before.
+                    Record::TierStats { tier, counters: c } => {
+                        tiers.remove(&tier);
+                        add_tiers_into(&mut tiers, &TierCounters::from([(tier, tier_values(&c))]));
+                    }
                     Record::Touch {
                         disk_bytes,
                         put: true,
@@ -327,9 +347,13 @@ impl IndexView {
                     r => self.apply(r),
                 }
             }
-            if let Some(c) = counters {
-                if let Some(state) = self.journals.get_mut(&name) {
+            if let Some(state) = self.journals.get_mut(&name) {
+                if let Some(c) = counters {
                     state.counters = c;
+                }
+                for (tier, values) in tiers {
+                    state.tiers.remove(&tier);
+                    add_tiers_into(&mut state.tiers, &TierCounters::from([(tier, values)]));
                 }
             }
         }
@@ -439,12 +463,14 @@ impl IndexView {
                     JournalState {
                         offset: j.offset,
                         counters: j.counters,
+                        tiers: j.tiers,
                         seen: None,
                     },
                 )
             })
             .collect();
         self.base_counters = meta.base_counters;
+        self.base_tiers = meta.base_tiers;
     }
 
     /// Whether enough journal bytes accumulated that folding them into a new snapshot is
@@ -468,6 +494,7 @@ impl IndexView {
                 add_into(&mut acc, &self.base_counters);
                 add_into(&mut acc, &st.counters);
                 self.base_counters = acc.to_vec();
+                add_tiers_into(&mut self.base_tiers, &st.tiers);
             }
         }
         let meta = Meta {
@@ -478,9 +505,11 @@ impl IndexView {
                     name: name.clone(),
                     offset: st.offset,
                     counters: st.counters.clone(),
+                    tiers: st.tiers.clone(),
                 })
                 .collect(),
             base_counters: self.base_counters.clone(),
+            base_tiers: self.base_tiers.clone(),
         };
         let tmp_dir = root.sub("tmp")?;
         let idir = root.sub(INDEX_DIR)?;
@@ -508,13 +537,15 @@ impl IndexView {
         // holding nothing of it in memory.
         match Base::open(f, len) {
             Ok(opened @ Opened::V2(..)) => {
-                let (journals, counters) = (
+                let (journals, counters, tiers) = (
                     std::mem::take(&mut self.journals),
                     std::mem::take(&mut self.base_counters),
+                    std::mem::take(&mut self.base_tiers),
                 );
                 self.install(opened);
                 self.journals = journals;
                 self.base_counters = counters;
+                self.base_tiers = tiers;
             }
             _ => self.loaded = false,
         }
@@ -657,6 +688,7 @@ mod tests {
             let meta = Meta {
                 journals: Vec::new(),
                 base_counters: vec![7],
+                ..Default::default()
             };
             fs::write(
                 snapshot_path(&l),

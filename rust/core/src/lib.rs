@@ -37,7 +37,9 @@ pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
-pub use stats::{Counter, Counters};
+pub use stats::{
+    Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
+};
 pub use store::{
     Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode, Stats, Store,
     StoreOptions, VerifyReport, MAX_DURATION,

@@ -12,8 +12,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    Blob, Claim, ClaimOutcome, EntrySummary, LockMode, ReadMode, Store, StoreOptions,
+    Blob, Claim, ClaimOutcome, EntrySummary, LockMode, ReadMode, Store, StoreOptions, TierCounters,
+    COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
 };
+
+/// Counters into a report: the core's own always; the remote tiers' (`remote_*` totals,
+/// then `remote_<tier>_<counter>` for each tier counted) only when some tier counted, so
+/// that a store without tiers reports none.
+fn counters_into(d: &Bound<'_, PyDict>, counters: &[u64], tiers: &TierCounters) -> PyResult<()> {
+    let first_remote = COUNTER_NAMES.len() - TIER_COUNTER_NAMES.len();
+    let any_remote = !tiers.is_empty() || counters[first_remote..].iter().any(|v| *v > 0);
+    for (i, (name, v)) in COUNTER_NAMES.iter().zip(counters).enumerate() {
+        if i < first_remote || any_remote {
+            d.set_item(*name, *v)?;
+        }
+    }
+    for (tier, values) in tiers {
+        for (counter, v) in TIER_COUNTER_NAMES.iter().zip(values) {
+            d.set_item(format!("remote_{tier}_{counter}"), *v)?;
+        }
+    }
+    Ok(())
+}
 
 /// A duration argument in seconds: finite, non-negative and at most `MAX_DURATION` (about
 /// 31 years: anything longer is a mistake, and would overflow a deadline), else a
@@ -679,9 +699,7 @@ impl PyStore {
         let store = self.store()?;
         let s = py.detach(|| no_panic("stats", || store.stats()))?;
         let d = PyDict::new(py);
-        for (name, v) in Store::counter_names().iter().zip(s.counters.iter()) {
-            d.set_item(*name, *v)?;
-        }
+        counters_into(&d, &s.counters, &s.tiers)?;
         let (hits, misses) = (s.counters[0], s.counters[1]);
         let rate = if hits + misses > 0 {
             Some(hits as f64 / (hits + misses) as f64)
@@ -702,8 +720,23 @@ impl PyStore {
         Ok(d)
     }
 
+    /// Adds `n` to counter `counter` of the remote tier named `tier` (and to its `remote_*`
+    /// total), aggregated across processes by `stats` like the rest.
+    fn add_tier_counter(&self, tier: &str, counter: &str, n: u64) -> PyResult<()> {
+        let store = self.store()?;
+        if no_panic("add_tier_counter", || Ok(store.add_tier(tier, counter, n)))? {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err(format!(
+                "invalid tier {tier:?} or counter {counter:?}: a tier name is 1 to \
+                 {MAX_TIER_NAME} of a-z 0-9 _ - . (at most {MAX_TIERS} tiers), a counter \
+                 one of {TIER_COUNTER_NAMES:?}"
+            )))
+        }
+    }
+
     /// Adds `n` to a counter kept for callers outside the core (the remote tiers'
-    /// `remote_*` counters), aggregated across processes by `stats` like the rest.
+    /// `remote_*` totals), aggregated across processes by `stats` like the rest.
     fn add_counter(&self, name: &str, n: u64) -> PyResult<()> {
         let store = self.store()?;
         if no_panic("add_counter", || Ok(store.add_named(name, n)))? {
@@ -719,10 +752,10 @@ impl PyStore {
     fn process_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;
         let d = PyDict::new(py);
-        let values = no_panic("process_stats", || Ok(store.counters().snapshot()))?;
-        for (name, v) in Store::counter_names().iter().zip(values.iter()) {
-            d.set_item(*name, *v)?;
-        }
+        let (values, tiers) = no_panic("process_stats", || {
+            Ok((store.counters().snapshot(), store.counters().tiers()))
+        })?;
+        counters_into(&d, &values, &tiers)?;
         Ok(d)
     }
 

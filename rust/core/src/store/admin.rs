@@ -313,11 +313,14 @@ impl Store {
             let _ = self.refresh(&mut st);
         }
         let mut counters = st.view.counters();
+        let mut tiers = st.view.tier_counters();
         if self.opts.read_only || !st.view.is_loaded() {
             add_into(&mut counters, &self.counters.snapshot());
+            crate::stats::add_tiers_into(&mut tiers, &self.counters.tiers());
         }
         Ok(Stats {
             counters,
+            tiers,
             entries: st.view.lru.len() as u64,
             bytes: st.view.lru.total_bytes(),
             journals: st.view.journals.len() as u64,

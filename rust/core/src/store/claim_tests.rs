@@ -99,7 +99,11 @@ fn a_release_without_put_tells_waiters_at_once_and_the_next_claimer_goes_ahead()
     let next = c.claim(key("k"), Duration::from_secs(5)).unwrap();
     assert_eq!(next.state, ClaimState::Claimed);
     assert!(!next.took_over);
-    assert_eq!(counter(&c, Counter::ClaimWaits), 0, "taken at the first look");
+    assert_eq!(
+        counter(&c, Counter::ClaimWaits),
+        0,
+        "taken at the first look"
+    );
     assert_eq!(counter(&c, Counter::ClaimTakeovers), 0);
 }
 
