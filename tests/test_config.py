@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xla_pcache
+from xla_pcache import config
 from xla_pcache.config import (
     DEFAULT_MEMORY_CAPACITY,
     VARIABLE_NAMES,
@@ -340,12 +342,7 @@ def test_fixture_clears_every_variable() -> None:
     assert not VARIABLE_NAMES & os.environ.keys()
 
 
-@pytest.mark.parametrize("value", ["1", "TRUE", " yes ", "on", "0", "off", "", "  "])
-def test_start_up_hook_reads_disable_as_settings_does(
-    value: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The hook outside the package reads the variable itself (importing the package would load
-    # the extension in every Python process); it must agree with Settings.
+def _hook() -> Any:
     import importlib.util
 
     hook = (
@@ -356,5 +353,33 @@ def test_start_up_hook_reads_disable_as_settings_does(
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", " yes ", "on", "0", "off", "", "  ", "No"])
+def test_start_up_hook_reads_disable_as_settings_does(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hook outside the package reads the variable itself (importing the package would load
+    # the extension in every Python process); it must agree with Settings.
+    module = _hook()
+    assert module._TRUE == config._TRUE and module._FALSE == config._FALSE
     monkeypatch.setenv("XLA_PCACHE_DISABLE", value)
     assert module.disabled() == Settings.from_env().disabled
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "disable"])
+def test_start_up_hook_refuses_what_settings_refuses(
+    value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Settings raises for these; the hook, which must never break start-up, leaves the cache
+    # off and says why.
+    monkeypatch.setenv("XLA_PCACHE_DISABLE", value)
+    with pytest.raises(ValueError, match="XLA_PCACHE_DISABLE"):
+        Settings.from_env()
+    module = _hook()
+    monkeypatch.setenv("XLA_PERSISTENT_CACHE_PATH", "/tmp/somewhere")
+    with caplog.at_level("WARNING", logger="xla_pcache"):
+        assert module.disabled() is True
+        assert module.wanted() is False
+    assert "invalid XLA_PCACHE_DISABLE '" in caplog.text
