@@ -132,3 +132,23 @@ def test_the_stub_uses_the_checked_typeddicts(name: str) -> None:
     stub = (Path(_core.__file__).parent / "_core.pyi").read_text()
     assert f"class {name}(" not in stub
     assert name in stub.split("from xla_pcache._reports import", 1)[1].splitlines()[0]
+
+
+def test_the_stub_states_the_cores_defaults() -> None:
+    # The stub cannot compute: the defaults it states (a None duration means the core's) are
+    # held here to the ones the runtime exports from the core.
+    import re
+
+    stub = (Path(_core.__file__).parent / "_core.pyi").read_text()
+    stated = {
+        name: float(value)
+        for name, value in re.findall(r"(\w+)\s+([\d.]+)\s+s\b", stub.split("STORE_DEFAULTS``:")[1])
+    }
+    assert stated == _core.STORE_DEFAULTS
+    assert _core.MAX_DURATION_S == 1e9
+    from xla_pcache import config, sizes
+
+    assert sizes.MAX_DURATION_S == _core.MAX_DURATION_S
+    assert _core.STORE_DEFAULTS["claim_lease"] == config.DEFAULT_CLAIM_LEASE_S
+    with pytest.raises(ValueError, match="lease_time"):
+        _core.Store("/nonexistent-never-created", lease_time=_core.MAX_DURATION_S * 2)

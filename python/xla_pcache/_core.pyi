@@ -15,6 +15,9 @@ from xla_pcache._reports import Entry, EvictReport, Stats, VerifyReport
 
 __version__: str
 FORMAT_VERSION: int
+MAX_DURATION_S: float
+# The core's defaults of Store()'s durations (seconds), by argument name: what None means.
+STORE_DEFAULTS: dict[str, float]
 
 class CacheError(Exception):
     """Base class of every error the cache raises on purpose."""
@@ -112,6 +115,9 @@ class Store:
     ``"lease"``; ``None`` is ``"auto"``. ``read_mode`` is ``"auto"`` (mmap on local
     filesystems, pread elsewhere), ``"mmap"`` or ``"pread"``; ``None`` is ``"auto"``.
     ``evict_trace`` names a file to which every eviction appends ``pid start_ns end_ns``.
+    A duration left None takes the core's default (``STORE_DEFAULTS``: lock_timeout 0.5 s,
+    lease_time 30 s, hit_interval 60 s, trash_grace 300 s, tmp_grace 3600 s, claim_lease
+    30 s; tests/test_stubs.py holds this list to the runtime's).
     The environment is never read here: ``xla_pcache.Store`` fills these from
     ``xla_pcache.config.Settings``.
     """
@@ -124,12 +130,12 @@ class Store:
         read_only: bool = False,
         durable: bool = False,
         lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
-        lock_timeout: float = 0.5,
-        lease_time: float = 30.0,
-        hit_interval: float = 60.0,
-        trash_grace: float = 300.0,
-        tmp_grace: float = 3600.0,
-        claim_lease: float = 30.0,
+        lock_timeout: float | None = None,
+        lease_time: float | None = None,
+        hit_interval: float | None = None,
+        trash_grace: float | None = None,
+        tmp_grace: float | None = None,
+        claim_lease: float | None = None,
         read_mode: Literal["auto", "mmap", "pread"] | None = None,
         evict_trace: str | os.PathLike[str] | None = None,
     ) -> _S: ...

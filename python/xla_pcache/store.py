@@ -51,11 +51,11 @@ class Store(_core.Store):
         durable: bool = False,
         lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
         read_mode: Literal["auto", "mmap", "pread"] | None = None,
-        lock_timeout: float | str = 0.5,
-        lease_time: float | str = 30.0,
-        hit_interval: float | str = 60.0,
-        trash_grace: float | str = 300.0,
-        tmp_grace: float | str = 3600.0,
+        lock_timeout: float | str | None = None,
+        lease_time: float | str | None = None,
+        hit_interval: float | str | None = None,
+        trash_grace: float | str | None = None,
+        tmp_grace: float | str | None = None,
         claim_lease: float | str | None = None,
         remote: str | None = None,
         settings: Settings | None = None,
@@ -75,11 +75,12 @@ class Store(_core.Store):
             durable=durable,
             lock_mode=cfg.lock_mode if lock_mode is None else lock_mode,
             read_mode=cfg.read_mode if read_mode is None else read_mode,
-            lock_timeout=parse_duration(lock_timeout, name="lock_timeout"),
-            lease_time=parse_duration(lease_time, name="lease_time"),
-            hit_interval=parse_duration(hit_interval, name="hit_interval"),
-            trash_grace=parse_duration(trash_grace, name="trash_grace"),
-            tmp_grace=parse_duration(tmp_grace, name="tmp_grace"),
+            # None: the core's default (_core.STORE_DEFAULTS), written only there.
+            lock_timeout=_seconds(lock_timeout, "lock_timeout"),
+            lease_time=_seconds(lease_time, "lease_time"),
+            hit_interval=_seconds(hit_interval, "hit_interval"),
+            trash_grace=_seconds(trash_grace, "trash_grace"),
+            tmp_grace=_seconds(tmp_grace, "tmp_grace"),
             claim_lease=cfg.claim_lease
             if claim_lease is None
             else parse_duration(claim_lease, name="claim_lease"),
@@ -244,6 +245,10 @@ class Store(_core.Store):
             parse_size(max_size, name="max_size"),
             None if older_than is None else parse_duration(older_than, name="older_than"),
         )
+
+
+def _seconds(value: float | str | None, name: str) -> float | None:
+    return None if value is None else parse_duration(value, name=name)
 
 
 def _tier_hooks(store: Store) -> tuple[Any, Any]:

@@ -14,6 +14,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logging::install();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", xla_pcache_core::FORMAT_VERSION)?;
+    // The core's bounds and defaults, for Python to read rather than restate.
+    m.add(
+        "MAX_DURATION_S",
+        xla_pcache_core::MAX_DURATION.as_secs_f64(),
+    )?;
+    m.add("STORE_DEFAULTS", store::store_defaults(m.py())?)?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<store::PyBlob>()?;

@@ -16,6 +16,23 @@ use xla_pcache_core::{
     COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
 };
 
+/// The core's defaults of the options `Store()` takes in seconds, by argument name.
+pub fn store_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = StoreOptions::default();
+    let out = PyDict::new(py);
+    for (name, v) in [
+        ("lock_timeout", d.lock_timeout),
+        ("lease_time", d.lease_time),
+        ("hit_interval", d.hit_interval),
+        ("trash_grace", d.trash_grace),
+        ("tmp_grace", d.tmp_grace),
+        ("claim_lease", d.claim_lease),
+    ] {
+        out.set_item(name, v.as_secs_f64())?;
+    }
+    Ok(out)
+}
+
 /// Counters into a report: the core's own always; the remote tiers' (`remote_*` totals,
 /// then `remote_<tier>_<counter>` for each tier counted) only when some tier counted, so
 /// that a store without tiers reports none.
@@ -330,9 +347,11 @@ impl PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
+    // The durations' defaults are the core's (None here, `StoreOptions::default()` there,
+    // `STORE_DEFAULTS` for Python): written once.
     #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
-        lock_timeout=0.5, lease_time=30.0, hit_interval=60.0, trash_grace=300.0, tmp_grace=3600.0,
-        claim_lease=30.0, read_mode=None, evict_trace=None))]
+        lock_timeout=None, lease_time=None, hit_interval=None, trash_grace=None, tmp_grace=None,
+        claim_lease=None, read_mode=None, evict_trace=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -341,12 +360,12 @@ impl PyStore {
         read_only: bool,
         durable: bool,
         lock_mode: Option<String>,
-        lock_timeout: f64,
-        lease_time: f64,
-        hit_interval: f64,
-        trash_grace: f64,
-        tmp_grace: f64,
-        claim_lease: f64,
+        lock_timeout: Option<f64>,
+        lease_time: Option<f64>,
+        hit_interval: Option<f64>,
+        trash_grace: Option<f64>,
+        tmp_grace: Option<f64>,
+        claim_lease: Option<f64>,
         read_mode: Option<String>,
         evict_trace: Option<PathBuf>,
     ) -> PyResult<Self> {
@@ -364,20 +383,25 @@ impl PyStore {
         if path.as_os_str().is_empty() {
             return Err(PyValueError::new_err("path must not be empty"));
         }
+        let d = StoreOptions::default();
+        let or_default = |name: &str, v: Option<f64>, default: Duration| match v {
+            Some(v) => seconds(name, v),
+            None => Ok(default),
+        };
         let opts = StoreOptions {
             max_size,
             read_only,
             durable,
             lock_mode,
-            lock_timeout: seconds("lock_timeout", lock_timeout)?,
-            lease_time: seconds("lease_time", lease_time)?,
-            hit_interval: seconds("hit_interval", hit_interval)?,
-            trash_grace: seconds("trash_grace", trash_grace)?,
-            tmp_grace: seconds("tmp_grace", tmp_grace)?,
-            claim_lease: seconds("claim_lease", claim_lease)?,
+            lock_timeout: or_default("lock_timeout", lock_timeout, d.lock_timeout)?,
+            lease_time: or_default("lease_time", lease_time, d.lease_time)?,
+            hit_interval: or_default("hit_interval", hit_interval, d.hit_interval)?,
+            trash_grace: or_default("trash_grace", trash_grace, d.trash_grace)?,
+            tmp_grace: or_default("tmp_grace", tmp_grace, d.tmp_grace)?,
+            claim_lease: or_default("claim_lease", claim_lease, d.claim_lease)?,
             read_mode,
             evict_trace,
-            ..StoreOptions::default()
+            ..d
         };
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
         Ok(Self {
