@@ -319,22 +319,37 @@ def test_store_errors_name_the_variable(tmp_path: Path, monkeypatch: pytest.Monk
         xla_pcache.Store(tmp_path / "c", read_mode="x")  # type: ignore[arg-type]
 
 
-def _readme_table() -> dict[str, str]:
-    """Variable -> default, from the README's configuration table."""
+def _readme_rows() -> dict[str, tuple[str, str]]:
+    """Variable -> (meaning, default), from the README's configuration table."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    rows: dict[str, str] = {}
+    rows: dict[str, tuple[str, str]] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0].startswith("`"):
-            rows[cells[0].strip("`")] = cells[2].strip("`")
+            rows[cells[0].strip("`")] = (cells[1], cells[2].strip("`"))
     return rows
+
+
+def _readme_table() -> dict[str, str]:
+    """Variable -> default, from the README's configuration table."""
+    return {name: default for name, (_, default) in _readme_rows().items()}
 
 
 def test_readme_table_matches_settings() -> None:
     table = _readme_table()
     assert list(table) == [v.name for v in VARIABLES]
     assert table == {v.name: v.default.strip("`") for v in VARIABLES}
+
+
+def test_readme_table_says_what_config_says() -> None:
+    # In full: the README's meaning of each variable is config.py's, word for word.
+    meanings = {name: meaning for name, (meaning, _) in _readme_rows().items()}
+    differ = {v.name for v in VARIABLES if meanings.get(v.name) != v.meaning}
+    assert not differ, {
+        n: (meanings.get(n), VARIABLES[[v.name for v in VARIABLES].index(n)].meaning)
+        for n in differ
+    }
 
 
 def test_fixture_clears_every_variable() -> None:

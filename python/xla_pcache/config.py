@@ -195,9 +195,10 @@ VARIABLES: tuple[Variable, ...] = (
         "unset",
         "Remote tiers behind the directory, for every `Store` built from the environment "
         "(adapters included): a comma-separated chain tried in order, of "
-        "`redis://[:password@]host:port/db` (or `rediss://`), `s3://bucket/prefix`, "
+        "`redis://[:password@]host:port/db` (or `rediss://`, TLS), `s3://bucket/prefix`, "
         "`gs://bucket/prefix`, `az://container/prefix`; `?ro=1` makes a tier read-only. "
-        'Needs `pip install "xla-pcache[redis]"` / `"xla-pcache[objstore]"`. See docs/remote.md.',
+        'Needs `pip install "xla-pcache[redis]"` / `"xla-pcache[objstore]"`; object-store '
+        "credentials come from the cloud's standard variables. See docs/remote.md.",
     ),
     Variable(
         REMOTE_TIMEOUT_VAR,
