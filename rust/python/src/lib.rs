@@ -1,7 +1,9 @@
 //! The pyo3 binding of xla_pcache_core, built by maturin as `xla_pcache._core`. Type
 //! conversion, GIL release and error mapping only: every decision lives in the core.
 
+mod blob;
 mod buffer;
+mod claim;
 mod errors;
 mod hashing;
 mod logging;
@@ -22,8 +24,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STORE_DEFAULTS", store::store_defaults(m.py())?)?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
-    m.add_class::<store::PyBlob>()?;
-    m.add_class::<store::PyClaim>()?;
+    m.add_class::<blob::PyBlob>()?;
+    m.add_class::<claim::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;

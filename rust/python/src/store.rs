@@ -1,19 +1,19 @@
-//! `Store` and `Blob` for Python.
+//! `Store` for Python (its `Blob` and `Claim` results are in blob.rs and claim.rs).
 
+use crate::blob::PyBlob;
 use crate::buffer::{HeldBuffer, KeyArg};
+use crate::claim::PyClaim;
 use crate::errors::{no_panic, CacheError};
 use pyo3::exceptions::PyValueError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
-use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    Blob, Claim, ClaimOutcome, EntrySummary, LockMode, ReadMode, Store, StoreOptions, TierCounters,
-    COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
+    EntrySummary, LockMode, ReadMode, Store, StoreOptions, TierCounters, COUNTER_NAMES, MAX_TIERS,
+    MAX_TIER_NAME, TIER_COUNTER_NAMES,
 };
 
 /// The core's defaults of the options `Store()` takes in seconds, by argument name.
@@ -67,14 +67,17 @@ fn seconds(name: &str, v: f64) -> PyResult<Duration> {
         .map_err(|e| PyValueError::new_err(format!("{name}: {e} (got {v})")))
 }
 
-fn key_object<'py>(py: Python<'py>, key: &[u8], is_text: bool) -> Bound<'py, PyAny> {
+pub(crate) fn key_object<'py>(py: Python<'py>, key: &[u8], is_text: bool) -> Bound<'py, PyAny> {
     match (is_text, std::str::from_utf8(key)) {
         (true, Ok(s)) => PyString::new(py, s).into_any(),
         _ => PyBytes::new(py, key).into_any(),
     }
 }
 
-fn meta_dict<'py>(py: Python<'py>, meta: &[(String, String)]) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn meta_dict<'py>(
+    py: Python<'py>,
+    meta: &[(String, String)],
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (k, v) in meta {
         d.set_item(k, v)?;
@@ -133,172 +136,8 @@ fn interruptible<T: Send>(
     }
 }
 
-fn ns_to_secs(ns: u64) -> f64 {
+pub(crate) fn ns_to_secs(ns: u64) -> f64 {
     ns as f64 / 1e9
-}
-
-/// A verified cache entry; its payload is exposed through the buffer protocol, no copy.
-#[pyclass(name = "Blob", module = "xla_pcache._core", frozen)]
-pub struct PyBlob {
-    inner: Blob,
-}
-
-#[pymethods]
-impl PyBlob {
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
-        let payload = no_panic("Blob buffer", || Ok(slf.get().inner.payload()))?;
-        // SAFETY: the payload lives as long as the Blob, which the view keeps alive through
-        // its `obj` reference (set by PyBuffer_FillInfo); the buffer is read-only.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                payload.as_ptr() as *mut c_void,
-                payload.len() as ffi::Py_ssize_t,
-                1,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
-
-    fn __len__(&self) -> PyResult<usize> {
-        no_panic("Blob len", || Ok(self.inner.payload().len()))
-    }
-
-    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let payload = no_panic("Blob bytes", || Ok(self.inner.payload()))?;
-        Ok(PyBytes::new(py, payload))
-    }
-
-    #[getter]
-    fn key<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
-        key_object(py, &self.inner.header.key, self.inner.header.key_is_text)
-    }
-
-    #[getter]
-    fn meta<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        meta_dict(py, &self.inner.header.meta)
-    }
-
-    #[getter]
-    fn created(&self) -> f64 {
-        ns_to_secs(self.inner.header.created_ns)
-    }
-
-    #[getter]
-    fn mapped(&self) -> PyResult<bool> {
-        no_panic("Blob.mapped", || Ok(self.inner.is_mapped()))
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<xla_pcache.Blob {} bytes, {}>",
-            self.inner.payload().len(),
-            if self.inner.is_mapped() {
-                "mapped"
-            } else {
-                "in memory"
-            }
-        )
-    }
-}
-
-/// How a `Store.claim` or `Store.wait_for` ended; holds the claim when it is ours.
-#[pyclass(name = "Claim", module = "xla_pcache._core", frozen)]
-pub struct PyClaim {
-    state: &'static str,
-    waited: f64,
-    took_over: bool,
-    inner: Mutex<Option<Claim>>,
-}
-
-impl PyClaim {
-    fn new(outcome: ClaimOutcome) -> Self {
-        PyClaim {
-            state: outcome.state.as_str(),
-            waited: outcome.waited.as_secs_f64(),
-            took_over: outcome.took_over,
-            inner: Mutex::new(outcome.claim),
-        }
-    }
-
-    fn claim(&self) -> std::sync::MutexGuard<'_, Option<Claim>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[pymethods]
-impl PyClaim {
-    #[getter]
-    fn state(&self) -> &'static str {
-        self.state
-    }
-
-    #[getter]
-    fn waited(&self) -> f64 {
-        self.waited
-    }
-
-    #[getter]
-    fn took_over(&self) -> bool {
-        self.took_over
-    }
-
-    #[getter]
-    fn held(&self) -> PyResult<bool> {
-        no_panic("Claim.held", || {
-            Ok(self.claim().as_ref().is_some_and(|c| c.held()))
-        })
-    }
-
-    fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self.claim().take();
-        if let Some(mut c) = taken {
-            py.detach(|| {
-                no_panic("release", || {
-                    c.release();
-                    Ok(())
-                })
-            })?;
-        }
-        Ok(())
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
-        self.release(py)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<xla_pcache.Claim {}{}{}>",
-            self.state,
-            if self.waited > 0.0 {
-                format!(" waited={:.3}s", self.waited)
-            } else {
-                String::new()
-            },
-            if self.held().unwrap_or(false) {
-                " held"
-            } else {
-                ""
-            }
-        )
-    }
 }
 
 /// What a tier behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
