@@ -440,3 +440,18 @@ def _open_one(
         environ=environ,
     )
     return _Slot(obj, ro)
+
+
+# The store reaches the tiers through these two (checked at construction, opened at first
+# use); they live here, above the tiers, so that no tier module imports the chain.
+def check_url(url: str, name: str) -> None:
+    """Refuse, without connecting, a value that names no URL at all (``ValueError`` naming
+    ``name``). A URL no tier can use is not refused here: the chain drops that tier with one
+    warning when it opens, and the local directory and the other tiers go on."""
+    check_chain(url, name)
+
+
+def open_tier(url: str, settings: Settings, *, read_only: bool = False) -> Chain:
+    """The tiers ``url`` names (a comma-separated chain, see ``xla_pcache.chain``), configured
+    from ``settings`` (timeout, largest value), behind the one-tier interface above."""
+    return open_chain(url, settings, read_only=read_only)

@@ -63,7 +63,7 @@ class Store(_core.Store):
         cfg = Settings.from_env() if settings is None else settings
         url = (remote if remote is not None else cfg.remote) or None
         if url is not None:
-            from xla_pcache.remote import check_url
+            from xla_pcache.chain import check_url
 
             # Checked now, opened later: a wrong URL is the caller's error at once.
             check_url(url, name="remote" if remote is not None else REMOTE_VAR)
@@ -115,8 +115,7 @@ class Store(_core.Store):
             return self._tier
         with self._tier_lock:
             if self._tier is None and not self._tier_failed:
-                from xla_pcache.chain import redact_chain
-                from xla_pcache.remote import open_tier
+                from xla_pcache.chain import open_tier, redact_chain
 
                 try:
                     tier = open_tier(self._tier_url, self._settings, read_only=self.read_only)
