@@ -18,6 +18,8 @@ FORMAT_VERSION: int
 MAX_DURATION_S: float
 # The core's defaults of Store()'s durations (seconds), by argument name: what None means.
 STORE_DEFAULTS: dict[str, float]
+# The counters the core keeps per remote tier, in its order.
+TIER_COUNTERS: list[str]
 
 class CacheError(Exception):
     """Base class of every error the cache raises on purpose."""

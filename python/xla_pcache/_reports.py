@@ -6,23 +6,14 @@ of the stub, so that tests/test_stubs.py holds them against what the runtime ret
 from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
+from xla_pcache import _core
+
 Key = str | bytes
 
-# The counters the store keeps per remote tier, in the core's order (stats::TIER_COUNTER_NAMES):
+# The counters the store keeps per remote tier, from the core (stats::TIER_COUNTER_NAMES):
 # ``stats()`` reports each as ``remote_<tier>_<counter>``, and their sums as ``remote_<counter>``.
-TIER_COUNTERS = (
-    "hits",
-    "misses",
-    "rejected",
-    "errors",
-    "puts",
-    "put_exists",
-    "read_bytes",
-    "written_bytes",
-    "get_ms",
-    "backfills",
-)
-# Longest suffix first: ``put_exists`` before ``puts``'s neighbours, ``written_bytes`` whole.
+TIER_COUNTERS: tuple[str, ...] = tuple(_core.TIER_COUNTERS)
+# Longest first: a key is read as the longest counter name it ends with.
 _BY_LENGTH = sorted(TIER_COUNTERS, key=len, reverse=True)
 
 
