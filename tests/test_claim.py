@@ -112,10 +112,9 @@ def test_retired_claim_sends_waiters_to_compile_and_read_only_never_claims(
     assert not (root / "locks" / "claims").exists(), "read-only stores write nothing"
     with store.claim("k", wait=0) as claim:
         assert claim.state == "claimed" and claim.held
-        start = time.monotonic()
-        # Held by another: a zero wait is one look.
+        # Held by another: a zero wait is one look, answered while the claim is still held.
         assert ro.claim("k", wait=0).state == "timed_out"
-        assert time.monotonic() - start < 1
+        assert claim.held
     assert not claim.held
     # Left without a put: retired; a later waiter is told nobody is compiling it.
     assert ro.wait_for("k", 5).state == "unclaimed"

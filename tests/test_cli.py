@@ -532,3 +532,21 @@ def test_stats_shows_single_flight(tmp_path: Path) -> None:
     for label in ("compile claims taken", "waits for another's compile", "waits that ran out"):
         assert label in table, table
     assert " s" in table.split("time spent waiting")[1].splitlines()[0]
+
+
+def test_help_rewraps_descriptions_instead_of_breaking_them() -> None:
+    # A docstring's source line ends must not show: each description is one paragraph,
+    # wrapped to the terminal (80 columns here).
+    proc = subprocess.run(
+        [sys.executable, "-m", "xla_pcache", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean_env(), "COLUMNS": "80"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.strip("│ ").strip() for line in proc.stdout.splitlines() if line.startswith("│")]
+    # The source breaks stats' docstring after "compile time saved,": rewrapped, the next
+    # words follow on the same line.
+    assert any("compile time saved, evictions" in row for row in rows), proc.stdout
+    assert any("of the same program and the key" in row for row in rows), proc.stdout

@@ -6,9 +6,11 @@ import base64
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xla_pcache
+from xla_pcache import config
 from xla_pcache.config import (
     DEFAULT_MEMORY_CAPACITY,
     VARIABLE_NAMES,
@@ -327,16 +329,21 @@ def test_store_errors_name_the_variable(tmp_path: Path, monkeypatch: pytest.Monk
         xla_pcache.Store(tmp_path / "c", read_mode="x")  # type: ignore[arg-type]
 
 
-def _readme_table() -> dict[str, str]:
-    """Variable -> default, from the README's configuration table."""
+def _readme_rows() -> dict[str, tuple[str, str]]:
+    """Variable -> (meaning, default), from the README's configuration table."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    rows: dict[str, str] = {}
+    rows: dict[str, tuple[str, str]] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0].startswith("`"):
-            rows[cells[0].strip("`")] = cells[2].strip("`")
+            rows[cells[0].strip("`")] = (cells[1], cells[2].strip("`"))
     return rows
+
+
+def _readme_table() -> dict[str, str]:
+    """Variable -> default, from the README's configuration table."""
+    return {name: default for name, (_, default) in _readme_rows().items()}
 
 
 def test_readme_table_matches_settings() -> None:
@@ -345,17 +352,22 @@ def test_readme_table_matches_settings() -> None:
     assert table == {v.name: v.default.strip("`") for v in VARIABLES}
 
 
+def test_readme_table_says_what_config_says() -> None:
+    # In full: the README's meaning of each variable is config.py's, word for word.
+    meanings = {name: meaning for name, (meaning, _) in _readme_rows().items()}
+    differ = {v.name for v in VARIABLES if meanings.get(v.name) != v.meaning}
+    assert not differ, {
+        n: (meanings.get(n), VARIABLES[[v.name for v in VARIABLES].index(n)].meaning)
+        for n in differ
+    }
+
+
 def test_fixture_clears_every_variable() -> None:
     # The autouse fixture of conftest.py: no test sees the caller's shell.
     assert not VARIABLE_NAMES & os.environ.keys()
 
 
-@pytest.mark.parametrize("value", ["1", "TRUE", " yes ", "on", "0", "off", "", "  "])
-def test_start_up_hook_reads_disable_as_settings_does(
-    value: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The hook outside the package reads the variable itself (importing the package would load
-    # the extension in every Python process); it must agree with Settings.
+def _hook() -> Any:
     import importlib.util
 
     hook = (
@@ -366,5 +378,33 @@ def test_start_up_hook_reads_disable_as_settings_does(
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", " yes ", "on", "0", "off", "", "  ", "No"])
+def test_start_up_hook_reads_disable_as_settings_does(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hook outside the package reads the variable itself (importing the package would load
+    # the extension in every Python process); it must agree with Settings.
+    module = _hook()
+    assert module._TRUE == config._TRUE and module._FALSE == config._FALSE
     monkeypatch.setenv("XLA_PCACHE_DISABLE", value)
     assert module.disabled() == Settings.from_env().disabled
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "disable"])
+def test_start_up_hook_refuses_what_settings_refuses(
+    value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Settings raises for these; the hook, which must never break start-up, leaves the cache
+    # off and says why.
+    monkeypatch.setenv("XLA_PCACHE_DISABLE", value)
+    with pytest.raises(ValueError, match="XLA_PCACHE_DISABLE"):
+        Settings.from_env()
+    module = _hook()
+    monkeypatch.setenv("XLA_PERSISTENT_CACHE_PATH", "/tmp/somewhere")
+    with caplog.at_level("WARNING", logger="xla_pcache"):
+        assert module.disabled() is True
+        assert module.wanted() is False
+    assert "invalid XLA_PCACHE_DISABLE '" in caplog.text

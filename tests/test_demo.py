@@ -42,9 +42,9 @@ def test_demo_warm_run_hits_the_cache(tmp_path: Path) -> None:
         if line.startswith("│ cold") or line.startswith("│ warm")
     }
     assert "miss" in rows["cold"] and "hit" in rows["warm"], proc.stdout
-    cold_s, warm_s = (float(rows[r].split("│")[4]) for r in ("cold", "warm"))
-    assert warm_s < cold_s, proc.stdout
-    assert "faster" in proc.stdout and "hits=1" in proc.stdout
+    # Which run was faster is the bench's business (bench/jax_warm_start.py): here, that the
+    # warm run was served by the cache.
+    assert "hits=1" in proc.stdout
     with Store(root, read_only=True) as store:
         entries = store.entries()
     demo_entries = [e for e in entries if str(e["key"]).startswith("jit_xla_pcache_demo_")]

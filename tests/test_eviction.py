@@ -87,19 +87,34 @@ def test_value_larger_than_budget_is_not_stored(cache_dir: Path, caplog) -> None
     assert store.stats()["too_large"] == 1
 
 
-def test_explicit_evict_and_older_than(cache_dir: Path) -> None:
-    store = Store(cache_dir)
-    for i in range(10):
-        store.put(f"k{i}", b"v" * 10_000)
-    r = store.evict(max_size=50_000)
-    assert r["removed"] >= 5 and r["skipped"] is None
-    assert disk_bytes(cache_dir) <= 50_000
-    time.sleep(0.05)
-    store.put("fresh", b"f")
-    r = store.evict(older_than=0.04)
-    assert store.get("fresh") is not None
-    assert all(store.get(f"k{i}") is None for i in range(10)), r
-    assert len(store) == 1
+def test_explicit_evict_and_older_than(tmp_path: Path) -> None:
+    # `older_than` is about time, but the test judges by order: the old entries' last use
+    # came before `window` elapsed, the fresh one's after the cutoff. A run on a machine so
+    # loaded that the evict did not start within `window` of the fresh put proves nothing
+    # and is done again with a wider window, never judged.
+    for attempt, window in enumerate((0.2, 1.0, 5.0)):
+        cache_dir = tmp_path / f"cache-{attempt}"
+        store = Store(cache_dir)
+        for i in range(10):
+            store.put(f"k{i}", b"v" * 10_000)
+        r = store.evict(max_size=50_000)
+        assert r["removed"] >= 5 and r["skipped"] is None
+        assert disk_bytes(cache_dir) <= 50_000
+        old_used = time.time()
+        time.sleep(window * 1.5)
+        fresh_put = time.time()
+        assert fresh_put - old_used > window
+        store.put("fresh", b"f")
+        r = store.evict(older_than=window)
+        evicted = time.time()
+        if evicted - fresh_put >= window:
+            store.close()
+            continue
+        assert store.get("fresh") is not None
+        assert all(store.get(f"k{i}") is None for i in range(10)), r
+        assert len(store) == 1
+        return
+    pytest.fail("no evict ran within its window of the fresh put, even of 5 s")
 
 
 # ---------------------------------------------------------------- LRU order

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from xla_pcache import Store, explain, metrics
 from xla_pcache._keyparts import META_COMPILE_TIME, META_COMPONENTS
+from xla_pcache._reports import TIER_COUNTERS
 
 
 def parts(**digests: str) -> list[dict[str, Any]]:
@@ -127,19 +128,33 @@ def test_remote_counters_carry_the_remote_tier() -> None:
     assert 'xla_pcache_hits_total{cache="/c",tier="remote"} 5.0' in text
 
 
-def test_remote_counters_per_kind_of_tier() -> None:
-    """Each kind of tier has its own ``tier`` label; what the kinds do not account for
-    (counted by an older version, without a kind) stays ``remote``: the sum over the label
-    is the whole cache's."""
-    report = {"path": "/c", "remote_hits": 5, "remote_s3_hits": 3, "remote_redis_hits": 2}
-    report |= {"remote_misses": 7, "remote_s3_misses": 4, "remote_gs_misses": 0}
+def _tier(name: str, **counts: int) -> dict[str, int]:
+    # A tier as the store reports it: every counter of the tier, by its name.
+    return {f"remote_{name}_{c}": counts.get(c, 0) for c in TIER_COUNTERS}
+
+
+def test_remote_counters_per_tier_name() -> None:
+    """Each tier the store counted has its own ``tier`` label, by its name (data: any name);
+    what they do not account for (counted by an older version, without tier names) stays
+    ``remote``: the sum over the label is the whole cache's. No label for a tier the report
+    does not hold."""
+    report: dict[str, object] = {"path": "/c", "remote_hits": 5, "remote_misses": 7}
+    report |= _tier("s3", hits=3, misses=4) | _tier("my-redis", hits=2)
+    # A tier's own process counter with a tier-like name is no tier.
+    report["remote_get_errors"] = 1
     text = metrics.prometheus_text(report)
     assert 'xla_pcache_hits_total{cache="/c",tier="s3"} 3.0' in text
-    assert 'xla_pcache_hits_total{cache="/c",tier="redis"} 2.0' in text
+    assert 'xla_pcache_hits_total{cache="/c",tier="my-redis"} 2.0' in text
     assert 'xla_pcache_hits_total{cache="/c",tier="remote"}' not in text
     assert 'xla_pcache_misses_total{cache="/c",tier="s3"} 4.0' in text
     assert 'xla_pcache_misses_total{cache="/c",tier="remote"} 3.0' in text
-    assert 'tier="gs"' not in text
+    for absent in ("gs", "az", "redis", "get"):
+        assert f'tier="{absent}"' not in text
+
+
+def test_no_tier_no_remote_metrics() -> None:
+    text = metrics.prometheus_text({"path": "/c", "hits": 1})
+    assert "remote" not in text and 'tier="local"' in text
 
 
 @pytest.mark.parametrize(

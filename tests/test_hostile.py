@@ -237,7 +237,16 @@ def test_a_fifo_in_the_cache_never_hangs(cache_dir: Path, where: str) -> None:
             """
         )
     )
-    assert "done" in out
+    results = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    # The entry that became a FIFO is a miss; every other file a FIFO leaves the entry a hit.
+    assert results["get"] == str(where != "entry"), out
+    # A put goes on, and the claim is taken (a FIFO where its lease belongs is replaced).
+    assert results["put"] == "True", out
+    assert results["claim"] == "claimed", out
+    # stats() and len() agree, and count the new entry at least.
+    entries, length = map(int, results["stats"].split())
+    assert entries == length >= 1, out
+    assert out.rstrip().endswith("done"), out
 
 
 # ---------------------------------------------------------------- no abort

@@ -1,4 +1,4 @@
-"""The package's import layering: adapters -> caches -> store -> core, never upwards.
+"""The package's import layering: levels only ever imported downwards, and no import circles.
 
 A module may import modules of its own level or below, at the top of the file, inside a
 function or under ``TYPE_CHECKING`` alike: an upward import, even a lazy one, would tie a
@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "python" / "xla_pcache"
 LEVELS = {
     # The extension, and what every layer may read: sizes and the settings.
     "_core": 0,
+    "_reports": 0,
     "sizes": 0,
     "config": 0,
     # Leaves the store and the tools use: the remote tiers, bundles, metrics.
@@ -87,3 +88,43 @@ def test_the_checker_sees_imports() -> None:
         "def f():\n    from xla_pcache.store import Store\n"
     )
     assert _imported(tree) == {"jax", "caches", "store"}
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        path.stem: _imported(ast.parse(path.read_text())) - {path.stem}
+        for path in sorted(PACKAGE.glob("*.py"))
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle, as the path that closes it (depth-first, each found once)."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            found.append([*path[path.index(node) :], node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, [*path, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return found
+
+
+def test_no_import_circles_even_within_a_level() -> None:
+    # Levels only forbid importing upwards: two modules of one level importing each other
+    # (lazily or not) would pass that check and still be one tangled module.
+    cycles = _cycles(_graph())
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
+    assert _cycles(graph) == [["a", "b", "c", "a"]]
+    assert _cycles({"x": {"y"}, "y": {"x"}}) == [["x", "y", "x"]]

@@ -23,10 +23,10 @@ from xla_pcache.config import Settings, default_cache_path, settings_from_env
 from xla_pcache.store import Store
 
 if TYPE_CHECKING:
-    from xla_pcache._core import Entry as Entry
-    from xla_pcache._core import EvictReport as EvictReport
-    from xla_pcache._core import Stats as Stats
-    from xla_pcache._core import VerifyReport as VerifyReport
+    from xla_pcache._reports import Entry as Entry
+    from xla_pcache._reports import EvictReport as EvictReport
+    from xla_pcache._reports import Stats as Stats
+    from xla_pcache._reports import VerifyReport as VerifyReport
 
 __all__ = [
     "FORMAT_VERSION",

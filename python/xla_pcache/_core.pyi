@@ -5,12 +5,21 @@ The extension is private: import its names from ``xla_pcache``.
 
 import os
 from collections.abc import Callable, Iterable
-from typing import Literal, Self, TypedDict, TypeVar, final
+from typing import Literal, Self, TypeVar, final
 
 from typing_extensions import Buffer, disjoint_base
 
+# The reports the methods return are plain dicts at run time; their TypedDicts live in a real
+# module, so that a test compares them with what the runtime returns (tests/test_stubs.py).
+from xla_pcache._reports import Entry, EvictReport, Stats, VerifyReport
+
 __version__: str
 FORMAT_VERSION: int
+MAX_DURATION_S: float
+# The core's defaults of Store()'s durations (seconds), by argument name: what None means.
+STORE_DEFAULTS: dict[str, float]
+# The counters the core keeps per remote tier, in its order.
+TIER_COUNTERS: list[str]
 
 class CacheError(Exception):
     """Base class of every error the cache raises on purpose."""
@@ -85,137 +94,6 @@ def entry_name(key: Key) -> str:
     """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed
     in ``entries/<first two digits>/``."""
 
-class Stats(TypedDict):
-    """What ``Store.stats()`` returns: the counters summed over every process that used the
-    cache, and what they are about."""
-
-    hits: int
-    misses: int
-    puts: int
-    put_exists: int
-    corrupt: int
-    errors: int
-    evictions: int
-    evicted_bytes: int
-    bytes_written: int
-    bytes_read: int
-    too_large: int
-    claims: int
-    claim_takeovers: int
-    claims_abandoned: int
-    claim_waits: int
-    claim_wait_ms: int
-    claim_wait_timeouts: int
-    puts_refused: int
-    unsafe_paths: int
-    unreadable: int
-    compile_saved_ms: int
-    # The remote tiers' counters (counted by xla_pcache.chain), summed over the tiers, then
-    # per kind of tier.
-    remote_hits: int
-    remote_misses: int
-    remote_rejected: int
-    remote_errors: int
-    remote_puts: int
-    remote_put_exists: int
-    remote_read_bytes: int
-    remote_written_bytes: int
-    remote_get_ms: int
-    remote_backfills: int
-    remote_redis_hits: int
-    remote_redis_misses: int
-    remote_redis_rejected: int
-    remote_redis_errors: int
-    remote_redis_puts: int
-    remote_redis_put_exists: int
-    remote_redis_read_bytes: int
-    remote_redis_written_bytes: int
-    remote_redis_get_ms: int
-    remote_redis_backfills: int
-    remote_s3_hits: int
-    remote_s3_misses: int
-    remote_s3_rejected: int
-    remote_s3_errors: int
-    remote_s3_puts: int
-    remote_s3_put_exists: int
-    remote_s3_read_bytes: int
-    remote_s3_written_bytes: int
-    remote_s3_get_ms: int
-    remote_s3_backfills: int
-    remote_gs_hits: int
-    remote_gs_misses: int
-    remote_gs_rejected: int
-    remote_gs_errors: int
-    remote_gs_puts: int
-    remote_gs_put_exists: int
-    remote_gs_read_bytes: int
-    remote_gs_written_bytes: int
-    remote_gs_get_ms: int
-    remote_gs_backfills: int
-    remote_az_hits: int
-    remote_az_misses: int
-    remote_az_rejected: int
-    remote_az_errors: int
-    remote_az_puts: int
-    remote_az_put_exists: int
-    remote_az_read_bytes: int
-    remote_az_written_bytes: int
-    remote_az_get_ms: int
-    remote_az_backfills: int
-    # Entries a store with trusted keys would not serve (a miss each, never loaded), and
-    # what a trusting import or tier rejected.
-    untrusted: int
-    hit_rate: float | None
-    entries: int
-    bytes: int
-    max_size: int | None
-    processes: int
-    view_age_s: float | None
-    view_fresh: bool
-    path: str
-    filesystem: str
-    read_only: bool
-    mmap_reads: bool
-
-class Entry(TypedDict):
-    """One entry of ``Store.entries()``."""
-
-    key: Key
-    name: str
-    size: int
-    disk_bytes: int
-    created: float
-    last_use: float | None
-    hits: int
-    meta: dict[str, str]
-    signer: str | None
-
-class EvictReport(TypedDict):
-    """What ``Store.evict()`` did."""
-
-    removed: int
-    bytes: int
-    dropped: int
-    added: int
-    names: list[str]
-    skipped: str | None
-    skipped_files: list[str]
-
-class VerifyReport(TypedDict):
-    """What ``Store.verify()`` found (and repaired when asked)."""
-
-    entries: int
-    bytes: int
-    corrupt: list[str]
-    foreign: list[str]
-    unindexed: int
-    dangling: int
-    stale_tmp: int
-    stale_trash: int
-    problems: int
-    repaired: bool
-    skipped_files: list[str]
-
 ClaimState = Literal["claimed", "published", "abandoned", "timed_out", "unclaimed"]
 
 @final
@@ -256,6 +134,9 @@ class Store:
     ``"lease"``; ``None`` is ``"auto"``. ``read_mode`` is ``"auto"`` (mmap on local
     filesystems, pread elsewhere), ``"mmap"`` or ``"pread"``; ``None`` is ``"auto"``.
     ``evict_trace`` names a file to which every eviction appends ``pid start_ns end_ns``.
+    A duration left None takes the core's default (``STORE_DEFAULTS``: lock_timeout 0.5 s,
+    lease_time 30 s, hit_interval 60 s, trash_grace 300 s, tmp_grace 3600 s, claim_lease
+    30 s; tests/test_stubs.py holds this list to the runtime's).
     The environment is never read here: ``xla_pcache.Store`` fills these from
     ``xla_pcache.config.Settings``.
     """
@@ -268,12 +149,12 @@ class Store:
         read_only: bool = False,
         durable: bool = False,
         lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
-        lock_timeout: float = 0.5,
-        lease_time: float = 30.0,
-        hit_interval: float = 60.0,
-        trash_grace: float = 300.0,
-        tmp_grace: float = 3600.0,
-        claim_lease: float = 30.0,
+        lock_timeout: float | None = None,
+        lease_time: float | None = None,
+        hit_interval: float | None = None,
+        trash_grace: float | None = None,
+        tmp_grace: float | None = None,
+        claim_lease: float | None = None,
         read_mode: Literal["auto", "mmap", "pread"] | None = None,
         evict_trace: str | os.PathLike[str] | None = None,
         signing_key: tuple[str, bytes] | None = None,
@@ -370,11 +251,18 @@ class Store:
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and
-        bytes may lag by that cache's time too)."""
+        bytes may lag by that cache's time too). Once some remote tier counted (in any
+        process), also the ``remote_*`` totals and ``remote_<tier>_<counter>`` for each tier
+        by name; a store that never had a tier reports neither."""
     def add_counter(self, name: str, n: int) -> None:
         """Add ``n`` to a counter kept for callers outside the core (the remote tiers'
-        ``remote_*``), summed across processes by ``stats``; ``ValueError`` for any other
-        name."""
+        ``remote_*`` totals), summed across processes by ``stats``; ``ValueError`` for any
+        other name."""
+    def add_tier_counter(self, tier: str, counter: str, n: int) -> None:
+        """Add ``n`` to counter ``counter`` (one of ``xla_pcache._reports.TIER_COUNTERS``) of
+        the remote tier named ``tier`` (1 to 40 of ``a-z 0-9 _ - .``; at most 32 tiers), and
+        to its ``remote_*`` total; summed across processes by ``stats``, which reports it as
+        ``remote_<tier>_<counter>``. ``ValueError`` for another name or counter."""
     def process_stats(self) -> dict[str, int]:
         """This process's own counters for this store handle (the names ``stats`` sums
         across processes), without reading any journal."""

@@ -420,8 +420,9 @@ def _pending() -> dict[str, dict[str, Any] | None]:
     return pending
 
 
-def on_miss(store: Any, key: str) -> None:
-    """Record a miss (never raises): its components go to the store's miss log."""
+def on_miss(store: Any, key: str, note: Callable[[Any, str, Any, str], None]) -> None:
+    """Record a miss (never raises): its components go to ``note`` (``explain.note_miss``,
+    passed by the adapter: this module is below explain, which reads it)."""
     try:
         pending = _pending()
         if key in pending:  # JAX's verification wrapper reads the key again in its put
@@ -430,9 +431,7 @@ def on_miss(store: Any, key: str) -> None:
         if len(pending) >= _PENDING_MAX:
             pending.pop(next(iter(pending)))
         pending[key] = parts
-        from xla_pcache import explain
-
-        explain.note_miss(store, key, parts, "jax")
+        note(store, key, parts, "jax")
     except Exception as exc:
         logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
 

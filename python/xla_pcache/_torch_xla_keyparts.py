@@ -17,6 +17,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from xla_pcache._text import package_logger
@@ -131,25 +132,25 @@ def components(environ: os._Environ[str] | dict[str, str] = os.environ) -> dict[
     return out
 
 
-def on_publish(store: Any, key: str) -> None:
-    """A graph this process compiled reached the store: it missed. Never raises."""
+def on_publish(store: Any, key: str, note: Callable[[Any, str, Any, str], None]) -> None:
+    """A graph this process compiled reached the store: it missed; its components go to
+    ``note`` (``explain.note_miss``, passed by the adapter: explain reads this module). Never
+    raises."""
     try:
-        from xla_pcache import explain
-
-        explain.note_miss(store, key, components(), "torch_xla")
+        note(store, key, components(), "torch_xla")
     except Exception as exc:
         logger.debug("xla_pcache: recording the torch_xla miss of %r failed: %s", key, exc)
 
 
-def explain_read_only_misses(store: Any, misses: int) -> None:
+def explain_read_only_misses(
+    store: Any, misses: int, note: Callable[[Any, str, Any, str], None]
+) -> None:
     """A read-only process cannot log its misses; it says at exit how its environment
     differs from the nearest torch_xla entry's (INFO)."""
     if misses <= 0 or not logging.getLogger("xla_pcache.explain").isEnabledFor(logging.INFO):
         return
     try:
-        from xla_pcache import explain
-
         key = f"{MODULE}/process-{os.getpid()}"
-        explain.note_miss(store, key, components(), "torch_xla")
+        note(store, key, components(), "torch_xla")
     except Exception as exc:
         logger.debug("xla_pcache: explaining torch_xla's misses failed: %s", exc)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xla_pcache import _core
+from xla_pcache._reports import Entry
 from xla_pcache._text import package_logger
 from xla_pcache.sizes import parse_duration
 
@@ -80,7 +81,7 @@ def export_bundle(
     if newer_than is not None:
         newer_than = parse_duration(newer_than, name="newer_than")
     now = time.time()
-    chosen: list[_core.Entry] = []
+    chosen: list[Entry] = []
     for e in store.entries():
         if framework is not None and e["meta"].get("framework") != framework:
             continue
@@ -114,7 +115,7 @@ def export_bundle(
 def _write_tar(
     store: _core.Store,
     sink: io.BufferedWriter,
-    chosen: list[_core.Entry],
+    chosen: list[Entry],
     now: float,
     progress: Callable[[int, int], None] | None,
 ) -> int:

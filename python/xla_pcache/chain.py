@@ -14,9 +14,11 @@ that tier read-only: read, never written, never backfilled.
 
 Counters are kept per tier (``tier<N>_<counter>``, ``tier<N>`` naming the tier, 1 being the
 first remote tier; this process's own) and summed over the tiers under the ``remote_*``
-names. The store also keeps the totals per kind of tier (``remote_redis_hits``,
-``remote_s3_get_ms``, ...) in its journal, so that both are summed across processes; two
-tiers of one kind in a chain add into the same per-kind counters.
+names. The store also keeps them per tier name in its journal (``Store.add_tier_counter``,
+reported as ``remote_redis_hits``, ``remote_s3_get_ms``, ...), so that both are summed across
+processes. A tier's name is its kind (``redis``, ``s3``, ``gs``, ``az``): chains differ from one
+process to the next, but a kind means the same in every one; two tiers of one kind in a chain
+add into the same counters. The core knows the names only as data.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ _PERSISTED = {
     "remote_get_ms": "remote_get_ms",
     "remote_backfills": "remote_backfills",
 }
-# The kind of tier each scheme is; the store keeps each total of _PERSISTED per kind too
-# (``remote_<kind>_hits``, ...), summed across processes whose chains may differ.
+# The kind of tier each scheme is: the name under which the store keeps each total of
+# _PERSISTED per tier too (``remote_<kind>_hits``, ...).
 TIER_KINDS = {
     "redis": "redis",
     "rediss": "redis",
@@ -204,20 +206,19 @@ class Chain:
                         self._persist(name, delta, slot)
 
     def _persist(self, counter: str, n: int, slot: _Slot) -> None:
-        """Adds ``n`` to the store's total for ``counter`` and to its total for the kind
-        of ``slot``'s tier."""
+        """Adds ``n`` to the store's counter for ``slot``'s tier (by its name) and to the
+        ``remote_*`` total, which the store adds itself."""
         name = _PERSISTED.get(counter)
         store = self._sink() if self._sink is not None else None
         if name is None or store is None or n <= 0:
             return
-        names = [name]
-        if slot.kind:
-            names.append(name.replace("remote_", f"remote_{slot.kind}_", 1))
-        for one in names:
-            try:
-                store.add_counter(one, n)
-            except Exception as e:  # a closed store: the counts of this process stop there
-                log.debug("xla_pcache: remote counter %s not kept: %s", one, e)
+        try:
+            if slot.kind:
+                store.add_tier_counter(slot.kind, name.removeprefix("remote_"), n)
+            else:
+                store.add_counter(name, n)
+        except Exception as e:  # a closed store: the counts of this process stop there
+            log.debug("xla_pcache: remote counter %s not kept: %s", name, e)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -444,3 +445,18 @@ def _open_one(
         environ=environ,
     )
     return _Slot(obj, ro)
+
+
+# The store reaches the tiers through these two (checked at construction, opened at first
+# use); they live here, above the tiers, so that no tier module imports the chain.
+def check_url(url: str, name: str) -> None:
+    """Refuse, without connecting, a value that names no URL at all (``ValueError`` naming
+    ``name``). A URL no tier can use is not refused here: the chain drops that tier with one
+    warning when it opens, and the local directory and the other tiers go on."""
+    check_chain(url, name)
+
+
+def open_tier(url: str, settings: Settings, *, read_only: bool = False) -> Chain:
+    """The tiers ``url`` names (a comma-separated chain, see ``xla_pcache.chain``), configured
+    from ``settings`` (timeout, largest value), behind the one-tier interface above."""
+    return open_chain(url, settings, read_only=read_only)

@@ -41,12 +41,15 @@ from xla_pcache.sizes import format_size, parse_duration, parse_size
 from xla_pcache.store import Store
 
 if TYPE_CHECKING:
-    from xla_pcache._core import Entry, VerifyReport
+    from xla_pcache._reports import Entry, VerifyReport
 
 app = typer.Typer(
     name="xla-pcache",
     help="Inspect and maintain an xla_pcache compilation cache directory.",
     no_args_is_help=True,
+    # Markdown: a docstring's lines are one paragraph, rewrapped to the terminal, instead of
+    # breaking where the source line ended.
+    rich_markup_mode="markdown",
     add_completion=False,
     # Expected errors are reported in one line; anything else is a bug and should show a
     # plain traceback, without the local variables rich would print.

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from xla_pcache.sizes import parse_duration, parse_size
+from xla_pcache import _core
+from xla_pcache.sizes import MAX_DURATION_S, parse_duration, parse_size
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
 READ_ONLY_VAR = "XLA_PERSISTENT_CACHE_READ_ONLY"
@@ -50,9 +51,7 @@ TRUSTED_KEYS_VAR = "XLA_PCACHE_TRUSTED_KEYS"
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
 # few minutes, not a job); and how long a claim may go without a heartbeat.
 DEFAULT_COMPILE_WAIT_S = 300.0
-DEFAULT_CLAIM_LEASE_S = 30.0
-# The longest duration the store accepts (about 31 years; the Rust core refuses more).
-MAX_DURATION_S = 1e9
+DEFAULT_CLAIM_LEASE_S: float = _core.STORE_DEFAULTS["claim_lease"]
 
 # torch_xla's in-memory cache holds 2048 computations by default; keep the same number so
 # switching between the C++ and Python caches does not change memory use.
@@ -202,9 +201,10 @@ VARIABLES: tuple[Variable, ...] = (
         "unset",
         "Remote tiers behind the directory, for every `Store` built from the environment "
         "(adapters included): a comma-separated chain tried in order, of "
-        "`redis://[:password@]host:port/db` (or `rediss://`), `s3://bucket/prefix`, "
+        "`redis://[:password@]host:port/db` (or `rediss://`, TLS), `s3://bucket/prefix`, "
         "`gs://bucket/prefix`, `az://container/prefix`; `?ro=1` makes a tier read-only. "
-        'Needs `pip install "xla-pcache[redis]"` / `"xla-pcache[objstore]"`. See docs/remote.md.',
+        'Needs `pip install "xla-pcache[redis]"` / `"xla-pcache[objstore]"`; object-store '
+        "credentials come from the cloud's standard variables. See docs/remote.md.",
     ),
     Variable(
         REMOTE_TIMEOUT_VAR,

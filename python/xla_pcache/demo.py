@@ -203,6 +203,12 @@ def _remove_demo_entries(path: str, nonce: str) -> int:
         return sum(1 for k in mine if store.delete(k))
 
 
+# The closing summary's fixed part; other counters show only when not zero.
+_SUMMARY = ("hits", "misses", "puts", "entries", "bytes", "max_size", "filesystem")
+# Sizes and times of the work itself, not news: left out of the summary's second part.
+_SUMMARY_LEFT_OUT = ("bytes_read", "bytes_written", "compile_saved_ms", "processes")
+
+
 def main(path: str | None = None, keep: bool = False) -> int:
     """Run the demo against the cache at ``path`` (default: ``XLA_PERSISTENT_CACHE_PATH``,
     else the user's cache directory). Without ``keep`` the demo's entries are removed
@@ -259,10 +265,20 @@ def main(path: str | None = None, keep: bool = False) -> int:
         f"run, {human_duration(stats['compile_saved_ms'] / 1000)} by this "
         "cache in all"
     )
-    listed = {
-        k: format_size(v) if k in ("bytes", "max_size") and isinstance(v, int) else v
+    # One line: what the demo is about, then any other counter that is not zero (trouble
+    # shows; the many zeros do not). `xla-pcache stats` has them all.
+    listed: dict[str, object] = {k: stats.get(k) for k in _SUMMARY}
+    listed["bytes"] = format_size(int(stats["bytes"]))
+    if stats["max_size"] is not None:
+        listed["max_size"] = format_size(int(stats["max_size"]))
+    listed |= {
+        k: v
         for k, v in stats.items()
-        if k not in ("path", "read_only")
+        if k not in listed
+        and k not in _SUMMARY_LEFT_OUT
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and v
     }
     console.print("Cache stats: " + ", ".join(f"{k}={v}" for k, v in listed.items()), markup=False)
     if not keep:

@@ -223,7 +223,9 @@ class _StoreCacheImpl:
                 return None
         if blob is None:
             # Misses only: the hit path above records nothing.
-            _keyparts.on_miss(self._store, key)
+            from xla_pcache import explain
+
+            _keyparts.on_miss(self._store, key, explain.note_miss)
             return None
         with self._lock:
             self._served.add(key)

@@ -3,11 +3,11 @@
 ``prometheus_text()`` renders ``xla-pcache stats`` in the Prometheus text exposition format
 through ``prometheus_client`` (the ``metrics`` extra), for node_exporter's textfile
 collector (see docs/observability.md): counters aggregated across every process that used
-the cache, named ``xla_pcache_*_total``, with a ``tier`` label (``local``, the directory;
-``redis``, ``s3``, ``gs``, ``az``, the remote tiers of that kind, aggregated across processes
-too; ``remote``, what remote tiers counted without a kind, in processes of versions before
-the per-kind counters) and a ``cache`` label (the directory), so several caches on one host
-do not collide: summed over ``tier``, a counter is the whole cache's.
+the cache, named ``xla_pcache_*_total``, with a ``tier`` label (``local``, the directory; each
+remote tier the store counted, by its name, ``redis``, ``s3``, ...: only tiers that exist;
+``remote``, what remote tiers counted that no tier name accounts for, as journals written
+before the counters per tier name hold) and a ``cache`` label (the directory), so several
+caches on one host do not collide: summed over ``tier``, a counter is the whole cache's.
 
 ``log_exit_summary()`` is what the adapters register to run at exit: one INFO line with what
 this process did with the store (hits, misses, puts, bytes, compile time saved).
@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from xla_pcache._reports import tier_counters
 from xla_pcache._text import package_logger
 
 logger = package_logger("xla_pcache")
@@ -64,9 +65,6 @@ _REMOTE_COUNTERS: Mapping[str, str] = {
     "remote_too_large": "too_large",
 }
 
-# The kinds of remote tier the store counts apart (``remote_<kind>_<counter>``).
-_TIER_KINDS = ("redis", "s3", "gs", "az")
-
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("entries", "entries", "Entries in the cache."),
     ("bytes", "disk_bytes", "Bytes the entries take on disk."),
@@ -100,6 +98,7 @@ class _StatsCollector:
                 name, CounterMetricFamily(f"xla_pcache_{name}", help_text, labels=["cache", "tier"])
             )
             fam.add_metric([cache, "local"], value / scale)
+        tiers = tier_counters(report)
         for stat, name in _REMOTE_COUNTERS.items():
             value = _number(report.get(stat))
             if value is None:
@@ -108,14 +107,15 @@ class _StatsCollector:
             fam = families.setdefault(
                 name, CounterMetricFamily(f"xla_pcache_{name}", help_text, labels=["cache", "tier"])
             )
-            # Each kind of tier on its own; what the kinds do not account for stays "remote".
+            # Each tier the store counted, by name; what they do not account for stays
+            # "remote" (journals from before the counters per tier name).
             rest = value
-            for kind in _TIER_KINDS:
-                part = _number(report.get(stat.replace("remote_", f"remote_{kind}_", 1)))
-                if part:
-                    fam.add_metric([cache, kind], part)
-                    rest -= part
-            if rest > 0 or rest == value:
+            counter = stat.removeprefix("remote_")
+            for tier, counts in sorted(tiers.items()):
+                part = float(counts.get(counter, 0))
+                fam.add_metric([cache, tier], part)
+                rest -= part
+            if rest > 0 or not tiers:
                 fam.add_metric([cache, "remote"], rest)
         yield from families.values()
         for stat, name, help_text in _GAUGES:

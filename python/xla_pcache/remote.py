@@ -11,9 +11,10 @@ Values larger than ``max_value_bytes`` (Redis' ``proto-max-bulk-len``, 512 MB by
 skipped, counted as ``remote_too_large``: not split, because a split value could be evicted
 half-way by ``allkeys-lru`` and a 512 MB compiled program is rare enough not to be worth it.
 
-``xla_pcache.store.Store`` reaches a tier only through ``Tier`` and ``open_tier``; the tier is
-opened on the first miss or put that needs it, so a store that is only looked at (``xla-pcache
-stats``) starts no client, thread or exit hook.
+``xla_pcache.store.Store`` reaches the tiers only through the chain (``chain.check_url``,
+``chain.open_tier``, ``Chain``); the chain is opened on the first miss or put that needs it, so
+a store that is only looked at (``xla-pcache stats``) starts no client, thread or exit hook.
+This module imports no other tier module nor the chain: the chain imports the tiers.
 """
 
 from __future__ import annotations
@@ -31,13 +32,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache._text import package_logger
-from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S, Settings
+from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
-
-    from xla_pcache.chain import Chain
 
 log = package_logger("xla_pcache")
 
@@ -125,23 +124,6 @@ class Tier(Protocol):
 
     def close(self) -> None:
         """Finish queued writes and let go of connections and threads."""
-
-
-def check_url(url: str, name: str) -> None:
-    """Refuse, without connecting, a value that names no URL at all (``ValueError`` naming
-    ``name``). A URL no tier can use is not refused here: the chain drops that tier with one
-    warning when it opens, and the local directory and the other tiers go on."""
-    from xla_pcache.chain import check_chain
-
-    check_chain(url, name)
-
-
-def open_tier(url: str, settings: Settings, *, read_only: bool = False) -> Chain:
-    """The tiers ``url`` names (a comma-separated chain, see ``xla_pcache.chain``), configured
-    from ``settings`` (timeout, largest value), behind the one-tier interface above."""
-    from xla_pcache.chain import open_chain
-
-    return open_chain(url, settings, read_only=read_only)
 
 
 def redact(url: str) -> str:

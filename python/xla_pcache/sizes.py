@@ -6,6 +6,8 @@ import math
 import re
 from decimal import Decimal
 
+from xla_pcache import _core
+
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -13,9 +15,9 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNO
 
 # The store keeps sizes in signed 64-bit fields; a budget of 8 EiB is unbounded in practice.
 MAX_SIZE = (1 << 63) - 1
-# Longer than any timeout, grace period or age anyone means, and far below what the store's
-# clocks and durations can hold.
-MAX_DURATION_S = 100 * 365.25 * 86400.0
+# The store's own bound (about 31 years: longer than any timeout, grace period or age anyone
+# means, and far below what its clocks and deadlines can hold), read from the core.
+MAX_DURATION_S: float = _core.MAX_DURATION_S
 
 
 def parse_size(value: int | str | None, *, name: str = "size") -> int | None:
@@ -68,7 +70,7 @@ def format_size(n: int | float | None) -> str:
 def parse_duration(value: float | int | str, *, name: str = "duration") -> float:
     """Seconds from a number or a string such as ``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``.
 
-    Anything but a number or string from 0 to ``MAX_DURATION_S`` (100 years) raises
+    Anything but a number or string from 0 to ``MAX_DURATION_S`` (1e9 s, about 31 years) raises
     ``ValueError`` (negative, NaN, infinite, too large, malformed) or ``TypeError`` (a bool
     or another type), naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -90,5 +92,8 @@ def parse_duration(value: float | int | str, *, name: str = "duration") -> float
         seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
     if not seconds <= MAX_DURATION_S:
         shown = f"{value!r}" if len(str(value)) <= 40 else f"{str(value)[:37]!r}..."
-        raise ValueError(f"invalid {name} {shown}: more than the maximum of 100 years")
+        raise ValueError(
+            f"invalid {name} {shown}: more than the maximum of {MAX_DURATION_S:.0f} seconds "
+            "(about 31 years)"
+        )
     return seconds

@@ -15,6 +15,7 @@ from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
     from xla_pcache.chain import Chain
 
@@ -54,11 +55,11 @@ class Store(_core.Store):
         durable: bool = False,
         lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
         read_mode: Literal["auto", "mmap", "pread"] | None = None,
-        lock_timeout: float | str = 0.5,
-        lease_time: float | str = 30.0,
-        hit_interval: float | str = 60.0,
-        trash_grace: float | str = 300.0,
-        tmp_grace: float | str = 3600.0,
+        lock_timeout: float | str | None = None,
+        lease_time: float | str | None = None,
+        hit_interval: float | str | None = None,
+        trash_grace: float | str | None = None,
+        tmp_grace: float | str | None = None,
         claim_lease: float | str | None = None,
         remote: str | None = None,
         settings: Settings | None = None,
@@ -68,7 +69,7 @@ class Store(_core.Store):
         cfg = Settings.from_env() if settings is None else settings
         url = (remote if remote is not None else cfg.remote) or None
         if url is not None:
-            from xla_pcache.remote import check_url
+            from xla_pcache.chain import check_url
 
             # Checked now, opened later: a wrong URL is the caller's error at once.
             check_url(url, name="remote" if remote is not None else REMOTE_VAR)
@@ -80,11 +81,12 @@ class Store(_core.Store):
             durable=durable,
             lock_mode=cfg.lock_mode if lock_mode is None else lock_mode,
             read_mode=cfg.read_mode if read_mode is None else read_mode,
-            lock_timeout=parse_duration(lock_timeout, name="lock_timeout"),
-            lease_time=parse_duration(lease_time, name="lease_time"),
-            hit_interval=parse_duration(hit_interval, name="hit_interval"),
-            trash_grace=parse_duration(trash_grace, name="trash_grace"),
-            tmp_grace=parse_duration(tmp_grace, name="tmp_grace"),
+            # None: the core's default (_core.STORE_DEFAULTS), written only there.
+            lock_timeout=_seconds(lock_timeout, "lock_timeout"),
+            lease_time=_seconds(lease_time, "lease_time"),
+            hit_interval=_seconds(hit_interval, "hit_interval"),
+            trash_grace=_seconds(trash_grace, "trash_grace"),
+            tmp_grace=_seconds(tmp_grace, "tmp_grace"),
             claim_lease=cfg.claim_lease
             if claim_lease is None
             else parse_duration(claim_lease, name="claim_lease"),
@@ -127,8 +129,7 @@ class Store(_core.Store):
             return self._tier
         with self._tier_lock:
             if self._tier is None and not self._tier_failed:
-                from xla_pcache.chain import redact_chain
-                from xla_pcache.remote import open_tier
+                from xla_pcache.chain import open_tier, redact_chain
 
                 try:
                     tier = open_tier(self._tier_url, self._settings, read_only=self.read_only)
@@ -183,7 +184,7 @@ class Store(_core.Store):
         if data is not None:
             tier.put_async(_core.entry_name(key), data)
 
-    def stats(self) -> _core.Stats:
+    def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password
         redacted) and, once it was used, its counters (``remote_hits``, ...)."""
         out = super().stats()
@@ -263,13 +264,17 @@ class Store(_core.Store):
 
     def evict(
         self, max_size: int | str | None = None, older_than: float | str | None = None
-    ) -> _core.EvictReport:
+    ) -> EvictReport:
         """As ``_core.Store.evict``; ``max_size`` may also be a string such as ``"50G"`` and
         ``older_than`` one such as ``"7d"``, as ``Store()`` accepts them."""
         return super().evict(
             parse_size(max_size, name="max_size"),
             None if older_than is None else parse_duration(older_than, name="older_than"),
         )
+
+
+def _seconds(value: float | str | None, name: str) -> float | None:
+    return None if value is None else parse_duration(value, name=name)
 
 
 def _tier_hooks(store: Store) -> tuple[Any, Any]:

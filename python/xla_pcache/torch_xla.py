@@ -212,7 +212,9 @@ def _summarize(inst: TorchXlaCache) -> None:
         return
     misses = counts["PersistentCacheMiss"]
     if inst.read_only:
-        _txkeys.explain_read_only_misses(inst.store, misses)
+        from xla_pcache import explain
+
+        _txkeys.explain_read_only_misses(inst.store, misses, explain.note_miss)
     try:
         metrics.log_summary(inst.store, hits=counts["PersistentCacheHit"], misses=misses)
     except Exception as exc:
@@ -465,7 +467,9 @@ def install(
             return None
         mirror = HostMirror(store, root, meta=_producer_meta)
         if not ro:
-            mirror.on_publish = functools.partial(_txkeys.on_publish, store)
+            from xla_pcache import explain
+
+            mirror.on_publish = functools.partial(_txkeys.on_publish, store, note=explain.note_miss)
         mirror.refresh_pool()
         try:
             view = mirror.open_view()

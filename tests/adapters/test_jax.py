@@ -62,6 +62,18 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> dict[str, Any]
     return report
 
 
+def open_barrier(procs: list[subprocess.Popen[str]], ready: list[Path], go: Path) -> None:
+    """Opens the start barrier once every worker says it is ready; a worker that exits first
+    fails the test with its output instead of leaving the others to start alone."""
+    while not all(r.exists() for r in ready):
+        for proc in procs:
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                pytest.fail(f"worker exited ({proc.returncode}) before the barrier:\n{err[-4000:]}")
+        time.sleep(0.01)
+    go.touch()
+
+
 def run_jax(steps: list[dict[str, Any]], env: dict[str, str] | None = None) -> dict[str, Any]:
     return _finish(_start(steps, env))
 
@@ -399,10 +411,7 @@ def test_concurrent_compiles_of_the_same_programs(tmp_path: Path) -> None:
     ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
     procs = [_start(steps(r)) for r in ready]
     # Open the barrier once both are past their imports, so their compilations overlap.
-    deadline = time.monotonic() + 120
-    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    go.touch()
+    open_barrier(procs, ready, go)
     reports = [_finish(p) for p in procs]
     for report in reports:
         assert hits(report)[len(programs) :] == [1] * len(programs)

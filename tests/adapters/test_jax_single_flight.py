@@ -10,14 +10,13 @@ nothing, and ``uninstall()`` unwraps JAX.
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from xla_pcache import Store
 
-from .test_jax import _finish, _start, hits, results, run_jax, runs
+from .test_jax import _finish, _start, hits, open_barrier, results, run_jax, runs
 
 pytestmark = [
     pytest.mark.jax,
@@ -69,10 +68,7 @@ def test_a_program_jax_does_not_put_is_released_when_its_compile_returns(
 
     ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
     procs = [_start(steps(r)) for r in ready]
-    deadline = time.monotonic() + 120
-    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    go.touch()
+    open_barrier(procs, ready, go)
     # A waiter stuck until its 600 s compile wait ran out would fail this timeout.
     reports = [_finish(p, timeout=240) for p in procs]
     for report in reports:

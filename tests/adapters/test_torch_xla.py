@@ -25,6 +25,10 @@ from xla_pcache import Store
 from xla_pcache._torch_xla_sync import HostMirror, is_torch_xla_name, store_key
 
 WORKER = Path(__file__).with_name("torch_xla_worker.py")
+VERSION = importlib.metadata.version("torch_xla")
+# Measured (docs/torch_xla.md, "Versions"): the CPU client loads entries back up to 2.7, not
+# from 2.8; each outcome below is the one this version must give.
+LOADS = tuple(int(p) for p in VERSION.split("+")[0].split(".")[:2]) < (2, 8)
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -152,10 +156,13 @@ def test_run2_finds_the_bytes_and_reports_the_capability(two_runs: dict[str, Any
     assert second["view_before"] == first["view_after"]
     counters = second["counters"]
     assert counters["PersistentCacheMiss"] == 0
-    if counters["PersistentCacheHit"]:
+    if LOADS:
+        assert counters["PersistentCacheHit"] >= 1, counters
+        assert counters["PersistentCacheDeserializeFailure"] == 0, counters
         assert second["capability"] == "loads"
     else:
         # torch_xla 2.9.0 on CPU cannot deserialize: counted, told once, plainly.
+        assert counters["PersistentCacheHit"] == 0, counters
         assert counters["PersistentCacheDeserializeFailure"] == 1
         assert second["capability"] == "cannot-load"
         assert second["stderr"].count("cannot load them back") == 1
@@ -186,7 +193,10 @@ def test_read_only_serves_hits_and_publishes_nothing(two_runs: dict[str, Any]) -
     )
     assert report["view_before"] == two_runs["first"]["view_after"]
     counters = report["counters"]
-    assert counters["PersistentCacheHit"] + counters["PersistentCacheDeserializeFailure"] >= 1
+    if LOADS:
+        assert counters["PersistentCacheHit"] >= 1, counters
+    else:
+        assert counters["PersistentCacheDeserializeFailure"] >= 1, counters
     assert report["sync"]["read_only"] is True
     assert report["sync"]["published"] == 0
     assert report["sync"]["materialized"] == 0

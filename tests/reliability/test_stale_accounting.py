@@ -36,8 +36,9 @@ def check(r: dict[str, Any]) -> None:
     assert r["exceptions"] == [], r["exceptions"]
     assert r["torn_reads"] == 0 and r["wrong_reads"] == 0, r
     assert set(r["worker_warning_kinds"]) <= ALLOWED_WARNINGS, r["worker_warning_kinds"]
-    # Enough work for the run to mean something: the budget turned over many times.
-    assert r["published"] * 64 * 1024 > 10 * r["max_size"], r["ops"]
+    # The run means something only if the puts went over the budget, so that evictions had
+    # to make room; how many times it turned over is speed, the bench's business.
+    assert r["published"] * 64 * 1024 > r["max_size"], r["ops"]
     # During the run the disk never went over 1.5x the budget (sampled every 0.1 s; the peaks
     # measured, and those before puts waited for room, are in docs/reliability.md)...
     assert r["peak_ratio"] <= 1.5, (r["peak_ratio"], r["timeline"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -79,12 +78,11 @@ def test_server_stopped_mid_run_is_a_miss_without_hang(
     assert s.remote is not None
     s.remote.flush()
     redis_server.stop()
-    t = time.monotonic()
+    # No hang: each call returns (the suite's timeout would fail a hang), with its outcome.
     assert s.put("after", b"2")  # local put goes on
     s.remote.flush()
     assert s.get("other") is None
     assert bytes(s.get("after") or b"") == b"2"
-    assert time.monotonic() - t < 10
     st = s.stats()
     assert st.get("remote_put_errors", 0) + st.get("remote_get_errors", 0) >= 1
 

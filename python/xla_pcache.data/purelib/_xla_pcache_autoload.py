@@ -24,8 +24,27 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+# Settings' words (xla_pcache.config._TRUE/_FALSE, held equal by tests/test_config.py): this
+# module runs at start-up, where importing the package would load the extension.
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
 def disabled() -> bool:
-    return os.environ.get("XLA_PCACHE_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+    """``XLA_PCACHE_DISABLE`` as Settings reads it. A value Settings refuses (``maybe``)
+    leaves activation off, with one warning saying why, as Settings' error would."""
+    word = os.environ.get("XLA_PCACHE_DISABLE", "").strip().lower()
+    if not word or word in _FALSE:
+        return False
+    if word not in _TRUE:
+        import logging
+
+        logging.getLogger("xla_pcache").warning(
+            "xla_pcache: invalid XLA_PCACHE_DISABLE %r: expected 1/0, true/false, yes/no or "
+            "on/off; the cache is not activated",
+            os.environ.get("XLA_PCACHE_DISABLE", ""),
+        )
+    return True
 
 
 def wanted() -> bool:

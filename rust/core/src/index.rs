@@ -8,7 +8,7 @@ use crate::dir::{Dir, Root};
 use crate::journal::{self, Record, JOURNAL_DIR};
 use crate::overlay::Entries;
 use crate::snapshot::{self, Base, JournalMark, Meta, Opened};
-use crate::stats::{add_into, N_COUNTERS};
+use crate::stats::{add_into, add_tiers_into, tier_values, TierCounters, N_COUNTERS};
 use std::collections::HashMap;
 use std::io;
 use std::time::{Duration, Instant};
@@ -23,6 +23,8 @@ const TOMBSTONE_KEEP: Duration = Duration::from_secs(600);
 pub struct JournalState {
     pub offset: u64,
     pub counters: Vec<u64>,
+    /// Its latest counters per remote tier name.
+    pub tiers: TierCounters,
     /// When a refresh last found this journal's end (None: never since loaded from the
     /// snapshot). On a network filesystem that end is only as fresh as the listing was.
     pub seen: Option<Instant>,
@@ -37,10 +39,12 @@ pub const SNAPSHOT: &str = "snapshot";
 #[derive(Debug, Default)]
 pub struct IndexView {
     /// The entries: the snapshot's on disk, under the journals' records since in memory.
-    pub lru: Entries,
+    pub entries: Entries,
     pub journals: HashMap<String, JournalState>,
     /// Counters of journals folded and removed.
     pub base_counters: Vec<u64>,
+    /// Their counters per remote tier name.
+    pub base_tiers: TierCounters,
     snapshot_id: Option<SnapId>,
     loaded: bool,
     /// Journal bytes read since the snapshot: when large, compaction pays for itself.
@@ -91,6 +95,16 @@ impl IndexView {
         acc
     }
 
+    /// Counters per remote tier name over every process, as of the last refresh (at most
+    /// `stats::MAX_TIERS` tiers).
+    pub fn tier_counters(&self) -> TierCounters {
+        let mut acc = self.base_tiers.clone();
+        for j in self.journals.values() {
+            add_tiers_into(&mut acc, &j.tiers);
+        }
+        acc
+    }
+
     fn reset(&mut self) {
         let tombstones = std::mem::take(&mut self.tombstones);
         let (cleared_at, last_prune) = (self.cleared_at, self.last_prune);
@@ -122,12 +136,12 @@ impl IndexView {
                 t,
                 put,
             } => {
-                if self.cleared_at > 0 && t <= self.cleared_at && self.lru.get(name).is_none() {
+                if self.cleared_at > 0 && t <= self.cleared_at && self.entries.get(name).is_none() {
                     return;
                 }
                 match self.tombstones.get(&name) {
                     // A hit never brings an entry back: only a publish does.
-                    Some(_) if !put && self.lru.get(name).is_none() => return,
+                    Some(_) if !put && self.entries.get(name).is_none() => return,
                     Some(&(dt, _)) if put && t <= dt => return,
                     Some(_) if put => {
                         self.tombstones.remove(&name);
@@ -135,20 +149,20 @@ impl IndexView {
                     _ => {}
                 }
                 if put {
-                    self.lru.touch(name, disk_bytes, t)
+                    self.entries.touch(name, disk_bytes, t)
                 } else {
-                    self.lru.hit(name, disk_bytes, t)
+                    self.entries.hit(name, disk_bytes, t)
                 }
             }
             Record::Delete { name, t } => {
-                self.lru.remove_if_older(name, t);
+                self.entries.remove_if_older(name, t);
                 self.tombstone(name, t);
             }
             Record::Clear { t } => {
-                self.lru.clear_up_to(t);
+                self.entries.clear_up_to(t);
                 self.cleared_at = self.cleared_at.max(t);
             }
-            Record::Stats { .. } => {}
+            Record::Stats { .. } | Record::TierStats { .. } => {}
         }
     }
 
@@ -163,14 +177,14 @@ impl IndexView {
     /// Removes `name`, deleted at `t` by this process (evicted, or its file found gone).
     pub fn forget(&mut self, name: u128, t: u64) -> Option<crate::lru::EntryInfo> {
         self.tombstone(name, t);
-        self.lru.remove(name)
+        self.entries.remove(name)
     }
 
     /// Records that `name`'s file was found on disk with `disk_bytes` (a fact, which no
     /// tombstone overrides), used at `t` unless the view knows a later use.
     pub fn found(&mut self, name: u128, disk_bytes: u64, t: u64) {
         self.tombstones.remove(&name);
-        self.lru.touch(name, disk_bytes, t);
+        self.entries.touch(name, disk_bytes, t);
     }
 
     /// Seconds since the journal folded longest ago was last read to its end: how stale
@@ -204,18 +218,18 @@ impl IndexView {
     /// snapshot's writer may not have read that delete yet).
     fn apply_tombstones(&mut self) {
         let mut names: Vec<u128> = self.tombstones.keys().copied().collect();
-        self.lru.materialize_many(&mut names);
+        self.entries.materialize_many(&mut names);
         let dead: Vec<u128> = self
             .tombstones
             .iter()
-            .filter(|(&n, &(t, _))| self.lru.get(n).is_some_and(|i| i.last_use <= t))
+            .filter(|(&n, &(t, _))| self.entries.get(n).is_some_and(|i| i.last_use <= t))
             .map(|(&n, _)| n)
             .collect();
         for n in dead {
-            self.lru.remove(n);
+            self.entries.remove(n);
         }
         if self.cleared_at > 0 {
-            self.lru.clear_up_to(self.cleared_at);
+            self.entries.clear_up_to(self.cleared_at);
         }
     }
 
@@ -311,11 +325,17 @@ impl IndexView {
                     _ => None,
                 })
                 .collect();
-            self.lru.materialize_many(&mut names);
+            self.entries.materialize_many(&mut names);
             let mut counters = None;
+            let mut tiers = TierCounters::new();
             for r in recs {
                 match r {
                     Record::Stats { counters: c } => counters = Some(c),
+                    // Cumulative: the latest record of a tier replaces the one before.
+                    Record::TierStats { tier, counters: c } => {
+                        tiers.remove(&tier);
+                        add_tiers_into(&mut tiers, &TierCounters::from([(tier, tier_values(&c))]));
+                    }
                     Record::Touch {
                         disk_bytes,
                         put: true,
@@ -327,9 +347,13 @@ impl IndexView {
                     r => self.apply(r),
                 }
             }
-            if let Some(c) = counters {
-                if let Some(state) = self.journals.get_mut(&name) {
+            if let Some(state) = self.journals.get_mut(&name) {
+                if let Some(c) = counters {
                     state.counters = c;
+                }
+                for (tier, values) in tiers {
+                    state.tiers.remove(&tier);
+                    add_tiers_into(&mut state.tiers, &TierCounters::from([(tier, values)]));
                 }
             }
         }
@@ -422,11 +446,11 @@ impl IndexView {
     fn install(&mut self, opened: Opened) {
         let meta = match opened {
             Opened::V2(base, meta) => {
-                self.lru = Entries::with_base(Some(base));
+                self.entries = Entries::with_base(Some(base));
                 meta
             }
             Opened::V1(lru, meta) => {
-                self.lru = Entries::from_lru(lru);
+                self.entries = Entries::from_lru(lru);
                 meta
             }
         };
@@ -439,12 +463,14 @@ impl IndexView {
                     JournalState {
                         offset: j.offset,
                         counters: j.counters,
+                        tiers: j.tiers,
                         seen: None,
                     },
                 )
             })
             .collect();
         self.base_counters = meta.base_counters;
+        self.base_tiers = meta.base_tiers;
     }
 
     /// Whether enough journal bytes accumulated that folding them into a new snapshot is
@@ -468,6 +494,7 @@ impl IndexView {
                 add_into(&mut acc, &self.base_counters);
                 add_into(&mut acc, &st.counters);
                 self.base_counters = acc.to_vec();
+                add_tiers_into(&mut self.base_tiers, &st.tiers);
             }
         }
         let meta = Meta {
@@ -478,17 +505,19 @@ impl IndexView {
                     name: name.clone(),
                     offset: st.offset,
                     counters: st.counters.clone(),
+                    tiers: st.tiers.clone(),
                 })
                 .collect(),
             base_counters: self.base_counters.clone(),
+            base_tiers: self.base_tiers.clone(),
         };
         let tmp_dir = root.sub("tmp")?;
         let idir = root.sub(INDEX_DIR)?;
         let tmp = format!("snapshot.{}", crate::publish::unique_suffix());
         let res = (|| {
             let f = tmp_dir.open_file(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o666)?;
-            let mut w = snapshot::Writer::new(f, self.lru.len() as u64)?;
-            for (name, info) in self.lru.iter_by_name() {
+            let mut w = snapshot::Writer::new(f, self.entries.len() as u64)?;
+            for (name, info) in self.entries.iter_by_name() {
                 w.push(name, info)?;
             }
             let (f, len) = w.finish(&meta)?;
@@ -508,13 +537,15 @@ impl IndexView {
         // holding nothing of it in memory.
         match Base::open(f, len) {
             Ok(opened @ Opened::V2(..)) => {
-                let (journals, counters) = (
+                let (journals, counters, tiers) = (
                     std::mem::take(&mut self.journals),
                     std::mem::take(&mut self.base_counters),
+                    std::mem::take(&mut self.base_tiers),
                 );
                 self.install(opened);
                 self.journals = journals;
                 self.base_counters = counters;
+                self.base_tiers = tiers;
             }
             _ => self.loaded = false,
         }
@@ -579,17 +610,17 @@ mod tests {
         .unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
-        assert_eq!(v.lru.total_bytes(), 300);
+        assert_eq!(v.entries.total_bytes(), 300);
         assert_eq!(v.counters()[..2], [5, 6]);
         w.append(&[Record::Delete { name: 1, t: 3 }]).unwrap();
         v.refresh(&l, true, false).unwrap();
-        assert_eq!(v.lru.len(), 1);
+        assert_eq!(v.entries.len(), 1);
 
         v.compact(&l, &[]).unwrap();
         let mut fresh = IndexView::default();
         fresh.refresh(&l, true, false).unwrap();
-        assert_eq!(fresh.lru.len(), 1);
-        assert_eq!(fresh.lru.get(2).unwrap().disk_bytes, 200);
+        assert_eq!(fresh.entries.len(), 1);
+        assert_eq!(fresh.entries.get(2).unwrap().disk_bytes, 200);
         assert_eq!(
             fresh.counters()[..2],
             [5, 6],
@@ -601,7 +632,7 @@ mod tests {
         fresh.compact(&l, &[name]).unwrap();
         assert!(journals(&l).is_empty());
         v.refresh(&l, true, false).unwrap();
-        assert_eq!(v.lru.len(), 1);
+        assert_eq!(v.entries.len(), 1);
         assert_eq!(v.counters()[..2], [5, 6]);
     }
 
@@ -628,19 +659,23 @@ mod tests {
         .unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
-        assert_eq!(v.lru.get(1).unwrap().hits, 2);
-        assert_eq!(v.lru.get(2).unwrap().hits, 0);
+        assert_eq!(v.entries.get(1).unwrap().hits, 2);
+        assert_eq!(v.entries.get(2).unwrap().hits, 0);
         v.compact(&l, &[]).unwrap();
         w.append(&[touch(1, 6, false), touch(2, 7, false)]).unwrap();
         let mut fresh = IndexView::default();
         fresh.refresh(&l, true, false).unwrap();
-        assert_eq!(fresh.lru.get(1).unwrap().hits, 3, "snapshot + journal tail");
-        assert_eq!(fresh.lru.get(2).unwrap().hits, 1);
+        assert_eq!(
+            fresh.entries.get(1).unwrap().hits,
+            3,
+            "snapshot + journal tail"
+        );
+        assert_eq!(fresh.entries.get(2).unwrap().hits, 1);
         w.append(&[Record::Delete { name: 1, t: 8 }, touch(1, 9, true)])
             .unwrap();
         fresh.refresh(&l, true, false).unwrap();
         assert_eq!(
-            fresh.lru.get(1).unwrap().hits,
+            fresh.entries.get(1).unwrap().hits,
             0,
             "republished: starts over"
         );
@@ -657,6 +692,7 @@ mod tests {
             let meta = Meta {
                 journals: Vec::new(),
                 base_counters: vec![7],
+                ..Default::default()
             };
             fs::write(
                 snapshot_path(&l),
@@ -665,18 +701,18 @@ mod tests {
             .unwrap();
             let mut old = IndexView::default();
             old.refresh(&l, true, false).unwrap();
-            assert_eq!(old.lru.len(), 2);
-            assert_eq!(old.lru.total_bytes(), 4196);
-            assert_eq!(old.lru.get(1).unwrap().hits, u32::from(with_hits));
-            assert_eq!(old.lru.get(1).unwrap().last_use, 2);
+            assert_eq!(old.entries.len(), 2);
+            assert_eq!(old.entries.total_bytes(), 4196);
+            assert_eq!(old.entries.get(1).unwrap().hits, u32::from(with_hits));
+            assert_eq!(old.entries.get(1).unwrap().last_use, 2);
             assert_eq!(old.counters()[0], 7);
             // Compaction writes the current version, which reads back the same.
             old.compact(&l, &[]).unwrap();
             let mut new = IndexView::default();
             new.refresh(&l, true, false).unwrap();
-            assert_eq!(new.lru.len(), 2);
-            assert_eq!(new.lru.total_bytes(), 4196);
-            assert_eq!(new.lru.get(1).unwrap().hits, u32::from(with_hits));
+            assert_eq!(new.entries.len(), 2);
+            assert_eq!(new.entries.total_bytes(), 4196);
+            assert_eq!(new.entries.get(1).unwrap().hits, u32::from(with_hits));
         }
     }
 
@@ -690,7 +726,11 @@ mod tests {
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
         v.compact(&l, &[]).unwrap();
-        assert_eq!(v.lru.in_memory(), 0, "compaction keeps nothing in memory");
+        assert_eq!(
+            v.entries.in_memory(),
+            0,
+            "compaction keeps nothing in memory"
+        );
         // A new process: totals from the header, journal tail looked up by block.
         w.append(&[
             put(7, 9_000_000),
@@ -702,27 +742,35 @@ mod tests {
         .unwrap();
         let mut fresh = IndexView::default();
         fresh.refresh(&l, true, false).unwrap();
-        assert_eq!(fresh.lru.len(), n as usize);
-        assert_eq!(fresh.lru.total_bytes(), n as u64 * 4096);
-        assert!(fresh.lru.in_memory() <= 2, "{}", fresh.lru.in_memory());
-        assert!(fresh.lru.blocks_read() <= 2, "{}", fresh.lru.blocks_read());
-        assert!(fresh.lru.get(0).is_none());
-        assert_eq!(fresh.lru.get(1_000_003).unwrap().last_use, 1);
+        assert_eq!(fresh.entries.len(), n as usize);
+        assert_eq!(fresh.entries.total_bytes(), n as u64 * 4096);
+        assert!(
+            fresh.entries.in_memory() <= 2,
+            "{}",
+            fresh.entries.in_memory()
+        );
+        assert!(
+            fresh.entries.blocks_read() <= 2,
+            "{}",
+            fresh.entries.blocks_read()
+        );
+        assert!(fresh.entries.get(0).is_none());
+        assert_eq!(fresh.entries.get(1_000_003).unwrap().last_use, 1);
         // The evictor's order merges the snapshot's oldest with the journals'.
-        let first: Vec<u128> = fresh.lru.oldest().take(3).map(|(n, _)| n).collect();
+        let first: Vec<u128> = fresh.entries.oldest().take(3).map(|(n, _)| n).collect();
         assert_eq!(first, vec![1_000_003, 2_000_006, 3_000_009]);
-        let all: Vec<u128> = fresh.lru.oldest().map(|(n, _)| n).collect();
+        let all: Vec<u128> = fresh.entries.oldest().map(|(n, _)| n).collect();
         assert_eq!(all.len(), n as usize);
         assert_eq!(*all.last().unwrap(), 7);
-        assert_eq!(fresh.lru.iter().count(), n as usize);
+        assert_eq!(fresh.entries.iter().count(), n as usize);
         // Every entry removed through the order: totals follow.
         loop {
-            let next = fresh.lru.oldest().next();
+            let next = fresh.entries.oldest().next();
             let Some((name, _)) = next else { break };
             fresh.forget(name, 10_000_000);
         }
-        assert_eq!(fresh.lru.len(), 0);
-        assert_eq!(fresh.lru.total_bytes(), 0);
+        assert_eq!(fresh.entries.len(), 0);
+        assert_eq!(fresh.entries.total_bytes(), 0);
     }
 
     #[test]
@@ -732,12 +780,12 @@ mod tests {
         fs::write(snapshot_path(&l), b"XPCS\x09\0\0\0 garbage garbage garbage").unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
-        assert!(v.lru.is_empty());
+        assert!(v.entries.is_empty());
         let (_d, l) = layout();
         fs::write(snapshot_path(&l), b"XPCS garbage garbage garbage garbage").unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
-        assert!(v.lru.is_empty());
+        assert!(v.entries.is_empty());
     }
 
     #[test]
@@ -762,8 +810,8 @@ mod tests {
         .unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
-        assert_eq!(v.lru.len(), 1);
-        assert!(v.lru.get(2).is_some());
+        assert_eq!(v.entries.len(), 1);
+        assert!(v.entries.get(2).is_some());
     }
 
     fn put(name: u128, t: u64) -> Record {
@@ -785,17 +833,17 @@ mod tests {
             .unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
-        assert!(v.lru.get(1).is_none(), "resurrected by an older put");
-        assert_eq!(v.lru.len(), 1);
-        assert_eq!(v.lru.total_bytes(), 4096);
+        assert!(v.entries.get(1).is_none(), "resurrected by an older put");
+        assert_eq!(v.entries.len(), 1);
+        assert_eq!(v.entries.total_bytes(), 4096);
         // The same records read across two refreshes (a journal seen late).
         putter.append(&[touch(1, 18, false)]).unwrap();
         v.refresh(&l, true, false).unwrap();
-        assert!(v.lru.get(1).is_none(), "a hit brings no entry back");
+        assert!(v.entries.get(1).is_none(), "a hit brings no entry back");
         // Published again after the delete: the newer put wins.
         putter.append(&[put(1, 30)]).unwrap();
         v.refresh(&l, true, false).unwrap();
-        assert_eq!(v.lru.get(1).unwrap().last_use, 30);
+        assert_eq!(v.entries.get(1).unwrap().last_use, 30);
     }
 
     #[test]
@@ -812,13 +860,13 @@ mod tests {
         compactor.compact(&l, &[]).unwrap();
         v.refresh(&l, true, false).unwrap();
         assert!(
-            v.lru.get(1).is_none(),
+            v.entries.get(1).is_none(),
             "snapshot brought back a deleted entry"
         );
-        assert!(v.lru.get(2).is_some());
+        assert!(v.entries.get(2).is_some());
         // A file found on disk is a fact: it is indexed whatever the tombstone says.
         v.found(1, 8192, 5);
-        assert_eq!(v.lru.get(1).unwrap().disk_bytes, 8192);
+        assert_eq!(v.entries.get(1).unwrap().disk_bytes, 8192);
     }
 
     #[test]
@@ -830,8 +878,8 @@ mod tests {
         b.append(&[put(1, 40), put(2, 60)]).unwrap();
         let mut v = IndexView::default();
         v.refresh(&l, true, false).unwrap();
-        assert!(v.lru.get(1).is_none());
-        assert!(v.lru.get(2).is_some());
+        assert!(v.entries.get(1).is_none());
+        assert!(v.entries.get(2).is_some());
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub enum Record {
     Clear { t: u64 },
     /// The writer's cumulative counters.
     Stats { counters: Vec<u64> },
+    /// The writer's cumulative counters for the remote tier named `tier` (in the order of
+    /// `stats::TIER_COUNTER_NAMES`). Readers of versions before it skip the kind.
+    TierStats { tier: String, counters: Vec<u64> },
 }
 
 const K_PUT: u8 = 1;
@@ -39,6 +42,7 @@ const K_HIT: u8 = 2;
 const K_DEL: u8 = 3;
 const K_CLEAR: u8 = 4;
 const K_STATS: u8 = 5;
+const K_TIER_STATS: u8 = 6;
 
 impl Record {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -75,6 +79,16 @@ impl Record {
                 }
                 K_STATS
             }
+            Record::TierStats { tier, counters } => {
+                // Names are at most MAX_TIER_NAME bytes (stats::valid_tier_name).
+                let name = &tier.as_bytes()[..tier.len().min(u8::MAX as usize)];
+                body.push(name.len() as u8);
+                body.extend_from_slice(name);
+                for c in counters.iter().take((MAX_BODY - 256) / 8) {
+                    body.extend_from_slice(&c.to_le_bytes());
+                }
+                K_TIER_STATS
+            }
         };
         out.push(MAGIC);
         out.push(kind);
@@ -95,6 +109,27 @@ fn u128_at(b: &[u8], at: usize) -> u128 {
     let mut a = [0u8; 16];
     a.copy_from_slice(&b[at..at + 16]);
     u128::from_le_bytes(a)
+}
+
+/// A `TierStats` body: name length, name, counters. A name the core would not keep itself
+/// (`stats::valid_tier_name`) makes the record unreadable: it is skipped like an unknown one.
+fn tier_stats(body: &[u8]) -> Option<Record> {
+    let len = body[0] as usize;
+    let rest = body.len().checked_sub(1 + len)?;
+    if rest % 8 != 0 {
+        return None;
+    }
+    let tier = std::str::from_utf8(&body[1..1 + len]).ok()?;
+    if !crate::stats::valid_tier_name(tier) {
+        return None;
+    }
+    let counters = (0..rest / 8)
+        .map(|i| u64_at(body, 1 + len + i * 8))
+        .collect();
+    Some(Record::TierStats {
+        tier: tier.to_string(),
+        counters,
+    })
 }
 
 /// Decodes records from `buf`; returns them and how many bytes they used. Stops at the
@@ -129,6 +164,7 @@ pub fn decode(buf: &[u8]) -> (Vec<Record>, usize) {
             (K_STATS, n) if n % 8 == 0 => Some(Record::Stats {
                 counters: (0..n / 8).map(|i| u64_at(body, i * 8)).collect(),
             }),
+            (K_TIER_STATS, n) if n > 0 => tier_stats(body),
             _ => None,
         };
         out.extend(rec);
@@ -333,7 +369,27 @@ mod tests {
             Record::Stats {
                 counters: vec![1, 2, 3],
             },
+            Record::TierStats {
+                tier: "s3".into(),
+                counters: vec![4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+            },
         ]
+    }
+
+    #[test]
+    fn tier_stats_with_a_name_the_core_would_not_keep_are_skipped() {
+        let mut buf = Vec::new();
+        for tier in ["S3", "a/b", ""] {
+            Record::TierStats {
+                tier: tier.into(),
+                counters: vec![1],
+            }
+            .encode(&mut buf);
+        }
+        Record::Clear { t: 9 }.encode(&mut buf);
+        let (recs, used) = decode(&buf);
+        assert_eq!(recs, vec![Record::Clear { t: 9 }]);
+        assert_eq!(used, buf.len());
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub use sign::{
     check_key_name, digest as blake3_digest, generate_seed, public_key, SigFields, Signer,
     TrustSet, Untrusted,
 };
-pub use stats::{Counter, Counters};
+pub use stats::{
+    Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
+};
 pub use store::{
     entry_file_len, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode,
     Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,

@@ -22,7 +22,9 @@
 
 use crate::hash::checksum;
 use crate::lru::{EntryInfo, Lru};
-use crate::stats::N_COUNTERS;
+use crate::stats::{
+    add_tiers_into, tier_values, valid_tier_name, TierCounters, N_COUNTERS, N_TIER_COUNTERS,
+};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -56,6 +58,8 @@ pub struct JournalMark {
     pub name: String,
     pub offset: u64,
     pub counters: Vec<u64>,
+    /// Its counters per remote tier name.
+    pub tiers: TierCounters,
 }
 
 /// What a snapshot says besides its entries.
@@ -63,6 +67,8 @@ pub struct JournalMark {
 pub struct Meta {
     pub journals: Vec<JournalMark>,
     pub base_counters: Vec<u64>,
+    /// Counters per remote tier name of journals folded and removed.
+    pub base_tiers: TierCounters,
 }
 
 /// An opened version-2 snapshot: its totals and fence in memory, its entries on disk.
@@ -419,9 +425,67 @@ fn encode_meta(meta: &Meta) -> Vec<u8> {
     for c in fixed(&meta.base_counters) {
         b.extend_from_slice(&c.to_le_bytes());
     }
+    // The counters per tier name, after what readers of versions before them read (they
+    // stop at the base counters): each journal's, in the order above, then the base's.
+    b.extend_from_slice(TIERS_TAG);
+    b.extend_from_slice(&(N_TIER_COUNTERS as u32).to_le_bytes());
+    for tiers in meta
+        .journals
+        .iter()
+        .map(|j| &j.tiers)
+        .chain([&meta.base_tiers])
+    {
+        b.extend_from_slice(&(tiers.len() as u32).to_le_bytes());
+        for (name, values) in tiers {
+            b.push(name.len() as u8);
+            b.extend_from_slice(name.as_bytes());
+            for c in values {
+                b.extend_from_slice(&c.to_le_bytes());
+            }
+        }
+    }
     let sum = checksum(&b);
     b.extend_from_slice(&sum.to_le_bytes());
     b
+}
+
+const TIERS_TAG: &[u8; 4] = b"TIER";
+
+/// The counters per tier a snapshot's meta holds after its base counters (none in one
+/// written before them). Untrusted like the rest: names are checked, counts bounded.
+fn read_tiers(r: &mut Reader<'_>, meta: &mut Meta) -> Result<(), &'static str> {
+    if r.at == r.b.len() {
+        return Ok(());
+    }
+    if r.take(4)? != TIERS_TAG {
+        return Err("bad tier counters");
+    }
+    let n_counters = r.u32()? as usize;
+    let n_lists = meta.journals.len() + 1;
+    for i in 0..n_lists {
+        let n_tiers = r.u32()? as usize;
+        let mut tiers = TierCounters::new();
+        for _ in 0..n_tiers {
+            let len = r.take(1)?[0] as usize;
+            let name = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| "bad tier name")?
+                .to_string();
+            if !valid_tier_name(&name) {
+                return Err("bad tier name");
+            }
+            let values = read_counters(r, n_counters)?;
+            // add_tiers_into leaves out tiers past MAX_TIERS.
+            add_tiers_into(
+                &mut tiers,
+                &TierCounters::from([(name, tier_values(&values))]),
+            );
+        }
+        match meta.journals.get_mut(i) {
+            Some(j) => j.tiers = tiers,
+            None => meta.base_tiers = tiers,
+        }
+    }
+    Ok(())
 }
 
 fn decode_meta(b: &[u8]) -> Result<Meta, String> {
@@ -440,6 +504,7 @@ fn decode_meta(b: &[u8]) -> Result<Meta, String> {
         meta.journals.push(read_journal(&mut r, n_counters)?);
     }
     meta.base_counters = read_counters(&mut r, n_counters)?;
+    read_tiers(&mut r, &mut meta)?;
     Ok(meta)
 }
 
@@ -452,6 +517,7 @@ fn read_journal(r: &mut Reader<'_>, n_counters: usize) -> Result<JournalMark, &'
         name,
         offset,
         counters,
+        tiers: TierCounters::new(),
     })
 }
 
@@ -640,8 +706,13 @@ mod tests {
                 name: "h-1-2.log".into(),
                 offset: 99,
                 counters: vec![1, 2, 3],
+                tiers: TierCounters::from([("s3".to_string(), [1; N_TIER_COUNTERS])]),
             }],
             base_counters: vec![4, 5],
+            base_tiers: TierCounters::from([
+                ("redis".to_string(), [2; N_TIER_COUNTERS]),
+                ("gs".to_string(), [3; N_TIER_COUNTERS]),
+            ]),
         };
         w.finish(&meta).unwrap();
         (f, meta)
@@ -667,6 +738,8 @@ mod tests {
             assert_eq!(m.journals[0].offset, 99);
             assert_eq!(m.journals[0].counters[..4], [1, 2, 3, 0]);
             assert_eq!(m.base_counters[..2], [4, 5]);
+            assert_eq!(m.journals[0].tiers, meta.journals[0].tiers);
+            assert_eq!(m.base_tiers, meta.base_tiers);
             for i in 0..n {
                 let got = base.lookup(i * 7 + 3).unwrap().unwrap();
                 assert_eq!(got, info(i as u64 + 1, i as u64, i as u32 % 3));

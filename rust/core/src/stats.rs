@@ -1,7 +1,12 @@
 //! Per-process counters. Each process writes its cumulative counters to its own journal;
 //! `Store::stats` sums the latest record of every journal.
+//!
+//! Besides its own fixed counters, the core keeps counters per remote tier, keyed by the
+//! name its caller gives the tier: the core knows no kind of tier, only names (data).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
@@ -46,9 +51,10 @@ pub enum Counter {
     /// snapshots carry their counter count, so older records read as 0 here and older
     /// readers ignore it.
     CompileSavedMs,
-    /// The remote tiers (Redis, object stores) behind the store, summed over the tiers:
-    /// counted by the Python chain through `Store::add_named`, kept here so that they are
-    /// aggregated across processes like the rest. Appended last, as `CompileSavedMs` was.
+    /// The remote tiers behind the store, summed over the tiers: counted through
+    /// `Store::add_tier` (which also counts them per tier) or `Store::add_named`, kept here
+    /// so that they are aggregated across processes like the rest. Appended last, as
+    /// `CompileSavedMs` was.
     RemoteHits,
     RemoteMisses,
     RemoteRejected,
@@ -61,32 +67,30 @@ pub enum Counter {
     RemoteBackfills,
     /// Entries a store with trusted keys would not serve (unsigned, signed by a key it does
     /// not trust, or a signature that does not verify): a miss each, never loaded; also
-    /// what a trusting `import` rejected. Appended after the per-kind tier counters.
-    Untrusted = 71,
+    /// what a trusting `import` rejected. Appended after the remote totals; see
+    /// `PER_KIND_RECORD` for the records of the release that kept per-kind counters here.
+    Untrusted,
 }
 
 /// The first counter callers outside the core may add to by name (`Store::add_named`);
 /// every counter from it on is theirs.
 const FIRST_NAMED: usize = Counter::RemoteHits as usize;
 
-// After the `Counter` variants come the remote tiers' counters per kind of tier
-// (`remote_<kind>_<counter>`: kinds redis, s3, gs, az, in this order, each with the counters
-// of the `remote_*` totals in their order; the test below holds the layout). A process's
-// chain may differ from another's, but a kind means the same in every process, so these sum
-// across processes where a tier's position would not. Only callers outside the core count
-// them (by name), so they have no variant. Appended last, as `CompileSavedMs` was: never
-// reordered.
+// Journals written before the core counted tiers by name held 40 more counters after these
+// (per kind of tier, by position). A record of more counters than `N_COUNTERS` adds only the
+// first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
+// per-kind figures are not read, since reading them would take the core knowing the kinds.
 
 /// The index of the counter named `name`, if it is one callers outside the core may add to
-/// (the `remote_*` totals and the per-kind `remote_<kind>_*`).
+/// (the `remote_*` totals).
 pub fn named(name: &str) -> Option<usize> {
-    COUNTER_NAMES[FIRST_NAMED..]
+    COUNTER_NAMES[FIRST_NAMED..=Counter::RemoteBackfills as usize]
         .iter()
         .position(|n| *n == name)
         .map(|i| FIRST_NAMED + i)
 }
 
-pub const COUNTER_NAMES: [&str; 72] = [
+pub const COUNTER_NAMES: [&str; 32] = [
     "hits",
     "misses",
     "puts",
@@ -118,53 +122,70 @@ pub const COUNTER_NAMES: [&str; 72] = [
     "remote_written_bytes",
     "remote_get_ms",
     "remote_backfills",
-    "remote_redis_hits",
-    "remote_redis_misses",
-    "remote_redis_rejected",
-    "remote_redis_errors",
-    "remote_redis_puts",
-    "remote_redis_put_exists",
-    "remote_redis_read_bytes",
-    "remote_redis_written_bytes",
-    "remote_redis_get_ms",
-    "remote_redis_backfills",
-    "remote_s3_hits",
-    "remote_s3_misses",
-    "remote_s3_rejected",
-    "remote_s3_errors",
-    "remote_s3_puts",
-    "remote_s3_put_exists",
-    "remote_s3_read_bytes",
-    "remote_s3_written_bytes",
-    "remote_s3_get_ms",
-    "remote_s3_backfills",
-    "remote_gs_hits",
-    "remote_gs_misses",
-    "remote_gs_rejected",
-    "remote_gs_errors",
-    "remote_gs_puts",
-    "remote_gs_put_exists",
-    "remote_gs_read_bytes",
-    "remote_gs_written_bytes",
-    "remote_gs_get_ms",
-    "remote_gs_backfills",
-    "remote_az_hits",
-    "remote_az_misses",
-    "remote_az_rejected",
-    "remote_az_errors",
-    "remote_az_puts",
-    "remote_az_put_exists",
-    "remote_az_read_bytes",
-    "remote_az_written_bytes",
-    "remote_az_get_ms",
-    "remote_az_backfills",
     "untrusted",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
+/// The counters kept per remote tier: those of the `remote_*` totals, in their order.
+pub const TIER_COUNTER_NAMES: [&str; N_TIER_COUNTERS] = [
+    "hits",
+    "misses",
+    "rejected",
+    "errors",
+    "puts",
+    "put_exists",
+    "read_bytes",
+    "written_bytes",
+    "get_ms",
+    "backfills",
+];
+pub const N_TIER_COUNTERS: usize = 10;
+/// Tiers counted at most, in one process and in the sum over every journal: a journal is
+/// untrusted, and one naming thousands of tiers must not grow every reader's view.
+pub const MAX_TIERS: usize = 32;
+/// Longest tier name, in bytes.
+pub const MAX_TIER_NAME: usize = 40;
+
+/// Counters per tier name.
+pub type TierCounters = BTreeMap<String, [u64; N_TIER_COUNTERS]>;
+
+/// A tier name the core keeps: 1 to `MAX_TIER_NAME` bytes of lower-case letters, digits,
+/// `_`, `-` and `.` (it becomes part of a counter's name, `remote_<tier>_hits`).
+pub fn valid_tier_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TIER_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-.".contains(&b))
+}
+
+/// The index of `counter` among `TIER_COUNTER_NAMES`.
+pub fn tier_counter(counter: &str) -> Option<usize> {
+    TIER_COUNTER_NAMES.iter().position(|n| *n == counter)
+}
+
+/// Adds `from` into `acc`, tier by tier; tiers past `MAX_TIERS` are left out.
+pub fn add_tiers_into(acc: &mut TierCounters, from: &TierCounters) {
+    for (name, values) in from {
+        if !acc.contains_key(name) && acc.len() >= MAX_TIERS {
+            continue;
+        }
+        let slot = acc.entry(name.clone()).or_insert([0; N_TIER_COUNTERS]);
+        for (a, b) in slot.iter_mut().zip(values) {
+            *a = a.saturating_add(*b);
+        }
+    }
+}
+
+/// A tier's counters from a record holding `values` (fewer read as 0, more are ignored).
+pub fn tier_values(values: &[u64]) -> [u64; N_TIER_COUNTERS] {
+    std::array::from_fn(|i| values.get(i).copied().unwrap_or(0))
+}
+
 #[derive(Debug)]
 pub struct Counters {
     values: [AtomicU64; N_COUNTERS],
+    tiers: Mutex<TierCounters>,
     dirty: std::sync::atomic::AtomicBool,
 }
 
@@ -173,6 +194,7 @@ impl Default for Counters {
     fn default() -> Self {
         Self {
             values: std::array::from_fn(|_| AtomicU64::new(0)),
+            tiers: Mutex::new(TierCounters::new()),
             dirty: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -193,6 +215,29 @@ impl Counters {
     pub fn inc(&self, c: Counter) {
         self.add(c, 1);
     }
+    /// Adds `n` to counter `counter` (an index into `TIER_COUNTER_NAMES`) of the tier named
+    /// `tier`, and to its `remote_*` total. False, counting nothing, for an invalid name or
+    /// counter, or a new tier past `MAX_TIERS`.
+    pub fn add_tier(&self, tier: &str, counter: usize, n: u64) -> bool {
+        if counter >= N_TIER_COUNTERS || !valid_tier_name(tier) {
+            return false;
+        }
+        let mut tiers = self.tiers.lock().unwrap_or_else(|p| p.into_inner());
+        if !tiers.contains_key(tier) && tiers.len() >= MAX_TIERS {
+            return false;
+        }
+        let slot = tiers
+            .entry(tier.to_string())
+            .or_insert([0; N_TIER_COUNTERS]);
+        slot[counter] = slot[counter].saturating_add(n);
+        drop(tiers);
+        self.add_at(FIRST_NAMED + counter, n);
+        true
+    }
+    /// This process's counters per tier.
+    pub fn tiers(&self) -> TierCounters {
+        self.tiers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
     pub fn get(&self, c: Counter) -> u64 {
         self.values[c as usize].load(Ordering::Relaxed)
     }
@@ -201,6 +246,7 @@ impl Counters {
         for v in &self.values {
             v.store(0, Ordering::Relaxed);
         }
+        self.tiers.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.dirty.store(false, Ordering::Relaxed);
     }
     pub fn snapshot(&self) -> [u64; N_COUNTERS] {
@@ -231,7 +277,20 @@ pub fn compile_ms(meta: &[(String, String)]) -> u64 {
         .map_or(0, |s| (s * 1000.0).round().min(MAX_MS) as u64)
 }
 
+/// How many counters a record of the release that counted tiers per kind holds: its 40
+/// per-kind counters followed the remote totals, where `untrusted` is now. Such a record adds
+/// only what comes before them, so that a fleet mixing that release and this one counts no
+/// remote hit as an untrusted entry.
+pub const PER_KIND_RECORD: usize = 71;
+const FIRST_PER_KIND: usize = Counter::RemoteBackfills as usize + 1;
+const _: () = assert!(N_COUNTERS != PER_KIND_RECORD, "a record of this release must not read as one of that release");
+
 pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
+    let v = if v.len() == PER_KIND_RECORD {
+        &v[..FIRST_PER_KIND]
+    } else {
+        v
+    };
     for (a, b) in acc.iter_mut().zip(v) {
         *a = a.saturating_add(*b);
     }
@@ -240,19 +299,6 @@ pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    const TIER_KINDS: [&str; 4] = ["redis", "s3", "gs", "az"];
-    const TIER_COUNTERS: [&str; 10] = [
-        "hits",
-        "misses",
-        "rejected",
-        "errors",
-        "puts",
-        "put_exists",
-        "read_bytes",
-        "written_bytes",
-        "get_ms",
-        "backfills",
-    ];
     const FIRST_TIER: usize = Counter::RemoteBackfills as usize + 1;
 
     fn meta(v: &str) -> Vec<(String, String)> {
@@ -270,49 +316,87 @@ mod tests {
             Some(Counter::RemoteBackfills as usize)
         );
         for (i, name) in COUNTER_NAMES.iter().enumerate() {
-            assert_eq!(named(name), (i >= FIRST_NAMED).then_some(i));
+            assert_eq!(
+                named(name),
+                (FIRST_NAMED..FIRST_TIER).contains(&i).then_some(i)
+            );
         }
         assert_eq!(named("hits"), None);
         assert_eq!(named("nonsense"), None);
     }
 
     #[test]
-    fn per_kind_counters_follow_the_totals_in_order() {
+    fn tier_counters_follow_the_totals_in_order() {
         assert_eq!(
-            FIRST_TIER, 31,
-            "the per-kind counters come after the existing ones"
-        );
-        assert_eq!(
+            FIRST_TIER,
             Counter::Untrusted as usize,
-            FIRST_TIER + TIER_KINDS.len() * TIER_COUNTERS.len()
+            "untrusted follows the remote totals"
         );
-        assert_eq!(COUNTER_NAMES[Counter::Untrusted as usize], "untrusted");
-        for (k, kind) in TIER_KINDS.iter().enumerate() {
-            for (c, counter) in TIER_COUNTERS.iter().enumerate() {
-                let i = FIRST_TIER + k * TIER_COUNTERS.len() + c;
-                assert_eq!(COUNTER_NAMES[i], format!("remote_{kind}_{counter}"));
-                assert_eq!(named(COUNTER_NAMES[i]), Some(i));
-            }
+        assert_eq!(named("untrusted"), None, "counted by the core only");
+        for (i, counter) in TIER_COUNTER_NAMES.iter().enumerate() {
+            assert_eq!(COUNTER_NAMES[FIRST_NAMED + i], format!("remote_{counter}"));
+            assert_eq!(tier_counter(counter), Some(i));
         }
-        for counter in TIER_COUNTERS {
-            assert!(named(&format!("remote_{counter}")).is_some(), "{counter}");
-        }
+    }
+
+    #[test]
+    fn counting_by_tier_name_adds_to_the_tier_and_the_total() {
         let c = Counters::default();
-        c.add_at(named("remote_s3_hits").unwrap_or(usize::MAX), 2);
-        c.add_at(N_COUNTERS, 1);
-        assert_eq!(c.snapshot()[FIRST_TIER + TIER_COUNTERS.len()], 2);
+        assert!(c.add_tier("s3", tier_counter("hits").unwrap(), 2));
+        assert!(c.add_tier("my-redis.1", tier_counter("get_ms").unwrap(), 5));
+        assert!(c.add_tier("s3", tier_counter("hits").unwrap(), 1));
+        assert_eq!(c.tiers()["s3"][0], 3);
+        assert_eq!(c.tiers()["my-redis.1"][8], 5);
+        assert_eq!(c.get(Counter::RemoteHits), 3);
+        assert_eq!(c.get(Counter::RemoteGetMs), 5);
         assert!(c.is_dirty());
+        // Names that could not be part of a counter's name, and unknown counters, count
+        // nothing.
+        for bad in ["", "S3", "a b", "x\n", &"t".repeat(MAX_TIER_NAME + 1)] {
+            assert!(!c.add_tier(bad, 0, 1), "{bad:?}");
+        }
+        assert!(!c.add_tier("s3", N_TIER_COUNTERS, 1));
+        assert_eq!(c.tiers().len(), 2);
+        c.reset();
+        assert!(c.tiers().is_empty());
+    }
+
+    #[test]
+    fn tiers_are_bounded() {
+        let c = Counters::default();
+        for i in 0..MAX_TIERS {
+            assert!(c.add_tier(&format!("t{i}"), 0, 1));
+        }
+        assert!(!c.add_tier("one-more", 0, 1));
+        assert!(c.add_tier("t0", 0, 1), "a known tier still counts");
+        let mut acc = TierCounters::new();
+        let mut many = TierCounters::new();
+        for i in 0..3 * MAX_TIERS {
+            many.insert(format!("u{i}"), [1; N_TIER_COUNTERS]);
+        }
+        add_tiers_into(&mut acc, &many);
+        add_tiers_into(&mut acc, &many);
+        assert_eq!(acc.len(), MAX_TIERS);
+        assert!(acc.values().all(|v| *v == [2; N_TIER_COUNTERS]));
     }
 
     #[test]
     fn records_of_other_lengths_add_what_they_hold() {
-        // A journal of an older version holds fewer counters (the per-kind ones read as
-        // 0); one of a newer version more (ignored here).
+        // A journal of an older version holds fewer counters (read as 0), or the 40
+        // per-kind ones of before tiers were counted by name (ignored here, as any
+        // newer version's extra counters are).
         let mut acc = [0u64; N_COUNTERS];
-        add_into(&mut acc, &[1; FIRST_TIER]);
-        add_into(&mut acc, &[2; N_COUNTERS + 5]);
-        assert!(acc[..FIRST_TIER].iter().all(|v| *v == 3));
-        assert!(acc[FIRST_TIER..].iter().all(|v| *v == 2));
+        add_into(&mut acc, &[1; 21]);
+        add_into(&mut acc, &[2; N_COUNTERS + 40]);
+        assert!(acc[..21].iter().all(|v| *v == 3));
+        assert!(acc[21..].iter().all(|v| *v == 2));
+        // The release that counted per kind: its per-kind counters sat where `untrusted` is.
+        let mut acc = [0u64; N_COUNTERS];
+        add_into(&mut acc, &[1; PER_KIND_RECORD]);
+        assert_eq!(acc[Counter::RemoteBackfills as usize], 1);
+        assert_eq!(acc[Counter::Untrusted as usize], 0);
+        assert_eq!(tier_values(&[1, 2]), [1, 2, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(tier_values(&[7; 12]), [7; N_TIER_COUNTERS]);
     }
 
     #[test]

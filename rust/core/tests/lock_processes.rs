@@ -394,12 +394,11 @@ fn lock_killed_fcntl_holder_releases_at_once() {
     assert!(other.try_lock(LOCK).expect("try_lock").is_none());
     holder.0.kill().expect("SIGKILL");
     holder.0.wait().expect("reap");
+    // Free at the first look once the holder is dead: the kernel dropped its lock.
     let other = parent_lock_dir(&dir, LockMode::Fcntl, 2000, 1000);
-    let start = Instant::now();
     let g = other
-        .try_lock(LOCK)
+        .try_lock_for(LOCK, Duration::ZERO)
         .expect("try_lock")
         .expect("free after kill");
     assert_eq!(g.kind(), "fcntl");
-    assert!(start.elapsed() < Duration::from_millis(500));
 }

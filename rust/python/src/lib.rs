@@ -1,7 +1,9 @@
 //! The pyo3 binding of xla_pcache_core, built by maturin as `xla_pcache._core`. Type
 //! conversion, GIL release and error mapping only: every decision lives in the core.
 
+mod blob;
 mod buffer;
+mod claim;
 mod errors;
 mod hashing;
 mod logging;
@@ -15,10 +17,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logging::install();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", xla_pcache_core::FORMAT_VERSION)?;
+    // The core's bounds and defaults, for Python to read rather than restate.
+    m.add(
+        "MAX_DURATION_S",
+        xla_pcache_core::MAX_DURATION.as_secs_f64(),
+    )?;
+    m.add("STORE_DEFAULTS", store::store_defaults(m.py())?)?;
+    m.add("TIER_COUNTERS", xla_pcache_core::TIER_COUNTER_NAMES.to_vec())?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
-    m.add_class::<store::PyBlob>()?;
-    m.add_class::<store::PyClaim>()?;
+    m.add_class::<blob::PyBlob>()?;
+    m.add_class::<claim::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;

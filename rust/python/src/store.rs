@@ -1,19 +1,56 @@
-//! `Store` and `Blob` for Python.
+//! `Store` for Python (its `Blob` and `Claim` results are in blob.rs and claim.rs).
 
+use crate::blob::PyBlob;
 use crate::buffer::{HeldBuffer, KeyArg};
+use crate::claim::PyClaim;
 use crate::errors::{no_panic, CacheError};
 use pyo3::exceptions::PyValueError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
-use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    Blob, Claim, ClaimOutcome, EntrySummary, LockMode, ReadMode, Store, StoreOptions,
+    EntrySummary, LockMode, ReadMode, Store, StoreOptions, TierCounters, COUNTER_NAMES, MAX_TIERS,
+    MAX_TIER_NAME, TIER_COUNTER_NAMES,
 };
+
+/// The core's defaults of the options `Store()` takes in seconds, by argument name.
+pub fn store_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = StoreOptions::default();
+    let out = PyDict::new(py);
+    for (name, v) in [
+        ("lock_timeout", d.lock_timeout),
+        ("lease_time", d.lease_time),
+        ("hit_interval", d.hit_interval),
+        ("trash_grace", d.trash_grace),
+        ("tmp_grace", d.tmp_grace),
+        ("claim_lease", d.claim_lease),
+    ] {
+        out.set_item(name, v.as_secs_f64())?;
+    }
+    Ok(out)
+}
+
+/// Counters into a report: the core's own always; the remote tiers' (`remote_*` totals,
+/// then `remote_<tier>_<counter>` for each tier counted) only when some tier counted, so
+/// that a store without tiers reports none.
+fn counters_into(d: &Bound<'_, PyDict>, counters: &[u64], tiers: &TierCounters) -> PyResult<()> {
+    let first_remote = COUNTER_NAMES.len() - TIER_COUNTER_NAMES.len();
+    let any_remote = !tiers.is_empty() || counters[first_remote..].iter().any(|v| *v > 0);
+    for (i, (name, v)) in COUNTER_NAMES.iter().zip(counters).enumerate() {
+        if i < first_remote || any_remote {
+            d.set_item(*name, *v)?;
+        }
+    }
+    for (tier, values) in tiers {
+        for (counter, v) in TIER_COUNTER_NAMES.iter().zip(values) {
+            d.set_item(format!("remote_{tier}_{counter}"), *v)?;
+        }
+    }
+    Ok(())
+}
 
 /// A duration argument in seconds: finite, non-negative and at most `MAX_DURATION` (about
 /// 31 years: anything longer is a mistake, and would overflow a deadline), else a
@@ -30,14 +67,17 @@ fn seconds(name: &str, v: f64) -> PyResult<Duration> {
         .map_err(|e| PyValueError::new_err(format!("{name}: {e} (got {v})")))
 }
 
-fn key_object<'py>(py: Python<'py>, key: &[u8], is_text: bool) -> Bound<'py, PyAny> {
+pub(crate) fn key_object<'py>(py: Python<'py>, key: &[u8], is_text: bool) -> Bound<'py, PyAny> {
     match (is_text, std::str::from_utf8(key)) {
         (true, Ok(s)) => PyString::new(py, s).into_any(),
         _ => PyBytes::new(py, key).into_any(),
     }
 }
 
-fn meta_dict<'py>(py: Python<'py>, meta: &[(String, String)]) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn meta_dict<'py>(
+    py: Python<'py>,
+    meta: &[(String, String)],
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (k, v) in meta {
         d.set_item(k, v)?;
@@ -96,183 +136,8 @@ fn interruptible<T: Send>(
     }
 }
 
-fn ns_to_secs(ns: u64) -> f64 {
+pub(crate) fn ns_to_secs(ns: u64) -> f64 {
     ns as f64 / 1e9
-}
-
-/// A verified cache entry; its payload is exposed through the buffer protocol, no copy.
-#[pyclass(name = "Blob", module = "xla_pcache._core", frozen)]
-pub struct PyBlob {
-    inner: Blob,
-}
-
-#[pymethods]
-impl PyBlob {
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
-        let payload = no_panic("Blob buffer", || Ok(slf.get().inner.payload()))?;
-        // SAFETY: the payload lives as long as the Blob, which the view keeps alive through
-        // its `obj` reference (set by PyBuffer_FillInfo); the buffer is read-only.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                payload.as_ptr() as *mut c_void,
-                payload.len() as ffi::Py_ssize_t,
-                1,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
-
-    fn __len__(&self) -> PyResult<usize> {
-        no_panic("Blob len", || Ok(self.inner.payload().len()))
-    }
-
-    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let payload = no_panic("Blob bytes", || Ok(self.inner.payload()))?;
-        Ok(PyBytes::new(py, payload))
-    }
-
-    #[getter]
-    fn key<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
-        key_object(py, &self.inner.header.key, self.inner.header.key_is_text)
-    }
-
-    #[getter]
-    fn meta<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        meta_dict(py, &self.inner.header.meta)
-    }
-
-    /// The signer's key name of a signed entry (as the entry says; a store with trusted
-    /// keys served it only if that key signed it), else None.
-    #[getter]
-    fn signer(&self) -> Option<String> {
-        self.inner
-            .header
-            .signature
-            .as_ref()
-            .map(|f| f.signer.clone())
-    }
-
-    #[getter]
-    fn created(&self) -> f64 {
-        ns_to_secs(self.inner.header.created_ns)
-    }
-
-    #[getter]
-    fn mapped(&self) -> PyResult<bool> {
-        no_panic("Blob.mapped", || Ok(self.inner.is_mapped()))
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<xla_pcache.Blob {} bytes, {}>",
-            self.inner.payload().len(),
-            if self.inner.is_mapped() {
-                "mapped"
-            } else {
-                "in memory"
-            }
-        )
-    }
-}
-
-/// How a `Store.claim` or `Store.wait_for` ended; holds the claim when it is ours.
-#[pyclass(name = "Claim", module = "xla_pcache._core", frozen)]
-pub struct PyClaim {
-    state: &'static str,
-    waited: f64,
-    took_over: bool,
-    inner: Mutex<Option<Claim>>,
-}
-
-impl PyClaim {
-    fn new(outcome: ClaimOutcome) -> Self {
-        PyClaim {
-            state: outcome.state.as_str(),
-            waited: outcome.waited.as_secs_f64(),
-            took_over: outcome.took_over,
-            inner: Mutex::new(outcome.claim),
-        }
-    }
-
-    fn claim(&self) -> std::sync::MutexGuard<'_, Option<Claim>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[pymethods]
-impl PyClaim {
-    #[getter]
-    fn state(&self) -> &'static str {
-        self.state
-    }
-
-    #[getter]
-    fn waited(&self) -> f64 {
-        self.waited
-    }
-
-    #[getter]
-    fn took_over(&self) -> bool {
-        self.took_over
-    }
-
-    #[getter]
-    fn held(&self) -> PyResult<bool> {
-        no_panic("Claim.held", || {
-            Ok(self.claim().as_ref().is_some_and(|c| c.held()))
-        })
-    }
-
-    fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self.claim().take();
-        if let Some(mut c) = taken {
-            py.detach(|| {
-                no_panic("release", || {
-                    c.release();
-                    Ok(())
-                })
-            })?;
-        }
-        Ok(())
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
-        self.release(py)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<xla_pcache.Claim {}{}{}>",
-            self.state,
-            if self.waited > 0.0 {
-                format!(" waited={:.3}s", self.waited)
-            } else {
-                String::new()
-            },
-            if self.held().unwrap_or(false) {
-                " held"
-            } else {
-                ""
-            }
-        )
-    }
 }
 
 /// What a tier behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
@@ -321,9 +186,11 @@ impl PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
+    // The durations' defaults are the core's (None here, `StoreOptions::default()` there,
+    // `STORE_DEFAULTS` for Python): written once.
     #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
-        lock_timeout=0.5, lease_time=30.0, hit_interval=60.0, trash_grace=300.0, tmp_grace=3600.0,
-        claim_lease=30.0, read_mode=None, evict_trace=None, signing_key=None, trusted_keys=None))]
+        lock_timeout=None, lease_time=None, hit_interval=None, trash_grace=None, tmp_grace=None,
+        claim_lease=None, read_mode=None, evict_trace=None, signing_key=None, trusted_keys=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -332,12 +199,12 @@ impl PyStore {
         read_only: bool,
         durable: bool,
         lock_mode: Option<String>,
-        lock_timeout: f64,
-        lease_time: f64,
-        hit_interval: f64,
-        trash_grace: f64,
-        tmp_grace: f64,
-        claim_lease: f64,
+        lock_timeout: Option<f64>,
+        lease_time: Option<f64>,
+        hit_interval: Option<f64>,
+        trash_grace: Option<f64>,
+        tmp_grace: Option<f64>,
+        claim_lease: Option<f64>,
         read_mode: Option<String>,
         evict_trace: Option<PathBuf>,
         signing_key: Option<(String, Vec<u8>)>,
@@ -357,22 +224,27 @@ impl PyStore {
         if path.as_os_str().is_empty() {
             return Err(PyValueError::new_err("path must not be empty"));
         }
+        let d = StoreOptions::default();
+        let or_default = |name: &str, v: Option<f64>, default: Duration| match v {
+            Some(v) => seconds(name, v),
+            None => Ok(default),
+        };
         let opts = StoreOptions {
             max_size,
             read_only,
             durable,
             lock_mode,
-            lock_timeout: seconds("lock_timeout", lock_timeout)?,
-            lease_time: seconds("lease_time", lease_time)?,
-            hit_interval: seconds("hit_interval", hit_interval)?,
-            trash_grace: seconds("trash_grace", trash_grace)?,
-            tmp_grace: seconds("tmp_grace", tmp_grace)?,
-            claim_lease: seconds("claim_lease", claim_lease)?,
+            lock_timeout: or_default("lock_timeout", lock_timeout, d.lock_timeout)?,
+            lease_time: or_default("lease_time", lease_time, d.lease_time)?,
+            hit_interval: or_default("hit_interval", hit_interval, d.hit_interval)?,
+            trash_grace: or_default("trash_grace", trash_grace, d.trash_grace)?,
+            tmp_grace: or_default("tmp_grace", tmp_grace, d.tmp_grace)?,
+            claim_lease: or_default("claim_lease", claim_lease, d.claim_lease)?,
             read_mode,
             evict_trace,
             signer: crate::signing::signer(signing_key)?,
             trust: crate::signing::trust(trusted_keys)?,
-            ..StoreOptions::default()
+            ..d
         };
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
         Ok(Self {
@@ -780,9 +652,7 @@ impl PyStore {
         let store = self.store()?;
         let s = py.detach(|| no_panic("stats", || store.stats()))?;
         let d = PyDict::new(py);
-        for (name, v) in Store::counter_names().iter().zip(s.counters.iter()) {
-            d.set_item(*name, *v)?;
-        }
+        counters_into(&d, &s.counters, &s.tiers)?;
         let (hits, misses) = (s.counters[0], s.counters[1]);
         let rate = if hits + misses > 0 {
             Some(hits as f64 / (hits + misses) as f64)
@@ -803,8 +673,23 @@ impl PyStore {
         Ok(d)
     }
 
+    /// Adds `n` to counter `counter` of the remote tier named `tier` (and to its `remote_*`
+    /// total), aggregated across processes by `stats` like the rest.
+    fn add_tier_counter(&self, tier: &str, counter: &str, n: u64) -> PyResult<()> {
+        let store = self.store()?;
+        if no_panic("add_tier_counter", || Ok(store.add_tier(tier, counter, n)))? {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err(format!(
+                "invalid tier {tier:?} or counter {counter:?}: a tier name is 1 to \
+                 {MAX_TIER_NAME} of a-z 0-9 _ - . (at most {MAX_TIERS} tiers), a counter \
+                 one of {TIER_COUNTER_NAMES:?}"
+            )))
+        }
+    }
+
     /// Adds `n` to a counter kept for callers outside the core (the remote tiers'
-    /// `remote_*` counters), aggregated across processes by `stats` like the rest.
+    /// `remote_*` totals), aggregated across processes by `stats` like the rest.
     fn add_counter(&self, name: &str, n: u64) -> PyResult<()> {
         let store = self.store()?;
         if no_panic("add_counter", || Ok(store.add_named(name, n)))? {
@@ -820,10 +705,10 @@ impl PyStore {
     fn process_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;
         let d = PyDict::new(py);
-        let values = no_panic("process_stats", || Ok(store.counters().snapshot()))?;
-        for (name, v) in Store::counter_names().iter().zip(values.iter()) {
-            d.set_item(*name, *v)?;
-        }
+        let (values, tiers) = no_panic("process_stats", || {
+            Ok((store.counters().snapshot(), store.counters().tiers()))
+        })?;
+        counters_into(&d, &values, &tiers)?;
         Ok(d)
     }
 

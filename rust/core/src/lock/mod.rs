@@ -584,8 +584,8 @@ mod tests {
             let t = Instant::now();
             assert!(b.try_lock("evict").unwrap().is_none());
             let took = t.elapsed();
+            // A lower bound: it waited its timeout out (a slow machine only waits longer).
             assert!(took >= Duration::from_millis(150), "{mode}: {took:?}");
-            assert!(took < Duration::from_millis(1000), "{mode}: {took:?}");
         }
     }
 
@@ -604,7 +604,6 @@ mod tests {
                 .is_none());
             let took = t.elapsed();
             assert!(took >= Duration::from_millis(60), "{mode}: {took:?}");
-            assert!(took < Duration::from_millis(1000), "{mode}: {took:?}");
             drop(g);
             assert!(b.try_lock_for("evict", Duration::ZERO).unwrap().is_some());
             // A huge timeout does not overflow.

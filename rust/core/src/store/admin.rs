@@ -111,7 +111,7 @@ impl Store {
         }
         self.append(&[Record::Clear { t }]);
         let mut st = self.state();
-        st.view.lru.clear_up_to(t);
+        st.view.entries.clear_up_to(t);
         Ok(n)
     }
 
@@ -306,7 +306,7 @@ impl Store {
             let mut st = self.state();
             let _ = self.refresh(&mut st);
             let names: Vec<u128> = files.iter().map(|f| f.0).collect();
-            st.view.lru.get_sorted(&names)
+            st.view.entries.get_sorted(&names)
         };
         let mut out = Vec::with_capacity(files.len());
         for ((name, file), info) in files.into_iter().zip(uses) {
@@ -368,7 +368,7 @@ impl Store {
             }
             self.warn("index", || format!("cannot read the cache index: {e}"));
         }
-        Ok(st.view.lru.len() as u64)
+        Ok(st.view.entries.len() as u64)
     }
 
     pub fn is_empty(&self) -> Result<bool, StoreError> {
@@ -389,13 +389,16 @@ impl Store {
             let _ = self.refresh(&mut st);
         }
         let mut counters = st.view.counters();
+        let mut tiers = st.view.tier_counters();
         if self.opts.read_only || !st.view.is_loaded() {
             add_into(&mut counters, &self.counters.snapshot());
+            crate::stats::add_tiers_into(&mut tiers, &self.counters.tiers());
         }
         Ok(Stats {
             counters,
-            entries: st.view.lru.len() as u64,
-            bytes: st.view.lru.total_bytes(),
+            tiers,
+            entries: st.view.entries.len() as u64,
+            bytes: st.view.entries.total_bytes(),
             journals: st.view.journals.len() as u64,
             view_age: st.view.age(),
             view_fresh: st.view.fresh,
@@ -501,7 +504,7 @@ impl Store {
         let mut files: Vec<(u128, u64)> = seen.iter().map(|(&n, &d)| (n, d)).collect();
         files.sort_unstable();
         let names: Vec<u128> = files.iter().map(|f| f.0).collect();
-        let indexed = st.view.lru.get_sorted(&names);
+        let indexed = st.view.entries.get_sorted(&names);
         for ((name, disk), indexed) in files.into_iter().zip(indexed) {
             match indexed {
                 Some(info) if info.disk_bytes == disk => {}
@@ -519,7 +522,7 @@ impl Store {
         }
         let dangling: Vec<u128> = st
             .view
-            .lru
+            .entries
             .iter()
             .map(|(n, _)| n)
             .filter(|n| !seen.contains_key(n))
@@ -530,7 +533,7 @@ impl Store {
         report.stale_trash = trash;
         if repair {
             for name in dangling {
-                st.view.lru.remove(name);
+                st.view.entries.remove(name);
                 fix.push(Record::Delete { name, t: now });
             }
             for r in &fix {
@@ -541,7 +544,7 @@ impl Store {
                     ..
                 } = r
                 {
-                    st.view.lru.touch(*name, *disk_bytes, *t);
+                    st.view.entries.touch(*name, *disk_bytes, *t);
                 }
             }
             self.append_locked(&mut st, &fix);

@@ -214,7 +214,7 @@ impl Store {
     /// took seconds, and a refused one costs that compile again on the next run, so a short
     /// wait is the cheaper side. Refused only when neither happens in time.
     pub(super) fn admits(&self, max: u64, size: u64, publishing: bool) -> Result<(), Refusal> {
-        let fits = |st: &State, unseen: u64| fits(st.view.lru.total_bytes(), unseen, size, max);
+        let fits = |st: &State, unseen: u64| fits(st.view.entries.total_bytes(), unseen, size, max);
         {
             let mut st = self.state();
             let just_read = publishing && self.refresh_before_publish(&mut st);

@@ -132,7 +132,7 @@ impl Store {
         let due = st
             .last_refresh
             .is_none_or(|t| t.elapsed() >= self.opts.refresh_interval)
-            || max.is_some_and(|m| st.view.lru.total_bytes().saturating_add(likely) > m)
+            || max.is_some_and(|m| st.view.entries.total_bytes().saturating_add(likely) > m)
             || st.evict_backlog.is_some();
         if !due {
             return;
@@ -141,7 +141,7 @@ impl Store {
         if !self.refresh_ok(res) {
             return;
         }
-        let total = st.view.lru.total_bytes();
+        let total = st.view.entries.total_bytes();
         let over = max.filter(|&m| total > m);
         // An eviction cut short by its time slice goes on with the next put.
         let backlog = st.evict_backlog.filter(|&t| total > t);
@@ -249,7 +249,7 @@ impl Store {
                 deadline,
                 &mut skip,
             );
-            let over = |st: &State| target.is_some_and(|t| st.view.lru.total_bytes() > t);
+            let over = |st: &State| target.is_some_and(|t| st.view.entries.total_bytes() > t);
             if !done {
                 report.interrupted = explicit && self.interrupted();
                 // Out of time, or the lease was lost: the next put goes on (if it can).
@@ -283,7 +283,7 @@ impl Store {
             self.compact_locked(st);
             // Compaction re-read the journals: a view that grew over the target is the next
             // put's to bring down.
-            if !explicit && target.is_some_and(|t| st.view.lru.total_bytes() > t) {
+            if !explicit && target.is_some_and(|t| st.view.entries.total_bytes() > t) {
                 st.evict_backlog = target;
             }
         }
@@ -311,10 +311,10 @@ impl Store {
         let mut first = true;
         let trash = self.dir("trash");
         loop {
-            let over = target.is_some_and(|t| st.view.lru.total_bytes() > t);
+            let over = target.is_some_and(|t| st.view.entries.total_bytes() > t);
             let next = st
                 .view
-                .lru
+                .entries
                 .oldest()
                 .find(|(n, _)| !skip.contains(n))
                 .filter(|(_, info)| over || cutoff.is_some_and(|c| info.last_use < c));

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 pub use claim::{Claim, ClaimOutcome, ClaimState};
 #[cfg(test)]
-use claim::{CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
+use claim::CLAIM_DIR;
 pub use raw::entry_file_len;
 
 /// Below this size a file is read into memory rather than mapped. It is glibc's default
@@ -240,6 +240,8 @@ pub struct EntrySummary {
 #[derive(Debug, Clone)]
 pub struct Stats {
     pub counters: [u64; N_COUNTERS],
+    /// Counters per remote tier name (empty when no process ever counted a tier).
+    pub tiers: crate::stats::TierCounters,
     pub entries: u64,
     pub bytes: u64,
     pub journals: u64,
@@ -494,8 +496,8 @@ impl Store {
         &self.counters
     }
     /// Adds `n` to the counter `name` if it is one that callers outside the core keep
-    /// (the remote tiers' `remote_*` and `remote_<kind>_*`); false for any other name. Written to the journal
-    /// with the rest, so `stats` sums it across processes.
+    /// (the remote tiers' `remote_*` totals); false for any other name. Written to the
+    /// journal with the rest, so `stats` sums it across processes.
     pub fn add_named(&self, name: &str, n: u64) -> bool {
         match crate::stats::named(name) {
             Some(i) => {
@@ -504,6 +506,14 @@ impl Store {
             }
             None => false,
         }
+    }
+
+    /// Adds `n` to the counter `counter` (one of `stats::TIER_COUNTER_NAMES`) of the remote
+    /// tier its caller names `tier`, and to the `remote_*` total; false, counting nothing,
+    /// for a name `stats::valid_tier_name` refuses, an unknown counter, or a tier past
+    /// `stats::MAX_TIERS`. Written to the journal, summed across processes by `stats`.
+    pub fn add_tier(&self, tier: &str, counter: &str, n: u64) -> bool {
+        crate::stats::tier_counter(counter).is_some_and(|c| self.counters.add_tier(tier, c, n))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -658,10 +668,19 @@ impl Store {
             return;
         }
         st.journal.check_alive();
-        let rec = Record::Stats {
+        let mut recs = vec![Record::Stats {
             counters: self.counters.snapshot().to_vec(),
-        };
-        self.append_locked(st, &[rec]);
+        }];
+        recs.extend(
+            self.counters
+                .tiers()
+                .into_iter()
+                .map(|(tier, values)| Record::TierStats {
+                    tier,
+                    counters: values.to_vec(),
+                }),
+        );
+        self.append_locked(st, &recs);
     }
 
     /// Writes this process's counters to its journal now.

@@ -73,7 +73,7 @@ impl Store {
         // batch of shards' files (40 bytes each) and what differs, never every file. The
         // view is changed only once every shard was listed, so a lease lost or a stop asked
         // for on the way changes nothing.
-        let mut view = st.view.lru.iter_by_name().peekable();
+        let mut view = st.view.entries.iter_by_name().peekable();
         let mut gone: Vec<u128> = Vec::new();
         let mut changed: Vec<(u128, u64, u64)> = Vec::new();
         let shards: Vec<u8> = (0..=255u8).collect();
