@@ -20,6 +20,7 @@
 //! that block's checksum: a new name (most puts) costs no block. Version 1 (one checksummed body,
 //! written before) is still read, in full, when found.
 
+use crate::dir::{Kind, Name};
 use crate::hash::checksum;
 use crate::lru::{EntryInfo, Lru};
 use crate::stats::N_COUNTERS;
@@ -51,9 +52,9 @@ const MAX_META_LEN: u64 = 64 << 20;
 const MAX_FENCE_LEN: u64 = 256 << 20;
 
 /// One journal's state as the snapshot's writer had folded it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalMark {
-    pub name: String,
+    pub name: Name,
     pub offset: u64,
     pub counters: Vec<u64>,
 }
@@ -63,6 +64,9 @@ pub struct JournalMark {
 pub struct Meta {
     pub journals: Vec<JournalMark>,
     pub base_counters: Vec<u64>,
+    /// Journal names in the file that are not a journal's (`../x.log`): left out, never
+    /// opened or removed.
+    pub bad_names: u64,
 }
 
 /// An opened version-2 snapshot: its totals and fence in memory, its entries on disk.
@@ -409,8 +413,8 @@ fn encode_meta(meta: &Meta) -> Vec<u8> {
     b.extend_from_slice(&(meta.journals.len() as u32).to_le_bytes());
     b.extend_from_slice(&(N_COUNTERS as u32).to_le_bytes());
     for j in &meta.journals {
-        b.extend_from_slice(&(j.name.len() as u16).to_le_bytes());
-        b.extend_from_slice(j.name.as_bytes());
+        b.extend_from_slice(&(j.name.as_str().len() as u16).to_le_bytes());
+        b.extend_from_slice(j.name.as_str().as_bytes());
         b.extend_from_slice(&j.offset.to_le_bytes());
         for c in fixed(&j.counters) {
             b.extend_from_slice(&c.to_le_bytes());
@@ -436,23 +440,43 @@ fn decode_meta(b: &[u8]) -> Result<Meta, String> {
     let n_journals = r.u32()?;
     let n_counters = r.u32()? as usize;
     let mut meta = Meta::default();
-    for _ in 0..n_journals {
-        meta.journals.push(read_journal(&mut r, n_counters)?);
-    }
+    read_journals(&mut r, n_journals, n_counters, &mut meta)?;
     meta.base_counters = read_counters(&mut r, n_counters)?;
     Ok(meta)
 }
 
-fn read_journal(r: &mut Reader<'_>, n_counters: usize) -> Result<JournalMark, &'static str> {
+/// Reads `n` journal marks into `meta`, keeping those whose name is a journal's.
+fn read_journals(
+    r: &mut Reader<'_>,
+    n: u32,
+    n_counters: usize,
+    meta: &mut Meta,
+) -> Result<(), &'static str> {
+    for _ in 0..n {
+        match read_journal(r, n_counters)? {
+            Some(j) => meta.journals.push(j),
+            None => meta.bad_names += 1,
+        }
+    }
+    Ok(())
+}
+
+/// One journal mark; `None` when its name is not a journal's (read past all the same).
+fn read_journal(
+    r: &mut Reader<'_>,
+    n_counters: usize,
+) -> Result<Option<JournalMark>, &'static str> {
     let len = r.u16()? as usize;
-    let name = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| "bad name")?;
+    let name = std::str::from_utf8(r.take(len)?)
+        .ok()
+        .and_then(|s| Name::new(Kind::Journal, s));
     let offset = r.u64()?;
     let counters = read_counters(r, n_counters)?;
-    Ok(JournalMark {
+    Ok(name.map(|name| JournalMark {
         name,
         offset,
         counters,
-    })
+    }))
 }
 
 fn read_counters(r: &mut Reader<'_>, n: usize) -> Result<Vec<u64>, &'static str> {
@@ -488,9 +512,7 @@ pub fn decode_v1(b: &[u8]) -> Result<(Lru, Meta), String> {
         lru.touch(name, disk_bytes, last_use);
     }
     let mut meta = Meta::default();
-    for _ in 0..n_journals {
-        meta.journals.push(read_journal(&mut r, n_counters)?);
-    }
+    read_journals(&mut r, n_journals, n_counters, &mut meta)?;
     meta.base_counters = read_counters(&mut r, n_counters)?;
     if r.at < r.b.len() {
         if r.take(4)? != HITS_TAG {
@@ -521,8 +543,8 @@ pub fn encode_v1(lru: &Lru, meta: &Meta, with_hits: bool) -> Vec<u8> {
         b.extend_from_slice(&info.last_use.to_le_bytes());
     }
     for j in &meta.journals {
-        b.extend_from_slice(&(j.name.len() as u16).to_le_bytes());
-        b.extend_from_slice(j.name.as_bytes());
+        b.extend_from_slice(&(j.name.as_str().len() as u16).to_le_bytes());
+        b.extend_from_slice(j.name.as_str().as_bytes());
         b.extend_from_slice(&j.offset.to_le_bytes());
         for c in fixed(&j.counters) {
             b.extend_from_slice(&c.to_le_bytes());
@@ -637,11 +659,12 @@ mod tests {
         }
         let meta = Meta {
             journals: vec![JournalMark {
-                name: "h-1-2.log".into(),
+                name: Name::new(Kind::Journal, "h-1-2.log").unwrap(),
                 offset: 99,
                 counters: vec![1, 2, 3],
             }],
             base_counters: vec![4, 5],
+            bad_names: 0,
         };
         w.finish(&meta).unwrap();
         (f, meta)

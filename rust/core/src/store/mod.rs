@@ -19,7 +19,7 @@ mod tests;
 mod write;
 
 use crate::blob::Blob;
-use crate::dir::{self as cdir, Dir, Root, Stat};
+use crate::dir::{self as cdir, Dir, Kind, Name, Rel, Root, Stat};
 use crate::entry::{self, EntryError};
 use crate::error::{io_err, StoreError};
 use crate::forksafe::ForkMutex;
@@ -27,7 +27,7 @@ use crate::fsinfo::{self, FsInfo};
 use crate::hash::{entry_name, name_hex, parse_name_hex, MAX_KEY_LEN};
 use crate::index::IndexView;
 use crate::journal::{self, JournalWriter, Record};
-use crate::layout::Layout;
+use crate::layout::{Layout, ENTRIES, JOURNAL, LOCKS, TMP, TRASH};
 use crate::lock::{LockDir, LockGuard, LockMode, LockOptions};
 use crate::publish::{publish_no_replace, unique_suffix};
 use crate::stats::{add_into, Counter, Counters, COUNTER_NAMES, N_COUNTERS};
@@ -40,6 +40,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use claim::{Claim, ClaimOutcome, ClaimState};
+#[cfg(test)]
 #[cfg(test)]
 use claim::{CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
 
@@ -383,11 +384,10 @@ impl Store {
             };
             layout.create(&r)?;
             let entries = r
-                .sub("entries")
+                .sub(&ENTRIES)
                 .map_err(|e| io_err("open", &layout.entries(), e))?;
             for shard in 0..=255u8 {
-                let d = format!("{shard:02x}");
-                match entries.mkdir(&d, 0o777) {
+                match entries.mkdir(&Name::shard(shard), 0o777) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(io_err("create directory", &layout.shard(shard), e)),
@@ -411,7 +411,7 @@ impl Store {
         };
         let locks = LockDir::beneath(
             Arc::clone(&root_dir),
-            "locks",
+            LOCKS,
             LockOptions {
                 mode: lock_mode,
                 timeout: opts.lock_timeout,
@@ -506,11 +506,11 @@ impl Store {
     /// The directory `rel` beneath the root, every component a real directory. One that is
     /// not (a symbolic link, a file, a FIFO) is counted and warned about, and the error
     /// returned: the caller skips what it was about to do there.
-    fn dir(&self, rel: &str) -> io::Result<Dir> {
+    fn dir(&self, rel: &Rel) -> io::Result<Dir> {
         let r = self.root.sub(rel);
         if let Err(e) = &r {
             if cdir::is_unsafe(e) {
-                self.unsafe_path(rel, e);
+                self.unsafe_path(rel.as_str(), e);
             }
         }
         r

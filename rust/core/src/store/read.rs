@@ -17,7 +17,7 @@ impl Store {
                 Ok(blob) => break Some(blob),
                 Err(ReadError::Missing) => break None,
                 Err(ReadError::Unsafe(why)) => {
-                    self.unsafe_path(&rel, &why);
+                    self.unsafe_path(rel.as_str(), &why);
                     break None;
                 }
                 Err(ReadError::Corrupt(why, _))
@@ -96,7 +96,7 @@ impl Store {
 
     /// Opens and verifies the entry file at `rel` (beneath the root, no link followed in any
     /// component, no FIFO waited on).
-    pub(super) fn read_entry(&self, rel: &str) -> Result<Blob, ReadError> {
+    pub(super) fn read_entry(&self, rel: &Rel) -> Result<Blob, ReadError> {
         let f = match self.root.open_file(rel, libc::O_RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing),
@@ -134,9 +134,9 @@ impl Store {
     /// Why opening `rel` met a link or a non-directory: its shard is not a real directory
     /// (skipped), or the entry file itself is a symbolic link (a foreign file, removed as
     /// corrupt).
-    fn why_unsafe(&self, rel: &str, e: io::Error) -> ReadError {
-        let shard = rel.rsplit_once('/').map_or(rel, |(d, _)| d);
-        match self.root.sub(shard) {
+    fn why_unsafe(&self, rel: &Rel, e: io::Error) -> ReadError {
+        let shard = rel.split_last().0.unwrap_or(ENTRIES);
+        match self.root.sub(&shard) {
             Ok(_) if e.raw_os_error() == Some(libc::ELOOP) => {
                 ReadError::Corrupt(EntryError::BadMagic, 0)
             }
@@ -152,11 +152,14 @@ impl Store {
         // wins in the index: it may err toward a record of a missing file (harmless, dropped
         // when eviction meets it), never toward an unindexed file that escapes the budget.
         let t = crate::clock::unix_ns();
-        let (Ok(shard), Ok(trash)) = (self.dir(&Layout::shard_rel(name)), self.dir("trash")) else {
+        let (Ok(shard), Ok(trash)) = (self.dir(&Layout::shard_rel(name)), self.dir(&TRASH)) else {
             return;
         };
-        let file = name_hex(name);
-        let aside = format!("{file}.corrupt.{}", unique_suffix());
+        let file = Name::entry(name);
+        let Some(aside) = Name::new(Kind::Made, &format!("{file}.corrupt.{}", unique_suffix()))
+        else {
+            return;
+        };
         if shard.rename(&file, &trash, &aside).is_err() {
             return;
         }

@@ -48,7 +48,7 @@ impl Store {
         let shard_rel = Layout::shard_rel(name);
         match self.dir(&shard_rel) {
             Ok(shard) => {
-                if shard.stat(&name_hex(name)).is_ok() {
+                if shard.stat(&Name::entry(name)).is_ok() {
                     self.counters.inc(Counter::PutExists);
                     self.maybe_flush_stats(false);
                     return Ok(false);
@@ -181,9 +181,12 @@ impl Store {
         header: &mut [u8],
         value: &[u8],
     ) -> io::Result<Option<u64>> {
-        let tmp_dir = self.dir("tmp")?;
-        let tmp = format!("{}.{}.tmp", name_hex(name), unique_suffix());
-        let file = name_hex(name);
+        let tmp_dir = self.dir(&TMP)?;
+        let tmp = Name::checked(
+            Kind::Made,
+            &format!("{}.{}.tmp", name_hex(name), unique_suffix()),
+        )?;
+        let file = Name::entry(name);
         let shard_rel = Layout::shard_rel(name);
         let res = (|| {
             let f =
@@ -217,7 +220,10 @@ impl Store {
             let shard = match self.dir(&shard_rel) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     // The shard directory was removed (e.g. by hand); recreate it once.
-                    match self.dir("entries")?.mkdir(&shard_rel[8..], 0o777) {
+                    match self
+                        .dir(&ENTRIES)?
+                        .mkdir(&Name::shard((name >> 120) as u8), 0o777)
+                    {
                         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
                         _ => {}
                     }
@@ -254,9 +260,9 @@ impl Store {
                 self.layout.root.display()
             );
         } else if ok {
-            if let Ok(entries) = self.root.sub("entries") {
+            if let Ok(entries) = self.root.sub(&ENTRIES) {
                 for shard in 0..=255u8 {
-                    let _ = entries.mkdir(&format!("{shard:02x}"), 0o777);
+                    let _ = entries.mkdir(&Name::shard(shard), 0o777);
                 }
             }
             log::warn!(
