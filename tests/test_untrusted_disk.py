@@ -92,3 +92,137 @@ def test_journal_names_from_a_forged_snapshot_never_reach_outside(tmp_path: Path
         assert p.read_bytes() == data
     # The planted directory is someone else's: left where it is, never followed.
     assert (root / "journal" / prefix).is_dir()
+
+
+# ---------------------------------------------------------------- sizes and counts
+
+
+def run_limited(code: str, limit: int = 1 << 30) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a fresh interpreter under an address-space limit of `limit` bytes:
+    a reader that sizes its memory by what a file claims fails there (MemoryError, or an
+    abort), not on the machine. Prints the child's peak RSS (KiB) last."""
+    # VmHWM, not ru_maxrss: the latter keeps the forking parent's peak across exec.
+    body = textwrap.dedent(code) + textwrap.dedent(
+        """
+        import re
+        with open("/proc/self/status") as f:
+            print(re.search(r"VmHWM:\\s+(\\d+)", f.read()).group(1))
+        """
+    )
+    limiter = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", limiter + body],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hung: {e.stdout!r} {e.stderr!r}")
+
+
+def peak_rss_mib(proc: subprocess.CompletedProcess[str]) -> float:
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return int(proc.stdout.split()[-1]) / 1024
+
+
+def put_and_count(root: Path, n: int = 1) -> str:
+    return f"""
+        from xla_pcache import Store
+        s = Store({str(root)!r})
+        stored = sum(bool(s.put(f"k{{i}}", b"v" * 100)) for i in range({n}))
+        print("stored", stored)
+        st = s.stats()
+        print("entries", st["entries"], "bytes", st["bytes"])
+    """
+
+
+def test_a_forged_legacy_snapshot_of_the_old_cap_costs_no_gigabytes(tmp_path: Path) -> None:
+    """A version-1 snapshot of 256 MiB (8 million entries) made a writer's first put decode
+    it whole (about 2 GB): under a 1 GiB address-space limit the put must still work."""
+    root = tmp_path / "cache"
+    Store(root)
+    n = (256 << 20) // 32
+    plant_snapshot(root, forge.v1(n))
+    proc = run_limited(put_and_count(root))
+    assert peak_rss_mib(proc) < 512
+    assert "stored 1" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_legacy_snapshot_at_the_cap_is_read_in_bounded_memory(tmp_path: Path) -> None:
+    """The largest version-1 snapshot still read (64 MiB: two million entries) is decoded
+    under a 1 GiB address-space limit."""
+    root = tmp_path / "cache"
+    Store(root)
+    n = (64 << 20) // 32 - 1
+    plant_snapshot(root, forge.v1(n))
+    proc = run_limited(put_and_count(root))
+    assert peak_rss_mib(proc) < 900
+    assert f"entries {n + 1}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def long_journal_names(n: int, length: int = 200) -> list[tuple[bytes, int]]:
+    pid = dead_pid()
+    out = []
+    for i in range(n):
+        stem = f"{this_host()}-{pid}-{i:x}"
+        host = ("h" * (length - len(stem) - 4)) + stem
+        out.append((f"{host}.log".encode(), 0))
+    return out
+
+
+def test_compaction_writes_back_only_the_journals_that_exist(tmp_path: Path) -> None:
+    """A snapshot listing 200,000 journals that are not there: the next compaction wrote
+    them all back (with counters, past the readers' own cap), and from then on every process
+    ignored the index. Now the snapshot it writes lists what exists, and a new process
+    reads it."""
+    root = tmp_path / "cache"
+    Store(root)
+    plant_snapshot(root, forge.v2(journals=long_journal_names(200_000)))
+    proc = run_limited(put_and_count(root, 3))
+    assert "stored 3" in proc.stdout, proc.stdout + proc.stderr
+    assert (root / "index" / "snapshot").stat().st_size < 1 << 20
+    proc = run_limited(put_and_count(root, 0))
+    assert "entries 3" in proc.stdout, proc.stdout + proc.stderr
+    assert "ignoring unreadable index snapshot" not in proc.stderr
+
+
+def test_a_journal_list_past_any_writer_is_refused_and_replaced(tmp_path: Path) -> None:
+    """Three million journal marks in one snapshot: refused as no writer makes it (not
+    decoded into gigabytes), and replaced by the next compaction; `verify --repair` then
+    leaves a snapshot every process reads."""
+    root = tmp_path / "cache"
+    s = Store(root)
+    assert s.put("a", b"v")
+    pid = dead_pid()
+    marks = [(b"h-%d-%x.log" % (pid, i), 0) for i in range(3_000_000)]
+    plant_snapshot(root, forge.v2(journals=marks))
+    proc = run_limited(put_and_count(root, 2))
+    assert peak_rss_mib(proc) < 512
+    assert "stored 2" in proc.stdout, proc.stdout + proc.stderr
+    proc = cli("verify", "--path", str(root), "--repair")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    proc = run_limited(put_and_count(root, 0))
+    assert "entries 3" in proc.stdout, proc.stdout + proc.stderr
+    assert "unreadable index snapshot" not in proc.stderr, proc.stderr
+    assert (root / "index" / "snapshot").stat().st_size < 1 << 20
+
+
+def test_a_header_total_no_filesystem_holds_blocks_no_put(tmp_path: Path) -> None:
+    """A snapshot header claiming 2**100 bytes in a bounded store: every put is stored,
+    stats show the real total, and prune and `verify --repair` leave a snapshot with it."""
+    root = tmp_path / "cache"
+    Store(root, max_size=10 << 20)
+    plant_snapshot(root, forge.v2(total=1 << 100))
+    s = Store(root, max_size=10 << 20)
+    assert sum(bool(s.put(f"k{i}", b"v" * 1000)) for i in range(10)) == 10
+    st = s.stats()
+    assert st["entries"] == 10
+    assert 10_000 <= st["bytes"] < 1 << 20
+    for args in (["prune", "--max-size", "1G"], ["verify", "--repair"]):
+        proc = cli(*args, "--path", str(root))
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert "18446744073709551615" not in proc.stdout
+        st = Store(root, max_size=10 << 20).stats()
+        assert 10_000 <= st["bytes"] < 1 << 20, args

@@ -80,6 +80,9 @@ pub struct IndexView {
     /// count, and how many the last listing had.
     pub newly_bad_names: u64,
     listed_bad_names: u64,
+    /// The snapshot there could not be used (damaged, inconsistent, or claiming what no
+    /// writer writes): the next compaction replaces it.
+    snapshot_bad: bool,
 }
 
 impl IndexView {
@@ -422,6 +425,7 @@ impl IndexView {
                 self.install(o);
             }
             Err(why) => {
+                self.snapshot_bad = true;
                 log::warn!(
                     "xla_pcache: ignoring unreadable index snapshot {} ({why}); the index is \
                      rebuilt from the journals; run `xla-pcache verify --repair` to reindex \
@@ -479,7 +483,8 @@ impl IndexView {
     /// compaction streams the snapshot and costs its size in I/O (about 40 bytes per
     /// entry), in the process that holds the evictor lock.
     pub fn wants_compaction(&self) -> bool {
-        self.unfolded_bytes > (self.snapshot_bytes / 16).clamp(1 << 20, 2 << 20)
+        self.snapshot_bad
+            || self.unfolded_bytes > (self.snapshot_bytes / 16).clamp(1 << 20, 2 << 20)
             || self.journals.len() > 64.max(2 * self.journals_after_compaction)
     }
 
@@ -494,10 +499,17 @@ impl IndexView {
                 self.base_counters = acc.to_vec();
             }
         }
+        // What the view followed, which is what the journal directory listed: never more
+        // than a reader accepts. Past that, the journals read furthest are kept (a reader
+        // starts the others from their beginning).
+        let mut marks: Vec<(&Name, &JournalState)> = self.journals.iter().collect();
+        if marks.len() > snapshot::MAX_JOURNALS {
+            marks.sort_unstable_by(|a, b| b.1.offset.cmp(&a.1.offset).then(a.0.cmp(b.0)));
+            marks.truncate(snapshot::MAX_JOURNALS);
+        }
         let meta = Meta {
-            journals: self
-                .journals
-                .iter()
+            journals: marks
+                .into_iter()
                 .map(|(name, st)| JournalMark {
                     name: name.clone(),
                     offset: st.offset,
@@ -532,6 +544,7 @@ impl IndexView {
         };
         self.snapshot_id = crate::dir::fstat(&f).ok().map(|m| m.id());
         self.snapshot_bytes = len;
+        self.snapshot_bad = false;
         // The view goes on from the snapshot just written (the same file, still open),
         // holding nothing of it in memory.
         match Base::open(f, len) {

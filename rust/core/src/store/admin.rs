@@ -460,6 +460,16 @@ impl Store {
             }
             self.append_locked(&mut st, &fix);
             self.sweep(false);
+            drop(st);
+            // The snapshot is written again from the repaired view: one that was damaged or
+            // claimed what its files do not hold (a total, a journal list) is replaced now,
+            // not at some later compaction. Skipped if another process holds the evictor
+            // lock (it compacts when it needs to).
+            if let Some(guard) = self.take_evict_lock(self.opts.lock_timeout) {
+                let mut st = self.state();
+                self.compact_locked(&mut st);
+                drop(guard);
+            }
         }
         Ok(report)
     }
