@@ -143,7 +143,7 @@ def test_a_forged_legacy_snapshot_of_the_old_cap_costs_no_gigabytes(tmp_path: Pa
     it whole (about 2 GB): under a 1 GiB address-space limit the put must still work."""
     root = tmp_path / "cache"
     Store(root)
-    n = (256 << 20) // 32
+    n = ((256 << 20) - 64) // 32  # just under the old cap
     plant_snapshot(root, forge.v1(n))
     proc = run_limited(put_and_count(root))
     assert peak_rss_mib(proc) < 512
@@ -226,3 +226,55 @@ def test_a_header_total_no_filesystem_holds_blocks_no_put(tmp_path: Path) -> Non
         assert "18446744073709551615" not in proc.stdout
         st = Store(root, max_size=10 << 20).stats()
         assert 10_000 <= st["bytes"] < 1 << 20, args
+
+
+# ---------------------------------------------------------------- the evict trace
+
+
+def evict_with_trace(root: Path, trace: Path) -> subprocess.CompletedProcess[str]:
+    code = f"""
+        from xla_pcache import Store
+        s = Store({str(root)!r}, max_size=1 << 20)
+        for i in range(3):
+            s.put(f"k{{i}}", b"v" * 1000)
+        s.evict()
+        print("done")
+    """
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=HANG_TIMEOUT,
+            env={**os.environ, "XLA_PCACHE_EVICT_TRACE": str(trace)},
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hung on the evict trace: {e.stdout!r} {e.stderr!r}")
+
+
+def test_a_fifo_at_the_evict_trace_path_is_no_trace_and_no_hang(tmp_path: Path) -> None:
+    trace = tmp_path / "evict.trace"
+    os.mkfifo(trace)
+    proc = evict_with_trace(tmp_path / "cache", trace)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+    assert "evict trace" in proc.stderr
+    assert proc.stderr.count("evict trace") == 1, proc.stderr
+
+
+def test_a_link_at_the_evict_trace_path_is_not_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    trace = tmp_path / "evict.trace"
+    trace.symlink_to(victim)
+    proc = evict_with_trace(tmp_path / "cache", trace)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+    assert victim.read_bytes() == b"keep"
+    assert "evict trace" in proc.stderr
+
+
+def test_a_regular_evict_trace_is_written(tmp_path: Path) -> None:
+    trace = tmp_path / "evict.trace"
+    proc = evict_with_trace(tmp_path / "cache", trace)
+    assert proc.returncode == 0, proc.stderr
+    assert trace.read_text().strip(), "no line traced"

@@ -204,11 +204,11 @@ impl Store {
                 std::process::id(),
                 crate::clock::unix_ns()
             );
-            let _ = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(trace)
-                .and_then(|mut f| f.write_all(line.as_bytes()));
+            if let Err(e) = append_trace(trace, line.as_bytes()) {
+                self.warn("evict-trace", || {
+                    format!("not writing the evict trace {}: {e}", trace.display())
+                });
+            }
         }
         drop(guard);
         res
@@ -523,4 +523,25 @@ impl Store {
         report.skipped_files = self.unreadable_files(&st);
         Ok(report)
     }
+}
+
+/// Appends `line` to the evict trace at `path`: opened without following a link or waiting
+/// on a FIFO (`O_NOFOLLOW | O_NONBLOCK`), and written only if it is a regular file. The
+/// path is the user's, but what stands there may be anyone's.
+fn append_trace(path: &Path, line: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o666)
+        .custom_flags(cdir::SAFE_OPEN)
+        .open(path)?;
+    let st = cdir::fstat(&f)?;
+    if !st.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("it is {}, not a regular file", st.kind()),
+        ));
+    }
+    f.write_all(line)
 }
