@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import snapshot_forge as forge
-from xla_pcache import Store
+from xla_pcache import Store, _core
 
 HANG_TIMEOUT = 60.0
 OLD = 1_000_000_000  # 2001: older than any age a sweep or compaction waits for
@@ -278,3 +278,43 @@ def test_a_regular_evict_trace_is_written(tmp_path: Path) -> None:
     proc = evict_with_trace(tmp_path / "cache", trace)
     assert proc.returncode == 0, proc.stderr
     assert trace.read_text().strip(), "no line traced"
+
+
+# ---------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize(
+    ("param", "call"),
+    [
+        ("read_only", lambda d: _core.Store(d, read_only="yes")),
+        ("durable", lambda d: _core.Store(d, durable=1.5)),
+        ("path", lambda d: _core.Store(123)),
+        ("path", lambda d: _core.Store(f"{d}/a\0b")),
+        ("evict_trace", lambda d: _core.Store(d, evict_trace=5)),
+        ("meta", lambda d: _core.Store(d).put("k", b"v", meta=[("a", "b")])),
+        ("meta", lambda d: _core.Store(d).put("k", b"v", meta={"a": 1})),
+        ("pieces", lambda d: _core.Store(d).take_entry_file("k", 5, True)),
+        ("publish", lambda d: _core.Store(d).take_entry_file("k", [b"x"], "yes")),
+        ("shard", lambda d: _core.Store(d).entries(shard=5)),
+        ("names", lambda d: _core.Store(d).trashed_keys("abc")),
+        ("names", lambda d: _core.Store(d).trashed_keys([1])),
+        ("settings", lambda d: Store(d, settings=5)),
+        ("settings", lambda d: Store(d, settings={"max_size": 1})),
+    ],
+)
+def test_a_bad_argument_is_named(tmp_path: Path, param: str, call: object) -> None:
+    with pytest.raises((TypeError, ValueError)) as e:
+        call(str(tmp_path / "cache"))  # type: ignore[operator]
+    assert param in str(e.value), str(e.value)
+
+
+def test_an_idle_interrupt_does_not_stop_the_next_verify_or_evict(tmp_path: Path) -> None:
+    s = Store(tmp_path / "cache")
+    for i in range(20):
+        s.put(f"k{i}", b"v" * 100)
+    s.interrupt()
+    v = s.verify()
+    assert not v["interrupted"] and v["entries"] == 20, v
+    s.interrupt()
+    r = s.evict(max_size=0)
+    assert not r["interrupted"] and r["removed"] == 20, r

@@ -333,6 +333,7 @@ impl Store {
         if repair && self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
+        let _walk = self.walk();
         let files = self.entry_files()?;
         let total = files.len() as u64;
         let mut report = VerifyReport {

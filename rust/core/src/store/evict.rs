@@ -506,6 +506,7 @@ impl Store {
         if self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
+        let _walk = self.walk();
         let target = max_size.or(self.opts.max_size.map(|m| self.low_water(m)));
         let guard = self
             .locks

@@ -291,9 +291,25 @@ pub struct Store {
     locks: LockDir,
     claims: std::sync::Arc<claim::Keeper>,
     warned: ForkMutex<HashMap<&'static str, Instant>>,
-    /// Set by `interrupt`: the running (or next) `verify` or explicit `evict` stops at the
-    /// next entry, leaving the cache as valid as after any entry.
+    /// Set by `interrupt` while a walk runs: the running `verify` or explicit `evict` stops
+    /// at the next entry, leaving the cache as valid as after any entry.
     interrupt: std::sync::atomic::AtomicBool,
+    /// How many walks (`verify`, explicit `evict`) run now: an `interrupt` with none
+    /// running is nobody's, and must not stop the next one at once.
+    walks: std::sync::atomic::AtomicUsize,
+}
+
+/// A walk running (see `Store::walks`); when the last one ends, a request to stop that
+/// came too late for it is dropped.
+pub struct Walk<'a>(&'a Store);
+
+impl Drop for Walk<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.0.walks.fetch_sub(1, SeqCst) == 1 {
+            self.0.interrupt.store(false, SeqCst);
+        }
+    }
 }
 
 enum ReadError {
@@ -433,6 +449,7 @@ impl Store {
             locks,
             warned: ForkMutex::new(HashMap::new()),
             interrupt: std::sync::atomic::AtomicBool::new(false),
+            walks: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -452,8 +469,18 @@ impl Store {
     /// entry it is at: each step leaves a valid cache, so stopping between two is clean.
     /// Safe from any thread (a signal handler's, while another thread runs the call).
     pub fn interrupt(&self) {
-        self.interrupt
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.walks.load(SeqCst) > 0 {
+            self.interrupt.store(true, SeqCst);
+        }
+    }
+
+    /// Marks a walk as running for as long as the result lives (a caller that runs one on
+    /// another thread holds it from before that thread starts, so an `interrupt` meanwhile
+    /// is not lost).
+    pub fn walk(&self) -> Walk<'_> {
+        self.walks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Walk(self)
     }
 
     /// Whether `interrupt` was called; consumes the request.
