@@ -53,7 +53,10 @@ def v2(
     meta_at = (len(blocks) + 1) * BLOCK
     fence_body = b"".join(n.to_bytes(16, "little") for n in fence)
     fence_at = meta_at + len(m)
-    filt = b"\xff" * 64  # every name may be there: lookups read the block
+    # Sized as the writer sizes it (10 bits an entry, a power of two, at least 64), all
+    # set: every name may be there, so lookups read the block.
+    bits = 1 << (max(64, len(entries) * 10) - 1).bit_length()
+    filt = b"\xff" * (bits // 8)
     if total is None:
         total = sum(d for _, d, _ in entries)
     head = (

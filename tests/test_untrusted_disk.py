@@ -82,6 +82,7 @@ def test_journal_names_from_a_forged_snapshot_never_reach_outside(tmp_path: Path
 
     s = Store(root)
     assert s.put("k1", b"value")
+    assert s.stats()["unsafe_paths"] >= 3  # the three paths, counted
     s.evict()
     s.evict(older_than=0.0)
     proc = cli("prune", "--path", str(root), "--older-than", "1s")

@@ -561,6 +561,19 @@ impl Store {
         if n > 0 {
             self.counters.add(Counter::Unreadable, n);
         }
+        // Journal names that are not a journal's (in journal/ or a snapshot's list): paths
+        // the store refused to follow.
+        let bad = std::mem::take(&mut st.view.newly_bad_names);
+        if bad > 0 {
+            self.counters.add(Counter::UnsafePaths, bad);
+            self.warn("journal-names", || {
+                format!(
+                    "skipped {bad} journal name(s) in {} or its index snapshot that are not \
+                     a journal's (never opened or removed)",
+                    self.layout.journal_dir().display()
+                )
+            });
+        }
     }
 
     /// The index files this view skipped because it could not read them, for reports.
