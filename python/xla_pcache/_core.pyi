@@ -237,8 +237,9 @@ class Store:
         their files in trash/ while they are there (a few minutes); absent names are left
         out."""
     def interrupt(self) -> None:
-        """Ask the running (or next) ``verify`` or ``evict`` to stop after the entry it is
-        at; the cache is valid after each entry. Ctrl-C does this on its own."""
+        """Ask the running ``verify`` or ``evict`` to stop after the entry it is at; the
+        cache is valid after each entry. With none running it does nothing. Ctrl-C does this
+        on its own."""
     def stats(self) -> Stats:
         """Counters aggregated across every process that used the cache: hits, misses, puts,
         put_exists, corrupt, errors, evictions, evicted_bytes, bytes_written, bytes_read,

@@ -66,6 +66,10 @@ class Store(_core.Store):
         signing_key: tuple[str, bytes] | None = None,
         trusted_keys: Sequence[tuple[str, bytes]] | None = None,
     ) -> Self:
+        if settings is not None and not isinstance(settings, Settings):
+            raise TypeError(
+                f"settings must be an xla_pcache.Settings (or None), not {type(settings).__name__}"
+            )
         cfg = Settings.from_env() if settings is None else settings
         url = (remote if remote is not None else cfg.remote) or None
         if url is not None:

@@ -24,6 +24,225 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+/// Longest name accepted from a directory, a snapshot or a caller (the usual `NAME_MAX`).
+pub const MAX_NAME: usize = 255;
+
+/// What a name must look like, besides being one path component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An entry file: 32 lower-case hex digits.
+    Entry,
+    /// A shard directory under `entries/`: 2 lower-case hex digits.
+    Shard,
+    /// A journal: `<host>-<pid>-<start time hex>.log`, the host of `[A-Za-z0-9._-]`.
+    Journal,
+    /// A name this crate makes (temp files, trash, leases, claims, snapshots): of
+    /// `[A-Za-z0-9._-]` only.
+    Made,
+    /// A name read from a listing, used only in the directory it was listed from (to
+    /// stat, sweep or remove what someone left there): any one component.
+    Listed,
+}
+
+/// One component of a path inside the cache, checked. Every directory-handle operation
+/// takes a `Name` (or a [`Rel`] made of them), and a `Name` is only made by [`Name::new`],
+/// which checks what every name read from disk, a snapshot or a caller must be: one
+/// component (no `/`, no NUL, not `.` or `..`), at most [`MAX_NAME`] bytes, and the shape
+/// of its [`Kind`]. The constants (`Name::fixed`) are checked when the crate compiles.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(std::borrow::Cow<'static, str>);
+
+const fn is_made_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-'
+}
+
+const fn is_lower_hex(b: u8) -> bool {
+    b.is_ascii_digit() || (b >= b'a' && b <= b'f')
+}
+
+/// Whether `s` is one path component of at most `MAX_NAME` bytes.
+const fn is_component(s: &[u8]) -> bool {
+    if s.is_empty() || s.len() > MAX_NAME {
+        return false;
+    }
+    if (s.len() == 1 && s[0] == b'.') || (s.len() == 2 && s[0] == b'.' && s[1] == b'.') {
+        return false;
+    }
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'/' || s[i] == 0 {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+fn is_journal(s: &str) -> bool {
+    let Some(stem) = s.strip_suffix(".log") else {
+        return false;
+    };
+    let mut parts = stem.rsplitn(3, '-');
+    let (Some(start), Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    !start.is_empty()
+        && start.len() <= 16
+        && start.bytes().all(is_lower_hex)
+        && !pid.is_empty()
+        && pid.len() <= 10
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && !host.is_empty()
+        && host.bytes().all(is_made_byte)
+}
+
+impl Name {
+    /// `s` as a name of `kind`, or `None` when it is not one.
+    pub fn new(kind: Kind, s: &str) -> Option<Name> {
+        let b = s.as_bytes();
+        if !is_component(b) {
+            return None;
+        }
+        let ok = match kind {
+            Kind::Entry => b.len() == 32 && b.iter().all(|&c| is_lower_hex(c)),
+            Kind::Shard => b.len() == 2 && b.iter().all(|&c| is_lower_hex(c)),
+            Kind::Journal => is_journal(s),
+            Kind::Made => b.iter().all(|&c| is_made_byte(c)),
+            Kind::Listed => true,
+        };
+        ok.then(|| Name(std::borrow::Cow::Owned(s.to_string())))
+    }
+
+    /// `new`, with an `InvalidInput` error naming what is wrong (for names this crate
+    /// makes, and names a caller passes).
+    pub fn checked(kind: Kind, s: &str) -> io::Result<Name> {
+        Name::new(kind, s).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{s:?} is not a valid {kind:?} file name"),
+            )
+        })
+    }
+
+    /// A constant name; used in a `const` it fails the build if it is not a plain name.
+    pub const fn fixed(s: &'static str) -> Name {
+        let b = s.as_bytes();
+        assert!(is_component(b));
+        let mut i = 0;
+        while i < b.len() {
+            assert!(is_made_byte(b[i]));
+            i += 1;
+        }
+        Name(std::borrow::Cow::Borrowed(s))
+    }
+
+    /// The file name of entry `name` (32 hex digits: valid by construction).
+    pub fn entry(name: u128) -> Name {
+        Name(std::borrow::Cow::Owned(crate::hash::name_hex(name)))
+    }
+
+    /// The name of shard directory `shard` (2 hex digits).
+    pub fn shard(shard: u8) -> Name {
+        Name(std::borrow::Cow::Owned(format!("{shard:02x}")))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::borrow::Borrow<str> for Name {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A path beneath the cache root made of [`Name`]s (`entries/0a/<32 hex>`): what
+/// [`Root`] opens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rel(std::borrow::Cow<'static, str>);
+
+impl Rel {
+    /// A constant path of plain components separated by `/`; checked at build time in a
+    /// `const`.
+    pub const fn fixed(s: &'static str) -> Rel {
+        let b = s.as_bytes();
+        assert!(!b.is_empty() && b[0] != b'/' && b[b.len() - 1] != b'/');
+        let mut i = 0;
+        let start = 0;
+        while i <= b.len() {
+            if i == b.len() || b[i] == b'/' {
+                assert!(i > start);
+                assert!(!(i - start == 1 && b[start] == b'.'));
+                assert!(!(i - start == 2 && b[start] == b'.' && b[start + 1] == b'.'));
+            } else {
+                assert!(is_made_byte(b[i]));
+            }
+            i += 1;
+        }
+        Rel(std::borrow::Cow::Borrowed(s))
+    }
+
+    /// `entries/xx`, the shard directory of entry `name` (valid by construction).
+    pub fn shard_of(name: u128) -> Rel {
+        Rel(std::borrow::Cow::Owned(format!(
+            "entries/{:02x}",
+            (name >> 120) as u8
+        )))
+    }
+
+    /// `entries/xx/<32 hex>`, the file of entry `name` (valid by construction).
+    pub fn entry(name: u128) -> Rel {
+        Rel(std::borrow::Cow::Owned(format!(
+            "entries/{:02x}/{name:032x}",
+            (name >> 120) as u8
+        )))
+    }
+
+    /// One name, as a path.
+    pub fn of(name: &Name) -> Rel {
+        Rel(std::borrow::Cow::Owned(name.0.to_string()))
+    }
+
+    /// This path with `name` under it.
+    pub fn join(&self, name: &Name) -> Rel {
+        Rel(std::borrow::Cow::Owned(format!("{}/{}", self.0, name.0)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The path above the last component (None at the top) and that component.
+    pub fn split_last(&self) -> (Option<Rel>, Name) {
+        match self.0.rsplit_once('/') {
+            Some((parent, last)) => (
+                Some(Rel(std::borrow::Cow::Owned(parent.to_string()))),
+                Name(std::borrow::Cow::Owned(last.to_string())),
+            ),
+            None => (None, Name(std::borrow::Cow::Owned(self.0.to_string()))),
+        }
+    }
+}
+
+impl std::fmt::Display for Rel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Flags every open of a cache file gets: no link followed, no FIFO waited on, not inherited.
 pub const SAFE_OPEN: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
 /// Directory handles are `O_PATH`: lookups and the `*at` calls work through them, and no
@@ -146,13 +365,17 @@ pub fn fstat(f: &impl AsRawFd) -> io::Result<Stat> {
 /// Opens a file for reading as a cache file must be opened: no link followed, no FIFO
 /// waited on, and only a regular file accepted (anything else is `InvalidData`, with what
 /// it is in the message). Returns the file and its `fstat`.
-pub fn open_regular(dir: &Dir, name: &str) -> io::Result<(File, Stat)> {
+pub fn open_regular(dir: &Dir, name: &Name) -> io::Result<(File, Stat)> {
     let f = dir.open_file(name, libc::O_RDONLY, 0)?;
     let st = fstat(&f)?;
     if !st.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} is {}, not a regular file", dir.display(name), st.kind()),
+            format!(
+                "{} is {}, not a regular file",
+                dir.display(name.as_str()),
+                st.kind()
+            ),
         ));
     }
     Ok((f, st))
@@ -329,30 +552,40 @@ impl Dir {
     /// Opens `rel` (one or more components separated by '/') beneath this directory with
     /// `flags | SAFE_OPEN`, refusing a symbolic link anywhere (ELOOP) and a non-directory
     /// in the middle (ENOTDIR).
-    fn open_beneath(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<RawFd> {
-        open_beneath(self.fd.as_raw_fd(), rel, flags, mode)
+    fn open_beneath(
+        &self,
+        name: &Name,
+        flags: libc::c_int,
+        mode: libc::mode_t,
+    ) -> io::Result<RawFd> {
+        open_beneath(self.fd.as_raw_fd(), name.as_str(), flags, mode)
     }
 
-    /// The sub-directory `rel` (e.g. "entries/0a"), every component a real directory.
-    pub fn sub(&self, rel: &str) -> io::Result<Dir> {
-        let fd = self.open_beneath(rel, DIR_OPEN, 0)?;
+    /// The sub-directory `name`, a real directory.
+    pub fn sub(&self, name: &Name) -> io::Result<Dir> {
+        let fd = self.open_beneath(name, DIR_OPEN, 0)?;
         Ok(Dir {
             // SAFETY: fd was just opened and is owned by nobody else.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            path: self.path.join(rel),
+            path: self.path.join(name.as_str()),
         })
     }
 
-    /// Opens the file `rel` beneath this directory with `flags | SAFE_OPEN`.
-    pub fn open_file(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
-        let fd = self.open_beneath(rel, flags, mode)?;
+    /// Opens the file `name` in this directory with `flags | SAFE_OPEN`.
+    pub fn open_file(
+        &self,
+        name: &Name,
+        flags: libc::c_int,
+        mode: libc::mode_t,
+    ) -> io::Result<File> {
+        let fd = self.open_beneath(name, flags, mode)?;
         // SAFETY: fd was just opened and is owned by nobody else.
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
     /// `fstatat(AT_SYMLINK_NOFOLLOW)` of a name in this directory.
-    pub fn stat(&self, name: &str) -> io::Result<Stat> {
-        let c = cstr(OsStr::new(name))?;
+    pub fn stat(&self, name: &Name) -> io::Result<Stat> {
+        let c = cstr(OsStr::new(name.as_str()))?;
         // SAFETY: stat is plain data; zeroed is valid.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid descriptor, NUL-terminated name, pointer to a live stat.
@@ -371,8 +604,8 @@ impl Dir {
     /// (`statx` with `AT_STATX_FORCE_SYNC` makes FUSE ask the filesystem and NFS revalidate
     /// with the server: one round trip, where `stat` may serve attributes up to the
     /// attribute cache time old), and whether it is a regular file (a link is not followed).
-    pub fn len_from_server(&self, name: &str) -> io::Result<(u64, bool)> {
-        let c = cstr(OsStr::new(name))?;
+    pub fn len_from_server(&self, name: &Name) -> io::Result<(u64, bool)> {
+        let c = cstr(OsStr::new(name.as_str()))?;
         // SAFETY: statx is plain data; zeroed is a valid value for every field.
         let mut buf: libc::statx = unsafe { std::mem::zeroed() };
         // SAFETY: valid descriptor, NUL-terminated name, buf outlives the call.
@@ -389,27 +622,30 @@ impl Dir {
         Ok((buf.stx_size, regular))
     }
 
-    pub fn unlink(&self, name: &str) -> io::Result<()> {
-        let c = cstr(OsStr::new(name))?;
+    pub fn unlink(&self, name: &Name) -> io::Result<()> {
+        let c = cstr(OsStr::new(name.as_str()))?;
         // SAFETY: valid descriptor and NUL-terminated name.
         check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) })
     }
 
-    pub fn rmdir(&self, name: &str) -> io::Result<()> {
-        let c = cstr(OsStr::new(name))?;
+    pub fn rmdir(&self, name: &Name) -> io::Result<()> {
+        let c = cstr(OsStr::new(name.as_str()))?;
         // SAFETY: valid descriptor and NUL-terminated name.
         check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
     }
 
-    pub fn mkdir(&self, name: &str, mode: libc::mode_t) -> io::Result<()> {
-        let c = cstr(OsStr::new(name))?;
+    pub fn mkdir(&self, name: &Name, mode: libc::mode_t) -> io::Result<()> {
+        let c = cstr(OsStr::new(name.as_str()))?;
         // SAFETY: valid descriptor and NUL-terminated name.
         check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), mode) })
     }
 
     /// `renameat(self/name, to/to_name)`: replaces `to_name` if it exists.
-    pub fn rename(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
-        let (a, b) = (cstr(OsStr::new(name))?, cstr(OsStr::new(to_name))?);
+    pub fn rename(&self, name: &Name, to: &Dir, to_name: &Name) -> io::Result<()> {
+        let (a, b) = (
+            cstr(OsStr::new(name.as_str()))?,
+            cstr(OsStr::new(to_name.as_str()))?,
+        );
         // SAFETY: valid descriptors and NUL-terminated names.
         check(unsafe {
             libc::renameat(
@@ -422,8 +658,11 @@ impl Dir {
     }
 
     /// `renameat2(RENAME_NOREPLACE)`.
-    pub fn rename_noreplace(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
-        let (a, b) = (cstr(OsStr::new(name))?, cstr(OsStr::new(to_name))?);
+    pub fn rename_noreplace(&self, name: &Name, to: &Dir, to_name: &Name) -> io::Result<()> {
+        let (a, b) = (
+            cstr(OsStr::new(name.as_str()))?,
+            cstr(OsStr::new(to_name.as_str()))?,
+        );
         // SAFETY: valid descriptors and NUL-terminated names.
         check(unsafe {
             libc::renameat2(
@@ -437,8 +676,11 @@ impl Dir {
     }
 
     /// `linkat(self/name, to/to_name)`, never following a link.
-    pub fn link(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
-        let (a, b) = (cstr(OsStr::new(name))?, cstr(OsStr::new(to_name))?);
+    pub fn link(&self, name: &Name, to: &Dir, to_name: &Name) -> io::Result<()> {
+        let (a, b) = (
+            cstr(OsStr::new(name.as_str()))?,
+            cstr(OsStr::new(to_name.as_str()))?,
+        );
         // SAFETY: valid descriptors and NUL-terminated names.
         check(unsafe {
             libc::linkat(
@@ -475,8 +717,27 @@ impl Dir {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    /// The names in this directory (not "." and ".."), read through this handle.
-    pub fn list(&self) -> io::Result<Vec<OsString>> {
+    /// The names in this directory of `kind` (not "." and ".."), read through this handle,
+    /// and how many others were skipped (not UTF-8, or not of that shape).
+    pub fn list_of(&self, kind: Kind) -> io::Result<(Vec<Name>, u64)> {
+        let mut skipped = 0;
+        let mut out = Vec::new();
+        for n in self.list_raw()? {
+            match n.to_str().and_then(|s| Name::new(kind, s)) {
+                Some(n) => out.push(n),
+                None => skipped += 1,
+            }
+        }
+        Ok((out, skipped))
+    }
+
+    /// Every name in this directory as a [`Kind::Listed`] name (one a listing returns is
+    /// one component; a name that is not UTF-8 is left out).
+    pub fn list(&self) -> io::Result<Vec<Name>> {
+        self.list_of(Kind::Listed).map(|(v, _)| v)
+    }
+
+    fn list_raw(&self) -> io::Result<Vec<OsString>> {
         // fdopendir takes ownership of its descriptor.
         let dup = std::os::fd::IntoRawFd::into_raw_fd(self.readable()?);
         // SAFETY: dup is an open directory descriptor we own; it is closed by closedir.
@@ -515,11 +776,11 @@ impl Dir {
     /// Removes `name` whatever it is: a file or link is unlinked, a directory is emptied
     /// through handles (never following a link) and removed, down to a bounded depth.
     /// Returns how many names it removed.
-    pub fn remove_any(&self, name: &str) -> io::Result<u64> {
+    pub fn remove_any(&self, name: &Name) -> io::Result<u64> {
         self.remove_any_at(name, 0)
     }
 
-    fn remove_any_at(&self, name: &str, depth: usize) -> io::Result<u64> {
+    fn remove_any_at(&self, name: &Name, depth: usize) -> io::Result<u64> {
         match self.unlink(name) {
             Ok(()) => return Ok(1),
             Err(e) if !matches!(e.raw_os_error(), Some(libc::EISDIR) | Some(libc::EPERM)) => {
@@ -530,16 +791,13 @@ impl Dir {
         if depth >= MAX_REMOVE_DEPTH {
             return Err(io::Error::other(format!(
                 "{}: directory tree deeper than {MAX_REMOVE_DEPTH}",
-                self.display(name)
+                self.display(name.as_str())
             )));
         }
         let sub = self.sub(name)?;
         let mut n = 0;
         for child in sub.list()? {
-            let Some(child) = child.to_str() else {
-                continue;
-            };
-            n += sub.remove_any_at(child, depth + 1)?;
+            n += sub.remove_any_at(&child, depth + 1)?;
         }
         self.rmdir(name)?;
         Ok(n + 1)
@@ -575,7 +833,7 @@ impl Root {
     }
 
     fn open_at(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<RawFd> {
-        let top = rel.is_empty() || rel == ".";
+        let top = rel == ".";
         if rel.starts_with('/') || rel.split('/').any(|p| p == "..") {
             // Never outside the root.
             return Err(io::Error::from_raw_os_error(libc::EXDEV));
@@ -599,18 +857,18 @@ impl Root {
     }
 
     /// The sub-directory `rel`, every component a real directory.
-    pub fn sub(&self, rel: &str) -> io::Result<Dir> {
-        let fd = self.open_at(rel, DIR_OPEN, 0)?;
+    pub fn sub(&self, rel: &Rel) -> io::Result<Dir> {
+        let fd = self.open_at(rel.as_str(), DIR_OPEN, 0)?;
         Ok(Dir {
             // SAFETY: fd was just opened and is owned by nobody else.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            path: self.path.join(rel),
+            path: self.path.join(rel.as_str()),
         })
     }
 
     /// Opens the file `rel` beneath the root with `flags | SAFE_OPEN`.
-    pub fn open_file(&self, rel: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
-        let fd = self.open_at(rel, flags, mode)?;
+    pub fn open_file(&self, rel: &Rel, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
+        let fd = self.open_at(rel.as_str(), flags, mode)?;
         // SAFETY: fd was just opened and is owned by nobody else.
         Ok(unsafe { File::from_raw_fd(fd) })
     }
@@ -631,6 +889,12 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
+    /// A path as a caller could have written one before names were checked (tests of what
+    /// the handles refuse by themselves).
+    fn rel(s: &'static str) -> Rel {
+        Rel(std::borrow::Cow::Borrowed(s))
+    }
+
     #[test]
     fn refuses_links_and_files_in_every_component() {
         let d = tempfile::tempdir().unwrap();
@@ -643,23 +907,23 @@ mod tests {
         symlink(outside.path(), d.path().join("c/b")).unwrap();
         std::fs::write(d.path().join("file"), b"").unwrap();
         let root = Root::open(d.path()).unwrap();
-        assert!(root.sub("a/b").is_ok());
-        assert!(root.open_file("a/b/f", libc::O_RDONLY, 0).is_ok());
-        for rel in ["link", "c/b", "link/f", "c/b/f", "file/x", "../x"] {
-            let e = root.open_file(rel, libc::O_RDONLY, 0).unwrap_err();
-            assert!(is_unsafe(&e), "{rel}: {e}");
+        assert!(root.sub(&rel("a/b")).is_ok());
+        assert!(root.open_file(&rel("a/b/f"), libc::O_RDONLY, 0).is_ok());
+        for r in ["link", "c/b", "link/f", "c/b/f", "file/x", "../x"] {
+            let e = root.open_file(&rel(r), libc::O_RDONLY, 0).unwrap_err();
+            assert!(is_unsafe(&e), "{r}: {e}");
         }
-        for rel in ["link", "c/b", "file"] {
-            let e = root.sub(rel).unwrap_err();
-            assert!(is_unsafe(&e), "{rel}: {e}");
+        for r in ["link", "c/b", "file"] {
+            let e = root.sub(&rel(r)).unwrap_err();
+            assert!(is_unsafe(&e), "{r}: {e}");
         }
         // The fallback walk refuses the same.
         OPENAT2.store(2, Ordering::Relaxed);
-        for rel in ["link", "c/b", "link/f", "c/b/f", "file/x", "../x"] {
-            let e = root.open_file(rel, libc::O_RDONLY, 0).unwrap_err();
-            assert!(is_unsafe(&e), "walk {rel}: {e}");
+        for r in ["link", "c/b", "link/f", "c/b/f", "file/x", "../x"] {
+            let e = root.open_file(&rel(r), libc::O_RDONLY, 0).unwrap_err();
+            assert!(is_unsafe(&e), "walk {r}: {e}");
         }
-        assert!(root.open_file("a/b/f", libc::O_RDONLY, 0).is_ok());
+        assert!(root.open_file(&rel("a/b/f"), libc::O_RDONLY, 0).is_ok());
         OPENAT2.store(0, Ordering::Relaxed);
     }
 
@@ -671,7 +935,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o644) }, 0);
         let root = Root::open(d.path()).unwrap();
         let dir = root.dir().unwrap();
-        let e = open_regular(&dir, "fifo").unwrap_err();
+        let e = open_regular(&dir, &Name::fixed("fifo")).unwrap_err();
         assert!(e.to_string().contains("FIFO"), "{e}");
     }
 
@@ -684,10 +948,52 @@ mod tests {
         std::fs::write(d.path().join("t/x/y/f"), b"x").unwrap();
         symlink(outside.path(), d.path().join("t/x/l")).unwrap();
         let dir = Dir::open_path(d.path(), true).unwrap();
-        assert_eq!(dir.remove_any("t").unwrap(), 5);
+        assert_eq!(dir.remove_any(&Name::fixed("t")).unwrap(), 5);
         assert!(!d.path().join("t").exists());
         assert!(outside.path().join("keep").exists());
         let names = dir.list().unwrap();
         assert!(names.is_empty(), "{names:?}");
+    }
+
+    #[test]
+    fn names_are_one_component_of_their_kind() {
+        let hex = "0123456789abcdef0123456789abcdef";
+        assert!(Name::new(Kind::Entry, hex).is_some());
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../x",
+            "a\0b",
+            &hex.to_uppercase(),
+            &hex[1..],
+        ] {
+            assert!(Name::new(Kind::Entry, bad).is_none(), "{bad:?}");
+            assert!(Name::new(Kind::Shard, bad).is_none(), "{bad:?}");
+            assert!(Name::new(Kind::Journal, bad).is_none(), "{bad:?}");
+        }
+        for bad in ["", ".", "..", "a/b", "../x", "a\0b"] {
+            assert!(Name::new(Kind::Listed, bad).is_none(), "{bad:?}");
+            assert!(Name::new(Kind::Made, bad).is_none(), "{bad:?}");
+        }
+        assert!(Name::new(Kind::Listed, &"x".repeat(MAX_NAME + 1)).is_none());
+        assert!(Name::new(Kind::Listed, "\x1b]0;title\x07").is_some());
+        assert!(Name::new(Kind::Made, "\x1b]0;title\x07").is_none());
+        assert!(Name::new(Kind::Shard, "0a").is_some());
+        assert!(Name::new(Kind::Shard, "0g").is_none());
+        // As `journal::file_name` makes them.
+        assert!(Name::new(Kind::Journal, "host-a.example-1234-abc.log").is_some());
+        for bad in [
+            "h-1-x/../../../victim/precious.log",
+            "../../x/f.log",
+            "h-1-.log",
+            "h-x-1.log",
+            "-1-1.log",
+            "h-1-1.txt",
+            "h h-1-1.log",
+        ] {
+            assert!(Name::new(Kind::Journal, bad).is_none(), "{bad:?}");
+        }
     }
 }

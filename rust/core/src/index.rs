@@ -4,8 +4,9 @@
 //! (`overlay::Entries`). The index is a hint: the entry files are the truth, and `verify`
 //! reconciles.
 
-use crate::dir::{Dir, Root};
-use crate::journal::{self, Record, JOURNAL_DIR};
+use crate::dir::{Dir, Name, Rel, Root};
+use crate::journal::{self, Record};
+use crate::layout::{JOURNAL, TMP};
 use crate::overlay::Entries;
 use crate::snapshot::{self, Base, JournalMark, Meta, Opened};
 use crate::stats::{add_into, add_tiers_into, tier_values, TierCounters, N_COUNTERS};
@@ -33,14 +34,14 @@ pub struct JournalState {
 /// Identity of the snapshot file last loaded, to notice when another process replaced it.
 type SnapId = (u64, u64, u64, u64);
 /// The index's directory and snapshot file under the root.
-pub const INDEX_DIR: &str = "index";
-pub const SNAPSHOT: &str = "snapshot";
+pub const INDEX_DIR: Rel = crate::layout::INDEX;
+pub const SNAPSHOT: Name = Name::fixed("snapshot");
 
 #[derive(Debug, Default)]
 pub struct IndexView {
     /// The entries: the snapshot's on disk, under the journals' records since in memory.
     pub entries: Entries,
-    pub journals: HashMap<String, JournalState>,
+    pub journals: HashMap<Name, JournalState>,
     /// Counters of journals folded and removed.
     pub base_counters: Vec<u64>,
     /// Their counters per remote tier name.
@@ -67,7 +68,7 @@ pub struct IndexView {
     /// Journals that had grown at the last refresh: how many processes are writing.
     pub writers: usize,
     /// This process's journal (file name), whose puts `others_put_bytes` leaves out.
-    pub own_journal: Option<String>,
+    pub own_journal: Option<Name>,
     /// Bytes of the puts of other processes read from their journals since this view was
     /// created, not counting what a first read or a snapshot reload brings in (history,
     /// not recent puts): its growth over time is the fleet's put rate.
@@ -78,6 +79,14 @@ pub struct IndexView {
     /// many were newly found so since the caller last took the count.
     pub unreadable: HashMap<String, String>,
     pub newly_unreadable: u64,
+    /// Names in the journal directory or a snapshot's journal list that are not a
+    /// journal's (never opened, never removed), newly found since the caller last took the
+    /// count, and how many the last listing had.
+    pub newly_bad_names: u64,
+    listed_bad_names: u64,
+    /// The snapshot there could not be used (damaged, inconsistent, or claiming what no
+    /// writer writes): the next compaction replaces it.
+    snapshot_bad: bool,
 }
 
 impl IndexView {
@@ -112,7 +121,10 @@ impl IndexView {
         let others_put_bytes = self.others_put_bytes;
         let unreadable = std::mem::take(&mut self.unreadable);
         let newly = self.newly_unreadable;
+        let (bad, listed_bad) = (self.newly_bad_names, self.listed_bad_names);
         *self = IndexView::default();
+        self.newly_bad_names = bad;
+        self.listed_bad_names = listed_bad;
         self.unreadable = unreadable;
         self.newly_unreadable = newly;
         self.own_journal = own_journal;
@@ -245,16 +257,20 @@ impl IndexView {
     pub fn refresh(&mut self, root: &Root, fresh: bool, from_server: bool) -> io::Result<()> {
         self.prune_tombstones();
         self.check_snapshot(root)?;
-        let jdir = match root.sub(JOURNAL_DIR) {
+        let jdir = match root.sub(&JOURNAL) {
             Ok(d) => Some(d),
             // No journal directory: an empty (or vanished) cache, not an error.
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
-        let names = match &jdir {
+        let (names, bad) = match &jdir {
             Some(d) => journal::list(d)?,
-            None => Vec::new(),
+            None => (Vec::new(), 0),
         };
+        if bad > self.listed_bad_names {
+            self.newly_bad_names += bad - self.listed_bad_names;
+        }
+        self.listed_bad_names = bad;
         if self
             .journals
             .keys()
@@ -265,6 +281,9 @@ impl IndexView {
             // whatever snapshot there is now.
             self.loaded = false;
             self.check_snapshot(root)?;
+            // What the snapshot lists and the directory does not hold is not followed (nor
+            // written into the next snapshot): a journal list is only ever what exists.
+            self.journals.retain(|k, _| names.binary_search(k).is_ok());
         }
         let Some(jdir) = jdir else {
             self.loaded = true;
@@ -310,7 +329,7 @@ impl IndexView {
                     continue;
                 }
             };
-            self.unreadable.remove(&name);
+            self.unreadable.remove(name.as_str());
             let state = self.journals.entry(name.clone()).or_default();
             self.unfolded_bytes += end - state.offset;
             writers += usize::from(end > state.offset);
@@ -366,8 +385,8 @@ impl IndexView {
 
     /// Notes a file of the index that cannot be read, warning once per file (with its
     /// owner: typically another user's journal under a umask of 077).
-    fn skip_unreadable(&mut self, dir: &Dir, name: &str, why: &str) {
-        if self.unreadable.contains_key(name) {
+    fn skip_unreadable(&mut self, dir: &Dir, name: &Name, why: &str) {
+        if self.unreadable.contains_key(name.as_str()) {
             return;
         }
         let owner = dir
@@ -377,19 +396,19 @@ impl IndexView {
         log::warn!(
             "xla_pcache: skipping {} (owner {owner}): {why}; the cache's accounting goes on \
              without it",
-            dir.display(name)
+            dir.display(name.as_str())
         );
         self.unreadable.insert(name.to_string(), owner);
         self.newly_unreadable += 1;
     }
 
     fn check_snapshot(&mut self, root: &Root) -> io::Result<()> {
-        let idir = match root.sub(INDEX_DIR) {
+        let idir = match root.sub(&INDEX_DIR) {
             Ok(d) => Some(d),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
-        let meta = match idir.as_ref().map(|d| d.stat(SNAPSHOT)) {
+        let meta = match idir.as_ref().map(|d| d.stat(&SNAPSHOT)) {
             None => None,
             Some(Ok(m)) => Some(m),
             Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => None,
@@ -405,11 +424,11 @@ impl IndexView {
             return Ok(());
         };
         if !meta.is_file() {
-            self.skip_unreadable(&idir, SNAPSHOT, &format!("it is {}", meta.kind()));
+            self.skip_unreadable(&idir, &SNAPSHOT, &format!("it is {}", meta.kind()));
             self.apply_tombstones();
             return Ok(());
         }
-        let opened = match crate::dir::open_regular(&idir, SNAPSHOT) {
+        let opened = match crate::dir::open_regular(&idir, &SNAPSHOT) {
             Ok((f, st)) => {
                 // The snapshot read is the one opened (it may have been replaced since the
                 // stat above).
@@ -418,23 +437,24 @@ impl IndexView {
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => {
-                self.skip_unreadable(&idir, SNAPSHOT, &e.to_string());
+                self.skip_unreadable(&idir, &SNAPSHOT, &e.to_string());
                 self.apply_tombstones();
                 return Ok(());
             }
         };
-        self.unreadable.remove(SNAPSHOT);
+        self.unreadable.remove(SNAPSHOT.as_str());
         match opened {
             Ok((o, len)) => {
                 self.snapshot_bytes = len;
                 self.install(o);
             }
             Err(why) => {
+                self.snapshot_bad = true;
                 log::warn!(
                     "xla_pcache: ignoring unreadable index snapshot {} ({why}); the index is \
                      rebuilt from the journals; run `xla-pcache verify --repair` to reindex \
                      older entries",
-                    idir.display(SNAPSHOT)
+                    idir.display(SNAPSHOT.as_str())
                 );
             }
         }
@@ -454,6 +474,14 @@ impl IndexView {
                 meta
             }
         };
+        if meta.bad_names > 0 {
+            log::warn!(
+                "xla_pcache: the index snapshot lists {} journal name(s) that are not a \
+                 journal's (a path, or another shape); ignored, never opened or removed",
+                meta.bad_names
+            );
+            self.newly_bad_names += meta.bad_names;
+        }
         self.journals = meta
             .journals
             .into_iter()
@@ -481,13 +509,14 @@ impl IndexView {
     /// compaction streams the snapshot and costs its size in I/O (about 40 bytes per
     /// entry), in the process that holds the evictor lock.
     pub fn wants_compaction(&self) -> bool {
-        self.unfolded_bytes > (self.snapshot_bytes / 16).clamp(1 << 20, 2 << 20)
+        self.snapshot_bad
+            || self.unfolded_bytes > (self.snapshot_bytes / 16).clamp(1 << 20, 2 << 20)
             || self.journals.len() > 64.max(2 * self.journals_after_compaction)
     }
 
     /// Writes the view as the new snapshot (temp file + rename), folding the journals in
     /// `remove` (fully read, owner gone) into the base counters; then deletes those journals.
-    pub fn compact(&mut self, root: &Root, remove: &[String]) -> io::Result<()> {
+    pub fn compact(&mut self, root: &Root, remove: &[Name]) -> io::Result<()> {
         for name in remove {
             if let Some(st) = self.journals.remove(name) {
                 let mut acc = [0u64; N_COUNTERS];
@@ -497,10 +526,17 @@ impl IndexView {
                 add_tiers_into(&mut self.base_tiers, &st.tiers);
             }
         }
+        // What the view followed, which is what the journal directory listed: never more
+        // than a reader accepts. Past that, the journals read furthest are kept (a reader
+        // starts the others from their beginning).
+        let mut marks: Vec<(&Name, &JournalState)> = self.journals.iter().collect();
+        if marks.len() > snapshot::MAX_JOURNALS {
+            marks.sort_unstable_by(|a, b| b.1.offset.cmp(&a.1.offset).then(a.0.cmp(b.0)));
+            marks.truncate(snapshot::MAX_JOURNALS);
+        }
         let meta = Meta {
-            journals: self
-                .journals
-                .iter()
+            journals: marks
+                .into_iter()
                 .map(|(name, st)| JournalMark {
                     name: name.clone(),
                     offset: st.offset,
@@ -510,10 +546,14 @@ impl IndexView {
                 .collect(),
             base_counters: self.base_counters.clone(),
             base_tiers: self.base_tiers.clone(),
+            bad_names: 0,
         };
-        let tmp_dir = root.sub("tmp")?;
-        let idir = root.sub(INDEX_DIR)?;
-        let tmp = format!("snapshot.{}", crate::publish::unique_suffix());
+        let tmp_dir = root.sub(&TMP)?;
+        let idir = root.sub(&INDEX_DIR)?;
+        let tmp = Name::checked(
+            crate::dir::Kind::Made,
+            &format!("snapshot.{}", crate::publish::unique_suffix()),
+        )?;
         let res = (|| {
             let f = tmp_dir.open_file(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o666)?;
             let mut w = snapshot::Writer::new(f, self.entries.len() as u64)?;
@@ -521,7 +561,7 @@ impl IndexView {
                 w.push(name, info)?;
             }
             let (f, len) = w.finish(&meta)?;
-            tmp_dir.rename(&tmp, &idir, SNAPSHOT)?;
+            tmp_dir.rename(&tmp, &idir, &SNAPSHOT)?;
             Ok((f, len))
         })();
         let (f, len) = match res {
@@ -533,6 +573,7 @@ impl IndexView {
         };
         self.snapshot_id = crate::dir::fstat(&f).ok().map(|m| m.id());
         self.snapshot_bytes = len;
+        self.snapshot_bad = false;
         // The view goes on from the snapshot just written (the same file, still open),
         // holding nothing of it in memory.
         match Base::open(f, len) {
@@ -552,7 +593,7 @@ impl IndexView {
         self.unfolded_bytes = 0;
         self.journals_after_compaction = self.journals.len();
         if !remove.is_empty() {
-            if let Ok(jdir) = root.sub(JOURNAL_DIR) {
+            if let Ok(jdir) = root.sub(&JOURNAL) {
                 for name in remove {
                     let _ = jdir.unlink(name);
                 }
@@ -579,11 +620,11 @@ mod tests {
     }
 
     fn snapshot_path(l: &Root) -> std::path::PathBuf {
-        l.path().join(INDEX_DIR).join(SNAPSHOT)
+        l.path().join(INDEX_DIR.as_str()).join(SNAPSHOT.as_str())
     }
 
-    fn journals(l: &Root) -> Vec<String> {
-        journal::list(&l.sub(JOURNAL_DIR).unwrap()).unwrap()
+    fn journals(l: &Root) -> Vec<Name> {
+        journal::list(&l.sub(&JOURNAL).unwrap()).unwrap().0
     }
 
     #[test]
@@ -692,6 +733,7 @@ mod tests {
             let meta = Meta {
                 journals: Vec::new(),
                 base_counters: vec![7],
+                bad_names: 0,
                 ..Default::default()
             };
             fs::write(

@@ -8,7 +8,7 @@
 //! record: 0xA5, kind u8, body length u16, body, xxh3-64 of everything before it
 //! ```
 
-use crate::dir::{Dir, Root};
+use crate::dir::{Dir, Kind, Name, Root};
 use crate::hash::checksum;
 use std::fs::File;
 use std::io::{self, Write};
@@ -242,7 +242,7 @@ pub struct JournalWriter {
     root: Arc<Root>,
     host: String,
     /// The open journal, its file name, and the pid that opened it.
-    file: Option<(File, String, u32)>,
+    file: Option<(File, Name, u32)>,
     buf: Vec<u8>,
 }
 
@@ -257,14 +257,14 @@ impl JournalWriter {
     }
 
     /// The file name of this process's journal, once created.
-    pub fn name(&self) -> Option<&str> {
-        self.file.as_ref().map(|(_, n, _)| n.as_str())
+    pub fn name(&self) -> Option<&Name> {
+        self.file.as_ref().map(|(_, n, _)| n)
     }
 
     #[cfg(test)]
     pub fn path(&self) -> Option<std::path::PathBuf> {
         self.name()
-            .map(|n| self.root.path().join(JOURNAL_DIR).join(n))
+            .map(|n| self.root.path().join("journal").join(n.as_str()))
     }
 
     fn open(&mut self) -> io::Result<&mut File> {
@@ -274,9 +274,12 @@ impl JournalWriter {
             self.file = None;
         }
         if self.file.is_none() {
-            let name = file_name(&self.host, pid, crate::clock::unix_ns());
+            let name = Name::checked(
+                Kind::Journal,
+                &file_name(&self.host, pid, crate::clock::unix_ns()),
+            )?;
             let f = self.root.open_file(
-                &format!("{JOURNAL_DIR}/{name}"),
+                &crate::layout::JOURNAL.join(&name),
                 libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_EXCL,
                 0o666,
             )?;
@@ -329,20 +332,23 @@ pub fn owner_gone(name: &str, this_host: &str) -> Option<bool> {
     Some(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH))
 }
 
-/// The journals' directory under the root.
-pub const JOURNAL_DIR: &str = "journal";
-
-pub fn list(dir: &Dir) -> io::Result<Vec<String>> {
+/// The journals in `dir`, in name order, and how many `*.log` names were skipped for not
+/// having a journal's shape (someone else's files: never read, never removed).
+pub fn list(dir: &Dir) -> io::Result<(Vec<Name>, u64)> {
+    let (names, _) = dir.list_of(Kind::Listed)?;
     let mut out = Vec::new();
-    for n in dir.list()? {
-        if let Some(n) = n.to_str() {
-            if n.ends_with(".log") {
-                out.push(n.to_string());
-            }
+    let mut skipped = 0;
+    for n in names {
+        if !n.as_str().ends_with(".log") {
+            continue;
+        }
+        match Name::new(Kind::Journal, n.as_str()) {
+            Some(j) => out.push(j),
+            None => skipped += 1,
         }
     }
     out.sort();
-    Ok(out)
+    Ok((out, skipped))
 }
 
 #[cfg(test)]
@@ -429,7 +435,7 @@ mod tests {
 
     fn root() -> (tempfile::TempDir, Arc<Root>) {
         let d = tempfile::tempdir().unwrap();
-        fs::create_dir(d.path().join(JOURNAL_DIR)).unwrap();
+        fs::create_dir(d.path().join("journal")).unwrap();
         let r = Arc::new(Root::open(d.path()).unwrap());
         (d, r)
     }
@@ -508,6 +514,11 @@ mod tests {
     fn names_parse() {
         let n = file_name("host-a.example", 1234, 0xabc);
         assert_eq!(parse_file_name(&n), Some(("host-a.example", 1234)));
+        let host = crate::clock::hostname();
+        for t in [0, 1, u64::MAX] {
+            let n = file_name(host, u32::MAX, t);
+            assert!(Name::new(Kind::Journal, &n).is_some(), "{n}");
+        }
         assert_eq!(parse_file_name("junk"), None);
         assert_eq!(owner_gone(&file_name("other", 1, 1), "me"), None);
         assert_eq!(

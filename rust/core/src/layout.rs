@@ -1,6 +1,6 @@
 //! Where things live under the cache root, and the FORMAT file that names the layout version.
 
-use crate::dir::{Dir, Root};
+use crate::dir::{Dir, Kind, Name, Rel, Root};
 use crate::error::{io_err, StoreError};
 use crate::hash::name_hex;
 use std::io::{self, Write};
@@ -8,11 +8,25 @@ use std::path::PathBuf;
 
 /// On-disk layout version. Bump it for any change an older reader would misread.
 pub const FORMAT_VERSION: u32 = 1;
-const FORMAT_FILE: &str = "FORMAT";
+const FORMAT_FILE: Name = Name::fixed("FORMAT");
 const FORMAT_TAG: &str = "xla_pcache-format";
 /// FORMAT is a few short lines; never read more than this of it.
 const MAX_FORMAT_LEN: u64 = 4096;
-pub const SUBDIRS: [&str; 6] = ["entries", "journal", "index", "locks", "tmp", "trash"];
+pub const SUBDIRS: [Name; 6] = [
+    Name::fixed("entries"),
+    Name::fixed("journal"),
+    Name::fixed("index"),
+    Name::fixed("locks"),
+    Name::fixed("tmp"),
+    Name::fixed("trash"),
+];
+/// The directories beneath the root, as paths the root opens.
+pub const ENTRIES: Rel = Rel::fixed("entries");
+pub const JOURNAL: Rel = Rel::fixed("journal");
+pub const INDEX: Rel = Rel::fixed("index");
+pub const LOCKS: Rel = Rel::fixed("locks");
+pub const TMP: Rel = Rel::fixed("tmp");
+pub const TRASH: Rel = Rel::fixed("trash");
 
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -24,7 +38,7 @@ impl Layout {
         Self { root }
     }
     pub fn format_file(&self) -> PathBuf {
-        self.root.join(FORMAT_FILE)
+        self.root.join(FORMAT_FILE.as_str())
     }
     pub fn entries(&self) -> PathBuf {
         self.root.join("entries")
@@ -50,12 +64,12 @@ impl Layout {
     }
 
     /// `entries/xx`, relative to the root.
-    pub fn shard_rel(name: u128) -> String {
-        format!("entries/{:02x}", (name >> 120) as u8)
+    pub fn shard_rel(name: u128) -> Rel {
+        Rel::shard_of(name)
     }
     /// `entries/xx/<32 hex>`, relative to the root.
-    pub fn entry_rel(name: u128) -> String {
-        format!("entries/{:02x}/{}", (name >> 120) as u8, name_hex(name))
+    pub fn entry_rel(name: u128) -> Rel {
+        Rel::entry(name)
     }
 
     /// Reads FORMAT. `Ok(None)` when there is none (not a cache, or not yet initialised).
@@ -63,7 +77,7 @@ impl Layout {
     /// FORMAT that is anything but a small regular file is refused, saying what it is.
     pub fn read_format(&self, root: &Root) -> Result<Option<u32>, StoreError> {
         let path = self.format_file();
-        let f = match root.open_file(FORMAT_FILE, libc::O_RDONLY, 0) {
+        let f = match root.open_file(&Rel::of(&FORMAT_FILE), libc::O_RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -109,8 +123,8 @@ impl Layout {
     /// agrees.
     pub fn create(&self, root: &Root) -> Result<(), StoreError> {
         let top = root.dir().map_err(|e| io_err("open", &self.root, e))?;
-        for d in SUBDIRS {
-            let p = self.root.join(d);
+        for d in &SUBDIRS {
+            let p = self.root.join(d.as_str());
             match top.mkdir(d, 0o777) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -127,23 +141,25 @@ impl Layout {
         if self.read_format(root)?.is_some() {
             return Ok(());
         }
-        let tmp_dir = root
-            .sub("tmp")
-            .map_err(|e| io_err("open", &self.tmp(), e))?;
-        let tmp = format!("FORMAT.{}", crate::publish::unique_suffix());
+        let tmp_dir = root.sub(&TMP).map_err(|e| io_err("open", &self.tmp(), e))?;
+        let tmp = Name::checked(
+            Kind::Made,
+            &format!("FORMAT.{}", crate::publish::unique_suffix()),
+        )
+        .map_err(|e| io_err("create", &self.tmp(), e))?;
         let text = format!(
             "{FORMAT_TAG} {FORMAT_VERSION}\ncreated-by xla_pcache {}\ncreated-unix {}\n",
             env!("CARGO_PKG_VERSION"),
             crate::clock::unix_ns() / 1_000_000_000
         );
-        let tmp_path = self.tmp().join(&tmp);
+        let tmp_path = self.tmp().join(tmp.as_str());
         let mut f = tmp_dir
             .open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)
             .map_err(|e| io_err("create", &tmp_path, e))?;
         f.write_all(text.as_bytes())
             .map_err(|e| io_err("write", &tmp_path, e))?;
         drop(f);
-        let linked = crate::publish::publish_no_replace(&tmp_dir, &tmp, &top, FORMAT_FILE);
+        let linked = crate::publish::publish_no_replace(&tmp_dir, &tmp, &top, &FORMAT_FILE);
         let _ = tmp_dir.unlink(&tmp);
         linked.map_err(|e| io_err("publish", &self.format_file(), e))?;
         // Whoever won, the file must now be ours to read.
@@ -161,7 +177,12 @@ pub const FRESHEN_PREFIX: &str = ".fresh.";
 /// open+fstat otherwise serve cached sizes for 20 s; NFS revalidates a directory it
 /// changed). Two metadata operations; false if `dir` cannot be written.
 pub fn freshen_dir(dir: &Dir) -> bool {
-    let marker = format!("{FRESHEN_PREFIX}{}", crate::publish::unique_suffix());
+    let Some(marker) = Name::new(
+        Kind::Made,
+        &format!("{FRESHEN_PREFIX}{}", crate::publish::unique_suffix()),
+    ) else {
+        return false;
+    };
     if dir.mkdir(&marker, 0o777).is_err() {
         return false;
     }

@@ -1,6 +1,6 @@
 //! Publishing a finished temp file under its final name without ever replacing what is there.
 
-use crate::dir::Dir;
+use crate::dir::{Dir, Name};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,7 +26,7 @@ pub fn unique_suffix() -> String {
 /// where a retransmitted link can report EEXIST although it worked, so the link count is
 /// checked), and on filesystems with neither, a check-then-rename whose race can only
 /// replace one valid entry of a key by another valid entry of the same key.
-pub fn publish_no_replace(from: &Dir, name: &str, to: &Dir, to_name: &str) -> io::Result<bool> {
+pub fn publish_no_replace(from: &Dir, name: &Name, to: &Dir, to_name: &Name) -> io::Result<bool> {
     let err = match from.rename_noreplace(name, to, to_name) {
         Ok(()) => return Ok(true),
         Err(e) => e,
@@ -80,8 +80,9 @@ mod tests {
         fs::write(&a, "first").unwrap();
         fs::write(&b, "second").unwrap();
         let dir = Dir::open_path(d.path(), true).unwrap();
-        assert!(publish_no_replace(&dir, "a", &dir, "dest").unwrap());
-        assert!(!publish_no_replace(&dir, "b", &dir, "dest").unwrap());
+        let (na, nb, nd) = (Name::fixed("a"), Name::fixed("b"), Name::fixed("dest"));
+        assert!(publish_no_replace(&dir, &na, &dir, &nd).unwrap());
+        assert!(!publish_no_replace(&dir, &nb, &dir, &nd).unwrap());
         assert_eq!(fs::read_to_string(&dest).unwrap(), "first");
         assert!(!a.exists());
         assert!(

@@ -20,6 +20,7 @@
 //! that block's checksum: a new name (most puts) costs no block. Version 1 (one checksummed body,
 //! written before) is still read, in full, when found.
 
+use crate::dir::{Kind, Name};
 use crate::hash::checksum;
 use crate::lru::{EntryInfo, Lru};
 use crate::stats::{
@@ -44,18 +45,31 @@ const HEADER_LEN: usize = 80;
 /// positives.
 const FILTER_BITS_PER_ENTRY: u64 = 10;
 const FILTER_PROBES: u64 = 7;
-/// A version-1 snapshot is read whole: one larger than this is not one of ours.
-pub const MAX_V1_LEN: u64 = 256 << 20;
+/// A version-1 snapshot is read whole and decoded into memory (about 150 bytes per entry):
+/// one larger than this is not one of ours. A version-1 record is 32 bytes and its hit
+/// count 20 more, so this holds a million entries with their hits, past the largest caches
+/// version-1 writers made (they compacted at every eviction, and a compile cache of a
+/// million programs is far beyond any seen); decoding it costs a few hundred MB at most,
+/// where the earlier 256 MiB cap cost about 2 GB.
+pub const MAX_V1_LEN: u64 = 64 << 20;
 /// The meta section (journals and counters) is read whole: bounded like a version-1 file.
 const MAX_META_LEN: u64 = 64 << 20;
+/// Most journals a snapshot lists. A journal is one process's since the last compaction
+/// (which folds those whose owner is gone), so a real list is a cache's live writers plus
+/// a day of remote ones; writers never write more than this, and readers refuse more.
+/// 65,536 marks of the longest name and every counter are about 34 MB, under
+/// `MAX_META_LEN`, so whatever a compaction writes the next reader reads.
+pub const MAX_JOURNALS: usize = 1 << 16;
+/// Most counters per journal a snapshot may carry (this version writes `N_COUNTERS`).
+const MAX_COUNTERS: usize = 1024;
 /// The fence is read whole: 16 bytes per block, so this bounds a snapshot to about 1.7
 /// billion entries.
 const MAX_FENCE_LEN: u64 = 256 << 20;
 
 /// One journal's state as the snapshot's writer had folded it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalMark {
-    pub name: String,
+    pub name: Name,
     pub offset: u64,
     pub counters: Vec<u64>,
     /// Its counters per remote tier name.
@@ -69,6 +83,9 @@ pub struct Meta {
     pub base_counters: Vec<u64>,
     /// Counters per remote tier name of journals folded and removed.
     pub base_tiers: TierCounters,
+    /// Journal names in the file that are not a journal's (`../x.log`): left out, never
+    /// opened or removed.
+    pub bad_names: u64,
 }
 
 /// An opened version-2 snapshot: its totals and fence in memory, its entries on disk.
@@ -134,6 +151,7 @@ impl Base {
             || fence_len > MAX_FENCE_LEN
             || fence_at != meta_at + meta_len
             || filter_len > MAX_FENCE_LEN
+            || filter_len > 2 * Filter::bits_for(entries) / 8
             || !(filter_len / 8).is_power_of_two()
             || filter_len % 8 != 0
             || len != fence_at + fence_len + 8 + filter_len + 8
@@ -166,17 +184,34 @@ impl Base {
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                 .collect(),
         };
-        Ok(Opened::V2(
-            Base {
-                file,
-                entries,
-                total,
-                fence,
-                filter,
-                blocks_read: std::cell::Cell::new(0),
-            },
-            meta,
-        ))
+        let mut base = Base {
+            file,
+            entries,
+            total,
+            fence,
+            filter,
+            blocks_read: std::cell::Cell::new(0),
+        };
+        // The header's total is what eviction and admission compare with the budget: one
+        // no filesystem could hold is recomputed from the records (one pass over the
+        // blocks, a block in memory at a time), and refused if they say the same.
+        let room = filesystem_bytes(&base.file);
+        if base.total > room {
+            let mut sum = 0u128;
+            for i in 0..base.blocks() {
+                for (_, info) in base.block(i).map_err(|e| e.to_string())? {
+                    sum = sum.saturating_add(u128::from(info.disk_bytes));
+                }
+            }
+            if sum > room {
+                return Err(format!(
+                    "its entries claim {sum} bytes, more than the filesystem's {room}"
+                ));
+            }
+            base.total = sum;
+            base.blocks_read.set(0);
+        }
+        Ok(Opened::V2(base, meta))
     }
 
     pub fn blocks(&self) -> usize {
@@ -367,13 +402,17 @@ struct Filter {
 }
 
 impl Filter {
-    fn sized(expected: u64) -> Filter {
-        let bits = expected
+    /// The filter's size in bits for `expected` entries.
+    fn bits_for(expected: u64) -> u64 {
+        expected
             .saturating_mul(FILTER_BITS_PER_ENTRY)
             .clamp(64, MAX_FENCE_LEN * 8)
-            .next_power_of_two();
+            .next_power_of_two()
+    }
+
+    fn sized(expected: u64) -> Filter {
         Filter {
-            words: vec![0; (bits / 64) as usize],
+            words: vec![0; (Filter::bits_for(expected) / 64) as usize],
         }
     }
 
@@ -415,8 +454,8 @@ fn encode_meta(meta: &Meta) -> Vec<u8> {
     b.extend_from_slice(&(meta.journals.len() as u32).to_le_bytes());
     b.extend_from_slice(&(N_COUNTERS as u32).to_le_bytes());
     for j in &meta.journals {
-        b.extend_from_slice(&(j.name.len() as u16).to_le_bytes());
-        b.extend_from_slice(j.name.as_bytes());
+        b.extend_from_slice(&(j.name.as_str().len() as u16).to_le_bytes());
+        b.extend_from_slice(j.name.as_str().as_bytes());
         b.extend_from_slice(&j.offset.to_le_bytes());
         for c in fixed(&j.counters) {
             b.extend_from_slice(&c.to_le_bytes());
@@ -499,26 +538,58 @@ fn decode_meta(b: &[u8]) -> Result<Meta, String> {
     let mut r = Reader { b: body, at: 0 };
     let n_journals = r.u32()?;
     let n_counters = r.u32()? as usize;
+    check_counts(n_journals, n_counters)?;
     let mut meta = Meta::default();
-    for _ in 0..n_journals {
-        meta.journals.push(read_journal(&mut r, n_counters)?);
-    }
+    read_journals(&mut r, n_journals, n_counters, &mut meta)?;
     meta.base_counters = read_counters(&mut r, n_counters)?;
     read_tiers(&mut r, &mut meta)?;
     Ok(meta)
 }
 
-fn read_journal(r: &mut Reader<'_>, n_counters: usize) -> Result<JournalMark, &'static str> {
+/// Refuses a journal list longer than any writer makes, or more counters than any has.
+fn check_counts(n_journals: u32, n_counters: usize) -> Result<(), &'static str> {
+    if n_journals as usize > MAX_JOURNALS {
+        return Err("too many journals");
+    }
+    if n_counters > MAX_COUNTERS {
+        return Err("too many counters");
+    }
+    Ok(())
+}
+
+/// Reads `n` journal marks into `meta`, keeping those whose name is a journal's.
+fn read_journals(
+    r: &mut Reader<'_>,
+    n: u32,
+    n_counters: usize,
+    meta: &mut Meta,
+) -> Result<(), &'static str> {
+    for _ in 0..n {
+        match read_journal(r, n_counters)? {
+            Some(j) => meta.journals.push(j),
+            None => meta.bad_names += 1,
+        }
+    }
+    Ok(())
+}
+
+/// One journal mark; `None` when its name is not a journal's (read past all the same).
+fn read_journal(
+    r: &mut Reader<'_>,
+    n_counters: usize,
+) -> Result<Option<JournalMark>, &'static str> {
     let len = r.u16()? as usize;
-    let name = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| "bad name")?;
+    let name = std::str::from_utf8(r.take(len)?)
+        .ok()
+        .and_then(|s| Name::new(Kind::Journal, s));
     let offset = r.u64()?;
     let counters = read_counters(r, n_counters)?;
-    Ok(JournalMark {
+    Ok(name.map(|name| JournalMark {
         name,
         offset,
         counters,
         tiers: TierCounters::new(),
-    })
+    }))
 }
 
 fn read_counters(r: &mut Reader<'_>, n: usize) -> Result<Vec<u64>, &'static str> {
@@ -546,6 +617,14 @@ pub fn decode_v1(b: &[u8]) -> Result<(Lru, Meta), String> {
     let n_entries = r.u64()?;
     let n_journals = r.u32()?;
     let n_counters = r.u32()? as usize;
+    check_counts(n_journals, n_counters)?;
+    // Checked against what is left before the loop: a count is whatever the file says.
+    if n_entries
+        .checked_mul(32)
+        .is_none_or(|b| b > (r.b.len() - r.at) as u64)
+    {
+        return Err("truncated".into());
+    }
     let mut lru = Lru::default();
     for _ in 0..n_entries {
         let name = r.u128()?;
@@ -554,15 +633,18 @@ pub fn decode_v1(b: &[u8]) -> Result<(Lru, Meta), String> {
         lru.touch(name, disk_bytes, last_use);
     }
     let mut meta = Meta::default();
-    for _ in 0..n_journals {
-        meta.journals.push(read_journal(&mut r, n_counters)?);
-    }
+    read_journals(&mut r, n_journals, n_counters, &mut meta)?;
     meta.base_counters = read_counters(&mut r, n_counters)?;
     if r.at < r.b.len() {
         if r.take(4)? != HITS_TAG {
             return Err("unknown trailing section".into());
         }
         let n = r.u64()?;
+        if n.checked_mul(20)
+            .is_none_or(|b| b > (r.b.len() - r.at) as u64)
+        {
+            return Err("truncated".into());
+        }
         for _ in 0..n {
             let name = r.u128()?;
             let hits = r.u32()?;
@@ -587,8 +669,8 @@ pub fn encode_v1(lru: &Lru, meta: &Meta, with_hits: bool) -> Vec<u8> {
         b.extend_from_slice(&info.last_use.to_le_bytes());
     }
     for j in &meta.journals {
-        b.extend_from_slice(&(j.name.len() as u16).to_le_bytes());
-        b.extend_from_slice(j.name.as_bytes());
+        b.extend_from_slice(&(j.name.as_str().len() as u16).to_le_bytes());
+        b.extend_from_slice(j.name.as_str().as_bytes());
         b.extend_from_slice(&j.offset.to_le_bytes());
         for c in fixed(&j.counters) {
             b.extend_from_slice(&c.to_le_bytes());
@@ -640,9 +722,27 @@ fn read_exact(f: &File, at: u64, len: usize) -> Result<Vec<u8>, String> {
         if n == 0 {
             return Err("truncated".into());
         }
+        // Memory refused (a limit on the address space) is an unreadable snapshot, not an
+        // abort.
+        out.try_reserve(n).map_err(|e| e.to_string())?;
         out.extend_from_slice(&chunk[..n]);
     }
     Ok(out)
+}
+
+/// The size of the filesystem holding `f`, in bytes (no limit if it cannot be read): no
+/// total of entries on it can be larger.
+fn filesystem_bytes(f: &File) -> u128 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statvfs is plain data; zeroed is valid, and the kernel fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a pointer to a live statvfs.
+    if unsafe { libc::fstatvfs(f.as_raw_fd(), &mut st) } != 0 || st.f_blocks == 0 {
+        return u128::MAX;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    let bytes = u128::from(st.f_blocks as u64) * u128::from(st.f_frsize.max(1) as u64);
+    bytes
 }
 
 struct Reader<'a> {
@@ -703,7 +803,7 @@ mod tests {
         }
         let meta = Meta {
             journals: vec![JournalMark {
-                name: "h-1-2.log".into(),
+                name: Name::new(Kind::Journal, "h-1-2.log").unwrap(),
                 offset: 99,
                 counters: vec![1, 2, 3],
                 tiers: TierCounters::from([("s3".to_string(), [1; N_TIER_COUNTERS])]),
@@ -713,6 +813,7 @@ mod tests {
                 ("redis".to_string(), [2; N_TIER_COUNTERS]),
                 ("gs".to_string(), [3; N_TIER_COUNTERS]),
             ]),
+            bad_names: 0,
         };
         w.finish(&meta).unwrap();
         (f, meta)

@@ -283,7 +283,10 @@ pub fn compile_ms(meta: &[(String, String)]) -> u64 {
 /// remote hit as an untrusted entry.
 pub const PER_KIND_RECORD: usize = 71;
 const FIRST_PER_KIND: usize = Counter::RemoteBackfills as usize + 1;
-const _: () = assert!(N_COUNTERS != PER_KIND_RECORD, "a record of this release must not read as one of that release");
+const _: () = assert!(
+    N_COUNTERS != PER_KIND_RECORD,
+    "a record of this release must not read as one of that release"
+);
 
 pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
     let v = if v.len() == PER_KIND_RECORD {

@@ -23,7 +23,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         xla_pcache_core::MAX_DURATION.as_secs_f64(),
     )?;
     m.add("STORE_DEFAULTS", store::store_defaults(m.py())?)?;
-    m.add("TIER_COUNTERS", xla_pcache_core::TIER_COUNTER_NAMES.to_vec())?;
+    m.add(
+        "TIER_COUNTERS",
+        xla_pcache_core::TIER_COUNTER_NAMES.to_vec(),
+    )?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<blob::PyBlob>()?;

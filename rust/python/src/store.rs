@@ -4,7 +4,7 @@ use crate::blob::PyBlob;
 use crate::buffer::{HeldBuffer, KeyArg};
 use crate::claim::PyClaim;
 use crate::errors::{no_panic, CacheError};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::path::PathBuf;
@@ -96,6 +96,7 @@ fn interruptible<T: Send>(
     store: &Store,
     f: impl FnOnce() -> PyResult<T> + Send,
 ) -> PyResult<T> {
+    let _walk = store.walk();
     let (res, err) = py.detach(|| {
         std::thread::scope(|s| {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -183,6 +184,43 @@ impl PyStore {
     }
 }
 
+/// A conversion of the argument `name` that failed, as a TypeError that names it.
+fn bad_arg(name: &str, want: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    let ty = got
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    PyTypeError::new_err(format!("{name} must be {want}, not {ty}"))
+}
+
+/// The argument `name` as a bool (True or False only).
+fn bool_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    v.extract::<bool>()
+        .map_err(|_| bad_arg(name, "True or False", v))
+}
+
+fn read_only_arg(v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    bool_arg("read_only", v)
+}
+
+fn durable_arg(v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    bool_arg("durable", v)
+}
+
+/// The argument `name` as a path (str or os.PathLike), without NUL bytes.
+fn path_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+    let p: PathBuf = v
+        .extract()
+        .map_err(|_| bad_arg(name, "a str or os.PathLike", v))?;
+    if std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&0) {
+        return Err(PyValueError::new_err(format!(
+            "{name} must not contain a NUL byte"
+        )));
+    }
+    Ok(p)
+}
+
 #[pymethods]
 impl PyStore {
     #[new]
@@ -194,10 +232,10 @@ impl PyStore {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        path: PathBuf,
+        path: &Bound<'_, PyAny>,
         max_size: Option<i64>,
-        read_only: bool,
-        durable: bool,
+        #[pyo3(from_py_with = read_only_arg)] read_only: bool,
+        #[pyo3(from_py_with = durable_arg)] durable: bool,
         lock_mode: Option<String>,
         lock_timeout: Option<f64>,
         lease_time: Option<f64>,
@@ -206,10 +244,15 @@ impl PyStore {
         tmp_grace: Option<f64>,
         claim_lease: Option<f64>,
         read_mode: Option<String>,
-        evict_trace: Option<PathBuf>,
+        evict_trace: Option<&Bound<'_, PyAny>>,
         signing_key: Option<(String, Vec<u8>)>,
         trusted_keys: Option<Vec<(String, Vec<u8>)>>,
     ) -> PyResult<Self> {
+        let path = path_arg("path", path)?;
+        let evict_trace = match evict_trace {
+            Some(v) if !v.is_none() => Some(path_arg("evict_trace", v)?),
+            _ => None,
+        };
         let max_size = match max_size {
             None => None,
             Some(n) if n > 0 => Some(n as u64),
@@ -297,18 +340,19 @@ impl PyStore {
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
-        meta: Option<&Bound<'_, PyDict>>,
+        meta: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let key_obj = key;
         let key = KeyArg::extract(key)?;
         let buf = HeldBuffer::get(value, "value")?;
         let mut pairs = Vec::new();
-        if let Some(m) = meta {
+        if let Some(m) = meta.filter(|m| !m.is_none()) {
+            let m = m
+                .cast::<PyDict>()
+                .map_err(|_| bad_arg("meta", "a dict of str to str", m))?;
             for (k, v) in m.iter() {
                 let (Ok(k), Ok(v)) = (k.extract::<String>(), v.extract::<String>()) else {
-                    return Err(pyo3::exceptions::PyTypeError::new_err(
-                        "meta must map str to str",
-                    ));
+                    return Err(PyTypeError::new_err("meta must map str to str"));
                 };
                 pairs.push((k, v));
             }
@@ -409,11 +453,15 @@ impl PyStore {
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         pieces: &Bound<'_, PyAny>,
-        publish: bool,
+        publish: &Bound<'_, PyAny>,
     ) -> PyResult<Option<PyBlob>> {
         let key = KeyArg::extract(key)?;
+        let publish = bool_arg("publish", publish)?;
         let mut held = Vec::new();
-        for piece in pieces.try_iter()? {
+        let iter = pieces
+            .try_iter()
+            .map_err(|_| bad_arg("pieces", "an iterable of buffers", pieces))?;
+        for piece in iter {
             held.push(HeldBuffer::get(&piece?, "pieces")?);
         }
         let store = self.store()?;
@@ -555,7 +603,18 @@ impl PyStore {
     }
 
     #[pyo3(signature = (shard=None))]
-    fn entries<'py>(&self, py: Python<'py>, shard: Option<String>) -> PyResult<Bound<'py, PyList>> {
+    fn entries<'py>(
+        &self,
+        py: Python<'py>,
+        shard: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let shard: Option<String> = match shard {
+            Some(s) if !s.is_none() => Some(
+                s.extract()
+                    .map_err(|_| bad_arg("shard", "a str (two hex digits)", s))?,
+            ),
+            _ => None,
+        };
         let store = self.store()?;
         let entries: Vec<EntrySummary> = py.detach(|| match &shard {
             Some(s) => no_panic("entries", || store.shard_entries(s)),
@@ -629,8 +688,14 @@ impl PyStore {
     fn trashed_keys<'py>(
         &self,
         py: Python<'py>,
-        names: Vec<String>,
+        names: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        if names.is_instance_of::<PyString>() {
+            return Err(bad_arg("names", "a list of str", names));
+        }
+        let names: Vec<String> = names
+            .extract()
+            .map_err(|_| bad_arg("names", "a list of str", names))?;
         let store = self.store()?;
         let found = py.detach(|| no_panic("trashed_keys", || Ok(store.trashed_keys(&names))))?;
         let d = PyDict::new(py);

@@ -11,8 +11,8 @@ impl LockDir {
         name: &str,
         deadline: Instant,
     ) -> Result<FcntlOutcome, LockError> {
-        let fname = format!("{name}.lock");
-        let path = self.dir.join(&fname);
+        let path = self.dir.join(format!("{name}.lock"));
+        let fname = made(&format!("{name}.lock")).map_err(|e| LockError::io("open", &path, e))?;
         let open = |d: &Dir| {
             let f = d.open_file(&fname, libc::O_RDWR | libc::O_CREAT, 0o666)?;
             if !crate::dir::fstat(&f)?.is_file() {

@@ -29,8 +29,9 @@ impl LockDir {
         name: &str,
         deadline: Instant,
     ) -> Result<Option<LockGuard>, LockError> {
-        let lease_name = format!("{name}.lease");
-        let lease = self.dir.join(&lease_name);
+        let lease = self.dir.join(format!("{name}.lease"));
+        let lease_name =
+            made(&format!("{name}.lease")).map_err(|e| LockError::io("open", &lease, e))?;
         let dir = self
             .open_dir(true)
             .map_err(|e| LockError::io("open", &self.dir, e))?;
@@ -40,8 +41,8 @@ impl LockDir {
             nonce: new_nonce(),
         };
         let content = id.content(0);
-        let tmp_name = id.temp_name(name, 0);
-        let tmp = self.dir.join(&tmp_name);
+        let tmp = self.dir.join(id.temp_name(name, 0));
+        let tmp_name = made(&id.temp_name(name, 0)).map_err(|e| LockError::io("write", &tmp, e))?;
         write_new_file(&dir, &tmp_name, content.as_bytes())
             .map_err(|e| LockError::io("write", &tmp, e))?;
         let _tmp_guard = RemoveOnDrop(&dir, &tmp_name);
@@ -52,7 +53,13 @@ impl LockDir {
             {
                 self.forget(name);
                 return Ok(Some(LockGuard::lease(
-                    &dir, lease, name, id, content, false,
+                    &dir,
+                    lease,
+                    &lease_name,
+                    name,
+                    id,
+                    content,
+                    false,
                 )));
             }
             // Held by someone else (or it vanished between link and read).
@@ -62,7 +69,13 @@ impl LockDir {
                         match self.take_over(name, &dir, &current, held_for, &id, &tmp_name)? {
                             TakeOver::Won => {
                                 return Ok(Some(LockGuard::lease(
-                                    &dir, lease, name, id, content, true,
+                                    &dir,
+                                    lease,
+                                    &lease_name,
+                                    name,
+                                    id,
+                                    content,
+                                    true,
                                 )));
                             }
                             TakeOver::GaveUp => return Ok(None),
@@ -125,8 +138,9 @@ impl LockDir {
     /// missing lease forgets what was seen of it.
     pub fn peek(&self, name: &str) -> Result<LeaseView, LockError> {
         validate_name(name)?;
-        let lease_name = format!("{name}.lease");
-        let lease = self.dir.join(&lease_name);
+        let lease = self.dir.join(format!("{name}.lease"));
+        let lease_name =
+            made(&format!("{name}.lease")).map_err(|e| LockError::io("read", &lease, e))?;
         let read = self
             .open_dir(false)
             .and_then(|dir| read_small(&dir, &lease_name));
@@ -169,12 +183,14 @@ impl LockDir {
         judged: &str,
         held_for: Duration,
         id: &LeaseId,
-        tmp: &str,
+        tmp: &Name,
     ) -> Result<TakeOver, LockError> {
-        let lease_name = format!("{name}.lease");
-        let lease = self.dir.join(&lease_name);
-        let aside_name = id.aside_name(name);
-        let aside = self.dir.join(&aside_name);
+        let lease = self.dir.join(format!("{name}.lease"));
+        let lease_name =
+            made(&format!("{name}.lease")).map_err(|e| LockError::io("rename", &lease, e))?;
+        let aside = self.dir.join(id.aside_name(name));
+        let aside_name =
+            made(&id.aside_name(name)).map_err(|e| LockError::io("rename", &aside, e))?;
         match dir.rename(&lease_name, dir, &aside_name) {
             Ok(()) => {}
             Err(e) if is_gone(&e) => return Ok(TakeOver::Retry),
@@ -295,6 +311,7 @@ impl LockGuard {
     pub(super) fn lease(
         dir: &Arc<Dir>,
         path: PathBuf,
+        file_name: &Name,
         name: &str,
         id: LeaseId,
         content: String,
@@ -303,7 +320,7 @@ impl LockGuard {
         LockGuard {
             inner: GuardInner::Lease {
                 dir: Arc::clone(dir),
-                file: format!("{name}.lease"),
+                file: file_name.clone(),
                 path,
                 name: name.to_string(),
                 id,
@@ -335,8 +352,9 @@ impl LockGuard {
         } else {
             id.content(next)
         };
-        let tmp_name = id.temp_name(name, next);
-        let tmp = path.with_file_name(&tmp_name);
+        let tmp = path.with_file_name(id.temp_name(name, next));
+        let tmp_name =
+            made(&id.temp_name(name, next)).map_err(|e| LockError::io("write", &tmp, e))?;
         write_new_file(dir, &tmp_name, new_content.as_bytes())
             .map_err(|e| LockError::io("write", &tmp, e))?;
         let _tmp_guard = RemoveOnDrop(dir, &tmp_name);
@@ -404,7 +422,7 @@ fn is_gone(e: &io::Error) -> bool {
 
 /// Creates `dir/name` exclusively with `data` and closes it, checking the close (on NFS
 /// the data reaches the server at close). Removes the file on failure.
-fn write_new_file(dir: &Dir, name: &str, data: &[u8]) -> io::Result<()> {
+fn write_new_file(dir: &Dir, name: &Name, data: &[u8]) -> io::Result<()> {
     let mut file = dir.open_file(name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666)?;
     let result = file.write_all(data).and_then(|()| {
         let fd = file.into_raw_fd();
@@ -423,7 +441,7 @@ fn write_new_file(dir: &Dir, name: &str, data: &[u8]) -> io::Result<()> {
 
 /// Reads a small text file: never following a link, never waiting on a FIFO, a regular
 /// file only, at most `MAX_LEASE_LEN` bytes.
-fn read_small(dir: &Dir, name: &str) -> io::Result<String> {
+fn read_small(dir: &Dir, name: &Name) -> io::Result<String> {
     let (file, _) = open_regular(dir, name)?;
     let buf = read_capped(&file, MAX_LEASE_LEN)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
@@ -436,7 +454,7 @@ fn is_foreign(e: &io::Error) -> bool {
 }
 
 /// Removes a file when dropped, ignoring errors (temp and aside files).
-struct RemoveOnDrop<'a>(&'a Dir, &'a str);
+struct RemoveOnDrop<'a>(&'a Dir, &'a Name);
 
 impl Drop for RemoveOnDrop<'_> {
     fn drop(&mut self) {
@@ -649,8 +667,8 @@ mod tests {
             pid: 1,
             nonce: 2,
         };
-        let tmpname = id.temp_name("evict", 0);
-        let tmpfile = d.dir().join(&tmpname);
+        let tmpfile = d.dir().join(id.temp_name("evict", 0));
+        let tmpname = made(&id.temp_name("evict", 0)).unwrap();
         let dir = Dir::open_path(d.dir(), true).unwrap();
         write_new_file(&dir, &tmpname, id.content(0).as_bytes()).unwrap();
         // We judged an older content stale; the holder refreshed it meanwhile.

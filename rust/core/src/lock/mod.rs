@@ -30,7 +30,7 @@ use lease::{LeaseId, Observation};
 
 use crate::clock::sanitize_host;
 
-use crate::dir::{Dir, Root};
+use crate::dir::{Dir, Kind, Name, Rel, Root};
 use crate::forksafe::ForkMutex;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -170,7 +170,7 @@ pub struct LockDir {
     dir: PathBuf,
     /// Where the directory is reached from: by its path, or beneath a cache root without
     /// following any link (see `dir.rs`), at each use.
-    beneath: Option<(Arc<Root>, String)>,
+    beneath: Option<(Arc<Root>, Rel)>,
     opts: LockOptions,
     /// `Auto` only: set once fcntl locks were found unavailable here.
     use_lease: AtomicBool,
@@ -205,9 +205,9 @@ impl LockDir {
     /// A lock directory at `rel` beneath a cache root, reached through directory handles
     /// at each use: a `rel` replaced by a symbolic link (or a file) is refused (ELOOP or
     /// ENOTDIR), never followed.
-    pub fn beneath(root: Arc<Root>, rel: &str, opts: LockOptions) -> Self {
-        let mut d = LockDir::new(root.path().join(rel), opts);
-        d.beneath = Some((root, rel.to_string()));
+    pub fn beneath(root: Arc<Root>, rel: Rel, opts: LockOptions) -> Self {
+        let mut d = LockDir::new(root.path().join(rel.as_str()), opts);
+        d.beneath = Some((root, rel));
         d
     }
 
@@ -232,9 +232,9 @@ impl LockDir {
         match open() {
             Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
                 let made = match &self.beneath {
-                    Some((root, rel)) => match rel.rsplit_once('/') {
-                        Some((parent, last)) => root.sub(parent)?.mkdir(last, 0o777),
-                        None => root.dir()?.mkdir(rel, 0o777),
+                    Some((root, rel)) => match rel.split_last() {
+                        (Some(parent), last) => root.sub(&parent)?.mkdir(&last, 0o777),
+                        (None, last) => root.dir()?.mkdir(&last, 0o777),
                     },
                     None => std::fs::create_dir(&self.dir),
                 };
@@ -330,7 +330,7 @@ enum GuardInner {
         /// The lease's directory (the handle it was taken through) and file name; `path`
         /// is for messages.
         dir: Arc<Dir>,
-        file: String,
+        file: Name,
         path: PathBuf,
         name: String,
         id: LeaseId,
@@ -417,6 +417,11 @@ impl Drop for LockGuard {
 
 // -------------------------------------------------------------------- helpers
 
+/// A file name the lock code makes from a lock name, a host and numbers.
+fn made(s: &str) -> io::Result<Name> {
+    Name::checked(Kind::Made, s)
+}
+
 fn validate_name(name: &str) -> Result<(), LockError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
@@ -466,7 +471,7 @@ fn sleep_until_next_poll(deadline: Instant) -> bool {
 /// an NFS client may report EEXIST for a retransmitted link that did succeed. Then an
 /// existing `dst` means "held" whatever the error: sshfs (SFTP) reports a link onto an
 /// existing name as EPERM. Only an error with `dst` absent is returned.
-fn link_exclusive(dir: &Dir, src: &str, dst: &str) -> io::Result<bool> {
+fn link_exclusive(dir: &Dir, src: &Name, dst: &Name) -> io::Result<bool> {
     let err = match dir.link(src, dir, dst) {
         Ok(()) => return Ok(true),
         Err(e) => e,
@@ -486,8 +491,10 @@ fn link_exclusive(dir: &Dir, src: &str, dst: &str) -> io::Result<bool> {
 /// Removes what stands under `file` in `dir` if it is not a regular file: moved aside first,
 /// and put back if a real lease took its place meanwhile; removed through the handle, never
 /// following a link.
-fn remove_foreign(dir: &Dir, name: &str, file: &str) {
-    let aside = format!(".{name}.foreign.{:016x}", new_nonce());
+fn remove_foreign(dir: &Dir, name: &str, file: &Name) {
+    let Ok(aside) = made(&format!(".{name}.foreign.{:016x}", new_nonce())) else {
+        return;
+    };
     if dir.rename(file, dir, &aside).is_err() {
         return;
     }
@@ -500,7 +507,7 @@ fn remove_foreign(dir: &Dir, name: &str, file: &str) {
             log::warn!(
                 "xla_pcache: removed {}: not a lock file (someone with write access to the \
                  cache directory put it there)",
-                dir.display(file)
+                dir.display(file.as_str())
             );
             let _ = dir.remove_any(&aside);
         }

@@ -23,7 +23,7 @@ impl Store {
     /// Whether a file stands under `name`'s entry name (in a real shard directory).
     pub(super) fn entry_exists(&self, name: u128) -> bool {
         self.dir(&Layout::shard_rel(name))
-            .and_then(|d| d.stat(&name_hex(name)))
+            .and_then(|d| d.stat(&Name::entry(name)))
             .is_ok()
     }
 
@@ -43,8 +43,9 @@ impl Store {
 
     fn delete_name(&self, name: u128) -> Result<bool, StoreError> {
         let path = self.layout.entry_path(name);
-        let file = name_hex(name);
-        let aside = format!("{file}.{}", unique_suffix());
+        let file = Name::entry(name);
+        let aside = Name::checked(Kind::Made, &format!("{file}.{}", unique_suffix()))
+            .map_err(|e| io_err("delete", &path, e))?;
         let t = crate::clock::unix_ns();
         let shard = match self.dir(&Layout::shard_rel(name)) {
             Ok(d) => d,
@@ -54,11 +55,11 @@ impl Store {
             Err(e) => return Err(io_err("delete", &path, e)),
         };
         if shard.stat(&file).is_ok_and(|m| m.is_dir()) {
-            self.unsafe_path(&Layout::entry_rel(name), &"a directory");
+            self.unsafe_path(Layout::entry_rel(name).as_str(), &"a directory");
             return Ok(false);
         }
         let trash = self
-            .dir("trash")
+            .dir(&TRASH)
             .map_err(|e| io_err("delete", &self.layout.trash(), e))?;
         match shard.rename(&file, &trash, &aside) {
             Ok(()) => {
@@ -82,18 +83,17 @@ impl Store {
         let mut failed = 0u64;
         let mut last_err = None;
         for (shard, file) in self.entry_files()? {
-            let dir = if shard.is_empty() {
-                self.dir("entries")
-            } else {
-                self.dir(&format!("entries/{shard}"))
-            };
+            let dir = self.dir(&entries_rel(shard.as_ref()));
             let res = dir.and_then(|d| d.remove_any(&file));
             match res {
                 Ok(_) => n += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
                     failed += 1;
-                    last_err = Some(format!("{}: {e}", self.entry_display(&shard, &file)));
+                    last_err = Some(format!(
+                        "{}: {e}",
+                        self.entry_display(shard.as_ref(), &file)
+                    ));
                 }
             }
         }
@@ -104,9 +104,9 @@ impl Store {
             );
         }
         // Shards removed with stray directories are laid out again.
-        if let Ok(entries) = self.dir("entries") {
+        if let Ok(entries) = self.dir(&ENTRIES) {
             for shard in 0..=255u8 {
-                let _ = entries.mkdir(&format!("{shard:02x}"), 0o777);
+                let _ = entries.mkdir(&Name::shard(shard), 0o777);
             }
         }
         self.append(&[Record::Clear { t }]);
@@ -115,48 +115,49 @@ impl Store {
         Ok(n)
     }
 
-    fn entry_display(&self, shard: &str, file: &str) -> String {
+    fn entry_display(&self, shard: Option<&Name>, file: &Name) -> String {
         self.layout
             .entries()
-            .join(shard)
-            .join(file)
+            .join(shard.map_or("", Name::as_str))
+            .join(file.as_str())
             .display()
             .to_string()
     }
 
-    /// Every name under entries/ (walks the directory): (shard, file) for the names in
-    /// real shard directories, ("", name) for anything else directly under entries/ (a
-    /// stray file, or a shard that is not a real directory).
-    pub(super) fn entry_files(&self) -> Result<Vec<(String, String)>, StoreError> {
+    /// Every name under entries/ (walks the directory): (Some(shard), file) for the names
+    /// in real shard directories, (None, name) for anything else directly under entries/
+    /// (a stray file, or a shard that is not a real directory).
+    pub(super) fn entry_files(&self) -> Result<Vec<(Option<Name>, Name)>, StoreError> {
         let mut out = Vec::new();
         let Some((entries, shards)) = self.list_entries_dir()? else {
             return Ok(out);
         };
         for shard in shards {
             if !entries.stat(&shard).is_ok_and(|m| m.is_dir()) {
-                out.push((String::new(), shard));
+                out.push((None, shard));
                 continue;
             }
             let Ok(d) = entries.sub(&shard) else {
-                out.push((String::new(), shard));
+                out.push((None, shard));
                 continue;
             };
             let names = match d.list() {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err("list", &self.layout.entries().join(&shard), e)),
+                Err(e) => {
+                    return Err(io_err(
+                        "list",
+                        &self.layout.entries().join(shard.as_str()),
+                        e,
+                    ))
+                }
             };
-            out.extend(
-                names
-                    .into_iter()
-                    .filter_map(|n| n.into_string().ok())
-                    .map(|n| (shard.clone(), n)),
-            );
+            out.extend(names.into_iter().map(|n| (Some(shard.clone()), n)));
         }
         Ok(out)
     }
 
-    pub(super) fn read_header(&self, rel: &str) -> Result<(entry::Header, Stat), ReadError> {
+    pub(super) fn read_header(&self, rel: &Rel) -> Result<(entry::Header, Stat), ReadError> {
         let mut f = match self.root.open_file(rel, libc::O_RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing),
@@ -208,12 +209,13 @@ impl Store {
             if self.interrupted() {
                 break;
             }
-            let Some(name) = parse_name_hex(&file).filter(|n| {
-                !shard.is_empty() && Layout::shard_rel(*n) == format!("entries/{shard}")
-            }) else {
+            let dir_rel = entries_rel(shard.as_ref());
+            let Some(name) = parse_name_hex(file.as_str())
+                .filter(|n| shard.is_some() && Layout::shard_rel(*n) == dir_rel)
+            else {
                 continue;
             };
-            let rel = format!("entries/{shard}/{file}");
+            let rel = dir_rel.join(&file);
             let (key, why) = match self.read_entry(&rel, Some(trust)) {
                 Ok(b) if filed_under(&b.header, name) => continue,
                 Ok(b) => {
@@ -234,12 +236,12 @@ impl Store {
             };
             if remove {
                 let ino = self
-                    .dir(&format!("entries/{shard}"))
+                    .dir(&dir_rel)
                     .and_then(|d| d.stat(&file))
                     .map_or(0, |m| m.ino());
                 self.remove_corrupt(ino, name);
             }
-            out.push((self.entry_display(&shard, &file), key, why));
+            out.push((self.entry_display(shard.as_ref(), &file), key, why));
         }
         Ok(out)
     }
@@ -258,23 +260,20 @@ impl Store {
     pub fn entry_shards(&self) -> Result<Vec<String>, StoreError> {
         Ok(self
             .list_entries_dir()?
-            .map(|(_, names)| names)
+            .map(|(_, names)| names.into_iter().map(|n| n.to_string()).collect())
             .unwrap_or_default())
     }
 
     /// entries/ and the names in it, sorted; None when there is no entries/ yet.
-    fn list_entries_dir(&self) -> Result<Option<(Dir, Vec<String>)>, StoreError> {
-        let entries = match self.dir("entries") {
+    fn list_entries_dir(&self) -> Result<Option<(Dir, Vec<Name>)>, StoreError> {
+        let entries = match self.dir(&ENTRIES) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_err("list", &self.layout.entries(), e)),
         };
-        let mut names: Vec<String> = entries
+        let mut names = entries
             .list()
-            .map_err(|e| io_err("list", &self.layout.entries(), e))?
-            .into_iter()
-            .filter_map(|n| n.into_string().ok())
-            .collect();
+            .map_err(|e| io_err("list", &self.layout.entries(), e))?;
         names.sort();
         Ok(Some((entries, names)))
     }
@@ -283,10 +282,10 @@ impl Store {
     /// (looked up together: the snapshot blocks of one shard's names, each read once).
     /// Nothing for a name that is no shard directory.
     pub fn shard_entries(&self, shard: &str) -> Result<Vec<EntrySummary>, StoreError> {
-        let rel = format!("entries/{shard}");
-        if shard.len() != 2 || !shard.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let Some(shard_name) = Name::new(Kind::Shard, shard) else {
             return Ok(Vec::new());
-        }
+        };
+        let rel = ENTRIES.join(&shard_name);
         let d = match self.dir(&rel) {
             Ok(d) => d,
             Err(_) => return Ok(Vec::new()),
@@ -296,10 +295,9 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(io_err("list", &self.layout.entries().join(shard), e)),
         };
-        let mut files: Vec<(u128, String)> = names
+        let mut files: Vec<(u128, Name)> = names
             .into_iter()
-            .filter_map(|n| n.into_string().ok())
-            .filter_map(|f| parse_name_hex(&f).map(|n| (n, f)))
+            .filter_map(|f| parse_name_hex(f.as_str()).map(|n| (n, f)))
             .collect();
         files.sort_unstable();
         let uses = {
@@ -310,7 +308,7 @@ impl Store {
         };
         let mut out = Vec::with_capacity(files.len());
         for ((name, file), info) in files.into_iter().zip(uses) {
-            let Ok((h, m)) = self.read_header(&format!("{rel}/{file}")) else {
+            let Ok((h, m)) = self.read_header(&rel.join(&file)) else {
                 continue;
             };
             out.push(EntrySummary {
@@ -334,21 +332,21 @@ impl Store {
     /// a report can name what it removed without listing the cache first.
     pub fn trashed_keys(&self, names: &[String]) -> Vec<(String, Vec<u8>, bool)> {
         let wanted: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
-        let Ok(trash) = self.dir("trash") else {
+        let Ok(trash) = self.dir(&TRASH) else {
             return Vec::new();
         };
         let Ok(files) = trash.list() else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for f in files.into_iter().filter_map(|n| n.into_string().ok()) {
-            let Some((name, _)) = f.split_once('.') else {
+        for f in files {
+            let Some((name, _)) = f.as_str().split_once('.') else {
                 continue;
             };
             if !wanted.contains(name) {
                 continue;
             }
-            if let Ok((h, _)) = self.read_header(&format!("trash/{f}")) {
+            if let Ok((h, _)) = self.read_header(&TRASH.join(&f)) {
                 out.push((name.to_string(), h.key, h.key_is_text));
             }
         }
@@ -415,6 +413,7 @@ impl Store {
         if repair && self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
+        let _walk = self.walk();
         let files = self.entry_files()?;
         let total = files.len() as u64;
         let mut report = VerifyReport {
@@ -435,33 +434,28 @@ impl Store {
                 }
                 return Ok(report);
             }
-            let display = self.entry_display(shard, file);
-            let rel = format!("entries/{shard}/{file}");
-            let name = parse_name_hex(file).filter(|n| {
-                !shard.is_empty() && Layout::shard_rel(*n) == format!("entries/{shard}")
-            });
+            let display = self.entry_display(shard.as_ref(), file);
+            let dir_rel = entries_rel(shard.as_ref());
+            let rel = dir_rel.join(file);
+            let name = parse_name_hex(file.as_str())
+                .filter(|n| shard.is_some() && Layout::shard_rel(*n) == dir_rel);
             let is_dir = || {
-                self.dir(&format!("entries/{shard}"))
+                self.dir(&dir_rel)
                     .and_then(|d| d.stat(file))
                     .is_ok_and(|m| m.is_dir())
             };
             let Some(name) = name.filter(|_| !is_dir()) else {
                 report.foreign.push(display);
                 if repair {
-                    let dir = if shard.is_empty() {
-                        self.dir("entries")
-                    } else {
-                        self.dir(&format!("entries/{shard}"))
-                    };
                     // Removed through directory handles: a link is unlinked, never followed.
-                    let _ = dir.and_then(|d| d.remove_any(file));
+                    let _ = self.dir(&dir_rel).and_then(|d| d.remove_any(file));
                 }
                 continue;
             };
             match self.read_entry(&rel, None) {
                 Ok(blob) if filed_under(&blob.header, name) => {
                     let disk = self
-                        .dir(&format!("entries/{shard}"))
+                        .dir(&dir_rel)
                         .and_then(|d| d.stat(file))
                         .map(|m| disk_bytes(&m))
                         .unwrap_or(0);
@@ -473,9 +467,7 @@ impl Store {
                 Ok(_) | Err(ReadError::Corrupt(..)) => {
                     report.corrupt.push(display);
                     if repair {
-                        let _ = self
-                            .dir(&format!("entries/{shard}"))
-                            .and_then(|d| d.unlink(file));
+                        let _ = self.dir(&dir_rel).and_then(|d| d.unlink(file));
                         fix.push(Record::Delete {
                             name,
                             t: crate::clock::unix_ns(),
@@ -549,6 +541,16 @@ impl Store {
             }
             self.append_locked(&mut st, &fix);
             self.sweep(false);
+            drop(st);
+            // The snapshot is written again from the repaired view: one that was damaged or
+            // claimed what its files do not hold (a total, a journal list) is replaced now,
+            // not at some later compaction. Skipped if another process holds the evictor
+            // lock (it compacts when it needs to).
+            if let Some(guard) = self.take_evict_lock(self.opts.lock_timeout) {
+                let mut st = self.state();
+                self.compact_locked(&mut st);
+                drop(guard);
+            }
         }
         Ok(report)
     }
@@ -561,4 +563,12 @@ fn filed_under(h: &entry::Header, name: u128) -> bool {
         || h.signature
             .as_ref()
             .is_some_and(|f| crate::sign::signed_name(&h.key, &f.signer) == name)
+}
+
+/// `entries/<shard>`, or `entries` itself for a name directly under it.
+fn entries_rel(shard: Option<&Name>) -> Rel {
+    match shard {
+        Some(s) => ENTRIES.join(s),
+        None => ENTRIES,
+    }
 }

@@ -43,7 +43,10 @@ const RETIRED_LINGER: Duration = Duration::from_secs(3);
 /// Cap on a wait, so that a huge timeout cannot overflow an `Instant`.
 const MAX_WAIT: Duration = Duration::from_secs(86_400);
 /// The claims' directory under `<root>/locks`.
+#[cfg(test)]
 pub const CLAIM_DIR: &str = "claims";
+/// The claims' directory beneath the root.
+pub const CLAIMS: Rel = Rel::fixed("locks/claims");
 
 /// How a [`Store::claim`] or [`Store::wait_for`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +152,7 @@ impl Keeper {
         Arc::new(Keeper {
             dir: LockDir::beneath(
                 Arc::clone(&root),
-                &format!("locks/{CLAIM_DIR}"),
+                CLAIMS,
                 LockOptions {
                     mode: LockMode::Lease,
                     timeout: Duration::ZERO,
@@ -173,7 +176,7 @@ impl Keeper {
     fn entry_exists(&self, name: u128) -> bool {
         self.root
             .sub(&Layout::shard_rel(name))
-            .and_then(|d| d.stat(&name_hex(name)))
+            .and_then(|d| d.stat(&crate::dir::Name::entry(name)))
             .is_ok()
     }
 

@@ -83,7 +83,7 @@ impl Store {
             (true, false)
         } else if freshen && !self.opts.read_only {
             st.last_freshen = Some(Instant::now());
-            let fresh = self.dir("journal").is_ok_and(|d| freshen_dir(&d));
+            let fresh = self.dir(&JOURNAL).is_ok_and(|d| freshen_dir(&d));
             (fresh, true)
         } else {
             (st.view.fresh && st.last_freshen.is_some(), false)
@@ -91,8 +91,8 @@ impl Store {
         // The put rate counts the other processes' journals only (this one's may have been
         // reopened under a new name).
         let own = st.journal.name();
-        if st.view.own_journal.as_deref() != own {
-            st.view.own_journal = own.map(str::to_string);
+        if st.view.own_journal.as_ref() != own {
+            st.view.own_journal = own.cloned();
         }
         let res = st.view.refresh(&self.root, fresh, from_server);
         self.note_unreadable(st);
@@ -204,11 +204,11 @@ impl Store {
                 std::process::id(),
                 crate::clock::unix_ns()
             );
-            let _ = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(trace)
-                .and_then(|mut f| f.write_all(line.as_bytes()));
+            if let Err(e) = append_trace(trace, line.as_bytes()) {
+                self.warn("evict-trace", || {
+                    format!("not writing the evict trace {}: {e}", trace.display())
+                });
+            }
         }
         drop(guard);
         res
@@ -309,7 +309,7 @@ impl Store {
         let mut records = Vec::new();
         let mut done = true;
         let mut first = true;
-        let trash = self.dir("trash");
+        let trash = self.dir(&TRASH);
         loop {
             let over = target.is_some_and(|t| st.view.entries.total_bytes() > t);
             let next = st
@@ -329,18 +329,21 @@ impl Store {
                 break;
             }
             first = false;
-            let file = name_hex(name);
+            let file = Name::entry(name);
             let shard_rel = Layout::shard_rel(name);
-            let aside = format!("{file}.{}", unique_suffix());
-            let moved = match (&trash, self.dir(&shard_rel)) {
-                (Ok(trash), Ok(shard)) => {
+            let shard_and_aside = self.dir(&shard_rel).and_then(|shard| {
+                let aside = Name::checked(Kind::Made, &format!("{file}.{}", unique_suffix()))?;
+                Ok((shard, aside))
+            });
+            let moved = match (&trash, shard_and_aside) {
+                (Ok(trash), Ok((shard, aside))) => {
                     // What the file really takes, not what the index believed (a client's
                     // cached attributes where it has them: no extra round trip on a network
                     // filesystem).
                     match shard.stat(&file) {
                         Ok(m) if m.is_dir() => {
                             // Not an entry: verify --repair's to remove, never moved to trash.
-                            self.unsafe_path(&Layout::entry_rel(name), &"a directory");
+                            self.unsafe_path(Layout::entry_rel(name).as_str(), &"a directory");
                             Err(io::Error::from_raw_os_error(libc::ENOENT))
                         }
                         size => shard
@@ -358,7 +361,7 @@ impl Store {
                 Ok(size) => {
                     report.removed += 1;
                     report.bytes += size.unwrap_or(info.disk_bytes);
-                    report.names.push(file);
+                    report.names.push(file.to_string());
                 }
                 // Gone, or not reachable inside the cache (a shard that is a link: counted
                 // where it was met): the record frees nothing here.
@@ -405,8 +408,8 @@ impl Store {
             return;
         }
         let now = crate::clock::unix_ns();
-        let own = st.journal.name().map(str::to_string);
-        let Ok(jdir) = self.dir("journal") else {
+        let own = st.journal.name().cloned();
+        let Ok(jdir) = self.dir(&JOURNAL) else {
             return;
         };
         let mut remove = Vec::new();
@@ -420,7 +423,7 @@ impl Store {
             if m.len() != js.offset {
                 continue;
             }
-            let gone = match journal::owner_gone(name, &self.host) {
+            let gone = match journal::owner_gone(name.as_str(), &self.host) {
                 Some(g) => g,
                 None => age(&m, now) > REMOTE_JOURNAL_AGE,
             };
@@ -451,21 +454,21 @@ impl Store {
         // following links, and its files removed through that handle: a directory swapped
         // for a link to elsewhere is skipped (counted, warned), never swept.
         for (dir, grace, trash, dot_only) in [
-            ("tmp", self.opts.tmp_grace, false, false),
-            ("trash", self.opts.trash_grace, true, false),
-            ("locks", self.opts.tmp_grace, false, true),
+            (TMP, self.opts.tmp_grace, false, false),
+            (TRASH, self.opts.trash_grace, true, false),
+            (LOCKS, self.opts.tmp_grace, false, true),
             // Compile claims of holders that died, retired ones nobody took, and their temp
             // files (a live claim is rewritten every quarter lease, so it is never this old).
-            ("locks/claims", self.opts.tmp_grace, false, false),
+            (claim::CLAIMS, self.opts.tmp_grace, false, false),
         ] {
-            let Ok(d) = self.dir(dir) else { continue };
+            let Ok(d) = self.dir(&dir) else { continue };
             let Ok(names) = d.list() else { continue };
             for name in names {
                 if !go_on() {
                     return counts;
                 }
-                let Some(name) = name.to_str() else { continue };
-                if dot_only && !name.starts_with('.') {
+                let name = &name;
+                if dot_only && !name.as_str().starts_with('.') {
                     continue;
                 }
                 let Ok(m) = d.stat(name) else { continue };
@@ -503,6 +506,7 @@ impl Store {
         if self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
+        let _walk = self.walk();
         let target = max_size.or(self.opts.max_size.map(|m| self.low_water(m)));
         let guard = self
             .locks
@@ -520,4 +524,25 @@ impl Store {
         report.skipped_files = self.unreadable_files(&st);
         Ok(report)
     }
+}
+
+/// Appends `line` to the evict trace at `path`: opened without following a link or waiting
+/// on a FIFO (`O_NOFOLLOW | O_NONBLOCK`), and written only if it is a regular file. The
+/// path is the user's, but what stands there may be anyone's.
+fn append_trace(path: &Path, line: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o666)
+        .custom_flags(cdir::SAFE_OPEN)
+        .open(path)?;
+    let st = cdir::fstat(&f)?;
+    if !st.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("it is {}, not a regular file", st.kind()),
+        ));
+    }
+    f.write_all(line)
 }

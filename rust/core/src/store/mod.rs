@@ -21,7 +21,7 @@ mod tests;
 mod write;
 
 use crate::blob::Blob;
-use crate::dir::{self as cdir, Dir, Root, Stat};
+use crate::dir::{self as cdir, Dir, Kind, Name, Rel, Root, Stat};
 use crate::entry::{self, EntryError};
 use crate::error::{io_err, StoreError};
 use crate::forksafe::ForkMutex;
@@ -29,7 +29,7 @@ use crate::fsinfo::{self, FsInfo};
 use crate::hash::{entry_name, name_hex, parse_name_hex, MAX_KEY_LEN};
 use crate::index::IndexView;
 use crate::journal::{self, JournalWriter, Record};
-use crate::layout::Layout;
+use crate::layout::{Layout, ENTRIES, JOURNAL, LOCKS, TMP, TRASH};
 use crate::lock::{LockDir, LockGuard, LockMode, LockOptions};
 use crate::publish::{publish_no_replace, unique_suffix};
 use crate::sign::{Signer, TrustSet};
@@ -42,9 +42,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-pub use claim::{Claim, ClaimOutcome, ClaimState};
 #[cfg(test)]
 use claim::CLAIM_DIR;
+pub use claim::{Claim, ClaimOutcome, ClaimState};
 pub use raw::entry_file_len;
 
 /// Below this size a file is read into memory rather than mapped. It is glibc's default
@@ -305,12 +305,28 @@ pub struct Store {
     locks: LockDir,
     claims: std::sync::Arc<claim::Keeper>,
     warned: ForkMutex<HashMap<&'static str, Instant>>,
-    /// Set by `interrupt`: the running (or next) `verify` or explicit `evict` stops at the
-    /// next entry, leaving the cache as valid as after any entry.
+    /// Set by `interrupt` while a walk runs: the running `verify` or explicit `evict` stops
+    /// at the next entry, leaving the cache as valid as after any entry.
     interrupt: std::sync::atomic::AtomicBool,
     /// The keys whose entries this store's own signed puts accept as already there: the
     /// trusted set and the signer's own key (None without a signer).
     write_trust: Option<TrustSet>,
+    /// How many walks (`verify`, explicit `evict`) run now: an `interrupt` with none
+    /// running is nobody's, and must not stop the next one at once.
+    walks: std::sync::atomic::AtomicUsize,
+}
+
+/// A walk running (see `Store::walks`); when the last one ends, a request to stop that
+/// came too late for it is dropped.
+pub struct Walk<'a>(&'a Store);
+
+impl Drop for Walk<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.0.walks.fetch_sub(1, SeqCst) == 1 {
+            self.0.interrupt.store(false, SeqCst);
+        }
+    }
 }
 
 enum ReadError {
@@ -403,11 +419,10 @@ impl Store {
             };
             layout.create(&r)?;
             let entries = r
-                .sub("entries")
+                .sub(&ENTRIES)
                 .map_err(|e| io_err("open", &layout.entries(), e))?;
             for shard in 0..=255u8 {
-                let d = format!("{shard:02x}");
-                match entries.mkdir(&d, 0o777) {
+                match entries.mkdir(&Name::shard(shard), 0o777) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(io_err("create directory", &layout.shard(shard), e)),
@@ -431,7 +446,7 @@ impl Store {
         };
         let locks = LockDir::beneath(
             Arc::clone(&root_dir),
-            "locks",
+            LOCKS,
             LockOptions {
                 mode: lock_mode,
                 timeout: opts.lock_timeout,
@@ -458,6 +473,7 @@ impl Store {
             locks,
             warned: ForkMutex::new(HashMap::new()),
             interrupt: std::sync::atomic::AtomicBool::new(false),
+            walks: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -477,8 +493,18 @@ impl Store {
     /// entry it is at: each step leaves a valid cache, so stopping between two is clean.
     /// Safe from any thread (a signal handler's, while another thread runs the call).
     pub fn interrupt(&self) {
-        self.interrupt
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.walks.load(SeqCst) > 0 {
+            self.interrupt.store(true, SeqCst);
+        }
+    }
+
+    /// Marks a walk as running for as long as the result lives (a caller that runs one on
+    /// another thread holds it from before that thread starts, so an `interrupt` meanwhile
+    /// is not lost).
+    pub fn walk(&self) -> Walk<'_> {
+        self.walks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Walk(self)
     }
 
     /// Whether `interrupt` was called; consumes the request.
@@ -539,11 +565,11 @@ impl Store {
     /// The directory `rel` beneath the root, every component a real directory. One that is
     /// not (a symbolic link, a file, a FIFO) is counted and warned about, and the error
     /// returned: the caller skips what it was about to do there.
-    fn dir(&self, rel: &str) -> io::Result<Dir> {
+    fn dir(&self, rel: &Rel) -> io::Result<Dir> {
         let r = self.root.sub(rel);
         if let Err(e) = &r {
             if cdir::is_unsafe(e) {
-                self.unsafe_path(rel, e);
+                self.unsafe_path(rel.as_str(), e);
             }
         }
         r
@@ -566,6 +592,19 @@ impl Store {
         let n = std::mem::take(&mut st.view.newly_unreadable);
         if n > 0 {
             self.counters.add(Counter::Unreadable, n);
+        }
+        // Journal names that are not a journal's (in journal/ or a snapshot's list): paths
+        // the store refused to follow.
+        let bad = std::mem::take(&mut st.view.newly_bad_names);
+        if bad > 0 {
+            self.counters.add(Counter::UnsafePaths, bad);
+            self.warn("journal-names", || {
+                format!(
+                    "skipped {bad} journal name(s) in {} or its index snapshot that are not \
+                     a journal's (never opened or removed)",
+                    self.layout.journal_dir().display()
+                )
+            });
         }
     }
 

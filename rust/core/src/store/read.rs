@@ -72,7 +72,7 @@ impl Store {
                 Err(ReadError::Missing) => break None,
                 Err(ReadError::Untrusted(why)) => return Err(why),
                 Err(ReadError::Unsafe(why)) => {
-                    self.unsafe_path(&rel, &why);
+                    self.unsafe_path(rel.as_str(), &why);
                     break None;
                 }
                 Err(ReadError::Corrupt(why, _))
@@ -147,7 +147,7 @@ impl Store {
     /// payload's check (one pass), and an entry not trusted is `Untrusted`, payload unread.
     pub(super) fn read_entry(
         &self,
-        rel: &str,
+        rel: &Rel,
         trust: Option<&TrustSet>,
     ) -> Result<Blob, ReadError> {
         let f = match self.root.open_file(rel, libc::O_RDONLY, 0) {
@@ -186,9 +186,9 @@ impl Store {
     /// Why opening `rel` met a link or a non-directory: its shard is not a real directory
     /// (skipped), or the entry file itself is a symbolic link (a foreign file, removed as
     /// corrupt).
-    fn why_unsafe(&self, rel: &str, e: io::Error) -> ReadError {
-        let shard = rel.rsplit_once('/').map_or(rel, |(d, _)| d);
-        match self.root.sub(shard) {
+    fn why_unsafe(&self, rel: &Rel, e: io::Error) -> ReadError {
+        let shard = rel.split_last().0.unwrap_or(ENTRIES);
+        match self.root.sub(&shard) {
             Ok(_) if e.raw_os_error() == Some(libc::ELOOP) => {
                 ReadError::Corrupt(EntryError::BadMagic, 0)
             }
@@ -204,11 +204,14 @@ impl Store {
         // wins in the index: it may err toward a record of a missing file (harmless, dropped
         // when eviction meets it), never toward an unindexed file that escapes the budget.
         let t = crate::clock::unix_ns();
-        let (Ok(shard), Ok(trash)) = (self.dir(&Layout::shard_rel(name)), self.dir("trash")) else {
+        let (Ok(shard), Ok(trash)) = (self.dir(&Layout::shard_rel(name)), self.dir(&TRASH)) else {
             return;
         };
-        let file = name_hex(name);
-        let aside = format!("{file}.corrupt.{}", unique_suffix());
+        let file = Name::entry(name);
+        let Some(aside) = Name::new(Kind::Made, &format!("{file}.corrupt.{}", unique_suffix()))
+        else {
+            return;
+        };
         if shard.rename(&file, &trash, &aside).is_err() {
             return;
         }

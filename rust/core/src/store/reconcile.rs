@@ -10,7 +10,7 @@
 
 use super::evict::Heartbeat;
 use super::*;
-use crate::layout::{freshen_dir, FRESHEN_PREFIX};
+use crate::layout::freshen_dir;
 
 /// Threads listing shards at once on a network filesystem, and shards listed between two
 /// heartbeats of the evictor's lease.
@@ -20,7 +20,7 @@ const LIST_BATCH: usize = 16;
 impl Store {
     /// The entry files of one shard: (name, disk bytes, mtime). A missing shard is empty.
     fn list_shard(&self, shard: u8, out: &mut Vec<(u128, (u64, u64))>) -> io::Result<()> {
-        let rel = format!("entries/{shard:02x}");
+        let rel = ENTRIES.join(&Name::shard(shard));
         let dir = match self.dir(&rel) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -31,19 +31,16 @@ impl Store {
         if !self.fs.local {
             freshen_dir(&dir);
         }
-        for file in dir.list()? {
-            let Some(file) = file.to_str() else { continue };
-            if file.starts_with(FRESHEN_PREFIX) {
-                continue;
-            }
-            // Foreign files are verify's business.
-            let Some(name) = parse_name_hex(file) else {
+        // Foreign files (and freshen markers) are verify's business.
+        let (files, _) = dir.list_of(Kind::Entry)?;
+        for file in files {
+            let Some(name) = parse_name_hex(file.as_str()) else {
                 continue;
             };
             if (name >> 120) as u8 != shard {
                 continue;
             }
-            match dir.stat(file) {
+            match dir.stat(&file) {
                 Ok(m) if m.is_file() => out.push((name, (disk_bytes(&m), m.mtime_ns()))),
                 _ => {}
             }

@@ -111,7 +111,9 @@ fn compaction_folds_journals_of_dead_processes() {
         fs::write(s.layout.journal_dir().join(name), buf).unwrap();
     }
     assert!(s.put(key("trigger"), b"v", &[]).unwrap());
-    let left = journal::list(&Dir::open_path(&s.layout.journal_dir(), true).unwrap()).unwrap();
+    let left = journal::list(&Dir::open_path(&s.layout.journal_dir(), true).unwrap())
+        .unwrap()
+        .0;
     assert_eq!(
         left.len(),
         1,
@@ -492,7 +494,7 @@ fn directories_swapped_for_links_while_open_are_skipped_and_counted() {
     .unwrap();
     assert!(s.put(key("before"), &[1u8; 3000], &[]).unwrap());
     let before = snapshot_tree(outside.path());
-    let shard = d.path().join(Layout::shard_rel(entry_name(b"k1")));
+    let shard = d.path().join(Layout::shard_rel(entry_name(b"k1")).as_str());
     for sub in [
         d.path().join("tmp"),
         d.path().join("trash"),

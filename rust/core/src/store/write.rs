@@ -173,7 +173,7 @@ impl Store {
     /// can squat a key for a trusted one.
     fn put_target(&self, key: Key<'_>, signed: Option<(&TrustSet, &str)>) -> Option<(u128, bool)> {
         let exists = |name: u128| match self.dir(&Layout::shard_rel(name)) {
-            Ok(shard) => Some(shard.stat(&name_hex(name)).is_ok()),
+            Ok(shard) => Some(shard.stat(&Name::entry(name)).is_ok()),
             // Not a real directory inside the cache (counted and warned): a skipped write.
             Err(e) if cdir::is_unsafe(&e) => None,
             // Missing: made again when the entry is published.
@@ -261,9 +261,12 @@ impl Store {
         value: &[u8],
         replace: bool,
     ) -> io::Result<Option<u64>> {
-        let tmp_dir = self.dir("tmp")?;
-        let tmp = format!("{}.{}.tmp", name_hex(name), unique_suffix());
-        let file = name_hex(name);
+        let tmp_dir = self.dir(&TMP)?;
+        let tmp = Name::checked(
+            Kind::Made,
+            &format!("{}.{}.tmp", name_hex(name), unique_suffix()),
+        )?;
+        let file = Name::entry(name);
         let shard_rel = Layout::shard_rel(name);
         let res = (|| {
             let f =
@@ -297,7 +300,10 @@ impl Store {
             let shard = match self.dir(&shard_rel) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     // The shard directory was removed (e.g. by hand); recreate it once.
-                    match self.dir("entries")?.mkdir(&shard_rel[8..], 0o777) {
+                    match self
+                        .dir(&ENTRIES)?
+                        .mkdir(&Name::shard((name >> 120) as u8), 0o777)
+                    {
                         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
                         _ => {}
                     }
@@ -339,9 +345,9 @@ impl Store {
                 self.layout.root.display()
             );
         } else if ok {
-            if let Ok(entries) = self.root.sub("entries") {
+            if let Ok(entries) = self.root.sub(&ENTRIES) {
                 for shard in 0..=255u8 {
-                    let _ = entries.mkdir(&format!("{shard:02x}"), 0o777);
+                    let _ = entries.mkdir(&Name::shard(shard), 0o777);
                 }
             }
             log::warn!(
