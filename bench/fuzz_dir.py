@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import dirstate_fuzz as dz  # noqa: E402
+import dirstate_fuzz as dz
 
 
 def main() -> int:

@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import random
-import resource
 import shutil
 import signal
 import socket
@@ -115,12 +114,16 @@ def snapshot_v1(
     rng: random.Random,
     hits: list[tuple[int, int]] | None = None,
     n_entries: int | None = None,
+    raw_entries: bytes = b"",
 ) -> bytes:
-    """Version 1: one checksummed body (entries in no order, journals, counters, HITS)."""
+    """Version 1: one checksummed body (entries in no order, journals, counters, HITS).
+    `raw_entries`: more entry records, 32 bytes each, appended as they are."""
     b = bytearray(SNAP_MAGIC + struct.pack("<I", 1))
-    b += struct.pack("<QII", len(entries) if n_entries is None else n_entries, len(journals), n_counters)
+    count = len(entries) + len(raw_entries) // 32
+    b += struct.pack("<QII", count if n_entries is None else n_entries, len(journals), n_counters)
     for name, disk, last_use in entries:
         b += struct.pack("<QQQQ", *_u128(name), disk, last_use)
+    b += raw_entries[: len(raw_entries) // 32 * 32]
     b += _journal_marks(journals, n_counters, rng)
     b += b"".join(struct.pack("<Q", rng.getrandbits(64)) for _ in range(n_counters))
     if hits is not None:
@@ -365,6 +368,7 @@ class Harness:
         self.figures = Figures()
         self.failures: list[Failure] = []
         self.keys: list[str] = []
+        self.bucket_keys: list[str] = []
         self.step = 0
         self.host = socket.gethostname()
         self.prefix = f"fz-{seed}-{os.getpid()}"
@@ -415,7 +419,7 @@ class Harness:
             "\r",
             " ",
             "-rf",
-            "..." ,
+            "...",
             "x" * r.randint(1, 255),
             "é" * r.randint(1, 100),
             "".join(chr(r.randint(1, 0x7F)) for _ in range(r.randint(1, 30))).replace("/", "_"),
@@ -428,37 +432,59 @@ class Harness:
             name = "dots"
         return name.encode("utf-8", "surrogateescape")[:255].decode("utf-8", "ignore") or "q"
 
-    def hostile_journal_name(self) -> tuple[bytes, str | None]:
-        """A journal name for a snapshot's meta, and a directory to plant in journal/ so that
-        a path through it resolves (or None)."""
+    def hostile_journal_name(self) -> tuple[bytes, str | None, Path | None]:
+        """A journal name for a snapshot's meta, a directory to plant in journal/ so that a
+        path through it resolves (or None), and the file outside it reaches (or None)."""
         r = self.rng
         pid = self.dead_pid()
         stem = f"{self.host}-{pid}-x"
-        targets = [
-            "precious.log",
-            "old.log",
-            "victim/precious.log",
-            "victim/sub/deep.log",
-            "victim/snapshot",
-            "victim",
-        ]
-        t = r.choice(targets)
+        t = r.choice(
+            [
+                "precious.log",
+                "old.log",
+                "victim/precious.log",
+                "victim/sub/deep.log",
+                "victim/snapshot",
+                "victim",
+            ]
+        )
+        target = self.outside / t
         kind = r.randrange(8)
         if kind == 0:
-            return f"{stem}/../../../outside/{t}".encode(), stem
+            return f"{stem}/../../../outside/{t}".encode(), stem, target
         if kind == 1:
-            return f"../../outside/{t}".encode(), None
+            return f"../../outside/{t}".encode(), None, target
         if kind == 2:
-            return str(self.outside / t).encode(), None
+            return str(target).encode(), None, target
         if kind == 3:
-            return f"{self.host}-{pid}-{r.getrandbits(40):x}.log".encode(), None
+            return f"{self.host}-{pid}-{r.getrandbits(40):x}.log".encode(), None, None
         if kind == 4:
-            return (self.odd_name() + f"-{pid}-1.log").encode(), None
+            return (self.odd_name() + f"-{pid}-1.log").encode(), None, None
         if kind == 5:
-            return bytes(r.getrandbits(8) for _ in range(r.randint(0, 64))), None
+            return bytes(r.getrandbits(8) for _ in range(r.randint(0, 64))), None, None
         if kind == 6:
-            return f"{stem}/../{self.host}-{pid}-y.log".encode(), stem
-        return (b".." if r.random() < 0.5 else b"."), None
+            return f"{stem}/../{self.host}-{pid}-y.log".encode(), stem, None
+        return (b".." if r.random() < 0.5 else b"."), None, None
+
+    def _meta_journals(self, n: int) -> list[tuple[bytes, int]]:
+        r = self.rng
+        journals = []
+        for _ in range(n):
+            name, stem, target = self.hostile_journal_name()
+            if target is not None and target.exists() and r.random() < 0.7:
+                # The offset a compaction compares with the file's length: equal, so the
+                # journal looks fully read.
+                offset = target.lstat().st_size
+            else:
+                offset = r.choice([0, 1, 100, (1 << 64) - 1, r.getrandbits(64)])
+            journals.append((name, offset))
+            if stem is not None:
+                (self.root / "journal" / stem).mkdir(parents=True, exist_ok=True)
+        if r.random() < 0.5:
+            # Past the count of journals at which a writer compacts.
+            pid = self.dead_pid()
+            journals += [(f"{self.host}-{pid}-{i:x}.log".encode(), 0) for i in range(65)]
+        return journals
 
     def entry_name(self, key: str) -> int:
         from xla_pcache import entry_name
@@ -489,7 +515,9 @@ class Harness:
 
     def _dirs(self) -> list[Path]:
         ent = self.root / "entries"
-        shards = [p for p in ent.iterdir() if p.is_dir() and not p.is_symlink()] if ent.is_dir() else []
+        shards = (
+            [p for p in ent.iterdir() if p.is_dir() and not p.is_symlink()] if ent.is_dir() else []
+        )
         return [
             self.root,
             ent,
@@ -546,6 +574,7 @@ class Harness:
             ("fifo", self.plant_fifo, 1),
             ("sparse", self.plant_sparse, 1),
             ("odd_name", self.plant_odd_name, 2),
+            ("odd_journal", self.plant_odd_journal, 1),
             ("misses", self.plant_misses, 1.5),
             ("dir_link", self.plant_dir_link, 0.3),
             ("heal", self.heal, 0.5),
@@ -572,13 +601,10 @@ class Harness:
 
     def plant_snapshot_v2(self) -> None:
         r = self.rng
-        journals = []
-        for _ in range(self.count(20000) if r.random() < 0.3 else r.randint(0, 6)):
-            name, stem = self.hostile_journal_name()
-            journals.append((name, r.choice([0, 1, 100, (1 << 64) - 1, r.getrandbits(64)])))
-            if stem is not None:
-                (self.root / "journal" / stem).mkdir(parents=True, exist_ok=True)
-        total = r.choice([None, None, 1 << 100, (1 << 128) - 1, (1 << 64) - 1, 0, r.getrandbits(100)])
+        journals = self._meta_journals(self.count(20000) if r.random() < 0.3 else r.randint(0, 6))
+        total = r.choice(
+            [None, None, 1 << 100, (1 << 128) - 1, (1 << 64) - 1, 0, r.getrandbits(100)]
+        )
         data = snapshot_v2(
             self.random_entries(self.count(5000)),
             journals,
@@ -591,18 +617,22 @@ class Harness:
 
     def plant_snapshot_v1(self) -> None:
         r = self.rng
-        journals = []
-        for _ in range(r.randint(0, 8)):
-            name, stem = self.hostile_journal_name()
-            journals.append((name, r.getrandbits(64)))
-            if stem is not None:
-                (self.root / "journal" / stem).mkdir(parents=True, exist_ok=True)
+        journals = self._meta_journals(r.randint(0, 8))
         n = self.count(200_000)
         entries = [(e[0], e[1], e[2]) for e in self.random_entries(n)]
         # A count that lies (larger than what follows) as often as one that does not.
         lie = r.choice([None, None, (1 << 64) - 1, len(entries) + 1, 1 << 40])
         hits = [(e[0], r.getrandbits(32)) for e in entries[: r.randint(0, len(entries))]]
-        data = snapshot_v1(entries, journals, r.randint(0, 60), r, hits if r.random() < 0.5 else None, lie)
+        raw = b""
+        if r.random() < 0.15:
+            # Near the readers' cap (256 MiB at scale 2): millions of random records.
+            raw = r.randbytes(int((64 << 20) * min(self.scale, 4.0)) // 32 * 32)
+            self.figures.plants_by_kind["snapshot_v1_giant"] = (
+                self.figures.plants_by_kind.get("snapshot_v1_giant", 0) + 1
+            )
+        data = snapshot_v1(
+            entries, journals, r.randint(0, 60), r, hits if r.random() < 0.5 else None, lie, raw
+        )
         self._write(self.root / "index" / "snapshot", data)
 
     def plant_journal(self) -> None:
@@ -640,8 +670,17 @@ class Harness:
 
     def _outside_target(self) -> Path:
         return self.outside / self.rng.choice(
-            ["precious.log", "old.log", "victim/precious.log", "victim/snapshot", "victim/data.bin",
-             "victim", "victim/sub", "victim/claim.lease", "nonexistent"]
+            [
+                "precious.log",
+                "old.log",
+                "victim/precious.log",
+                "victim/snapshot",
+                "victim/data.bin",
+                "victim",
+                "victim/sub",
+                "victim/claim.lease",
+                "nonexistent",
+            ]
         )
 
     def plant_link(self) -> None:
@@ -700,11 +739,30 @@ class Harness:
         name = self.odd_name()
         kind = self.rng.randrange(3)
         if kind == 0:
-            self._place(d, name, lambda p: p.write_bytes(self.rng.randbytes(self.rng.randint(0, 300))))
+            self._place(
+                d, name, lambda p: p.write_bytes(self.rng.randbytes(self.rng.randint(0, 300)))
+            )
         elif kind == 1:
             self._place(d, name, lambda p: p.mkdir())
         else:
             self._place(d, name, lambda p: p.symlink_to(self._outside_target()))
+
+    def plant_odd_journal(self) -> None:
+        """A journal named with terminal escapes that no reader can read (a FIFO, a link, a
+        directory): its name goes into the warnings."""
+        r = self.rng
+        name = (
+            r.choice(["\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "\x9b1m", "\u202e"])
+            + f"{self.host}-1-1.log"
+        )
+        make = r.choice(
+            [
+                lambda p: os.mkfifo(p),
+                lambda p: p.symlink_to(self.outside / "precious.log"),
+                lambda p: p.mkdir(),
+            ]
+        )
+        self._place(self.root / "journal", name, make)
 
     def plant_misses(self) -> None:
         r = self.rng
@@ -718,39 +776,73 @@ class Harness:
             elif kind == 1:
                 lines.append(json.dumps({"key": key, "t": 0}).replace("0}", "9" * 400 + "}"))
             elif kind == 2:
-                lines.append(json.dumps({"key": key, "t": time.time(), "components": [
-                    {"name": "jax", "digest": "\x1b[2Jd", "value": "\x1b]52;c;eA==\x07"}]}))
+                lines.append(
+                    json.dumps(
+                        {
+                            "key": key,
+                            "t": time.time(),
+                            "components": [
+                                {"name": "jax", "digest": "\x1b[2Jd", "value": "\x1b]52;c;eA==\x07"}
+                            ],
+                        }
+                    )
+                )
             elif kind == 3:
                 deep: Any = "v"
                 for _ in range(r.choice([50, 2000])):
                     deep = {"a": deep}
-                lines.append(json.dumps({"key": key, "t": time.time(), "components": [
-                    {"name": "compile_options", "digest": "d", "value": "x"}]}))
-                lines.append('{"key":' + json.dumps(key) + ',"t":1,"components":[{"name":"n","digest":"d","value":'
-                             + "[" * 3000 + "]" * 3000 + "}]}")
+                lines.append(
+                    json.dumps(
+                        {
+                            "key": key,
+                            "t": time.time(),
+                            "components": [
+                                {"name": "compile_options", "digest": "d", "value": "x"}
+                            ],
+                        }
+                    )
+                )
+                lines.append(
+                    '{"key":'
+                    + json.dumps(key)
+                    + ',"t":1,"components":[{"name":"n","digest":"d","value":'
+                    + "[" * 3000
+                    + "]" * 3000
+                    + "}]}"
+                )
             elif kind == 4:
                 lines.append(json.dumps({"key": key, "t": time.time(), "components": []}))
             elif kind == 5:
                 lines.append(r.randbytes(r.randint(0, 200)).decode("latin-1"))
             else:
-                lines.append(json.dumps({"key": key, "t": float("1e308") * 10 if r.random() < 0.3 else -1}))
+                lines.append(
+                    json.dumps({"key": key, "t": float("1e308") * 10 if r.random() < 0.3 else -1})
+                )
         name = r.choice(["misses.log", "misses.log.1"])
-        self._place(self.root, name, lambda p: p.write_text("\n".join(lines) + "\n", errors="surrogateescape"))
+        self._place(
+            self.root,
+            name,
+            lambda p: p.write_text("\n".join(lines) + "\n", errors="surrogateescape"),
+        )
 
     def plant_bucket(self) -> None:
+        """Garbage at an entry's key (one the local directory does not hold, so that a get
+        asks the bucket), a claim object under a claim's name, odd object names."""
         import obstore
+        from xla_pcache import entry_name
 
         r = self.rng
         client = self._client()
-        key = r.choice(self.keys)
-        from xla_pcache import entry_name
-
+        key = f"remote-{r.randrange(16)}"
+        if key not in self.bucket_keys:
+            self.bucket_keys.append(key)
         name = entry_name(key)
         kind = r.randrange(4)
         try:
             if kind == 0:
-                size = r.choice([0, 10, 4096, 1 << 20, int((8 << 20) * self.scale)])
-                obstore.put(client, f"xla_pcache-1/entries/{name}", r.randbytes(min(size, 64 << 20)))
+                size = r.choice([0, 10, 4096, 1 << 20, int((32 << 20) * self.scale)])
+                size = min(size, 512 << 20)
+                obstore.put(client, f"xla_pcache-1/entries/{name}", r.randbytes(64) + bytes(size))
             elif kind == 1:
                 obstore.put(client, f"xla_pcache-1/claims/{name}/x", b"{}")
             elif kind == 2:
@@ -777,8 +869,14 @@ class Harness:
 
     # ---- operations --------------------------------------------------------------------
 
-    def _spawn(self, op: str, argv: list[str], env: dict[str, str] | None = None,
-               cwd: Path | None = None, timeout: float | None = None) -> Proc:
+    def _spawn(
+        self,
+        op: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+    ) -> Proc:
         if env is not None and "XLA_PCACHE_EVICT_TRACE" in env:
             trace = Path(env["XLA_PCACHE_EVICT_TRACE"])
             kind = "fifo" if trace.is_fifo() else "link" if trace.is_symlink() else "file"
@@ -835,7 +933,9 @@ class Harness:
         rc = p.popen.returncode
         if hung:
             cmd = " ".join(p.argv[3:] if p.argv[1] == "-c" else p.argv)[:300]
-            self._fail("hang", p.op, f"no exit within {self.op_timeout:.0f}s; args {cmd}; {tail[-400:]}")
+            self._fail(
+                "hang", p.op, f"no exit within {self.op_timeout:.0f}s; args {cmd}; {tail[-400:]}"
+            )
         elif rc < 0 or rc in (134, 137, 139):
             cmd = " ".join(p.argv[3:] if p.argv[1] == "-c" else p.argv)[:600]
             self._fail("abort", p.op, f"exit {rc}; args {cmd}; {tail[-600:]}")
@@ -855,18 +955,36 @@ class Harness:
 
     def _fail(self, kind: str, op: str, detail: str) -> None:
         attr = {
-            "outside": "outside_changes", "hang": "hangs", "abort": "aborts", "panic": "panics",
-            "traceback": "tracebacks", "escape": "escapes", "rss": "rss_over", "error": "errors",
+            "outside": "outside_changes",
+            "hang": "hangs",
+            "abort": "aborts",
+            "panic": "panics",
+            "traceback": "tracebacks",
+            "escape": "escapes",
+            "rss": "rss_over",
+            "error": "errors",
         }[kind]
         setattr(self.figures, attr, getattr(self.figures, attr) + 1)
         self.failures.append(Failure(self.step, kind, op, detail))
         self.log(f"step {self.step}: {kind} in {op}: {detail[-300:]}")
 
-    def _api(self, op: str, args: dict[str, Any], env: dict[str, str] | None = None,
-             timeout: float | None = None) -> Proc:
-        args = {"root": str(self.root), "op": op, "seed": self.rng.getrandbits(32),
-                "rlimit_as": self.rlimit_as, **args}
-        return self._spawn(op, [sys.executable, "-c", _API_CHILD, json.dumps(args)], env, timeout=timeout)
+    def _api(
+        self,
+        op: str,
+        args: dict[str, Any],
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Proc:
+        args = {
+            "root": str(self.root),
+            "op": op,
+            "seed": self.rng.getrandbits(32),
+            "rlimit_as": self.rlimit_as,
+            **args,
+        }
+        return self._spawn(
+            op, [sys.executable, "-c", _API_CHILD, json.dumps(args)], env, timeout=timeout
+        )
 
     def _cli(self, op: str, *args: str, env: dict[str, str] | None = None) -> Proc:
         return self._spawn(op, [sys.executable, "-c", _CLI_CHILD, str(self.rlimit_as), *args], env)
@@ -878,8 +996,14 @@ class Harness:
             if r.random() < 0.5 and self.keys:
                 key = r.choice(self.keys)
             else:
-                key = r.choice([f"k{r.getrandbits(32):x}", f"jit_f-{r.getrandbits(64):x}",
-                                f"\x1b]0;key{r.randrange(9)}\x07", f"\u202ek{r.randrange(9)}"])
+                key = r.choice(
+                    [
+                        f"k{r.getrandbits(32):x}",
+                        f"jit_f-{r.getrandbits(64):x}",
+                        f"\x1b]0;key{r.randrange(9)}\x07",
+                        f"\u202ek{r.randrange(9)}",
+                    ]
+                )
                 if len(self.keys) < 500:
                     self.keys.append(key)
             meta: dict[str, str] | None = None
@@ -887,11 +1011,17 @@ class Harness:
                 deep = "[" * 5000 + "]" * 5000
                 meta = {
                     "framework": r.choice(["jax", "torch_xla", "\x1b[31mred"]),
-                    "key_components": r.choice([
-                        json.dumps({"module": "m", "components": [{"name": "a", "digest": "\x1b[2J"}]}),
-                        '{"module":"m","components":[{"name":"a","digest":"d","value":' + deep + "}]}",
-                        "not json",
-                    ]),
+                    "key_components": r.choice(
+                        [
+                            json.dumps(
+                                {"module": "m", "components": [{"name": "a", "digest": "\x1b[2J"}]}
+                            ),
+                            '{"module":"m","components":[{"name":"a","digest":"d","value":'
+                            + deep
+                            + "}]}",
+                            "not json",
+                        ]
+                    ),
                     "compile_time_s": r.choice(["1.5", "nan", "1e400", "-1"]),
                 }
             out.append((key, r.choice([10, 1000, 50_000, 300_000]), meta))
@@ -912,9 +1042,18 @@ class Harness:
     def operate(self) -> str:
         r = self.rng
         ops: list[tuple[str, float]] = [
-            ("put", 4), ("get", 2), ("evict", 1.5), ("verify", 1.5), ("compact", 1.5),
-            ("cli_stats", 1), ("cli_ls", 1), ("cli_prune", 1), ("cli_verify", 1),
-            ("cli_explain", 1), ("cli_doctor", 0.6), ("cli_export_import", 0.6),
+            ("put", 4),
+            ("get", 2),
+            ("evict", 1.5),
+            ("verify", 1.5),
+            ("compact", 1.5),
+            ("cli_stats", 1),
+            ("cli_ls", 1),
+            ("cli_prune", 1),
+            ("cli_verify", 1),
+            ("cli_explain", 1),
+            ("cli_doctor", 0.6),
+            ("cli_export_import", 0.6),
         ]
         if self.s3 is not None:
             ops += [("tier_get", 1.2), ("tier_claim", 0.8)]
@@ -922,36 +1061,85 @@ class Harness:
         budget = r.choice([None, 200_000, 1 << 20, 10 << 20])
         procs: list[Proc] = []
         if op == "put":
-            procs.append(self._api("put", {"puts": self._puts(r.randint(1, 12)), "max_size": budget},
-                                   env=self._trace_env()))
+            procs.append(
+                self._api(
+                    "put",
+                    {"puts": self._puts(r.randint(1, 12)), "max_size": budget},
+                    env=self._trace_env(),
+                )
+            )
         elif op == "get":
             procs.append(self._api("get", {"keys": r.sample(self.keys, min(8, len(self.keys)))}))
         elif op == "evict":
-            procs.append(self._api("evict", {"target": r.choice([0, 100_000, 1 << 20])}, env=self._trace_env()))
+            procs.append(
+                self._api(
+                    "evict", {"target": r.choice([0, 100_000, 1 << 20])}, env=self._trace_env()
+                )
+            )
         elif op == "verify":
             procs.append(self._api("verify", {"repair": r.random() < 0.6}))
         elif op == "compact":
             # Several writers at once, enough puts to fold and remove journals.
             for _ in range(r.randint(2, 4)):
-                procs.append(self._api("put", {"puts": self._puts(r.randint(10, 40)), "max_size": budget}))
+                procs.append(
+                    self._api("put", {"puts": self._puts(r.randint(10, 40)), "max_size": budget})
+                )
         elif op == "cli_stats":
-            procs.append(self._cli(op, "stats", "-p", str(self.root), *(["--json"] if r.random() < 0.3 else [])))
+            procs.append(
+                self._cli(
+                    op, "stats", "-p", str(self.root), *(["--json"] if r.random() < 0.3 else [])
+                )
+            )
         elif op == "cli_ls":
-            procs.append(self._cli(op, "ls", "-p", str(self.root), "--limit", "0",
-                                   *r.choice([[], ["--json"], ["--sort", "size"]])))
+            procs.append(
+                self._cli(
+                    op,
+                    "ls",
+                    "-p",
+                    str(self.root),
+                    "--limit",
+                    "0",
+                    *r.choice([[], ["--json"], ["--sort", "size"]]),
+                )
+            )
         elif op == "cli_prune":
-            procs.append(self._cli(op, "prune", "-p", str(self.root), "--max-size",
-                                   r.choice(["0", "100K", "1M"]), *(["--json"] if r.random() < 0.3 else []),
-                                   env=self._trace_env()))
+            procs.append(
+                self._cli(
+                    op,
+                    "prune",
+                    "-p",
+                    str(self.root),
+                    "--max-size",
+                    r.choice(["0", "100K", "1M"]),
+                    *(["--json"] if r.random() < 0.3 else []),
+                    env=self._trace_env(),
+                )
+            )
         elif op == "cli_verify":
-            procs.append(self._cli(op, "verify", "-p", str(self.root), *(["--repair"] if r.random() < 0.6 else [])))
+            procs.append(
+                self._cli(
+                    op, "verify", "-p", str(self.root), *(["--repair"] if r.random() < 0.6 else [])
+                )
+            )
         elif op == "cli_explain":
             key = r.choice([None, None, r.choice(self.keys)])
-            procs.append(self._cli(op, "explain", *([key] if key else []), "-p", str(self.root),
-                                   *(["--json"] if r.random() < 0.3 else [])))
+            procs.append(
+                self._cli(
+                    op,
+                    "explain",
+                    *([key] if key else []),
+                    "-p",
+                    str(self.root),
+                    *(["--json"] if r.random() < 0.3 else []),
+                )
+            )
         elif op == "cli_doctor":
             self.plant_probe()
-            procs.append(self._cli(op, "doctor", "-p", str(self.root), *(["--json"] if r.random() < 0.3 else [])))
+            procs.append(
+                self._cli(
+                    op, "doctor", "-p", str(self.root), *(["--json"] if r.random() < 0.3 else [])
+                )
+            )
         elif op == "cli_export_import":
             bundle = self.work / "b.tar.gz"
             bundle.unlink(missing_ok=True)
@@ -963,13 +1151,20 @@ class Harness:
             op = "cli_export"
         elif op == "tier_get":
             url = self.s3.url(self.prefix)
-            procs.append(self._api("tier_get", {"keys": r.sample(self.keys, min(4, len(self.keys))),
-                                                "remote": url}, timeout=self.op_timeout + 30))
+            pool = self.bucket_keys or self.keys
+            procs.append(
+                self._api(
+                    "tier_get",
+                    {"keys": r.sample(pool, min(4, len(pool))), "remote": url},
+                    timeout=self.op_timeout + 30,
+                )
+            )
         elif op == "tier_claim":
             from xla_pcache import entry_name
 
             url = self.s3.url(self.prefix)
-            names = [entry_name(k) for k in r.sample(self.keys, min(2, len(self.keys)))]
+            pool = self.bucket_keys or self.keys
+            names = [entry_name(k) for k in r.sample(pool, min(2, len(pool)))]
             procs.append(self._api("tier_claim", {"names": names, "wait": 1.0, "remote": url}))
         self._wait(procs)
         for p in procs:
@@ -1001,8 +1196,14 @@ class Harness:
     def check_outside(self, what: str) -> None:
         now = tree_digest(self.outside)
         if now != self.before:
-            changed = sorted(k for k in set(now) | set(self.before) if now.get(k) != self.before.get(k))
-            self._fail("outside", what, f"changed outside the cache: {changed[:8]}")
+            changed = sorted(
+                k for k in set(now) | set(self.before) if now.get(k) != self.before.get(k)
+            )
+            how = [
+                f"{k}: {self.before.get(k, 'absent')} -> {now.get(k, 'absent')}"
+                for k in changed[:4]
+            ]
+            self._fail("outside", what, f"changed outside the cache: {how}")
             self.before = now
 
     def run(self, steps: int) -> Figures:
@@ -1044,7 +1245,9 @@ def summary(f: Figures, seed: int, failures: list[Failure]) -> str:
         if (fl.kind, fl.op) in seen:
             continue
         seen.add((fl.kind, fl.op))
-        lines.append(f"  first {fl.kind} in {fl.op} at step {fl.step}: {textwrap.shorten(fl.detail, 400)}")
+        lines.append(
+            f"  first {fl.kind} in {fl.op} at step {fl.step}: {textwrap.shorten(fl.detail, 400)}"
+        )
     return "\n".join(lines)
 
 

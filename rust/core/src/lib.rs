@@ -13,6 +13,8 @@ pub(crate) mod clock;
 pub(crate) mod dir;
 pub(crate) mod entry;
 pub(crate) mod error;
+#[cfg(test)]
+mod dirstate_fuzz_tests;
 pub(crate) mod forksafe;
 pub(crate) mod fsinfo;
 #[cfg(test)]
