@@ -33,6 +33,7 @@ Entry points: ``tests/test_dirstate_fuzz.py`` (a short run in the test suite) an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -359,7 +360,7 @@ class Harness:
         self.work = base / "work"
         self.rng = random.Random(seed)
         self.seed = seed
-        self.s3 = s3
+        self.s3: Any = s3
         self.op_timeout = op_timeout
         self.rlimit_as = rlimit_as
         self.rss_bound_kib = rss_bound_kib
@@ -530,7 +531,7 @@ class Harness:
             self.root / "trash",
         ]
 
-    def _place(self, d: Path, name: str, make: Callable[[Path], None]) -> None:
+    def _place(self, d: Path, name: str, make: Callable[[Path], object]) -> None:
         try:
             d.mkdir(parents=True, exist_ok=True)
             p = d / name
@@ -663,10 +664,8 @@ class Harness:
         self._place(d, name, lambda p: p.write_bytes(bytes(recs)))
         if r.random() < 0.5:
             old = time.time() - r.choice([0, 2 * DAY, 400 * DAY])
-            try:
+            with contextlib.suppress(OSError):
                 os.utime(d / name, (old, old), follow_symlinks=False)
-            except OSError:
-                pass
 
     def _outside_target(self) -> Path:
         return self.outside / self.rng.choice(
@@ -768,7 +767,7 @@ class Harness:
         r = self.rng
         lines = []
         for _ in range(r.randint(1, 6)):
-            key = r.choice(self.keys + ["\x1b]0;t\x07k", "k" * 5000, ""])
+            key = r.choice([*self.keys, "\x1b]0;t\x07k", "k" * 5000, ""])
             kind = r.randrange(7)
             if kind == 0:
                 depth = r.choice([100, 1000, 5000, 100000])
@@ -881,8 +880,10 @@ class Harness:
             trace = Path(env["XLA_PCACHE_EVICT_TRACE"])
             kind = "fifo" if trace.is_fifo() else "link" if trace.is_symlink() else "file"
             op = f"{op}[evict trace: {kind}]"
-        out = tempfile.TemporaryFile()
-        err = tempfile.TemporaryFile()
+        # Files, not pipes: a child that prints much never blocks on a full pipe. Closed in
+        # _judge once it has exited.
+        out = tempfile.TemporaryFile()  # noqa: SIM115
+        err = tempfile.TemporaryFile()  # noqa: SIM115
         popen = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -905,10 +906,8 @@ class Harness:
                     pending.remove(p)
                     self._judge(p, ru.ru_maxrss, hung=False)
                 elif time.monotonic() > p.deadline:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(p.popen.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
                     _, status, ru = os.wait4(p.popen.pid, 0)
                     p.popen.returncode = os.waitstatus_to_exitcode(status)
                     pending.remove(p)
@@ -1232,9 +1231,11 @@ def start_s3(base: Path) -> Any:
 
 def summary(f: Figures, seed: int, failures: list[Failure]) -> str:
     lines = [
-        f"seed {seed}: {f.steps} steps, {f.ops} operations ({f.processes} processes), {f.plants} states planted",
-        f"outside changes {f.outside_changes}, hangs {f.hangs}, aborts {f.aborts}, panics {f.panics}, "
-        f"tracebacks {f.tracebacks}, raw escapes {f.escapes}, RSS over bound {f.rss_over}, other errors {f.errors}",
+        f"seed {seed}: {f.steps} steps, {f.ops} operations ({f.processes} processes), "
+        f"{f.plants} states planted",
+        f"outside changes {f.outside_changes}, hangs {f.hangs}, aborts {f.aborts}, "
+        f"panics {f.panics}, tracebacks {f.tracebacks}, raw escapes {f.escapes}, "
+        f"RSS over bound {f.rss_over}, other errors {f.errors}",
         f"stores refused at open (layout component not a directory, a clear error) {f.refused}",
         f"peak RSS {f.peak_rss_kib / 1024:.0f} MiB ({f.peak_rss_op})",
         "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(f.ops_by_kind.items())),
