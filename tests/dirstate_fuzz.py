@@ -479,8 +479,9 @@ class Harness:
             else:
                 offset = r.choice([0, 1, 100, (1 << 64) - 1, r.getrandbits(64)])
             journals.append((name, offset))
-            if stem is not None:
-                (self.root / "journal" / stem).mkdir(parents=True, exist_ok=True)
+            if stem is not None and self._inside(self.root / "journal"):
+                with contextlib.suppress(OSError):
+                    (self.root / "journal" / stem).mkdir(parents=True, exist_ok=True)
         if r.random() < 0.5:
             # Past the count of journals at which a writer compacts.
             pid = self.dead_pid()
@@ -531,7 +532,20 @@ class Harness:
             self.root / "trash",
         ]
 
+    def _inside(self, d: Path) -> bool:
+        """Whether `d` is reached from the cache's root through real directories only: the
+        harness never plants through a link it planted (that would change the sibling tree
+        itself)."""
+        p = self.root
+        for part in d.relative_to(self.root).parts:
+            p = p / part
+            if p.is_symlink() or (p.exists() and not p.is_dir()):
+                return False
+        return True
+
     def _place(self, d: Path, name: str, make: Callable[[Path], object]) -> None:
+        if not self._inside(d):
+            return
         try:
             d.mkdir(parents=True, exist_ok=True)
             p = d / name
@@ -590,6 +604,8 @@ class Harness:
         return kind
 
     def _write(self, p: Path, data: bytes) -> None:
+        if not self._inside(p.parent):
+            return
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
             if p.is_symlink() or p.is_fifo():
@@ -662,7 +678,7 @@ class Harness:
             else:
                 recs += touch_record(nm, r.randint(1, 1 << 16), now)
         self._place(d, name, lambda p: p.write_bytes(bytes(recs)))
-        if r.random() < 0.5:
+        if r.random() < 0.5 and self._inside(d):
             old = time.time() - r.choice([0, 2 * DAY, 400 * DAY])
             with contextlib.suppress(OSError):
                 os.utime(d / name, (old, old), follow_symlinks=False)
@@ -898,6 +914,18 @@ class Harness:
 
     def _wait(self, procs: list[Proc]) -> None:
         pending = list(procs)
+        try:
+            self._wait_pending(pending)
+        finally:
+            # Interrupted (Ctrl-C, a test's timeout): no child is left running.
+            for p in pending:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+                p.out.close()
+                p.err.close()
+
+    def _wait_pending(self, pending: list[Proc]) -> None:
         while pending:
             for p in list(pending):
                 pid, status, ru = os.wait4(p.popen.pid, os.WNOHANG)

@@ -30,8 +30,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-/// How long one step may take before it counts as a hang.
-const STEP_DEADLINE: Duration = Duration::from_secs(60);
+/// How long one step may take before it counts as a hang (seconds; `DIRSTATE_DEADLINE`).
+fn step_deadline() -> Duration {
+    Duration::from_secs(env_num("DIRSTATE_DEADLINE", 60))
+}
 const DAY: u64 = 86_400;
 
 fn env_num(var: &str, default: u64) -> u64 {
@@ -86,6 +88,7 @@ enum Step {
     Compact {
         writers: u8,
         puts: u8,
+        budget: Option<()>,
     },
     PlantV2 {
         entries: Vec<(u128, u64, u64, u32)>,
@@ -181,7 +184,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => prop::collection::vec(0u8..24, 1..6).prop_map(Step::Get),
         1 => (0u32..1_000_000).prop_map(Step::Evict),
         1 => any::<bool>().prop_map(Step::Verify),
-        1 => (2u8..4, 10u8..40).prop_map(|(writers, puts)| Step::Compact { writers, puts }),
+        1 => (2u8..4, 10u8..40, prop::option::of(Just(())))
+            .prop_map(|(writers, puts, budget)| Step::Compact { writers, puts, budget }),
         3 => (
             prop::collection::vec((any::<u128>(), big_u64(), any::<u64>(), any::<u32>()), 0..300 * s),
             prop::collection::vec((jname(), any::<bool>()), 0..8),
@@ -281,7 +285,9 @@ fn set_old(p: &Path, days: u64) {
 }
 
 fn dead_pid() -> u32 {
-    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
     child.wait().expect("wait true");
     child.id()
 }
@@ -352,7 +358,27 @@ impl World {
         }
     }
 
+    /// Whether `dir` is reached from the root through real directories only: the test never
+    /// plants through a link it planted (that would change the sibling tree itself).
+    fn inside(&self, dir: &Path) -> bool {
+        let Ok(rel) = dir.strip_prefix(&self.root) else {
+            return false;
+        };
+        let mut p = self.root.clone();
+        for c in rel.components() {
+            p.push(c);
+            match fs::symlink_metadata(&p) {
+                Ok(m) if !m.is_dir() => return false,
+                _ => {}
+            }
+        }
+        true
+    }
+
     fn place_file(&self, dir: &Path, name: &str, make: impl FnOnce(&Path) -> std::io::Result<()>) {
+        if !self.inside(dir) {
+            return;
+        }
         let _ = fs::create_dir_all(dir);
         let p = dir.join(name);
         if let Ok(m) = fs::symlink_metadata(&p) {
@@ -368,7 +394,9 @@ impl World {
         match n {
             JName::Traverse(t) => {
                 let stem = format!("{}-{}-x", self.host, self.dead_pid);
-                let _ = fs::create_dir_all(self.root.join("journal").join(&stem));
+                if self.inside(&self.root.join("journal")) {
+                    let _ = fs::create_dir_all(self.root.join("journal").join(&stem));
+                }
                 let target = TARGETS[*t as usize];
                 (
                     format!("{stem}/../../../outside/{target}"),
@@ -386,7 +414,10 @@ impl World {
                 let p = self.outside.join(TARGETS[*t as usize]);
                 (p.display().to_string(), Some(p))
             }
-            JName::Dead(x) => (journal::file_name(&self.host, self.dead_pid, *x as u64), None),
+            JName::Dead(x) => (
+                journal::file_name(&self.host, self.dead_pid, *x as u64),
+                None,
+            ),
             JName::Odd(s) => (s.clone(), None),
         }
     }
@@ -413,7 +444,9 @@ impl World {
     fn write_snapshot(&mut self, bytes: &[u8]) {
         let p = self.root.join("index/snapshot");
         let tmp = self.root.join("index/.fuzz-snapshot");
-        let _ = fs::create_dir_all(self.root.join("index"));
+        if !self.inside(&self.root.join("index")) {
+            return;
+        }
         if fs::write(&tmp, bytes).is_ok() && fs::rename(&tmp, &p).is_ok() {
             self.planted_snapshot = fs::symlink_metadata(&p).ok().map(|m| m.ino());
         }
@@ -435,7 +468,9 @@ impl World {
                 sorted.sort_by_key(|e| e.0);
                 sorted.dedup_by_key(|e| e.0);
                 let tmp = self.base.join("v2.tmp");
-                let Ok(f) = fs::File::create(&tmp) else { return };
+                let Ok(f) = fs::File::create(&tmp) else {
+                    return;
+                };
                 let Ok(mut w) = snapshot::Writer::new(f, sorted.len() as u64) else {
                     return;
                 };
@@ -452,7 +487,9 @@ impl World {
                 if w.finish(&meta).is_err() {
                     return;
                 }
-                let Ok(mut bytes) = fs::read(&tmp) else { return };
+                let Ok(mut bytes) = fs::read(&tmp) else {
+                    return;
+                };
                 if let Some(t) = total {
                     // The header's total lies; its checksum is made to match.
                     bytes[16..32].copy_from_slice(&t.to_le_bytes());
@@ -485,11 +522,7 @@ impl World {
                 }
                 self.write_snapshot(&bytes);
             }
-            Step::PlantJournal {
-                name,
-                records,
-                old,
-            } => {
+            Step::PlantJournal { name, records, old } => {
                 let name = name
                     .clone()
                     .unwrap_or_else(|| journal::file_name(&self.host, self.dead_pid, 7))
@@ -525,7 +558,7 @@ impl World {
                 }
                 let dir = self.root.join("journal");
                 self.place_file(&dir, &name, |p| fs::write(p, &buf));
-                if *old {
+                if *old && self.inside(&dir) {
                     set_old(&dir.join(&name), 2);
                 }
             }
@@ -628,9 +661,13 @@ fn operate(root: &Path, keys: &[Vec<u8>], step: &Step) -> Result<Option<u64>, St
                 // What the index says afterwards: after a repair, the files' total.
                 s.stats().ok().map(|st| st.bytes)
             }),
-            Step::Compact { writers, puts } => {
+            Step::Compact {
+                writers,
+                puts,
+                budget,
+            } => {
                 let stores: Vec<Store> = (0..*writers)
-                    .filter_map(|_| Store::open(&root, opts(Some(400_000))).ok())
+                    .filter_map(|_| Store::open(&root, opts(budget.map(|_| 400_000))).ok())
                     .collect();
                 for i in 0..*puts as usize {
                     for (w, s) in stores.iter().enumerate() {
@@ -644,7 +681,7 @@ fn operate(root: &Path, keys: &[Vec<u8>], step: &Step) -> Result<Option<u64>, St
         };
         let _ = tx.send(out);
     });
-    match rx.recv_timeout(STEP_DEADLINE) {
+    match rx.recv_timeout(step_deadline()) {
         Ok(out) => Ok(out),
         Err(mpsc::RecvTimeoutError::Timeout) => Err(format!("hang: {what}")),
         Err(mpsc::RecvTimeoutError::Disconnected) => Err(format!("panic: {what}")),
@@ -700,6 +737,10 @@ fn run_step(w: &mut World, i: usize, step: &Step) -> Result<(), String> {
             }
         } else {
             w.plant(step);
+            // Whatever is at the snapshot's name now was put there by this test.
+            w.planted_snapshot = fs::symlink_metadata(w.root.join("index/snapshot"))
+                .ok()
+                .map(|m| m.ino());
         }
         let now = digest(&w.outside);
         if now != w.before {

@@ -11,10 +11,10 @@
 pub(crate) mod blob;
 pub(crate) mod clock;
 pub(crate) mod dir;
-pub(crate) mod entry;
-pub(crate) mod error;
 #[cfg(test)]
 mod dirstate_fuzz_tests;
+pub(crate) mod entry;
+pub(crate) mod error;
 pub(crate) mod forksafe;
 pub(crate) mod fsinfo;
 #[cfg(test)]
