@@ -1226,10 +1226,15 @@ class Harness:
             changed = sorted(
                 k for k in set(now) | set(self.before) if now.get(k) != self.before.get(k)
             )
-            how = [
-                f"{k}: {self.before.get(k, 'absent')} -> {now.get(k, 'absent')}"
-                for k in changed[:4]
-            ]
+            how = []
+            for k in changed[:4]:
+                tail = b""
+                with contextlib.suppress(OSError):
+                    p = self.outside / k
+                    if p.is_file() and not p.is_symlink():
+                        tail = p.read_bytes()[-160:]
+                was, is_ = self.before.get(k, "absent"), now.get(k, "absent")
+                how.append(f"{k}: {was} -> {is_} {tail!r}")
             self._fail("outside", what, f"changed outside the cache: {how}")
             self.before = now
 

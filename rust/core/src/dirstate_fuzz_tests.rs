@@ -764,6 +764,8 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: env_num("DIRSTATE_CASES", 12) as u32,
         failure_persistence: None,
+        // Deterministic: a run is reproduced by its seed (`DIRSTATE_SEED`).
+        rng_seed: proptest::test_runner::RngSeed::Fixed(env_num("DIRSTATE_SEED", 29)),
         max_shrink_iters: env_num("DIRSTATE_SHRINK", 16) as u32,
         ..ProptestConfig::default()
     })]
