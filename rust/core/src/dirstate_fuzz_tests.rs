@@ -637,54 +637,86 @@ fn opts(budget: Option<u32>) -> StoreOptions {
 fn operate(root: &Path, keys: &[Vec<u8>], step: &Step) -> Result<Option<u64>, String> {
     let (root, keys, step) = (root.to_path_buf(), keys.to_vec(), step.clone());
     let (tx, rx) = mpsc::channel();
-    let what = format!("{step:?}");
+    let what: String = format!("{step:?}").chars().take(300).collect();
     std::thread::spawn(move || {
-        let out: Option<u64> = match &step {
-            Step::Put { keys: ks, budget } => Store::open(&root, opts(*budget)).ok().map(|s| {
-                for (k, size) in ks {
-                    let v = vec![*k; *size as usize];
-                    let _ = s.put(key(&keys[*k as usize % 24]), &v, &[]);
-                }
-                0
-            }),
-            Step::Get(ks) => Store::open(&root, opts(None)).ok().map(|s| {
-                ks.iter()
-                    .filter(|k| matches!(s.get(key(&keys[**k as usize % 24])), Ok(Some(_))))
-                    .count() as u64
-            }),
-            Step::Evict(target) => Store::open(&root, opts(None))
-                .ok()
-                .and_then(|s| s.evict(Some(u64::from(*target)), None).ok())
-                .map(|r| r.removed),
-            Step::Verify(repair) => Store::open(&root, opts(None)).ok().and_then(|s| {
-                let _ = s.verify(*repair, &mut |_, _| {}).ok()?;
-                // What the index says afterwards: after a repair, the files' total.
-                s.stats().ok().map(|st| st.bytes)
-            }),
-            Step::Compact {
-                writers,
-                puts,
-                budget,
-            } => {
-                let stores: Vec<Store> = (0..*writers)
-                    .filter_map(|_| Store::open(&root, opts(budget.map(|_| 400_000))).ok())
-                    .collect();
-                for i in 0..*puts as usize {
-                    for (w, s) in stores.iter().enumerate() {
-                        let k = &keys[(i * 3 + w) % 24];
-                        let _ = s.put(key(k), &vec![w as u8; 1000 + i * 997], &[]);
-                    }
-                }
-                Some(stores.len() as u64)
-            }
+        let n = match &step {
+            Step::Compact { writers, .. } => *writers as usize,
+            _ => 1,
+        };
+        let budget = match &step {
+            Step::Put { budget, .. } => *budget,
+            Step::Compact { budget, .. } => budget.map(|_| 400_000),
             _ => None,
         };
-        let _ = tx.send(out);
+        // Opened first and dropped last, outside the panic guard: a panic inside an
+        // operation is reported as one, and then whether dropping the store still returns.
+        let stores: Vec<Store> = (0..n)
+            .filter_map(|_| Store::open(&root, opts(budget)).ok())
+            .collect();
+        let body = || -> Option<u64> {
+            let s = stores.first()?;
+            match &step {
+                Step::Put { keys: ks, .. } => {
+                    for (k, size) in ks {
+                        let v = vec![*k; *size as usize];
+                        let _ = s.put(key(&keys[*k as usize % 24]), &v, &[]);
+                    }
+                    Some(0)
+                }
+                Step::Get(ks) => Some(
+                    ks.iter()
+                        .filter(|k| matches!(s.get(key(&keys[**k as usize % 24])), Ok(Some(_))))
+                        .count() as u64,
+                ),
+                Step::Evict(target) => s
+                    .evict(Some(u64::from(*target)), None)
+                    .ok()
+                    .map(|r| r.removed),
+                Step::Verify(repair) => {
+                    s.verify(*repair, &mut |_, _| {}).ok()?;
+                    // What the index says afterwards: after a repair, the files' total.
+                    s.stats().ok().map(|st| st.bytes)
+                }
+                Step::Compact { puts, .. } => {
+                    for i in 0..*puts as usize {
+                        for (w, s) in stores.iter().enumerate() {
+                            let k = &keys[(i * 3 + w) % 24];
+                            let _ = s.put(key(k), &vec![w as u8; 1000 + i * 997], &[]);
+                        }
+                    }
+                    Some(stores.len() as u64)
+                }
+                _ => None,
+            }
+        };
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).map_err(|p| {
+            p.downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default()
+        });
+        let _ = tx.send(Some(out));
+        drop(stores);
+        let _ = tx.send(None);
     });
-    match rx.recv_timeout(step_deadline()) {
-        Ok(out) => Ok(out),
-        Err(mpsc::RecvTimeoutError::Timeout) => Err(format!("hang: {what}")),
-        Err(mpsc::RecvTimeoutError::Disconnected) => Err(format!("panic: {what}")),
+    let deadline = step_deadline();
+    let out = match rx.recv_timeout(deadline) {
+        Ok(Some(Ok(out))) => out,
+        Ok(Some(Err(panic))) => {
+            let dropped = match rx.recv_timeout(deadline) {
+                Ok(_) => "",
+                Err(_) => "; then dropping the store hung",
+            };
+            return Err(format!("panic: {panic}{dropped}: {what}"));
+        }
+        Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+            return Err(format!("panic: {what}"))
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => return Err(format!("hang: {what}")),
+    };
+    match rx.recv_timeout(deadline) {
+        Ok(_) => Ok(out),
+        Err(_) => Err(format!("hang when the store was dropped: {what}")),
     }
 }
 
