@@ -643,7 +643,8 @@ class Harness:
         raw = b""
         if r.random() < 0.15:
             # Near the readers' cap (256 MiB at scale 2): millions of random records.
-            raw = r.randbytes(int((64 << 20) * min(self.scale, 4.0)) // 32 * 32)
+            size = min(int((64 << 20) * self.scale), 255 << 20) // 32 * 32
+            raw = b"".join(r.randbytes(min(16 << 20, size - at)) for at in range(0, size, 16 << 20))
             self.figures.plants_by_kind["snapshot_v1_giant"] = (
                 self.figures.plants_by_kind.get("snapshot_v1_giant", 0) + 1
             )
