@@ -1197,7 +1197,8 @@ class Harness:
         self._wait(procs)
         for p in procs:
             self._count(p.op)
-        return op
+        # What ran, with the eviction trace each had (an outside change names it).
+        return ",".join(sorted({p.op for p in procs})) or op
 
     def _count(self, op: str) -> None:
         self.figures.ops += 1
