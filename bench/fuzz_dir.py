@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--no-s3", action="store_true", help="skip the tier steps (no SeaweedFS)")
     ap.add_argument("--op-timeout", type=float, default=60.0, help="seconds before an op is a hang")
     ap.add_argument("--rlimit-as", type=int, default=2 << 30, help="address-space limit of each op")
-    ap.add_argument("--rss-bound-mib", type=int, default=768, help="peak RSS over this fails")
+    ap.add_argument("--rss-bound-mib", type=int, default=512, help="peak RSS over this fails")
     ap.add_argument("--scale", type=float, default=4.0, help="multiplies planted counts and sizes")
     ap.add_argument("--failures", type=Path, help="write failures here as JSON lines")
     ap.add_argument("--quiet", action="store_true")
