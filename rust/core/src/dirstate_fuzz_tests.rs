@@ -628,6 +628,9 @@ fn key(b: &[u8]) -> Key<'_> {
 fn opts(budget: Option<u32>) -> StoreOptions {
     StoreOptions {
         max_size: budget.map(u64::from),
+        // Several stores of one thread put in turn: none evicts while another waits, so a
+        // put over the budget would wait the whole timeout for nothing.
+        lock_timeout: Duration::from_millis(100),
         ..Default::default()
     }
 }
