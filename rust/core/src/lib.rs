@@ -11,6 +11,8 @@
 pub(crate) mod blob;
 pub(crate) mod clock;
 pub(crate) mod dir;
+#[cfg(test)]
+mod dirstate_fuzz_tests;
 pub(crate) mod entry;
 pub(crate) mod error;
 pub(crate) mod forksafe;
