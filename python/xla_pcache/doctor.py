@@ -458,7 +458,9 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         console.print(f"Zero-code activation for {_e(name)}: {_e(state)}")
     caching = report.get("jax_caching", {})
     if caching:
-        console.print("What JAX stores (a jax.config.update in the program before activation wins):")
+        console.print(
+            "What JAX stores (a jax.config.update in the program before activation wins):"
+        )
     for option, setting in caching.items():
         console.print(f"  {_e(option)} = {_e(setting['value'])} (from {_e(setting['source'])})")
     table = Table(title="Frameworks")
