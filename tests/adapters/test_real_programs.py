@@ -59,9 +59,10 @@ def test_second_run_hits_and_compiles_a_fraction_of_the_first(tmp_path: Path) ->
         stored = len(store)
     warm = run_program(cache)
 
-    assert cold["hits"] == 0 and cold["compiles"] > 20, cold
+    # Several dozen programs (a program compiled twice in one process may hit already).
+    assert cold["lookups"] > 20 and cold["hits"] < 0.1 * cold["lookups"], cold
     # Every program of the first run was stored, whatever its compile time (our threshold).
-    assert stored >= 0.9 * cold["compiles"], (stored, cold)
+    assert stored >= 0.9 * (cold["lookups"] - cold["hits"]), (stored, cold)
     # Same programs, same results: a hit serves the program that was compiled.
     assert warm["lookups"] == cold["lookups"], (cold, warm)
     assert warm["losses"] == pytest.approx(cold["losses"], rel=1e-5), (cold, warm)
