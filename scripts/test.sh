@@ -83,6 +83,9 @@ jax_venv() {  # version, python
   # that venvs made before it get it too); jax stays pinned while the libraries come in.
   # shellcheck disable=SC2086
   "$v/bin/pip" install -q "prometheus-client>=0.17" "jax[cpu]==$1" ${JAX_LIBS[$1]}
+  # JAX's own cache compresses with zstd when this is there (zlib otherwise); the adoption
+  # tests check both formats.
+  "$v/bin/pip" install -q "zstandard>=0.22"
   "$v/bin/pip" install -q --no-deps --force-reinstall "$wheel"
 }
 jax_venv "$JAX_OLDEST" python3
@@ -140,7 +143,8 @@ for jv in "$JAX_OLDEST" "$JAX_MIDDLE" "$JAX_NEWEST"; do
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
   "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py \
     tests/adapters/test_jax_single_flight.py tests/adapters/test_explain_jax.py \
-    tests/adapters/test_activation.py tests/adapters/test_real_programs.py
+    tests/adapters/test_jax_adopt.py tests/adapters/test_activation.py \
+    tests/adapters/test_real_programs.py
   demo_dir=$(mktemp -d)
   "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
   rm -rf "$demo_dir"

@@ -5,11 +5,10 @@ Every failure here is one logged warning: activation must never break the user's
 
 from __future__ import annotations
 
-import logging
-
+from xla_pcache._text import package_logger
 from xla_pcache.config import Settings
 
-logger = logging.getLogger("xla_pcache")
+logger = package_logger("xla_pcache")
 
 
 def disabled() -> bool:

@@ -59,6 +59,10 @@ class Hasher:
 def hash_key(*parts: Key | Buffer) -> str:
     """xxh3-128 hex digest of the concatenated parts, each length-prefixed."""
 
+def entry_file_len(head: Buffer, name: str) -> int | None:
+    """The whole length of the entry file whose first bytes are ``head``, when they hold a
+    verifying header filed under entry name ``name``; None otherwise."""
+
 def hash_impl() -> str:
     """The xxh3 vector path in use on this CPU for inputs past 240 bytes: ``avx512``, ``avx2``,
     ``sse2``, ``neon``, ``scalar``, or ``portable-*`` when ``XLA_PCACHE_HASH_IMPL=portable``
@@ -290,6 +294,8 @@ class Store:
         buffer (the only copy), verified once (header, length, checksum, key), published when
         ``publish`` (what is published is what was verified), and its payload returned as a
         Blob; None if it does not verify (nothing written)."""
+    def take_entry_fd(self, key: Key, fd: int, publish: bool) -> Blob | None:
+        """As ``take_entry_file``, for an entry file spooled to the open file ``fd``."""
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
         None if it does not verify (nothing written), else what ``put`` returns."""

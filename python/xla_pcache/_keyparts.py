@@ -23,14 +23,15 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import logging
 import sys
 import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from xla_pcache._text import package_logger
+
+logger = package_logger(__name__)
 
 # The names JAX 0.6-0.12 give the components, in the order it hashes them (0.5 has no
 # "backend version"). Only for ordering what explain prints; the recorded names are JAX's.
@@ -175,7 +176,7 @@ def _ignore_arg(cc: Any) -> list[Any]:
         flag = False
     if not flag:
         return []
-    params = list(inspect.signature(cc.get_cache_key).parameters)
+    params = list(inspect.signature(inspect.unwrap(cc.get_cache_key)).parameters)
     if "ignore_callbacks" in params:
         from jax._src import cache_key
 
@@ -202,7 +203,8 @@ def _run_key(cc: Any, ck: Any, args: dict[str, Any]) -> tuple[str, list[Any]]:
         ck._log_cache_key_hash = _capturing_log(original)
         _local.sink = sink
         try:
-            key = cc.get_cache_key(
+            # Unwrapped: the adoption of JAX's own cache may wrap it to compute more keys.
+            key = inspect.unwrap(cc.get_cache_key)(
                 args["computation"],
                 args["devices"],
                 args["compile_options"],

@@ -24,15 +24,15 @@ This module imports nothing from JAX; ``xla_pcache.jax`` hands it the module to 
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from xla_pcache._core import Blob, Claim, entry_name
+from xla_pcache._text import package_logger
 from xla_pcache.store import Store
 
-logger = logging.getLogger(__name__)
+logger = package_logger(__name__)
 
 _WRAPPED = "__xla_pcache_wrapped__"
 _TARGET = "compile_or_get_cached"

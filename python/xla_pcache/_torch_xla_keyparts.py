@@ -19,7 +19,9 @@ import logging
 import os
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from xla_pcache._text import package_logger
+
+logger = package_logger(__name__)
 
 MODULE = "torch_xla"
 

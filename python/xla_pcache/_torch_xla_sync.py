@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xla_pcache._core import FORMAT_VERSION, hash_key
+from xla_pcache._text import package_logger
 from xla_pcache.store import Store
 
-logger = logging.getLogger("xla_pcache.torch_xla")
+logger = package_logger("xla_pcache.torch_xla")
 
 KEY_PREFIX = "torch_xla/"
 MANIFEST_VERSION = 1

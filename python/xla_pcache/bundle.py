@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
-import logging
 import os
 import tarfile
 import tempfile
@@ -32,9 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xla_pcache import _core
+from xla_pcache._text import package_logger
 from xla_pcache.sizes import parse_duration
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 _KEY_HEX = "XLA_PCACHE.key_hex"
 _KEY_TEXT = "XLA_PCACHE.key_text"

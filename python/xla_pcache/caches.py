@@ -10,7 +10,6 @@ an object that fails to serialize, is logged and counted, never raised.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -20,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from xla_pcache._core import CacheError
+from xla_pcache._text import package_logger
 from xla_pcache.config import Settings, parse_capacity
 from xla_pcache.store import Store
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from xla_pcache._core import Blob
 
-logger = logging.getLogger(__name__)
+logger = package_logger(__name__)
 
 T = TypeVar("T")
 Key = str | bytes

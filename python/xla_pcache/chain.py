@@ -21,7 +21,6 @@ tiers of one kind in a chain add into the same per-kind counters.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -30,15 +29,16 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from xla_pcache._text import package_logger
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
-from xla_pcache.remote import RO_OPTIONS, RemoteTier, Tier, redact
+from xla_pcache.remote import RO_OPTIONS, RemoteTier, Spooled, Tier, redact
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
     from xla_pcache.objstore import ObjectClaims
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 # An object store takes a single PUT of up to 5 GiB (Redis: config.DEFAULT_REMOTE_MAX_BYTES).
@@ -72,7 +72,9 @@ TIER_KINDS = {
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
 
 
-def _size(data: Buffer | list[Buffer]) -> int:
+def _size(data: Buffer | list[Buffer] | Spooled) -> int:
+    if isinstance(data, Spooled):
+        return os.fstat(data.fd).st_size
     if isinstance(data, list):
         return sum(len(memoryview(p)) for p in data)
     return len(memoryview(data))
@@ -120,8 +122,8 @@ class _RedisReadOnly:
         self._tier = tier
         self.url = tier.url
 
-    def get(self, name: str) -> Any:
-        return self._tier.get(name)
+    def get(self, name: str, **bounds: Any) -> Any:
+        return self._tier.get(name, **bounds)
 
     def put_async(self, name: str, data: Buffer) -> None:
         return None
@@ -236,14 +238,15 @@ class Chain:
             for i, s in enumerate(self._slots)
         ]
 
-    def get(self, name: str) -> Any:
-        """The first tier's value for ``name``: a buffer, or a list of buffers to be taken
-        in order (an object store's ranged pieces). Not yet verified: the store verifies it
-        and says ``count("remote_hits")`` or ``count("remote_rejected")``."""
+    def get(self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None) -> Any:
+        """The first tier's value for ``name``: a buffer, a list of buffers to be taken
+        in order (an object store's ranged pieces), or a ``Spooled`` file. Not yet verified:
+        the store verifies it and says ``count("remote_hits")`` or
+        ``count("remote_rejected")``. Bounded as ``Tier.get`` says."""
         self._last.hit = None
         for i, slot in enumerate(self._slots):
             t = time.perf_counter()
-            data = slot.tier.get(name)
+            data = slot.tier.get(name, max_bytes=max_bytes, spool_dir=spool_dir)
             ms = (time.perf_counter() - t) * 1000
             with slot.lock:
                 slot.get_ms += ms
@@ -279,7 +282,9 @@ class Chain:
     def _backfill(self, k: int, name: str, data: Buffer | list[Buffer]) -> None:
         # The faster tiers before the one that answered get the verified entry.
         targets = [slot for slot in self._slots[:k] if not slot.read_only]
-        if not targets:
+        if not targets or isinstance(data, Spooled):
+            # A spooled value is over SPOOL_BYTES: not read into memory again to be copied
+            # to the faster tiers (they get it from the next put of this entry).
             return
         whole = b"".join(data) if isinstance(data, list) else data  # tiers write one buffer
         for slot in targets:

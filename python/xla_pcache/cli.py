@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import stat
 import sys
 import time
@@ -27,6 +28,7 @@ from rich.table import Table
 
 from xla_pcache import _core
 from xla_pcache._core import CacheError
+from xla_pcache._text import ShownStream, raw_stream, shown
 from xla_pcache.config import MAX_SIZE_VAR, PATH_VAR, READ_ONLY_VAR, Settings
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 from xla_pcache.store import Store
@@ -85,18 +87,35 @@ def _reported() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
+class _Terminated(BaseException):
+    """SIGTERM during a long command, raised where the command is, so that what it holds
+    (export's temporary file beside the bundle) is cleaned up as for Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 @contextmanager
 def _interruptible(what: str) -> Iterator[None]:
-    """Ctrl-C during a long command: the store stopped after the entry it was at (every
-    step of verify, prune, export and import leaves a valid cache); say so, exit 130."""
+    """Ctrl-C or SIGTERM during a long command: the store stopped after the entry it was at
+    (every step of verify, prune, export and import leaves a valid cache) and the command's
+    own temporary files are removed; say so, exit 130 (143 for SIGTERM)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread (an embedding): the default action stays
+        previous = None
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated) as exc:
         typer.echo(
             f"xla-pcache: {what} interrupted; the cache is left valid (nothing half-done)",
             err=True,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class _NoProgress:
@@ -144,7 +163,9 @@ def _console() -> Console:
     # Keys, metadata, paths and error texts are chosen by whoever wrote the cache or typed the
     # command: print them as they are, never as rich markup or emoji codes ("[/]" in a key
     # would otherwise raise, "[bold]" restyle the table).
-    return Console(highlight=False, markup=False, emoji=False)
+    # Rich writes to the stream under the CLI's escaping one (its own colours and progress
+    # bar are control sequences): what it is given to show is passed through shown().
+    return Console(file=raw_stream(sys.stdout), highlight=False, markup=False, emoji=False)
 
 
 def _file_kind(mode: int) -> str:
@@ -203,10 +224,9 @@ def _open(path: str | None, *, read_only: bool, write: bool = False) -> Store:
 
 
 def _key_text(key: object) -> str:
-    """A key as one printable line: control characters and undecodable bytes escaped, so a
-    hostile or binary key cannot break the table or the terminal."""
-    text = key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
-    return text if text.isprintable() else repr(text)[1:-1]
+    """A key as one printable line: control characters, bidi overrides and undecodable
+    bytes escaped, so a hostile or binary key cannot break the table or the terminal."""
+    return shown(key)
 
 
 def _entry_json(entry: Entry) -> dict[str, Any]:
@@ -338,21 +358,23 @@ def stats(
     if as_json or output is StatsFormat.json:
         _emit_json(report)
         return
-    table = Table(title=f"xla_pcache {report['path']} ({report['filesystem']})", show_header=False)
+    table = Table(
+        title=shown(f"xla_pcache {report['path']} ({report['filesystem']})"), show_header=False
+    )
     table.add_column("counter")
     table.add_column("value", justify="right")
-    shown = {"path", "filesystem", "view_fresh"}
+    listed = {"path", "filesystem", "view_fresh"}
     for name, label in _STAT_ROWS:
         if name == "view_age_s":
             text = _view_age_text(report[name], report["view_fresh"])
         else:
             text = _stat_text(name, report.get(name))
-        table.add_row(label, text)
-        shown.add(name)
-    for name in sorted(report.keys() - shown):
+        table.add_row(label, shown(text))
+        listed.add(name)
+    for name in sorted(report.keys() - listed):
         if (name.startswith("remote_") or _TIER_COUNTER.match(name)) and not report[name]:
             continue  # no rows of zeros for remote tiers that did nothing (or are not set)
-        table.add_row(name.replace("_", " "), _stat_text(name, report[name]))
+        table.add_row(shown(name.replace("_", " ")), shown(_stat_text(name, report[name])))
     _console().print(table)
 
 
@@ -473,17 +495,17 @@ def _write_entries(store: _core.Store, sort: SortKey | None, limit: int, as_json
         out.flush()
         return
     total = len(store)
-    out.write(f"{total:,} entries in {store.path} (from the index)\n")
+    out.write(f"{total:,} entries in {shown(store.path)} (from the index)\n")
     out.write(_ls_line(_LS_COLUMNS) + "\n")
     now = time.time()
-    shown = 0
+    written = 0
     for entry in stream:
         out.write(_ls_row(entry, now) + "\n")
-        shown += 1
-        if shown % 256 == 0:
+        written += 1
+        if written % 256 == 0:
             out.flush()
-    if limit and shown == limit and total > shown:
-        out.write(f"... and about {total - shown:,} more (--limit 0 lists every one)\n")
+    if limit and written == limit and total > written:
+        out.write(f"... and about {total - written:,} more (--limit 0 lists every one)\n")
     out.flush()
 
 
@@ -537,9 +559,9 @@ def prune(
                 f"gone dropped, {added} unindexed files added"
             )
         for f in result["skipped_files"]:
-            typer.echo(f"xla-pcache: prune went on without {f}", err=True)
+            typer.echo(f"xla-pcache: prune went on without {shown(f)}", err=True)
     if result["skipped"]:
-        typer.echo(f"xla-pcache: prune skipped: {result['skipped']}", err=True)
+        typer.echo(f"xla-pcache: prune skipped: {shown(result['skipped'])}", err=True)
         raise typer.Exit(1)
 
 
@@ -578,7 +600,9 @@ def verify(
     if as_json:
         _emit_json(report)
     else:
-        table = Table(title=f"verify{' --repair' if repair else ''} {root}", show_header=False)
+        table = Table(
+            title=shown(f"verify{' --repair' if repair else ''} {root}"), show_header=False
+        )
         table.add_column("check")
         table.add_column("result")
         for name, value in report.items():
@@ -586,7 +610,7 @@ def verify(
                 text = f"{len(value)}" + "".join(f"\n  {_key_text(v)}" for v in value)
             else:
                 text = _key_text(value)
-            table.add_row(name.replace("_", " "), text)
+            table.add_row(shown(name.replace("_", " ")), text)
         console.print(table)
         console.print("no problems found" if problems == 0 else f"{problems} problems found")
     if problems:
@@ -638,7 +662,7 @@ def explain(
     with _reported(), _open(path, read_only=True) as store:
         try:
             results = why.explain(store, key, last)
-        except KeyError:
+        except why.NotRecorded:
             _fail(f"no miss and no entry recorded for key {_key_text(key)}")
     if as_json:
         _emit_json(results)
@@ -736,13 +760,23 @@ def export_cmd(
         except OSError as exc:
             # The error names the temporary file; the user asked for `out`.
             _fail(f"cannot write {out}: {exc.strerror or exc}")
-    console.print(f"exported {n} entries to {out}")
+    console.print(shown(f"exported {n} entries to {out}"))
 
 
 @app.command("import")
 def import_cmd(
-    bundle: Annotated[str, typer.Argument(help="Bundle file written by xla-pcache export.")],
+    bundle: Annotated[
+        str | None, typer.Argument(help="Bundle file written by xla-pcache export.")
+    ] = None,
     path: PathOption = None,
+    from_jax: Annotated[
+        str | None,
+        typer.Option(
+            "--from-jax",
+            help="Adopt the entries JAX's own cache wrote in this directory instead of a "
+            "bundle: each valid one is published and its file removed there.",
+        ),
+    ] = None,
     max_entry_size: Annotated[
         str | None,
         typer.Option(
@@ -754,6 +788,13 @@ def import_cmd(
     """Publish each verifying entry of a bundle into the cache (created if missing)."""
     from xla_pcache.bundle import import_bundle
 
+    if (bundle is None) == (from_jax is None):
+        with _reported():
+            _fail("give either a bundle file or --from-jax DIR")
+    if from_jax is not None:
+        _import_from_jax(from_jax, path, max_entry_size)
+        return
+    assert bundle is not None
     with _reported():
         entry_cap = parse_size(max_entry_size, name="--max-entry-size")
         if entry_cap == 0:
@@ -788,9 +829,94 @@ def import_cmd(
         text += f" ({report.oversized} of them too large)"
     if report.unreadable:
         text += f"; the rest of the bundle is unreadable ({report.error})"
-    console.print(text)
+    console.print(shown(text))
     if report.rejected or report.unreadable:
         raise typer.Exit(1)
+
+
+def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | None) -> None:
+    from xla_pcache import jax_cache_dir as jcd
+
+    with _reported():
+        entry_cap = parse_size(max_entry_size, name="--max-entry-size")
+        if entry_cap == 0:
+            _fail("--max-entry-size must be positive")
+        settings = Settings.from_env()
+        root = os.path.expanduser(path) if path else settings.path
+        if not root:
+            _fail(f"no cache directory: pass --path or set {PATH_VAR}")
+        if settings.read_only:
+            _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+        source_dir = os.path.expanduser(source_dir)
+        if not os.path.isdir(source_dir):
+            _fail(f"{source_dir}: not a directory")
+        source = jcd.JaxCacheDir(source_dir)
+        # What JAX reads here: the format its own compilation cache decompresses.
+        jax_version: str | None = None
+        try:
+            import jax
+            from jax._src import compilation_cache as cc
+
+            formats = jcd.jax_formats(cc)
+            jax_version = str(jax.__version__)
+        except Exception:
+            formats = jcd.decodable_formats()
+        if jax_version is not None and _before_jax_011(jax_version):
+            _fail(
+                f"jax {jax_version}: before jax 0.11 JAX's keys hold the path of its cache "
+                f"directory, so entries moved from {source_dir} would never be found under "
+                "the adapter's keys; nothing was moved. Keep JAX_COMPILATION_CACHE_DIR set "
+                "beside XLA_PERSISTENT_CACHE_PATH instead: each entry is adopted, under the "
+                "right key, when a program asks for it (docs/jax.md)"
+            )
+        keys = sorted(source.keys())
+        counts = {jcd.ADOPTED: 0, jcd.PRESENT: 0, jcd.REJECTED: 0, jcd.SERVED: 0}
+        console = _console()
+        bar = _progress(console)
+        with (
+            _interruptible("import"),
+            Store(root, max_size=settings.max_size, settings=settings) as store,
+            bar,
+        ):
+            bound = entry_cap or min(settings.max_size or jcd.MAX_ENTRY_BYTES, jcd.MAX_ENTRY_BYTES)
+            task = bar.add_task(f"adopting JAX's entries from {source_dir}", total=len(keys))
+            for key in keys:
+                outcome = jcd.adopt(
+                    store,
+                    source,
+                    key,
+                    formats=formats,
+                    meta=lambda value: _adopted_meta(jcd.compile_time(value)),
+                    max_bytes=bound,
+                )
+                if outcome.status in counts:
+                    counts[outcome.status] += 1
+                bar.advance(task)
+    text = (
+        f"adopted {counts[jcd.ADOPTED]}, already present {counts[jcd.PRESENT]}, "
+        f"skipped as bad {counts[jcd.REJECTED]}"
+    )
+    if counts[jcd.SERVED]:
+        text += f", left in place as the cache did not take them {counts[jcd.SERVED]}"
+    console.print(text)
+    if counts[jcd.REJECTED] or counts[jcd.SERVED]:
+        raise typer.Exit(1)
+
+
+def _before_jax_011(version: str) -> bool:
+    try:
+        return tuple(int(p) for p in version.split(".")[:2]) < (0, 11)
+    except ValueError:
+        return False
+
+
+def _adopted_meta(secs: float | None) -> dict[str, str]:
+    from xla_pcache import _keyparts
+
+    meta = {"framework": "jax", "adopted_from": "jax_cache"}
+    if secs is not None:
+        meta[_keyparts.META_COMPILE_TIME] = f"{secs:.6f}"
+    return meta
 
 
 def _version_callback(value: bool) -> None:
@@ -814,5 +940,11 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Everything printed goes through one escaping stream
+    (``xla_pcache._text``): names, paths, metadata and errors read from the cache, and the
+    warnings the package logs while the command runs."""
+    if not isinstance(sys.stdout, ShownStream):
+        sys.stdout = ShownStream(sys.stdout)
+    if not isinstance(sys.stderr, ShownStream):
+        sys.stderr = ShownStream(sys.stderr)
     app(prog_name="xla-pcache")

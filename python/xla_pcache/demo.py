@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from xla_pcache._text import raw_stream, shown
 from xla_pcache.metrics import human_duration
 from xla_pcache.sizes import format_size
 
@@ -203,7 +204,9 @@ def main(path: str | None = None, keep: bool = False) -> int:
     """Run the demo against the cache at ``path`` (default: ``XLA_PERSISTENT_CACHE_PATH``,
     else the user's cache directory). Without ``keep`` the demo's entries are removed
     afterwards. Returns 0 when the second process hit the cache, 1 otherwise."""
-    console = Console()
+    # Rich's colours go to the stream under the CLI's escaping one; the texts it is given
+    # that come from outside (the path, an error) are escaped with shown() as well.
+    console = Console(file=raw_stream(sys.stdout))
     if importlib.util.find_spec("jax") is None:
         console.print(
             "[red]The demo needs JAX.[/] Install it with: [bold]pip install 'xla-pcache\\[jax]'[/]"
@@ -213,7 +216,7 @@ def main(path: str | None = None, keep: bool = False) -> int:
 
     root = _resolve_path(path)
     nonce = secrets.token_hex(4)
-    console.print(f"Cache: [bold]{escape(str(root))}[/]")
+    console.print(f"Cache: [bold]{escape(shown(root))}[/]")
     console.print(
         f"Model: {_LAYERS}-layer transformer (width {_WIDTH}), next-token loss, Adam, "
         f"{_STEPS_PER_CALL} steps per call; each run is a fresh Python process"
@@ -224,7 +227,7 @@ def main(path: str | None = None, keep: bool = False) -> int:
             with console.status(f"{label} run: starting Python, importing JAX, compiling..."):
                 reports.append(_run_child(root, nonce))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        console.print(f"[red]demo failed:[/] {escape(str(exc))}")
+        console.print(f"[red]demo failed:[/] {escape(shown(exc))}")
         return 1
 
     cold, warm = reports
@@ -253,12 +256,12 @@ def main(path: str | None = None, keep: bool = False) -> int:
         f"run, {human_duration(stats['compile_saved_ms'] / 1000)} by this "
         "cache in all"
     )
-    shown = {
+    listed = {
         k: format_size(v) if k in ("bytes", "max_size") and isinstance(v, int) else v
         for k, v in stats.items()
         if k not in ("path", "read_only")
     }
-    console.print("Cache stats: " + ", ".join(f"{k}={v}" for k, v in shown.items()), markup=False)
+    console.print("Cache stats: " + ", ".join(f"{k}={v}" for k, v in listed.items()), markup=False)
     if not keep:
         removed = _remove_demo_entries(root, nonce)
         noun = "entry" if removed == 1 else "entries"

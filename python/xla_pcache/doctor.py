@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from xla_pcache._text import raw_stream, shown
 from xla_pcache.config import DISABLE_VAR, Settings
 
 __all__ = ["FRAMEWORKS", "Framework", "main", "probe_key"]
@@ -229,6 +230,45 @@ def probe_key(fw: Framework, versions: dict[str, str | None], hint: str) -> str:
     )
 
 
+# What a probe reports, by field, and the type each must have. A remembered result is an
+# entry in the cache, which any writer of the directory can have written: one that is not a
+# JSON object of these fields (strings of bounded length) is not ours, and the probe runs.
+_PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "backend": str,
+    "serialize": bool,
+    "load": bool,
+    "adapter": str,
+    "detail": str,
+    "bytes": int,
+}
+_MAX_PROBE_TEXT = 2000
+_MAX_PROBE_BYTES = 64 * 1024
+
+
+def remembered_probe(raw: bytes) -> dict[str, Any] | None:
+    """A remembered probe result read back from the cache, or None when it is not one
+    doctor wrote (not JSON, not an object, unknown fields, wrong types, too long)."""
+    if len(raw) > _MAX_PROBE_BYTES:
+        return None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or not obj or not set(obj) <= set(_PROBE_FIELDS):
+        return None
+    for name, value in obj.items():
+        want = _PROBE_FIELDS[name]
+        if want is int and isinstance(value, bool):
+            return None
+        if not isinstance(value, want):
+            return None
+        if isinstance(value, str) and len(value) > _MAX_PROBE_TEXT:
+            return None
+        if isinstance(value, int) and not 0 <= value < 1 << 62:
+            return None
+    return obj
+
+
 def _check_framework(fw: Framework, store: Any) -> dict[str, Any] | None:
     if importlib.util.find_spec(fw.module) is None:
         return None
@@ -241,7 +281,14 @@ def _check_framework(fw: Framework, store: Any) -> dict[str, Any] | None:
         try:
             blob = store.get(key)
             if blob is not None:
-                cached = json.loads(bytes(blob))
+                cached = remembered_probe(bytes(blob))
+                if cached is None:
+                    report["cache_error"] = (
+                        "the remembered probe result is not one doctor wrote; probed again"
+                    )
+                    if not store.read_only:
+                        # Replaced by the new result below (entries are first-writer-wins).
+                        store.delete(key)
         except Exception as exc:
             report["cache_error"] = f"{type(exc).__name__}: {exc}"
     if cached is not None:
@@ -423,7 +470,8 @@ def collect(path: str | None) -> dict[str, Any]:
 def _e(value: object) -> str:
     # Paths, versions and error texts (some quote files a cache writer chose) are printed as
     # they are, never read as rich markup.
-    return escape(str(value))
+    # Control sequences in them are made visible (shown), never sent to the terminal.
+    return escape(shown(value))
 
 
 def _render(console: Console, report: dict[str, Any]) -> None:
@@ -483,6 +531,8 @@ def _render(console: Console, report: dict[str, Any]) -> None:
             note = f"{note} adapter: {fw['adapter']}".strip()
         if fw.get("remembered"):
             note = f"{note} (remembered)".strip()
+        if fw.get("cache_error"):
+            note = f"{note} ({fw['cache_error']})".strip()
         table.add_row(
             _e(name),
             _e(versions),
@@ -501,7 +551,7 @@ def _render(console: Console, report: dict[str, Any]) -> None:
 
 def main(path: str | None = None, as_json: bool = False) -> int:
     """Print the report; 0 when the configuration is usable, 1 when it is not."""
-    console = Console()
+    console = Console(file=raw_stream(sys.stdout))
     if as_json:
         report = collect(path)
         print(json.dumps(report, indent=2, sort_keys=True))

@@ -35,14 +35,55 @@ from collections.abc import Iterable
 from typing import Any
 
 from xla_pcache import _keyparts
+from xla_pcache._text import package_logger
 
-logger = logging.getLogger("xla_pcache.explain")
+logger = package_logger("xla_pcache.explain")
 
 MISS_LOG = "misses.log"
 MISS_LOG_OLD = "misses.log.1"
 MAX_LOG_BYTES = 256 * 1024
 MAX_RECORD_BYTES = 16 * 1024
 MAX_META_CHARS = 32 * 1024  # component metadata larger than this is not ours: ignored
+# Records are written by any process with access to the directory: JSON nested deeper than
+# this (the recursion limit is the parser's) or a time outside these bounds is not ours.
+MAX_JSON_DEPTH = 32
+MAX_TIME = 1e11
+
+
+class NotRecorded(KeyError):
+    """``explain(key=...)`` for a key that is neither a recorded miss nor an entry."""
+
+
+def bounded_json(text: str, limit: int = MAX_LOG_BYTES) -> Any:
+    """``json.loads(text)`` for text of at most ``limit`` characters nested at most
+    ``MAX_JSON_DEPTH`` deep (checked before parsing); ValueError otherwise."""
+    if len(text) > limit:
+        raise ValueError("record too long")
+    depth = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError("record nested too deeply")
+        elif c in "]}":
+            depth -= 1
+    return json.loads(text)
+
+
+def _valid_time(t: Any) -> bool:
+    # bool is an int; a 400-digit int is one too, and float() of it overflows.
+    return isinstance(t, int | float) and not isinstance(t, bool) and -MAX_TIME < t < MAX_TIME
+
 
 _O_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -141,7 +182,7 @@ def _valid_record(obj: Any) -> bool:
         isinstance(obj, dict)
         and isinstance(obj.get("key"), str)
         and 0 < len(obj["key"]) <= 4096
-        and isinstance(obj.get("t", 0), int | float)
+        and _valid_time(obj.get("t", 0))
         and _valid_components(obj.get("components"))
     )
 
@@ -166,7 +207,7 @@ def read_misses(root: str) -> list[dict[str, Any]]:
         for name in (MISS_LOG_OLD, MISS_LOG):
             for line in _read_tail(dfd, name):
                 try:
-                    obj = json.loads(line)
+                    obj = bounded_json(line)
                 except ValueError:
                     continue
                 if _valid_record(obj):
@@ -239,7 +280,7 @@ def entry_components(meta: Any) -> dict[str, Any] | None:
     if not isinstance(raw, str) or len(raw) > MAX_META_CHARS:
         return None
     try:
-        obj = json.loads(raw)
+        obj = bounded_json(raw, MAX_META_CHARS)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not _valid_components(obj.get("components")):
@@ -384,7 +425,7 @@ def _options_follow_flags(
 ) -> bool:
     if "XLA flags" not in differs or "compile_options" not in differs:
         return False
-    a = mine["compile_options"].get("parts")
+    a = mine.get("compile_options", {}).get("parts")
     b = theirs.get("compile_options", {}).get("parts")
     return isinstance(a, dict) and isinstance(b, dict) and a.get("rest") == b.get("rest")
 
@@ -392,7 +433,7 @@ def _options_follow_flags(
 def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str, Any]]:
     """Explain the ``last`` most recent distinct misses of the store, or ``key`` (a missed
     key, or the key of an entry, compared with the other entries of its program). Raises
-    KeyError when ``key`` is neither."""
+    ``NotRecorded`` (a KeyError) when ``key`` is neither."""
     entries = _entries(store)
     misses = read_misses(store.path)
     if key is not None:
@@ -402,12 +443,12 @@ def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str
         else:
             entry = next((e for e in entries if e["key"] == key), None)
             if entry is None:
-                raise KeyError(key)
+                raise NotRecorded(key)
             targets = [
                 {
                     "key": key,
                     "module": entry["module"],
-                    "t": entry.get("created"),
+                    "t": entry.get("created") if _valid_time(entry.get("created")) else None,
                     "components": entry["components"],
                 }
             ]

@@ -16,13 +16,14 @@ this process did with the store (hits, misses, puts, bytes, compile time saved).
 from __future__ import annotations
 
 import atexit
-import logging
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-logger = logging.getLogger("xla_pcache")
+from xla_pcache._text import package_logger
+
+logger = package_logger("xla_pcache")
 
 # stats() name -> (metric name without xla_pcache_ and _total, help, units per base unit;
 # dividing, not multiplying by 1e-3, keeps 286 ms as 0.286 and not 0.28600000000000003)

@@ -24,24 +24,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
-import logging
 import os
 import random
 import socket
 import threading
 import time
 import urllib.parse
-from collections import Counter
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from xla_pcache._core import entry_file_len
+from xla_pcache._names import EntryName, entry_name_or_none
+from xla_pcache._text import package_logger
+from xla_pcache.remote import Spooled, reject
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 OBJECT_SCHEMES = ("s3", "gs", "az")
 # Where entries and claims live below the URL's prefix; the digit is the entry format.
@@ -55,6 +60,11 @@ CLAIM_DIR = "xla_pcache-1/claims"
 RANGE_CHUNK = 8 << 20
 RANGE_PIECE = 16 << 20
 RANGE_THREADS = 8
+# An object larger than this is streamed to a file under the cache's tmp/ on its way to the
+# store, rather than held in memory beside the store's own copy.
+SPOOL_BYTES = 64 << 20
+# Pieces fetched ahead while spooling: what such a read holds in memory at most.
+SPOOL_WINDOW = 4
 # Writes run in the background; a large PUT is given at least this long.
 PUT_TIMEOUT_S = 60.0
 # Variables whose values are secrets: scrubbed from every message this module logs.
@@ -225,29 +235,55 @@ class ObjectTier:
         return time.monotonic() >= self._down_until
 
     @staticmethod
-    def entry_path(name: str) -> str:
+    def entry_path(name: EntryName) -> str:
         return f"{ENTRY_DIR}/{name}"
 
     # ---------------------------------------------------------------- reads
-    def get(self, name: str) -> Buffer | list[Buffer] | None:
+    def get(
+        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+    ) -> Buffer | list[Buffer] | Spooled | None:
         """The object stored for entry ``name`` (a large one as its ranged pieces, in order,
-        not joined: the store gathers them into the one buffer it verifies and keeps), or
-        None (miss or failure, both counted)."""
+        not joined: the store gathers them into the one buffer it verifies and keeps; one
+        over ``SPOOL_BYTES`` streamed to a file in ``spool_dir``), or None (miss or
+        failure, both counted).
+
+        The object is untrusted (anyone who can write the bucket wrote it): its size is
+        checked against ``max_bytes`` (the store's budget) and the tier's largest value from
+        the first response, and its header against ``name`` and that size, before anything
+        more is read. A garbage or oversized object costs one ranged read."""
         self._after_fork()
         if not self.available():
             self.count("remote_skipped")
             return None
         import obstore
 
-        path = self.entry_path(name)
+        checked = entry_name_or_none(name)
+        if checked is None:
+            reject(self, "name", "an entry name that is not 32 hex digits was asked for")
+            return None
+        limit = self.max_value_bytes if max_bytes is None else min(max_bytes, self.max_value_bytes)
+        path = self.entry_path(checked)
         try:
             # The first piece, in a request that also says how large the object is: one
             # round trip for the usual entry, the rest in parallel for a large one.
             first = obstore.get(self._store, path, options={"range": (0, RANGE_CHUNK)})
             size = int(first.meta["size"])
+            if size > limit:
+                reject(self, "too_large", f"an object of {size} bytes is over the limit of {limit}")
+                return None
             head = first.bytes()
+            if entry_file_len(head, name) != size:
+                reject(self, "rejected", f"the object for {name} is not a whole entry file")
+                return None
             if size <= len(head):
                 return head
+            if size > SPOOL_BYTES and spool_dir is not None:
+                try:
+                    spooled = Spooled.create(spool_dir)
+                except OSError:
+                    # tmp/ not writable here (a read-only mount): in memory, as a smaller one.
+                    return self._get_rest(path, head, size)
+                return self._spool_rest(path, head, size, spooled)
             return self._get_rest(path, head, size)
         except Exception as e:
             if _classify(e) == "missing":
@@ -256,17 +292,15 @@ class ObjectTier:
                 self._fail("get", e)
             return None
 
-    def _get_rest(self, path: str, head: Buffer, size: int) -> list[Buffer]:
+    def _pieces(self, path: str, start: int, size: int, window: int) -> Iterator[Buffer]:
+        """The object's bytes from ``start`` on, in ranged pieces fetched in parallel, in
+        order, with at most ``window`` pieces fetched ahead of the one taken."""
         import obstore
 
-        if size > self.max_value_bytes:
-            raise ValueError(f"object of {size} bytes is over the limit")
-        starts = list(range(len(memoryview(head)), size, RANGE_PIECE))
-
-        def fetch(start: int) -> Buffer:
-            end = min(start + RANGE_PIECE, size)
-            part = obstore.get_range(self._store, path, start=start, end=end)
-            if len(memoryview(part)) != end - start:
+        def fetch(at: int) -> Buffer:
+            end = min(at + RANGE_PIECE, size)
+            part = obstore.get_range(self._store, path, start=at, end=end)
+            if len(memoryview(part)) != end - at:
                 raise ValueError("short ranged read")
             return part
 
@@ -274,11 +308,39 @@ class ObjectTier:
             self._readers = ThreadPoolExecutor(
                 max_workers=RANGE_THREADS, thread_name_prefix="xla_pcache-objstore-get"
             )
+        starts = iter(range(start, size, RANGE_PIECE))
+        ahead: deque[Future[Buffer]] = deque()
+        try:
+            for at in itertools.islice(starts, window):
+                ahead.append(self._readers.submit(fetch, at))
+            while ahead:
+                part = ahead.popleft().result()
+                for at in itertools.islice(starts, 1):
+                    ahead.append(self._readers.submit(fetch, at))
+                yield part
+        finally:
+            for f in ahead:
+                f.cancel()
+
+    def _get_rest(self, path: str, head: Buffer, size: int) -> list[Buffer]:
         # Not joined here: a join is a copy of the whole object into fresh memory, and the
         # store copies the pieces once anyway, into the buffer it verifies and serves.
-        return [head, *self._readers.map(fetch, starts)]
+        return [head, *self._pieces(path, len(memoryview(head)), size, RANGE_THREADS)]
 
-    def exists(self, name: str) -> bool:
+    def _spool_rest(self, path: str, head: Buffer, size: int, spooled: Spooled) -> Spooled:
+        # A large object goes to a file, piece by piece, rather than into memory twice
+        # (pieces, then the gathered copy): the store reads it once from there.
+        try:
+            at = spooled.write_at(head, 0)
+            # map() yields in order and keeps at most the pieces not yet taken in flight.
+            for part in self._pieces(path, at, size, SPOOL_WINDOW):
+                at += spooled.write_at(part, at)
+        except BaseException:
+            spooled.close()
+            raise
+        return spooled
+
+    def exists(self, name: EntryName) -> bool:
         import obstore
 
         try:
@@ -296,12 +358,16 @@ class ObjectTier:
         if len(memoryview(data)) > self.max_value_bytes:
             self.count("remote_too_large")
             return
+        checked = entry_name_or_none(name)
+        if checked is None:
+            self.count("remote_put_skipped")
+            return
         try:
-            self._writer.submit(self._put, name, data)
+            self._writer.submit(self._put, checked, data)
         except RuntimeError:  # shut down at exit
             self.count("remote_put_skipped")
 
-    def _put(self, name: str, data: Buffer) -> None:
+    def _put(self, name: EntryName, data: Buffer) -> None:
         if not self.available():
             self.count("remote_put_skipped")
             return
@@ -355,7 +421,7 @@ class ObjectClaim:
     """How a claim on the bucket ended; ``release()`` gives up a held one (after the
     writes queued before it, so a waiter finds the entry before the claim is gone)."""
 
-    def __init__(self, claims: ObjectClaims, name: str, state: str, waited: float) -> None:
+    def __init__(self, claims: ObjectClaims, name: EntryName, state: str, waited: float) -> None:
         self._claims = claims
         self.name = name
         self.state = state
@@ -386,33 +452,33 @@ class ObjectClaims:
 
     def __init__(self, tier: ObjectTier) -> None:
         self._tier = tier
-        self._held: dict[str, ObjectClaim] = {}
+        self._held: dict[EntryName, ObjectClaim] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lease = 30.0
         self._owner = f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(32):08x}"
 
-    def _path(self, name: str) -> str:
+    def _path(self, name: EntryName) -> str:
         return f"{CLAIM_DIR}/{name}"
 
     def _body(self) -> bytes:
         return json.dumps({"owner": self._owner, "t": time.time()}).encode()
 
-    def _create(self, name: str) -> str | None:
+    def _create(self, name: EntryName) -> str | None:
         import obstore
 
         result = obstore.put(self._tier._store, self._path(name), self._body(), mode="create")
         return str(result["e_tag"]) if result.get("e_tag") else None
 
-    def _overwrite(self, name: str, e_tag: str) -> str | None:
+    def _overwrite(self, name: EntryName, e_tag: str) -> str | None:
         import obstore
 
         mode: Any = {"e_tag": e_tag}
         result = obstore.put(self._tier._store, self._path(name), self._body(), mode=mode)
         return str(result["e_tag"]) if result.get("e_tag") else None
 
-    def _peek(self, name: str) -> str | None:
+    def _peek(self, name: EntryName) -> str | None:
         """The claim's ETag, or None when there is no claim."""
         import obstore
 
@@ -429,7 +495,15 @@ class ObjectClaims:
 
         ``claimed`` (ours: compile, put, release), ``published`` (the entry is in the
         bucket), ``abandoned`` (the holder went away without one), ``timed_out``, or
-        ``unclaimed`` when the bucket cannot be reached (compile without a claim)."""
+        ``unclaimed`` when the bucket cannot be reached (compile without a claim).
+        ``ValueError`` naming ``name`` for what is not an entry name."""
+        try:
+            checked = EntryName(name)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"name: {e}") from None
+        return self._claim(checked, wait, lease, may_claim)
+
+    def _claim(self, name: EntryName, wait: float, lease: float, may_claim: bool) -> ObjectClaim:
         self._lease = lease
         tier = self._tier
         start = time.monotonic()
@@ -439,6 +513,10 @@ class ObjectClaims:
         waited = False
         interval = 0.05
         try:
+            # Every pass ends at the deadline check and the sleep below, whatever the
+            # bucket answered: a bucket that contradicts itself (HEAD says no claim, the
+            # conditional create says there is one, as an object planted under the
+            # claim's name as a prefix makes SeaweedFS answer) costs polls, never a spin.
             while True:
                 if not tier.available():
                     return ObjectClaim(self, name, "unclaimed", time.monotonic() - start)
@@ -461,9 +539,10 @@ class ObjectClaims:
                     except Exception as e:
                         if _classify(e) not in ("exists", "precondition"):
                             raise
-                        continue  # another host was first: wait for it
-                    return self._held_claim(name, new, now - start, took_over=False)
-                if e_tag != seen:
+                        # Another host was first: wait for it, as below.
+                    else:
+                        return self._held_claim(name, new, now - start, took_over=False)
+                elif e_tag != seen:
                     seen, seen_at = e_tag, now
                 elif may_claim and now - seen_at >= lease:
                     try:
@@ -471,8 +550,9 @@ class ObjectClaims:
                     except Exception as e:
                         if _classify(e) not in ("exists", "precondition"):
                             raise
-                        continue  # another waiter took it over first
-                    return self._held_claim(name, new, now - start, took_over=True)
+                        # Another waiter took it over first: wait for it, as below.
+                    else:
+                        return self._held_claim(name, new, now - start, took_over=True)
                 if now >= deadline:
                     tier.count("remote_claim_wait_timeouts")
                     return ObjectClaim(self, name, "timed_out", now - start)
@@ -486,7 +566,7 @@ class ObjectClaims:
             return ObjectClaim(self, name, "unclaimed", time.monotonic() - start)
 
     def _held_claim(
-        self, name: str, e_tag: str | None, waited: float, *, took_over: bool
+        self, name: EntryName, e_tag: str | None, waited: float, *, took_over: bool
     ) -> ObjectClaim:
         claim = ObjectClaim(self, name, "claimed", waited)
         claim.e_tag = e_tag

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -28,6 +28,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
+from xla_pcache._core import entry_file_len
+from xla_pcache._names import EntryName, entry_name_or_none
+from xla_pcache._text import package_logger
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
@@ -36,11 +39,61 @@ if TYPE_CHECKING:
 
     from xla_pcache.chain import Chain
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 KEY_PREFIX = "xla_pcache:1:"
 # A tier URL's query options that make it read-only (the only option shown unredacted).
 RO_OPTIONS = ("ro", "read_only")
+
+
+# The first read of a remote value: enough for any entry header (64 bytes, a key of up to
+# 4 KiB, metadata of up to 64 KiB), so the header is checked before the rest is read.
+HEAD_BYTES = 80 << 10
+
+
+class Spooled:
+    """A remote entry file streamed to an unnamed file in the cache's ``tmp/`` (O_TMPFILE:
+    nothing is left there if the process dies) instead of memory; the store reads it once,
+    with ``take_entry_fd``, and ``close()`` lets it go."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def create(cls, directory: str) -> Spooled:
+        flags = os.O_RDWR | os.O_CLOEXEC
+        try:
+            fd = os.open(directory, flags | os.O_TMPFILE, 0o600)
+        except (AttributeError, OSError):
+            # No O_TMPFILE here: a named file, unlinked at once (the store sweeps tmp/ of
+            # what a crash between the two leaves).
+            path = os.path.join(directory, f"remote.{os.urandom(8).hex()}.tmp")
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(path)
+        return cls(fd)
+
+    def write_at(self, data: Buffer, offset: int) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
+        return done
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def reject(tier: Any, kind: str, why: str) -> None:
+    """Counts a remote value refused before it was read whole (``remote_rejected``) and
+    warns once per kind: another writer of the bucket or server put it there."""
+    with tier._lock:
+        tier.counters["remote_rejected"] += 1
+        first = kind not in tier._warned
+        tier._warned.add(kind)
+    if first:
+        log.warning("xla_pcache: remote cache %s: %s; a miss", tier.url, why)
 
 
 class Tier(Protocol):
@@ -50,9 +103,13 @@ class Tier(Protocol):
 
     url: str
 
-    def get(self, name: str) -> Buffer | list[Buffer] | None:
-        """The entry file stored under ``name`` (one buffer, or its pieces in order), or
-        None."""
+    def get(
+        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+    ) -> Buffer | list[Buffer] | Spooled | None:
+        """The entry file stored under ``name`` (one buffer, its pieces in order, or a file
+        it was spooled to in ``spool_dir``), or None. A value over ``max_bytes``, or whose
+        header does not describe an entry filed under ``name`` of the value's size, is
+        refused after its first bytes."""
 
     def put_async(self, name: str, data: Buffer) -> None:
         """Write ``data`` under ``name`` in the background."""
@@ -170,20 +227,49 @@ class RemoteTier:
         with self._lock:
             self.counters[counter] += n
 
-    def get(self, name: str) -> bytes | None:
-        """The raw value stored for entry ``name``, or None (miss or failure, both counted)."""
+    def get(
+        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+    ) -> bytes | list[Buffer] | None:
+        """The raw value stored for entry ``name``, or None (miss or failure, both counted).
+        Its length and header come first, in one round trip; the rest is read only for a
+        value within ``max_bytes`` whose header describes it."""
+        del spool_dir  # values are at most proto-max-bulk-len; held in memory
         if not self._available():
             self.count("remote_skipped")
             return None
+        checked = entry_name_or_none(name)
+        if checked is None:
+            reject(self, "name", "an entry name that is not 32 hex digits was asked for")
+            return None
+        limit = self.max_value_bytes if max_bytes is None else min(max_bytes, self.max_value_bytes)
+        key = KEY_PREFIX + checked
         try:
-            value = self._client.get(KEY_PREFIX + name)
+            pipe = self._client.pipeline(transaction=False)
+            pipe.strlen(key)
+            pipe.getrange(key, 0, HEAD_BYTES - 1)
+            size, head = pipe.execute()
+            size, head = int(size), bytes(head)
+            if not size:
+                self.count("remote_misses")
+                return None
+            if size > limit:
+                reject(self, "too_large", f"a value of {size} bytes is over the limit of {limit}")
+                return None
+            if entry_file_len(head, name) != size:
+                reject(self, "rejected", f"the value for {name} is not a whole entry file")
+                return None
+            if size <= len(head):
+                return head
+            # GETRANGE, never GET: a value replaced meanwhile by a larger one is still read
+            # only up to the size checked above.
+            rest = bytes(self._client.getrange(key, len(head), size - 1))
         except Exception as e:  # any client or socket error is a miss, never the caller's
             self._fail("get", e)
             return None
-        if value is None:
-            self.count("remote_misses")
+        if len(head) + len(rest) != size:
+            reject(self, "rejected", f"the value for {name} changed while it was read")
             return None
-        return bytes(value)
+        return [head, rest]
 
     def put_async(self, name: str, data: Buffer) -> None:
         """Writes ``data`` in the background; too-large values are skipped and counted."""
@@ -198,14 +284,18 @@ class RemoteTier:
                     self.max_value_bytes,
                 )
             return
+        checked = entry_name_or_none(name)
+        if checked is None:
+            self.count("remote_put_skipped")
+            return
         # The Redis client takes bytes only.
         value = data if isinstance(data, bytes) else bytes(data)
         try:
-            self._writer.submit(self._put, name, value)
+            self._writer.submit(self._put, checked, value)
         except RuntimeError:  # shut down at exit
             self.count("remote_put_skipped")
 
-    def _put(self, name: str, data: bytes) -> None:
+    def _put(self, name: EntryName, data: bytes) -> None:
         if not self._available():
             self.count("remote_put_skipped")
             return

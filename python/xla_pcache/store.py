@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 from xla_pcache import _core
+from xla_pcache._text import package_logger
 from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from xla_pcache.bundle import ImportReport
     from xla_pcache.chain import Chain
 
-log = logging.getLogger("xla_pcache")
+log = package_logger("xla_pcache")
 
 
 class Store(_core.Store):
@@ -136,15 +136,28 @@ class Store(_core.Store):
         tier = self._open_tier()
         if tier is None:
             return None
-        data = tier.get(_core.entry_name(key))
+        from xla_pcache.remote import Spooled
+
+        # What a tier holds is untrusted: never accepted past this store's budget, and a
+        # large one is streamed to this cache's tmp/ rather than held in memory.
+        spool_dir = os.path.join(self.path, "tmp")
+        data = tier.get(_core.entry_name(key), max_bytes=self.max_size, spool_dir=spool_dir)
         if data is None:
             return None
         # Verified once, in the buffer this store then owns: what is published (unless
         # read-only) and served is exactly what was checked, even when the entry is evicted
-        # at once. A large object comes as its ranged pieces, gathered there (one copy).
-        pieces = data if isinstance(data, list) else [data]
-        blob = self.take_entry_file(key, pieces, not self.read_only)
-        tier.count("remote_hits" if blob is not None else "remote_rejected")
+        # at once. A large object comes as its ranged pieces, gathered there (one copy), or
+        # as the file it was spooled to, read once.
+        try:
+            if isinstance(data, Spooled):
+                blob = self.take_entry_fd(key, data.fd, not self.read_only)
+            else:
+                pieces = data if isinstance(data, list) else [data]
+                blob = self.take_entry_file(key, pieces, not self.read_only)
+            tier.count("remote_hits" if blob is not None else "remote_rejected")
+        finally:
+            if isinstance(data, Spooled):
+                data.close()
         return blob
 
     def _tier_put(self, key: _core.Key) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import logging
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 from xla_pcache import _keyparts, metrics
 from xla_pcache import _torch_xla_keyparts as _txkeys
 from xla_pcache._core import CacheError
+from xla_pcache._text import package_logger
 from xla_pcache._torch_xla_sync import (
     HostMirror,
     describe,
@@ -45,7 +45,7 @@ __all__ = [
     "sync",
 ]
 
-logger = logging.getLogger("xla_pcache.torch_xla")
+logger = package_logger("xla_pcache.torch_xla")
 
 # Where install() leaves the shared path for child processes (see _hide_from_children).
 INHERITED_PATH_VAR = SHARED_PATH_VAR

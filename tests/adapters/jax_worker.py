@@ -70,6 +70,10 @@ def main() -> int:
     pcache_logger.addHandler(capture)
     pcache_logger.setLevel(logging.INFO)
 
+    if os.environ.get("TEST_JAX_NO_ZSTD") == "1":
+        # As in a Python without a zstd module: JAX then compresses its values with zlib.
+        sys.modules["zstandard"] = None  # type: ignore[assignment]
+        sys.modules["compression.zstd"] = None  # type: ignore[assignment]
     import jax as jax_module
     from jax._src import compilation_cache as cc
 

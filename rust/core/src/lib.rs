@@ -39,6 +39,6 @@ pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
 pub use stats::{Counter, Counters};
 pub use store::{
-    Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode, Stats, Store,
-    StoreOptions, VerifyReport, MAX_DURATION,
+    entry_file_len, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode,
+    Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,
 };

@@ -21,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hashing::PyHasher>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;
+    m.add_function(wrap_pyfunction!(hashing::entry_file_len, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::hash_impl, m)?)?;
     Ok(())
 }

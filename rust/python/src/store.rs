@@ -532,8 +532,14 @@ impl PyStore {
         let store = self.store()?;
         let res = py.detach(|| {
             no_panic("take_entry_file", || {
-                let total = held.iter().map(|b| b.as_slice().len()).sum();
-                let mut file = Vec::with_capacity(total);
+                let total = held
+                    .iter()
+                    .try_fold(0usize, |n, b| n.checked_add(b.as_slice().len()));
+                // Fallible: an object larger than memory allows is a miss, not an abort.
+                let mut file = Vec::new();
+                if total.is_none_or(|n| file.try_reserve_exact(n).is_err()) {
+                    return Ok(None);
+                }
                 for b in &held {
                     file.extend_from_slice(b.as_slice());
                 }
@@ -541,6 +547,43 @@ impl PyStore {
             })
         });
         drop(held);
+        match res {
+            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
+            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// As `take_entry_file`, for an entry file a tier spooled to the open file `fd` (read
+    /// from its start, once, into memory allocated fallibly); None if it does not verify
+    /// or cannot be read. The descriptor stays the caller's.
+    fn take_entry_fd(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        fd: i32,
+        publish: bool,
+    ) -> PyResult<Option<PyBlob>> {
+        use std::os::fd::BorrowedFd;
+        let key = KeyArg::extract(key)?;
+        if fd < 0 {
+            return Err(PyValueError::new_err(format!(
+                "fd must be an open file descriptor, got {fd}"
+            )));
+        }
+        // SAFETY: the caller passes a descriptor it holds open for this call; duplicating
+        // one that is not open fails (EBADF) and is reported naming the argument. The
+        // duplicate is ours, closed when `file` drops.
+        let owned = unsafe { BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .map_err(|e| PyValueError::new_err(format!("fd {fd} is not an open file: {e}")))?;
+        let file = std::fs::File::from(owned);
+        let store = self.store()?;
+        let res = py.detach(|| {
+            no_panic("take_entry_fd", || {
+                store.take_entry_from_file(key.key(), &file, publish)
+            })
+        });
         match res {
             Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
             Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 pub use claim::{Claim, ClaimOutcome, ClaimState};
 #[cfg(test)]
 use claim::{CLAIM_DIR, POLL_MAX as CLAIM_POLL_MAX};
+pub use raw::entry_file_len;
 
 /// Below this size a file is read into memory rather than mapped. It is glibc's default
 /// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so a

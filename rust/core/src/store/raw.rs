@@ -2,6 +2,15 @@
 
 use super::*;
 
+/// The length of the whole entry file whose first bytes are `head`, when they hold its
+/// whole header, that header verifies and its key is filed under `name` (32 hex digits);
+/// None otherwise. Lets a tier refuse a foreign, garbage or oversized object after its first
+/// bytes, before it reads the rest.
+pub fn entry_file_len(head: &[u8], name: &str) -> Option<u64> {
+    let h = entry::decode_header(head).ok()?;
+    (name_hex(entry_name(&h.key)) == name).then(|| h.file_len())
+}
+
 impl Store {
     /// The verified entry file (header, key, metadata, payload) for `key`, or None when it is
     /// missing, corrupt or filed under another key. Does not count as a use.
@@ -62,6 +71,32 @@ impl Store {
             self.put(key, &file[h.header_len..], &h.meta)?;
         }
         Ok(Some(Blob::owned(file, h)))
+    }
+
+    /// As `take_entry_file`, for an entry file a tier spooled to `file` (a large object
+    /// streamed to disk rather than held in memory): read once into memory allocated
+    /// fallibly (a file larger than memory allows is a miss, never an abort), after its
+    /// first bytes' length agrees with the file's size.
+    pub fn take_entry_from_file(
+        &self,
+        key: Key<'_>,
+        file: &File,
+        publish: bool,
+    ) -> Result<Option<Blob>, StoreError> {
+        check_key(&key)?;
+        let len = match cdir::fstat(file) {
+            Ok(m) if m.is_file() => m.len(),
+            _ => return Ok(None),
+        };
+        // Read from the start, whatever the descriptor's offset (the writer may have left
+        // it at the end).
+        if io::Seek::seek(&mut &*file, io::SeekFrom::Start(0)).is_err() {
+            return Ok(None);
+        }
+        match read::read_entry_bytes(file, len, true) {
+            Ok(bytes) => self.take_entry_file(key, bytes, publish),
+            Err(_) => Ok(None),
+        }
     }
 
     /// Publishes an entry received as a whole file, after verifying its header, length,
@@ -181,5 +216,54 @@ mod tests {
             );
         }
         assert!(dst.entries().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_entry_head_tells_its_length_only_when_it_verifies_and_is_filed_under_the_name() {
+        let a = tempfile::tempdir().unwrap();
+        let src = store(a.path());
+        src.put(key("k"), &[5u8; 3000], &[]).unwrap();
+        let file = src.get_entry_file(key("k")).unwrap().unwrap();
+        let name = name_hex(entry_name(b"k"));
+        let header_len = entry::verify(&file).unwrap().header_len;
+        assert_eq!(
+            entry_file_len(&file[..header_len], &name),
+            Some(file.len() as u64)
+        );
+        assert_eq!(entry_file_len(&file, &name), Some(file.len() as u64));
+        assert_eq!(entry_file_len(&file, &name_hex(entry_name(b"other"))), None);
+        assert_eq!(entry_file_len(&file[..header_len - 1], &name), None);
+        assert_eq!(entry_file_len(&[0u8; 4096], &name), None);
+        let mut flipped = file.clone();
+        flipped[20] ^= 1;
+        assert_eq!(entry_file_len(&flipped, &name), None);
+    }
+
+    #[test]
+    fn an_entry_spooled_to_a_file_is_taken_once_and_garbage_is_a_miss() {
+        use std::io::Write as _;
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let src = store(a.path());
+        src.put(key("k"), &[9u8; 70_000], &[]).unwrap();
+        let file = src.get_entry_file(key("k")).unwrap().unwrap();
+        let dst = store(b.path());
+
+        let mut spooled = tempfile::tempfile().unwrap();
+        spooled.write_all(&file).unwrap();
+        let blob = dst
+            .take_entry_from_file(key("k"), &spooled, true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(blob.payload(), &[9u8; 70_000][..]);
+        assert!(dst.contains(key("k")).unwrap());
+
+        let mut junk = tempfile::tempfile().unwrap();
+        junk.write_all(&[0u8; 200_000]).unwrap();
+        assert!(dst
+            .take_entry_from_file(key("j"), &junk, true)
+            .unwrap()
+            .is_none());
+        assert!(!dst.contains(key("j")).unwrap());
     }
 }
