@@ -38,11 +38,7 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
     base["JAX_PLATFORMS"] = "cpu"
     cache = tempfile.mkdtemp(prefix="xla-pcache-activation-")
-    on = {
-        **base,
-        "XLA_PERSISTENT_CACHE_PATH": cache,
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    }
+    on = {**base, "XLA_PERSISTENT_CACHE_PATH": cache}
     try:
         for label, code, runs in (
             ("python -c pass", "pass", 4 * n),

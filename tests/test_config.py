@@ -273,6 +273,8 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XDG_CACHE_HOME": str(tmp_path / "xdg"),
         "XLA_PCACHE_SIGNING_KEY": _key_file(tmp_path),
         "XLA_PCACHE_TRUSTED_KEYS": "ci-1:" + base64.b64encode(bytes(32)).decode(),
+        "XLA_PCACHE_MIN_COMPILE_TIME": "2s",
+        "XLA_PCACHE_MIN_ENTRY_SIZE": "64K",
     }
     assert set(values) == VARIABLE_NAMES
     settings = Settings.from_env(values)
@@ -289,6 +291,23 @@ def _key_file(tmp_path: Path) -> str:
     path.write_text("ci-1:" + base64.b64encode(bytes(range(32))).decode() + "\n")
     path.chmod(0o600)
     return str(path)
+
+
+def test_caching_thresholds_take_milliseconds_seconds_and_sizes() -> None:
+    def compile_time(value: str) -> float:
+        return Settings.from_env({"XLA_PCACHE_MIN_COMPILE_TIME": value}).min_compile_time
+
+    assert (Settings().min_compile_time, Settings().min_entry_size) == (0.0, 0)
+    assert compile_time("250ms") == pytest.approx(0.25)
+    assert compile_time("2") == compile_time("2s") == 2.0
+    assert compile_time("0") == 0.0
+    assert Settings.from_env({"XLA_PCACHE_MIN_ENTRY_SIZE": "64K"}).min_entry_size == 64 << 10
+    assert Settings.from_env({"XLA_PCACHE_MIN_ENTRY_SIZE": "0"}).min_entry_size == 0
+    for value in ("ms", "-1ms", "5xms", "soon", "-1"):
+        with pytest.raises(ValueError, match=f"XLA_PCACHE_MIN_COMPILE_TIME {value!r}"):
+            compile_time(value)
+    with pytest.raises(ValueError, match="XLA_PCACHE_MIN_ENTRY_SIZE"):
+        Settings.from_env({"XLA_PCACHE_MIN_ENTRY_SIZE": "big"})
 
 
 def test_remote_max_bytes_takes_a_size() -> None:

@@ -94,3 +94,35 @@ def test_doctor_probes_once_and_remembers(tmp_path: Path) -> None:
     if importlib.util.find_spec("torch_xla") is not None:
         assert first["frameworks"]["torch_xla"]["backend"] == "planted"
         assert first["frameworks"]["torch_xla"]["remembered"] is True
+
+
+def test_doctor_says_what_jax_stores_and_where_each_setting_comes_from(tmp_path: Path) -> None:
+    """About the settings themselves: each threshold's value and source (JAX's own variable
+    wins over ours; ours from its variable or its default; JAX's own when disabled)."""
+    env = {
+        "XLA_PERSISTENT_CACHE_PATH": str(tmp_path / "cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2",
+        "XLA_PCACHE_MIN_COMPILE_TIME": "0",
+        "XLA_PCACHE_MIN_ENTRY_SIZE": "4K",
+    }
+    proc = _cli("doctor", "--json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    caching = json.loads(proc.stdout)["jax_caching"]
+    assert caching == {
+        "jax_persistent_cache_min_compile_time_secs": {
+            "value": "2",
+            "source": "JAX's variable JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+        },
+        "jax_persistent_cache_min_entry_size_bytes": {
+            "value": 4096,
+            "source": "xla_pcache's XLA_PCACHE_MIN_ENTRY_SIZE",
+        },
+    }
+    text = _cli("doctor", env={**env, "XLA_PCACHE_MIN_ENTRY_SIZE": ""}).stdout
+    assert "jax_persistent_cache_min_entry_size_bytes = 0 (from xla_pcache's default)" in text
+    disabled = _cli("doctor", "--json", env={"XLA_PCACHE_DISABLE": "1"})
+    caching = json.loads(disabled.stdout)["jax_caching"]
+    assert caching["jax_persistent_cache_min_compile_time_secs"] == {
+        "value": 1.0,
+        "source": "JAX's default (XLA_PCACHE_DISABLE=1)",
+    }

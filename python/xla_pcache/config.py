@@ -46,6 +46,8 @@ REMOTE_MAX_BYTES_VAR = "XLA_PCACHE_REMOTE_MAX_BYTES"
 XDG_CACHE_HOME_VAR = "XDG_CACHE_HOME"
 SIGNING_KEY_VAR = "XLA_PCACHE_SIGNING_KEY"
 TRUSTED_KEYS_VAR = "XLA_PCACHE_TRUSTED_KEYS"
+MIN_COMPILE_TIME_VAR = "XLA_PCACHE_MIN_COMPILE_TIME"
+MIN_ENTRY_SIZE_VAR = "XLA_PCACHE_MIN_ENTRY_SIZE"
 
 # Single flight: how long a process that misses waits for another one compiling the same
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
@@ -61,6 +63,13 @@ DEFAULT_MEMORY_CAPACITY = 2048
 DEFAULT_REMOTE_TIMEOUT_S = 2.0
 # Redis' proto-max-bulk-len: the largest value a default server accepts.
 DEFAULT_REMOTE_MAX_BYTES = 512 << 20
+
+# What is worth caching (applied to JAX's two thresholds unless the user set JAX's own): a hit
+# reads an entry back in well under a millisecond for the small programs and a few
+# milliseconds for tens of MB, always less than compiling the same program took
+# (docs/jax.md, "What is cached"), so every compiled program is stored, whatever its size.
+DEFAULT_MIN_COMPILE_TIME_S = 0.0
+DEFAULT_MIN_ENTRY_SIZE = 0
 
 LockMode = Literal["auto", "fcntl", "lease"]
 ReadMode = Literal["auto", "mmap", "pread"]
@@ -255,6 +264,27 @@ VARIABLES += (
         "counted `untrusted`, never loaded. Unset: every verified entry is served.",
     ),
 )
+VARIABLES += (
+    Variable(
+        MIN_COMPILE_TIME_VAR,
+        "min_compile_time",
+        "duration",
+        "0",
+        "What is cached: a program whose compile took less than this is not stored (seconds, "
+        "`250ms`, `2s`). Applied to JAX's `jax_persistent_cache_min_compile_time_secs` (JAX's "
+        "own default: 1 s) unless the program sets that itself, by its variable or by "
+        "`jax.config.update` before activation. See docs/jax.md.",
+    ),
+    Variable(
+        MIN_ENTRY_SIZE_VAR,
+        "min_entry_size",
+        "size",
+        "0",
+        "What is cached: an entry smaller than this is not stored (bytes or `K/M/G`). Applied "
+        "to JAX's `jax_persistent_cache_min_entry_size_bytes` unless the program sets that "
+        "itself.",
+    ),
+)
 
 VARIABLE_NAMES: frozenset[str] = frozenset(v.name for v in VARIABLES)
 
@@ -314,6 +344,27 @@ def _duration(*, zero_ok: bool) -> Callable[[str, str], float]:
         return seconds
 
     return parse
+
+
+def _compile_time(value: str, name: str) -> float:
+    # A compile-time threshold is naturally written in milliseconds; "5m" would be minutes.
+    word = value.strip()
+    scale = 1.0
+    if word.lower().endswith("ms"):
+        word, scale = word[:-2], 1e-3
+    try:
+        if not word or (word[-1:].isalpha() and scale != 1.0):
+            raise ValueError(word)
+        return _duration(zero_ok=True)(word, name) * scale
+    except ValueError:
+        raise ValueError(
+            f"invalid {name} {value!r}: expected seconds from 0, such as '0.5', '2s' or '500ms'"
+        ) from None
+
+
+def _size(value: str, name: str) -> int:
+    size = parse_size(value, name=name)
+    return size or 0
 
 
 def _path(value: str, name: str) -> str:
@@ -447,6 +498,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "xdg_cache_home": _absolute,
     "signing_key": read_signing_key,
     "trusted_keys": parse_trusted_keys,
+    "min_compile_time": _compile_time,
+    "min_entry_size": _size,
 }
 
 
@@ -481,6 +534,9 @@ class Settings:
     # (name, 32 bytes) whose entries alone are served. None: unsigned puts; every entry.
     signing_key: SigningKey | None = None
     trusted_keys: tuple[tuple[str, bytes], ...] | None = None
+    # What is cached (seconds, bytes); see DEFAULT_MIN_COMPILE_TIME_S.
+    min_compile_time: float = DEFAULT_MIN_COMPILE_TIME_S
+    min_entry_size: int = DEFAULT_MIN_ENTRY_SIZE
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:

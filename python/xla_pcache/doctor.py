@@ -419,6 +419,25 @@ def _activation() -> dict[str, str]:
     return {"jax": state, "torch_xla": _torch_xla_activation()}
 
 
+def _jax_caching() -> dict[str, dict[str, Any]]:
+    """What JAX caches in processes started with this environment: each threshold's value
+    and where it comes from (a ``jax.config.update`` in the program before activation would
+    also win; the running process's own answer is ``xla_pcache.jax.thresholds()``)."""
+    from xla_pcache import _jax_thresholds
+
+    settings = _settings()
+    out: dict[str, dict[str, Any]] = {}
+    if settings.disabled:
+        for t in _jax_thresholds.THRESHOLDS:
+            raw = os.environ.get(t.jax_var, "").strip()
+            source = f"JAX's variable {t.jax_var}" if raw else f"JAX's default ({DISABLE_VAR}=1)"
+            out[t.option] = {"value": raw or t.jax_default, "source": source}
+        return out
+    for d in _jax_thresholds.decide(settings, os.environ):
+        out[d.option] = {"value": d.value, "source": d.source}
+    return out
+
+
 def _torch_xla_activation() -> str:
     import site
 
@@ -467,6 +486,7 @@ def collect(path: str | None) -> dict[str, Any]:
         "cache": cache,
         "frameworks": frameworks,
         "activation": _activation(),
+        "jax_caching": _jax_caching(),
         "problems": problems,
     }
 
@@ -527,6 +547,13 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         )
     for name, state in report.get("activation", {}).items():
         console.print(f"Zero-code activation for {_e(name)}: {_e(state)}")
+    caching = report.get("jax_caching", {})
+    if caching:
+        console.print(
+            "What JAX stores (a jax.config.update in the program before activation wins):"
+        )
+    for option, setting in caching.items():
+        console.print(f"  {_e(option)} = {_e(setting['value'])} (from {_e(setting['source'])})")
     table = Table(title="Frameworks")
     for column in ("framework", "versions", "backend", "serialize", "load", "note"):
         table.add_column(column)

@@ -19,9 +19,9 @@ import os
 import pathlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from xla_pcache import _keyparts, _single_flight, jax_cache_dir, metrics
+from xla_pcache import _jax_thresholds, _keyparts, _single_flight, jax_cache_dir, metrics
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import Settings
@@ -29,7 +29,14 @@ from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store
 
 # ``StoreCache`` is also public; see __getattr__ below.
-__all__ = ["SUPPORTED_JAX", "activation", "install", "installed_store", "uninstall"]
+__all__ = [
+    "SUPPORTED_JAX",
+    "activation",
+    "install",
+    "installed_store",
+    "thresholds",
+    "uninstall",
+]
 
 logger = package_logger(__name__)
 
@@ -449,6 +456,10 @@ class _Installation:
     meta: dict[str, str]
     compile_wait: float = 0.0  # seconds; 0: single flight off
     via: str = "install()"
+    # JAX's caching thresholds: what is in force and where from, and the values the adapter
+    # replaced (restored by uninstall unless the program changed them since).
+    thresholds: list[_jax_thresholds.Decision] = dataclasses.field(default_factory=list)
+    replaced_thresholds: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Stores opened by _factory for other directories (after set_cache_dir); closed on
     # uninstall.
     others: list[Store] = dataclasses.field(default_factory=list)
@@ -558,6 +569,8 @@ def install(
     max_size: int | str | None = None,
     read_only: bool | None = None,
     compile_wait: float | None = None,
+    min_compile_time: float | str | None = None,
+    min_entry_size: int | str | None = None,
 ) -> Store | None:
     """Make every JAX compilation in this process read and write an xla_pcache store.
 
@@ -568,13 +581,19 @@ def install(
     else JAX's ``jax_compilation_cache_max_size`` when positive, else unbounded;
     ``read_only`` from ``XLA_PERSISTENT_CACHE_READ_ONLY``; ``compile_wait`` (seconds) from
     ``XLA_PCACHE_COMPILE_WAIT``, else 300: on a miss, how long to wait for another process
-    compiling the same program (single flight, see docs/jax.md; 0 turns it off).
+    compiling the same program (single flight, see docs/jax.md; 0 turns it off);
+    ``min_compile_time`` (seconds) and ``min_entry_size`` (bytes) from
+    ``XLA_PCACHE_MIN_COMPILE_TIME`` / ``XLA_PCACHE_MIN_ENTRY_SIZE``, else 0: what is worth
+    caching.
 
     Sets ``jax_compilation_cache_dir`` to the path (JAX only consults a cache when it is
     set) and ``jax_persistent_cache_enable_xla_caches`` to ``"none"``, which makes keys
-    independent of the path on jax 0.10. JAX's thresholds
-    (``jax_persistent_cache_min_compile_time_secs``, ``..._min_entry_size_bytes``) are left
-    as they are. Calling it again reinstalls with the new settings.
+    independent of the path on jax 0.10. Sets JAX's thresholds
+    (``jax_persistent_cache_min_compile_time_secs``, ``..._min_entry_size_bytes``) to
+    ``min_compile_time`` and ``min_entry_size``, unless the program set JAX's own (its
+    variable, or ``jax.config.update`` to a value other than JAX's default) and these
+    arguments are not given; ``thresholds()`` says which is in force. Calling it again
+    reinstalls with the new settings.
 
     A directory JAX's own cache filled (the store's own, or the ``jax_compilation_cache_dir``
     set before this call) is served on a miss and its entries moved into the store as they
@@ -601,6 +620,11 @@ def install(
         if compile_wait is None
         else parse_duration(compile_wait, name="compile_wait")
     )
+    explicit: dict[str, float | int] = {}
+    if min_compile_time is not None:
+        explicit["min_compile_time"] = parse_duration(min_compile_time, name="min_compile_time")
+    if min_entry_size is not None:
+        explicit["min_entry_size"] = parse_size(min_entry_size, name="min_entry_size") or 0
 
     with _state_lock:
         if _installed is not None:
@@ -630,7 +654,7 @@ def install(
                 )
             jax_config.update(_XLA_CACHES_OPTION, "none")
 
-        _installed = _Installation(
+        inst = _Installation(
             hooks=hooks,
             path=resolved_path,
             max_size=resolved_size,
@@ -642,6 +666,8 @@ def install(
             meta=_producer_meta(hooks),
             compile_wait=resolved_wait,
         )
+        _installed = inst
+        _apply_thresholds(inst, settings, explicit)
         if resolved_wait > 0 and hooks.compiler is not None:
             _single_flight.install_hook(hooks.compiler)
         if store is not None and _is_local(resolved_path):
@@ -688,6 +714,13 @@ def uninstall() -> None:
             _single_flight.uninstall_hook(inst.hooks.compiler)
         config = inst.hooks.jax.config
         config.update(_CACHE_DIR_OPTION, inst.previous_cache_dir)
+        for decision in inst.thresholds:
+            # A value the program set since installation is the program's: left as it is.
+            if (
+                decision.option in inst.replaced_thresholds
+                and config.values.get(decision.option) == decision.value
+            ):
+                config.update(decision.option, inst.replaced_thresholds[decision.option])
         if inst.hooks.has_xla_caches_option and inst.hooks.needs_path_workaround:
             config.update(_XLA_CACHES_OPTION, inst.previous_xla_caches)
         cc.reset_cache()
@@ -698,6 +731,45 @@ def uninstall() -> None:
                 store.close()
             except Exception as exc:
                 logger.debug("xla_pcache: closing the store at %s failed: %s", store.path, exc)
+
+
+def _apply_thresholds(
+    inst: _Installation, settings: Settings, explicit: dict[str, float | int]
+) -> None:
+    """Set JAX's caching thresholds to the store's own, except those the program chose."""
+    config = inst.hooks.jax.config
+    values = config.values
+    decisions = _jax_thresholds.decide(settings, os.environ, values, explicit)
+    applied = []
+    for decision in decisions:
+        if decision.option not in values:  # pragma: no cover - present since jax 0.4.x
+            continue
+        if decision.apply:
+            previous = values.get(decision.option)
+            kind = type(previous) if isinstance(previous, int | float) else float
+            # JAX checks the option's type; an applied value is always the store's number.
+            value = kind(cast(float, decision.value))
+            if previous != value:
+                inst.replaced_thresholds[decision.option] = previous
+                config.update(decision.option, value)
+            decision = dataclasses.replace(decision, value=value)
+        applied.append(decision)
+    inst.thresholds = applied
+    logger.debug(
+        "xla_pcache: JAX caching thresholds: %s",
+        ", ".join(f"{d.option}={d.value!r} ({d.source})" for d in applied),
+    )
+
+
+def thresholds() -> dict[str, dict[str, Any]]:
+    """JAX's caching thresholds as installation left them: for each option, ``value`` and
+    ``source`` (the store's default or variable, JAX's variable, the program's
+    ``jax.config.update``, or ``install()``'s arguments). Empty when not installed. A
+    ``jax.config.update`` after installation is not reflected here; JAX uses it."""
+    with _state_lock:
+        if _installed is None:
+            return {}
+        return {d.option: {"value": d.value, "source": d.source} for d in _installed.thresholds}
 
 
 def _auto_install(via: str) -> None:

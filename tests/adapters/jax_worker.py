@@ -205,6 +205,21 @@ def main() -> int:
                             ),
                         }
                     )
+                elif op == "thresholds":
+                    import xla_pcache.jax as xj
+
+                    report.setdefault("thresholds", []).append(
+                        {
+                            "in_force": xj.thresholds(),
+                            "config": {
+                                name: jax.config.values[name]
+                                for name in (
+                                    "jax_persistent_cache_min_compile_time_secs",
+                                    "jax_persistent_cache_min_entry_size_bytes",
+                                )
+                            },
+                        }
+                    )
                 elif op == "contract":
                     report["contract"] = contract(step["path"])
                 else:

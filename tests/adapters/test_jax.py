@@ -29,12 +29,9 @@ pytestmark = [
 ]
 
 WORKER = Path(__file__).with_name("jax_worker.py")
-STEP_ENV = {
-    "JAX_PLATFORMS": "cpu",
-    # Small test programs compile in milliseconds; JAX's default threshold (1 s) would
-    # keep them out of the cache. Tests that check the thresholds set their own.
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-}
+# The README's set-up: nothing about what is cached; the tests that check a threshold set
+# their own and say why.
+STEP_ENV = {"JAX_PLATFORMS": "cpu"}
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
@@ -461,3 +458,93 @@ def _version(dist: str) -> str:
     from importlib.metadata import version
 
     return version(dist)
+
+
+# what is cached ------------------------------------------------------------------------------
+
+MIN_TIME = "jax_persistent_cache_min_compile_time_secs"
+MIN_SIZE = "jax_persistent_cache_min_entry_size_bytes"
+
+
+def test_jax_defaults_are_the_ones_the_adapter_knows() -> None:
+    """The adapter tells a user's explicit setting from JAX's default by comparing with the
+    defaults it knows; they must be this JAX's (no xla_pcache in the process)."""
+    from xla_pcache._jax_thresholds import THRESHOLDS
+
+    report = run_jax([{"op": "thresholds"}], {"XLA_PCACHE_DISABLE": "1"})
+    (seen,) = report["thresholds"]
+    assert seen["in_force"] == {}
+    assert seen["config"] == {t.option: t.jax_default for t in THRESHOLDS}
+
+
+def test_small_programs_are_stored_with_only_the_path_set(tmp_path: Path) -> None:
+    """JAX's own 1 s threshold would keep programs that compile faster out; the store's
+    default (0) caches every program, and says where the setting came from."""
+    root = tmp_path / "cache"
+    first = run_jax([{"op": "install", "path": str(root)}, *runs(0, 1), {"op": "thresholds"}])
+    assert len(keys(root)) == 2
+    (seen,) = first["thresholds"]
+    assert seen["config"] == {MIN_TIME: 0.0, MIN_SIZE: 0}
+    assert seen["in_force"] == {
+        MIN_TIME: {"value": 0.0, "source": "xla_pcache's default"},
+        MIN_SIZE: {"value": 0, "source": "xla_pcache's default"},
+    }
+    second = run_jax([{"op": "install", "path": str(root)}, *runs(0, 1)])
+    assert hits(second) == [1, 1]
+
+
+def test_store_variables_set_the_thresholds(tmp_path: Path) -> None:
+    """About the settings themselves: XLA_PCACHE_MIN_COMPILE_TIME and _MIN_ENTRY_SIZE reach
+    JAX's options; a threshold above every compile keeps the programs out."""
+    root = tmp_path / "cache"
+    report = run_jax(
+        [{"op": "install", "path": str(root)}, *runs(0), {"op": "thresholds"}],
+        {"XLA_PCACHE_MIN_COMPILE_TIME": "10m", "XLA_PCACHE_MIN_ENTRY_SIZE": "1K"},
+    )
+    (seen,) = report["thresholds"]
+    assert seen["config"] == {MIN_TIME: 600.0, MIN_SIZE: 1024}
+    assert seen["in_force"][MIN_TIME]["source"] == "xla_pcache's XLA_PCACHE_MIN_COMPILE_TIME"
+    assert seen["in_force"][MIN_SIZE]["source"] == "xla_pcache's XLA_PCACHE_MIN_ENTRY_SIZE"
+    assert keys(root) == set()
+
+
+def test_a_users_own_jax_setting_wins(tmp_path: Path) -> None:
+    """About the settings themselves: JAX's variable, or jax.config.update before
+    installation to a value other than JAX's default, is the user's choice and is kept; an
+    update after installation simply replaces ours; uninstall restores what it replaced."""
+    root = tmp_path / "cache"
+    by_env = run_jax(
+        [{"op": "install", "path": str(root)}, *runs(0), {"op": "thresholds"}],
+        {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "600", "XLA_PCACHE_MIN_COMPILE_TIME": "0"},
+    )
+    (seen,) = by_env["thresholds"]
+    assert seen["config"][MIN_TIME] == 600.0
+    assert seen["in_force"][MIN_TIME]["source"] == (
+        "JAX's variable JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+    )
+    assert seen["in_force"][MIN_SIZE]["source"] == "xla_pcache's default"
+    assert keys(root) == set()
+
+    by_config = run_jax(
+        [
+            {"op": "config", "name": MIN_TIME, "value": 600.0},
+            {"op": "config", "name": MIN_SIZE, "value": 10},
+            {"op": "install", "path": str(root)},
+            *runs(0),
+            {"op": "thresholds"},
+            {"op": "config", "name": MIN_TIME, "value": 0.0},
+            *runs(1),
+            {"op": "uninstall"},
+            {"op": "thresholds"},
+        ]
+    )
+    seen, after = by_config["thresholds"]
+    assert seen["config"] == {MIN_TIME: 600.0, MIN_SIZE: 10}
+    assert {v["source"] for v in seen["in_force"].values()} == {"jax.config.update by the program"}
+    assert len(keys(root)) == 1  # program 1, after the user lowered the threshold
+    assert after["config"] == {MIN_TIME: 0.0, MIN_SIZE: 10}  # the user's, not restored
+
+    restored = run_jax(
+        [{"op": "install", "path": str(root)}, {"op": "uninstall"}, {"op": "thresholds"}]
+    )
+    assert restored["thresholds"][0]["config"] == {MIN_TIME: 1.0, MIN_SIZE: 0}

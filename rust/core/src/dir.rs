@@ -136,6 +136,13 @@ impl Name {
         Name(std::borrow::Cow::Borrowed(s))
     }
 
+    /// Any string as a name, unchecked: only the tests have it, to forge what a hostile
+    /// writer would leave on disk (a snapshot listing `../x.log`) with the real encoders.
+    #[cfg(test)]
+    pub fn forged(s: &str) -> Name {
+        Name(std::borrow::Cow::Owned(s.to_string()))
+    }
+
     /// The file name of entry `name` (32 hex digits: valid by construction).
     pub fn entry(name: u128) -> Name {
         Name(std::borrow::Cow::Owned(crate::hash::name_hex(name)))

@@ -612,9 +612,10 @@ impl World {
 
 fn mark(name: String, offset: u64) -> JournalMark {
     JournalMark {
-        name,
+        name: crate::dir::Name::forged(&name),
         offset,
         counters: vec![1, 2, 3],
+        tiers: Default::default(),
     }
 }
 

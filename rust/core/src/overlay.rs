@@ -79,7 +79,9 @@ impl Entries {
 
     pub fn total_bytes(&self) -> u64 {
         let base = self.base.as_ref().map_or(0, |b| b.total);
-        let t = base.saturating_sub(self.shadowed_bytes) + self.over.total_wide();
+        let t = base
+            .saturating_sub(self.shadowed_bytes)
+            .saturating_add(self.over.total_wide());
         u64::try_from(t).unwrap_or(u64::MAX)
     }
 

@@ -548,6 +548,15 @@ impl Store {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The state if no other thread holds it (a poisoned lock taken over, as by `state`).
+    fn try_state(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(st) => Some(st),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Logs a warning, at most once per 10 s per kind, so a vanished cache directory does not
     /// flood the user's log with one line per operation.
     fn warn(&self, kind: &'static str, msg: impl FnOnce() -> String) {
@@ -685,11 +694,13 @@ impl Store {
         if self.opts.read_only {
             return;
         }
-        if let Ok(mut st) = self.state.try_lock() {
-            self.flush_stats_locked(&mut st, force);
-        } else if force {
-            let mut st = self.state();
-            self.flush_stats_locked(&mut st, force);
+        // The guard is bound first: one held inside a poisoned `Err` would live on into an
+        // `else` branch that locks again, and the thread would wait on itself for ever.
+        let busy = self.try_state();
+        match busy {
+            Some(mut st) => self.flush_stats_locked(&mut st, force),
+            None if force => self.flush_stats_locked(&mut self.state(), force),
+            None => {}
         }
     }
 

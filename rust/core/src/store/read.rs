@@ -237,7 +237,7 @@ impl Store {
         }
         // A hit never waits behind an eviction in another thread: if the state is busy the
         // recency record is skipped (recency is approximate by design).
-        let Ok(mut st) = self.state.try_lock() else {
+        let Some(mut st) = self.try_state() else {
             return;
         };
         let now = Instant::now();
