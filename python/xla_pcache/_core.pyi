@@ -149,6 +149,8 @@ class Stats(TypedDict):
     entries: int
     bytes: int
     max_size: int | None
+    # The cache's stored max age (`xla-pcache config --max-age`), seconds.
+    max_age_s: float | None
     processes: int
     view_age_s: float | None
     view_fresh: bool
@@ -156,6 +158,13 @@ class Stats(TypedDict):
     filesystem: str
     read_only: bool
     mmap_reads: bool
+
+class CacheSettings(TypedDict):
+    """The cache's stored settings: ``max_size`` in bytes, ``max_age_s`` in seconds; None
+    where not set."""
+
+    max_size: int | None
+    max_age_s: float | None
 
 class Entry(TypedDict):
     """One entry of ``Store.entries()``."""
@@ -261,7 +270,23 @@ class Store:
     @property
     def read_only(self) -> bool: ...
     @property
-    def max_size(self) -> int | None: ...
+    def max_size(self) -> int | None:
+        """The budget this handle keeps: the cache's stored one (``xla-pcache config``),
+        lowered by the ``max_size`` it was opened with if that is smaller; None: unbounded."""
+    @property
+    def max_age(self) -> float | None:
+        """The cache's stored max age in seconds: entries unused longer are evicted."""
+    def cache_settings(self) -> CacheSettings:
+        """The cache's stored settings (its CONFIG file), as this handle last read them (at
+        most the refresh interval ago)."""
+    def write_cache_settings(
+        self, *, max_size: int | None = None, max_age: float | None = None
+    ) -> None:
+        """Replace the cache's stored settings (written to a temp file, then renamed into
+        place); None unsets one. ``ReadOnlyError`` on a read-only handle."""
+    def count_misses(self, n: int) -> None:
+        """Count ``n`` misses of lookups a framework made in a copy the store filled
+        (torch_xla's host-local copy), so ``stats`` counts them with the store's own."""
     @property
     def mmap_reads(self) -> bool:
         """Whether gets map files (local filesystems) or pread them (NFS, FUSE, unknown)."""

@@ -7,6 +7,7 @@
 
 mod admin;
 mod admission;
+mod budget;
 mod claim;
 #[cfg(test)]
 mod claim_tests;
@@ -257,6 +258,10 @@ struct State {
     last_freshen: Option<Instant>,
     /// The other processes' put rate, as this view saw their journals grow.
     put_rate: admission::PutRate,
+    /// When the cache's CONFIG was last read, and why it was not used if it was not (each
+    /// new reason is warned about once).
+    settings_read: Option<Instant>,
+    settings_problem: Option<String>,
 }
 
 impl State {
@@ -273,6 +278,8 @@ impl State {
             last_sweep: None,
             last_freshen: None,
             put_rate: admission::PutRate::default(),
+            settings_read: None,
+            settings_problem: None,
         }
     }
 }
@@ -293,6 +300,8 @@ pub struct Store {
     /// Set by `interrupt`: the running (or next) `verify` or explicit `evict` stops at the
     /// next entry, leaving the cache as valid as after any entry.
     interrupt: std::sync::atomic::AtomicBool,
+    /// The cache's CONFIG as last read (`budget.rs`).
+    stored: budget::Stored,
 }
 
 enum ReadError {
@@ -433,6 +442,11 @@ impl Store {
             locks,
             warned: ForkMutex::new(HashMap::new()),
             interrupt: std::sync::atomic::AtomicBool::new(false),
+            stored: budget::Stored::default(),
+        })
+        .map(|s| {
+            s.reload_settings(&mut s.state());
+            s
         })
     }
 
