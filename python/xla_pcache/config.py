@@ -39,6 +39,7 @@ REMOTE_VAR = "XLA_PCACHE_REMOTE"
 REMOTE_TIMEOUT_VAR = "XLA_PCACHE_REMOTE_TIMEOUT"
 REMOTE_MAX_BYTES_VAR = "XLA_PCACHE_REMOTE_MAX_BYTES"
 XDG_CACHE_HOME_VAR = "XDG_CACHE_HOME"
+ON_MISS_VAR = "XLA_PCACHE_ON_MISS"
 
 # Single flight: how long a process that misses waits for another one compiling the same
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
@@ -61,6 +62,8 @@ LockMode = Literal["auto", "fcntl", "lease"]
 ReadMode = Literal["auto", "mmap", "pread"]
 LOCK_MODES: tuple[LockMode, ...] = ("auto", "fcntl", "lease")
 READ_MODES: tuple[ReadMode, ...] = ("auto", "mmap", "pread")
+OnMiss = Literal["compile", "warn", "error"]
+ON_MISS_MODES: tuple[OnMiss, ...] = ("compile", "warn", "error")
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -226,6 +229,17 @@ VARIABLES: tuple[Variable, ...] = (
         "(JAX, the demo) and `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
         "directory). A relative value is ignored, as the XDG spec says.",
     ),
+    Variable(
+        ON_MISS_VAR,
+        "on_miss",
+        "choice",
+        "compile",
+        "What a miss of the persistent cache does: `compile` (compile, as without a cache), "
+        "`warn` (compile, and log one warning per miss with its reason), `error` (fail the "
+        "compile with an error naming this variable and the program: for serving, where a "
+        "missed warm-up should fail fast). JAX raises from the jitted call; torch_xla: see "
+        "docs/torch_xla.md. A cached program runs in every mode.",
+    ),
 )
 
 VARIABLE_NAMES: frozenset[str] = frozenset(v.name for v in VARIABLES)
@@ -321,6 +335,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "remote_timeout": _duration(zero_ok=False),
     "remote_max_bytes": _positive_size,
     "xdg_cache_home": _absolute,
+    "on_miss": lambda v, n: _choice(v, n, ON_MISS_MODES),
 }
 
 
@@ -351,6 +366,7 @@ class Settings:
     # None: each kind of tier's own largest value (DEFAULT_REMOTE_MAX_BYTES for Redis).
     remote_max_bytes: int | None = None
     xdg_cache_home: str | None = None
+    on_miss: OnMiss = "compile"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
