@@ -123,7 +123,8 @@ for jv in "$JAX_OLDEST" "$JAX_MIDDLE" "$JAX_NEWEST"; do
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
   # shellcheck disable=SC2086
   PYTHONPATH=$PWD/python "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py \
-    tests/adapters/test_jax_single_flight.py tests/adapters/test_explain_jax.py
+    tests/adapters/test_jax_single_flight.py tests/adapters/test_explain_jax.py \
+    tests/adapters/test_on_miss_jax.py
   demo_dir=$(mktemp -d)
   PYTHONPATH=$PWD/python "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
   rm -rf "$demo_dir"
@@ -135,5 +136,6 @@ done
 echo "== torch_xla $TORCH_XLA_OLDEST: adapter tests"
 "$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -m pytest -q \
   -p no:cacheprovider -ra tests/adapters/test_torch_xla.py \
-  tests/adapters/test_torch_xla_activation.py tests/adapters/test_torch_xla_hits.py
+  tests/adapters/test_torch_xla_activation.py tests/adapters/test_torch_xla_hits.py \
+  tests/adapters/test_torch_xla_counts.py tests/test_doctor_lines.py
 # ---- end of the torch_xla version range tests

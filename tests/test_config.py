@@ -268,6 +268,7 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_REMOTE_TIMEOUT": "0.5",
         "XLA_PCACHE_REMOTE_MAX_BYTES": "1.5G",
         "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+        "XLA_PCACHE_ON_MISS": "Error",
     }
     assert set(values) == VARIABLE_NAMES
     settings = Settings.from_env(values)
@@ -358,3 +359,11 @@ def test_start_up_hook_reads_disable_as_settings_does(
     spec.loader.exec_module(module)
     monkeypatch.setenv("XLA_PCACHE_DISABLE", value)
     assert module.disabled() == Settings.from_env().disabled
+
+
+def test_on_miss_takes_three_modes_and_names_itself_when_malformed() -> None:
+    assert Settings.from_env({}).on_miss == "compile"
+    for mode in ("compile", "warn", "error", " WARN "):
+        assert Settings.from_env({"XLA_PCACHE_ON_MISS": mode}).on_miss == mode.strip().lower()
+    with pytest.raises(ValueError, match="XLA_PCACHE_ON_MISS"):
+        Settings.from_env({"XLA_PCACHE_ON_MISS": "fail"})
