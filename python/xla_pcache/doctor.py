@@ -442,11 +442,10 @@ def _render(console: Console, report: dict[str, Any]) -> None:
     if stored is not None:
         from xla_pcache.metrics import human_duration
 
-        age = cache.get("max_age_s")
+        age, kept = cache.get("max_age_s"), cache.get("max_size")
         console.print(
-            f"  budget kept: {format_size(cache.get('max_size')) if cache.get('max_size') else 'unbounded'}"
-            f" (stored in the cache: "
-            f"{format_size(stored['max_size']) if stored['max_size'] else 'none'}), "
+            f"  budget kept: {format_size(kept) if kept else 'unbounded'} (stored in the "
+            f"cache: {format_size(stored['max_size']) if stored['max_size'] else 'none'}), "
             f"max age: {human_duration(age) if age else 'none'}"
         )
     for tier in cache.get("remote", []):

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xla_pcache import _keyparts, metrics
-from xla_pcache import on_miss as _on_miss
 from xla_pcache import _torch_xla_keyparts as _txkeys
+from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._torch_xla_sync import (
     HostMirror,

@@ -45,9 +45,7 @@ PROGRAM = textwrap.dedent(
 
 
 def run(root: Path, scale: int, mode: str | None) -> subprocess.CompletedProcess[str]:
-    env = clean_env(
-        ("JAX_",), JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"
-    )
+    env = clean_env(("JAX_",), JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     if mode is not None:
         env["XLA_PCACHE_ON_MISS"] = mode
     return subprocess.run(
