@@ -444,10 +444,8 @@ impl Store {
             interrupt: std::sync::atomic::AtomicBool::new(false),
             stored: budget::Stored::default(),
         })
-        .map(|s| {
-            s.reload_settings(&mut s.state());
-            s
-        })
+        // The cache's stored settings bound the first put already.
+        .inspect(|s| s.reload_settings(&mut s.state()))
     }
 
     pub fn root(&self) -> &Path {
