@@ -198,3 +198,16 @@ def test_a_hostile_config_is_ignored_with_one_warning(cache: Path, kind: str) ->
     with Store(cache) as s:
         assert s.put("after", b"v")
         assert s.max_size is None
+
+
+def test_prune_without_options_keeps_the_stored_budget(cache: Path) -> None:
+    with Store(cache) as s:
+        for i in range(20):
+            s.put(f"p{i}", b"p" * 10_000)
+    assert run("prune", "--path", str(cache)).returncode == 2  # nothing stored, nothing asked
+    assert run("config", "--path", str(cache), "--max-size", "100K").returncode == 0
+    result = run("prune", "--path", str(cache), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["removed"] > 0
+    stats = stats_json(cache)
+    assert isinstance(stats["bytes"], int) and stats["bytes"] <= 100 << 10

@@ -516,9 +516,10 @@ def prune(
         target = parse_size(max_size, name="--max-size")
         age = None if older_than is None else parse_duration(older_than, name="--older-than")
         with _open(path, read_only=read_only, write=True) as store:
-            if target is None and age is None and store.max_size is None:
+            if target is None and age is None and store.max_size is None and not store.max_age:
                 _fail(
-                    f"nothing to prune to: pass --max-size or --older-than, or set {MAX_SIZE_VAR}"
+                    "nothing to prune to: pass --max-size or --older-than, set "
+                    f"{MAX_SIZE_VAR}, or store a budget with `xla-pcache config`"
                 )
             console = _console()
             with _interruptible("prune"), _progress(console) as bar:
