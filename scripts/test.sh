@@ -147,7 +147,7 @@ for jv in "$JAX_OLDEST" "$JAX_MIDDLE" "$JAX_NEWEST"; do
   "$jpy" -m pytest -q -p no:cacheprovider -ra tests/adapters/test_jax.py \
     tests/adapters/test_jax_single_flight.py tests/adapters/test_explain_jax.py \
     tests/adapters/test_jax_adopt.py tests/adapters/test_activation.py \
-    tests/adapters/test_real_programs.py
+    tests/adapters/test_real_programs.py tests/adapters/test_on_miss_jax.py
   demo_dir=$(mktemp -d)
   "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
   rm -rf "$demo_dir"
@@ -159,5 +159,6 @@ done
 echo "== torch_xla $TORCH_XLA_OLDEST: adapter tests"
 "$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -m pytest -q \
   -p no:cacheprovider -ra tests/adapters/test_torch_xla.py \
-  tests/adapters/test_torch_xla_activation.py tests/adapters/test_torch_xla_hits.py
+  tests/adapters/test_torch_xla_activation.py tests/adapters/test_torch_xla_hits.py \
+  tests/adapters/test_torch_xla_counts.py tests/test_doctor_lines.py
 # ---- end of the torch_xla version range tests

@@ -69,7 +69,7 @@ def entry_files(root: Path) -> list[Path]:
 def test_help_lists_subcommands() -> None:
     result = run("--help")
     assert result.returncode == 0
-    for command in ("stats", "ls", "prune", "verify", "clear", "demo", "doctor"):
+    for command in ("stats", "ls", "prune", "verify", "clear", "demo", "doctor", "config"):
         assert command in result.stdout
 
 

@@ -275,6 +275,7 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_TRUSTED_KEYS": "ci-1:" + base64.b64encode(bytes(32)).decode(),
         "XLA_PCACHE_MIN_COMPILE_TIME": "2s",
         "XLA_PCACHE_MIN_ENTRY_SIZE": "64K",
+        "XLA_PCACHE_ON_MISS": "Error",
     }
     assert set(values) == VARIABLE_NAMES
     settings = Settings.from_env(values)
@@ -427,3 +428,11 @@ def test_start_up_hook_refuses_what_settings_refuses(
         assert module.disabled() is True
         assert module.wanted() is False
     assert "invalid XLA_PCACHE_DISABLE '" in caplog.text
+
+
+def test_on_miss_takes_three_modes_and_names_itself_when_malformed() -> None:
+    assert Settings.from_env({}).on_miss == "compile"
+    for mode in ("compile", "warn", "error", " WARN "):
+        assert Settings.from_env({"XLA_PCACHE_ON_MISS": mode}).on_miss == mode.strip().lower()
+    with pytest.raises(ValueError, match="XLA_PCACHE_ON_MISS"):
+        Settings.from_env({"XLA_PCACHE_ON_MISS": "fail"})

@@ -31,6 +31,7 @@ LEVELS = {
     "_keyparts": 4,
     "_torch_xla_keyparts": 4,
     "explain": 4,
+    "on_miss": 4,
     "_single_flight": 4,
     "_torch_xla_sync": 4,
     "jax": 4,

@@ -11,7 +11,7 @@ from typing_extensions import Buffer, disjoint_base
 
 # The reports the methods return are plain dicts at run time; their TypedDicts live in a real
 # module, so that a test compares them with what the runtime returns (tests/test_stubs.py).
-from xla_pcache._reports import Entry, EvictReport, Stats, VerifyReport
+from xla_pcache._reports import CacheSettings, Entry, EvictReport, Stats, VerifyReport
 
 __version__: str
 FORMAT_VERSION: int
@@ -175,7 +175,23 @@ class Store:
     @property
     def read_only(self) -> bool: ...
     @property
-    def max_size(self) -> int | None: ...
+    def max_size(self) -> int | None:
+        """The budget this handle keeps: the cache's stored one (``xla-pcache config``),
+        lowered by the ``max_size`` it was opened with if that is smaller; None: unbounded."""
+    @property
+    def max_age(self) -> float | None:
+        """The cache's stored max age in seconds: entries unused longer are evicted."""
+    def cache_settings(self) -> CacheSettings:
+        """The cache's stored settings (its CONFIG file), as this handle last read them (at
+        most the refresh interval ago)."""
+    def write_cache_settings(
+        self, *, max_size: int | None = None, max_age: float | None = None
+    ) -> None:
+        """Replace the cache's stored settings (written to a temp file, then renamed into
+        place); None unsets one. ``ReadOnlyError`` on a read-only handle."""
+    def count_misses(self, n: int) -> None:
+        """Count ``n`` misses of lookups a framework made in a copy the store filled
+        (torch_xla's host-local copy), so ``stats`` counts them with the store's own."""
     @property
     def mmap_reads(self) -> bool:
         """Whether gets map files (local filesystems) or pread them (NFS, FUSE, unknown)."""

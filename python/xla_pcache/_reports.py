@@ -81,6 +81,8 @@ class Stats(TypedDict):
     entries: int
     bytes: int
     max_size: int | None
+    # The cache's stored max age (`xla-pcache config --max-age`), seconds.
+    max_age_s: float | None
     processes: int
     view_age_s: float | None
     view_fresh: bool
@@ -88,6 +90,14 @@ class Stats(TypedDict):
     filesystem: str
     read_only: bool
     mmap_reads: bool
+
+
+class CacheSettings(TypedDict):
+    """The cache's stored settings: ``max_size`` in bytes, ``max_age_s`` in seconds; None
+    where not set."""
+
+    max_size: int | None
+    max_age_s: float | None
 
 
 class Entry(TypedDict):

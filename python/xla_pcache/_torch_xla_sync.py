@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xla_pcache._core import FORMAT_VERSION, hash_key
+from xla_pcache._keyparts import META_COMPILE_TIME
 from xla_pcache._text import package_logger
 from xla_pcache.store import Store
 
@@ -146,6 +147,9 @@ class HostMirror:
     counters: Counters = field(default_factory=Counters)
     # Called with the store key of each entry this process published (a graph it missed).
     on_publish: Callable[[str], None] | None = None
+    # The compile time (seconds) torch_xla measured for the view file just written, or
+    # None: recorded with the entry so that its hits count the compile time they saved.
+    compile_time: Callable[[os.stat_result], float | None] | None = None
 
     def __post_init__(self) -> None:
         real = os.path.realpath(self.store.path)
@@ -327,8 +331,13 @@ class HostMirror:
                 os.unlink(e.path)
 
     def _materialize(self, tx: str, budget: int | None, used: int) -> int | None:
-        """Copy one verified entry into the pool; its size, 0 if gone, None if over budget."""
-        blob = self.store.get(store_key(tx))
+        """Copy one verified entry into the pool; its size, 0 if gone, None if over budget.
+
+        Read without counting a use: filling the host's copy is no hit; torch_xla's load of
+        it is, counted once when it opens the file (``opened_links``)."""
+        key = store_key(tx)
+        data = self.store.get_entry_file(key)
+        blob = None if data is None else self.store.verify_entry_file(key, data)
         if blob is None:
             return 0
         size = len(blob)
@@ -437,6 +446,21 @@ class HostMirror:
             with contextlib.suppress(OSError):
                 os.close(self._watch_fd)
             self._watch_fd = None
+
+    def written_names(self) -> set[str]:
+        """Names of the files torch_xla wrote into the view itself (graphs it compiled)."""
+        if self.view is None:
+            return set()
+        out: set[str] = set()
+        with contextlib.suppress(OSError), os.scandir(self.view) as it:
+            for e in it:
+                if not is_torch_xla_name(e.name):
+                    continue
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    if self._linked.get(e.name) != (st.st_dev, st.st_ino):
+                        out.add(e.name)
+        return out
 
     def opened_links(self) -> set[str]:
         """Names of linked (store) files opened since the last call."""
@@ -569,7 +593,11 @@ class HostMirror:
             if meta is None:
                 meta = self.meta()
             self._handled.add(ident)
-            if self.store.put(key, data, meta=dict(meta, torch_xla_name=name)):
+            entry_meta = dict(meta, torch_xla_name=name)
+            secs = self.compile_time(st) if self.compile_time is not None else None
+            if secs is not None:
+                entry_meta[META_COMPILE_TIME] = f"{secs:.6f}"
+            if self.store.put(key, data, meta=entry_meta):
                 self.counters.published += 1
                 self._share_with_host(name)
                 if self.on_publish is not None:

@@ -269,6 +269,7 @@ _STAT_ROWS = (
     ("entries", "entries"),
     ("bytes", "bytes on disk"),
     ("max_size", "budget"),
+    ("max_age_s", "max age (unused entries evicted)"),
     ("fill", "fill"),
     ("hits", "hits"),
     ("misses", "misses"),
@@ -311,7 +312,11 @@ def _view_age_text(age: float | None, fresh: bool) -> str:
 
 def _stat_text(name: str, value: object) -> str:
     if value is None:
-        return "unbounded" if name == "max_size" else "-"
+        return {"max_size": "unbounded", "max_age_s": "not set"}.get(name, "-")
+    if name == "max_age_s" and isinstance(value, int | float):
+        from xla_pcache.metrics import human_duration
+
+        return human_duration(value)
     if isinstance(value, int) and ("bytes" in name.split("_") or name == "max_size"):
         return f"{format_size(value)} ({value:,} B)"
     if name == "claim_wait_ms" and isinstance(value, int):
@@ -555,9 +560,10 @@ def prune(
         target = parse_size(max_size, name="--max-size")
         age = None if older_than is None else parse_duration(older_than, name="--older-than")
         with _open(path, read_only=read_only, write=True) as store:
-            if target is None and age is None and store.max_size is None:
+            if target is None and age is None and store.max_size is None and not store.max_age:
                 _fail(
-                    f"nothing to prune to: pass --max-size or --older-than, or set {MAX_SIZE_VAR}"
+                    "nothing to prune to: pass --max-size or --older-than, set "
+                    f"{MAX_SIZE_VAR}, or store a budget with `xla-pcache config`"
                 )
             console = _console()
             with _interruptible("prune"), _progress(console) as bar:
@@ -603,6 +609,86 @@ def _prune_untrusted(path: str | None, read_only: bool, as_json: bool) -> None:
     for _path, key, why in found:
         typer.echo(f"removed {_key_text(key)} ({_key_text(why)})")
     typer.echo(f"removed {len(found)} untrusted entries")
+
+
+# config --------------------------------------------------------------------------------------
+
+# Values that unset a stored setting.
+_UNSET = ("none", "off", "unset")
+
+
+def _settings_text(settings: dict[str, Any]) -> list[str]:
+    from xla_pcache.metrics import human_duration
+
+    size, age = settings.get("max_size"), settings.get("max_age_s")
+    return [
+        "max size: " + (f"{format_size(size)} ({size:,} B)" if size else "not set (unbounded)"),
+        "max age: " + (human_duration(age) if age else "not set (entries never age out)"),
+    ]
+
+
+@app.command()
+def config(
+    path: PathOption = None,
+    max_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-size",
+            help="The cache's byte budget (e.g. 50G; 'none' unsets it). Every process keeps "
+            f"the cache within it; ${MAX_SIZE_VAR} or Store(max_size=) may only lower it.",
+        ),
+    ] = None,
+    max_age: Annotated[
+        str | None,
+        typer.Option(
+            "--max-age",
+            help="Evict entries unused this long (e.g. 30d; 'none' unsets it), on the "
+            "puts' eviction as well as on prune.",
+        ),
+    ] = None,
+    show: Annotated[bool, typer.Option("--show", help="Print the stored settings.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Store the cache's own settings in its directory (budget, max age), or show them."""
+    with _reported():
+        changing = max_size is not None or max_age is not None
+        if changing and show:
+            _fail("--show prints the settings; it cannot be combined with --max-size/--max-age")
+        if not changing:
+            with _open(path, read_only=True) as store:
+                current = store.cache_settings()
+                effective = {"max_size": store.max_size, "max_age_s": store.max_age}
+        else:
+            new_size = new_age = None
+            if max_size is not None and max_size.strip().lower() not in _UNSET:
+                new_size = parse_size(max_size, name="--max-size")
+                if not new_size:
+                    _fail(f"--max-size must be positive ('none' unsets it), got {max_size!r}")
+            if max_age is not None and max_age.strip().lower() not in _UNSET:
+                new_age = parse_duration(max_age, name="--max-age")
+                if new_age < 1:
+                    _fail(f"--max-age must be at least 1 second, got {max_age!r}")
+            with _open(path, read_only=False, write=True) as store:
+                current = store.cache_settings()
+                if max_size is not None:
+                    current["max_size"] = new_size
+                if max_age is not None:
+                    current["max_age_s"] = new_age
+                store.write_cache_settings(
+                    max_size=current["max_size"], max_age=current["max_age_s"]
+                )
+                current = store.cache_settings()
+                effective = {"max_size": store.max_size, "max_age_s": store.max_age}
+    if as_json:
+        _emit_json({"stored": current, "effective": effective})
+        return
+    for line in _settings_text(dict(current)):
+        typer.echo(line)
+    if effective["max_size"] != current["max_size"]:
+        typer.echo(
+            f"this process's budget: {format_size(effective['max_size'])} "
+            f"(lowered by ${MAX_SIZE_VAR})"
+        )
 
 
 # verify --------------------------------------------------------------------------------------

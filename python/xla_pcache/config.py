@@ -48,6 +48,7 @@ SIGNING_KEY_VAR = "XLA_PCACHE_SIGNING_KEY"
 TRUSTED_KEYS_VAR = "XLA_PCACHE_TRUSTED_KEYS"
 MIN_COMPILE_TIME_VAR = "XLA_PCACHE_MIN_COMPILE_TIME"
 MIN_ENTRY_SIZE_VAR = "XLA_PCACHE_MIN_ENTRY_SIZE"
+ON_MISS_VAR = "XLA_PCACHE_ON_MISS"
 
 # Single flight: how long a process that misses waits for another one compiling the same
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
@@ -75,6 +76,8 @@ LockMode = Literal["auto", "fcntl", "lease"]
 ReadMode = Literal["auto", "mmap", "pread"]
 LOCK_MODES: tuple[LockMode, ...] = ("auto", "fcntl", "lease")
 READ_MODES: tuple[ReadMode, ...] = ("auto", "mmap", "pread")
+OnMiss = Literal["compile", "warn", "error"]
+ON_MISS_MODES: tuple[OnMiss, ...] = ("compile", "warn", "error")
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -240,6 +243,17 @@ VARIABLES: tuple[Variable, ...] = (
         "Where the default caches live when no path is given: `$XDG_CACHE_HOME/xla_pcache` "
         "(JAX, the demo) and `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
         "directory). A relative value is ignored, as the XDG spec says.",
+    ),
+    Variable(
+        ON_MISS_VAR,
+        "on_miss",
+        "choice",
+        "compile",
+        "What a miss of the persistent cache does: `compile` (compile, as without a cache), "
+        "`warn` (compile, and log one warning per miss with its reason), `error` (fail the "
+        "compile with an error naming this variable and the program: for serving, where a "
+        "missed warm-up should fail fast). JAX raises from the jitted call; torch_xla: see "
+        "docs/torch_xla.md. A cached program runs in every mode.",
     ),
 )
 
@@ -500,6 +514,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "trusted_keys": parse_trusted_keys,
     "min_compile_time": _compile_time,
     "min_entry_size": _size,
+    "on_miss": lambda v, n: _choice(v, n, ON_MISS_MODES),
 }
 
 
@@ -537,6 +552,7 @@ class Settings:
     # What is cached (seconds, bytes); see DEFAULT_MIN_COMPILE_TIME_S.
     min_compile_time: float = DEFAULT_MIN_COMPILE_TIME_S
     min_entry_size: int = DEFAULT_MIN_ENTRY_SIZE
+    on_miss: OnMiss = "compile"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:

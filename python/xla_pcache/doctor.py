@@ -386,6 +386,10 @@ def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]
         info.update(
             entries=stats.get("entries"), bytes=stats.get("bytes"), max_size=stats.get("max_size")
         )
+        # The cache's own settings (`xla-pcache config`); max_size above is the stricter of
+        # the stored budget and this environment's.
+        info["stored_settings"] = dict(store.cache_settings())
+        info["max_age_s"] = stats.get("max_age_s")
     except Exception as exc:
         info["stats_error"] = f"{type(exc).__name__}: {exc}"
     problems: list[str] = []
@@ -410,6 +414,9 @@ def _activation() -> dict[str, str]:
     wanted = settings.path is not None or os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip()
     if settings.disabled:
         state = f"off ({DISABLE_VAR}=1)"
+    elif importlib.util.find_spec("jax") is None:
+        # The entry point is JAX's to call: without jax nothing activates.
+        state = "off (jax is not installed in this environment)"
     elif not registered:
         state = "off (package not installed with its entry point; pip install it)"
     elif not wanted:
@@ -448,6 +455,8 @@ def _torch_xla_activation() -> str:
     )
     if settings.disabled:
         return f"off ({DISABLE_VAR}=1)"
+    if importlib.util.find_spec("torch_xla") is None:
+        return "off (torch_xla is not installed in this environment)"
     if hook is None:
         return "off (package not installed with its xla_pcache_autoload.pth; pip install it)"
     if settings.inherited_path is None:
@@ -540,6 +549,16 @@ def _render(console: Console, report: dict[str, Any]) -> None:
             f"{cache.get('entries')} entries, "
             f"{format_size(size) if isinstance(size, int) else _e(size)}"
         )
+    stored = cache.get("stored_settings")
+    if stored is not None:
+        from xla_pcache.metrics import human_duration
+
+        age, kept = cache.get("max_age_s"), cache.get("max_size")
+        console.print(
+            f"  budget kept: {format_size(kept) if kept else 'unbounded'} (stored in the "
+            f"cache: {format_size(stored['max_size']) if stored['max_size'] else 'none'}), "
+            f"max age: {human_duration(age) if age else 'none'}"
+        )
     for tier in cache.get("remote", []):
         console.print(
             f"  remote tier {tier['tier']}: {_e(tier['url'])}"
@@ -592,9 +611,19 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         console.print(f"[red]problem:[/] {_e(problem)}")
 
 
+def _console() -> Console:
+    # Rich writes to the stream under the CLI's escaping one: what it is given is escaped.
+    out = raw_stream(sys.stdout)
+    console = Console(file=out)
+    if not console.is_terminal:
+        # Piped or redirected: whole lines, not wrapped at rich's default of 80 columns.
+        console = Console(file=out, width=10_000)
+    return console
+
+
 def main(path: str | None = None, as_json: bool = False) -> int:
     """Print the report; 0 when the configuration is usable, 1 when it is not."""
-    console = Console(file=raw_stream(sys.stdout))
+    console = _console()
     if as_json:
         report = collect(path)
         print(json.dumps(report, indent=2, sort_keys=True))

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from xla_pcache import _jax_thresholds, _keyparts, _single_flight, jax_cache_dir, metrics
+from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import Settings
@@ -66,6 +67,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 # store already contain the autotuned code, so install() turns these side caches off.
 _XLA_CACHES_OPTION = "jax_persistent_cache_enable_xla_caches"
 _CACHE_DIR_OPTION = "jax_compilation_cache_dir"
+_RAISE_ERRORS_OPTION = "jax_raise_persistent_cache_errors"
 _XLA_CACHES_DEFAULT = "xla_gpu_per_fusion_autotune_cache_dir"
 
 
@@ -188,10 +190,13 @@ class _StoreCacheImpl:
         verified: bool = False,
         single_flight: _single_flight.SingleFlight | None = None,
         adopter: _Adopter | None = None,
+        on_miss: str = "compile",
     ) -> None:
         self._store = store
         # Serves a miss from a directory JAX's own cache filled, adopting the entry.
         self._adopter = adopter
+        # XLA_PCACHE_ON_MISS: what a miss does besides compiling (see on_miss.py).
+        self._on_miss = on_miss
         # Claims or waits on a miss (see _single_flight); None: every miss compiles.
         self._flight = single_flight
         self._path = pathlib.Path(store.path)
@@ -233,6 +238,16 @@ class _StoreCacheImpl:
             from xla_pcache import explain
 
             _keyparts.on_miss(self._store, key, explain.note_miss)
+            if self._on_miss != "compile":
+                # Raises CacheMissError in "error" mode: install() made JAX let it through.
+                _on_miss.handle(
+                    self._on_miss,
+                    self._store,
+                    key,
+                    program=_keyparts.module_name(key),
+                    framework="jax",
+                    parts=_keyparts.components(key),
+                )
             return None
         with self._lock:
             self._served.add(key)
@@ -455,6 +470,9 @@ class _Installation:
     store: Store | None
     meta: dict[str, str]
     compile_wait: float = 0.0  # seconds; 0: single flight off
+    on_miss: str = "compile"
+    # jax_raise_persistent_cache_errors before install() set it for on_miss="error".
+    previous_raise_errors: bool | None = None
     via: str = "install()"
     # JAX's caching thresholds: what is in force and where from, and the values the adapter
     # replaced (restored by uninstall unless the program changed them since).
@@ -553,10 +571,16 @@ def _factory(path: str) -> tuple[Any, str] | None:
         and hooks.jax.config.values.get("jax_compilation_cache_check_contents", False)
     )
     flight = None
-    if inst.compile_wait > 0 and hooks.compiler is not None:
+    # In "error" mode a miss raises: no claim is taken that nobody would publish.
+    if inst.compile_wait > 0 and hooks.compiler is not None and inst.on_miss != "error":
         flight = _single_flight.SingleFlight(store, inst.compile_wait, _writes_cache)
     cache: Any = _cache_class(hooks)(
-        store, meta, verified=verify, single_flight=flight, adopter=adopter
+        store,
+        meta,
+        verified=verify,
+        single_flight=flight,
+        adopter=adopter,
+        on_miss=inst.on_miss,
     )
     if verify:
         cache = hooks.verification_cache(cache)
@@ -665,9 +689,17 @@ def install(
             store=store,
             meta=_producer_meta(hooks),
             compile_wait=resolved_wait,
+            on_miss=settings.on_miss,
         )
         _installed = inst
         _apply_thresholds(inst, settings, explicit)
+        if settings.on_miss == "error":
+            # JAX turns an exception from a cache read into a warning and compiles, unless
+            # this option is set: the miss must fail the jitted call.
+            _installed.previous_raise_errors = bool(
+                jax_config.values.get(_RAISE_ERRORS_OPTION, False)
+            )
+            jax_config.update(_RAISE_ERRORS_OPTION, True)
         if resolved_wait > 0 and hooks.compiler is not None:
             _single_flight.install_hook(hooks.compiler)
         if store is not None and _is_local(resolved_path):
@@ -723,6 +755,8 @@ def uninstall() -> None:
                 config.update(decision.option, inst.replaced_thresholds[decision.option])
         if inst.hooks.has_xla_caches_option and inst.hooks.needs_path_workaround:
             config.update(_XLA_CACHES_OPTION, inst.previous_xla_caches)
+        if inst.previous_raise_errors is not None:
+            config.update(_RAISE_ERRORS_OPTION, inst.previous_raise_errors)
         cc.reset_cache()
         for store in [inst.store, *inst.others]:
             if store is None:

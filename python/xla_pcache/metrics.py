@@ -69,6 +69,7 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("entries", "entries", "Entries in the cache."),
     ("bytes", "disk_bytes", "Bytes the entries take on disk."),
     ("max_size", "max_size_bytes", "The cache's byte budget (absent when unbounded)."),
+    ("max_age_s", "max_age_seconds", "Entries unused this long are evicted (absent if unset)."),
     ("processes", "processes", "Processes whose counters are included."),
     ("view_age_s", "view_age_seconds", "Age of the oldest journal data in these figures."),
 )

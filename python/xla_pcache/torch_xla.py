@@ -23,6 +23,7 @@ from typing import Any
 
 from xla_pcache import _keyparts, metrics
 from xla_pcache import _torch_xla_keyparts as _txkeys
+from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache._torch_xla_sync import (
@@ -84,6 +85,12 @@ class TorchXlaCache:
     # of torch_xla's PersistentCacheHit have been counted in the store.
     _opened: set[str] = field(default_factory=set)
     _hits_counted: int = 0
+    # How many of torch_xla's PersistentCacheMiss have been counted in the store (its
+    # lookups are in the view, which the store never sees), and reported by on_miss.
+    _misses_counted: int = 0
+    _misses_reported: int = 0
+    _reported_names: set[str] = field(default_factory=set)
+    on_miss: str = "compile"
     max_size: int | None = None
     # The read-only setting torch_xla's cache was created with (fixed for the process).
     _torch_read_only: bool = False
@@ -110,7 +117,46 @@ class TorchXlaCache:
             counts = self._check_capability()
             if counts is not None:
                 self._count_pool_hits(counts["PersistentCacheHit"])
+                self._count_misses(counts["PersistentCacheMiss"])
             return self.stats()
+
+    def _count_misses(self, misses: int) -> None:
+        """Count in the store the misses torch_xla had in the view, so that ``xla-pcache
+        stats`` shows them beside the hits (the store never saw those lookups)."""
+        if misses <= self._misses_counted:
+            return
+        try:
+            self.store.count_misses(misses - self._misses_counted)
+        except Exception as exc:
+            self.mirror.warn("counting torch_xla's misses", exc)
+        self._misses_counted = misses
+
+    def after_step(self) -> None:
+        """``XLA_PCACHE_ON_MISS`` at the end of a step: the graphs it missed (compiled, and
+        already written to the view by torch_xla) are warned about, or fail the step."""
+        if os.getpid() != self.pid or self.on_miss == "compile" or self._closed:
+            return
+        try:
+            misses = torch_xla_counters()["PersistentCacheMiss"]
+        except Exception as exc:
+            self.mirror.warn("reading torch_xla's counters", exc)
+            return
+        new = misses - self._misses_reported
+        if new <= 0:
+            return
+        self._misses_reported = misses
+        names = sorted(self.mirror.written_names() - self._reported_names)[:new]
+        self._reported_names.update(names)
+        programs = names + ["(not yet written)"] * (new - len(names))
+        for name in programs:
+            _on_miss.handle(
+                self.on_miss,
+                self.store,
+                store_key(name),
+                program=f"graph {name}",
+                framework="torch_xla",
+                parts=_txkeys.components(),
+            )
 
     def refresh(self) -> None:
         """Bring the host's copy up to date with the store (for later processes)."""
@@ -202,6 +248,75 @@ class TorchXlaCache:
                     self.refresh()
             except Exception as exc:  # never let the thread die loudly
                 self.mirror.warn("the background sync", exc)
+
+
+class _CompileTimes:
+    """Finds the compile time of each file torch_xla writes into the view, from its
+    ``CompileTime`` metric: torch_xla records a sample (when the compile returned, how long
+    it took) and writes the graph's file right after, compiles running one at a time, so a
+    file's compile is the latest sample that ended before the file was written and was not
+    given to another file."""
+
+    # Filesystem timestamps come from a clock that ticks every few milliseconds, and can
+    # read a little earlier than the sample's.
+    SLACK_S = 0.02
+
+    def __init__(self) -> None:
+        self._used: set[float] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, st: os.stat_result) -> float | None:
+        try:
+            import importlib
+
+            met: Any = importlib.import_module("torch_xla.debug.metrics")
+            data = met.metric_data("CompileTime")
+        except Exception:
+            return None
+        if not data or len(data) < 3:
+            return None
+        written = st.st_mtime_ns / 1e9 + self.SLACK_S
+        with self._lock:
+            best: tuple[float, float] | None = None
+            for ts, value in data[2]:
+                ts, value = float(ts), float(value)
+                if ts <= written and ts not in self._used and (best is None or ts > best[0]):
+                    best = (ts, value)
+            if best is None:
+                return None
+            self._used.add(best[0])
+            return best[1] / 1e9  # the metric is in nanoseconds
+
+
+_compile_times = _CompileTimes()
+
+
+def _watch_steps() -> None:
+    """Run ``TorchXlaCache.after_step`` when a step returns: torch_xla's cache lives in
+    C++ and offers no hook before a compile, so the closest point at which a miss can be
+    reported, or fail the program, is the end of the step that compiled it
+    (``torch_xla.sync()``, ``xm.mark_step()``)."""
+    import importlib
+
+    for module_name, attr in (("torch_xla", "sync"), ("torch_xla.core.xla_model", "mark_step")):
+        try:
+            module: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        original = getattr(module, attr, None)
+        if original is None or getattr(original, "_xla_pcache", False):
+            continue
+
+        @functools.wraps(original)
+        def step(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            result = _original(*args, **kwargs)
+            inst = _installed
+            if inst is not None:
+                inst.after_step()
+            return result
+
+        step._xla_pcache = True  # type: ignore[attr-defined]
+        setattr(module, attr, step)
 
 
 def _summarize(inst: TorchXlaCache) -> None:
@@ -465,7 +580,7 @@ def install(
         if store is None:
             _start_without_cache(xlac, resolved, ro)
             return None
-        mirror = HostMirror(store, root, meta=_producer_meta)
+        mirror = HostMirror(store, root, meta=_producer_meta, compile_time=_compile_times)
         if not ro:
             from xla_pcache import explain
 
@@ -484,6 +599,9 @@ def install(
         inst = TorchXlaCache(store, mirror, ro, sync_interval)
         inst.max_size = size
         inst._torch_read_only = ro
+        inst.on_miss = settings.on_miss
+        if settings.on_miss != "compile":
+            _watch_steps()
         if sync_interval is not None and sync_interval > 0 and not ro:
             inst._start_thread()
         atexit.register(inst.close)
@@ -539,7 +657,9 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
     )
     if store is None:
         return False
-    mirror = HostMirror(store, inst.mirror.local_root, meta=_producer_meta)
+    mirror = HostMirror(
+        store, inst.mirror.local_root, meta=_producer_meta, compile_time=_compile_times
+    )
     mirror.refresh_pool()
     with inst._lock:
         old = inst.store

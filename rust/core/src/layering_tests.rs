@@ -12,7 +12,8 @@ const TIERS: &[&[&str]] = &[
         "index", "overlay", "journal", "snapshot", "entry", "sign", "blob", "lock",
     ],
     &[
-        "dir", "layout", "publish", "fsinfo", "lru", "stats", "forksafe", "hash", "clock", "error",
+        "dir", "layout", "settings", "publish", "fsinfo", "lru", "stats", "forksafe", "hash",
+        "clock", "error",
     ],
 ];
 

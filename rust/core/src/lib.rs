@@ -4,7 +4,7 @@
 //! The modules are private to the crate; what the binding and the integration tests use is
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `index`, `overlay`,
-//! `journal`, `snapshot`, `entry`, `blob`, `lock`; then `dir`, `layout`, `publish`, `fsinfo`,
+//! `journal`, `snapshot`, `entry`, `blob`, `lock`; then `dir`, `layout`, `settings`, `publish`, `fsinfo`,
 //! `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`. A module uses only its own tier and
 //! those below.
 
@@ -29,6 +29,7 @@ pub(crate) mod lock;
 pub(crate) mod lru;
 pub(crate) mod overlay;
 pub(crate) mod publish;
+pub(crate) mod settings;
 pub(crate) mod sign;
 pub(crate) mod snapshot;
 pub(crate) mod stats;
@@ -40,6 +41,7 @@ pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
+pub use settings::CacheSettings;
 pub use sign::{
     check_key_name, digest as blake3_digest, generate_seed, public_key, SigFields, Signer,
     TrustSet, Untrusted,

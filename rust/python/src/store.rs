@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    EntrySummary, LockMode, ReadMode, Store, StoreOptions, TierCounters, COUNTER_NAMES, MAX_TIERS,
-    MAX_TIER_NAME, TIER_COUNTER_NAMES,
+    CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions, TierCounters,
+    COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
 };
 
 /// The core's defaults of the options `Store()` takes in seconds, by argument name.
@@ -309,7 +309,53 @@ impl PyStore {
 
     #[getter]
     fn max_size(&self) -> PyResult<Option<u64>> {
-        no_panic("max_size", || Ok(self.inner.options().max_size))
+        no_panic("max_size", || Ok(self.inner.max_size()))
+    }
+
+    #[getter]
+    fn max_age(&self) -> PyResult<Option<f64>> {
+        no_panic("max_age", || {
+            Ok(self.inner.max_age().map(|a| a.as_secs_f64()))
+        })
+    }
+
+    /// The cache's stored settings (its CONFIG file) as this handle last read them.
+    fn cache_settings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.store()?;
+        let s = no_panic("cache_settings", || Ok(store.stored_settings()))?;
+        let d = PyDict::new(py);
+        d.set_item("max_size", s.max_size)?;
+        d.set_item("max_age_s", s.max_age.map(|a| a.as_secs_f64()))?;
+        Ok(d)
+    }
+
+    /// Replaces the cache's stored settings; None unsets one.
+    #[pyo3(signature = (*, max_size=None, max_age=None))]
+    fn write_cache_settings(
+        &self,
+        py: Python<'_>,
+        max_size: Option<i64>,
+        max_age: Option<f64>,
+    ) -> PyResult<()> {
+        let max_size = match max_size {
+            Some(n) if n <= 0 => {
+                return Err(PyValueError::new_err(format!(
+                    "max_size must be positive (or None), got {n}"
+                )))
+            }
+            n => n.map(|n| n as u64),
+        };
+        let max_age = match max_age {
+            Some(a) if a.is_finite() && a < 1.0 => {
+                return Err(PyValueError::new_err(format!(
+                    "max_age must be at least 1 second (or None), got {a}"
+                )))
+            }
+            a => a.map(|a| seconds("max_age", a)).transpose()?,
+        };
+        let s = CacheSettings { max_size, max_age };
+        let store = self.store()?;
+        py.detach(|| no_panic("write_cache_settings", || store.write_settings(&s)))
     }
 
     #[getter]
@@ -727,7 +773,8 @@ impl PyStore {
         d.set_item("hit_rate", rate)?;
         d.set_item("entries", s.entries)?;
         d.set_item("bytes", s.bytes)?;
-        d.set_item("max_size", store.options().max_size)?;
+        d.set_item("max_size", store.max_size())?;
+        d.set_item("max_age_s", store.max_age().map(|a| a.as_secs_f64()))?;
         d.set_item("processes", s.journals)?;
         d.set_item("view_age_s", s.view_age.map(|a| a.as_secs_f64()))?;
         d.set_item("view_fresh", s.view_fresh)?;
@@ -764,6 +811,16 @@ impl PyStore {
                 "invalid name {name:?}: not a counter callers may add to"
             )))
         }
+    }
+
+    /// Counts `n` misses of lookups a framework made in a copy the store filled (torch_xla's
+    /// host-local copy), so that `stats` counts them with the store's own.
+    fn count_misses(&self, n: u64) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("count_misses", || {
+            store.count_misses(n);
+            Ok(())
+        })
     }
 
     /// This process's own counters (no journal is read): what it did with this store.
@@ -900,7 +957,8 @@ impl PyStore {
         format!(
             "<xla_pcache.Store {:?}{}{}>",
             self.inner.root().display().to_string(),
-            o.max_size
+            self.inner
+                .max_size()
                 .map(|m| format!(" max_size={m}"))
                 .unwrap_or_default(),
             if o.read_only { " read_only" } else { "" }

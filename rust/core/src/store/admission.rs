@@ -244,7 +244,7 @@ impl Store {
                 // eviction after it would: stopping at the watermark itself would bring the
                 // next eviction one put sooner.
                 let target = self.put_low_water(&st, max).saturating_sub(size);
-                self.evict_slice_locked(&mut st, guard, Some(target));
+                self.evict_slice_locked(&mut st, guard, Some(target), None);
                 if fits(&st, st.pending_bytes) {
                     return Ok(());
                 }

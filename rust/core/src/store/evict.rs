@@ -44,6 +44,7 @@ impl Store {
     /// Brings the view up to date for an explicit call (stats, evict, len...): through a
     /// fresh listing of the journals on a network filesystem.
     pub(super) fn refresh(&self, st: &mut State) -> io::Result<()> {
+        self.reload_settings(st);
         self.refresh_view(st, true)
     }
 
@@ -76,6 +77,9 @@ impl Store {
     fn refresh_view(&self, st: &mut State, freshen: bool) -> io::Result<()> {
         // Our own buffered hits belong in the view too.
         self.append_locked(st, &[]);
+        // The cache's stored settings, re-read at the refresh interval (an explicit call
+        // reads them first, in `refresh`).
+        self.reload_settings_if_due(st);
         // A network client serves journal lengths from its attribute cache (20 s on sshfs):
         // without a fresh listing this process would not see the other hosts' puts for that
         // long, and each host would fill the budget on its own.
@@ -124,7 +128,7 @@ impl Store {
     /// After a put: re-read the journals when due; evict when over budget and compact when
     /// the journals grew. Skips (never waits) when another process holds the evictor lock.
     pub(super) fn maybe_evict(&self, st: &mut State) {
-        let max = self.opts.max_size;
+        let max = self.max_size();
         // The other writers are likely putting about as much as this one: re-read their
         // journals once the budget may be full, not only every refresh_interval (a cold
         // cache filled by many processes would otherwise overshoot by their number).
@@ -141,18 +145,28 @@ impl Store {
         if !self.refresh_ok(res) {
             return;
         }
+        // The refresh may have read new stored settings.
+        let (max, max_age) = (self.max_size(), self.max_age());
         let total = st.view.entries.total_bytes();
         let over = max.filter(|&m| total > m);
         // An eviction cut short by its time slice goes on with the next put.
         let backlog = st.evict_backlog.filter(|&t| total > t);
-        if over.is_none() && backlog.is_none() && !st.view.wants_compaction() {
+        let aged = max_age.filter(|a| {
+            let cutoff = crate::clock::unix_ns().saturating_sub(a.as_nanos() as u64);
+            st.view
+                .entries
+                .oldest()
+                .next()
+                .is_some_and(|(_, i)| i.last_use < cutoff)
+        });
+        if over.is_none() && backlog.is_none() && aged.is_none() && !st.view.wants_compaction() {
             return;
         }
         let Some(guard) = self.take_evict_lock(Duration::ZERO) else {
             return;
         };
         let target = over.map(|m| self.put_low_water(st, m)).or(backlog);
-        self.evict_slice_locked(st, guard, target);
+        self.evict_slice_locked(st, guard, target, aged);
     }
 
     /// The evictor lock, waiting up to `wait`; None when another process holds it (or it
@@ -169,9 +183,15 @@ impl Store {
 
     /// One time slice of eviction from the put path, toward `target`; failures are
     /// counted and logged, never returned.
-    pub(super) fn evict_slice_locked(&self, st: &mut State, guard: LockGuard, target: Option<u64>) {
+    pub(super) fn evict_slice_locked(
+        &self,
+        st: &mut State,
+        guard: LockGuard,
+        target: Option<u64>,
+        older_than: Option<Duration>,
+    ) {
         let deadline = Instant::now() + self.opts.evict_slice;
-        if let Err(e) = self.evict_locked(st, guard, target, None, Some(deadline)) {
+        if let Err(e) = self.evict_locked(st, guard, target, older_than, Some(deadline)) {
             self.counters.inc(Counter::Errors);
             self.warn("evict", || format!("eviction failed: {e}"));
         }
@@ -507,7 +527,10 @@ impl Store {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
         let _walk = self.walk();
-        let target = max_size.or(self.opts.max_size.map(|m| self.low_water(m)));
+        let target = max_size.or(self.max_size().map(|m| self.low_water(m)));
+        // The cache's stored max-age applies to an explicit eviction too, unless the caller
+        // named its own.
+        let older_than = older_than.or(self.max_age());
         let guard = self
             .locks
             .try_lock_for(EVICT_LOCK, self.opts.lock_timeout)?;

@@ -7,6 +7,7 @@
 
 mod admin;
 mod admission;
+mod budget;
 mod claim;
 #[cfg(test)]
 mod claim_tests;
@@ -272,6 +273,10 @@ struct State {
     last_freshen: Option<Instant>,
     /// The other processes' put rate, as this view saw their journals grow.
     put_rate: admission::PutRate,
+    /// When the cache's CONFIG was last read, and why it was not used if it was not (each
+    /// new reason is warned about once).
+    settings_read: Option<Instant>,
+    settings_problem: Option<String>,
 }
 
 impl State {
@@ -288,6 +293,8 @@ impl State {
             last_sweep: None,
             last_freshen: None,
             put_rate: admission::PutRate::default(),
+            settings_read: None,
+            settings_problem: None,
         }
     }
 }
@@ -314,6 +321,8 @@ pub struct Store {
     /// How many walks (`verify`, explicit `evict`) run now: an `interrupt` with none
     /// running is nobody's, and must not stop the next one at once.
     walks: std::sync::atomic::AtomicUsize,
+    /// The cache's CONFIG as last read (`budget.rs`).
+    stored: budget::Stored,
 }
 
 /// A walk running (see `Store::walks`); when the last one ends, a request to stop that
@@ -474,7 +483,10 @@ impl Store {
             warned: ForkMutex::new(HashMap::new()),
             interrupt: std::sync::atomic::AtomicBool::new(false),
             walks: std::sync::atomic::AtomicUsize::new(0),
+            stored: budget::Stored::default(),
         })
+        // The cache's stored settings bound the first put already.
+        .inspect(|s| s.reload_settings(&mut s.state()))
     }
 
     pub fn root(&self) -> &Path {

@@ -141,6 +141,16 @@ impl Store {
         Ok(Some((b, name)))
     }
 
+    /// Counts `n` misses of lookups made outside the store: a framework that looks in a
+    /// copy the store filled (torch_xla reads a host-local copy, never the store itself)
+    /// reports its misses here, so that `stats` counts them with the rest.
+    pub fn count_misses(&self, n: u64) {
+        if n > 0 {
+            self.counters.add(Counter::Misses, n);
+            self.maybe_flush_stats(false);
+        }
+    }
+
     /// Opens and verifies the entry file at `rel` (beneath the root, no link followed in any
     /// component, no FIFO waited on).
     /// With `trust`, the entry must be signed by one of its keys: its BLAKE3 digest is the

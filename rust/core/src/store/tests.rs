@@ -582,3 +582,96 @@ fn explicit_evict_reconciles_every_shard_batch_over_a_snapshot() {
     let r = s.evict(None, None).unwrap();
     assert_eq!((r.dropped, r.added), (0, 0), "{r:?}");
 }
+
+fn opts_refresh(max: Option<u64>, read_only: bool) -> StoreOptions {
+    StoreOptions {
+        max_size: max,
+        read_only,
+        refresh_interval: Duration::from_millis(50),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_stored_budget_bounds_every_process_which_may_only_lower_it() {
+    let d = tempfile::tempdir().unwrap();
+    let unbounded = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+    let larger = Store::open(d.path(), opts_refresh(Some(10_000_000), false)).unwrap();
+    let smaller = Store::open(d.path(), opts_refresh(Some(50_000), false)).unwrap();
+    let ro = Store::open(d.path(), opts_refresh(None, true)).unwrap();
+    assert_eq!(unbounded.max_size(), None);
+    let stored = crate::settings::CacheSettings {
+        max_size: Some(100_000),
+        max_age: None,
+    };
+    unbounded.write_settings(&stored).unwrap();
+    // Running processes take the change within the refresh interval.
+    std::thread::sleep(Duration::from_millis(60));
+    for s in [&unbounded, &larger, &ro] {
+        s.stats().unwrap();
+        assert_eq!(s.max_size(), Some(100_000));
+        assert_eq!(s.stored_settings(), stored);
+    }
+    assert_eq!(smaller.max_size(), Some(50_000));
+    // Processes with no budget of their own, or a larger one, keep the cache within the
+    // stored one.
+    for i in 0..60 {
+        let w = if i % 2 == 0 { &unbounded } else { &larger };
+        w.put(key(&format!("k{i}")), &[7u8; 8000], &[]).unwrap();
+    }
+    larger.evict(None, None).unwrap();
+    assert!(unbounded.stats().unwrap().bytes <= 100_000);
+    assert!(matches!(
+        ro.write_settings(&stored),
+        Err(StoreError::ReadOnly(_))
+    ));
+    // Unset: today's behaviour again.
+    unbounded
+        .write_settings(&crate::settings::CacheSettings::default())
+        .unwrap();
+    assert_eq!(unbounded.max_size(), None);
+    assert_eq!(larger.max_size(), Some(100_000));
+    std::thread::sleep(Duration::from_millis(60));
+    larger.stats().unwrap();
+    assert_eq!(larger.max_size(), Some(10_000_000));
+}
+
+#[test]
+fn a_hostile_config_is_ignored_with_one_warning_and_a_count() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), opts_refresh(Some(1000), false)).unwrap();
+    fs::write(d.path().join("CONFIG"), "xla_pcache-config 1\nmax-size 1\n").unwrap();
+    s.stats().unwrap();
+    assert_eq!(s.max_size(), Some(1));
+    fs::remove_file(d.path().join("CONFIG")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", d.path().join("CONFIG")).unwrap();
+    s.stats().unwrap();
+    s.stats().unwrap();
+    assert_eq!(s.max_size(), Some(1000));
+    assert_eq!(s.counters.get(Counter::UnsafePaths), 1);
+}
+
+#[test]
+fn entries_unused_past_the_stored_max_age_are_evicted_by_puts() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+    s.put(key("old"), b"v", &[]).unwrap();
+    s.put(key("used"), b"v", &[]).unwrap();
+    s.write_settings(&crate::settings::CacheSettings {
+        max_size: None,
+        max_age: Some(Duration::from_secs(1)),
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    // A hit records a use (hit_interval is per process: a fresh process reads it).
+    let reader = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+    assert!(reader.get(key("used")).unwrap().is_some());
+    reader.flush();
+    drop(reader);
+    std::thread::sleep(Duration::from_millis(500));
+    s.put(key("new"), b"v", &[]).unwrap();
+    assert!(s.get(key("old")).unwrap().is_none(), "old entry kept");
+    assert!(s.get(key("used")).unwrap().is_some());
+    assert!(s.get(key("new")).unwrap().is_some());
+    assert_eq!(s.counters.get(Counter::Evictions), 1);
+}

@@ -93,7 +93,7 @@ impl Store {
         )
         .map_err(bad)?;
         let total = (header.len() + value.len()) as u64;
-        if let Some(max) = self.opts.max_size {
+        if let Some(max) = self.max_size() {
             if total > max {
                 self.counters.inc(Counter::TooLarge);
                 self.warn("too-large", || {
@@ -292,7 +292,7 @@ impl Store {
             close_checked(f)?;
             // Looked at again now that the value is written: the other writers' puts may
             // have filled the budget meanwhile (only a comparison while under it).
-            if let Some(max) = self.opts.max_size {
+            if let Some(max) = self.max_size() {
                 if let Err(why) = self.admits(max, disk, true) {
                     return Err(io::Error::other(Refused(why)));
                 }

@@ -1,0 +1,114 @@
+//! The budget a process obeys: the cache's stored settings (CONFIG, `settings.rs`) with
+//! this process's own options, the stricter of the two, re-read at the refresh interval so
+//! a change made by `xla-pcache config` reaches running processes.
+
+use super::*;
+use crate::settings::{self, CacheSettings};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The stored settings as last read; 0 is "not set". Atomics, so the put path reads the
+/// budget without the state lock.
+#[derive(Debug, Default)]
+pub(super) struct Stored {
+    max_size: AtomicU64,
+    max_age_s: AtomicU64,
+}
+
+impl Stored {
+    fn set(&self, s: &CacheSettings) {
+        self.max_size
+            .store(s.max_size.unwrap_or(0), Ordering::Relaxed);
+        self.max_age_s
+            .store(s.max_age.map_or(0, |a| a.as_secs()), Ordering::Relaxed);
+    }
+    fn get(&self) -> CacheSettings {
+        let size = self.max_size.load(Ordering::Relaxed);
+        let age = self.max_age_s.load(Ordering::Relaxed);
+        CacheSettings {
+            max_size: (size > 0).then_some(size),
+            max_age: (age > 0).then(|| Duration::from_secs(age)),
+        }
+    }
+}
+
+/// The stricter of two optional bounds (None is no bound).
+fn stricter<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl Store {
+    /// The byte budget this process keeps: the cache's stored one, lowered by this process's
+    /// `max_size` if that is smaller (a process can lower it, never raise it).
+    pub fn max_size(&self) -> Option<u64> {
+        stricter(self.opts.max_size, self.stored.get().max_size)
+    }
+
+    /// Entries unused for longer than this are evicted by the puts' evictor (stored only).
+    pub fn max_age(&self) -> Option<Duration> {
+        self.stored.get().max_age
+    }
+
+    /// The cache's stored settings as this process last read them (read again at the
+    /// refresh interval, and by every explicit call that reads the index).
+    pub fn stored_settings(&self) -> CacheSettings {
+        self.stored.get()
+    }
+
+    /// Replaces the cache's stored settings (all of them: a field left None is unset).
+    pub fn write_settings(&self, s: &CacheSettings) -> Result<(), StoreError> {
+        if self.opts.read_only {
+            return Err(StoreError::ReadOnly(self.layout.root.clone()));
+        }
+        if s.max_size == Some(0) || s.max_age == Some(Duration::ZERO) {
+            return Err(StoreError::Invalid(
+                "max_size and max_age must be positive (or None to unset)".into(),
+            ));
+        }
+        if s.max_age.is_some_and(|a| a > MAX_DURATION) {
+            return Err(StoreError::Invalid(format!(
+                "max_age must be at most {} seconds",
+                MAX_DURATION.as_secs()
+            )));
+        }
+        settings::write(&self.root, s, self.opts.durable)?;
+        self.reload_settings(&mut self.state());
+        Ok(())
+    }
+
+    /// Reads CONFIG if the refresh interval has passed since it was last read.
+    pub(super) fn reload_settings_if_due(&self, st: &mut State) {
+        if st
+            .settings_read
+            .is_none_or(|t| t.elapsed() >= self.opts.refresh_interval)
+        {
+            self.reload_settings(st);
+        }
+    }
+
+    /// Reads CONFIG now. A file that cannot be used is as none: counted and warned about
+    /// once per reason, and today's behaviour (the process's own options) goes on.
+    pub(super) fn reload_settings(&self, st: &mut State) {
+        st.settings_read = Some(Instant::now());
+        match settings::read(&self.root) {
+            Ok(s) => {
+                self.stored.set(&s.unwrap_or_default());
+                st.settings_problem = None;
+            }
+            Err(why) => {
+                self.stored.set(&CacheSettings::default());
+                if st.settings_problem.as_deref() != Some(why.as_str()) {
+                    self.counters.inc(Counter::UnsafePaths);
+                    log::warn!(
+                        "xla_pcache: ignoring {}: {why} (the cache's stored settings are not \
+                         used; rewrite them with `xla-pcache config`)",
+                        self.layout.root.join(settings::CONFIG_FILE).display()
+                    );
+                    st.settings_problem = Some(why);
+                }
+            }
+        }
+    }
+}

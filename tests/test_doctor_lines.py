@@ -1,0 +1,60 @@
+"""doctor's lines are true and whole: activation is "on" only where the framework is
+installed, and piped output is not cut at 80 columns. Run by the main venv (jax and
+torch_xla installed) and by the torch_xla 2.7 venv, which has no jax (scripts/test.sh)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from helpers import clean_env
+
+
+def _python(code: str, **env: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_activation_is_on_only_for_installed_frameworks(tmp_path: Path) -> None:
+    out = _python(
+        """
+        import json
+        from xla_pcache.doctor import _activation
+        print(json.dumps(_activation()))
+        """,
+        XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"),
+    )
+    states = json.loads(out)
+    for framework in ("jax", "torch_xla"):
+        if importlib.util.find_spec(framework) is None:
+            assert states[framework] == f"off ({framework} is not installed in this environment)"
+        else:
+            assert not states[framework].startswith("off (" + framework), states
+
+
+def test_piped_output_keeps_whole_lines(tmp_path: Path) -> None:
+    problem = "a problem " + "x" * 300 + " END"
+    out = _python(
+        f"""
+        from xla_pcache import doctor
+        report = {{
+            "xla_pcache": "0", "format_version": 1, "python": "3",
+            "config": {{"path": "/nowhere", "path_source": "--path"}},
+            "cache": {{}}, "frameworks": {{}}, "activation": {{}},
+            "problems": [{problem!r}],
+        }}
+        doctor._render(doctor._console(), report)
+        """
+    )
+    assert any(line.endswith(problem) for line in out.splitlines()), out
