@@ -18,6 +18,9 @@ LEVELS = {
     "_reports": 0,
     "sizes": 0,
     "config": 0,
+    # The gates every layer passes what it read through: names, and text shown to people.
+    "_names": 0,
+    "_text": 0,
     # Leaves the store and the tools use: the remote tiers, bundles, metrics.
     "remote": 1,
     "chain": 1,
@@ -29,6 +32,8 @@ LEVELS = {
     # The framework adapters and their helpers (key parts, and the misses they record for
     # explain, which reads them back).
     "_keyparts": 4,
+    "_jax_thresholds": 4,
+    "jax_cache_dir": 4,
     "_torch_xla_keyparts": 4,
     "explain": 4,
     "on_miss": 4,

@@ -37,10 +37,15 @@ pub fn store_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// then `remote_<tier>_<counter>` for each tier counted) only when some tier counted, so
 /// that a store without tiers reports none.
 fn counters_into(d: &Bound<'_, PyDict>, counters: &[u64], tiers: &TierCounters) -> PyResult<()> {
-    let first_remote = COUNTER_NAMES.len() - TIER_COUNTER_NAMES.len();
-    let any_remote = !tiers.is_empty() || counters[first_remote..].iter().any(|v| *v > 0);
-    for (i, (name, v)) in COUNTER_NAMES.iter().zip(counters).enumerate() {
-        if i < first_remote || any_remote {
+    // The remote totals by name: counters appended after them (`untrusted`) are the core's.
+    let remote = |name: &str| name.starts_with("remote_");
+    let any_remote = !tiers.is_empty()
+        || COUNTER_NAMES
+            .iter()
+            .zip(counters)
+            .any(|(name, v)| remote(name) && *v > 0);
+    for (name, v) in COUNTER_NAMES.iter().zip(counters) {
+        if !remote(name) || any_remote {
             d.set_item(*name, *v)?;
         }
     }
