@@ -41,8 +41,8 @@ pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, Has
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
 pub use sign::{
-    check_key_name, digest as blake3_digest, generate_seed, public_key, SigFields, Signer,
-    TrustSet, Untrusted,
+    check_key_name, digest as blake3_digest, generate_seed, public_key, signed_name, SigFields,
+    Signer, TrustSet, Untrusted,
 };
 pub use stats::{
     Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
