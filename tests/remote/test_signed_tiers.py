@@ -207,3 +207,20 @@ def test_trust_required_serves_only_trusted_entries_and_needs_trusted_keys(
         assert stats["remote_dropped"] == f"s3://{S3_BUCKET}/{prefix}?trust=required"
     warned = [m for m in caplog.messages if "XLA_PCACHE_TRUSTED_KEYS" in m]
     assert len(warned) == 1 and prefix in warned[0] and S3_SECRET_KEY not in warned[0]
+
+
+def test_the_trust_option_is_parsed_beside_ro_and_shown(caplog: pytest.LogCaptureFixture) -> None:
+    from xla_pcache.chain import open_chain
+    from xla_pcache.remote import redact
+
+    assert redact("s3://b/p?trust=required&ro=1") == "s3://b/p?trust=required&ro=1"
+    chain = open_chain("redis://:pw-9d1f@127.0.0.1:1/0?trust=required&ro=1", trusting=True)
+    assert chain.url == "redis://***@127.0.0.1:1/0?ro=1&trust=required"
+    assert [t["trust_required"] for t in chain.describe()] == [True]
+    chain.close()
+    # Any other value is a bad option: that tier is dropped with a warning, the rest go on.
+    with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+        chain = open_chain("s3://b/p?trust=yes,redis://127.0.0.1:1/0", trusting=True)
+    assert chain.dropped == ["s3://b/p?trust=yes"] and len(chain) == 1
+    assert any("trust='yes'" in m for m in caplog.messages)
+    chain.close()
