@@ -15,9 +15,11 @@ import redis
 from obstore.store import S3Store
 from xla_pcache import Store, entry_name
 from xla_pcache._core import generate_signing_key, signed_entry_name, signing_public_key
+from xla_pcache.config import Settings
 from xla_pcache.objstore import ENTRY_DIR
 from xla_pcache.remote import KEY_PREFIX
 
+from tests.adapters.test_jax_signing import keygen, run
 from tests.remote.conftest import (
     S3_ACCESS_KEY,
     S3_BUCKET,
@@ -49,8 +51,8 @@ def _client(server: S3Server, prefix: str) -> Any:
 
 def _put(path: Path, remote: str, key: str, value: bytes, *, signed: bool) -> None:
     """One writer process's put, written through to the tiers."""
-    keys: dict[str, Any] = {"signing_key": ("ci-1", CI)} if signed else {}
-    with Store(path, remote=remote, **keys) as w:
+    signing: dict[str, Any] = {"signing_key": ("ci-1", CI)} if signed else {}
+    with Store(path, remote=remote, **signing) as w:
         assert w.put(key, value)
         assert w.remote is not None
         w.remote.flush()
@@ -224,3 +226,59 @@ def test_the_trust_option_is_parsed_beside_ro_and_shown(caplog: pytest.LogCaptur
     assert chain.dropped == ["s3://b/p?trust=yes"] and len(chain) == 1
     assert any("trust='yes'" in m for m in caplog.messages)
     chain.close()
+
+
+@pytest.fixture(scope="module")
+def jax_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
+    """Each program's cache key, executable (payload) and value, from an unsigned cache."""
+    out = {}
+    for name in ("sin", "cos"):
+        scratch = tmp_path_factory.mktemp(name)
+        value, _ = run(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
+        with Store(scratch, settings=Settings()) as s:
+            (entry,) = s.entries()
+            blob = s.get(entry["key"])
+            assert blob is not None
+            out[name] = (str(entry["key"]), bytes(blob), value)
+    assert out["sin"][2] != out["cos"][2]
+    return out
+
+
+@pytest.mark.jax
+def test_jax_a_squatted_or_tampered_bucket_entry_is_never_loaded(
+    tmp_path: Path,
+    s3: S3Server,
+    jax_programs: dict[str, tuple[str, bytes, float]],
+) -> None:
+    """Real JAX, zero code, hosts sharing only the bucket: a writer of the bucket plants
+    program ``cos``'s executable under ``sin``'s key before CI; CI's signed entry is served
+    all the same to trusting workers, and once its objects are tampered with, nothing is."""
+    prefix = _prefix()
+    url = s3.url(prefix)
+    sin_key, _, sin_value = jax_programs["sin"]
+    _, cos_exe, cos_value = jax_programs["cos"]
+    key_file, trusted = keygen(tmp_path, "ci-1")
+    with Store(tmp_path / "mallory", settings=Settings(), remote=url) as m:
+        assert m.put(sin_key, cos_exe, meta={"framework": "jax"})
+        assert m.remote is not None
+        m.remote.flush()
+    bucket = {"XLA_PCACHE_REMOTE": url, **s3.env()}
+
+    def host(name: str, **env: str) -> dict[str, str]:
+        return {"XLA_PERSISTENT_CACHE_PATH": str(tmp_path / name), **bucket, **env}
+
+    # The attack is real: a host that trusts every writer runs the planted program.
+    assert run("sin", **host("naive")) == (cos_value, 1)
+    # CI: the bucket's plain object is the squatter's (refused); it compiles and publishes.
+    ci = host("ci", XLA_PCACHE_TRUSTED_KEYS=trusted, XLA_PCACHE_SIGNING_KEY=key_file)
+    assert run("sin", **ci) == (sin_value, 0)
+    # A trusting worker on a fresh host hits, on CI's entry from the bucket.
+    worker = {"XLA_PCACHE_TRUSTED_KEYS": trusted}
+    assert run("sin", **host("w1", **worker)) == (sin_value, 1)
+
+    # The bytes of CI's objects flipped in the bucket: refused, recompiled, never loaded.
+    for name in (entry_name(sin_key), signed_entry_name(sin_key, "ci-1")):
+        good = _s3_object(s3, prefix, name)
+        if b"xla_pcache.sig.signer" in good:
+            _s3_replace(s3, prefix, name, good[:-1] + bytes([good[-1] ^ 0xFF]))
+    assert run("sin", **host("w2", **worker)) == (sin_value, 0)
