@@ -74,7 +74,13 @@ def hash_key(*parts: Key | Buffer) -> str:
 
 def entry_file_len(head: Buffer, name: str) -> int | None:
     """The whole length of the entry file whose first bytes are ``head``, when they hold a
-    verifying header filed under entry name ``name``; None otherwise."""
+    verifying header filed under entry name ``name`` (the key's plain name, or for a signed
+    entry its signer's own name, ``signed_entry_name``); None otherwise."""
+
+def signed_entry_name(key: Key, signer: str) -> str:
+    """The name (32 hex digits) of ``signer``'s own copy of ``key``'s entry, beside its plain
+    ``entry_name``: where a tier keeps a signed entry so that an object squatting the plain
+    name stops no one. ValueError naming ``signer`` for what is not a key name."""
 
 def hash_impl() -> str:
     """The xxh3 vector path in use on this CPU for inputs past 240 bytes: ``avx512``, ``avx2``,

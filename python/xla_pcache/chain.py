@@ -3,12 +3,21 @@
 ``XLA_PCACHE_REMOTE`` (or ``Store(..., remote=...)``) is a comma-separated list of URLs:
 ``redis://`` / ``rediss://`` (a Redis server), ``s3://bucket/prefix``, ``gs://bucket/prefix``,
 ``az://container/prefix`` (object stores). ``?ro=1`` (or ``?read_only=1``) after a URL makes
-that tier read-only: read, never written, never backfilled.
+that tier read-only: read, never written, never backfilled. ``?trust=required`` makes it
+serve only entries signed by a key the store trusts (``XLA_PCACHE_TRUSTED_KEYS``): a store
+without trusted keys drops such a tier with one warning, and only signed entries are written
+to it.
 
-- **get**: each tier in order; the first that has the entry answers. Once the store has
-  verified it (it then says ``count("remote_hits")``), the entry is backfilled in the
+- **get**: each tier in order, and in each tier the key's plain object, then each trusted
+  signer's own object for the key (``_core.signed_entry_name``); the first value the store
+  verifies answers. A value it refuses (damaged, unsigned or untrusted; it says
+  ``count("remote_rejected")``) stops nothing: the next object, then the next tier, is
+  tried. Once the store has verified one (``count("remote_hits")``), it is backfilled in the
   background into every writable tier before the one that answered.
-- **put**: written through to every writable tier, each in its own background thread.
+- **put**: written through to every writable tier, each in its own background thread: to
+  the plain object and, for a signed entry, to its signer's own object too, which only that
+  signer writes (an object squatting the plain name, or planted after the trusted writer's,
+  hides nothing from a trusting reader).
 - A URL that cannot be used (unknown scheme, missing client package, bad option) drops that
   tier with one warning; the others and the local directory go on.
 
@@ -28,12 +37,20 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache._text import package_logger
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
-from xla_pcache.remote import RO_OPTIONS, RemoteTier, Spooled, Tier, redact
+from xla_pcache.remote import (
+    RO_OPTIONS,
+    TRUST_OPTION,
+    TRUST_REQUIRED,
+    RemoteTier,
+    Spooled,
+    Tier,
+    redact,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -83,7 +100,8 @@ def _size(data: Buffer | list[Buffer] | Spooled) -> int:
 
 
 def _split_read_only(url: str) -> tuple[str, bool]:
-    """The URL without ``ro`` / ``read_only`` in its query, and whether it asked for it."""
+    """The URL without ``ro`` / ``read_only`` / ``trust`` in its query, and whether it asked
+    for read-only."""
     from xla_pcache.config import parse_bool
 
     parts = urllib.parse.urlsplit(url)
@@ -92,10 +110,25 @@ def _split_read_only(url: str) -> tuple[str, bool]:
     for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
         if k in RO_OPTIONS:
             read_only = parse_bool(v or "1", k)
-        else:
+        elif k != TRUST_OPTION:
             rest.append((k, v))
     query = urllib.parse.urlencode(rest)
     return urllib.parse.urlunsplit(parts._replace(query=query)), read_only
+
+
+def trust_required(url: str) -> bool:
+    """Whether ``url`` says ``?trust=required``. ``ValueError`` naming the option for any
+    other value of it (the tier is then dropped, as for every bad option)."""
+    parts = urllib.parse.urlsplit(url)
+    required = False
+    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if k == TRUST_OPTION:
+            if v != TRUST_REQUIRED:
+                raise ValueError(
+                    f"invalid option {TRUST_OPTION}={v!r}: the one value is {TRUST_REQUIRED!r}"
+                )
+            required = True
+    return required
 
 
 def split_urls(raw: str) -> list[str]:
@@ -127,7 +160,7 @@ class _RedisReadOnly:
     def get(self, name: str, **bounds: Any) -> Any:
         return self._tier.get(name, **bounds)
 
-    def put_async(self, name: str, data: Buffer) -> None:
+    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
         return None
 
     def count(self, counter: str, n: int = 1) -> None:
@@ -147,9 +180,12 @@ class _RedisReadOnly:
 class _Slot:
     """One tier of the chain and the counters the chain keeps for it."""
 
-    def __init__(self, tier: Tier, read_only: bool) -> None:
+    def __init__(self, tier: Tier, read_only: bool, trust_required: bool = False) -> None:
         self.tier = tier
         self.read_only = read_only
+        # Serves and takes only signed entries (what it serves, the store verifies under its
+        # trusted keys: a chain holds such a tier only for a store that has some).
+        self.trust_required = trust_required
         self.lock = threading.Lock()
         self.hits = 0
         self.rejected = 0
@@ -159,6 +195,27 @@ class _Slot:
         self.get_ms = 0.0
         self.backfills = 0
         self.kind = TIER_KINDS.get(tier.url.split(":", 1)[0].lower(), "")
+
+
+def _mode(slot: _Slot) -> str:
+    """The query that shows a slot's mode in the chain's URL."""
+    opts = [("ro", "1")] if slot.read_only else []
+    if slot.trust_required:
+        opts.append((TRUST_OPTION, TRUST_REQUIRED))
+    return "?" + urllib.parse.urlencode(opts) if opts else ""
+
+
+def _takes(slot: _Slot, own: str | None) -> bool:
+    """Whether ``slot`` is written an entry: writable, and signed if it requires trust."""
+    return not slot.read_only and (own is not None or not slot.trust_required)
+
+
+def _write(slot: _Slot, name: str, data: Buffer, own: str | None) -> None:
+    slot.tier.put_async(name, data)
+    if own is not None:
+        # The signer's own object: what a trusting reader finds there even when the plain
+        # one holds an entry it would not trust (planted before or after this one).
+        slot.tier.put_async(own, data, own=True)
 
 
 class Chain:
@@ -172,7 +229,7 @@ class Chain:
         self.read_only = read_only
         self.dropped = dropped or []
         self._last = threading.local()
-        self.url = ",".join(s.tier.url + ("?ro=1" if s.read_only else "") for s in slots)
+        self.url = ",".join(s.tier.url + _mode(s) for s in slots)
         self._sink: Callable[[], Any] | None = None
         self._sync_lock = threading.Lock()
 
@@ -235,34 +292,56 @@ class Chain:
     def describe(self) -> list[dict[str, Any]]:
         """Each tier, redacted, for doctor and stats."""
         return [
-            {"tier": i + 1, "url": s.tier.url, "read_only": s.read_only or self.read_only}
+            {
+                "tier": i + 1,
+                "url": s.tier.url,
+                "read_only": s.read_only or self.read_only,
+                "trust_required": s.trust_required,
+            }
             for i, s in enumerate(self._slots)
         ]
 
     def get(self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None) -> Any:
-        """The first tier's value for ``name``: a buffer, a list of buffers to be taken
-        in order (an object store's ranged pieces), or a ``Spooled`` file. Not yet verified:
-        the store verifies it and says ``count("remote_hits")`` or
-        ``count("remote_rejected")``. Bounded as ``Tier.get`` says."""
-        self._last.hit = None
-        for i, slot in enumerate(self._slots):
-            t = time.perf_counter()
-            data = slot.tier.get(name, max_bytes=max_bytes, spool_dir=spool_dir)
-            ms = (time.perf_counter() - t) * 1000
-            with slot.lock:
-                slot.get_ms += ms
-            self._persist("remote_get_ms", round(ms), slot)
-            self.sync_counters()
-            if data is not None:
-                size = _size(data)
-                with slot.lock:
-                    slot.read_bytes += size
-                self._persist("remote_read_bytes", size, slot)
-                self._last.hit = (i, name, data)
-                return data
-        return None
+        """The first tier's value for ``name`` (``values([name])``'s first), or None."""
+        return next(self.values([name], max_bytes=max_bytes, spool_dir=spool_dir), None)
 
-    def count(self, counter: str, n: int = 1) -> None:
+    def values(
+        self,
+        names: Sequence[str],
+        *,
+        max_bytes: int | None = None,
+        spool_dir: str | None = None,
+    ) -> Iterator[Any]:
+        """Each value stored under one of ``names`` (the key's plain name, then each
+        trusted signer's own name for it), tier by tier, in order: a buffer, a list of
+        buffers to be taken in order (an object store's ranged pieces), or a ``Spooled``
+        file. Not yet verified: the store verifies each and, before taking the next, says
+        ``count("remote_hits")`` (and stops) or ``count("remote_rejected")``, so that a
+        refused value stops neither the next name nor the next tier. Bounded as
+        ``Tier.get`` says."""
+        for i, slot in enumerate(self._slots):
+            for name in names:
+                self._last.hit = None
+                t = time.perf_counter()
+                data = slot.tier.get(name, max_bytes=max_bytes, spool_dir=spool_dir)
+                ms = (time.perf_counter() - t) * 1000
+                with slot.lock:
+                    slot.get_ms += ms
+                self._persist("remote_get_ms", round(ms), slot)
+                self.sync_counters()
+                if data is not None:
+                    size = _size(data)
+                    with slot.lock:
+                        slot.read_bytes += size
+                    self._persist("remote_read_bytes", size, slot)
+                    self._last.hit = (i, names[0], data)
+                    yield data
+        self._last.hit = None
+
+    def count(self, counter: str, n: int = 1, *, own: str | None = None) -> None:
+        """Adds ``n`` to ``counter``. ``remote_hits`` / ``remote_rejected`` are said of the
+        value ``values`` handed out last; a hit is backfilled, under the key's plain name
+        and, for a signed entry, under ``own``, its signer's own name for the key."""
         last = getattr(self._last, "hit", None)
         self._last.hit = None
         if counter in ("remote_hits", "remote_rejected") and last is not None:
@@ -275,31 +354,35 @@ class Chain:
                     slot.rejected += n
             self._persist(counter, n, slot)
             if counter == "remote_hits" and self._writes():
-                self._backfill(i, name, data)
+                self._backfill(i, name, data, own)
             return
         if self._slots:
             self._slots[0].tier.count(counter, n)
 
-    def _backfill(self, k: int, name: str, data: Buffer | list[Buffer]) -> None:
-        # The faster tiers before the one that answered get the verified entry.
-        targets = [slot for slot in self._slots[:k] if not slot.read_only]
+    def _backfill(self, k: int, name: str, data: Buffer | list[Buffer], own: str | None) -> None:
+        # The faster tiers before the one that answered get the verified entry, with its
+        # signature (the bytes are the entry file, as verified).
+        targets = [slot for slot in self._slots[:k] if _takes(slot, own)]
         if not targets or isinstance(data, Spooled):
             # A spooled value is over SPOOL_BYTES: not read into memory again to be copied
             # to the faster tiers (they get it from the next put of this entry).
             return
         whole = b"".join(data) if isinstance(data, list) else data  # tiers write one buffer
         for slot in targets:
-            slot.tier.put_async(name, whole)
+            _write(slot, name, whole, own)
             with slot.lock:
                 slot.backfills += 1
             self._persist("remote_backfills", 1, slot)
 
-    def put_async(self, name: str, data: Buffer) -> None:
+    def put_async(self, name: str, data: Buffer, *, own: str | None = None) -> None:
+        """Writes the entry file ``data`` to every writable tier under the key's plain
+        ``name`` and, for a signed entry, under ``own``, its signer's own name for the key.
+        A tier with ``?trust=required`` takes only a signed entry."""
         if not self._writes():
             return
         for slot in self._slots:
-            if not slot.read_only:
-                slot.tier.put_async(name, data)
+            if _takes(slot, own):
+                _write(slot, name, data, own)
 
     def flush(self) -> None:
         for slot in self._slots:
@@ -386,10 +469,12 @@ def open_chain(
     *,
     read_only: bool | None = None,
     environ: Mapping[str, str] = os.environ,
+    trusting: bool = False,
 ) -> Chain:
     """The chain for a comma-separated URL list. A URL that cannot be used is dropped with
     one warning naming it (redacted) and why; a malformed timeout or size is a ValueError
-    naming its variable, as for every other setting."""
+    naming its variable, as for every other setting. ``trusting``: the store has trusted
+    keys; without them a ``?trust=required`` tier is dropped (it could serve nothing)."""
     cfg = Settings.from_env(environ) if settings is None else settings
     if read_only is None:
         read_only = cfg.read_only
@@ -400,7 +485,22 @@ def open_chain(
     for url in split_urls(raw):
         shown = redact(url)
         try:
-            slots.append(_open_one(url, shown, timeout, cap, environ))
+            required = trust_required(url)
+            if required and not trusting:
+                from xla_pcache.config import TRUSTED_KEYS_VAR
+
+                dropped.append(shown)
+                log.warning(
+                    "xla_pcache: remote cache %s is not used: it requires trust=required "
+                    "and this process trusts no key (set %s); the other tiers and the local "
+                    "cache go on",
+                    shown,
+                    TRUSTED_KEYS_VAR,
+                )
+                continue
+            slot = _open_one(url, shown, timeout, cap, environ)
+            slot.trust_required = required
+            slots.append(slot)
         except Exception as e:
             from xla_pcache.objstore import scrub
 
@@ -456,7 +556,10 @@ def check_url(url: str, name: str) -> None:
     check_chain(url, name)
 
 
-def open_tier(url: str, settings: Settings, *, read_only: bool = False) -> Chain:
+def open_tier(
+    url: str, settings: Settings, *, read_only: bool = False, trusting: bool = False
+) -> Chain:
     """The tiers ``url`` names (a comma-separated chain, see ``xla_pcache.chain``), configured
-    from ``settings`` (timeout, largest value), behind the one-tier interface above."""
-    return open_chain(url, settings, read_only=read_only)
+    from ``settings`` (timeout, largest value), behind the one-tier interface above;
+    ``trusting``: the store has trusted keys."""
+    return open_chain(url, settings, read_only=read_only, trusting=trusting)

@@ -214,7 +214,8 @@ VARIABLES: tuple[Variable, ...] = (
         "Remote tiers behind the directory, for every `Store` built from the environment "
         "(adapters included): a comma-separated chain tried in order, of "
         "`redis://[:password@]host:port/db` (or `rediss://`, TLS), `s3://bucket/prefix`, "
-        "`gs://bucket/prefix`, `az://container/prefix`; `?ro=1` makes a tier read-only. "
+        "`gs://bucket/prefix`, `az://container/prefix`; `?ro=1` makes a tier read-only, "
+        "`?trust=required` makes it serve only entries signed by a trusted key. "
         'Needs `pip install "xla-pcache[redis]"` / `"xla-pcache[objstore]"`; object-store '
         "credentials come from the cloud's standard variables. See docs/remote.md.",
     ),

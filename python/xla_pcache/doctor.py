@@ -396,7 +396,7 @@ def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]
     chain = getattr(store, "remote", None)
     if chain is not None:
         # The chain as XLA_PCACHE_REMOTE set it, redacted (no user, password or option
-        # value but the read-only flag); the tiers that could not be used are problems.
+        # value but the read-only and trust flags); the tiers that could not be used are problems.
         info["remote"] = chain.describe()
         problems += [f"remote tier {url} is not used (see the warning)" for url in chain.dropped]
     return store, info, problems
@@ -563,6 +563,7 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         console.print(
             f"  remote tier {tier['tier']}: {_e(tier['url'])}"
             + (" (read-only)" if tier["read_only"] else "")
+            + (" (trusted entries only)" if tier.get("trust_required") else "")
         )
     for name, state in report.get("activation", {}).items():
         console.print(f"Zero-code activation for {_e(name)}: {_e(state)}")

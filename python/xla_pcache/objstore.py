@@ -350,8 +350,10 @@ class ObjectTier:
         return True
 
     # ---------------------------------------------------------------- writes
-    def put_async(self, name: str, data: Buffer) -> None:
-        """Publishes ``data`` in the background with a conditional create."""
+    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
+        """Publishes ``data`` in the background with a conditional create; under a signer's
+        ``own`` name, with an overwrite: only that signer writes there, and whatever else
+        holds the name (an object planted to squat it) is replaced."""
         if self.read_only:
             return
         self._after_fork()
@@ -363,11 +365,11 @@ class ObjectTier:
             self.count("remote_put_skipped")
             return
         try:
-            self._writer.submit(self._put, checked, data)
+            self._writer.submit(self._put, checked, data, own)
         except RuntimeError:  # shut down at exit
             self.count("remote_put_skipped")
 
-    def _put(self, name: EntryName, data: Buffer) -> None:
+    def _put(self, name: EntryName, data: Buffer, own: bool = False) -> None:
         if not self.available():
             self.count("remote_put_skipped")
             return
@@ -377,7 +379,11 @@ class ObjectTier:
         try:
             # A single PUT: object_store's multipart upload cannot be conditional.
             obstore.put(
-                self._put_store, self.entry_path(name), data, mode="create", use_multipart=False
+                self._put_store,
+                self.entry_path(name),
+                data,
+                mode="overwrite" if own else "create",
+                use_multipart=False,
             )
         except Exception as e:
             if _classify(e) in ("exists", "precondition"):
@@ -634,7 +640,8 @@ class ObjectClaims:
 
 def parse_object_url(url: str) -> tuple[str, bool]:
     """(the URL for obstore: scheme, bucket, prefix; whether ``?ro=1``). ``ValueError``
-    for what is not an object-store URL or carries unknown options."""
+    for what is not an object-store URL or carries unknown options (``trust`` is the
+    chain's, checked there)."""
     from xla_pcache.config import parse_bool
 
     parts = urllib.parse.urlsplit(url)
@@ -648,8 +655,8 @@ def parse_object_url(url: str) -> tuple[str, bool]:
     for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
         if k in ("ro", "read_only"):
             read_only = parse_bool(v or "1", k)
-        else:
-            raise ValueError(f"unknown option {k!r} (known: ro, read_only)")
+        elif k != "trust":
+            raise ValueError(f"unknown option {k!r} (known: ro, read_only, trust)")
     prefix = parts.path.strip("/")
     base = f"{parts.scheme}://{parts.hostname}"
     return (f"{base}/{prefix}" if prefix else base), read_only

@@ -41,8 +41,14 @@ if TYPE_CHECKING:
 log = package_logger("xla_pcache")
 
 KEY_PREFIX = "xla_pcache:1:"
-# A tier URL's query options that make it read-only (the only option shown unredacted).
+# A tier URL's query options that make it read-only.
 RO_OPTIONS = ("ro", "read_only")
+# The query option that makes a tier serve only signed entries the store trusts
+# (``?trust=required``), and its one value.
+TRUST_OPTION = "trust"
+TRUST_REQUIRED = "required"
+# The options shown unredacted: they are the tier's mode, never a secret.
+SHOWN_OPTIONS = (*RO_OPTIONS, TRUST_OPTION)
 
 
 # The first read of a remote value: enough for any entry header (64 bytes, a key of up to
@@ -110,8 +116,10 @@ class Tier(Protocol):
         header does not describe an entry filed under ``name`` of the value's size, is
         refused after its first bytes."""
 
-    def put_async(self, name: str, data: Buffer) -> None:
-        """Write ``data`` under ``name`` in the background."""
+    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
+        """Write ``data`` under ``name`` in the background. ``own``: ``name`` is a signer's
+        own name for the key (``_core.signed_entry_name``), which only that signer writes:
+        its write replaces whatever is there (an object squatting that name)."""
 
     def count(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to one of the tier's counters (the store counts hits and rejects)."""
@@ -128,7 +136,7 @@ class Tier(Protocol):
 
 def redact(url: str) -> str:
     """``url`` safe for logs, stats and doctor: no user name, password or query value but
-    the read-only flag."""
+    the tier's mode (read-only, trust)."""
     try:
         parts = urllib.parse.urlsplit(url.strip())
         port = parts.port
@@ -141,7 +149,7 @@ def redact(url: str) -> str:
         netloc = f"***@{netloc}"
     query = urllib.parse.urlencode(
         [
-            (k, v if k in RO_OPTIONS else "***")
+            (k, v if k in SHOWN_OPTIONS else "***")
             for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
         ],
         safe="*",
@@ -253,8 +261,10 @@ class RemoteTier:
             return None
         return [head, rest]
 
-    def put_async(self, name: str, data: Buffer) -> None:
-        """Writes ``data`` in the background; too-large values are skipped and counted."""
+    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
+        """Writes ``data`` in the background; too-large values are skipped and counted.
+        Redis overwrites (``SET``) whatever the name holds, ``own`` or not."""
+        del own
         size = memoryview(data).nbytes
         if size > self.max_value_bytes:
             self.count("remote_too_large")

@@ -136,7 +136,12 @@ class Store(_core.Store):
                 from xla_pcache.chain import open_tier, redact_chain
 
                 try:
-                    tier = open_tier(self._tier_url, self._settings, read_only=self.read_only)
+                    tier = open_tier(
+                        self._tier_url,
+                        self._settings,
+                        read_only=self.read_only,
+                        trusting=bool(self.trusted_key_names),
+                    )
                     # Its counters also go to this store's journal, summed across processes.
                     tier.persist_counters(self)
                     self._tier = tier
@@ -160,24 +165,34 @@ class Store(_core.Store):
         # What a tier holds is untrusted: never accepted past this store's budget, and a
         # large one is streamed to this cache's tmp/ rather than held in memory.
         spool_dir = os.path.join(self.path, "tmp")
-        data = tier.get(_core.entry_name(key), max_bytes=self.max_size, spool_dir=spool_dir)
-        if data is None:
-            return None
-        # Verified once, in the buffer this store then owns: what is published (unless
-        # read-only) and served is exactly what was checked, even when the entry is evicted
-        # at once. A large object comes as its ranged pieces, gathered there (one copy), or
-        # as the file it was spooled to, read once.
-        try:
-            if isinstance(data, Spooled):
-                blob = self.take_entry_fd(key, data.fd, not self.read_only)
-            else:
-                pieces = data if isinstance(data, list) else [data]
-                blob = self.take_entry_file(key, pieces, not self.read_only)
-            tier.count("remote_hits" if blob is not None else "remote_rejected")
-        finally:
-            if isinstance(data, Spooled):
-                data.close()
-        return blob
+        # The plain object, then each trusted signer's own: an object squatting the plain
+        # name (unsigned, or signed by a key not trusted here) hides no trusted entry.
+        names = [_core.entry_name(key)]
+        names += [_core.signed_entry_name(key, s) for s in self.trusted_key_names or ()]
+        for data in tier.values(names, max_bytes=self.max_size, spool_dir=spool_dir):
+            # Verified once, in the buffer this store then owns: what is published (unless
+            # read-only) and served is exactly what was checked, even when the entry is
+            # evicted at once. A large object comes as its ranged pieces, gathered there
+            # (one copy), or as the file it was spooled to, read once.
+            try:
+                if isinstance(data, Spooled):
+                    blob = self.take_entry_fd(key, data.fd, not self.read_only)
+                else:
+                    pieces = data if isinstance(data, list) else [data]
+                    blob = self.take_entry_file(key, pieces, not self.read_only)
+            finally:
+                if isinstance(data, Spooled):
+                    data.close()
+            if blob is None:
+                # Refused (damaged, unsigned, untrusted): the next object or tier is asked.
+                tier.count("remote_rejected")
+                continue
+            # Backfilled with its signature, under its signer's own name too.
+            signer = blob.signer
+            own = None if signer is None else _core.signed_entry_name(key, signer)
+            tier.count("remote_hits", own=own)
+            return blob
+        return None
 
     def _tier_put(self, key: _core.Key) -> None:
         """After a put this process published: copy the entry file to the tier."""
@@ -186,7 +201,12 @@ class Store(_core.Store):
             return
         data = self.get_entry_file(key)
         if data is not None:
-            tier.put_async(_core.entry_name(key), data)
+            # A signed entry also goes to its signer's own object (no squatting, docs/remote.md).
+            signer = self.signing_key_name
+            own = None if signer is None else _core.signed_entry_name(key, signer)
+            if own is not None and _core.entry_file_len(data, own) is None:
+                own = None  # the entry here is another trusted signer's, not this one's
+            tier.put_async(_core.entry_name(key), data, own=own)
 
     def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password

@@ -3,6 +3,7 @@ real redis-server, on loopback. GCS and Azure: URL parsing and redaction only (n
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import os
@@ -403,13 +404,21 @@ def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.Mon
     from xla_pcache import doctor
 
     monkeypatch.setenv(
-        "XLA_PCACHE_REMOTE", "redis://:pw-2c4e@127.0.0.1:1/0,s3://bkt/p?ro=1,bogus://h/x"
+        "XLA_PCACHE_REMOTE",
+        "redis://:pw-2c4e@127.0.0.1:1/0,s3://bkt/p?ro=1,bogus://h/x,gs://bkt/q?trust=required",
     )
+    monkeypatch.setenv("XLA_PCACHE_TRUSTED_KEYS", f"ci-1:{base64.b64encode(bytes(32)).decode()}")
     store, info, problems = doctor._open_store({"path": str(tmp_path / "c")})
     store.close()
     assert info["remote"] == [
-        {"tier": 1, "url": "redis://***@127.0.0.1:1/0", "read_only": False},
-        {"tier": 2, "url": "s3://bkt/p", "read_only": True},
+        {
+            "tier": 1,
+            "url": "redis://***@127.0.0.1:1/0",
+            "read_only": False,
+            "trust_required": False,
+        },
+        {"tier": 2, "url": "s3://bkt/p", "read_only": True, "trust_required": False},
+        {"tier": 3, "url": "gs://bkt/q", "read_only": False, "trust_required": True},
     ]
     assert problems == ["remote tier bogus://h/x is not used (see the warning)"]
     out = io.StringIO()
@@ -426,6 +435,7 @@ def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.Mon
     text = out.getvalue()
     assert "remote tier 1: redis://***@127.0.0.1:1/0" in text
     assert "remote tier 2: s3://bkt/p (read-only)" in text and "pw-2c4e" not in text
+    assert "remote tier 3: gs://bkt/q (trusted entries only)" in text
 
 
 def test_remote_counters_are_summed_across_processes(

@@ -43,8 +43,8 @@ pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
 pub use settings::CacheSettings;
 pub use sign::{
-    check_key_name, digest as blake3_digest, generate_seed, public_key, SigFields, Signer,
-    TrustSet, Untrusted,
+    check_key_name, digest as blake3_digest, generate_seed, public_key, signed_name, SigFields,
+    Signer, TrustSet, Untrusted,
 };
 pub use stats::{
     Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,

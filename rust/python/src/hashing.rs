@@ -87,6 +87,24 @@ pub fn entry_name(key: &Bound<'_, PyAny>) -> PyResult<String> {
     })
 }
 
+/// The name (32 hex digits) of `signer`'s own copy of `key`'s entry, beside the plain one:
+/// where a signed put also goes, so that an entry squatting the plain name stops no one.
+#[pyfunction]
+pub fn signed_entry_name(key: &Bound<'_, PyAny>, signer: &str) -> PyResult<String> {
+    let key = KeyArg::extract(key)?;
+    if let Err(e) = xla_pcache_core::check_key_name(signer) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "signer: {e}"
+        )));
+    }
+    no_panic("signed_entry_name", || {
+        Ok(xla_pcache_core::name_hex(xla_pcache_core::signed_name(
+            key.key().bytes,
+            signer,
+        )))
+    })
+}
+
 /// The length of the whole entry file whose first bytes are `head`, when they hold its
 /// whole header, it verifies and its key is filed under `name`; None otherwise.
 #[pyfunction]

@@ -4,12 +4,20 @@ use super::*;
 use crate::sign;
 
 /// The length of the whole entry file whose first bytes are `head`, when they hold its
-/// whole header, that header verifies and its key is filed under `name` (32 hex digits);
-/// None otherwise. Lets a tier refuse a foreign, garbage or oversized object after its first
-/// bytes, before it reads the rest.
+/// whole header, that header verifies and its key is filed under `name` (32 hex digits):
+/// the key's plain name, or for a signed entry its signer's own name for the key
+/// (`sign::signed_name`, where a tier keeps a signer's copy); None otherwise. Lets a tier
+/// refuse a foreign, garbage or oversized object after its first bytes, before it reads
+/// the rest.
 pub fn entry_file_len(head: &[u8], name: &str) -> Option<u64> {
     let h = entry::decode_header(head).ok()?;
-    (name_hex(entry_name(&h.key)) == name).then(|| h.file_len())
+    let plain = name_hex(entry_name(&h.key)) == name;
+    let own = || {
+        h.signature
+            .as_ref()
+            .is_some_and(|s| name_hex(sign::signed_name(&h.key, &s.signer)) == name)
+    };
+    (plain || own()).then(|| h.file_len())
 }
 
 impl Store {
@@ -284,6 +292,32 @@ mod tests {
         let mut flipped = file.clone();
         flipped[20] ^= 1;
         assert_eq!(entry_file_len(&flipped, &name), None);
+    }
+
+    #[test]
+    fn a_signed_entry_head_is_also_filed_under_its_signers_own_name() {
+        let a = tempfile::tempdir().unwrap();
+        let signer = Arc::new(sign::Signer::new("ci-1", &[4u8; 32]).unwrap());
+        let opts = StoreOptions {
+            signer: Some(signer),
+            ..StoreOptions::default()
+        };
+        let src = Store::open(a.path(), opts).unwrap();
+        src.put(key("k"), &[6u8; 2000], &[]).unwrap();
+        let file = src.get_entry_file(key("k")).unwrap().unwrap();
+        let len = Some(file.len() as u64);
+        let own = |k: &[u8], s: &str| name_hex(sign::signed_name(k, s));
+        assert_eq!(entry_file_len(&file, &name_hex(entry_name(b"k"))), len);
+        assert_eq!(entry_file_len(&file, &own(b"k", "ci-1")), len);
+        // Not under another signer's name, nor another key's.
+        assert_eq!(entry_file_len(&file, &own(b"k", "ci-2")), None);
+        assert_eq!(entry_file_len(&file, &own(b"j", "ci-1")), None);
+        // An unsigned entry has no signer's name.
+        let b = tempfile::tempdir().unwrap();
+        let plain = store(b.path());
+        plain.put(key("k"), &[6u8; 2000], &[]).unwrap();
+        let file = plain.get_entry_file(key("k")).unwrap().unwrap();
+        assert_eq!(entry_file_len(&file, &own(b"k", "ci-1")), None);
     }
 
     #[test]
