@@ -252,11 +252,17 @@ def test_a_signature_copied_onto_other_bytes_is_refused(
     assert run("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (programs["cos"][2], 1)
     trusting = {**path, "XLA_PCACHE_TRUSTED_KEYS": keys["ci-1"][1]}
     assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 0)
-    # A writable trusting reader removes the forgery (its digest does not match its
-    # signature: corrupt) and publishes the right program in its place.
-    assert run("sin", **trusting, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0]) == (sin_value, 0)
+    # A writable trusting reader refuses it too (as untrusted when the signature no longer
+    # verifies over the new length, as corrupt when the payload no longer hashes to the
+    # signed digest) and is served what it compiles and signs.
+    assert run("sin", **trusting, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])[0] == sin_value
     assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
-    # The forgery is gone from the plain file: an untrusting reader runs the right program.
-    assert run("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
-    with Store(cache, settings=Settings(), read_only=True) as s:
+    # What a trusting reader would not serve is what `prune --untrusted` removes: then an
+    # untrusting reader no longer meets the forgery either.
+    env = {"XLA_PCACHE_TRUSTED_KEYS": keys["ci-1"][1]}
+    with Store(cache, settings=Settings.from_env(env)) as s:
+        s.untrusted_entries(remove=True)
+    assert run("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1")[0] == sin_value
+    # The trusted writer's entry stays, for the readers that trust it.
+    with Store(cache, settings=Settings.from_env(env), read_only=True) as s:
         assert sin_key in s
