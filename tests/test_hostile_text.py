@@ -58,9 +58,11 @@ def test_shown_makes_every_control_and_bidi_character_visible() -> None:
 
 @pytest.fixture
 def hostile_cache(tmp_path: Path) -> Path:
-    """A cache with an entry and, in journal/, a directory whose name holds a window title
-    and a clear-screen: every command that reads the index warns about it."""
-    root = tmp_path / "cache"
+    """A cache whose path holds a window title and a clear-screen, with an entry and, in
+    journal/, a directory whose name holds them too: every command that reads the index warns
+    about the name it will not follow (the name gate drops it, so the warning names the
+    journal directory, under the hostile path)."""
+    root = tmp_path / f"cache{TITLE_AND_CLEAR}"
     with Store(root) as s:
         assert s.put("a", b"x", meta={"note": f"meta{TITLE_AND_CLEAR}"})
     (root / "journal" / f"h-1-x{TITLE_AND_CLEAR}\u202e.log").mkdir()
