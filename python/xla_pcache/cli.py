@@ -988,15 +988,7 @@ def import_cmd(
         return
     assert bundle is not None
     with _reported():
-        entry_cap = parse_size(max_entry_size, name="--max-entry-size")
-        if entry_cap == 0:
-            _fail("--max-entry-size must be positive")
-        settings = Settings.from_env()
-        root = os.path.expanduser(path) if path else settings.path
-        if not root:
-            _fail(f"no cache directory: pass --path or set {PATH_VAR}")
-        if settings.read_only:
-            _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+        entry_cap, settings, root = _import_target(path, max_entry_size)
         if not os.path.exists(bundle):
             _fail(f"{bundle}: no such file")
         if os.path.isdir(bundle):
@@ -1026,19 +1018,27 @@ def import_cmd(
         raise typer.Exit(1)
 
 
+def _import_target(
+    path: str | None, max_entry_size: str | None
+) -> tuple[int | None, Settings, str]:
+    """What an import writes into: the entry size cap, the settings and a writable root."""
+    entry_cap = parse_size(max_entry_size, name="--max-entry-size")
+    if entry_cap == 0:
+        _fail("--max-entry-size must be positive")
+    settings = Settings.from_env()
+    root = os.path.expanduser(path) if path else settings.path
+    if not root:
+        _fail(f"no cache directory: pass --path or set {PATH_VAR}")
+    if settings.read_only:
+        _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+    return entry_cap, settings, root
+
+
 def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | None) -> None:
     from xla_pcache import jax_cache_dir as jcd
 
     with _reported():
-        entry_cap = parse_size(max_entry_size, name="--max-entry-size")
-        if entry_cap == 0:
-            _fail("--max-entry-size must be positive")
-        settings = Settings.from_env()
-        root = os.path.expanduser(path) if path else settings.path
-        if not root:
-            _fail(f"no cache directory: pass --path or set {PATH_VAR}")
-        if settings.read_only:
-            _fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+        entry_cap, settings, root = _import_target(path, max_entry_size)
         source_dir = os.path.expanduser(source_dir)
         if not os.path.isdir(source_dir):
             _fail(f"{source_dir}: not a directory")
