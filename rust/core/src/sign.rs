@@ -85,7 +85,12 @@ pub fn check_key_name(name: &str) -> Result<(), String> {
 /// BLAKE3 of a payload, on every core for large ones.
 pub fn digest(payload: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
-    match hash_pool().filter(|_| payload.len() >= PARALLEL_MIN) {
+    let pool = if payload.len() >= PARALLEL_MIN {
+        hash_pool()
+    } else {
+        None
+    };
+    match pool {
         Some(pool) => pool.install(|| h.update_rayon(payload)),
         None => h.update(payload),
     };
