@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import struct
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from helpers import clean_env
+from helpers import clean_env, keygen
 from xla_pcache import Store
 from xla_pcache.config import Settings
 
@@ -70,22 +69,6 @@ def run(program: str, **env: str) -> tuple[float, int]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     value, hits = proc.stdout.split()
     return float(value), int(hits)
-
-
-def keygen(tmp_path: Path, name: str) -> tuple[str, str]:
-    """(private key file, public key NAME:BASE64), made by the CLI."""
-    out = tmp_path / f"{name}.key"
-    proc = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "keygen", name, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert os.stat(out).st_mode & 0o777 == 0o600
-    public = proc.stdout.strip().splitlines()[-1]
-    assert public.startswith(f"{name}:")
-    return str(out), public
 
 
 @pytest.fixture(scope="module")
