@@ -423,7 +423,7 @@ def test_doctor_prints_paths_and_problems_literally() -> None:
     it): rendered as text, never as markup. The report is built by hand: collecting a real
     one compiles a program per framework, tens of seconds."""
     from rich.console import Console
-    from xla_pcache.cli.doctor import _render
+    from xla_pcache.cli._doctor import _render
 
     odd = "/shared/[/]cache [bold]x"
     report = {

@@ -51,8 +51,8 @@ LEVELS = {
     "_activate": 4,
     # The command and its tools, on top of everything.
     "cli": 5,
-    "cli.doctor": 5,
-    "cli.demo": 5,
+    "cli._doctor": 5,
+    "cli._demo": 5,
     "__main__": 5,
     "__init__": 5,
 }
@@ -125,7 +125,7 @@ def test_the_checker_sees_imports() -> None:
     tree = ast.parse(
         "import xla_pcache.jax\nfrom xla_pcache import caches\n"
         "def f():\n    from xla_pcache.store import Store\n"
-        "from xla_pcache.tiers import chain, Tier\nimport xla_pcache.cli.doctor\n"
+        "from xla_pcache.tiers import chain, Tier\nimport xla_pcache.cli._doctor\n"
         "from xla_pcache.jax import _keyparts as k\n"
     )
     assert _imported(tree) == {
@@ -134,7 +134,7 @@ def test_the_checker_sees_imports() -> None:
         "store",
         "tiers.chain",
         "tiers",
-        "cli.doctor",
+        "cli._doctor",
         "jax._keyparts",
     }
 

@@ -1,12 +1,12 @@
-"""Why did it miss: the per-store miss log, and the comparison behind ``xla-pcache explain``.
+"""Why did it miss: the comparison behind ``xla-pcache explain``, over the miss log.
 
-Adapters record what a key is made of (its components, see ``xla_pcache.jax._keyparts`` for JAX and
-``torch_xla`` for torch_xla) in the metadata of every entry they put, and in the miss log
-for every miss. ``explain()`` takes recent misses (or one key), finds the nearest entry of
-the same program (same module name; the same computation digest first, then the fewest
-differing components, then the newest) and lists the components that differ, with both
-values where they were recorded. It reads entry headers only (``Store.entries()``), never
-a payload.
+Adapters record what a key is made of (its components, see ``xla_pcache.jax._keyparts``
+for JAX and ``xla_pcache.torch_xla._keyparts`` for torch_xla) in the metadata of every
+entry they put, and in the miss log for every miss. ``explain()`` takes recent misses (or
+one key), finds the nearest entry of the same program (same module name; the same
+computation digest first, then the fewest differing components, then the newest) and lists
+the components that differ, with both values where they were recorded. It reads entry
+headers only (``Store.entries()``), never a payload.
 
 The miss log itself (``<root>/misses.log``, bounded, opened without following links) is
 ``xla_pcache.misslog``'s. A read-only process never writes it: it logs the explanation to

@@ -1,8 +1,8 @@
 """The miss log: what each miss of a cache was made of, kept in the cache's directory.
 
-The key-part modules (``xla_pcache.jax._keyparts``, ``xla_pcache.torch_xla._keyparts``) write
-each miss here (``note_miss``); ``xla_pcache.explain`` reads them back. This module imports nothing of the package but the
-loggers, so that both sides can sit on it.
+The key-part modules (``xla_pcache.jax._keyparts``, ``xla_pcache.torch_xla._keyparts``)
+write each miss here (``note_miss``); ``xla_pcache.explain`` reads them back. This module
+imports nothing of the package but the loggers, so that both sides can sit on it.
 
 The miss log is ``<root>/misses.log``, JSON lines, at most ``MAX_LOG_BYTES``; when full it
 becomes ``misses.log.1`` (replacing the previous one) and a new one starts, so the two hold

@@ -382,7 +382,7 @@ def test_cache_failures_degrade_to_misses(tmp_path: Path) -> None:
 
 def test_importing_xla_pcache_does_not_import_jax() -> None:
     code = (
-        "import sys, xla_pcache, xla_pcache.jax, xla_pcache.cli.demo, xla_pcache.cli.doctor\n"
+        "import sys, xla_pcache, xla_pcache.jax, xla_pcache.cli._demo, xla_pcache.cli._doctor\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=_env(None), timeout=60)

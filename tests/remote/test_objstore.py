@@ -387,7 +387,7 @@ def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.Mon
     import io
 
     from rich.console import Console
-    from xla_pcache.cli import doctor
+    from xla_pcache.cli import _doctor as doctor
 
     monkeypatch.setenv(
         "XLA_PCACHE_REMOTE",

@@ -877,7 +877,7 @@ def _lazy_main(module: str) -> Any:
     # Imported here, not at the top: these modules import JAX or torch, and `xla-pcache stats`
     # must not pay for that.
     try:
-        return importlib.import_module(f"xla_pcache.cli.{module}").main
+        return importlib.import_module(f"xla_pcache.cli._{module}").main
     except ImportError as exc:
         _fail(f"the {module} command is unavailable: {exc}")
 

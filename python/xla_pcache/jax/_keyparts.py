@@ -28,8 +28,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache._text import package_logger
 from xla_pcache import misslog
+from xla_pcache._text import package_logger
 from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode
 from xla_pcache.misslog import module_name as module_name
 
