@@ -77,13 +77,12 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]
     return {n: keygen(d, n) for n in ("ci-1", "ci-2", "mallory-1")}
 
 
-@pytest.fixture(scope="module")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
+def scratch_programs(factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
     """Each program's cache key, executable entry (payload) and true value, from an
     unsigned scratch cache."""
     out = {}
     for name in ("sin", "cos"):
-        scratch = tmp_path_factory.mktemp(name)
+        scratch = factory.mktemp(name)
         value, _ = run(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
         with Store(scratch, settings=Settings()) as s:
             (entry,) = s.entries()
@@ -92,6 +91,11 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, b
             out[name] = (str(entry["key"]), bytes(blob), value)
     assert out["sin"][2] != out["cos"][2]
     return out
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
+    return scratch_programs(tmp_path_factory)
 
 
 def plant(cache: Path, key: str, payload: bytes, signing_key: tuple[str, bytes] | None) -> None:

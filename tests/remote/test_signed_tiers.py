@@ -18,7 +18,7 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.adapters.test_jax_signing import run
+from tests.adapters.test_jax_signing import run, scratch_programs
 from tests.remote.conftest import (
     S3_BUCKET,
     S3_SECRET_KEY,
@@ -217,17 +217,7 @@ def test_the_trust_option_is_parsed_beside_ro_and_shown(caplog: pytest.LogCaptur
 @pytest.fixture(scope="module")
 def jax_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
     """Each program's cache key, executable (payload) and value, from an unsigned cache."""
-    out = {}
-    for name in ("sin", "cos"):
-        scratch = tmp_path_factory.mktemp(name)
-        value, _ = run(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
-        with Store(scratch, settings=Settings()) as s:
-            (entry,) = s.entries()
-            blob = s.get(entry["key"])
-            assert blob is not None
-            out[name] = (str(entry["key"]), bytes(blob), value)
-    assert out["sin"][2] != out["cos"][2]
-    return out
+    return scratch_programs(tmp_path_factory)
 
 
 @pytest.mark.jax
