@@ -162,3 +162,73 @@ def test_bundles_keep_signatures_and_a_trusting_import_rejects_and_counts(
         blob = s.get("signed")
         assert blob is not None and bytes(blob) == b"s" * 1000 and blob.signer == "ci-1"
         assert s.get("unsigned") is None
+
+
+FORKED_CHILD = """
+import os, sys
+from xla_pcache import Store, _core
+from xla_pcache.config import Settings
+root, seed = sys.argv[1], bytes.fromhex(sys.argv[2])
+trusted = [("ci-1", _core.signing_public_key(seed))]
+payload = os.urandom(4 << 20)  # past the size hashed on every core
+with Store(root, settings=Settings(), signing_key=("ci-1", seed)) as w:
+    assert w.put("parent", payload)
+r = Store(root, settings=Settings(), trusted_keys=trusted, read_only=True)
+assert r.get("parent") is not None
+pid = os.fork()
+if pid == 0:
+    ok = r.get("parent") is not None
+    with Store(root, settings=Settings(), signing_key=("ci-1", seed)) as w:
+        ok = ok and w.put("child", payload)
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), r.get("child") is not None)
+"""
+
+
+def test_a_forked_child_hashes_large_signed_entries(tmp_path: Path) -> None:
+    """Large payloads are hashed on a thread pool; a child forked after the parent used it
+    (multiprocessing, data loader workers) gets and signs as the parent does, not waiting
+    for ever on threads that stayed in the parent."""
+    seed = _core.generate_signing_key().hex()
+    r = subprocess.run(
+        [sys.executable, "-c", FORKED_CHILD, str(tmp_path / "c"), seed],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["child", "0", "True"]
+
+
+def test_a_verified_entry_cannot_be_changed_under_a_trusting_reader(tmp_path: Path) -> None:
+    """A file another user can write in place (its owner, or a group it is writable by) is
+    read into the reader's memory and verified there, never mapped: writing the file after
+    the get leaves what was verified, and handed out, as it was."""
+    seed = _core.generate_signing_key()
+    trusted = [("ci-1", _core.signing_public_key(seed))]
+    payload = os.urandom(1 << 20)  # large enough to be mapped when that is safe
+    with Store(tmp_path, settings=Settings(), signing_key=("ci-1", seed)) as w:
+        assert w.put("k", payload)
+    (entry,) = [p for p in (tmp_path / "entries").rglob("*") if p.is_file()]
+    # Handing the file to another user needs root; a group-writable file of one's own does not.
+    cases = [(os.geteuid(), 0o664)] + ([(4321, 0o644)] if os.geteuid() == 0 else [])
+    for owner, mode in cases:
+        os.chown(entry, owner, -1)
+        entry.chmod(mode)
+        with Store(tmp_path, settings=Settings(), trusted_keys=trusted, read_only=True) as r:
+            blob = r.get("k")
+            assert blob is not None
+            with open(entry, "r+b") as f:
+                f.seek(-4096, os.SEEK_END)
+                original = f.read(4096)
+                f.seek(-4096, os.SEEK_END)
+                f.write(b"\xcc" * 4096)
+            try:
+                assert bytes(blob) == payload, (owner, oct(mode))
+            finally:
+                with open(entry, "r+b") as f:
+                    f.seek(-4096, os.SEEK_END)
+                    f.write(original)

@@ -229,6 +229,32 @@ def test_a_header_total_no_filesystem_holds_blocks_no_put(tmp_path: Path) -> Non
         assert 10_000 <= st["bytes"] < 1 << 20, args
 
 
+def test_a_journal_record_no_filesystem_holds_evicts_nothing(tmp_path: Path) -> None:
+    """A planted journal whose one put record says an existing entry takes 2**62 bytes:
+    the record is skipped (counted in unsafe_paths), so the next puts into a bounded store
+    evict none of the real entries, and stats show the real total."""
+    import struct
+    import time
+
+    import xxhash
+
+    root = tmp_path / "cache"
+    with Store(root, max_size=10 << 20) as s:
+        assert all(s.put(f"k{i}", b"v" * 10_000) for i in range(5))
+    victim = next(p for p in (root / "entries").rglob("*") if p.is_file())
+    body = int(victim.name, 16).to_bytes(16, "little") + struct.pack("<QQ", 1 << 62, time.time_ns())
+    record = bytes([0xA5, 1]) + struct.pack("<H", len(body)) + body
+    record += struct.pack("<Q", xxhash.xxh3_64_intdigest(record))
+    (root / "journal" / f"{this_host()}-{dead_pid()}-abcdef.log").write_bytes(record)
+    with Store(root, max_size=10 << 20) as s:
+        assert all(s.put(f"n{i}", b"w" * 10_000) for i in range(3))
+        assert all(s.get(f"k{i}") is not None for i in range(5))
+        st = s.stats()
+        assert st["entries"] == 8
+        assert 80_000 <= st["bytes"] < 1 << 20
+        assert st["unsafe_paths"] >= 1
+
+
 # ---------------------------------------------------------------- the evict trace
 
 

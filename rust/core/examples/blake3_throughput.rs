@@ -1,7 +1,10 @@
 //! BLAKE3 throughput: the store's digest (`blake3_digest`: one core below 1 MiB, all cores
 //! above) against the crate's own one-call `blake3::hash` (one core, its SIMD back-end) on
 //! this machine. `cargo run --release -p xla_pcache_core --example blake3_throughput`
-//! prints GB/s per size (median of rounds, buffers in cache or memory as sized).
+//! prints GB/s per size (median of rounds, buffers in cache or memory as sized), then what
+//! one Ed25519 verification (`ed25519_dalek::VerifyingKey::verify_strict`, the one a trusting
+//! reader makes per entry and process) costs here: with BLAKE3 over the payload, the floor
+//! under a first signed hit.
 
 use std::time::Instant;
 
@@ -38,4 +41,18 @@ fn main() {
         });
         println!("{len}, {ours:.2}, {crate_one:.2}, {crate_rayon:.2}");
     }
+    use ed25519_dalek::{Signer, SigningKey};
+    let key = SigningKey::from_bytes(&[7u8; 32]);
+    let public = key.verifying_key();
+    let message = [1u8; 256];
+    let signature = key.sign(&message);
+    let mut rounds = Vec::new();
+    for _ in 0..9 {
+        let t = Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(public.verify_strict(&message, &signature).is_ok());
+        }
+        rounds.push(t.elapsed().as_secs_f64() / 200.0 * 1e6);
+    }
+    println!("ed25519 verify_strict, {:.1} us", median(rounds));
 }

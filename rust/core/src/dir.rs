@@ -331,6 +331,13 @@ impl Stat {
     pub fn uid(&self) -> u32 {
         self.0.st_uid
     }
+    /// Whether only this process's own user (and root) can change the file's bytes: owned
+    /// by the effective user, with no write bit for group or others.
+    pub fn writable_only_by_us(&self) -> bool {
+        // SAFETY: geteuid cannot fail and touches no memory.
+        self.0.st_uid == unsafe { libc::geteuid() }
+            && self.0.st_mode & (libc::S_IWGRP | libc::S_IWOTH) == 0
+    }
     pub fn mtime_ns(&self) -> u64 {
         (self.0.st_mtime.max(0) as u64) * 1_000_000_000 + self.0.st_mtime_nsec.max(0) as u64
     }

@@ -84,6 +84,10 @@ pub struct IndexView {
     /// count, and how many the last listing had.
     pub newly_bad_names: u64,
     listed_bad_names: u64,
+    /// Journal records skipped, since the caller last took the count, because they claim
+    /// an entry larger than the filesystem holding it: a forged size that would otherwise
+    /// count against the budget (and evict real entries) until the next compaction.
+    pub newly_bad_sizes: u64,
     /// The snapshot there could not be used (damaged, inconsistent, or claiming what no
     /// writer writes): the next compaction replaces it.
     snapshot_bad: bool,
@@ -122,8 +126,10 @@ impl IndexView {
         let unreadable = std::mem::take(&mut self.unreadable);
         let newly = self.newly_unreadable;
         let (bad, listed_bad) = (self.newly_bad_names, self.listed_bad_names);
+        let bad_sizes = self.newly_bad_sizes;
         *self = IndexView::default();
         self.newly_bad_names = bad;
+        self.newly_bad_sizes = bad_sizes;
         self.listed_bad_names = listed_bad;
         self.unreadable = unreadable;
         self.newly_unreadable = newly;
@@ -295,6 +301,8 @@ impl IndexView {
         let now = Instant::now();
         let mut writers = 0;
         let counting = self.counting;
+        // The filesystem's size, read once a refresh and only if a journal grew.
+        let mut room: Option<u128> = None;
         for name in names {
             let others = counting && self.own_journal.as_ref() != Some(&name);
             let offset = self.journals.get(&name).map_or(0, |s| s.offset);
@@ -348,6 +356,14 @@ impl IndexView {
             let mut counters = None;
             let mut tiers = TierCounters::new();
             for r in recs {
+                if let Record::Touch { disk_bytes, .. } = &r {
+                    let room =
+                        *room.get_or_insert_with(|| crate::snapshot::filesystem_bytes(&jdir));
+                    if u128::from(*disk_bytes) > room {
+                        self.newly_bad_sizes += 1;
+                        continue;
+                    }
+                }
                 match r {
                     Record::Stats { counters: c } => counters = Some(c),
                     // Cumulative: the latest record of a tier replaces the one before.

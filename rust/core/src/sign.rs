@@ -15,6 +15,7 @@
 use crate::entry::{self, EntryError, Header};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Mutex;
 
 /// Reserved metadata names (never accepted from a producer).
@@ -23,8 +24,8 @@ pub const META_SIGNER: &str = "xla_pcache.sig.signer";
 pub const META_DIGEST: &str = "xla_pcache.sig.blake3";
 pub const META_SIGNATURE: &str = "xla_pcache.sig.ed25519";
 const DOMAIN: &[u8] = b"xla_pcache signed entry v1\0";
-/// Payloads at least this large are hashed by all cores (blake3's rayon back-end): below it
-/// the threads' start-up costs more than it saves.
+/// Payloads at least this large are hashed by all cores (blake3's rayon back-end, on the
+/// store's own pool): below it waking the threads costs more than it saves.
 const PARALLEL_MIN: usize = 1 << 20;
 /// Verified messages remembered per trusted set; past it the memory starts over.
 const VERIFIED_MAX: usize = 1 << 16;
@@ -84,12 +85,56 @@ pub fn check_key_name(name: &str) -> Result<(), String> {
 /// BLAKE3 of a payload, on every core for large ones.
 pub fn digest(payload: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
-    if payload.len() >= PARALLEL_MIN {
-        h.update_rayon(payload);
-    } else {
-        h.update(payload);
-    }
+    match hash_pool().filter(|_| payload.len() >= PARALLEL_MIN) {
+        Some(pool) => pool.install(|| h.update_rayon(payload)),
+        None => h.update(payload),
+    };
     *h.finalize().as_bytes()
+}
+
+/// The thread pool that hashes large payloads, one per process.
+///
+/// Not rayon's global pool: a forked child inherits a pool whose threads stayed in the
+/// parent, and every job it sends there waits for ever (Python's multiprocessing and data
+/// loader workers fork). The pool is tagged with the pid that built it, and a process that
+/// finds its parent's builds its own; the parent's is left as it is (leaked), since freeing
+/// it would signal threads that do not exist here. No lock is taken, so a fork while
+/// another thread is in here leaves nothing locked. None if no thread can be started: the
+/// payload is then hashed on the calling thread.
+fn hash_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: AtomicPtr<(u32, rayon::ThreadPool)> = AtomicPtr::new(std::ptr::null_mut());
+    let pid = std::process::id();
+    let current = POOL.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer was published by `Box::into_raw` below and is never freed.
+    if let Some((owner, pool)) = unsafe { current.as_ref() } {
+        if *owner == pid {
+            return Some(pool);
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 {
+        return None;
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("xla_pcache-hash-{i}"))
+        .build()
+        .ok()?;
+    let mine = Box::into_raw(Box::new((pid, pool)));
+    match POOL.compare_exchange(current, mine, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: just published; never freed.
+        Ok(_) => unsafe { mine.as_ref() }.map(|(_, p)| p),
+        Err(other) => {
+            // Another thread of this process built one first: use it, drop ours (its
+            // threads are this process's own).
+            // SAFETY: `mine` was never published, so this is its only owner.
+            drop(unsafe { Box::from_raw(mine) });
+            // SAFETY: as above, published and never freed.
+            unsafe { other.as_ref() }
+                .filter(|(owner, _)| *owner == pid)
+                .map(|(_, p)| p)
+        }
+    }
 }
 
 /// The bytes a signature covers.
@@ -345,12 +390,14 @@ impl TrustSet {
         )
         .map_err(|_| bad())?;
         let id = *blake3::hash(&m).as_bytes();
-        if self.verified.lock().is_ok_and(|v| v.contains(&id)) {
+        // try_lock: a lock another thread held when this process was forked stays locked in
+        // the child; a busy memory is only a verification more.
+        if self.verified.try_lock().is_ok_and(|v| v.contains(&id)) {
             return Ok(d);
         }
         key.verify_strict(&m, &Signature::from_bytes(&s))
             .map_err(|_| bad())?;
-        if let Ok(mut v) = self.verified.lock() {
+        if let Ok(mut v) = self.verified.try_lock() {
             if v.len() >= VERIFIED_MAX {
                 v.clear();
             }

@@ -745,8 +745,7 @@ fn read_exact(f: &File, at: u64, len: usize) -> Result<Vec<u8>, String> {
 
 /// The size of the filesystem holding `f`, in bytes (no limit if it cannot be read): no
 /// total of entries on it can be larger.
-fn filesystem_bytes(f: &File) -> u128 {
-    use std::os::fd::AsRawFd;
+pub(crate) fn filesystem_bytes(f: &impl std::os::fd::AsRawFd) -> u128 {
     // SAFETY: statvfs is plain data; zeroed is valid, and the kernel fills it.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid descriptor and a pointer to a live statvfs.

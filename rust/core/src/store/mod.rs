@@ -627,6 +627,17 @@ impl Store {
                 )
             });
         }
+        let sizes = std::mem::take(&mut st.view.newly_bad_sizes);
+        if sizes > 0 {
+            self.counters.add(Counter::UnsafePaths, sizes);
+            self.warn("journal-sizes", || {
+                format!(
+                    "skipped {sizes} record(s) in the journals of {} claiming an entry larger \
+                     than the filesystem (not counted against the budget)",
+                    self.layout.journal_dir().display()
+                )
+            });
+        }
     }
 
     /// The index files this view skipped because it could not read them, for reports.

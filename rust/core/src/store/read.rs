@@ -179,7 +179,12 @@ impl Store {
         if len < entry::FIXED_HEADER as u64 {
             return Err(ReadError::Corrupt(EntryError::TooShort(len), meta.ino()));
         }
-        if self.mmap && len >= MMAP_MIN_BYTES {
+        // A trusting reader maps only a file no one else can write: a mapping shows the
+        // file's bytes as they are now, so another user who can write the file in place
+        // (its owner, or a member of a group it is writable by) could change code after it
+        // was verified. Any other file is read into this process's memory and checked there.
+        let mappable = trust.is_none() || meta.writable_only_by_us();
+        if self.mmap && len >= MMAP_MIN_BYTES && mappable {
             // SAFETY: entry files are immutable once published (never written in place), and
             // mapping is used only on local filesystems where a removed file stays readable.
             // A mapping refused (a process holding vm.max_map_count mappings) is a read.
