@@ -49,7 +49,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import xla_pcache.jax as xj
     from jax._src import compilation_cache as cc
     from jax._src import lru_cache
-    from xla_pcache.demo import build_model
+    from xla_pcache.cli._demo import build_model
 
     import_s = time.perf_counter() - t_import
     config: Any = jax.config
@@ -214,7 +214,7 @@ def main() -> int:
 
     cold = med(results["none"]["warm"], "compile_s")
     lines = [
-        f"Demo model (`xla_pcache.demo.build_model`), {repeats} fresh processes per row, "
+        f"Demo model (`xla_pcache.cli._demo.build_model`), {repeats} fresh processes per row, "
         f"medians; {os.cpu_count()} CPUs, load average {load_start} at start, {load_end} at end.",
         "",
         "| cache | compile (after lowering) | speedup vs cold | hit: cache get "

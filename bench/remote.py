@@ -127,7 +127,7 @@ def main() -> None:
                     region="us-east-1",
                     client_options={"allow_http": True},
                 )
-                from xla_pcache.objstore import ENTRY_DIR
+                from xla_pcache.tiers.objstore import ENTRY_DIR
 
                 _run(
                     "s3",

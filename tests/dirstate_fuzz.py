@@ -306,7 +306,7 @@ with s:
                 out.setdefault("states", []).append(c.state)
                 c.release()
     elif op == "probe":
-        from xla_pcache import doctor
+        from xla_pcache.cli import _doctor as doctor
         for fw in doctor.FRAMEWORKS.values():
             versions = {d: doctor._dist_version(d) for d in fw.versions}
             key = doctor.probe_key(fw, versions, fw.backend_hint())

@@ -80,3 +80,20 @@ def read_only_copy(src: Path, dest: Path) -> Iterator[Path]:
                 os.chmod(dirpath, 0o755)
                 for n in dirnames:
                     os.chmod(Path(dirpath) / n, 0o755)
+
+
+def keygen(tmp_path: Path, name: str) -> tuple[str, str]:
+    """(private key file, public key NAME:BASE64), made by the CLI (``xla-pcache keygen``)
+    in a fresh process; the file is private to its owner."""
+    out = tmp_path / f"{name}.key"
+    proc = subprocess.run(
+        [sys.executable, "-m", "xla_pcache", "keygen", name, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert os.stat(out).st_mode & 0o777 == 0o600
+    public = proc.stdout.strip().splitlines()[-1]
+    assert public.startswith(f"{name}:")
+    return str(out), public

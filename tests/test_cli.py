@@ -484,15 +484,15 @@ def test_clear_refuses_read_only(cache: Path, args: list[str], env: dict[str, st
 
 
 def run_with_fake_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with ``xla_pcache.<module>`` replaced by a recorder of its arguments."""
+    """Run the CLI with ``xla_pcache.cli._<module>`` replaced by a recorder of its arguments."""
     code = (
         "import sys, types\n"
-        f"fake = types.ModuleType('xla_pcache.{module}')\n"
+        f"fake = types.ModuleType('xla_pcache.cli._{module}')\n"
         "def main(*args):\n"
         "    print('called', repr(args))\n"
         "    return 3\n"
         "fake.main = main\n"
-        f"sys.modules['xla_pcache.{module}'] = fake\n"
+        f"sys.modules['xla_pcache.cli._{module}'] = fake\n"
         "from xla_pcache.cli import main as cli_main\n"
         f"sys.argv = ['xla-pcache', '{module}', *{list(args)!r}]\n"
         "cli_main()\n"

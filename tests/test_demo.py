@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env
 from xla_pcache import Store
-from xla_pcache.doctor import FRAMEWORKS, probe_key
+from xla_pcache.cli._doctor import FRAMEWORKS, probe_key
 
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
 

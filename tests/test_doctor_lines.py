@@ -30,7 +30,7 @@ def test_activation_is_on_only_for_installed_frameworks(tmp_path: Path) -> None:
     out = _python(
         """
         import json
-        from xla_pcache.doctor import _activation
+        from xla_pcache.cli._doctor import _activation
         print(json.dumps(_activation()))
         """,
         XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"),
@@ -47,7 +47,7 @@ def test_piped_output_keeps_whole_lines(tmp_path: Path) -> None:
     problem = "a problem " + "x" * 300 + " END"
     out = _python(
         f"""
-        from xla_pcache import doctor
+        from xla_pcache.cli import _doctor as doctor
         report = {{
             "xla_pcache": "0", "format_version": 1, "python": "3",
             "config": {{"path": "/nowhere", "path_source": "--path"}},

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store, explain, metrics
-from xla_pcache._keyparts import META_COMPILE_TIME, META_COMPONENTS
 from xla_pcache._reports import TIER_COUNTERS
+from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS
 
 
 def parts(**digests: str) -> list[dict[str, Any]]:

@@ -117,7 +117,7 @@ def test_doctor_on_hostile_probe_entries_prints_a_clear_line(hostile_cache: Path
     """A remembered probe that is not a JSON object is probed again, with a line that says
     so; one whose strings hold an OSC 52 clipboard write is shown escaped. No traceback (on
     main: AttributeError on the list; the sequence reached stdout raw)."""
-    from xla_pcache import doctor
+    from xla_pcache.cli import _doctor as doctor
 
     planted = {}
     with Store(hostile_cache) as s:

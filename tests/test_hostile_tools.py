@@ -378,7 +378,7 @@ def test_claim_and_wait_durations_are_checked(tmp_path: Path) -> None:
 def test_remote_arguments_and_variables_are_checked_by_name(tmp_path: Path) -> None:
     """No server is contacted: the checks come before any connection."""
     from xla_pcache.config import REMOTE_MAX_BYTES_VAR, REMOTE_TIMEOUT_VAR
-    from xla_pcache.remote import RemoteTier
+    from xla_pcache.tiers.redis import RedisTier as RemoteTier
 
     url = "redis://127.0.0.1:1/0"
     with pytest.raises(ValueError, match="timeout"):
@@ -423,7 +423,7 @@ def test_doctor_prints_paths_and_problems_literally() -> None:
     it): rendered as text, never as markup. The report is built by hand: collecting a real
     one compiles a program per framework, tens of seconds."""
     from rich.console import Console
-    from xla_pcache.doctor import _render
+    from xla_pcache.cli._doctor import _render
 
     odd = "/shared/[/]cache [bold]x"
     report = {

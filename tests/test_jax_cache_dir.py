@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env
 from xla_pcache import Store
-from xla_pcache import jax_cache_dir as jcd
+from xla_pcache.jax import _cache_dir as jcd
 
 KEY = "jit_step-" + "ab" * 32
 OTHER = "jit_other-" + "cd" * 32

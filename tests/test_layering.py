@@ -12,6 +12,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "xla_pcache"
 
+# Modules by dotted name below the package (``tiers.chain``); a subpackage by its own name
+# (``jax`` is ``jax/__init__.py``), the package's own ``__init__`` as ``__init__``.
 LEVELS = {
     # The extension, and what every layer may read: sizes and the settings.
     "_core": 0,
@@ -21,66 +23,97 @@ LEVELS = {
     # The gates every layer passes what it read through: names, and text shown to people.
     "_names": 0,
     "_text": 0,
-    # Leaves the store and the tools use: the remote tiers, bundles, metrics.
-    "remote": 1,
-    "chain": 1,
-    "objstore": 1,
+    # The miss log: the key-part modules write it, explain reads it.
+    "misslog": 0,
+    # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
+    "tiers.base": 1,
+    "tiers.redis": 1,
+    "tiers.objstore": 1,
+    "tiers.readonly": 1,
+    "tiers.chain": 1,
+    "tiers": 1,
     "bundle": 1,
     "metrics": 1,
     "store": 2,
     "caches": 3,
-    # The framework adapters and their helpers (key parts, and the misses they record for
-    # explain, which reads them back).
-    "_keyparts": 4,
-    "_jax_thresholds": 4,
-    "jax_cache_dir": 4,
-    "_torch_xla_keyparts": 4,
+    # The framework adapters, each with its helpers, and explain, which reads the misses
+    # they record.
+    "jax": 4,
+    "jax._keyparts": 4,
+    "jax._thresholds": 4,
+    "jax._cache_dir": 4,
+    "jax._single_flight": 4,
+    "torch_xla": 4,
+    "torch_xla._keyparts": 4,
+    "torch_xla._sync": 4,
     "explain": 4,
     "on_miss": 4,
-    "_single_flight": 4,
-    "_torch_xla_sync": 4,
-    "jax": 4,
-    "torch_xla": 4,
     "_activate": 4,
-    # The tools, on top of everything.
-    "demo": 5,
-    "doctor": 5,
+    # The command and its tools, on top of everything.
     "cli": 5,
+    "cli._doctor": 5,
+    "cli._demo": 5,
     "__main__": 5,
     "__init__": 5,
 }
 
 
+def _modules() -> dict[str, Path]:
+    """Every module of the package, subpackages included, by its name in ``LEVELS``."""
+    out: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _resolve(dotted: str) -> str | None:
+    """The module ``xla_pcache.<dotted>`` names, or the deepest of its packages that is one
+    (``tiers.chain.Chain`` -> ``tiers.chain``)."""
+    parts = dotted.split(".")
+    while parts:
+        name = ".".join(parts)
+        if name in LEVELS:
+            return name
+        parts.pop()
+    return None
+
+
 def _imported(tree: ast.AST) -> set[str]:
-    """The package's modules that ``tree`` imports (``xla_pcache.x`` and ``from
-    xla_pcache import x`` alike)."""
+    """The package's modules that ``tree`` imports (``xla_pcache.x.y``, ``from xla_pcache.x
+    import y`` and ``from xla_pcache import x`` alike). Importing ``x.y`` runs the package
+    ``x`` first, as Python does; that is counted as an import of ``x.y`` alone, since a
+    package's ``__init__`` importing its own modules is the package's own business."""
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == "xla_pcache" and len(parts) > 1:
-                    found.add(parts[1])
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            parts = node.module.split(".")
-            if parts[0] != "xla_pcache":
+                head, _, rest = alias.name.partition(".")
+                if head == "xla_pcache" and rest and (name := _resolve(rest)):
+                    found.add(name)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            assert node.level == 0, "the package imports absolutely"
+            head, _, rest = node.module.partition(".")
+            if head != "xla_pcache":
                 continue
-            if len(parts) > 1:
-                found.add(parts[1])
-            else:
-                found.update(a.name for a in node.names if a.name in LEVELS)
+            for alias in node.names:
+                name = _resolve(f"{rest}.{alias.name}" if rest else alias.name)
+                if name is None and rest:
+                    name = _resolve(rest)
+                if name is not None:
+                    found.add(name)
     return found
 
 
 def test_every_module_has_a_level() -> None:
-    modules = {p.stem for p in PACKAGE.glob("*.py")} | {"_core"}
-    assert modules == set(LEVELS)
+    assert set(_modules()) | {"_core"} == set(LEVELS)
 
 
 def test_no_module_imports_one_above_it() -> None:
     upward = []
-    for path in sorted(PACKAGE.glob("*.py")):
-        here = path.stem
+    for here, path in _modules().items():
         for name in sorted(_imported(ast.parse(path.read_text()))):
             if LEVELS[name] > LEVELS[here]:
                 upward.append(f"{here} (level {LEVELS[here]}) imports {name} ({LEVELS[name]})")
@@ -92,14 +125,23 @@ def test_the_checker_sees_imports() -> None:
     tree = ast.parse(
         "import xla_pcache.jax\nfrom xla_pcache import caches\n"
         "def f():\n    from xla_pcache.store import Store\n"
+        "from xla_pcache.tiers import chain, Tier\nimport xla_pcache.cli._doctor\n"
+        "from xla_pcache.jax import _keyparts as k\n"
     )
-    assert _imported(tree) == {"jax", "caches", "store"}
+    assert _imported(tree) == {
+        "jax",
+        "caches",
+        "store",
+        "tiers.chain",
+        "tiers",
+        "cli._doctor",
+        "jax._keyparts",
+    }
 
 
 def _graph() -> dict[str, set[str]]:
     return {
-        path.stem: _imported(ast.parse(path.read_text())) - {path.stem}
-        for path in sorted(PACKAGE.glob("*.py"))
+        name: _imported(ast.parse(path.read_text())) - {name} for name, path in _modules().items()
     }
 
 

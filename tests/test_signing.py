@@ -118,7 +118,7 @@ def test_operator_commands_name_signers_and_remove_the_untrusted(tmp_path: Path)
     explained = cli("explain", "evil", **env)
     assert "signed by mallory-1, not trusted" in explained.stdout
     # doctor's trust set-up (its framework probes are left out: they start JAX and torch).
-    from xla_pcache import doctor
+    from xla_pcache.cli import _doctor as doctor
 
     with pytest.MonkeyPatch.context() as m:
         for k, v in {**env, "XLA_PCACHE_SIGNING_KEY": str(ci_file)}.items():

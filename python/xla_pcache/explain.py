@@ -1,237 +1,63 @@
-"""Why did it miss: the per-store miss log, and the comparison behind ``xla-pcache explain``.
+"""Why did it miss: the comparison behind ``xla-pcache explain``, over the miss log.
 
-Adapters record what a key is made of (its components, see ``_keyparts`` for JAX and
-``torch_xla`` for torch_xla) in the metadata of every entry they put, and in the miss log
-for every miss. ``explain()`` takes recent misses (or one key), finds the nearest entry of
-the same program (same module name; the same computation digest first, then the fewest
-differing components, then the newest) and lists the components that differ, with both
-values where they were recorded. It reads entry headers only (``Store.entries()``), never
-a payload.
+Adapters record what a key is made of (its components, see ``xla_pcache.jax._keyparts``
+for JAX and ``xla_pcache.torch_xla._keyparts`` for torch_xla) in the metadata of every
+entry they put, and in the miss log for every miss. ``explain()`` takes recent misses (or
+one key), finds the nearest entry of the same program (same module name; the same
+computation digest first, then the fewest differing components, then the newest) and lists
+the components that differ, with both values where they were recorded. It reads entry
+headers only (``Store.entries()``), never a payload.
 
-The miss log is ``<root>/misses.log``, JSON lines, at most ``MAX_LOG_BYTES``; when full it
-becomes ``misses.log.1`` (replacing the previous one) and a new one starts, so the two hold
-the most recent misses and never grow without limit. A read-only process never writes it:
-it logs the explanation to the ``xla_pcache`` logger instead (INFO).
-
-The cache directory may be writable by others, so its files are opened relative to a
-directory handle (``O_DIRECTORY|O_NOFOLLOW``), themselves with ``O_NOFOLLOW|O_NONBLOCK``
-(a link or a FIFO planted in place of the log is refused, never followed or waited on),
-must be regular files, and are read within a bound. Records are checked before use; a
-malformed one is skipped.
+The miss log itself (``<root>/misses.log``, bounded, opened without following links) is
+``xla_pcache.misslog``'s. A read-only process never writes it: it logs the explanation to
+the ``xla_pcache`` logger instead (INFO).
 """
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import logging
-import os
-import socket
-import stat
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from xla_pcache import _keyparts
 from xla_pcache._text import package_logger
+from xla_pcache.misslog import (
+    MAX_LOG_BYTES as MAX_LOG_BYTES,
+)
+from xla_pcache.misslog import (
+    MAX_META_CHARS,
+    META_COMPONENTS,
+    append_miss,
+    bounded_json,
+    miss_record,
+    module_name,
+    order,
+    read_misses,
+    valid_components,
+    valid_time,
+)
+from xla_pcache.misslog import (
+    MISS_LOG as MISS_LOG,
+)
+from xla_pcache.misslog import (
+    MISS_LOG_OLD as MISS_LOG_OLD,
+)
 
 logger = package_logger("xla_pcache.explain")
-
-MISS_LOG = "misses.log"
-MISS_LOG_OLD = "misses.log.1"
-MAX_LOG_BYTES = 256 * 1024
-MAX_RECORD_BYTES = 16 * 1024
-MAX_META_CHARS = 32 * 1024  # component metadata larger than this is not ours: ignored
-# Records are written by any process with access to the directory: JSON nested deeper than
-# this (the recursion limit is the parser's) or a time outside these bounds is not ours.
-MAX_JSON_DEPTH = 32
-MAX_TIME = 1e11
 
 
 class NotRecorded(KeyError):
     """``explain(key=...)`` for a key that is neither a recorded miss nor an entry."""
 
 
-def bounded_json(text: str, limit: int = MAX_LOG_BYTES) -> Any:
-    """``json.loads(text)`` for text of at most ``limit`` characters nested at most
-    ``MAX_JSON_DEPTH`` deep (checked before parsing); ValueError otherwise."""
-    if len(text) > limit:
-        raise ValueError("record too long")
-    depth = 0
-    in_string = escaped = False
-    for c in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                raise ValueError("record nested too deeply")
-        elif c in "]}":
-            depth -= 1
-    return json.loads(text)
-
-
-def _valid_time(t: Any) -> bool:
-    # bool is an int; a 400-digit int is one too, and float() of it overflows.
-    return isinstance(t, int | float) and not isinstance(t, bool) and -MAX_TIME < t < MAX_TIME
-
-
-_O_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-# --- the miss log ---------------------------------------------------------------------------
-
-
-def _open_dir(root: str) -> int:
-    # The configured root may itself be reached through a link (the user's own setting);
-    # inside it nothing is followed.
-    real = os.path.realpath(root)
-    return os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-
-
-def _open_regular(name: str, flags: int, dir_fd: int) -> int | None:
-    """Open ``name`` inside the directory; None when it is absent or not a regular file."""
-    try:
-        fd = os.open(name, flags | _O_SAFE, 0o666, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a link planted in its place: never followed
-            logger.debug("xla_pcache: %s in the cache is a symbolic link; ignored", name)
-            return None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def append_miss(root: str, record: dict[str, Any]) -> bool:
-    """Append one record to the miss log of the cache at ``root``; False when it could
-    not be written (logged at debug level: the log is a diagnostic, never a failure)."""
-    line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
-    if len(line) > MAX_RECORD_BYTES:
-        record = {k: v for k, v in record.items() if k != "components"}
-        record["components_dropped"] = True
-        line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
-        if len(line) > MAX_RECORD_BYTES:
-            return False
-    try:
-        dfd = _open_dir(root)
-    except OSError as exc:
-        logger.debug("xla_pcache: cannot open %s for the miss log: %s", root, exc)
-        return False
-    try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        fd = _open_regular(MISS_LOG, flags, dfd)
-        if fd is None:
-            return False
-        try:
-            if os.fstat(fd).st_size + len(line) > MAX_LOG_BYTES:
-                os.close(fd)
-                fd = -1
-                # Two processes may rotate at once: the second then moves a new, nearly empty
-                # log over the first's. A few records lost, the bound kept.
-                os.replace(MISS_LOG, MISS_LOG_OLD, src_dir_fd=dfd, dst_dir_fd=dfd)
-                fd = _open_regular(MISS_LOG, flags, dfd) or -1
-                if fd < 0:
-                    return False
-            os.write(fd, line)
-            return True
-        finally:
-            if fd >= 0:
-                os.close(fd)
-    except OSError as exc:
-        logger.debug("xla_pcache: cannot append to the miss log in %s: %s", root, exc)
-        return False
-    finally:
-        os.close(dfd)
-
-
-def _read_tail(dfd: int, name: str) -> list[str]:
-    fd = _open_regular(name, os.O_RDONLY, dfd)
-    if fd is None:
-        return []
-    try:
-        size = os.fstat(fd).st_size
-        start = max(0, size - MAX_LOG_BYTES)
-        data = os.pread(fd, size - start, start) if size > start else b""
-    finally:
-        os.close(fd)
-    lines = data.decode("utf-8", "replace").split("\n")
-    if start > 0 and lines:
-        lines = lines[1:]  # began mid-record
-    return [line for line in lines if line.strip()]
-
-
-def _valid_record(obj: Any) -> bool:
-    return (
-        isinstance(obj, dict)
-        and isinstance(obj.get("key"), str)
-        and 0 < len(obj["key"]) <= 4096
-        and _valid_time(obj.get("t", 0))
-        and _valid_components(obj.get("components"))
-    )
-
-
-def _valid_components(parts: Any) -> bool:
-    if parts is None:
-        return True
-    return isinstance(parts, list) and all(
-        isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("digest"), str)
-        for p in parts
-    )
-
-
-def read_misses(root: str) -> list[dict[str, Any]]:
-    """The recorded misses, oldest first (both log files)."""
-    try:
-        dfd = _open_dir(root)
-    except OSError as exc:
-        raise OSError(f"cannot open {root}: {exc.strerror or exc}") from exc
-    out: list[dict[str, Any]] = []
-    try:
-        for name in (MISS_LOG_OLD, MISS_LOG):
-            for line in _read_tail(dfd, name):
-                try:
-                    obj = bounded_json(line)
-                except ValueError:
-                    continue
-                if _valid_record(obj):
-                    out.append(obj)
-    finally:
-        os.close(dfd)
-    out.sort(key=lambda r: float(r.get("t", 0)))
-    return out
-
-
-def miss_record(key: str, parts: dict[str, Any] | None, framework: str) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "key": key,
-        "module": parts["module"] if parts else _keyparts.module_name(key),
-        "t": round(time.time(), 3),
-        "framework": framework,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
-    if parts is not None:
-        record["components"] = parts["components"]
-        if "verified" in parts:
-            record["verified"] = bool(parts["verified"])
-    return record
+# What explain cannot see of a torch_xla miss.
+NOT_EXPLAINED = (
+    "the graph hash (traced IR, shapes, sharding) is computed in C++ and never reaches "
+    "Python: a miss whose recorded components all match was a different graph"
+)
 
 
 def note_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> None:
@@ -276,14 +102,14 @@ def entry_components(meta: Any) -> dict[str, Any] | None:
     """The components an entry's metadata recorded, or None."""
     if not isinstance(meta, dict):
         return None
-    raw = meta.get(_keyparts.META_COMPONENTS)
+    raw = meta.get(META_COMPONENTS)
     if not isinstance(raw, str) or len(raw) > MAX_META_CHARS:
         return None
     try:
         obj = bounded_json(raw, MAX_META_CHARS)
     except ValueError:
         return None
-    if not isinstance(obj, dict) or not _valid_components(obj.get("components")):
+    if not isinstance(obj, dict) or not valid_components(obj.get("components")):
         return None
     return obj
 
@@ -301,7 +127,7 @@ def _entries(store: Any) -> list[dict[str, Any]]:
         elif meta.get("framework") == "torch_xla":
             module = "torch_xla"
         else:
-            module = _keyparts.module_name(key)
+            module = module_name(key)
         out.append(
             {
                 "key": key,
@@ -320,9 +146,7 @@ def _by_name(parts: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _diff(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[str]:
     names = set(a) | set(b)
-    return _keyparts.order(
-        {n for n in names if a.get(n, {}).get("digest") != b.get(n, {}).get("digest")}
-    )
+    return order({n for n in names if a.get(n, {}).get("digest") != b.get(n, {}).get("digest")})
 
 
 def explain_records(
@@ -337,7 +161,7 @@ def explain_records(
     results = []
     for target in targets:
         key = str(target["key"])
-        module = str(target.get("module") or _keyparts.module_name(key))
+        module = str(target.get("module") or module_name(key))
         result: dict[str, Any] = {
             "key": key,
             "module": module,
@@ -394,8 +218,6 @@ def explain_records(
             for name in differs
         }
         if module == "torch_xla":
-            from xla_pcache._torch_xla_keyparts import NOT_EXPLAINED
-
             result.setdefault("notes", []).append(NOT_EXPLAINED)
         if not differs:
             result["answer"] = "same components as the nearest entry"
@@ -448,7 +270,7 @@ def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str
                 {
                     "key": key,
                     "module": entry["module"],
-                    "t": entry.get("created") if _valid_time(entry.get("created")) else None,
+                    "t": entry.get("created") if valid_time(entry.get("created")) else None,
                     "components": entry["components"],
                 }
             ]

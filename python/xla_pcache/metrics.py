@@ -52,7 +52,7 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("unreadable", "unreadable_files", "Index files skipped: could not be read.", 1),
 )
 
-# The remote tiers' counters (xla_pcache.chain) under the local names where they match.
+# The remote tiers' counters (xla_pcache.tiers.chain) under the local names where they match.
 _REMOTE_COUNTERS: Mapping[str, str] = {
     "remote_hits": "hits",
     "remote_misses": "misses",

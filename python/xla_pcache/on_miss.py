@@ -37,9 +37,9 @@ class CacheMissError(RuntimeError):
 def reason(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> str:
     """Why ``key`` missed, in one line (``xla-pcache explain``'s answer); never raises."""
     try:
-        from xla_pcache import explain
+        from xla_pcache import explain, misslog
 
-        record = explain.miss_record(key, parts, framework)
+        record = misslog.miss_record(key, parts, framework)
         result = explain.explain_records([record], explain._recent_entries(store))[0]
         return explain.one_line(result)
     except Exception as exc:

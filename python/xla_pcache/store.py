@@ -17,7 +17,7 @@ from xla_pcache.sizes import parse_duration, parse_size
 if TYPE_CHECKING:
     from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
-    from xla_pcache.chain import Chain
+    from xla_pcache.tiers import Chain
 
 log = package_logger("xla_pcache")
 
@@ -73,7 +73,7 @@ class Store(_core.Store):
         cfg = Settings.from_env() if settings is None else settings
         url = (remote if remote is not None else cfg.remote) or None
         if url is not None:
-            from xla_pcache.chain import check_url
+            from xla_pcache.tiers import check_url
 
             # Checked now, opened later: a wrong URL is the caller's error at once.
             check_url(url, name="remote" if remote is not None else REMOTE_VAR)
@@ -133,7 +133,7 @@ class Store(_core.Store):
             return self._tier
         with self._tier_lock:
             if self._tier is None and not self._tier_failed:
-                from xla_pcache.chain import open_tier, redact_chain
+                from xla_pcache.tiers import open_tier, redact_chain
 
                 try:
                     tier = open_tier(
@@ -141,9 +141,10 @@ class Store(_core.Store):
                         self._settings,
                         read_only=self.read_only,
                         trusting=bool(self.trusted_key_names),
+                        # Its counters also go to this store's journal, summed across
+                        # processes.
+                        counters=self,
                     )
-                    # Its counters also go to this store's journal, summed across processes.
-                    tier.persist_counters(self)
                     self._tier = tier
                 except Exception as e:  # never the caller's: the local cache still works
                     self._tier_failed = True
@@ -160,7 +161,7 @@ class Store(_core.Store):
         tier = self._open_tier()
         if tier is None:
             return None
-        from xla_pcache.remote import Spooled
+        from xla_pcache.tiers import Spooled
 
         # What a tier holds is untrusted: never accepted past this store's budget, and a
         # large one is streamed to this cache's tmp/ rather than held in memory.
@@ -213,8 +214,7 @@ class Store(_core.Store):
         redacted) and, once it was used, its counters (``remote_hits``, ...)."""
         out = super().stats()
         if self._tier_url is not None:
-            from xla_pcache.chain import redact_chain, split_urls
-            from xla_pcache.remote import redact
+            from xla_pcache.tiers import redact, redact_chain, split_urls
 
             extra = cast(dict[str, Any], out)
             if self._tier is not None:

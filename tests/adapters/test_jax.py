@@ -382,7 +382,7 @@ def test_cache_failures_degrade_to_misses(tmp_path: Path) -> None:
 
 def test_importing_xla_pcache_does_not_import_jax() -> None:
     code = (
-        "import sys, xla_pcache, xla_pcache.jax, xla_pcache.demo, xla_pcache.doctor\n"
+        "import sys, xla_pcache, xla_pcache.jax, xla_pcache.cli._demo, xla_pcache.cli._doctor\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=_env(None), timeout=60)
@@ -469,7 +469,7 @@ MIN_SIZE = "jax_persistent_cache_min_entry_size_bytes"
 def test_jax_defaults_are_the_ones_the_adapter_knows() -> None:
     """The adapter tells a user's explicit setting from JAX's default by comparing with the
     defaults it knows; they must be this JAX's (no xla_pcache in the process)."""
-    from xla_pcache._jax_thresholds import THRESHOLDS
+    from xla_pcache.jax._thresholds import THRESHOLDS
 
     report = run_jax([{"op": "thresholds"}], {"XLA_PCACHE_DISABLE": "1"})
     (seen,) = report["thresholds"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import struct
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from helpers import clean_env
+from helpers import clean_env, keygen
 from xla_pcache import Store
 from xla_pcache.config import Settings
 
@@ -72,35 +71,18 @@ def run(program: str, **env: str) -> tuple[float, int]:
     return float(value), int(hits)
 
 
-def keygen(tmp_path: Path, name: str) -> tuple[str, str]:
-    """(private key file, public key NAME:BASE64), made by the CLI."""
-    out = tmp_path / f"{name}.key"
-    proc = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "keygen", name, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert os.stat(out).st_mode & 0o777 == 0o600
-    public = proc.stdout.strip().splitlines()[-1]
-    assert public.startswith(f"{name}:")
-    return str(out), public
-
-
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
     d = tmp_path_factory.mktemp("keys")
     return {n: keygen(d, n) for n in ("ci-1", "ci-2", "mallory-1")}
 
 
-@pytest.fixture(scope="module")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
+def scratch_programs(factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
     """Each program's cache key, executable entry (payload) and true value, from an
     unsigned scratch cache."""
     out = {}
     for name in ("sin", "cos"):
-        scratch = tmp_path_factory.mktemp(name)
+        scratch = factory.mktemp(name)
         value, _ = run(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
         with Store(scratch, settings=Settings()) as s:
             (entry,) = s.entries()
@@ -109,6 +91,11 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, b
             out[name] = (str(entry["key"]), bytes(blob), value)
     assert out["sin"][2] != out["cos"][2]
     return out
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
+    return scratch_programs(tmp_path_factory)
 
 
 def plant(cache: Path, key: str, payload: bytes, signing_key: tuple[str, bytes] | None) -> None:

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from helpers import clean_env
 from xla_pcache import Store
-from xla_pcache._torch_xla_sync import is_torch_xla_name
 from xla_pcache.torch_xla import CANNOT_LOAD_ISSUE
+from xla_pcache.torch_xla._sync import is_torch_xla_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 

@@ -5,28 +5,15 @@ its executables back on CPU: a hit; later versions: the diagnosed cannot-load ou
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import keygen
 from xla_pcache import Store
 
 from adapters.test_torch_xla_hits import cold, entries, pytestmark, run, served
 
 __all__ = ["pytestmark"]
-
-
-def keygen(tmp: Path, name: str) -> tuple[str, str]:
-    out = tmp / f"{name}.key"
-    proc = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "keygen", name, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return str(out), proc.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.torch_xla

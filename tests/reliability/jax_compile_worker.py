@@ -40,7 +40,7 @@ def program(size: int) -> Any:
 def _time_waits() -> list[tuple[float, float]]:
     """Records the monotonic start and end of every miss's claim-or-wait (for the figures;
     the tests assert on JAX's events, not on these)."""
-    from xla_pcache import _single_flight
+    from xla_pcache.jax import _single_flight
 
     spans: list[tuple[float, float]] = []
     original = _single_flight.SingleFlight.after_miss

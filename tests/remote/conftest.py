@@ -15,9 +15,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,3 +241,24 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
     return s3_server
+
+
+def fresh_prefix() -> str:
+    """A prefix of the test bucket no other test uses."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def bucket_client(server: S3Server, prefix: str) -> Any:
+    """An obstore client of the test bucket below ``prefix``, for what a test plants or
+    checks there directly (not through a tier)."""
+    from obstore.store import S3Store
+
+    return S3Store(
+        S3_BUCKET,
+        prefix=prefix,
+        endpoint=server.endpoint,
+        access_key_id=S3_ACCESS_KEY,
+        secret_access_key=S3_SECRET_KEY,
+        region="us-east-1",
+        client_options={"allow_http": True},
+    )

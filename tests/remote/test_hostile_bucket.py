@@ -5,42 +5,23 @@ a bounded wait, never a spin, an abort or memory in proportion to what was plant
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import obstore
 import pytest
 import redis
-from obstore.store import S3Store
 from xla_pcache import Store, entry_name
 from xla_pcache._names import EntryName
-from xla_pcache.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
-from xla_pcache.remote import KEY_PREFIX
+from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
+from xla_pcache.tiers.redis import KEY_PREFIX
 
 from tests.remote.conftest import (
-    S3_ACCESS_KEY,
-    S3_BUCKET,
-    S3_SECRET_KEY,
     RedisServer,
     S3Server,
+    bucket_client,
+    fresh_prefix,
 )
-
-
-def _prefix() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-def _client(server: S3Server, prefix: str) -> Any:
-    return S3Store(
-        S3_BUCKET,
-        prefix=prefix,
-        endpoint=server.endpoint,
-        access_key_id=S3_ACCESS_KEY,
-        secret_access_key=S3_SECRET_KEY,
-        region="us-east-1",
-        client_options={"allow_http": True},
-    )
 
 
 # On main this test spun for ever inside claim() (HEAD of the claim 404, its conditional
@@ -50,13 +31,13 @@ def _client(server: S3Server, prefix: str) -> Any:
 def test_an_object_planted_below_a_claim_name_is_a_bounded_wait(
     tmp_path: Path, s3: S3Server
 ) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     store = Store(tmp_path / "c", remote=s3.url(prefix))
     assert store.remote is not None
     claims = store.remote.claims()
     assert claims is not None
     name = entry_name("k")
-    obstore.put(_client(s3, prefix), f"{CLAIM_DIR}/{name}/x", b"planted", mode="create")
+    obstore.put(bucket_client(s3, prefix), f"{CLAIM_DIR}/{name}/x", b"planted", mode="create")
     got = claims.claim(name, wait=2, lease=30)
     assert got.state in ("abandoned", "timed_out"), got.state
     assert not got.held
@@ -118,9 +99,9 @@ def test_garbage_and_oversized_objects_are_misses_in_bounded_memory(
     """A planted object far over the reader's budget costs one ranged read, not its size
     in memory (on main: downloaded whole, then copied once more); a garbage one and a
     real entry over the budget are misses too; each kind warns once and counts."""
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
-    client = _client(s3, prefix)
+    client = bucket_client(s3, prefix)
     huge = 200 << 20
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('huge')}", b"\0" * huge, mode="create")
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('junk')}", os.urandom(3000), mode="create")
@@ -143,7 +124,7 @@ def test_garbage_and_oversized_objects_are_misses_in_bounded_memory(
 def test_a_large_entry_is_spooled_to_tmp_and_served(tmp_path: Path, s3: S3Server) -> None:
     """An entry over SPOOL_BYTES travels through an unnamed file under the cache's tmp/:
     served whole and verified, and nothing is left in tmp/."""
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
     payload = os.urandom(SPOOL_BYTES + (9 << 20))
     writer = Store(tmp_path / "w", remote=url)
@@ -185,7 +166,7 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
             EntryName(bad)
     ok = entry_name("k")
     assert EntryName(ok) == ok
-    store = Store(tmp_path / "c", remote=s3.url(_prefix()))
+    store = Store(tmp_path / "c", remote=s3.url(fresh_prefix()))
     tier = store.remote.tiers[0] if store.remote is not None else None
     assert tier is not None
     assert tier.get("../" + ok[3:]) is None

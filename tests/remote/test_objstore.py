@@ -10,48 +10,31 @@ import os
 import socket
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import obstore
 import pytest
 import redis
-from obstore.store import S3Store
 from xla_pcache import Store, entry_name
 from xla_pcache._reports import tier_counters
-from xla_pcache.chain import open_chain, redact
-from xla_pcache.objstore import ENTRY_DIR, parse_object_url
+from xla_pcache.tiers.chain import open_chain, redact
+from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
 from tests.adapters.test_jax import _finish, _start, hits, results, run_jax, runs
 from tests.remote.conftest import (
-    S3_ACCESS_KEY,
     S3_BUCKET,
     S3_SECRET_KEY,
     RedisServer,
     S3Server,
+    bucket_client,
+    fresh_prefix,
     start_s3,
 )
 
 
-def _prefix() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-def _client(server: S3Server, prefix: str) -> Any:
-    return S3Store(
-        S3_BUCKET,
-        prefix=prefix,
-        endpoint=server.endpoint,
-        access_key_id=S3_ACCESS_KEY,
-        secret_access_key=S3_SECRET_KEY,
-        region="us-east-1",
-        client_options={"allow_http": True},
-    )
-
-
 def _objects(server: S3Server, prefix: str) -> list[str]:
-    return sorted(o["path"] for o in obstore.list(_client(server, prefix)).collect())
+    return sorted(o["path"] for o in obstore.list(bucket_client(server, prefix)).collect())
 
 
 def _flush(store: Store) -> None:
@@ -60,7 +43,7 @@ def _flush(store: Store) -> None:
 
 
 def test_two_hosts_share_through_s3(tmp_path: Path, s3: S3Server) -> None:
-    url = s3.url(_prefix())
+    url = s3.url(fresh_prefix())
     a = Store(tmp_path / "a", remote=url)
     payload = os.urandom(550_000)
     assert a.put("k", payload, meta={"m": "1"})
@@ -76,7 +59,7 @@ def test_two_hosts_share_through_s3(tmp_path: Path, s3: S3Server) -> None:
 
 
 def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, s3: S3Server) -> None:
-    url = s3.url(_prefix())
+    url = s3.url(fresh_prefix())
     a = Store(tmp_path / "a", remote=url)
     payload = os.urandom(26 << 20)  # the first 8 MiB, then two ranged pieces in parallel
     assert a.put("big", payload)
@@ -92,7 +75,10 @@ def test_jax_program_compiled_on_one_host_hits_on_the_other(
     tmp_path: Path, s3_server: S3Server
 ) -> None:
     # A tier that cannot be used (unknown scheme) drops itself, not the cache.
-    env = {"XLA_PCACHE_REMOTE": "ftp://nowhere/x," + s3_server.url(_prefix()), **s3_server.env()}
+    env = {
+        "XLA_PCACHE_REMOTE": "ftp://nowhere/x," + s3_server.url(fresh_prefix()),
+        **s3_server.env(),
+    }
     first = run_jax([{"op": "install", "path": str(tmp_path / "a")}, *runs(0)], env=env)
     assert hits(first) == [0]
     second = run_jax([{"op": "install", "path": str(tmp_path / "b")}, *runs(0)], env=env)
@@ -101,7 +87,7 @@ def test_jax_program_compiled_on_one_host_hits_on_the_other(
 
 
 def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, s3: S3Server) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
     stores = [Store(tmp_path / w, remote=url) for w in ("a", "b")]
     barrier = threading.Barrier(2)
@@ -129,13 +115,13 @@ def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, s3: S3Serve
 
 
 def test_tampered_and_truncated_objects_are_counted_misses(tmp_path: Path, s3: S3Server) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
     a = Store(tmp_path / "a", remote=url)
     for k in ("flip", "cut"):
         assert a.put(k, bytes(range(256)) * 100)
     _flush(a)
-    client = _client(s3, prefix)
+    client = bucket_client(s3, prefix)
     for k in ("flip", "cut"):
         path = f"{ENTRY_DIR}/{entry_name(k)}"
         value = bytearray(obstore.get(client, path).bytes())
@@ -217,7 +203,7 @@ def test_server_killed_mid_transfer_is_a_miss_and_the_local_tier_goes_on(
 ) -> None:
     server = start_s3(tmp_path / "weed")
     try:
-        prefix = _prefix()
+        prefix = fresh_prefix()
         for k, v in server.env().items():
             monkeypatch.setenv(k, v)
         a = Store(tmp_path / "a", remote=server.url(prefix))
@@ -250,7 +236,7 @@ def test_server_killed_mid_transfer_is_a_miss_and_the_local_tier_goes_on(
 def test_wrong_credentials_are_a_miss_logged_once_without_the_secret(
     tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     a = Store(tmp_path / "a", remote=s3.url(prefix))
     assert a.put("k", b"v" * 100)
     _flush(a)
@@ -274,7 +260,7 @@ def test_wrong_credentials_are_a_miss_logged_once_without_the_secret(
 def test_redis_s3_chain_backfills_redis(
     tmp_path: Path, s3: S3Server, redis_server: RedisServer
 ) -> None:
-    chain = f"{redis_server.url},{s3.url(_prefix())}"
+    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
     a = Store(tmp_path / "a", remote=chain)
     assert a.put("k", b"payload" * 1000)
     _flush(a)
@@ -295,7 +281,7 @@ def test_redis_s3_chain_backfills_redis(
 def test_read_only_tier_and_read_only_store_write_nothing(
     tmp_path: Path, s3: S3Server, redis_server: RedisServer
 ) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     seed = Store(tmp_path / "seed", remote=s3.url(prefix))
     assert seed.put("seeded", b"from s3")
     _flush(seed)
@@ -320,7 +306,7 @@ def test_read_only_tier_and_read_only_store_write_nothing(
 def test_a_bad_tier_is_dropped_and_the_others_go_on(
     tmp_path: Path, s3: S3Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url = s3.url(_prefix())
+    url = s3.url(fresh_prefix())
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
         a = Store(tmp_path / "a", remote=f"ftp://u:pw-9@host/x,{url},s3://{S3_BUCKET}/p?bad=1")
     assert a.put("k", b"v")
@@ -376,7 +362,7 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
 ) -> None:
     """Six processes, three per "host" (separate cache directories), sharing only the
     bucket, start the same program together: one compiles, five hit."""
-    prefix = _prefix()
+    prefix = fresh_prefix()
     env = {"XLA_PCACHE_REMOTE": s3_server.url(prefix), **s3_server.env()}
     go = tmp_path / "go"
     ready = [tmp_path / f"ready-{i}" for i in range(6)]
@@ -401,7 +387,7 @@ def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.Mon
     import io
 
     from rich.console import Console
-    from xla_pcache import doctor
+    from xla_pcache.cli import _doctor as doctor
 
     monkeypatch.setenv(
         "XLA_PCACHE_REMOTE",
@@ -446,7 +432,7 @@ def test_remote_counters_are_summed_across_processes(
     import subprocess
     import sys
 
-    chain = f"{redis_server.url},{s3.url(_prefix())}"
+    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
     seed = Store(tmp_path / "seed", remote=chain)
     assert seed.put("k", b"x" * 5000)
     _flush(seed)
@@ -520,7 +506,7 @@ def test_bucket_claims_single_flight_and_takeover(
     # The order under test needs the upload to succeed: on a loaded machine a request can
     # take longer than the default 2 s, and a failed upload rightly makes the waiter compile.
     monkeypatch.setenv("XLA_PCACHE_REMOTE_TIMEOUT", "20")
-    url = s3.url(_prefix())
+    url = s3.url(fresh_prefix())
     holder = Store(tmp_path / "a", remote=url)
     waiter = Store(tmp_path / "b", remote=url)
     assert holder.remote is not None and waiter.remote is not None
@@ -537,7 +523,7 @@ def test_bucket_claims_single_flight_and_takeover(
     assert bytes(waiter.get("k") or b"") == b"compiled"
     # A holder that died: its claim object stays and never changes.
     dead = entry_name("dead")
-    client = _client(s3, url.split("/", 3)[3])
+    client = bucket_client(s3, url.split("/", 3)[3])
     obstore.put(client, f"xla_pcache-1/claims/{dead}", b"{}", mode="create")
     results_: list[Any] = []
 
@@ -568,7 +554,7 @@ def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
     import subprocess
     import sys
 
-    prefix = _prefix()
+    prefix = fresh_prefix()
     code = (
         "import os, sys\n"
         "from xla_pcache import Store\n"
@@ -599,7 +585,7 @@ def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
 
 
 def test_chain_checks_and_redaction() -> None:
-    from xla_pcache.chain import check_chain, redact_chain
+    from xla_pcache.tiers.chain import check_chain, redact_chain
 
     check_chain("bogus://x,s3://b/p", "remote")  # unusable tiers are dropped later, not here
     with pytest.raises(ValueError, match="remote"):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 from xla_pcache import Store, entry_name
-from xla_pcache.remote import KEY_PREFIX, redact
+from xla_pcache.tiers.base import redact
+from xla_pcache.tiers.redis import KEY_PREFIX
 
 from tests.adapters.test_jax import hits, results, run_jax, runs
 from tests.remote.conftest import RedisServer, start_redis
@@ -95,7 +96,7 @@ def test_value_over_the_server_limit_is_skipped(tmp_path: Path, small_redis: Red
     assert s.stats()["remote_put_errors"] == 1
     assert redis.Redis.from_url(small_redis.url).dbsize() == 0
     # A client-side limit skips before sending, counted apart.
-    from xla_pcache.remote import RemoteTier
+    from xla_pcache.tiers.redis import RedisTier as RemoteTier
 
     tier = RemoteTier(small_redis.url, max_value_bytes=1 << 20)
     tier.put_async("n", b"z" * (2 << 20))

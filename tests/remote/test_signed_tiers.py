@@ -5,48 +5,32 @@ can plant there never reaches a trusting reader, and hides no trusted writer's e
 from __future__ import annotations
 
 import logging
-import uuid
 from pathlib import Path
 from typing import Any
 
 import obstore
 import pytest
 import redis
-from obstore.store import S3Store
+from helpers import keygen
 from xla_pcache import Store, entry_name
 from xla_pcache._core import generate_signing_key, signed_entry_name, signing_public_key
 from xla_pcache.config import Settings
-from xla_pcache.objstore import ENTRY_DIR
-from xla_pcache.remote import KEY_PREFIX
+from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.adapters.test_jax_signing import keygen, run
+from tests.adapters.test_jax_signing import run, scratch_programs
 from tests.remote.conftest import (
-    S3_ACCESS_KEY,
     S3_BUCKET,
     S3_SECRET_KEY,
     RedisServer,
     S3Server,
+    bucket_client,
+    fresh_prefix,
 )
 
 CI = generate_signing_key()
 CI_KEY = ("ci-1", signing_public_key(CI))
 PAYLOAD = b"trusted program " * 500
-
-
-def _prefix() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-def _client(server: S3Server, prefix: str) -> Any:
-    return S3Store(
-        S3_BUCKET,
-        prefix=prefix,
-        endpoint=server.endpoint,
-        access_key_id=S3_ACCESS_KEY,
-        secret_access_key=S3_SECRET_KEY,
-        region="us-east-1",
-        client_options={"allow_http": True},
-    )
 
 
 def _put(path: Path, remote: str, key: str, value: bytes, *, signed: bool) -> None:
@@ -63,15 +47,15 @@ def _reader(path: Path, remote: str) -> Store:
 
 
 def _s3_object(server: S3Server, prefix: str, name: str) -> bytes:
-    return bytes(obstore.get(_client(server, prefix), f"{ENTRY_DIR}/{name}").bytes())
+    return bytes(obstore.get(bucket_client(server, prefix), f"{ENTRY_DIR}/{name}").bytes())
 
 
 def _s3_replace(server: S3Server, prefix: str, name: str, data: bytes) -> None:
-    obstore.put(_client(server, prefix), f"{ENTRY_DIR}/{name}", data, mode="overwrite")
+    obstore.put(bucket_client(server, prefix), f"{ENTRY_DIR}/{name}", data, mode="overwrite")
 
 
 def test_a_tampered_bucket_entry_is_refused_and_never_served(tmp_path: Path, s3: S3Server) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
     _put(tmp_path / "ci", url, "k", PAYLOAD, signed=True)
     _put(tmp_path / "ci-other", url, "j", PAYLOAD.upper(), signed=True)
@@ -106,7 +90,7 @@ def test_a_tampered_bucket_entry_is_refused_and_never_served(tmp_path: Path, s3:
 def test_an_unsigned_object_squatting_the_bucket_key_hides_no_trusted_entry(
     tmp_path: Path, s3: S3Server
 ) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
     # The squatter is first: the bucket's conditional create keeps its object at the plain
     # name, and the trusted writer's put of the plain name is refused.
@@ -142,7 +126,7 @@ def test_a_squatter_overwriting_redis_after_the_trusted_writer_hides_nothing(
 def test_a_refused_value_in_one_tier_does_not_stop_the_chain_and_backfill_keeps_the_signature(
     tmp_path: Path, s3: S3Server, redis_server: RedisServer
 ) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     bucket = s3.url(prefix)
     _put(tmp_path / "ci", bucket, "k", PAYLOAD, signed=True)
     # The faster tier holds only a squatter's value, under the plain name.
@@ -174,7 +158,7 @@ def test_a_refused_value_in_one_tier_does_not_stop_the_chain_and_backfill_keeps_
 def test_trust_required_serves_only_trusted_entries_and_needs_trusted_keys(
     tmp_path: Path, s3: S3Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
     required = s3.url(prefix, trust="required")
     _put(tmp_path / "plain", url, "u", b"unsigned program", signed=False)
@@ -192,7 +176,9 @@ def test_trust_required_serves_only_trusted_entries_and_needs_trusted_keys(
         assert r.remote is not None
         r.remote.flush()
     assert not [
-        o for o in obstore.list(_client(s3, prefix)).collect() if entry_name("mine") in o["path"]
+        o
+        for o in obstore.list(bucket_client(s3, prefix)).collect()
+        if entry_name("mine") in o["path"]
     ]
 
     # No trusted key in this process: the tier is dropped, with one warning naming it and
@@ -212,8 +198,8 @@ def test_trust_required_serves_only_trusted_entries_and_needs_trusted_keys(
 
 
 def test_the_trust_option_is_parsed_beside_ro_and_shown(caplog: pytest.LogCaptureFixture) -> None:
-    from xla_pcache.chain import open_chain
-    from xla_pcache.remote import redact
+    from xla_pcache.tiers.base import redact
+    from xla_pcache.tiers.chain import open_chain
 
     assert redact("s3://b/p?trust=required&ro=1") == "s3://b/p?trust=required&ro=1"
     chain = open_chain("redis://:pw-9d1f@127.0.0.1:1/0?trust=required&ro=1", trusting=True)
@@ -231,17 +217,7 @@ def test_the_trust_option_is_parsed_beside_ro_and_shown(caplog: pytest.LogCaptur
 @pytest.fixture(scope="module")
 def jax_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
     """Each program's cache key, executable (payload) and value, from an unsigned cache."""
-    out = {}
-    for name in ("sin", "cos"):
-        scratch = tmp_path_factory.mktemp(name)
-        value, _ = run(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
-        with Store(scratch, settings=Settings()) as s:
-            (entry,) = s.entries()
-            blob = s.get(entry["key"])
-            assert blob is not None
-            out[name] = (str(entry["key"]), bytes(blob), value)
-    assert out["sin"][2] != out["cos"][2]
-    return out
+    return scratch_programs(tmp_path_factory)
 
 
 @pytest.mark.jax
@@ -253,7 +229,7 @@ def test_jax_a_squatted_or_tampered_bucket_entry_is_never_loaded(
     """Real JAX, zero code, hosts sharing only the bucket: a writer of the bucket plants
     program ``cos``'s executable under ``sin``'s key before CI; CI's signed entry is served
     all the same to trusting workers, and once its objects are tampered with, nothing is."""
-    prefix = _prefix()
+    prefix = fresh_prefix()
     url = s3.url(prefix)
     sin_key, _, sin_value = jax_programs["sin"]
     _, cos_exe, cos_value = jax_programs["cos"]

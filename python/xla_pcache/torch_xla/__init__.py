@@ -21,20 +21,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from xla_pcache import _keyparts, metrics
-from xla_pcache import _torch_xla_keyparts as _txkeys
+from xla_pcache import metrics, misslog
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
-from xla_pcache._torch_xla_sync import (
+from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
+from xla_pcache.sizes import parse_size
+from xla_pcache.store import Store
+from xla_pcache.torch_xla import _keyparts as _txkeys
+from xla_pcache.torch_xla._sync import (
     HostMirror,
     describe,
     is_torch_xla_name,
     store_key,
 )
-from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
-from xla_pcache.sizes import parse_size
-from xla_pcache.store import Store
 
 __all__ = [
     "SUPPORTED_TORCH_XLA",
@@ -406,8 +406,8 @@ def _producer_meta() -> dict[str, str]:
         "torch_version": str(torch.__version__),
         "device": _device_type(),
         "time": f"{time.time():.3f}",
-        # What explain compares (see _torch_xla_keyparts; the graph hash is not visible).
-        _keyparts.META_COMPONENTS: _keyparts.encode(_txkeys.components()),
+        # What explain compares (see torch_xla/_keyparts.py; the graph hash is not visible).
+        misslog.META_COMPONENTS: misslog.encode(_txkeys.components()),
     }
 
 

@@ -21,11 +21,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from xla_pcache import _jax_thresholds, _keyparts, _single_flight, jax_cache_dir, metrics
+from xla_pcache import metrics
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import Settings
+from xla_pcache.jax import _cache_dir as jax_cache_dir
+from xla_pcache.jax import _keyparts, _single_flight
+from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xla_pcache._core import FORMAT_VERSION, hash_key
-from xla_pcache._keyparts import META_COMPILE_TIME
 from xla_pcache._text import package_logger
+from xla_pcache.misslog import META_COMPILE_TIME
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.torch_xla")

@@ -877,7 +877,7 @@ def _lazy_main(module: str) -> Any:
     # Imported here, not at the top: these modules import JAX or torch, and `xla-pcache stats`
     # must not pay for that.
     try:
-        return importlib.import_module(f"xla_pcache.{module}").main
+        return importlib.import_module(f"xla_pcache.cli._{module}").main
     except ImportError as exc:
         _fail(f"the {module} command is unavailable: {exc}")
 
@@ -1035,7 +1035,7 @@ def _import_target(
 
 
 def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | None) -> None:
-    from xla_pcache import jax_cache_dir as jcd
+    from xla_pcache.jax import _cache_dir as jcd
 
     with _reported():
         entry_cap, settings, root = _import_target(path, max_entry_size)
@@ -1103,11 +1103,11 @@ def _before_jax_011(version: str) -> bool:
 
 
 def _adopted_meta(secs: float | None) -> dict[str, str]:
-    from xla_pcache import _keyparts
+    from xla_pcache.misslog import META_COMPILE_TIME
 
     meta = {"framework": "jax", "adopted_from": "jax_cache"}
     if secs is not None:
-        meta[_keyparts.META_COMPILE_TIME] = f"{secs:.6f}"
+        meta[META_COMPILE_TIME] = f"{secs:.6f}"
     return meta
 
 

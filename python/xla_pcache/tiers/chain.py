@@ -42,26 +42,16 @@ from typing import TYPE_CHECKING, Any
 
 from xla_pcache._text import package_logger
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
-from xla_pcache.remote import (
-    RO_OPTIONS,
-    TRUST_OPTION,
-    TRUST_REQUIRED,
-    RemoteTier,
-    Spooled,
-    Tier,
-    redact,
-)
+from xla_pcache.tiers import objstore, redis
+from xla_pcache.tiers.base import TRUST_OPTION, TRUST_REQUIRED, Spooled, Tier, split_mode
+from xla_pcache.tiers.base import redact as redact
+from xla_pcache.tiers.readonly import ReadOnly
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from xla_pcache.objstore import ObjectClaims
-
 log = package_logger("xla_pcache")
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-# An object store takes a single PUT of up to 5 GiB (Redis: config.DEFAULT_REMOTE_MAX_BYTES).
-DEFAULT_OBJECT_MAX_VALUE = 5 << 30
 # Tier counters -> the store's counters that keep them across processes.
 _PERSISTED = {
     "remote_hits": "remote_hits",
@@ -79,14 +69,7 @@ _PERSISTED = {
 }
 # The kind of tier each scheme is: the name under which the store keeps each total of
 # _PERSISTED per tier too (``remote_<kind>_hits``, ...).
-TIER_KINDS = {
-    "redis": "redis",
-    "rediss": "redis",
-    "unix": "redis",
-    "s3": "s3",
-    "gs": "gs",
-    "az": "az",
-}
+TIER_KINDS = {s: "redis" for s in redis.SCHEMES} | {s: s for s in objstore.SCHEMES}
 # Counters a tier keeps that are failures of any kind.
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
 
@@ -97,38 +80,6 @@ def _size(data: Buffer | list[Buffer] | Spooled) -> int:
     if isinstance(data, list):
         return sum(len(memoryview(p)) for p in data)
     return len(memoryview(data))
-
-
-def _split_read_only(url: str) -> tuple[str, bool]:
-    """The URL without ``ro`` / ``read_only`` / ``trust`` in its query, and whether it asked
-    for read-only."""
-    from xla_pcache.config import parse_bool
-
-    parts = urllib.parse.urlsplit(url)
-    read_only = False
-    rest = []
-    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if k in RO_OPTIONS:
-            read_only = parse_bool(v or "1", k)
-        elif k != TRUST_OPTION:
-            rest.append((k, v))
-    query = urllib.parse.urlencode(rest)
-    return urllib.parse.urlunsplit(parts._replace(query=query)), read_only
-
-
-def trust_required(url: str) -> bool:
-    """Whether ``url`` says ``?trust=required``. ``ValueError`` naming the option for any
-    other value of it (the tier is then dropped, as for every bad option)."""
-    parts = urllib.parse.urlsplit(url)
-    required = False
-    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if k == TRUST_OPTION:
-            if v != TRUST_REQUIRED:
-                raise ValueError(
-                    f"invalid option {TRUST_OPTION}={v!r}: the one value is {TRUST_REQUIRED!r}"
-                )
-            required = True
-    return required
 
 
 def split_urls(raw: str) -> list[str]:
@@ -148,33 +99,6 @@ def check_chain(raw: object, name: str) -> None:
         raise TypeError(f"{name} must be a string of comma-separated URLs")
     if not split_urls(raw):
         raise ValueError(f"invalid {name} {raw!r}: no URL in it")
-
-
-class _RedisReadOnly:
-    """A Redis tier marked ``?ro=1``: read, never written."""
-
-    def __init__(self, tier: Any) -> None:
-        self._tier = tier
-        self.url = tier.url
-
-    def get(self, name: str, **bounds: Any) -> Any:
-        return self._tier.get(name, **bounds)
-
-    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
-        return None
-
-    def count(self, counter: str, n: int = 1) -> None:
-        self._tier.count(counter, n)
-
-    def stats(self) -> dict[str, int | str]:
-        out: dict[str, int | str] = self._tier.stats()
-        return out
-
-    def flush(self) -> None:
-        self._tier.flush()
-
-    def close(self) -> None:
-        self._tier.close()
 
 
 class _Slot:
@@ -397,13 +321,11 @@ class Chain:
                 log.debug("xla_pcache: closing remote tier %s: %s", slot.tier.url, e)
         self.sync_counters()
 
-    def claims(self) -> ObjectClaims | None:
+    def claims(self) -> objstore.ObjectClaims | None:
         """The compile claims of the first writable object-store tier, if any."""
-        from xla_pcache.objstore import ObjectTier
-
         for slot in self._slots:
             tier = slot.tier
-            if isinstance(tier, ObjectTier) and not slot.read_only:
+            if isinstance(tier, objstore.ObjectTier) and not slot.read_only:
                 return tier.claims
         return None
 
@@ -478,14 +400,12 @@ def open_chain(
     cfg = Settings.from_env(environ) if settings is None else settings
     if read_only is None:
         read_only = cfg.read_only
-    timeout = cfg.remote_timeout
-    cap = cfg.remote_max_bytes
     slots: list[_Slot] = []
     dropped: list[str] = []
     for url in split_urls(raw):
         shown = redact(url)
         try:
-            required = trust_required(url)
+            bare, ro, required = split_mode(url)
             if required and not trusting:
                 from xla_pcache.config import TRUSTED_KEYS_VAR
 
@@ -498,57 +418,45 @@ def open_chain(
                     TRUSTED_KEYS_VAR,
                 )
                 continue
-            slot = _open_one(url, shown, timeout, cap, environ)
-            slot.trust_required = required
-            slots.append(slot)
+            tier = _open_one(url, bare, shown, cfg, environ)
+            slots.append(_Slot(ReadOnly(tier) if ro else tier, ro, required))
         except Exception as e:
-            from xla_pcache.objstore import scrub
-
             dropped.append(shown)
             log.warning(
                 "xla_pcache: remote cache %s is not used (%s: %s); the other tiers and the "
                 "local cache go on",
                 shown,
                 type(e).__name__,
-                scrub(str(e), environ),
+                objstore.scrub(str(e), environ),
             )
     return Chain(slots, read_only=read_only, dropped=dropped)
 
 
-def _open_one(
-    url: str,
-    shown: str,
-    timeout: float,
-    cap: int | None,
-    environ: Mapping[str, str],
-) -> _Slot:
+def _open_one(url: str, bare: str, shown: str, cfg: Settings, environ: Mapping[str, str]) -> Tier:
+    """The tier of the kind ``url``'s scheme names (``bare``: without its mode options)."""
     scheme = urllib.parse.urlsplit(url).scheme.lower()
-    if scheme in REDIS_SCHEMES:
-        bare, ro = _split_read_only(url)
-        tier: Tier = RemoteTier(
-            bare, timeout=timeout, max_value_bytes=cap or DEFAULT_REMOTE_MAX_BYTES
+    cap = cfg.remote_max_bytes
+    if scheme in redis.SCHEMES:
+        tier = redis.RedisTier(
+            bare, timeout=cfg.remote_timeout, max_value_bytes=cap or DEFAULT_REMOTE_MAX_BYTES
         )
         tier.url = shown.split("?")[0]
-        return _Slot(_RedisReadOnly(tier) if ro else tier, ro)
-    from xla_pcache.objstore import OBJECT_SCHEMES, ObjectTier, parse_object_url
-
-    if scheme not in OBJECT_SCHEMES:
-        known = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES[:2], *OBJECT_SCHEMES))
+        return tier
+    if scheme not in objstore.SCHEMES:
+        known = ", ".join(f"{s}://" for s in (*redis.SCHEMES[:2], *objstore.SCHEMES))
         raise ValueError(f"unknown scheme {scheme + '://' if scheme else '(none)'}: use {known}")
-    bare, ro = parse_object_url(url)
-    obj = ObjectTier(
-        bare,
-        display_url=bare,
-        read_only=ro,
-        timeout=timeout,
-        max_value_bytes=cap or DEFAULT_OBJECT_MAX_VALUE,
+    location, _ = objstore.parse_object_url(url)
+    return objstore.ObjectTier(
+        location,
+        display_url=location,
+        timeout=cfg.remote_timeout,
+        max_value_bytes=cap or objstore.DEFAULT_MAX_VALUE,
         environ=environ,
     )
-    return _Slot(obj, ro)
 
 
 # The store reaches the tiers through these two (checked at construction, opened at first
-# use); they live here, above the tiers, so that no tier module imports the chain.
+# use), which ``xla_pcache.tiers`` exports; no tier module imports the chain.
 def check_url(url: str, name: str) -> None:
     """Refuse, without connecting, a value that names no URL at all (``ValueError`` naming
     ``name``). A URL no tier can use is not refused here: the chain drops that tier with one
@@ -557,9 +465,18 @@ def check_url(url: str, name: str) -> None:
 
 
 def open_tier(
-    url: str, settings: Settings, *, read_only: bool = False, trusting: bool = False
+    url: str,
+    settings: Settings,
+    *,
+    read_only: bool = False,
+    trusting: bool = False,
+    counters: Any = None,
 ) -> Chain:
-    """The tiers ``url`` names (a comma-separated chain, see ``xla_pcache.chain``), configured
-    from ``settings`` (timeout, largest value), behind the one-tier interface above;
-    ``trusting``: the store has trusted keys."""
-    return open_chain(url, settings, read_only=read_only, trusting=trusting)
+    """The tiers ``url`` names (a comma-separated chain), configured from ``settings``
+    (timeout, largest value), behind the one-tier interface; ``trusting``: the store has
+    trusted keys; ``counters``: the store that also keeps their counters (``Store.add_counter``,
+    ``Store.add_tier_counter``, summed across processes), held weakly."""
+    chain = open_chain(url, settings, read_only=read_only, trusting=trusting)
+    if counters is not None:
+        chain.persist_counters(counters)
+    return chain

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from xla_pcache import misslog
 from xla_pcache._text import package_logger
 
 logger = package_logger(__name__)
@@ -54,11 +55,6 @@ _EXCLUDED_FLAGS = frozenset(
 
 # Variables of ours or torch_xla's cache that say where things go, not what is compiled.
 _NOT_COMPILE_INPUTS = ("XLA_PERSISTENT_CACHE_", "XLA_PCACHE_")
-
-NOT_EXPLAINED = (
-    "the graph hash (traced IR, shapes, sharding) is computed in C++ and never reaches "
-    "Python: a miss whose recorded components all match was a different graph"
-)
 
 
 def _flags(value: str) -> str:
@@ -133,11 +129,11 @@ def components(environ: os._Environ[str] | dict[str, str] = os.environ) -> dict[
 
 
 def on_publish(store: Any, key: str, note: Callable[[Any, str, Any, str], None]) -> None:
-    """A graph this process compiled reached the store: it missed; its components go to
-    ``note`` (``explain.note_miss``, passed by the adapter: explain reads this module). Never
-    raises."""
+    """A graph this process compiled reached the store: it missed; its components go to the
+    miss log (a read-only store's to ``note``, ``explain.note_miss``, passed by the adapter:
+    this module is below explain). Never raises."""
     try:
-        note(store, key, components(), "torch_xla")
+        misslog.note_miss(store, key, components(), "torch_xla", read_only=note)
     except Exception as exc:
         logger.debug("xla_pcache: recording the torch_xla miss of %r failed: %s", key, exc)
 

@@ -22,34 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import sys
 import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
 
+from xla_pcache import misslog
 from xla_pcache._text import package_logger
+from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode
+from xla_pcache.misslog import module_name as module_name
 
 logger = package_logger(__name__)
-
-# The names JAX 0.6-0.12 give the components, in the order it hashes them (0.5 has no
-# "backend version"). Only for ordering what explain prints; the recorded names are JAX's.
-KNOWN = (
-    "computation",
-    "jax_lib version",
-    "backend version",
-    "XLA flags",
-    "compile_options",
-    "accelerator_config",
-    "compression",
-    "custom_hook",
-)
-
-# Entry metadata: the components (JSON) and the compile time JAX measured (seconds; the
-# store counts it as saved on every hit, see rust/core/src/stats.rs).
-META_COMPONENTS = "key_components"
-META_COMPILE_TIME = "compile_time_s"
 
 _KEEP_BYTES = 4096  # a component fed more than this has a digest and no readable value
 _VALUE_CHARS = 2048  # longest readable value kept
@@ -94,12 +78,6 @@ class _Recorder:
 
 def _clip(text: str) -> str:
     return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 1] + "\u2026"
-
-
-def module_name(key: str) -> str:
-    """The program's name in a JAX key (``jit_step-<sha256 hex>`` -> ``jit_step``)."""
-    head, sep, tail = key.rpartition("-")
-    return head if sep and tail and all(c in "0123456789abcdef" for c in tail) else key
 
 
 def _find_frame(names: tuple[str, ...], module: str) -> Any:
@@ -399,15 +377,6 @@ def _body(field: bytes) -> bytes:
     return field[at:]
 
 
-def encode(parts: dict[str, Any]) -> str:
-    return json.dumps(parts, sort_keys=True, separators=(",", ":"))
-
-
-def order(names: set[str]) -> list[str]:
-    """Component names in JAX's order; names it may add later follow, sorted."""
-    return [n for n in KNOWN if n in names] + sorted(names - set(KNOWN))
-
-
 # --- what the JAX adapter calls on a miss and on a put -------------------------------------
 
 _PENDING_MAX = 64  # components of keys missed on this thread and not put yet
@@ -421,8 +390,8 @@ def _pending() -> dict[str, dict[str, Any] | None]:
 
 
 def on_miss(store: Any, key: str, note: Callable[[Any, str, Any, str], None]) -> None:
-    """Record a miss (never raises): its components go to ``note`` (``explain.note_miss``,
-    passed by the adapter: this module is below explain, which reads it)."""
+    """Record a miss in the miss log (never raises); a read-only store's goes to ``note``
+    (``explain.note_miss``, passed by the adapter: this module is below explain)."""
     try:
         pending = _pending()
         if key in pending:  # JAX's verification wrapper reads the key again in its put
@@ -431,7 +400,7 @@ def on_miss(store: Any, key: str, note: Callable[[Any, str, Any, str], None]) ->
         if len(pending) >= _PENDING_MAX:
             pending.pop(next(iter(pending)))
         pending[key] = parts
-        note(store, key, parts, "jax")
+        misslog.note_miss(store, key, parts, "jax", read_only=note)
     except Exception as exc:
         logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
 

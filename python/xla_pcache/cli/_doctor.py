@@ -337,7 +337,7 @@ def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
         config["max_size"] = settings.max_size
         config["memory_capacity"] = settings.memory_capacity
         if settings.remote is not None:
-            from xla_pcache.chain import redact_chain
+            from xla_pcache.tiers import redact_chain
 
             config["remote"] = redact_chain(settings.remote)
         config["trust"] = _trust(settings)
@@ -430,7 +430,7 @@ def _jax_caching() -> dict[str, dict[str, Any]]:
     """What JAX caches in processes started with this environment: each threshold's value
     and where it comes from (a ``jax.config.update`` in the program before activation would
     also win; the running process's own answer is ``xla_pcache.jax.thresholds()``)."""
-    from xla_pcache import _jax_thresholds
+    from xla_pcache.jax import _thresholds as _jax_thresholds
 
     settings = _settings()
     out: dict[str, dict[str, Any]] = {}

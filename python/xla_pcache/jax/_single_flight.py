@@ -14,7 +14,7 @@ the one compiling) never claims nor waits.
 
 When the store's remote chain has a writable object-store tier, a fleet whose hosts share
 only the bucket gets single flight across hosts too: the process holding the local claim
-(one per host) then claims the key on the bucket (``xla_pcache.objstore.ObjectClaims``), or
+(one per host) then claims the key on the bucket (``xla_pcache.tiers.objstore.ObjectClaims``), or
 waits there for another host's compile and fetches its entry, which the local waiters then
 find published.
 

@@ -167,7 +167,7 @@ def _saved_seconds(store: Any) -> float:
 
 def _run_child(path: str, nonce: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "xla_pcache.demo", "--child", path, nonce],
+        [sys.executable, "-m", "xla_pcache.cli._demo", "--child", path, nonce],
         capture_output=True,
         text=True,
         timeout=_CHILD_TIMEOUT_S,

@@ -22,8 +22,6 @@ conditional on its ETag.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import itertools
 import json
 import os
@@ -32,23 +30,25 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache._core import entry_file_len
-from xla_pcache._names import EntryName, entry_name_or_none
+from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
-from xla_pcache.remote import Spooled, reject
+from xla_pcache.tiers.base import Spooled, TierBase, split_mode
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 log = package_logger("xla_pcache")
 
-OBJECT_SCHEMES = ("s3", "gs", "az")
+SCHEMES = ("s3", "gs", "az")
+# An object store takes a single PUT of up to 5 GiB (Redis: config.DEFAULT_REMOTE_MAX_BYTES).
+DEFAULT_MAX_VALUE = 5 << 30
 # Where entries and claims live below the URL's prefix; the digit is the entry format.
 ENTRY_DIR = "xla_pcache-1/entries"
 CLAIM_DIR = "xla_pcache-1/claims"
@@ -157,7 +157,7 @@ def open_store(
     return from_url(url, client_options=client, retry_config=retry)  # type: ignore[call-overload]
 
 
-class ObjectTier:
+class ObjectTier(TierBase):
     """One bucket (or container) and prefix: entries read whole or in ranged pieces,
     written by a background thread with a conditional create."""
 
@@ -166,30 +166,22 @@ class ObjectTier:
         url: str,
         *,
         display_url: str,
-        read_only: bool = False,
         timeout: float = 2.0,
-        max_value_bytes: int = 5 << 30,
+        max_value_bytes: int = DEFAULT_MAX_VALUE,
         retry_after: float = 5.0,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
         self.url = display_url
-        self.read_only = read_only
         self.timeout = timeout
         self.max_value_bytes = max_value_bytes
-        self.retry_after = retry_after
         self._store = open_store(url, timeout=timeout, environ=environ)
         self._put_store = open_store(url, timeout=timeout, environ=environ, for_writes=True)
         self._pid = os.getpid()
-        self._down_until = 0.0
-        self._warned: set[str] = set()
-        self._lock = threading.Lock()
-        self.counters: Counter[str] = Counter()
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-objstore")
         self._readers: ThreadPoolExecutor | None = None
+        super().__init__(retry_after=retry_after, thread_name="xla_pcache-objstore")
         self.claims = ObjectClaims(self)
-        atexit.register(self.close)
 
-    def _after_fork(self) -> None:
+    def _before_use(self) -> None:
         """In a forked child (a DataLoader worker) neither the parent's threads nor
         obstore's runtime exist: a request would wait for ever (seen: a put in a child
         never returned, its timeout never fired). The child leaves this tier alone: its
@@ -200,7 +192,7 @@ class ObjectTier:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._down_until = float("inf")
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla_pcache-objstore")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
         self._readers = None
         self.claims = ObjectClaims(self)
         log.warning(
@@ -209,30 +201,8 @@ class ObjectTier:
             self.url,
         )
 
-    # ---------------------------------------------------------------- bookkeeping
-    def count(self, counter: str, n: int = 1) -> None:
-        with self._lock:
-            self.counters[counter] += n
-
-    def _fail(self, what: str, e: BaseException) -> None:
-        with self._lock:
-            self.counters[f"remote_{what}_errors"] += 1
-            self._down_until = time.monotonic() + self.retry_after
-            first = what not in self._warned
-            self._warned.add(what)
-        if first:
-            log.warning(
-                "xla_pcache: remote cache %s: %s failed (%s: %s); local cache only, "
-                "retried in %.0f s",
-                self.url,
-                what,
-                type(e).__name__,
-                scrub(str(e)),
-                self.retry_after,
-            )
-
-    def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+    def _describe(self, e: BaseException) -> str:
+        return scrub(str(e))
 
     @staticmethod
     def entry_path(name: EntryName) -> str:
@@ -251,17 +221,12 @@ class ObjectTier:
         checked against ``max_bytes`` (the store's budget) and the tier's largest value from
         the first response, and its header against ``name`` and that size, before anything
         more is read. A garbage or oversized object costs one ranged read."""
-        self._after_fork()
-        if not self.available():
-            self.count("remote_skipped")
+        checks = self._checked(name, max_bytes)
+        if checks is None:
             return None
         import obstore
 
-        checked = entry_name_or_none(name)
-        if checked is None:
-            reject(self, "name", "an entry name that is not 32 hex digits was asked for")
-            return None
-        limit = self.max_value_bytes if max_bytes is None else min(max_bytes, self.max_value_bytes)
+        checked, limit = checks
         path = self.entry_path(checked)
         try:
             # The first piece, in a request that also says how large the object is: one
@@ -269,11 +234,11 @@ class ObjectTier:
             first = obstore.get(self._store, path, options={"range": (0, RANGE_CHUNK)})
             size = int(first.meta["size"])
             if size > limit:
-                reject(self, "too_large", f"an object of {size} bytes is over the limit of {limit}")
+                self.reject("too_large", f"an object of {size} bytes is over the limit of {limit}")
                 return None
             head = first.bytes()
             if entry_file_len(head, name) != size:
-                reject(self, "rejected", f"the object for {name} is not a whole entry file")
+                self.reject("rejected", f"the object for {name} is not a whole entry file")
                 return None
             if size <= len(head):
                 return head
@@ -289,7 +254,7 @@ class ObjectTier:
             if _classify(e) == "missing":
                 self.count("remote_misses")
             else:
-                self._fail("get", e)
+                self.fail("get", e)
             return None
 
     def _pieces(self, path: str, start: int, size: int, window: int) -> Iterator[Buffer]:
@@ -350,29 +315,10 @@ class ObjectTier:
         return True
 
     # ---------------------------------------------------------------- writes
-    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
-        """Publishes ``data`` in the background with a conditional create; under a signer's
-        ``own`` name, with an overwrite: only that signer writes there, and whatever else
-        holds the name (an object planted to squat it) is replaced."""
-        if self.read_only:
-            return
-        self._after_fork()
-        if len(memoryview(data)) > self.max_value_bytes:
-            self.count("remote_too_large")
-            return
-        checked = entry_name_or_none(name)
-        if checked is None:
-            self.count("remote_put_skipped")
-            return
-        try:
-            self._writer.submit(self._put, checked, data, own)
-        except RuntimeError:  # shut down at exit
-            self.count("remote_put_skipped")
-
-    def _put(self, name: EntryName, data: Buffer, own: bool = False) -> None:
-        if not self.available():
-            self.count("remote_put_skipped")
-            return
+    def _write(self, name: EntryName, data: Buffer, own: bool) -> None:
+        """Publishes ``data`` with a conditional create; under a signer's ``own`` name, with
+        an overwrite: only that signer writes there, and whatever else holds the name (an
+        object planted to squat it) is replaced."""
         import obstore
 
         t = time.perf_counter()
@@ -389,35 +335,17 @@ class ObjectTier:
             if _classify(e) in ("exists", "precondition"):
                 self.count("remote_put_exists")  # first writer won, as in the directory
             else:
-                self._fail("put", e)
+                self.fail("put", e)
             return
         self.count("remote_puts")
         self.count("remote_written_bytes", len(memoryview(data)))
         self.count("remote_put_ms", round((time.perf_counter() - t) * 1000))
 
-    def submit(self, fn: Any) -> None:
-        """Runs ``fn`` on the writer thread, after the writes queued before it."""
-        self._after_fork()
-        with contextlib.suppress(RuntimeError):
-            self._writer.submit(fn)
-
-    def flush(self) -> None:
-        """Waits for the writes queued so far (each bounded by its timeout)."""
-        self._after_fork()
-        with contextlib.suppress(RuntimeError):
-            self._writer.submit(lambda: None).result()
-
     def close(self) -> None:
         self.claims.close()
-        self._writer.shutdown(wait=True)
+        super().close()
         if self._readers is not None:
             self._readers.shutdown(wait=True)
-
-    def stats(self) -> dict[str, int | str]:
-        with self._lock:
-            out: dict[str, int | str] = dict(self.counters)
-        out["remote"] = self.url
-        return out
 
 
 # ------------------------------------------------------------------------------ claims
@@ -568,7 +496,7 @@ class ObjectClaims:
                 time.sleep(min(interval, max(0.0, deadline - now)))
                 interval = min(interval * 1.5, 0.5)
         except Exception as e:
-            tier._fail("claim", e)
+            tier.fail("claim", e)
             return ObjectClaim(self, name, "unclaimed", time.monotonic() - start)
 
     def _held_claim(
@@ -623,7 +551,7 @@ class ObjectClaims:
                 if self._peek(claim.name) == e_tag:
                     obstore.delete(self._tier._store, self._path(claim.name))
             except Exception as e:
-                self._tier._fail("claim", e)
+                self._tier.fail("claim", e)
 
         self._tier.submit(drop)
 
@@ -639,24 +567,19 @@ class ObjectClaims:
 
 
 def parse_object_url(url: str) -> tuple[str, bool]:
-    """(the URL for obstore: scheme, bucket, prefix; whether ``?ro=1``). ``ValueError``
-    for what is not an object-store URL or carries unknown options (``trust`` is the
-    chain's, checked there)."""
-    from xla_pcache.config import parse_bool
-
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in OBJECT_SCHEMES:
+    """(the URL for obstore: scheme, bucket, prefix; whether read-only). ``ValueError``
+    for what is not an object-store URL or carries options no object store takes (the
+    mode options are ``base.split_mode``'s)."""
+    bare, read_only, _ = split_mode(url)
+    parts = urllib.parse.urlsplit(bare)
+    if parts.scheme not in SCHEMES:
         raise ValueError(f"not an object-store URL (scheme {parts.scheme!r})")
     if not parts.hostname:
         raise ValueError("no bucket or container in the URL")
     if parts.username is not None or parts.password is not None:
         raise ValueError("credentials do not go in the URL: use the cloud's standard variables")
-    read_only = False
-    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if k in ("ro", "read_only"):
-            read_only = parse_bool(v or "1", k)
-        elif k != "trust":
-            raise ValueError(f"unknown option {k!r} (known: ro, read_only, trust)")
+    for k, _v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        raise ValueError(f"unknown option {k!r} (known: ro, read_only, trust)")
     prefix = parts.path.strip("/")
     base = f"{parts.scheme}://{parts.hostname}"
     return (f"{base}/{prefix}" if prefix else base), read_only

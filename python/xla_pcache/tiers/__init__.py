@@ -1,0 +1,31 @@
+"""The remote tiers behind a store's directory, as one family (as sccache's ``src/cache``).
+
+- ``base``: the interface every tier offers (``Tier``), the one parser of a tier URL's mode
+  options, and the bookkeeping every kind shares (``TierBase``: counters, back-off after a
+  failure, the background writer);
+- one module per kind: ``redis`` (a Redis server), ``objstore`` (S3, GCS, Azure through
+  obstore, with compile claims on the bucket);
+- ``readonly``: the one read-only wrapper, for a tier of any kind marked ``?ro=1``;
+- ``chain``: the tiers in order behind the one-tier interface (get in order, backfill,
+  write-through), and the counters kept per tier name.
+
+``xla_pcache.store.Store`` reaches the tiers only through the names below; they are opened
+on the first miss or put that needs them, so a store that is only looked at (``xla-pcache
+stats``) starts no client, thread or exit hook.
+"""
+
+from __future__ import annotations
+
+from xla_pcache.tiers.base import Spooled, Tier, redact
+from xla_pcache.tiers.chain import Chain, check_url, open_tier, redact_chain, split_urls
+
+__all__ = [
+    "Chain",
+    "Spooled",
+    "Tier",
+    "check_url",
+    "open_tier",
+    "redact",
+    "redact_chain",
+    "split_urls",
+]

@@ -1,0 +1,313 @@
+"""What every kind of remote tier shares: the interface the chain asks of a tier (``Tier``),
+the one parser of a tier URL's mode options (``?ro=``, ``?trust=``), redaction, spooling, and
+the bookkeeping each kind keeps the same way (``TierBase``).
+
+The bookkeeping: counters, warnings logged once per kind, the back-off after a failure (the
+tier is left alone for ``retry_after`` seconds, so a dead server costs at most one timeout
+per interval), the checks every read makes before it asks the server, and the background
+writer thread every write goes through. A kind of tier (``redis.py``, ``objstore.py``) adds
+how it reads (``get``) and how it writes one entry (``_write``); read-only is a wrapper around
+any kind (``readonly.py``), and the chain (``chain.py``) puts them in order.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol
+
+from xla_pcache._names import EntryName, entry_name_or_none
+from xla_pcache._text import package_logger
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+log = package_logger("xla_pcache")
+
+# A tier URL's query options that make it read-only.
+RO_OPTIONS = ("ro", "read_only")
+# The query option that makes a tier serve only signed entries the store trusts
+# (``?trust=required``), and its one value.
+TRUST_OPTION = "trust"
+TRUST_REQUIRED = "required"
+# The options that say a tier's mode, parsed here for every kind of tier; they are shown
+# unredacted: they are the tier's mode, never a secret.
+MODE_OPTIONS = (*RO_OPTIONS, TRUST_OPTION)
+SHOWN_OPTIONS = MODE_OPTIONS
+
+# The first read of a remote value: enough for any entry header (64 bytes, a key of up to
+# 4 KiB, metadata of up to 64 KiB), so the header is checked before the rest is read.
+HEAD_BYTES = 80 << 10
+
+
+class Spooled:
+    """A remote entry file streamed to an unnamed file in the cache's ``tmp/`` (O_TMPFILE:
+    nothing is left there if the process dies) instead of memory; the store reads it once,
+    with ``take_entry_fd``, and ``close()`` lets it go."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def create(cls, directory: str) -> Spooled:
+        flags = os.O_RDWR | os.O_CLOEXEC
+        try:
+            fd = os.open(directory, flags | os.O_TMPFILE, 0o600)
+        except (AttributeError, OSError):
+            # No O_TMPFILE here: a named file, unlinked at once (the store sweeps tmp/ of
+            # what a crash between the two leaves).
+            path = os.path.join(directory, f"remote.{os.urandom(8).hex()}.tmp")
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(path)
+        return cls(fd)
+
+    def write_at(self, data: Buffer, offset: int) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
+        return done
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Tier(Protocol):
+    """What the chain asks of one tier. Whole entry files travel, keyed by entry name; the
+    store verifies what comes back. No method raises: a failure is a miss or a skipped
+    write, logged and counted by the tier."""
+
+    url: str
+
+    def get(
+        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+    ) -> Buffer | list[Buffer] | Spooled | None:
+        """The entry file stored under ``name`` (one buffer, its pieces in order, or a file
+        it was spooled to in ``spool_dir``), or None. A value over ``max_bytes``, or whose
+        header does not describe an entry filed under ``name`` of the value's size, is
+        refused after its first bytes."""
+
+    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
+        """Write ``data`` under ``name`` in the background. ``own``: ``name`` is a signer's
+        own name for the key (``_core.signed_entry_name``), which only that signer writes:
+        its write replaces whatever is there (an object squatting that name)."""
+
+    def count(self, counter: str, n: int = 1) -> None:
+        """Add ``n`` to one of the tier's counters (the store counts hits and rejects)."""
+
+    def stats(self) -> dict[str, int | str]:
+        """The tier's counters, flat, merged into ``Store.stats()``."""
+
+    def flush(self) -> None:
+        """Wait for the writes queued so far."""
+
+    def close(self) -> None:
+        """Finish queued writes and let go of connections and threads."""
+
+
+def redact(url: str) -> str:
+    """``url`` safe for logs, stats and doctor: no user name, password or query value but
+    the tier's mode (read-only, trust)."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return "<unparseable remote URL>"
+    netloc = parts.hostname or ""
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = f"***@{netloc}"
+    query = urllib.parse.urlencode(
+        [
+            (k, v if k in SHOWN_OPTIONS else "***")
+            for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ],
+        safe="*",
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def split_mode(url: str) -> tuple[str, bool, bool]:
+    """(``url`` without its mode options, read-only, trust required): the one parser of
+    ``?ro=`` / ``?read_only=`` (a boolean; empty is true) and ``?trust=required`` for every
+    kind of tier. The other options stay in the URL for the kind to take or refuse.
+    ``ValueError`` naming the option for a value it does not take."""
+    from xla_pcache.config import parse_bool
+
+    parts = urllib.parse.urlsplit(url)
+    read_only = trust = False
+    rest = []
+    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if k in RO_OPTIONS:
+            read_only = parse_bool(v or "1", k)
+        elif k == TRUST_OPTION:
+            if v != TRUST_REQUIRED:
+                raise ValueError(
+                    f"invalid option {TRUST_OPTION}={v!r}: the one value is {TRUST_REQUIRED!r}"
+                )
+            trust = True
+        else:
+            rest.append((k, v))
+    bare = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest)))
+    return bare, read_only, trust
+
+
+class TierBase:
+    """The bookkeeping every kind of tier keeps: counters, one warning per kind of failure,
+    back-off after a failure, the checks before a read, and one background writer thread.
+
+    A subclass sets ``url`` (redacted) and ``max_value_bytes``, implements ``get`` (starting
+    with ``_checked``) and ``_write`` (one entry, on the writer thread, counting its own
+    outcome), and may override ``_describe`` (an exception's text, for the log) and
+    ``_before_use`` (a check at every call, such as a fork)."""
+
+    url: str
+    max_value_bytes: int
+
+    def __init__(self, *, retry_after: float, thread_name: str) -> None:
+        self.retry_after = retry_after
+        self.counters: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._down_until = 0.0
+        self._thread_name = thread_name
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        atexit.register(self.close)
+
+    # ---------------------------------------------------------------- counting
+    def count(self, counter: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[counter] += n
+
+    def first_warning(self, kind: str) -> bool:
+        """Whether this is the first warning of ``kind`` (each is logged once)."""
+        with self._lock:
+            first = kind not in self._warned
+            self._warned.add(kind)
+        return first
+
+    def stats(self) -> dict[str, int | str]:
+        with self._lock:
+            out: dict[str, int | str] = dict(self.counters)
+        out["remote"] = self.url
+        return out
+
+    # ---------------------------------------------------------------- failures
+    def available(self) -> bool:
+        """Whether the tier is asked at all: not within ``retry_after`` of a failure."""
+        return time.monotonic() >= self._down_until
+
+    def _describe(self, e: BaseException) -> str:
+        return str(e)
+
+    def fail(self, what: str, e: BaseException) -> None:
+        """Counts a failure of ``what`` (``remote_<what>_errors``), leaves the tier alone for
+        ``retry_after`` seconds, and warns once per ``what``."""
+        with self._lock:
+            self.counters[f"remote_{what}_errors"] += 1
+            self._down_until = time.monotonic() + self.retry_after
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            log.warning(
+                "xla_pcache: remote cache %s: %s failed (%s: %s); local cache only, "
+                "retried in %.0f s",
+                self.url,
+                what,
+                type(e).__name__,
+                self._describe(e),
+                self.retry_after,
+            )
+
+    def reject(self, kind: str, why: str) -> None:
+        """Counts a remote value refused before it was read whole (``remote_rejected``) and
+        warns once per kind: another writer of the bucket or server put it there."""
+        self.count("remote_rejected")
+        if self.first_warning(kind):
+            log.warning("xla_pcache: remote cache %s: %s; a miss", self.url, why)
+
+    # ---------------------------------------------------------------- reads
+    def _before_use(self) -> None:
+        """Called first by every read and write."""
+
+    def _checked(self, name: str, max_bytes: int | None) -> tuple[EntryName, int] | None:
+        """The checks before a read asks anything: the tier is available (else counted
+        ``remote_skipped``), ``name`` is an entry name (else a rejection); with the largest
+        value the read may take (the tier's, within the caller's ``max_bytes``)."""
+        self._before_use()
+        if not self.available():
+            self.count("remote_skipped")
+            return None
+        checked = entry_name_or_none(name)
+        if checked is None:
+            self.reject("name", "an entry name that is not 32 hex digits was asked for")
+            return None
+        limit = self.max_value_bytes if max_bytes is None else min(max_bytes, self.max_value_bytes)
+        return checked, limit
+
+    # ---------------------------------------------------------------- writes
+    def _payload(self, data: Buffer) -> Any:
+        """What ``_write`` is handed for ``data`` (a kind whose client takes bytes only
+        copies here, on the caller's thread, while the buffer is known alive)."""
+        return data
+
+    def _write(self, name: EntryName, data: Any, own: bool) -> None:
+        raise NotImplementedError
+
+    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
+        """Writes ``data`` under ``name`` in the background (``own``: see ``Tier``); a value
+        over ``max_value_bytes`` is skipped, counted ``remote_too_large`` and warned of once,
+        a name that is not an entry name counted ``remote_put_skipped``."""
+        self._before_use()
+        size = memoryview(data).nbytes
+        if size > self.max_value_bytes:
+            self.count("remote_too_large")
+            if self.first_warning("too_large"):
+                log.warning(
+                    "xla_pcache: not writing a %d-byte entry to the remote cache %s "
+                    "(limit %d bytes)",
+                    size,
+                    self.url,
+                    self.max_value_bytes,
+                )
+            return
+        checked = entry_name_or_none(name)
+        if checked is None:
+            self.count("remote_put_skipped")
+            return
+        try:
+            self._writer.submit(self._write_now, checked, self._payload(data), own)
+        except RuntimeError:  # shut down at exit
+            self.count("remote_put_skipped")
+
+    def _write_now(self, name: EntryName, data: Any, own: bool) -> None:
+        if not self.available():
+            self.count("remote_put_skipped")
+            return
+        self._write(name, data, own)
+
+    def submit(self, fn: Callable[[], Any]) -> None:
+        """Runs ``fn`` on the writer thread, after the writes queued before it."""
+        self._before_use()
+        with contextlib.suppress(RuntimeError):  # shut down at exit
+            self._writer.submit(fn)
+
+    def flush(self) -> None:
+        """Waits for the writes queued so far (each bounded by its timeout)."""
+        self._before_use()
+        with contextlib.suppress(RuntimeError):  # closed: nothing is queued
+            self._writer.submit(lambda: None).result()
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        self._writer.shutdown(wait=True)

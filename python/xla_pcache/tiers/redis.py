@@ -1,0 +1,121 @@
+"""The Redis tier: whole verified entry files in one Redis server, shared by caches without a
+common disk.
+
+What travels is the entry file (header, key, metadata, checksums, payload), so a value damaged
+or cut short in Redis fails verification on the way in and is a counted miss, never wrong bytes.
+Every remote failure (refused, timeout, server gone mid-transfer, auth) is a miss or a skipped
+write, logged once per kind and counted, with the back-off every tier keeps (``base.TierBase``).
+Values larger than ``max_value_bytes`` (Redis' ``proto-max-bulk-len``, 512 MB by default) are
+skipped, counted as ``remote_too_large``: not split, because a split value could be evicted
+half-way by ``allkeys-lru`` and a 512 MB compiled program is rare enough not to be worth it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from xla_pcache._core import entry_file_len
+from xla_pcache._names import EntryName
+from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S
+from xla_pcache.sizes import parse_duration, parse_size
+from xla_pcache.tiers.base import HEAD_BYTES, TierBase, redact
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+SCHEMES = ("redis", "rediss", "unix")
+KEY_PREFIX = "xla_pcache:1:"
+
+
+class RedisTier(TierBase):
+    """One Redis server, reached with short timeouts; writes go through a background thread."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float | str = DEFAULT_REMOTE_TIMEOUT_S,
+        max_value_bytes: int | str = DEFAULT_REMOTE_MAX_BYTES,
+        retry_after: float | str = 5.0,
+    ) -> None:
+        try:
+            import redis
+        except ImportError as e:
+            raise ImportError(
+                'the remote tier needs the redis client: pip install "xla-pcache[redis]"'
+            ) from e
+        seconds = parse_duration(timeout, name="timeout")
+        if seconds <= 0:
+            raise ValueError(f"invalid timeout {timeout!r}: must be positive")
+        value_cap = parse_size(max_value_bytes, name="max_value_bytes")
+        if not value_cap:
+            raise ValueError(f"invalid max_value_bytes {max_value_bytes!r}: must be positive")
+        retry = parse_duration(retry_after, name="retry_after")
+        self.url = redact(url)
+        self.max_value_bytes = value_cap
+        # from_url parses redis://, rediss:// (TLS) and user:password@ itself. The exception
+        # text of redis-py never includes the password; the URL shown is redacted.
+        self._client: Any = redis.Redis.from_url(
+            url, socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_timeout=False
+        )
+        super().__init__(retry_after=retry, thread_name="xla_pcache-remote")
+
+    def get(
+        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+    ) -> bytes | list[Buffer] | None:
+        """The raw value stored for entry ``name``, or None (miss or failure, both counted).
+        Its length and header come first, in one round trip; the rest is read only for a
+        value within ``max_bytes`` whose header describes it."""
+        del spool_dir  # values are at most proto-max-bulk-len; held in memory
+        checks = self._checked(name, max_bytes)
+        if checks is None:
+            return None
+        checked, limit = checks
+        key = KEY_PREFIX + checked
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.strlen(key)
+            pipe.getrange(key, 0, HEAD_BYTES - 1)
+            size, head = pipe.execute()
+            size, head = int(size), bytes(head)
+            if not size:
+                self.count("remote_misses")
+                return None
+            if size > limit:
+                self.reject("too_large", f"a value of {size} bytes is over the limit of {limit}")
+                return None
+            if entry_file_len(head, name) != size:
+                self.reject("rejected", f"the value for {name} is not a whole entry file")
+                return None
+            if size <= len(head):
+                return head
+            # GETRANGE, never GET: a value replaced meanwhile by a larger one is still read
+            # only up to the size checked above.
+            rest = bytes(self._client.getrange(key, len(head), size - 1))
+        except Exception as e:  # any client or socket error is a miss, never the caller's
+            self.fail("get", e)
+            return None
+        if len(head) + len(rest) != size:
+            self.reject("rejected", f"the value for {name} changed while it was read")
+            return None
+        return [head, rest]
+
+    def _payload(self, data: Buffer) -> bytes:
+        # The Redis client takes bytes only.
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def _write(self, name: EntryName, data: bytes, own: bool) -> None:
+        # Redis overwrites (``SET``) whatever the name holds, ``own`` or not.
+        try:
+            self._client.set(KEY_PREFIX + name, data)
+        except Exception as e:
+            self.fail("put", e)
+            return
+        self.count("remote_puts")
+        self.count("remote_written_bytes", len(data))
+
+    def close(self) -> None:
+        super().close()
+        with contextlib.suppress(Exception):
+            self._client.close()
