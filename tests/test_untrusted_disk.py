@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import snapshot_forge as forge
+import xxhash
 from xla_pcache import Store, _core
 
 HANG_TIMEOUT = 60.0
@@ -233,11 +236,6 @@ def test_a_journal_record_no_filesystem_holds_evicts_nothing(tmp_path: Path) -> 
     """A planted journal whose one put record says an existing entry takes 2**62 bytes:
     the record is skipped (counted in unsafe_paths), so the next puts into a bounded store
     evict none of the real entries, and stats show the real total."""
-    import struct
-    import time
-
-    import xxhash
-
     root = tmp_path / "cache"
     with Store(root, max_size=10 << 20) as s:
         assert all(s.put(f"k{i}", b"v" * 10_000) for i in range(5))

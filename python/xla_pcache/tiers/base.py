@@ -40,7 +40,6 @@ TRUST_REQUIRED = "required"
 # The options that say a tier's mode, parsed here for every kind of tier; they are shown
 # unredacted: they are the tier's mode, never a secret.
 MODE_OPTIONS = (*RO_OPTIONS, TRUST_OPTION)
-SHOWN_OPTIONS = MODE_OPTIONS
 
 # The first read of a remote value: enough for any entry header (64 bytes, a key of up to
 # 4 KiB, metadata of up to 64 KiB), so the header is checked before the rest is read.
@@ -129,7 +128,7 @@ def redact(url: str) -> str:
         netloc = f"***@{netloc}"
     query = urllib.parse.urlencode(
         [
-            (k, v if k in SHOWN_OPTIONS else "***")
+            (k, v if k in MODE_OPTIONS else "***")
             for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
         ],
         safe="*",

@@ -88,6 +88,9 @@ pub struct IndexView {
     /// an entry larger than the filesystem holding it: a forged size that would otherwise
     /// count against the budget (and evict real entries) until the next compaction.
     pub newly_bad_sizes: u64,
+    /// The size of the filesystem holding the journals, read once per view (a statfs is a
+    /// server round trip on a network filesystem).
+    room: Option<u128>,
     /// The snapshot there could not be used (damaged, inconsistent, or claiming what no
     /// writer writes): the next compaction replaces it.
     snapshot_bad: bool,
@@ -301,8 +304,6 @@ impl IndexView {
         let now = Instant::now();
         let mut writers = 0;
         let counting = self.counting;
-        // The filesystem's size, read once a refresh and only if a journal grew.
-        let mut room: Option<u128> = None;
         for name in names {
             let others = counting && self.own_journal.as_ref() != Some(&name);
             let offset = self.journals.get(&name).map_or(0, |s| s.offset);
@@ -357,8 +358,9 @@ impl IndexView {
             let mut tiers = TierCounters::new();
             for r in recs {
                 if let Record::Touch { disk_bytes, .. } = &r {
-                    let room =
-                        *room.get_or_insert_with(|| crate::snapshot::filesystem_bytes(&jdir));
+                    let room = *self
+                        .room
+                        .get_or_insert_with(|| crate::snapshot::filesystem_bytes(&jdir));
                     if u128::from(*disk_bytes) > room {
                         self.newly_bad_sizes += 1;
                         continue;

@@ -15,7 +15,7 @@
 use crate::entry::{self, EntryError, Header};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Reserved metadata names (never accepted from a producer).
@@ -116,7 +116,17 @@ fn hash_pool() -> Option<&'static rayon::ThreadPool> {
             return Some(pool);
         }
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The core count, read once (it reads cgroup files): an atomic, not a OnceLock, whose
+    // initialisation under way in another thread at a fork would wait for ever in the child.
+    static THREADS: AtomicUsize = AtomicUsize::new(0);
+    let threads = match THREADS.load(Ordering::Relaxed) {
+        0 => {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            THREADS.store(n, Ordering::Relaxed);
+            n
+        }
+        n => n,
+    };
     if threads < 2 {
         return None;
     }
