@@ -18,21 +18,23 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store
 
-# One process: waits for the start file, claims the key, "compiles" (sleeps) if it won,
-# puts, and prints how its claim ended.
+# One process: waits for the start file, claims the key, "compiles" if it won, puts, and
+# prints how its claim ended. Under the core's test hooks (XLA_PCACHE_TEST_HOOKS) a
+# claimant that wins is held inside `claim` until the test lets it go (`claimed.go`), and
+# one that waits says so (`claim-wait.<pid>`): the test decides what happens when, never
+# the machine's speed.
 CLAIMANT = textwrap.dedent(
     """
     import json, os, sys, time
     from xla_pcache import Store
-    root, go, compile_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    store = Store(root, claim_lease=float(sys.argv[4]))
+    root, go = sys.argv[1], sys.argv[2]
+    store = Store(root, claim_lease=float(sys.argv[3]))
     print("ready", flush=True)
     while not os.path.exists(go):
         time.sleep(0.002)
     claim = store.claim("program", wait=60)
     if claim.state == "claimed":
         print("claimed", flush=True)
-        time.sleep(compile_s)
         store.put("program", b"executable")
     blob = store.get("program")
     store.close()
@@ -44,20 +46,35 @@ CLAIMANT = textwrap.dedent(
 
 
 def _claimants(
-    root: Path, go: Path, n: int, compile_s: float, lease: float
+    root: Path, go: Path, hooks: Path, n: int, lease: float
 ) -> list[subprocess.Popen[str]]:
+    hooks.mkdir(exist_ok=True)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CLAIMANT, str(root), str(go), str(compile_s), str(lease)],
+            [sys.executable, "-c", CLAIMANT, str(root), str(go), str(lease)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "XLA_PCACHE_TEST_HOOKS": str(hooks)},
         )
         for _ in range(n)
     ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return procs
+
+
+def _reached(hooks: Path, point: str, procs: list[subprocess.Popen[str]]) -> None:
+    """Waits until each of ``procs`` has marked ``point`` (a file the core's test hook
+    writes), or one of them has exited."""
+    pending = {p.pid: p for p in procs}
+    while pending:
+        for pid, p in list(pending.items()):
+            if (hooks / f"{point}.{pid}").exists():
+                del pending[pid]
+            else:
+                assert p.poll() is None, p.communicate()
+        time.sleep(0.005)
 
 
 def _outcome(proc: subprocess.Popen[str]) -> dict[str, object]:
@@ -68,10 +85,17 @@ def _outcome(proc: subprocess.Popen[str]) -> dict[str, object]:
 
 
 def test_one_of_four_processes_compiles_the_others_wait(tmp_path: Path) -> None:
-    root, go = tmp_path / "cache", tmp_path / "go"
+    root, go, hooks = tmp_path / "cache", tmp_path / "go", tmp_path / "hooks"
     Store(root).close()
-    procs = _claimants(root, go, 4, compile_s=1.0, lease=30)
+    procs = _claimants(root, go, hooks, 4, lease=30)
     go.touch()
+    # One holds the claim (held by the hook), the three others wait on it.
+    while not (held := [p for p in procs if (hooks / f"claimed.{p.pid}").exists()]):
+        assert all(p.poll() is None for p in procs)
+        time.sleep(0.005)
+    waiters = [p for p in procs if p is not held[0]]
+    _reached(hooks, "claim-wait", waiters)
+    (hooks / "claimed.go").touch()
     outcomes = [_outcome(p) for p in procs]
     states = sorted(str(o["state"]) for o in outcomes)
     assert states == ["claimed", "published", "published", "published"], outcomes
@@ -83,18 +107,20 @@ def test_one_of_four_processes_compiles_the_others_wait(tmp_path: Path) -> None:
 
 
 def test_a_killed_holder_is_taken_over_by_one_waiter(tmp_path: Path) -> None:
-    root, go = tmp_path / "cache", tmp_path / "go"
+    root, go, hooks = tmp_path / "cache", tmp_path / "go", tmp_path / "hooks"
     Store(root).close()
     go_holder = tmp_path / "go-holder"
-    holder = _claimants(root, go_holder, 1, compile_s=600, lease=1.0)[0]
-    waiters = _claimants(root, go, 3, compile_s=0.5, lease=1.0)
+    holder = _claimants(root, go_holder, hooks, 1, lease=1.0)[0]
+    waiters = _claimants(root, go, hooks, 3, lease=1.0)
     go_holder.touch()
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+    _reached(hooks, "claimed", [holder])  # held inside claim, its lease heartbeated
     go.touch()
-    time.sleep(0.3)  # the waiters are waiting on a live holder
+    _reached(hooks, "claim-wait", waiters)  # the waiters are waiting on a live holder
     os.kill(holder.pid, signal.SIGKILL)
     holder.communicate(timeout=10)
     assert holder.returncode == -signal.SIGKILL
+    # The waiter that takes the claim over goes on at once.
+    (hooks / "claimed.go").touch()
     outcomes = [_outcome(p) for p in waiters]
     states = sorted(str(o["state"]) for o in outcomes)
     assert states == ["claimed", "published", "published"], outcomes

@@ -200,13 +200,16 @@ def test_explain_on_hostile_records_gives_sane_lines(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_export_interrupted_leaves_no_temporary_file(tmp_path: Path, sig: int) -> None:
     """SIGTERM (or Ctrl-C) while ``xla-pcache export`` writes leaves no
-    ``.NAME.<random>.tmp`` in the output directory (on main SIGTERM left it)."""
+    ``.NAME.<random>.tmp`` in the output directory (on main SIGTERM left it). The signal
+    comes once the export has written its first member: the test hook
+    (``XLA_PCACHE_TEST_HOOKS``) holds it there and writes ``export.<pid>``."""
     root = tmp_path / "cache"
     with Store(root) as s:
-        for i in range(400):
-            assert s.put(f"k{i}", os.urandom(256 << 10))
-    out_dir = tmp_path / "out"
+        for i in range(8):
+            assert s.put(f"k{i}", os.urandom(4096))
+    out_dir, hooks = tmp_path / "out", tmp_path / "hooks"
     out_dir.mkdir()
+    hooks.mkdir()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -220,16 +223,18 @@ def test_export_interrupted_leaves_no_temporary_file(tmp_path: Path, sig: int) -
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=clean_env(),
+        env=clean_env(XLA_PCACHE_TEST_HOOKS=str(hooks)),
     )
-    # Signalled once its temporary file exists: the export is under way.
-    while proc.poll() is None and not any(n.endswith(".tmp") for n in os.listdir(out_dir)):
-        time.sleep(0.01)
+    inside = hooks / f"export.{proc.pid}"
+    while not inside.exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.005)
+    assert any(n.endswith(".tmp") for n in os.listdir(out_dir)), "no temporary file to leave"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert b"Traceback" not in err, err
-    if proc.returncode != 0:
-        assert b"interrupted" in err, err
+    assert proc.returncode == (143 if sig == signal.SIGTERM else 130), err
+    assert b"interrupted" in err, err
     assert [n for n in os.listdir(out_dir) if n.endswith(".tmp")] == []
 
 

@@ -25,6 +25,8 @@ LEVELS = {
     "_text": 0,
     # The miss log: the key-part modules write it, explain reads it.
     "misslog": 0,
+    # Points a test waits on (XLA_PCACHE_TEST_HOOKS).
+    "_testhook": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
     "tiers.redis": 1,

@@ -37,6 +37,7 @@ LOCK_MODE_VAR = "XLA_PCACHE_LOCK_MODE"
 READ_MODE_VAR = "XLA_PCACHE_READ_MODE"
 EVICT_TRACE_VAR = "XLA_PCACHE_EVICT_TRACE"
 HASH_IMPL_VAR = "XLA_PCACHE_HASH_IMPL"
+TEST_HOOKS_VAR = "XLA_PCACHE_TEST_HOOKS"
 DISABLE_VAR = "XLA_PCACHE_DISABLE"
 SHARED_PATH_VAR = "XLA_PCACHE_TORCH_XLA_SHARED_PATH"
 LOCAL_DIR_VAR = "XLA_PCACHE_TORCH_XLA_LOCAL_DIR"
@@ -168,6 +169,16 @@ VARIABLES: tuple[Variable, ...] = (
         "unset",
         "Append `pid start_ns end_ns` for every eviction to this file (to check that evictors "
         "never overlap).",
+    ),
+    Variable(
+        TEST_HOOKS_VAR,
+        "test_hooks",
+        "path",
+        "unset",
+        "For tests only: a directory where a process marks the points a test waits on "
+        "(inside a `verify` or `prune` walk, an export, a compile claim) with a file "
+        "`<point>.<pid>`, and holds at some of them until the test signals it or creates "
+        "`<point>.go`. Read by the Rust core and the CLI; leave unset.",
     ),
     Variable(
         HASH_IMPL_VAR,
@@ -503,6 +514,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "lock_mode": lambda v, n: _choice(v, n, LOCK_MODES),
     "read_mode": lambda v, n: _choice(v, n, READ_MODES),
     "evict_trace": _path,
+    "test_hooks": _path,
     "hash_impl": _text,
     "disabled": parse_bool,
     "torch_xla_shared_path": _path,
@@ -537,6 +549,7 @@ class Settings:
     lock_mode: LockMode = "auto"
     read_mode: ReadMode = "auto"
     evict_trace: str | None = None
+    test_hooks: str | None = None
     hash_impl: str = "auto"
     disabled: bool = False
     torch_xla_shared_path: str | None = None

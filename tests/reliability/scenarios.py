@@ -544,11 +544,21 @@ def lease_one_evictor(
 
 
 def lease_takeover(
-    bed: TwoHosts, workdir: Path, *, lease_time: float = 1.0, entries: int = 3000
+    bed: TwoHosts,
+    workdir: Path,
+    *,
+    lease_time: float = 1.0,
+    entries: int = 3000,
+    hooks: Path | None = None,
 ) -> dict[str, Any]:
     """A process on host A is SIGKILLed in the middle of an eviction, holding the lease;
     host B's evict() is skipped until it has watched the lease unchanged for lease_time,
-    then takes it over and finishes the job."""
+    then takes it over and finishes the job.
+
+    With ``hooks`` (as the tests run it), the core's test hook holds A's eviction after its
+    first entry moved to trash, lease held, and A is killed there: in the middle of the
+    work whatever the machine's speed. Without (the report's figures), A is killed once
+    its lease and the first entry in trash are seen, which a fast eviction may outrun."""
     name = "takeover"
     server = bed.export / name
     # Populate through the server's own disk: quick, and the same cache seen from both mounts.
@@ -564,6 +574,9 @@ def lease_takeover(
         "lease_time": lease_time,
         "target": 0,
     }
+    if hooks is not None:
+        hooks.mkdir(parents=True, exist_ok=True)
+        cfg["env"] = {"XLA_PCACHE_TEST_HOOKS": str(hooks)}
     proc = start_worker(cfg, workdir, "a-killed")
     out: dict[str, Any] = {"scenario": "lease_takeover", "lease_time_s": lease_time}
     content = ""
@@ -578,8 +591,13 @@ def lease_takeover(
             break
     # Let it move some entries to trash first, so it dies in the middle of the work.
     trash = server / "trash"
+    inside = None if hooks is None else hooks / f"walk.{proc.pid}"
     while proc.poll() is None and time.monotonic() < deadline:
-        if trash.is_dir() and any(trash.iterdir()):
+        if inside is not None:
+            if inside.exists():
+                content = lease.read_text()
+                break
+        elif trash.is_dir() and any(trash.iterdir()):
             break
         time.sleep(0.001)
     killed = proc.poll() is None and bool(content)

@@ -80,6 +80,30 @@ def _wait_ready(procs: dict[str, subprocess.Popen[bytes]], workdir: Path) -> Non
         time.sleep(0.02)
 
 
+def _hook_marks(hooks: Path, point: str, procs: dict[str, subprocess.Popen[bytes]]) -> set[str]:
+    """The workers that marked ``point`` (the core's test hook writes ``<point>.<pid>``);
+    an exited worker is an error, named with its log."""
+    marked = set()
+    for name, proc in procs.items():
+        if (hooks / f"{point}.{proc.pid}").exists():
+            marked.add(name)
+        elif proc.poll() is not None:
+            raise RuntimeError(f"worker {name} exited before reaching {point}")
+    return marked
+
+
+def _reached_by_all(hooks: Path, point: str, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    while len(_hook_marks(hooks, point, procs)) < len(procs):
+        time.sleep(0.01)
+
+
+def _reached_by_one(hooks: Path, point: str, procs: dict[str, subprocess.Popen[bytes]]) -> str:
+    while not (marked := _hook_marks(hooks, point, procs)):
+        time.sleep(0.01)
+    assert len(marked) == 1, f"{sorted(marked)} all claimed the program"
+    return marked.pop()
+
+
 def _claim_stats(root: Path) -> dict[str, Any]:
     with Store(root, read_only=True) as store:
         stats = store.stats()
@@ -122,15 +146,25 @@ def fleet(
     size: int = PROGRAM_SIZE,
     compile_wait: float = 300.0,
     claim_lease: float = 30.0,
+    hooks: Path | None = None,
 ) -> dict[str, Any]:
     """``per_host`` processes on each mount start the same program at once on an empty
-    cache. ``compile_wait=0`` is the same run without single flight."""
+    cache. ``compile_wait=0`` is the same run without single flight.
+
+    With ``hooks`` (a directory for the core's test hooks, as the tests run it), the one
+    that claims the program is held inside its claim until every other has said it waits
+    on it: the waiting is then certain, whatever the program's compile time and the
+    machine's speed. Without (the bench's figures), the program's compile time alone
+    makes the others come while it compiles."""
     workdir.mkdir(parents=True, exist_ok=True)
     cache = _fresh_cache(bed)
     env = {
         "XLA_PCACHE_COMPILE_WAIT": str(compile_wait),
         "XLA_PCACHE_CLAIM_LEASE": str(claim_lease),
     }
+    if hooks is not None:
+        hooks.mkdir(parents=True, exist_ok=True)
+        env["XLA_PCACHE_TEST_HOOKS"] = str(hooks)
     go = workdir / "go"
     procs = {
         f"{host}{i}": _start(f"{host}{i}", mount / cache, workdir, go, size, env)
@@ -140,6 +174,10 @@ def fleet(
     try:
         _wait_ready(procs, workdir)
         go.touch()
+        if hooks is not None:
+            holder = _reached_by_one(hooks, "claimed", procs)
+            _reached_by_all(hooks, "claim-wait", {n: p for n, p in procs.items() if n != holder})
+            (hooks / "claimed.go").touch()
         results = collect(procs, workdir, RUN_TIMEOUT_S)
     finally:
         for proc in procs.values():
@@ -175,13 +213,21 @@ def killed_holder(
     size: int = PROGRAM_SIZE,
     claim_lease: float = 3.0,
     kill_after_s: float = 1.5,
+    hooks: Path | None = None,
 ) -> dict[str, Any]:
     """A holder starts compiling alone; once its claim is on disk the waiters start (on
     both mounts), and ``kill_after_s`` later the holder is SIGKILLed. The waiters must take
-    the claim over after ``claim_lease`` and one of them compile."""
+    the claim over after ``claim_lease`` and one of them compile.
+
+    With ``hooks`` (as the tests run it) the holder is held inside its claim, and killed
+    once every waiter has said it waits on it (not after ``kill_after_s``): alive at the
+    kill, with the waiters waiting, whatever the machine's speed."""
     workdir.mkdir(parents=True, exist_ok=True)
     cache = _fresh_cache(bed)
     env = {"XLA_PCACHE_COMPILE_WAIT": "300", "XLA_PCACHE_CLAIM_LEASE": str(claim_lease)}
+    if hooks is not None:
+        hooks.mkdir(parents=True, exist_ok=True)
+        env["XLA_PCACHE_TEST_HOOKS"] = str(hooks)
     go_holder, go = workdir / "go-holder", workdir / "go"
     holder = _start("holder", bed.host_a / cache, workdir, go_holder, size, env)
     procs = {
@@ -201,11 +247,18 @@ def killed_holder(
             time.sleep(0.01)
         go.touch()
         started = time.monotonic()
-        time.sleep(kill_after_s)
+        if hooks is not None:
+            _reached_by_all(hooks, "claimed", {"holder": holder})
+            _reached_by_all(hooks, "claim-wait", procs)
+        else:
+            time.sleep(kill_after_s)
         holder_alive = holder.poll() is None
         os.kill(holder.pid, signal.SIGKILL)
         killed_at = time.monotonic() - started
         holder.wait(30)
+        if hooks is not None:
+            # The waiter that takes the claim over compiles at once.
+            (hooks / "claimed.go").touch()
         results = collect(procs, workdir, RUN_TIMEOUT_S)
     finally:
         for proc in [holder, *procs.values()]:

@@ -1,8 +1,9 @@
 """Single flight across two "hosts" (the sshfs bed): one compile per program for a fleet.
 
 Six JAX processes, three on each mount, start the same program at the same instant on an
-empty cache; and a holder is SIGKILLed while compiling. The program compiles for a few
-seconds so that the waiting is real. Scenarios in ``single_flight.py``.
+empty cache; and a holder is SIGKILLed while compiling. The core's test hooks hold the
+claimant inside its claim until the others have said they wait on it, so the waiting is
+certain with a small program on any machine. Scenarios in ``single_flight.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import single_flight
 from testbed import TwoHosts
 
 pytestmark = [pytest.mark.netfs, pytest.mark.timeout(900)]
+# Loops in the program: a fraction of a second to compile (the hooks, not the compile time,
+# make the others wait).
+SIZE = 20
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +37,7 @@ def _failures(run: dict[str, Any]) -> list[str]:
 
 
 def test_six_processes_two_hosts_one_compile(two_hosts: TwoHosts, tmp_path: Path) -> None:
-    run = single_flight.fleet(two_hosts, tmp_path)
+    run = single_flight.fleet(two_hosts, tmp_path, size=SIZE, hooks=tmp_path / "hooks")
     assert not _failures(run), _failures(run)
     assert len(run["values"]) == 1, f"all six must compute the same value: {run['values']}"
     assert run["compiles"] == 1, run
@@ -46,7 +50,7 @@ def test_six_processes_two_hosts_one_compile(two_hosts: TwoHosts, tmp_path: Path
 
 
 def test_killed_holder_is_taken_over(two_hosts: TwoHosts, tmp_path: Path) -> None:
-    run = single_flight.killed_holder(two_hosts, tmp_path)
+    run = single_flight.killed_holder(two_hosts, tmp_path, size=SIZE, hooks=tmp_path / "hooks")
     assert run["holder_alive_at_kill"], "the holder finished before it could be killed"
     assert run["holder_status"] == -9
     assert not _failures(run), _failures(run)

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from xla_pcache._reports import tier_counters
 from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
-from tests.adapters.test_jax import _finish, _start, hits, results, run_jax, runs
+from tests.adapters.test_jax import _finish, _start, hits, open_barrier, results, run_jax, runs
 from tests.remote.conftest import (
     S3_BUCKET,
     S3_SECRET_KEY,
@@ -352,8 +353,20 @@ def _single_flight_steps(cache: Path, ready: Path, go: Path) -> list[dict[str, A
     return [
         {"op": "install", "path": str(cache), "compile_wait": 300},
         {"op": "wait", "ready": str(ready), "file": str(go)},
-        *runs(5, layers=12),
+        *runs(5),
     ]
+
+
+def _marked(hooks: Path, point: str, procs: list[subprocess.Popen[str]]) -> list[int]:
+    """The pids of ``procs`` that marked ``point`` (a test hook's ``<point>.<pid>``)."""
+    for p in procs:
+        assert p.poll() is None, p.communicate()
+    return [p.pid for p in procs if (hooks / f"{point}.{p.pid}").exists()]
+
+
+def _until_marked(hooks: Path, point: str, procs: list[subprocess.Popen[str]], n: int) -> None:
+    while len(_marked(hooks, point, procs)) < n:
+        time.sleep(0.01)
 
 
 @pytest.mark.jax
@@ -361,19 +374,33 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     tmp_path: Path, s3_server: S3Server
 ) -> None:
     """Six processes, three per "host" (separate cache directories), sharing only the
-    bucket, start the same program together: one compiles, five hit."""
+    bucket, start the same program together: one compiles, five hit.
+
+    The test hooks (``XLA_PCACHE_TEST_HOOKS``) make the waiting certain: each host's
+    claimant is held inside its directory's claim until its two neighbours wait on it,
+    then the bucket's claimant inside the bucket's claim until the other host waits on
+    it."""
     prefix = fresh_prefix()
-    env = {"XLA_PCACHE_REMOTE": s3_server.url(prefix), **s3_server.env()}
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    env = {
+        "XLA_PCACHE_REMOTE": s3_server.url(prefix),
+        "XLA_PCACHE_TEST_HOOKS": str(hooks),
+        **s3_server.env(),
+    }
     go = tmp_path / "go"
     ready = [tmp_path / f"ready-{i}" for i in range(6)]
     procs = [
         _start(_single_flight_steps(tmp_path / ("a" if i < 3 else "b"), ready[i], go), env)
         for i in range(6)
     ]
-    deadline = time.monotonic() + 240
-    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    go.touch()
+    open_barrier(procs, ready, go)
+    _until_marked(hooks, "claimed", procs, 2)  # one per host, in its directory
+    _until_marked(hooks, "claim-wait", procs, 4)
+    (hooks / "claimed.go").touch()
+    _until_marked(hooks, "bucket-claimed", procs, 1)
+    _until_marked(hooks, "bucket-claim-wait", procs, 1)
+    (hooks / "bucket-claimed.go").touch()
     reports = [_finish(p, timeout=300) for p in procs]
     got = [hits(r)[0] for r in reports]
     assert sorted(got) == [0, 1, 1, 1, 1, 1], got

@@ -36,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from xla_pcache import _testhook
 from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
@@ -493,6 +494,7 @@ class ObjectClaims:
                 if not waited:
                     waited = True
                     tier.count("remote_claim_waits")
+                    _testhook.reached("bucket-claim-wait")
                 time.sleep(min(interval, max(0.0, deadline - now)))
                 interval = min(interval * 1.5, 0.5)
         except Exception as e:
@@ -515,6 +517,8 @@ class ObjectClaims:
                     target=self._heartbeat, name="xla_pcache-objstore-claims", daemon=True
                 )
                 self._thread.start()
+        # A test holds the claimant here while other hosts come to wait on it.
+        _testhook.hold("bucket-claimed")
         return claim
 
     def _heartbeat(self) -> None:

@@ -5,8 +5,8 @@
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `index`, `overlay`,
 //! `journal`, `snapshot`, `entry`, `blob`, `lock`; then `dir`, `layout`, `settings`, `publish`, `fsinfo`,
-//! `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`. A module uses only its own tier and
-//! those below.
+//! `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `testhook`. A module uses only its
+//! own tier and those below.
 
 pub(crate) mod blob;
 pub(crate) mod clock;
@@ -34,6 +34,7 @@ pub(crate) mod sign;
 pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub(crate) mod store;
+pub(crate) mod testhook;
 
 pub use blob::Blob;
 pub use error::StoreError;

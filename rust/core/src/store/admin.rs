@@ -424,6 +424,10 @@ impl Store {
         let mut fix = Vec::new();
         for (i, (shard, file)) in files.iter().enumerate() {
             progress(i as u64, total);
+            if i == 1 {
+                // A test interrupts the walk here, once it has checked an entry.
+                crate::testhook::pause("walk", || self.interrupt_pending());
+            }
             if self.interrupted() {
                 report.interrupted = true;
                 let mut st = self.state();

@@ -434,6 +434,8 @@ impl Store {
                             );
                         }
                         self.finish_wait(waiting, start, false);
+                        // A test holds the claimant here while others come to wait on it.
+                        crate::testhook::hold("claimed");
                         return Ok(outcome(
                             ClaimState::Claimed,
                             Some(Claim {
@@ -454,6 +456,7 @@ impl Store {
             if !waiting {
                 waiting = true;
                 self.counters.inc(Counter::ClaimWaits);
+                crate::testhook::reached("claim-wait");
             }
             let now = Instant::now();
             if now >= deadline {

@@ -329,6 +329,7 @@ impl Store {
         let mut records = Vec::new();
         let mut done = true;
         let mut first = true;
+        let mut paused = false;
         let trash = self.dir(&TRASH);
         loop {
             let over = target.is_some_and(|t| st.view.entries.total_bytes() > t);
@@ -339,6 +340,11 @@ impl Store {
                 .find(|(n, _)| !skip.contains(n))
                 .filter(|(_, info)| over || cutoff.is_some_and(|c| info.last_use < c));
             let Some((name, info)) = next else { break };
+            if deadline.is_none() && report.removed == 1 && !paused {
+                // A test interrupts the walk here, once it has removed an entry.
+                paused = true;
+                crate::testhook::pause("walk", || self.interrupt_pending());
+            }
             if deadline.is_none() && self.interrupt_pending() {
                 done = false;
                 break;
