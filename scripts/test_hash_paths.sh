@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the hash tests once per vector path of twox-hash that this CPU can execute, each
 # forced at build time (twox-hash picks at run time, so a plain `cargo test` covers only the
-# best path of the machine). Each path builds into its own target dir. Every run also tests
+# best path of the machine). Each path builds into its own target dir, and only the hash
+# module with its two hash crates (the crate rust/hash-paths), not the whole core: a forced
+# path is a RUSTFLAGS change, which rebuilds every crate of the build. Every run also tests
 # the project's own AVX-512 loop (hash/long.rs) where the CPU has AVX-512F, and its shared
 # block and streaming code with a scalar kernel everywhere; XLA_PCACHE_EXPECT_AVX512 makes
 # the tests fail if the AVX-512 path is not the one in use on such a CPU.
@@ -23,5 +25,5 @@ fi
 for p in "${paths[@]}"; do
   echo "-- hash path $p"
   RUSTFLAGS="--cfg _internal_xxhash3_force_$p" CARGO_TARGET_DIR="target/hash-$p" \
-    cargo test -q -p xla_pcache_core --lib hash::
+    cargo test -q -p xla_pcache_hash_paths --lib hash::
 done

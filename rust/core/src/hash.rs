@@ -23,6 +23,8 @@ use twox_hash::xxhash3_128::RawHasher as Raw128;
 use twox_hash::xxhash3_64::{RawHasher as Raw64, SecretBuffer, DEFAULT_SECRET_LENGTH};
 use twox_hash::{XxHash3_128, XxHash3_64};
 
+// A path relative to this file: `rust/hash-paths` builds this module on its own.
+#[path = "hash/long.rs"]
 mod long;
 
 /// The AVX-512 kernel where the CPU has it (the feature bits are cached by std).
