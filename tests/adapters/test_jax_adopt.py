@@ -133,6 +133,7 @@ def test_check_value_zstd_and_its_bombs() -> None:
         # A size declared within the bound, and blocks past it.
         (zstd_bomb(declared=1 << 20), "more than its frame declares|does not decompress"),
         (b"\x28\xb5\x2f\xfd\xff", "not a zstd frame"),
+        (zstandard.ZstdCompressor().compress(b"\0\0\0\1"), "no executable"),
     ):
         with pytest.raises(jcd.Rejected, match=why):
             jcd.check_value(bad, ZSTD)

@@ -204,6 +204,8 @@ def _zstandard_header(mod: Any, head: bytes, limit: int) -> int:
         raise Rejected("a zstd frame that declares no size, which this JAX cannot read")
     if declared > limit:
         raise Rejected("declares more decompressed bytes than the bound")
+    if declared <= _TIME_BYTES:
+        raise Rejected("holds no executable")
     if params.window_size > 1 << _ZSTD_WINDOW_LOG_MAX:
         raise Rejected("asks for a zstd window larger than the bound")
     return declared
@@ -257,8 +259,8 @@ class _Pieces:
 
 
 def _check_zstandard(mod: Any, src: _Pieces, head: bytes, limit: int) -> int:
-    """Streams a ``zstandard`` frame from ``src`` with each call's output capped; the
-    decompressed size, which must be the one declared."""
+    """Streams a ``zstandard`` frame from ``src`` with each call's output capped, to the
+    size it declared; JAX's compile time in whole seconds."""
     declared = _zstandard_header(mod, head, limit)
     served = [head]
 
@@ -286,7 +288,7 @@ def _check_zstandard(mod: Any, src: _Pieces, head: bytes, limit: int) -> int:
     if produced != declared:
         raise Rejected("zstd frame ends early (truncated, or still being written)")
     src.check_end()
-    return int.from_bytes(first, "big") if len(first) == _TIME_BYTES else -1
+    return int.from_bytes(first, "big")
 
 
 def check_file(
@@ -309,10 +311,7 @@ def check_file(
             if mod is None:
                 raise Rejected("zstd-compressed, and no zstd module to read it")
             if not _is_stdlib_zstd(mod):
-                secs = _check_zstandard(mod, src, head, limit)
-                if secs < 0:
-                    raise Rejected("holds no executable")
-                return src.kept, fmt, secs
+                return src.kept, fmt, _check_zstandard(mod, src, head, limit)
             check: _Check = _StdlibZstd(mod, head, limit)
         else:
             check = _Zlib(head, limit)
