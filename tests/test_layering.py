@@ -44,6 +44,7 @@ LEVELS = {
     "jax._keyparts": 4,
     "jax._thresholds": 4,
     "jax._cache_dir": 4,
+    "jax._adopt": 4,
     "jax._single_flight": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,

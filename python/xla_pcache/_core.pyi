@@ -195,6 +195,10 @@ class Store:
     ) -> None:
         """Replace the cache's stored settings (written to a temp file, then renamed into
         place); None unsets one. ``ReadOnlyError`` on a read-only handle."""
+    def count_adopted(self, nbytes: int, compile_time_s: float | None = None) -> None:
+        """Count a lookup served from another program's cache files (an adopted JAX entry of
+        ``nbytes`` payload bytes) as a hit and as ``adopted``; ``compile_time_s`` (None when
+        unknown: nothing added) goes to the compile time saved."""
     def count_misses(self, n: int) -> None:
         """Count ``n`` misses of lookups a framework made in a copy the store filled
         (torch_xla's host-local copy), so ``stats`` counts them with the store's own."""
@@ -210,10 +214,14 @@ class Store:
         """Put a tier behind the directory (once): ``get`` returns ``on_miss(key)`` after a
         local miss, ``put`` calls ``on_publish(key)`` after it published. Exceptions they
         raise are logged, never the caller's."""
-    def put(self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
+    def put(
+        self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None, sign: bool = True
+    ) -> bool:
         """Store value under key. True if this call stored it; False if the key exists (first
         writer wins), the store is read-only, the value is over budget, or the write failed
-        (failures are logged and counted, never raised)."""
+        (failures are logged and counted, never raised). The store's signing key, if any,
+        signs it; ``sign=False`` for bytes this process did not produce (a file adopted from
+        another program's cache): written unsigned, whatever key the store holds."""
     def get(self, key: Key) -> Blob | None:
         """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
     def get_entry_file(self, key: Key) -> bytes | None:

@@ -77,6 +77,8 @@ class Stats(TypedDict):
     # Entries a store with trusted keys would not serve (a miss each, never loaded), and
     # what a trusting import rejected.
     untrusted: int
+    # Lookups served from JAX's own cache files (each also a hit).
+    adopted: int
     hit_rate: float | None
     entries: int
     bytes: int

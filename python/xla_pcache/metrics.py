@@ -33,6 +33,7 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("misses", "misses", "Lookups the cache could not serve.", 1),
     ("puts", "puts", "Entries published.", 1),
     ("put_exists", "puts_existing", "Puts of a key already present (first writer won).", 1),
+    ("adopted", "adopted", "Hits served from JAX's own cache files and taken over.", 1),
     ("bytes_read", "read_bytes", "Payload bytes served by hits.", 1),
     ("bytes_written", "written_bytes", "Payload bytes published.", 1),
     ("compile_saved_ms", "compile_time_saved_seconds", "Compile time the hits saved.", 1000),

@@ -272,6 +272,7 @@ _STAT_ROWS = (
     ("max_age_s", "max age (unused entries evicted)"),
     ("fill", "fill"),
     ("hits", "hits"),
+    ("adopted", "of them adopted from JAX's cache"),
     ("misses", "misses"),
     ("hit_rate", "hit rate"),
     ("puts", "puts"),
@@ -1035,25 +1036,23 @@ def _import_target(
 
 
 def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | None) -> None:
-    from xla_pcache.jax import _cache_dir as jcd
+    from xla_pcache.jax import _adopt
+    from xla_pcache.jax._cache_dir import JaxCacheDir
 
     with _reported():
         entry_cap, settings, root = _import_target(path, max_entry_size)
         source_dir = os.path.expanduser(source_dir)
         if not os.path.isdir(source_dir):
             _fail(f"{source_dir}: not a directory")
-        source = jcd.JaxCacheDir(source_dir)
-        # What JAX reads here: the format its own compilation cache decompresses.
-        jax_version: str | None = None
-        try:
-            import jax
-            from jax._src import compilation_cache as cc
-
-            formats = jcd.jax_formats(cc)
-            jax_version = str(jax.__version__)
-        except Exception:
-            formats = jcd.decodable_formats()
-        if jax_version is not None and _before_jax_011(jax_version):
+        why = _adopt.refusal(settings.trusted_keys is not None)
+        if why is not None:
+            _fail(
+                f"{root}: {why}, so a trusting reader would never load them; nothing was "
+                "imported. Import them into a cache that trusts no keys, or let a signer "
+                "compile the programs again (docs/jax.md)"
+            )
+        formats, jax_version = _adopt.importer_formats()
+        if jax_version is not None and _adopt.keys_hold_the_path(jax_version):
             _fail(
                 f"jax {jax_version}: before jax 0.11 JAX's keys hold the path of its cache "
                 f"directory, so entries moved from {source_dir} would never be found under "
@@ -1061,8 +1060,6 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
                 "beside XLA_PERSISTENT_CACHE_PATH instead: each entry is adopted, under the "
                 "right key, when a program asks for it (docs/jax.md)"
             )
-        keys = sorted(source.keys())
-        counts = {jcd.ADOPTED: 0, jcd.PRESENT: 0, jcd.REJECTED: 0, jcd.SERVED: 0}
         console = _console()
         bar = _progress(console)
         with (
@@ -1070,45 +1067,23 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
             Store(root, max_size=settings.max_size, settings=settings) as store,
             bar,
         ):
-            bound = entry_cap or min(settings.max_size or jcd.MAX_ENTRY_BYTES, jcd.MAX_ENTRY_BYTES)
-            task = bar.add_task(f"adopting JAX's entries from {source_dir}", total=len(keys))
-            for key in keys:
-                outcome = jcd.adopt(
-                    store,
-                    source,
-                    key,
-                    formats=formats,
-                    meta=lambda value: _adopted_meta(jcd.compile_time(value)),
-                    max_bytes=bound,
-                )
-                if outcome.status in counts:
-                    counts[outcome.status] += 1
-                bar.advance(task)
+            task = bar.add_task(f"adopting JAX's entries from {source_dir}", total=None)
+            counts = _adopt.import_directory(
+                store,
+                JaxCacheDir(source_dir),
+                formats=formats,
+                cap=entry_cap,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
     text = (
-        f"adopted {counts[jcd.ADOPTED]}, already present {counts[jcd.PRESENT]}, "
-        f"skipped as bad {counts[jcd.REJECTED]}"
+        f"adopted {counts[_adopt.ADOPTED]}, already present {counts[_adopt.PRESENT]}, "
+        f"skipped as bad {counts[_adopt.REJECTED]}"
     )
-    if counts[jcd.SERVED]:
-        text += f", left in place as the cache did not take them {counts[jcd.SERVED]}"
+    if counts[_adopt.SERVED]:
+        text += f", left in place as the cache did not take them {counts[_adopt.SERVED]}"
     console.print(text)
-    if counts[jcd.REJECTED] or counts[jcd.SERVED]:
+    if counts[_adopt.REJECTED] or counts[_adopt.SERVED]:
         raise typer.Exit(1)
-
-
-def _before_jax_011(version: str) -> bool:
-    try:
-        return tuple(int(p) for p in version.split(".")[:2]) < (0, 11)
-    except ValueError:
-        return False
-
-
-def _adopted_meta(secs: float | None) -> dict[str, str]:
-    from xla_pcache.misslog import META_COMPILE_TIME
-
-    meta = {"framework": "jax", "adopted_from": "jax_cache"}
-    if secs is not None:
-        meta[META_COMPILE_TIME] = f"{secs:.6f}"
-    return meta
 
 
 def _version_callback(value: bool) -> None:

@@ -12,7 +12,6 @@ stays cheap and works without jax installed.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -26,8 +25,7 @@ from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import Settings
-from xla_pcache.jax import _cache_dir as jax_cache_dir
-from xla_pcache.jax import _keyparts, _single_flight
+from xla_pcache.jax import _adopt, _keyparts, _single_flight
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store
@@ -48,21 +46,6 @@ logger = package_logger(__name__)
 MIN_JAX = (0, 4, 36)
 SUPPORTED_JAX = "jax >= 0.4.36 (CI tests 0.4.36, 0.7.2, 0.10.2 and 0.12.0.1)"
 
-# From 0.11 JAX leaves the autotune cache directory out of its cache keys (cache_key.py),
-# so the path-dependence workaround below is needed only before it.
-_KEYS_PATH_INDEPENDENT_SINCE = (0, 11)
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
 # JAX's default for this option asks XLA to keep GPU autotune results in a sub-directory
 # of the cache directory. On jax 0.10.x that sub-directory's absolute path is part of every
 # cache key (fixed in 0.11), so the same program misses when the cache is mounted
@@ -71,7 +54,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 _XLA_CACHES_OPTION = "jax_persistent_cache_enable_xla_caches"
 _CACHE_DIR_OPTION = "jax_compilation_cache_dir"
 _RAISE_ERRORS_OPTION = "jax_raise_persistent_cache_errors"
-_XLA_CACHES_DEFAULT = "xla_gpu_per_fusion_autotune_cache_dir"
+_XLA_CACHES_DEFAULT = _adopt.XLA_CACHES_DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +81,7 @@ def _hooks() -> _Hooks:
             f"xla_pcache.jax needs {SUPPORTED_JAX}; importing it failed: {exc}. "
             'Install it with `pip install "xla-pcache[jax]"`.'
         ) from exc
-    version = _version_tuple(str(getattr(jax, "__version__", "0")))
+    version = _adopt.version_tuple(str(getattr(jax, "__version__", "0")))
     if version < MIN_JAX:
         raise CacheError(
             f"xla_pcache.jax supports {SUPPORTED_JAX}; this is jax {jax.__version__}. "
@@ -126,7 +109,7 @@ def _hooks() -> _Hooks:
         cache_interface=cci.CacheInterface,
         verification_cache=getattr(cc, "VerificationCache", None),
         has_xla_caches_option=_XLA_CACHES_OPTION in jax.config.values,
-        needs_path_workaround=version < _KEYS_PATH_INDEPENDENT_SINCE,
+        needs_path_workaround=_adopt.keys_hold_the_path(str(jax.__version__)),
         compiler=_compiler_module(),
     )
 
@@ -192,7 +175,7 @@ class _StoreCacheImpl:
         *,
         verified: bool = False,
         single_flight: _single_flight.SingleFlight | None = None,
-        adopter: _Adopter | None = None,
+        adopter: _adopt.Adopter | None = None,
         on_miss: str = "compile",
     ) -> None:
         self._store = store
@@ -219,17 +202,19 @@ class _StoreCacheImpl:
 
     def get(self, key: str) -> memoryview | None:
         _check_key(key)
+        if self._adopter is not None:
+            # Before the store's get, which would count a miss: a lookup JAX's own files
+            # answer is a hit (and adopted), and only one the store has no file for is.
+            adopted = self._adopter.take(self._store, key, self._adopted_meta(key), self._warn)
+            if adopted is not None:
+                with self._lock:
+                    self._served.add(key)
+                return memoryview(adopted)
         try:
             blob = self._store.get(key)
         except Exception as exc:
             self._warn("read", key, exc)
             return None
-        if blob is None and self._adopter is not None:
-            adopted = self._adopter.take(self._store, key, self._meta, self._warn)
-            if adopted is not None:
-                with self._lock:
-                    self._served.add(key)
-                return memoryview(adopted)
         if blob is None and self._flight is not None:
             try:
                 blob = self._flight.after_miss(key)
@@ -258,6 +243,11 @@ class _StoreCacheImpl:
         # has these hooks only decompresses the value or tests it against None, and both
         # zlib and zstd read any buffer. The view keeps the entry's mapping alive.
         return memoryview(blob)
+
+    def _adopted_meta(self, key: str) -> Callable[[Any], dict[str, str]]:
+        """The producer's metadata and the key's components, for an entry adopted under
+        ``key`` (``_adopt.adopted_meta`` adds the rest)."""
+        return lambda read: _keyparts.put_meta(self._meta, key, read.value)
 
     def put(self, key: str, value: bytes) -> None:
         _check_key(key)
@@ -290,144 +280,6 @@ class _StoreCacheImpl:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._store.path!r})"
-
-
-class _Adopter:
-    """Adoption of the entries of directories JAX's own cache filled, lazily, on a miss.
-
-    Lazy because it then costs nothing when there is no such directory (install() looks
-    once for one JAX entry name and builds no adopter without it), one failed ``openat``
-    per miss and source when there is, and an entry moves only when a program asks for it:
-    no start-up pause over a large directory. ``xla-pcache import --from-jax`` moves a whole
-    directory at once.
-    """
-
-    # Bounds the keys remembered between computing a key and looking it up.
-    _MAX_ALIASES = 4096
-
-    def __init__(self, sources: list[jax_cache_dir.JaxCacheDir], cc: Any) -> None:
-        self.sources = sources
-        self._formats = jax_cache_dir.jax_formats(cc)
-        self._aliases: dict[str, list[str]] = {}
-        self._lock = threading.Lock()
-        self.counts = {"adopted": 0, "served": 0, "rejected": 0}
-
-    def note_aliases(self, key: str, names: list[str]) -> None:
-        """The keys JAX alone gave the program now keyed ``key`` (see _KeyAliases)."""
-        with self._lock:
-            self._aliases.pop(key, None)
-            self._aliases[key] = names
-            while len(self._aliases) > self._MAX_ALIASES:
-                self._aliases.pop(next(iter(self._aliases)))
-
-    def take(self, store: Store, key: str, meta: dict[str, str], warn: _Warner) -> bytes | None:
-        with self._lock:
-            names = self._aliases.pop(key, [])
-        for source in self.sources:
-            try:
-                outcome = jax_cache_dir.adopt(
-                    store,
-                    source,
-                    key,
-                    names=names,
-                    formats=self._formats,
-                    meta=lambda value: {
-                        **_keyparts.put_meta(meta, key, value),
-                        "adopted_from": "jax_cache",
-                    },
-                    max_bytes=_adopt_bound(store),
-                )
-            except Exception as exc:
-                warn(f"adoption from {source.path}", key, exc)
-                continue
-            if outcome.status == jax_cache_dir.REJECTED:
-                with self._lock:
-                    self.counts["rejected"] += 1
-                warn(
-                    f"adoption from JAX's cache at {source.path}",
-                    outcome.name or key,
-                    jax_cache_dir.Rejected(outcome.reason or "rejected"),
-                )
-                continue
-            if outcome.value is None:
-                continue
-            with self._lock:
-                if outcome.status == jax_cache_dir.SERVED:
-                    self.counts["served"] += 1
-                else:
-                    self.counts["adopted"] += 1
-            logger.debug(
-                "xla_pcache: %s %r from JAX's cache at %s", outcome.status, key, source.path
-            )
-            return outcome.value
-        return None
-
-
-def _adopt_bound(store: Store) -> int:
-    budget = store.max_size
-    bound = jax_cache_dir.MAX_ENTRY_BYTES
-    return bound if not budget else min(bound, int(budget))
-
-
-class _KeyAliases:
-    """On jax < 0.11 JAX's own keys hold the path of its cache directory (through
-    ``xla_gpu_per_fusion_autotune_cache_dir``, which its default
-    ``jax_persistent_cache_enable_xla_caches`` sets), and install() turns that option off:
-    the same program has another key than the one JAX alone gave it. Wrapping
-    ``compilation_cache.get_cache_key`` computes that key too, from the same arguments, with
-    JAX's own function, for each directory being adopted; only while such a directory
-    exists at install()."""
-
-    def __init__(self, original: Callable[..., str], adopter: _Adopter) -> None:
-        self.original = original
-        self.adopter = adopter
-        # inspect.signature and _keyparts (which computes keys itself) see JAX's function.
-        self.__wrapped__ = original
-
-    def __call__(
-        self, module: Any, devices: Any, compile_options: Any, backend: Any, *a: Any, **kw: Any
-    ) -> str:
-        key = self.original(module, devices, compile_options, backend, *a, **kw)
-        try:
-            names = []
-            for source in self.adopter.sources:
-                opts = copy.deepcopy(compile_options)
-                opts.executable_build_options.debug_options.xla_gpu_per_fusion_autotune_cache_dir = str(  # noqa: E501
-                    pathlib.Path(source.key_path) / _XLA_CACHES_DEFAULT
-                )
-                names.append(self.original(module, devices, opts, backend, *a, **kw))
-            self.adopter.note_aliases(key, names)
-        except Exception as exc:
-            logger.debug("xla_pcache: JAX's own key for %r not computed: %s", key, exc)
-        return key
-
-
-def _adoption_sources(
-    hooks: _Hooks, store_path: str, previous_dir: str | None
-) -> list[jax_cache_dir.JaxCacheDir]:
-    """The directories JAX's own cache may have filled for this process: the store's own
-    root (JAX_COMPILATION_CACHE_DIR or XLA_PERSISTENT_CACHE_PATH naming the old JAX
-    directory) and the directory JAX was configured with before install() took it over;
-    those holding at least one JAX entry name."""
-    found: list[jax_cache_dir.JaxCacheDir] = []
-    seen: set[str] = set()
-    candidates: list[tuple[str, str]] = []
-    prev = str(previous_dir) if previous_dir else None
-    if prev is not None and _is_local(prev):
-        prev = prev.removeprefix("file://")
-        prev_abs = os.path.abspath(os.path.expanduser(prev))
-        candidates.append((store_path, prev if prev_abs == store_path else store_path))
-        candidates.append((prev_abs, prev))
-    else:
-        candidates.append((store_path, store_path))
-    for path, key_path in candidates:
-        if path in seen:
-            continue
-        seen.add(path)
-        source = jax_cache_dir.JaxCacheDir(path, key_path=key_path)
-        if source.has_entries():
-            found.append(source)
-    return found
 
 
 def _check_key(key: str) -> None:
@@ -485,8 +337,8 @@ class _Installation:
     # uninstall.
     others: list[Store] = dataclasses.field(default_factory=list)
     # Directories JAX's own cache filled, served and adopted on a miss; None: there are none.
-    adopter: _Adopter | None = None
-    # JAX's get_cache_key, when _KeyAliases stands in for it.
+    adopter: _adopt.Adopter | None = None
+    # JAX's get_cache_key, when _adopt.KeyAliases stands in for it.
     original_get_cache_key: Callable[..., str] | None = None
 
 
@@ -560,8 +412,8 @@ def _factory(path: str) -> tuple[Any, str] | None:
             store = _open_store(path, inst.max_size, inst.read_only)
             if store is not None:
                 inst.others.append(store)
-                sources = _adoption_sources(inst.hooks, os.path.abspath(path), None)
-                adopter = _Adopter(sources, inst.hooks.cc) if sources else None
+                sources = _adopt.sources(store, os.path.abspath(path), None, local=_is_local)
+                adopter = _adopt.Adopter(sources, inst.hooks.cc) if sources else None
     if store is None:
         return None
     meta = dict(inst.meta)
@@ -706,9 +558,9 @@ def install(
         if resolved_wait > 0 and hooks.compiler is not None:
             _single_flight.install_hook(hooks.compiler)
         if store is not None and _is_local(resolved_path):
-            sources = _adoption_sources(hooks, resolved_path, previous_dir)
+            sources = _adopt.sources(store, resolved_path, previous_dir, local=_is_local)
             if sources:
-                _installed.adopter = _Adopter(sources, hooks.cc)
+                _installed.adopter = _adopt.Adopter(sources, hooks.cc)
                 logger.info(
                     "xla_pcache: serving and adopting the entries JAX's own cache left in %s",
                     ", ".join(src.path for src in sources),
@@ -716,7 +568,7 @@ def install(
                 original_key = getattr(hooks.cc, "get_cache_key", None)
                 if workaround and callable(original_key):
                     _installed.original_get_cache_key = original_key
-                    hooks.cc.get_cache_key = _KeyAliases(original_key, _installed.adopter)
+                    hooks.cc.get_cache_key = _adopt.KeyAliases(original_key, _installed.adopter)
         hooks.cc.get_file_cache = _factory
         jax_config.update(_CACHE_DIR_OPTION, resolved_path)
         # Drop a cache JAX may already have built, so the next compilation calls _factory.
@@ -742,7 +594,7 @@ def uninstall() -> None:
         if cc.get_file_cache is _factory:
             cc.get_file_cache = inst.original_factory
         if inst.original_get_cache_key is not None and isinstance(
-            getattr(cc, "get_cache_key", None), _KeyAliases
+            getattr(cc, "get_cache_key", None), _adopt.KeyAliases
         ):
             cc.get_cache_key = inst.original_get_cache_key
         if inst.hooks.compiler is not None:

@@ -1,22 +1,24 @@
-"""A directory filled by JAX's own persistent cache (``jax._src.lru_cache.LRUCache``), and
-its adoption into a ``Store``.
+"""Reading a directory JAX's own persistent cache (``jax._src.lru_cache.LRUCache``) filled:
+its names, its files read under bounds, and their removal. What is done with an entry read
+here (the rules of adoption) is in ``_adopt.py``.
 
-JAX's file cache keeps each executable in ``<key>-cache``: 4 bytes of compile time (big
-endian) and the serialized executable, compressed with zstd when JAX finds
+JAX's file cache keeps each executable in ``<key>-cache``: 4 bytes of compile time (whole
+seconds, big endian) and the serialized executable, compressed with zstd when JAX finds
 ``compression.zstd`` or ``zstandard`` and with zlib otherwise. With a size limit it also
 writes ``<key>-atime`` beside it and a ``.lockfile``. Every JAX from 0.4.36 to 0.12 writes
 this format; the value in the file is byte for byte what JAX hands the adapter's ``put``,
-under the same key, so an entry is adopted as it is: read, checked, published into the
-store under its key, then removed from JAX's directory (it is then counted in the store's
-budget and kept once).
+under the same key.
 
-Everything read from the directory is untrusted: only names of the shape JAX writes
-(``<module name>-<64 hex digits>-cache``, no ``/``) are considered; files are opened
-relative to the directory without following links and without blocking (a FIFO); what is
-not a regular file, larger than the bound, or does not decompress to a whole value in a
-format the reader's JAX decompresses is rejected (a miss, left where it is). JAX writes the
-file in place without a lock, so a file being written is incomplete and is rejected the same
-way.
+Everything read from the directory is untrusted, and bounded before anything is allocated
+for it: only names of the shape JAX writes (``<module name>-<64 hex digits>-cache``, no
+``/``) are considered; files are opened relative to the directory without following links
+and without blocking (a FIFO) and must be regular files within the bound; the first bytes
+are checked (the compression format's header: a zstd frame must declare a window this
+reader accepts, and its size where the running JAX needs it) before the rest is read; the
+file is then read a piece at a time, each piece decompressed (output capped per call, kept
+nowhere) and checked before the next is read, so a file that is not a value JAX can read
+(a sparse file, a decompression bomb, a file JAX is still writing) costs at most a piece
+and a window of memory.
 """
 
 from __future__ import annotations
@@ -27,13 +29,8 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
-
-from xla_pcache._core import Store as _CoreStore
-from xla_pcache._text import package_logger
-
-logger = package_logger(__name__)
 
 CACHE_SUFFIX = "-cache"
 ATIME_SUFFIX = "-atime"
@@ -41,12 +38,19 @@ ATIME_SUFFIX = "-atime"
 # is called, so only what would make the name unsafe is refused.
 _KEY = re.compile(r"[^/\x00]{1,190}-[0-9a-f]{64}")
 _NAME_MAX = 255
-# Larger entries than this are not read into memory to be checked (JAX's own executables
-# are far smaller); the store's budget lowers it further.
+# Larger files than this are never read (JAX's own executables are far smaller); the
+# store's budget lowers it further (``_adopt.entry_bound``).
 MAX_ENTRY_BYTES = 2 << 30
 # A value decompressing to more than this many times its size is refused unread to the end.
 _MAX_RATIO = 1000
-_CHUNK = 1 << 20
+# The first read: enough for any frame header, so the format is checked before the rest.
+_HEAD = 4096
+# Each further read, and the most one decompression call may produce.
+_PIECE = 1 << 20
+_OUT_CAP = 1 << 20
+# The largest zstd window a frame may ask for (16 MiB; JAX's default level uses 2 MiB at
+# most, zstd's levels up to 19 at most 8 MiB): a streaming decoder allocates it.
+_ZSTD_WINDOW_LOG_MAX = 24
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _TIME_BYTES = 4
 
@@ -71,7 +75,7 @@ def valid_key(key: str) -> bool:
 
 
 def _zstd_module() -> Any:
-    """A zstd decompressor module as JAX would pick it: ``compression.zstd``, else
+    """A zstd decompressor module as JAX picks it: ``compression.zstd``, else
     ``zstandard``, else None."""
     try:
         from compression import zstd  # type: ignore[import-not-found, unused-ignore]
@@ -87,142 +91,283 @@ def _zstd_module() -> Any:
         return None
 
 
+def _is_stdlib_zstd(mod: Any) -> bool:
+    return hasattr(mod, "get_frame_info")
+
+
 def decodable_formats() -> frozenset[str]:
     """The formats this process can check: zlib, and zstd when a zstd module is there."""
     return frozenset({ZLIB, ZSTD} if _zstd_module() is not None else {ZLIB})
 
 
-def jax_formats(cc: Any) -> frozenset[str]:
-    """The one format the running JAX (``jax._src.compilation_cache``) decompresses: zstd
-    when it found a zstd module, else zlib. An entry in the other format would fail in JAX,
-    so it is not adopted."""
-    if getattr(cc, "zstd", None) is not None or getattr(cc, "zstandard", None) is not None:
-        return frozenset({ZSTD})
-    return frozenset({ZLIB})
+# --- checking a value as it is read ---------------------------------------------------------
 
 
-def _stream_zlib(data: memoryview, limit: int) -> Iterator[bytes]:
-    d = zlib.decompressobj()
-    pos = 0
-    produced = 0
-    while not d.eof:
-        if d.unconsumed_tail:
-            chunk = d.decompress(d.unconsumed_tail, _CHUNK)
-        elif pos < len(data):
-            chunk = d.decompress(data[pos : pos + _CHUNK], _CHUNK)
-            pos += _CHUNK
-        else:
+class _Check:
+    """Decompresses a value piece by piece as JAX would before deserializing it, keeping
+    nothing: each call's output is capped and counted against ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.produced = 0
+        self.head = b""  # the first decompressed bytes: JAX's compile time
+
+    def _out(self, chunk: bytes | memoryview) -> None:
+        if len(self.head) < _TIME_BYTES:
+            self.head += bytes(chunk[: _TIME_BYTES - len(self.head)])
+        self.produced += len(chunk)
+        if self.produced > self.limit:
+            raise Rejected("decompresses to more than the bound")
+
+    def feed(self, piece: bytes) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+
+class _Zlib(_Check):
+    def __init__(self, head: bytes, limit: int) -> None:
+        super().__init__(limit)
+        if len(head) < 2 or head[0] & 0x0F != 8 or (head[0] << 8 | head[1]) % 31:
+            raise Rejected("not a zlib stream")
+        self._d = zlib.decompressobj()
+
+    def feed(self, piece: bytes) -> None:
+        d = self._d
+        if d.eof:
+            raise Rejected("bytes after the end of the zlib stream")
+        data: bytes = piece
+        while True:
+            out = d.decompress(data, _OUT_CAP)
+            self._out(out)
+            if d.eof:
+                if d.unused_data:
+                    raise Rejected("bytes after the end of the zlib stream")
+                return
+            data = d.unconsumed_tail
+            # A full output may leave more to come from input already taken.
+            if not data and len(out) < _OUT_CAP:
+                return
+
+    def finish(self) -> None:
+        if not self._d.eof:
             raise Rejected("zlib stream ends early (truncated, or still being written)")
-        produced += len(chunk)
-        if produced > limit:
-            raise Rejected("decompresses to more than the bound")
-        yield chunk
-    if d.unused_data or pos < len(data):
-        raise Rejected("bytes after the end of the zlib stream")
 
 
-def _stream_zstd(data: memoryview, limit: int) -> Iterator[bytes]:
-    mod = _zstd_module()
-    if mod is None:
-        raise Rejected("zstd-compressed, and no zstd module to read it")
-    if hasattr(mod, "ZstdDecompressor") and hasattr(mod, "get_frame_info"):
-        # compression.zstd (Python 3.14)
-        d = mod.ZstdDecompressor()
-        pos = 0
-        produced = 0
-        while not d.eof:
+class _StdlibZstd(_Check):
+    """``compression.zstd`` (Python 3.14): JAX's ``zstd.decompress`` reads a frame with or
+    without a declared size."""
+
+    def __init__(self, mod: Any, head: bytes, limit: int) -> None:
+        super().__init__(limit)
+        try:
+            info = mod.get_frame_info(head)
+        except Exception as exc:
+            raise Rejected(f"not a zstd frame: {exc}") from None
+        declared = getattr(info, "decompressed_size", None)
+        if declared is not None and declared > limit:
+            raise Rejected("declares more decompressed bytes than the bound")
+        param = mod.DecompressionParameter.window_log_max
+        self._d = mod.ZstdDecompressor(options={param: _ZSTD_WINDOW_LOG_MAX})
+
+    def feed(self, piece: bytes) -> None:
+        d = self._d
+        if d.eof:
+            raise Rejected("bytes after the end of the zstd frame")
+        data: bytes = piece
+        while True:
+            self._out(d.decompress(data, _OUT_CAP))
+            data = b""
+            if d.eof:
+                if d.unused_data:
+                    raise Rejected("bytes after the end of the zstd frame")
+                return
             if d.needs_input:
-                if pos >= len(data):
-                    raise Rejected("zstd frame ends early (truncated, or still being written)")
-                piece = bytes(data[pos : pos + _CHUNK])
-                pos += _CHUNK
-            else:
-                piece = b""
-            chunk = d.decompress(piece, _CHUNK)
-            produced += len(chunk)
-            if produced > limit:
-                raise Rejected("decompresses to more than the bound")
-            yield chunk
-        if d.unused_data or pos < len(data):
-            raise Rejected("bytes after the end of the zstd frame")
-        return
-    # zstandard: the frame's declared size bounds the work; a short or corrupt frame raises.
-    declared = mod.frame_content_size(bytes(data[:18]))
-    if declared is not None and declared > limit:
+                return
+
+    def finish(self) -> None:
+        if not self._d.eof:
+            raise Rejected("zstd frame ends early (truncated, or still being written)")
+
+
+def _zstandard_header(mod: Any, head: bytes, limit: int) -> int:
+    """The size a ``zstandard`` frame declares, checked: JAX's one-shot
+    ``ZstdDecompressor().decompress`` cannot read a frame that declares none (it would be
+    a decompression bomb's way past any bound), nor one over the bound."""
+    try:
+        params = mod.get_frame_parameters(head)
+    except Exception as exc:
+        raise Rejected(f"not a zstd frame: {exc}") from None
+    declared = int(params.content_size)
+    if declared < 0 or declared == getattr(mod, "CONTENTSIZE_UNKNOWN", -1):
+        raise Rejected("a zstd frame that declares no size, which this JAX cannot read")
+    if declared > limit:
         raise Rejected("declares more decompressed bytes than the bound")
-    d = mod.ZstdDecompressor().decompressobj()
-    produced = 0
-    for pos in range(0, len(data), _CHUNK):
-        chunk = d.decompress(bytes(data[pos : pos + _CHUNK]))
-        produced += len(chunk)
-        if produced > limit:
-            raise Rejected("decompresses to more than the bound")
-        yield chunk
-        if getattr(d, "eof", False) and pos + _CHUNK < len(data):
-            raise Rejected("bytes after the end of the zstd frame")
-    if hasattr(d, "eof") and not d.eof:
-        raise Rejected("zstd frame ends early (truncated, or still being written)")
-    if declared is not None and declared >= 0 and produced != declared:
-        raise Rejected("zstd frame ends early (truncated, or still being written)")
-
-
-def check_value(value: bytes | memoryview, formats: frozenset[str]) -> str:
-    """Decompress ``value`` (streaming, nothing kept) as JAX would before deserializing it,
-    and check it holds a compile time and an executable. Returns the format; raises
-    ``Rejected`` saying why not. The executable itself is only parsed by JAX's backend: if
-    that fails, JAX compiles again and its put replaces the adopted entry."""
-    data = memoryview(value).cast("B")
-    fmt = ZSTD if bytes(data[:4]) == _ZSTD_MAGIC else ZLIB
-    if fmt not in formats:
-        raise Rejected(f"{fmt}-compressed; this JAX reads {'/'.join(sorted(formats))} only")
-    limit = max(len(data), 1) * _MAX_RATIO
-    stream = _stream_zstd if fmt == ZSTD else _stream_zlib
-    total = 0
-    try:
-        for chunk in stream(data, limit):
-            total += len(chunk)
-    except Rejected:
-        raise
-    except Exception as exc:  # zlib.error, ZstdError, ...: not a value JAX can read
-        raise Rejected(f"does not decompress ({fmt}): {exc}") from None
-    if total <= _TIME_BYTES:
+    if declared <= _TIME_BYTES:
         raise Rejected("holds no executable")
-    return fmt
+    if params.window_size > 1 << _ZSTD_WINDOW_LOG_MAX:
+        raise Rejected("asks for a zstd window larger than the bound")
+    return declared
 
 
-def compile_time(value: bytes | memoryview) -> float | None:
-    """The whole seconds JAX wrote in front of the executable, or None."""
-    data = bytes(memoryview(value)[:65536])
-    try:
-        if data[:4] == _ZSTD_MAGIC:
-            head = b"".join(_stream_zstd_head(data))
-        else:
-            head = zlib.decompressobj().decompress(data, _TIME_BYTES)
-    except Exception:
-        return None
-    return float(int.from_bytes(head[:_TIME_BYTES], "big")) if len(head) >= _TIME_BYTES else None
-
-
-def _stream_zstd_head(data: bytes) -> Iterator[bytes]:
-    mod = _zstd_module()
-    if mod is None:
-        return
-    if hasattr(mod, "get_frame_info"):
-        yield mod.ZstdDecompressor().decompress(data, _TIME_BYTES)
-    else:
-        with mod.ZstdDecompressor().stream_reader(data) as reader:
-            yield reader.read(_TIME_BYTES)
+# --- reading a file -------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class _Read:
-    value: bytes
+class Read:
+    """A checked ``<key>-cache`` file: its bytes (the value as JAX wrote it), its format,
+    and JAX's compile time in whole seconds (None if it could not be read)."""
+
+    value: bytearray
+    fmt: str
+    jax_seconds: int | None
     # Which file it was: an inode number alone may be reused by a file written since.
     ident: tuple[int, int, int, int]
 
 
 def _ident(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _Pieces:
+    """A file (``read(n)``: its next bytes, as ``os.read``) read a piece at a time into one
+    buffer that keeps it, never past the ``size`` it had when opened (a file that grows or
+    shrinks meanwhile is refused)."""
+
+    def __init__(self, read: Callable[[int], bytes], size: int) -> None:
+        self._read = read
+        self.size = size
+        self.kept = bytearray()
+
+    def read(self, n: int = _PIECE) -> bytes:
+        """Up to ``n`` more bytes (b"" at the end)."""
+        want = min(n, self.size - len(self.kept))
+        if want <= 0:
+            return b""
+        data = self._read(want)
+        if not data:
+            raise Rejected("changed while read (JAX may be writing it)")
+        self.kept += data
+        return data
+
+    def check_end(self) -> None:
+        if len(self.kept) < self.size:
+            raise Rejected("bytes after the end of the compressed value")
+        if self._read(1):
+            raise Rejected("changed while read (JAX may be writing it)")
+
+
+def _check_zstandard(mod: Any, src: _Pieces, head: bytes, limit: int) -> int:
+    """Streams a ``zstandard`` frame from ``src`` with each call's output capped, to the
+    size it declared; JAX's compile time in whole seconds."""
+    declared = _zstandard_header(mod, head, limit)
+    served = [head]
+
+    class _Source:
+        # zstandard's reader pulls its input: the first bytes (already read), then pieces.
+        def read(self, n: int) -> bytes:
+            if served:
+                return served.pop()
+            return src.read(min(n, _PIECE))
+
+    dctx = mod.ZstdDecompressor(max_window_size=1 << _ZSTD_WINDOW_LOG_MAX)
+    out = bytearray(_OUT_CAP)
+    produced = 0
+    first = b""
+    with dctx.stream_reader(_Source(), read_size=_PIECE) as reader:
+        while True:
+            n = reader.readinto(out)
+            if not n:
+                break
+            if len(first) < _TIME_BYTES:
+                first += bytes(out[: min(n, _TIME_BYTES - len(first))])
+            produced += n
+            if produced > declared:
+                raise Rejected("decompresses to more than its frame declares")
+    if produced != declared:
+        raise Rejected("zstd frame ends early (truncated, or still being written)")
+    src.check_end()
+    return int.from_bytes(first, "big")
+
+
+def check_file(
+    read: Callable[[int], bytes], size: int, formats: frozenset[str]
+) -> tuple[bytearray, str, int]:
+    """Reads a value of ``size`` bytes (``read(n)``: its next bytes) under the bounds above
+    and checks it is one whole value in a format of ``formats`` holding a compile time and
+    an executable. Returns (its bytes, its format, JAX's compile time in whole seconds);
+    raises ``Rejected`` saying why not. The executable itself is parsed only by JAX's
+    backend: if that fails, JAX compiles again and its put replaces the adopted entry."""
+    src = _Pieces(read, size)
+    head = src.read(_HEAD)
+    fmt = ZSTD if head[:4] == _ZSTD_MAGIC else ZLIB
+    if fmt not in formats:
+        raise Rejected(f"{fmt}-compressed; this JAX reads {'/'.join(sorted(formats))} only")
+    limit = max(size, 1) * _MAX_RATIO
+    try:
+        if fmt == ZSTD:
+            mod = _zstd_module()
+            if mod is None:
+                raise Rejected("zstd-compressed, and no zstd module to read it")
+            if not _is_stdlib_zstd(mod):
+                return src.kept, fmt, _check_zstandard(mod, src, head, limit)
+            check: _Check = _StdlibZstd(mod, head, limit)
+        else:
+            check = _Zlib(head, limit)
+        piece = head
+        while piece:
+            check.feed(piece)
+            piece = src.read()
+        check.finish()
+        src.check_end()
+    except (Rejected, OSError):
+        raise
+    except Exception as exc:  # zlib.error, ZstdError, ...: not a value JAX can read
+        raise Rejected(f"does not decompress ({fmt}): {exc}") from None
+    if check.produced <= _TIME_BYTES:
+        raise Rejected("holds no executable")
+    return src.kept, fmt, int.from_bytes(check.head, "big")
+
+
+def check_value(value: bytes | bytearray | memoryview, formats: frozenset[str]) -> str:
+    """``check_file`` of a value held in memory; returns its format."""
+    data = memoryview(value).cast("B")
+    at = 0
+
+    def read(n: int) -> bytes:
+        nonlocal at
+        piece = bytes(data[at : at + n])
+        at += len(piece)
+        return piece
+
+    return check_file(read, len(data), formats)[1]
+
+
+def value_seconds(value: bytes | bytearray | memoryview) -> int | None:
+    """The whole seconds JAX wrote in front of the executable in a value, read from its
+    first bytes alone (output capped at those 4 bytes, window bounded); None if they cannot
+    be read."""
+    data = bytes(memoryview(value).cast("B")[:65536])
+    head = b""
+    try:
+        if data[:4] != _ZSTD_MAGIC:
+            head = zlib.decompressobj().decompress(data, _TIME_BYTES)
+        else:
+            mod = _zstd_module()
+            if mod is None:
+                return None
+            if _is_stdlib_zstd(mod):
+                param = mod.DecompressionParameter.window_log_max
+                d = mod.ZstdDecompressor(options={param: _ZSTD_WINDOW_LOG_MAX})
+                head = d.decompress(data, _TIME_BYTES)
+            else:
+                dctx = mod.ZstdDecompressor(max_window_size=1 << _ZSTD_WINDOW_LOG_MAX)
+                with dctx.stream_reader(data) as reader:
+                    head = reader.read(_TIME_BYTES)
+    except Exception:
+        return None
+    return int.from_bytes(head[:_TIME_BYTES], "big") if len(head) >= _TIME_BYTES else None
 
 
 class JaxCacheDir:
@@ -259,10 +404,11 @@ class JaxCacheDir:
                 if key is not None:
                     yield key
 
-    def read(self, key: str, max_bytes: int = MAX_ENTRY_BYTES) -> _Read | None:
-        """The bytes of ``<key>-cache``; None when there is no such file. Raises
-        ``Rejected`` for a link, a FIFO, a directory, a file over ``max_bytes`` or one that
-        changes size while read; ``OSError`` when the directory cannot be opened."""
+    def read(self, key: str, max_bytes: int, formats: frozenset[str]) -> Read | None:
+        """``<key>-cache`` read and checked (``check_file``); None when there is no such
+        file. Raises ``Rejected`` for a link, a FIFO, a directory, a file over
+        ``max_bytes`` and a value that does not check; ``OSError`` when the directory
+        cannot be opened."""
         if not valid_key(key):
             raise Rejected("not a name JAX writes")
         dfd = self._dir_fd()
@@ -293,25 +439,14 @@ class JaxCacheDir:
                     raise Rejected("not a regular file")
                 if st.st_size > max_bytes:
                     raise Rejected(f"larger than {max_bytes} bytes")
-                buf = bytearray(st.st_size + 1)
-                view = memoryview(buf)
-                got = 0
-                while got < len(buf):
-                    n = os.readv(fd, [view[got:]])
-                    if n == 0:
-                        break
-                    got += n
-                if got != st.st_size:
-                    raise Rejected("changed while read (JAX may be writing it)")
-                del view
-                del buf[got:]
-                return _Read(bytes(buf), _ident(st))
+                value, fmt, secs = check_file(lambda n: os.read(fd, n), st.st_size, formats)
+                return Read(value, fmt, secs, _ident(st))
             finally:
                 os.close(fd)
         finally:
             os.close(dfd)
 
-    def remove(self, key: str, read: _Read) -> bool:
+    def remove(self, key: str, read: Read) -> bool:
         """Remove ``<key>-cache`` if it is still the regular file ``read`` came from, and
         ``<key>-atime`` if it is a regular file; True if the entry file was removed."""
         dfd = self._dir_fd()
@@ -333,64 +468,3 @@ class JaxCacheDir:
             return True
         finally:
             os.close(dfd)
-
-
-# What adopt() did with one file.
-ADOPTED = "adopted"  # published (or found present) and removed from JAX's directory
-PRESENT = "present"  # the store already had the key; JAX's duplicate removed
-SERVED = "served"  # valid and returned, but left in place (read-only store or put refused)
-REJECTED = "rejected"
-MISSING = "missing"
-
-
-@dataclasses.dataclass
-class Outcome:
-    status: str
-    value: bytes | None = None
-    reason: str | None = None
-    name: str | None = None  # the JAX key the value came from
-
-
-def adopt(
-    store: _CoreStore,
-    source: JaxCacheDir,
-    key: str,
-    *,
-    names: Sequence[str] = (),
-    formats: frozenset[str],
-    meta: Mapping[str, str] | Callable[[bytes], Mapping[str, str]] | None = None,
-    max_bytes: int = MAX_ENTRY_BYTES,
-) -> Outcome:
-    """Adopt JAX's entry for ``key`` (or, failing it, the first of ``names``: the keys JAX
-    alone gave the same program) from ``source`` into ``store`` under ``key``.
-
-    A valid value is put into the store; once the store holds the key (this put or an
-    earlier one), JAX's file is removed, so it is kept once. A read-only store, or a put the
-    store refuses (over budget, a failed write), serves the value but leaves the file. A
-    file that is not a valid value is left in place and reported as rejected. Never raises
-    for what is in the directory; ``OSError`` only if the directory cannot be opened."""
-    rejected: Outcome | None = None
-    for name in (key, *[n for n in names if n != key]):
-        if not valid_key(name):
-            continue  # not a name JAX gives a file: no such file in its directory
-        try:
-            read = source.read(name, max_bytes)
-            if read is None:
-                continue
-            check_value(read.value, formats)
-        except Rejected as exc:
-            if rejected is None:
-                rejected = Outcome(REJECTED, reason=str(exc), name=name)
-            continue
-        if store.read_only:
-            return Outcome(SERVED, read.value, name=name)
-        entry_meta = dict(meta(read.value) if callable(meta) else meta or {})
-        stored = store.put(key, read.value, meta=entry_meta)
-        if not stored and key not in store:
-            return Outcome(SERVED, read.value, "the store did not take it", name=name)
-        try:
-            source.remove(name, read)
-        except OSError as exc:
-            logger.debug("xla_pcache: could not remove %s from %s: %s", name, source.path, exc)
-        return Outcome(ADOPTED if stored else PRESENT, read.value, name=name)
-    return rejected or Outcome(MISSING)

@@ -24,12 +24,12 @@ import hashlib
 import inspect
 import sys
 import threading
-import zlib
 from collections.abc import Callable
 from typing import Any
 
 from xla_pcache import misslog
 from xla_pcache._text import package_logger
+from xla_pcache.jax import _cache_dir
 from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode
 from xla_pcache.misslog import module_name as module_name
 
@@ -115,19 +115,8 @@ def compile_time(value: Any) -> float | None:
 
 
 def _time_from_value(value: Any) -> float | None:
-    head = b""
-    try:
-        data = bytes(memoryview(value)[:65536])
-        if data[:4] == b"\x28\xb5\x2f\xfd":  # zstd frame
-            import zstandard  # type: ignore[import-not-found, unused-ignore]
-
-            with zstandard.ZstdDecompressor().stream_reader(data) as reader:
-                head = reader.read(4)
-        else:
-            head = zlib.decompressobj().decompress(data, 4)
-    except Exception:
-        return None
-    return float(int.from_bytes(head, "big")) if len(head) == 4 else None
+    secs = _cache_dir.value_seconds(value)
+    return None if secs is None else float(secs)
 
 
 def _key_args() -> dict[str, Any] | None:

@@ -70,6 +70,9 @@ pub enum Counter {
     /// what a trusting `import` rejected. Appended after the remote totals; see
     /// `PER_KIND_RECORD` for the records of the release that kept per-kind counters here.
     Untrusted,
+    /// Lookups served from the files another program's cache left (JAX's own cache
+    /// directory), each also counted a hit (`Store::count_adopted`). Appended last.
+    Adopted,
 }
 
 /// The first counter callers outside the core may add to by name (`Store::add_named`);
@@ -90,7 +93,7 @@ pub fn named(name: &str) -> Option<usize> {
         .map(|i| FIRST_NAMED + i)
 }
 
-pub const COUNTER_NAMES: [&str; 32] = [
+pub const COUNTER_NAMES: [&str; 33] = [
     "hits",
     "misses",
     "puts",
@@ -123,6 +126,7 @@ pub const COUNTER_NAMES: [&str; 32] = [
     "remote_get_ms",
     "remote_backfills",
     "untrusted",
+    "adopted",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 

@@ -213,6 +213,10 @@ fn durable_arg(v: &Bound<'_, PyAny>) -> PyResult<bool> {
     bool_arg("durable", v)
 }
 
+fn sign_arg(v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    bool_arg("sign", v)
+}
+
 /// The argument `name` as a path (str or os.PathLike), without NUL bytes.
 fn path_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
     let p: PathBuf = v
@@ -385,13 +389,14 @@ impl PyStore {
             .map_err(|_| PyValueError::new_err("this store already has a tier"))
     }
 
-    #[pyo3(signature = (key, value, *, meta=None))]
+    #[pyo3(signature = (key, value, *, meta=None, sign=true))]
     fn put(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
         meta: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = sign_arg)] sign: bool,
     ) -> PyResult<bool> {
         let key_obj = key;
         let key = KeyArg::extract(key)?;
@@ -409,7 +414,15 @@ impl PyStore {
             }
         }
         let store = self.store()?;
-        let res = py.detach(|| no_panic("put", || store.put(key.key(), buf.as_slice(), &pairs)));
+        let res = py.detach(|| {
+            no_panic("put", || {
+                if sign {
+                    store.put(key.key(), buf.as_slice(), &pairs)
+                } else {
+                    store.put_unsigned(key.key(), buf.as_slice(), &pairs)
+                }
+            })
+        });
         drop(buf);
         let stored = match res {
             Err(e) if e.is_instance_of::<CacheError>(py) => {
@@ -816,6 +829,29 @@ impl PyStore {
                 "invalid name {name:?}: not a counter callers may add to"
             )))
         }
+    }
+
+    /// Counts a lookup served from another program's cache files (an adopted JAX entry of
+    /// `nbytes` payload bytes) as a hit and as adopted; `compile_time_s` (seconds, None when
+    /// unknown) is added to the compile time saved.
+    #[pyo3(signature = (nbytes, compile_time_s=None))]
+    fn count_adopted(&self, nbytes: u64, compile_time_s: Option<f64>) -> PyResult<()> {
+        let ms = match compile_time_s {
+            None => None,
+            Some(s) if s.is_finite() && s >= 0.0 => {
+                Some((s * 1000.0).round().min(u64::MAX as f64) as u64)
+            }
+            Some(s) => {
+                return Err(PyValueError::new_err(format!(
+                    "compile_time_s must be a finite number of seconds >= 0 or None, got {s}"
+                )))
+            }
+        };
+        let store = self.store()?;
+        no_panic("count_adopted", || {
+            store.count_adopted(nbytes, ms);
+            Ok(())
+        })
     }
 
     /// Counts `n` misses of lookups a framework made in a copy the store filled (torch_xla's

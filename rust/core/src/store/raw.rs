@@ -1,5 +1,6 @@
 //! Whole entry files as bytes: what a remote tier or a bundle carries between caches.
 
+use super::write::Signing;
 use super::*;
 use crate::sign;
 
@@ -113,7 +114,7 @@ impl Store {
         if publish {
             // Not publishing (exists, over budget, a write error) is a skipped write the put
             // counted; the verified payload is served all the same.
-            self.put_received(key, &file[h.header_len..], &h)?;
+            self.put_received(key, &file, &h)?;
         }
         Ok(Some(Blob::owned(file, h)))
     }
@@ -152,19 +153,43 @@ impl Store {
         let Some(h) = self.check_received(key, file) else {
             return Ok(None);
         };
-        self.put_received(key, &file[h.header_len..], &h).map(Some)
+        self.put_received(key, file, &h).map(Some)
     }
 
+    /// Publishes the verified entry file `file` (header `h`), never signed by this store.
     fn put_received(
         &self,
         key: Key<'_>,
-        payload: &[u8],
+        file: &[u8],
         h: &entry::Header,
     ) -> Result<bool, StoreError> {
-        let carried = h.signature.as_ref().and_then(sign::carried_fields);
-        let res = self.put_entry(key, payload, &h.meta, carried);
+        let signing = self.received_signing(file, h);
+        let res = self.put_entry(key, &file[h.header_len..], &h.meta, signing);
         self.release_claim_after_put(&key);
         res
+    }
+
+    /// How a received entry is published. Its signature is kept when this store's keys
+    /// vouch for it: a trusting store's (`check_received` served only a trusted entry), or,
+    /// for a signer without trusted keys, its own key. Otherwise it is written unsigned,
+    /// whatever key the store holds: a store signs only what its own process produced. A
+    /// store with no key at all keeps what the entry carries: it can check nothing, claims
+    /// nothing, and every trusting reader checks the signature itself.
+    fn received_signing(&self, file: &[u8], h: &entry::Header) -> Signing {
+        let Some(fields) = h.signature.as_ref().and_then(sign::carried_fields) else {
+            return Signing::Unsigned;
+        };
+        let vouched = match (self.opts.trust.as_deref(), self.write_trust.as_ref()) {
+            (Some(_), _) | (None, None) => true,
+            (None, Some(own)) => {
+                matches!(sign::verify_entry(file, own), Ok(sign::Verdict::Trusted(_)))
+            }
+        };
+        if vouched {
+            Signing::Carried(fields)
+        } else {
+            Signing::Unsigned
+        }
     }
 }
 

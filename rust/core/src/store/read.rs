@@ -151,6 +151,20 @@ impl Store {
         }
     }
 
+    /// Counts a lookup the store missed but served from another program's cache files (an
+    /// adopted JAX entry of `bytes` payload bytes): a hit, and adopted. `compile_ms`: the
+    /// compile time it saved when that program recorded one; None (unknown) adds nothing
+    /// to the time saved. Its caller asked the store nothing before (no miss was counted).
+    pub fn count_adopted(&self, bytes: u64, compile_ms: Option<u64>) {
+        self.counters.inc(Counter::Hits);
+        self.counters.inc(Counter::Adopted);
+        self.counters.add(Counter::BytesRead, bytes);
+        if let Some(ms) = compile_ms {
+            self.counters.add(Counter::CompileSavedMs, ms);
+        }
+        self.maybe_flush_stats(false);
+    }
+
     /// Opens and verifies the entry file at `rel` (beneath the root, no link followed in any
     /// component, no FIFO waited on).
     /// With `trust`, the entry must be signed by one of its keys: its BLAKE3 digest is the

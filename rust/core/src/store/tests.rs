@@ -675,3 +675,21 @@ fn entries_unused_past_the_stored_max_age_are_evicted_by_puts() {
     assert!(s.get(key("new")).unwrap().is_some());
     assert_eq!(s.counters.get(Counter::Evictions), 1);
 }
+
+#[test]
+fn an_adopted_lookup_is_a_hit_that_saved_only_what_is_known() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    s.count_adopted(1000, Some(2500));
+    s.count_adopted(500, None);
+    let c = |k: Counter| s.counters.get(k);
+    assert_eq!((c(Counter::Hits), c(Counter::Adopted)), (2, 2));
+    assert_eq!(c(Counter::Misses), 0);
+    assert_eq!(c(Counter::BytesRead), 1500);
+    // Unknown adds nothing: never counted as 0 s, nor as a guess.
+    assert_eq!(c(Counter::CompileSavedMs), 2500);
+    s.flush();
+    let st = open(d.path(), None).stats().unwrap();
+    assert_eq!(st.counters[Counter::Adopted as usize], 2);
+    assert_eq!(st.counters[Counter::Hits as usize], 2);
+}

@@ -20,29 +20,55 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// Who vouches for a put's bytes.
+pub(super) enum Signing {
+    /// This process produced them: its signer, if any, signs.
+    Own,
+    /// Received whole with these signature fields, already verified against this store's
+    /// keys: kept as they are.
+    Carried(Vec<(String, String)>),
+    /// Received, and not vouched for by a key this store checked: written unsigned.
+    Unsigned,
+}
+
 impl Store {
     /// Stores `value` under `key`. Ok(true) if this call published it; Ok(false) if the key
     /// exists, the store is read-only, the value is larger than the budget, or writing failed.
     /// A claim this process holds on `key` is released by the put (see `claim.rs`).
+    ///
+    /// This store's signer, if any, signs it: `put` is for bytes this process produced
+    /// (compiled); bytes it received are put with `put_unsigned` or `put_entry_file`.
     pub fn put(
         &self,
         key: Key<'_>,
         value: &[u8],
         meta: &[(String, String)],
     ) -> Result<bool, StoreError> {
-        let res = self.put_entry(key, value, meta, None);
+        let res = self.put_entry(key, value, meta, Signing::Own);
         self.release_claim_after_put(&key);
         res
     }
 
-    /// `carried`: the signature fields of an entry received whole (a tier, a bundle), kept
-    /// as they are; otherwise this store's signer, if any, signs the put.
+    /// As `put`, for bytes this process did not produce (a file another program's cache
+    /// left, adopted): published unsigned, whatever signer the store holds, since a
+    /// signature says "I compiled this".
+    pub fn put_unsigned(
+        &self,
+        key: Key<'_>,
+        value: &[u8],
+        meta: &[(String, String)],
+    ) -> Result<bool, StoreError> {
+        let res = self.put_entry(key, value, meta, Signing::Unsigned);
+        self.release_claim_after_put(&key);
+        res
+    }
+
     pub(super) fn put_entry(
         &self,
         key: Key<'_>,
         value: &[u8],
         meta: &[(String, String)],
-        carried: Option<Vec<(String, String)>>,
+        signing: Signing,
     ) -> Result<bool, StoreError> {
         check_key(&key)?;
         if let Some((k, _)) = meta.iter().find(|(k, _)| k.starts_with(sign::META_PREFIX)) {
@@ -57,21 +83,24 @@ impl Store {
         let bad = |e: EntryError| StoreError::Invalid(format!("cannot encode entry: {e}"));
         // The signer, and which trusted set decides whether an entry already there stands
         // for this one.
-        let own = self.opts.signer.as_deref();
-        let (signer, accept) = match (&carried, own) {
-            (Some(f), _) => (sign::fields_signer(f), self.opts.trust.as_deref()),
-            (None, Some(s)) => (Some(s.name().to_string()), self.write_trust.as_ref()),
-            (None, None) => (None, None),
+        let own = match signing {
+            Signing::Own => self.opts.signer.as_deref(),
+            _ => None,
+        };
+        let (signer, accept) = match (&signing, own) {
+            (Signing::Carried(f), _) => (sign::fields_signer(f), self.opts.trust.as_deref()),
+            (_, Some(s)) => (Some(s.name().to_string()), self.write_trust.as_ref()),
+            _ => (None, None),
         };
         let Some((name, replace)) = self.put_target(key, accept.zip(signer.as_deref())) else {
             self.maybe_flush_stats(false);
             return Ok(false);
         };
         // Signed only once it is known to be written.
-        let sig = match (carried, own) {
-            (Some(f), _) => Some(f),
-            (None, Some(s)) => Some(s.sign(key.bytes, key.is_text, value, meta).map_err(bad)?),
-            (None, None) => None,
+        let sig = match (signing, own) {
+            (Signing::Carried(f), _) => Some(f),
+            (_, Some(s)) => Some(s.sign(key.bytes, key.is_text, value, meta).map_err(bad)?),
+            _ => None,
         };
         let mut all_meta;
         let meta = match sig {
