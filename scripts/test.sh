@@ -109,6 +109,9 @@ torch_xla_venv() {  # version, python
     "$2" -m venv --clear "$v"
     "$v/bin/pip" install -q "torch==$1" "torch_xla==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
   fi
+  # The trust matrix's cells forge entry checksums (kept out of the check above, so that
+  # venvs made before it get it too).
+  "$v/bin/pip" install -q "xxhash>=3.4"
 }
 torch_xla_venv "$TORCH_XLA_OLDEST" python3
 # The package from this checkout, with the import hook a real install puts in site-packages
@@ -160,5 +163,6 @@ echo "== torch_xla $TORCH_XLA_OLDEST: adapter tests"
 "$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -m pytest -q \
   -p no:cacheprovider -ra tests/adapters/test_torch_xla.py \
   tests/adapters/test_torch_xla_activation.py tests/adapters/test_torch_xla_hits.py \
-  tests/adapters/test_torch_xla_counts.py tests/test_doctor_lines.py
+  tests/adapters/test_torch_xla_counts.py tests/adapters/test_torch_xla_trust.py \
+  tests/test_doctor_lines.py
 # ---- end of the torch_xla version range tests

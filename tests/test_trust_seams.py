@@ -214,3 +214,31 @@ def test_no_part_of_a_password_is_ever_shown(
     assert "127.0.0.1" in text or "," in password
     for marker in MARKERS:
         assert marker not in text, (password, marker, text)
+
+
+SIGNING_ALONE = """
+import logging, sys
+from xla_pcache import Store, _core
+from xla_pcache.config import Settings
+logging.basicConfig(level=logging.WARNING)
+seed = _core.generate_signing_key()
+pub = ("ci-1", _core.signing_public_key(seed))
+for root in sys.argv[1:3]:
+    Store(root, settings=Settings(), signing_key=("ci-1", seed)).close()
+Store(sys.argv[3], settings=Settings(), signing_key=("ci-1", seed), trusted_keys=[pub]).close()
+"""
+
+
+def test_a_signer_without_trusted_keys_says_so_once(tmp_path: Path) -> None:
+    roots = [str(tmp_path / n) for n in ("a", "b", "c")]
+    r = subprocess.run(
+        [sys.executable, "-c", SIGNING_ALONE, *roots],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("trusts no key") == 1, r.stderr
+    assert "XLA_PCACHE_TRUSTED_KEYS" in r.stderr

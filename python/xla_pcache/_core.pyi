@@ -177,8 +177,10 @@ class Store:
         """The names of the trusted keys, or None (every verified entry is served)."""
     def untrusted_entries(self, remove: bool = False) -> list[tuple[str, Key, str]]:
         """(path, key, why) of each entry a reader with this store's trusted keys would not
-        serve ("unsigned", "signed by mallory-1, not trusted", ...); with ``remove``, each
-        is removed (ReadOnlyError if read-only). ValueError without trusted keys."""
+        serve ("unsigned", "signed by mallory-1, not trusted", ...), and of each entry name
+        held by no file ("a directory at an entry's name", a FIFO, a link: key ``""``);
+        with ``remove``, each is removed (ReadOnlyError if read-only). ValueError without
+        trusted keys."""
     @property
     def path(self) -> str: ...
     @property

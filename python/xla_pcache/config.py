@@ -266,8 +266,8 @@ VARIABLES += (
         "path",
         "unset",
         "A private key file made by `xla-pcache keygen` (mode 0600): every put of this "
-        "process is signed with it. A malformed file, or one group or others can access, is "
-        'an error. See docs/reliability.md, "Trusted writers".',
+        "process is signed with it. A malformed file, a link, a FIFO, or one group or others "
+        'can access, is an error. See docs/reliability.md, "Trusted writers".',
     ),
     Variable(
         TRUSTED_KEYS_VAR,
@@ -275,7 +275,8 @@ VARIABLES += (
         "keys",
         "unset",
         "`NAME:BASE64[,NAME:BASE64...]` (the public keys `keygen` prints), or `@FILE` with one "
-        "per line: only entries signed by one of these keys are served; any other is a miss, "
+        "per line (a regular file named directly, not a link, that group and others cannot "
+        "write): only entries signed by one of these keys are served; any other is a miss, "
         "counted `untrusted`, never loaded. Unset: every verified entry is served.",
     ),
 )

@@ -115,7 +115,13 @@ class RedisTier(TierBase):
             # only up to the size checked above.
             rest = bytes(self._client.getrange(key, len(head), size - 1))
         except Exception as e:  # any client or socket error is a miss, never the caller's
-            self.fail("get", e)
+            if "WRONGTYPE" in str(e):
+                # Another writer put a list, set or hash at the name: a value refused, as
+                # garbage is, not a failure of the server (which would leave the tier
+                # alone, and every other name with it, for retry_after).
+                self.reject("wrongtype", f"the value for {name} is not a string")
+            else:
+                self.fail("get", e)
             return None
         if len(head) + len(rest) != size:
             self.reject("rejected", f"the value for {name} changed while it was read")
