@@ -9,7 +9,8 @@ without trusted keys drops such a tier with one warning, and only signed entries
 to it.
 
 - **get**: each tier in order, and in each tier the key's plain object, then each trusted
-  signer's own object for the key (``_core.signed_entry_name``); the first value the store
+  signer's own object for the key (the names the core gives, ``Store.entry_names``, in
+  its one order); the first value the store
   verifies answers. A value it refuses (damaged, unsigned or untrusted; it says
   ``count("remote_rejected")``) stops nothing: the next object, then the next tier, is
   tried. Once the store has verified one (``count("remote_hits")``), it is backfilled in the
