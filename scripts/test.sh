@@ -49,6 +49,7 @@ TORCH_XLA_TESTS=(
   tests/adapters/test_torch_xla.py tests/adapters/test_torch_xla_activation.py
   tests/adapters/test_torch_xla_hits.py tests/adapters/test_torch_xla_counts.py
   tests/adapters/test_torch_xla_signing.py tests/adapters/test_explain_torch_xla.py
+  tests/adapters/test_torch_xla_trust.py
 )
 TORCH_XLA_NEWEST_TESTS=(
   tests/adapters/test_torch_xla_hits.py tests/adapters/test_torch_xla_activation.py
@@ -134,6 +135,9 @@ torch_xla_venv() {  # version, python
   printf '%s\n' "$PWD/python" "$PWD/python/xla_pcache.data/purelib" \
     'import _xla_pcache_autoload; _xla_pcache_autoload.hook_torch_xla()' \
     >"$site/xla_pcache_autoload.pth"
+  # The trust matrix's cells forge entry checksums (kept out of the check above, so that
+  # venvs made before it get it too).
+  "$v/bin/pip" install -q "xxhash>=3.4"
 }
 # The other venvs come mostly from the network: made in the background while lint and
 # cargo use the cores. Each logs to the ledger directory; a failure is shown and fails here.

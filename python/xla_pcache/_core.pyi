@@ -167,6 +167,9 @@ class Store:
         trusted_keys: Iterable[tuple[str, bytes]] | None = None,
     ) -> _S: ...
     @property
+    def trusted_keys(self) -> list[tuple[str, bytes]] | None:
+        """The trusted keys as (name, 32-byte public key) pairs, in order; None without."""
+    @property
     def signing_key_name(self) -> str | None:
         """The name of the key every put is signed with, or None (unsigned puts)."""
     @property
@@ -174,8 +177,10 @@ class Store:
         """The names of the trusted keys, or None (every verified entry is served)."""
     def untrusted_entries(self, remove: bool = False) -> list[tuple[str, Key, str]]:
         """(path, key, why) of each entry a reader with this store's trusted keys would not
-        serve ("unsigned", "signed by mallory-1, not trusted", ...); with ``remove``, each
-        is removed (ReadOnlyError if read-only). ValueError without trusted keys."""
+        serve ("unsigned", "signed by mallory-1, not trusted", ...), and of each entry name
+        held by no file ("a directory at an entry's name", a FIFO, a link: key ``""``);
+        with ``remove``, each is removed (ReadOnlyError if read-only). ValueError without
+        trusted keys."""
     @property
     def path(self) -> str: ...
     @property
@@ -226,6 +231,20 @@ class Store:
         """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
     def get_entry_file(self, key: Key) -> bytes | None:
         """The verified entry file (header, key, metadata, payload) as bytes, or None."""
+    def entry_names(self, key: Key) -> list[str]:
+        """The names (32 hex digits) an entry of ``key`` may be under for this store's reads,
+        in the order every reader tries them: the plain ``entry_name``, then each trusted
+        signer's own name (``signed_entry_name``) in the trusted keys' order. What the remote
+        tiers are asked for; the order is the core's, written once."""
+    def entry_file_named(self, key: Key, name: str) -> bytes | None:
+        """The entry file under ``name`` (as ``entries()`` lists it) when it holds an entry
+        of ``key`` that ``get_entry_file`` would hand out, filed correctly there (its key's
+        plain name or its signer's own); None otherwise. ValueError naming ``name`` for what
+        is not an entry name."""
+    def refusal(self, key: Key, data: Buffer) -> tuple[str, str] | None:
+        """Why this store would not take the whole entry file ``data`` for ``key``: (kind,
+        why), kind ``"corrupt"``, ``"untrusted"`` or ``"other_key"``; None when it would.
+        Writes and counts nothing."""
     def verify_entry_file(self, key: Key, data: Buffer) -> Blob | None:
         """Verify a whole entry file in memory (header, length, checksum, key) and return its
         payload as a Blob without writing anything; None if it does not verify."""
@@ -236,6 +255,11 @@ class Store:
         Blob; None if it does not verify (nothing written)."""
     def take_entry_fd(self, key: Key, fd: int, publish: bool) -> Blob | None:
         """As ``take_entry_file``, for an entry file spooled to the open file ``fd``."""
+    def _spool_fd(self) -> int:
+        """A new unnamed file under the cache's tmp/, opened beneath the root with no link
+        followed in any component, as a descriptor the caller owns: where a tier streams a
+        large entry file before ``take_entry_fd``. ``CacheError`` when tmp/ cannot be used
+        (not a real directory inside the cache: counted and warned of)."""
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
         None if it does not verify (nothing written), else what ``put`` returns."""

@@ -2,7 +2,10 @@
 
 The format is a gzip-compressed tar (stdlib ``tarfile``): readable by any tool, streamable,
 and no new dependency. Each member is one whole entry file (header, key, metadata, checksums,
-payload) named by its entry name; the key travels in the member's PAX header. Entries are
+payload) named by the name of the file it was in (its key's plain name, or a signer's own
+name for the key, so two entries of one key, such as a squatter's plain file and a trusted
+signer's own, travel as two members, never two under one name); the key travels in the
+member's PAX header. Entries are
 verified when exported and again when imported (``put_entry_file`` checks header, length,
 checksum and that the key matches), so a tampered member is rejected, and a truncated bundle
 imports every member before the damage and reports the rest as unreadable.
@@ -61,6 +64,9 @@ class ImportReport:
     # Members rejected because of their size (declared, or inflated past the total cap);
     # included in ``rejected``.
     oversized: int = 0
+    # Whole entries a store with trusted keys does not take (unsigned, or signed by a key it
+    # does not trust): counted, not ``rejected``: nothing in the bundle was damaged.
+    untrusted: int = 0
 
 
 def export_bundle(
@@ -123,13 +129,15 @@ def _write_tar(
     with tarfile.open(fileobj=sink, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         for i, e in enumerate(chosen):
             key = e["key"]
-            data = store.get_entry_file(key)
+            # File by file, each under the name it is filed under: what the store hands out
+            # there (with trusted keys, only what they signed).
+            data = store.entry_file_named(key, e["name"])
             if progress is not None:
                 progress(i + 1, len(chosen))
             if data is None:
                 continue
             raw = key.encode() if isinstance(key, str) else key
-            info = tarfile.TarInfo(_core.entry_name(key))
+            info = tarfile.TarInfo(e["name"])
             info.size = len(data)
             info.mtime = int(now)
             info.pax_headers = {
@@ -213,6 +221,8 @@ def import_bundle(
                     counted = True
                     if outcome == "rejected":
                         report.rejected += 1
+                    elif outcome == "untrusted":
+                        report.untrusted += 1
                     elif outcome == "oversized":
                         report.rejected += 1
                         report.oversized += 1
@@ -299,11 +309,12 @@ def _import_member(
     # one from being imported (it goes beside it; put_entry_file decides).
     if store.trusted_key_names is None and key in store:
         return "present"
-    # Verified with the signature kept; a trusting store rejects (and counts `untrusted`)
+    # Verified with the signature kept; a trusting store refuses (and counts `untrusted`)
     # what it would not serve.
     outcome = store.put_entry_file(key, data)
     if outcome is None:
-        return "rejected"
+        why = store.refusal(key, data)
+        return "untrusted" if why is not None and why[0] == "untrusted" else "rejected"
     return "imported" if outcome else "present"
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import errno
 import os
-import re
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -277,8 +277,8 @@ VARIABLES += (
         "path",
         "unset",
         "A private key file made by `xla-pcache keygen` (mode 0600): every put of this "
-        "process is signed with it. A malformed file, or one group or others can access, is "
-        'an error. See docs/reliability.md, "Trusted writers".',
+        "process is signed with it. A malformed file, a link, a FIFO, or one group or others "
+        'can access, is an error. See docs/reliability.md, "Trusted writers".',
     ),
     Variable(
         TRUSTED_KEYS_VAR,
@@ -286,7 +286,8 @@ VARIABLES += (
         "keys",
         "unset",
         "`NAME:BASE64[,NAME:BASE64...]` (the public keys `keygen` prints), or `@FILE` with one "
-        "per line: only entries signed by one of these keys are served; any other is a miss, "
+        "per line (a regular file named directly, not a link, that group and others cannot "
+        "write): only entries signed by one of these keys are served; any other is a miss, "
         "counted `untrusted`, never loaded. Unset: every verified entry is served.",
     ),
 )
@@ -401,18 +402,14 @@ def _text(value: str, name: str) -> str:
     return value.strip()
 
 
-# Key names carry a version, for rotation (`ci-1`, then `ci-2`); the Rust core checks the
-# same rule again.
-_KEY_NAME = re.compile(r"[A-Za-z0-9._-]{0,62}[A-Za-z0-9._]-[0-9]+")
-
-
 def check_key_name(key_name: str, name: str) -> str:
-    """A key name (letters, digits, ``.``, ``_``, ``-``, at most 64, ending in ``-N``)."""
-    if len(key_name) > 64 or not _KEY_NAME.fullmatch(key_name):
-        raise ValueError(
-            f"invalid {name}: key name {key_name!r} must be letters, digits, '.', '_' or '-' "
-            "(at most 64) ending in a version, like 'ci-1'"
-        )
+    """A key name, by the core's one rule (``_core.check_key_name``: letters, digits, ``.``,
+    ``_``, ``-``, at most 64, ending in a version such as ``-1``), which ``keygen`` and every
+    store check too; ``ValueError`` naming ``name`` otherwise."""
+    try:
+        _core.check_key_name(key_name)
+    except ValueError as e:
+        raise ValueError(f"invalid {name}: {e}") from None
     return key_name
 
 
@@ -439,18 +436,29 @@ class SigningKey:
     private: bytes = field(repr=False)
 
 
+def _open_key_file(path: str, name: str, what: str) -> tuple[int, os.stat_result]:
+    """``path`` opened for reading without following a link or waiting on a FIFO
+    (``O_NOFOLLOW | O_NONBLOCK``), and its status: a regular file, or ``ValueError`` naming
+    ``name``, the file and why."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        why = "a symbolic link (name the file itself)" if e.errno == errno.ELOOP else e.strerror
+        raise ValueError(f"invalid {name} {path!r}: cannot open {what} ({why})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError(f"invalid {name} {path!r}: {what} is not a regular file")
+    return fd, st
+
+
 def read_signing_key(path: str, name: str = SIGNING_KEY_VAR) -> SigningKey:
     """Reads a key file written by ``xla-pcache keygen``: one ``NAME:BASE64`` line (``#``
-    comments allowed). It must be a regular file that group and others cannot access."""
+    comments allowed). It must be a regular file (not a link, not a FIFO) that group and
+    others cannot access."""
     path = os.path.expanduser(path.strip())
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as e:
-        raise ValueError(f"invalid {name} {path!r}: cannot open it ({e.strerror})") from None
+    fd, st = _open_key_file(path, name, "the private key file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"invalid {name} {path!r}: not a regular file")
         mode = stat.S_IMODE(st.st_mode)
         if mode & 0o077:
             raise ValueError(
@@ -471,16 +479,35 @@ def read_signing_key(path: str, name: str = SIGNING_KEY_VAR) -> SigningKey:
     return SigningKey(key_name.strip(), path, _key_bytes(b64, "private key", name))
 
 
+def _read_trusted_list(value: str, name: str) -> str:
+    """The text of a trusted-keys list file (``@FILE``). Whoever can add a line to it signs
+    for every process that reads it, so, as ssh's StrictModes does for its key files, it must
+    be a regular file named directly (not reached through a link) that neither group nor
+    others can write; anything else is refused, naming the file and why."""
+    path = os.path.expanduser(value[1:].strip())
+    fd, st = _open_key_file(path, name, "the trusted-keys list")
+    with os.fdopen(fd, "rb") as f:
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise ValueError(
+                f"invalid {name} {path!r}: the trusted-keys list is writable by group or "
+                f"others (mode {mode:04o}), so they could add a key every reader trusts; run "
+                "chmod go-w on it"
+            )
+        data = f.read((1 << 20) + 1)
+    if len(data) > 1 << 20:
+        raise ValueError(f"invalid {name} {path!r}: the trusted-keys list is over 1 MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"invalid {name} {path!r}: the trusted-keys list is not UTF-8") from None
+
+
 def parse_trusted_keys(value: str, name: str = TRUSTED_KEYS_VAR) -> tuple[tuple[str, bytes], ...]:
     """``NAME:BASE64[,NAME:BASE64...]``, or ``@FILE`` with one such key per line."""
     value = value.strip()
     if value.startswith("@"):
-        path = os.path.expanduser(value[1:].strip())
-        try:
-            with open(path, encoding="utf-8") as f:
-                items = _key_lines(f.read(1 << 20))
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"invalid {name} {value!r}: cannot read it ({e})") from None
+        items = _key_lines(_read_trusted_list(value, name))
     else:
         items = [v.strip() for v in value.split(",") if v.strip()]
     keys: list[tuple[str, bytes]] = []
@@ -554,7 +581,8 @@ class Settings:
     disabled: bool = False
     torch_xla_shared_path: str | None = None
     torch_xla_local_dir: str | None = None
-    remote: str | None = None
+    # Never in the repr: a Redis URL may hold a password.
+    remote: str | None = field(default=None, repr=False)
     remote_timeout: float = DEFAULT_REMOTE_TIMEOUT_S
     # None: each kind of tier's own largest value (DEFAULT_REMOTE_MAX_BYTES for Redis).
     remote_max_bytes: int | None = None

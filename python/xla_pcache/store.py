@@ -104,6 +104,8 @@ class Store(_core.Store):
             if trusted_keys is not None or cfg.trusted_keys is not None
             else None,
         )
+        if self.signing_key_name is not None and self.trusted_key_names is None:
+            _warn_signing_without_trust(self.signing_key_name)
         self._settings = cfg
         self._tier_url = url
         self._tier = None
@@ -133,7 +135,7 @@ class Store(_core.Store):
             return self._tier
         with self._tier_lock:
             if self._tier is None and not self._tier_failed:
-                from xla_pcache.tiers import open_tier, redact_chain
+                from xla_pcache.tiers import hide_chain_secrets, open_tier, redact_chain
 
                 try:
                     tier = open_tier(
@@ -152,7 +154,7 @@ class Store(_core.Store):
                         "xla_pcache: cannot open the remote cache %s (%s: %s); local cache only",
                         redact_chain(self._tier_url),
                         type(e).__name__,
-                        e,
+                        hide_chain_secrets(str(e), self._tier_url),
                     )
         return self._tier
 
@@ -164,13 +166,17 @@ class Store(_core.Store):
         from xla_pcache.tiers import Spooled
 
         # What a tier holds is untrusted: never accepted past this store's budget, and a
-        # large one is streamed to this cache's tmp/ rather than held in memory.
-        spool_dir = os.path.join(self.path, "tmp")
-        # The plain object, then each trusted signer's own: an object squatting the plain
-        # name (unsigned, or signed by a key not trusted here) hides no trusted entry.
-        names = [_core.entry_name(key)]
-        names += [_core.signed_entry_name(key, s) for s in self.trusted_key_names or ()]
-        for data in tier.values(names, max_bytes=self.max_size, spool_dir=spool_dir):
+        # large one is streamed to an unnamed file the core opens under this cache's tmp/
+        # (beneath the root, no link followed) rather than held in memory.
+
+        def spool() -> Spooled:
+            return Spooled(self._spool_fd())
+
+        # The names the core tries, in its order (the plain object, then each trusted
+        # signer's own): an object squatting the plain name (unsigned, or signed by a key
+        # not trusted here) hides no trusted entry.
+        names = self.entry_names(key)
+        for data in tier.values(names, max_bytes=self.max_size, spool=spool):
             # Verified once, in the buffer this store then owns: what is published (unless
             # read-only) and served is exactly what was checked, even when the entry is
             # evicted at once. A large object comes as its ranged pieces, gathered there
@@ -295,6 +301,31 @@ class Store(_core.Store):
             parse_size(max_size, name="max_size"),
             None if older_than is None else parse_duration(older_than, name="older_than"),
         )
+
+
+_warned_signing_without_trust = False
+
+
+def _warn_signing_without_trust(signer: str) -> None:
+    """Once per process: a store that signs with no trusted keys is half a set-up. It serves
+    every verified entry, whoever wrote it, so the programs it runs are not vouched for by
+    any key, while what it compiles is signed for the trusting fleet. The two variables go
+    together (docs/reliability.md, "Trusted writers")."""
+    global _warned_signing_without_trust
+    if _warned_signing_without_trust:
+        return
+    _warned_signing_without_trust = True
+    from xla_pcache.config import SIGNING_KEY_VAR, TRUSTED_KEYS_VAR
+
+    log.warning(
+        "xla_pcache: this process signs its entries with key %s (%s) but trusts no key (%s "
+        "is not set): it serves entries from anyone who can write the cache, signed or not. "
+        "Set %s too, with at least this key's public half (xla-pcache keygen prints it)",
+        signer,
+        SIGNING_KEY_VAR,
+        TRUSTED_KEYS_VAR,
+        TRUSTED_KEYS_VAR,
+    )
 
 
 def _seconds(value: float | str | None, name: str) -> float | None:

@@ -140,6 +140,38 @@ def test_a_large_entry_is_spooled_to_tmp_and_served(tmp_path: Path, s3: S3Server
     assert os.listdir(tmp_path / "r" / "tmp") == []
 
 
+def test_the_spool_never_follows_a_link_planted_at_tmp(tmp_path: Path, s3: S3Server) -> None:
+    """tmp/ replaced by a link while a process runs: a large remote hit is still served,
+    from memory, and nothing is spooled where the link points (the spool file is opened
+    beneath the cache's root with no link followed, as the core opens everything)."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    payload = os.urandom(SPOOL_BYTES + (1 << 20))
+    writer = Store(tmp_path / "w", remote=url)
+    assert writer.put("big", payload)
+    assert writer.remote is not None
+    writer.remote.flush()
+    spooled_at: list[str] = []
+
+    class Watched(Store):
+        # Where each spool file the store reads from lies (/proc names its directory).
+        def take_entry_fd(self, key: Any, fd: int, publish: bool) -> Any:
+            spooled_at.append(os.readlink(f"/proc/self/fd/{fd}"))
+            return super().take_entry_fd(key, fd, publish)
+
+    reader = Watched(tmp_path / "r", remote=url)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.rmdir(tmp_path / "r" / "tmp")
+    os.symlink(outside, tmp_path / "r" / "tmp")
+    blob = reader.get("big")
+    assert blob is not None and bytes(blob) == payload
+    assert not any(p.startswith(str(outside)) for p in spooled_at), spooled_at
+    assert reader.process_stats()["unsafe_paths"] >= 1
+    assert os.listdir(outside) == []
+    reader.close()
+
+
 def test_redis_values_are_bounded_the_same_way(tmp_path: Path, redis_server: RedisServer) -> None:
     """Redis: the length and the header come first (STRLEN, GETRANGE); a value over the
     budget or not an entry file is a miss with one warning per kind, never read whole."""

@@ -326,7 +326,8 @@ def test_object_store_urls_parse_and_redact() -> None:
     for bad in ("s3://", "s3://k:secret@bucket/p", "gs://b/p?token=x", "http://h/p"):
         with pytest.raises(ValueError):
             parse_object_url(bad)
-    assert redact("s3://b/p?ro=1&sig=abc") == "s3://b/p?ro=1&sig=***"
+    # Only the mode options are shown: any other option, name and value, is hidden.
+    assert redact("s3://b/p?ro=1&sig=abc") == "s3://b/p?ro=1&***"
     assert redact("rediss://user:pw@host:6380/1") == "rediss://***@host:6380/1"
     assert "secret" not in redact("az://u:secret@c/p")
 

@@ -607,8 +607,9 @@ def _prune_untrusted(path: str | None, read_only: bool, as_json: bool) -> None:
     if as_json:
         _emit_json([{"path": p, "key": _key_text(k), "why": w} for p, k, w in found])
         return
-    for _path, key, why in found:
-        typer.echo(f"removed {_key_text(key)} ({_key_text(why)})")
+    for where, key, why in found:
+        # A name held by no entry (a directory, a FIFO, a link) has no key: its path says it.
+        typer.echo(f"removed {_key_text(key) or _key_text(where)} ({_key_text(why)})")
     typer.echo(f"removed {len(found)} untrusted entries")
 
 
@@ -1012,6 +1013,10 @@ def import_cmd(
     )
     if report.oversized:
         text += f" ({report.oversized} of them too large)"
+    if report.untrusted:
+        # Whole entries no trusted key signed: refused as a trusting get refuses them, and
+        # no failure of the import.
+        text += f", not trusted {report.untrusted}"
     if report.unreadable:
         text += f"; the rest of the bundle is unreadable ({report.error})"
     console.print(shown(text))

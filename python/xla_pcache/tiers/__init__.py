@@ -17,13 +17,21 @@ stats``) starts no client, thread or exit hook.
 from __future__ import annotations
 
 from xla_pcache.tiers.base import Spooled, Tier, redact
-from xla_pcache.tiers.chain import Chain, check_url, open_tier, redact_chain, split_urls
+from xla_pcache.tiers.chain import (
+    Chain,
+    check_url,
+    hide_chain_secrets,
+    open_tier,
+    redact_chain,
+    split_urls,
+)
 
 __all__ = [
     "Chain",
     "Spooled",
     "Tier",
     "check_url",
+    "hide_chain_secrets",
     "open_tier",
     "redact",
     "redact_chain",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import threading
 import time
 import urllib.parse
@@ -47,25 +48,13 @@ HEAD_BYTES = 80 << 10
 
 
 class Spooled:
-    """A remote entry file streamed to an unnamed file in the cache's ``tmp/`` (O_TMPFILE:
-    nothing is left there if the process dies) instead of memory; the store reads it once,
-    with ``take_entry_fd``, and ``close()`` lets it go."""
+    """A remote entry file streamed to an unnamed file in the cache's ``tmp/`` instead of
+    memory (the store opens it, beneath its root with no link followed: ``Store._spool_fd``;
+    nothing is left there if the process dies); the store reads it once, with
+    ``take_entry_fd``, and ``close()`` lets it go."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-
-    @classmethod
-    def create(cls, directory: str) -> Spooled:
-        flags = os.O_RDWR | os.O_CLOEXEC
-        try:
-            fd = os.open(directory, flags | os.O_TMPFILE, 0o600)
-        except (AttributeError, OSError):
-            # No O_TMPFILE here: a named file, unlinked at once (the store sweeps tmp/ of
-            # what a crash between the two leaves).
-            path = os.path.join(directory, f"remote.{os.urandom(8).hex()}.tmp")
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-            os.unlink(path)
-        return cls(fd)
 
     def write_at(self, data: Buffer, offset: int) -> int:
         view = memoryview(data).cast("B")
@@ -88,10 +77,15 @@ class Tier(Protocol):
     url: str
 
     def get(
-        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+        self,
+        name: str,
+        *,
+        max_bytes: int | None = None,
+        spool: Callable[[], Spooled] | None = None,
     ) -> Buffer | list[Buffer] | Spooled | None:
         """The entry file stored under ``name`` (one buffer, its pieces in order, or a file
-        it was spooled to in ``spool_dir``), or None. A value over ``max_bytes``, or whose
+        it was streamed to, made by ``spool``: ``OSError`` or ``CacheError`` when none can
+        be), or None. A value over ``max_bytes``, or whose
         header does not describe an entry filed under ``name`` of the value's size, is
         refused after its first bytes."""
 
@@ -113,27 +107,107 @@ class Tier(Protocol):
         """Finish queued writes and let go of connections and threads."""
 
 
-def redact(url: str) -> str:
-    """``url`` safe for logs, stats and doctor: no user name, password or query value but
-    the tier's mode (read-only, trust)."""
+# What redaction shows of a URL, each part only when it matches here; anything else is
+# never shown, whatever it holds.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")
+_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
+_PORT = re.compile(r"[0-9]{1,5}")
+_PATH = re.compile(r"(/[A-Za-z0-9._~-]*)*")
+_MODE_VALUE = re.compile(r"[A-Za-z0-9_]{0,16}")
+UNPARSEABLE_URL = "<unparseable remote URL>"
+HIDDEN_DETAILS = "details hidden: they may quote the URL's credentials"
+
+
+class _Split:
+    """A URL cut into the parts redaction may show and those it never shows (``hidden``),
+    by rules that need no valid URL: a password may hold ``,``, ``?``, ``#``, ``@``, ``%``
+    or ``/`` unencoded, and every way it is cut still hides all of it."""
+
+    def __init__(self, url: str) -> None:
+        self.shown: str | None = None
+        self.hidden: list[str] = []
+        text = url.strip()
+        scheme, sep, rest = text.partition("://")
+        if not sep or not _SCHEME.fullmatch(scheme):
+            self._hide(text)
+            return
+        # Everything up to the last '@' is credentials (a password may hold '@', '/', '?').
+        cred, at, rest = rest.rpartition("@")
+        if at:
+            self._hide(cred)
+        rest, hash_, fragment = rest.partition("#")
+        if hash_:
+            self._hide(fragment)
+        rest, qmark, query = rest.partition("?")
+        slash = rest.find("/")
+        authority, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+        if authority.startswith("["):
+            host, close, after = authority.partition("]")
+            host += close
+            port_sep, port = after[:1], after[1:]
+            if after and port_sep != ":":
+                host, port_sep, port = authority, "", ""
+        else:
+            host, port_sep, port = authority.partition(":")
+        netloc = "***@" if at else ""
+        if port_sep and not _PORT.fullmatch(port):
+            # `user:secret` cut from its '@' (a password holding ','): neither half shows.
+            netloc += "***"
+            self._hide(authority)
+        elif host and not _HOST.fullmatch(host):
+            netloc += "***"
+            self._hide(host)
+        else:
+            netloc += host + (f":{port}" if port_sep else "")
+        if not _PATH.fullmatch(path):
+            self._hide(path)
+            path = "/***"
+        opts = []
+        for part in query.split("&") if qmark else ():
+            k, eq, v = part.partition("=")
+            if k in MODE_OPTIONS and _MODE_VALUE.fullmatch(v):
+                opts.append(f"{k}={v}" if eq else k)
+            else:
+                opts.append("***")
+                self._hide(part)
+        self.shown = f"{scheme}://{netloc}{path}" + ("?" + "&".join(opts) if opts else "")
+
+    def _hide(self, part: str) -> None:
+        # The part, and each run of letters and digits in it: another parser may cut it
+        # anywhere else (redis-py ends the host at a '#', and quotes what it took for a port).
+        self.hidden.append(part)
+        self.hidden += re.split(r"[^A-Za-z0-9]+", part)
+
+
+def redact(url: object) -> str:
+    """``url`` safe for logs, stats and doctor: its scheme, host, port and path where each
+    is plainly one, and the tier's mode options (read-only, trust); never a user name, a
+    password, another option or a fragment. It cannot fail open: text that does not parse
+    shows as ``<unparseable remote URL>``, never in part."""
     try:
-        parts = urllib.parse.urlsplit(url.strip())
-        port = parts.port
-    except ValueError:
-        return "<unparseable remote URL>"
-    netloc = parts.hostname or ""
-    if port is not None:
-        netloc = f"{netloc}:{port}"
-    if parts.username is not None or parts.password is not None:
-        netloc = f"***@{netloc}"
-    query = urllib.parse.urlencode(
-        [
-            (k, v if k in MODE_OPTIONS else "***")
-            for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        ],
-        safe="*",
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+        shown = _Split(url).shown if isinstance(url, str) else None
+    except Exception:
+        shown = None
+    return UNPARSEABLE_URL if shown is None else shown
+
+
+def hide_url_secrets(text: str, url: str) -> str:
+    """``text`` (an exception's message about ``url``) without any part of ``url`` that
+    ``redact`` would not show, percent-decoded or not: each is replaced by ``***``. A part
+    too short to replace without garbling the message (under 4 characters) that the message
+    quotes as a word of its own makes the whole message give way to a note that it was
+    hidden; so does a ``url`` that cannot be cut. It never fails open."""
+    try:
+        hidden = _Split(url).hidden
+    except Exception:
+        return HIDDEN_DETAILS
+    pieces = {p for h in hidden for p in (h, urllib.parse.unquote(h)) if p}
+    for piece in sorted(pieces, key=len, reverse=True):
+        if len(piece) >= 4:
+            text = text.replace(piece, "***")
+        elif re.search(rf"(?<![A-Za-z0-9]){re.escape(piece)}(?![A-Za-z0-9])", text):
+            return HIDDEN_DETAILS
+    return text
 
 
 def split_mode(url: str) -> tuple[str, bool, bool]:

@@ -9,7 +9,8 @@ without trusted keys drops such a tier with one warning, and only signed entries
 to it.
 
 - **get**: each tier in order, and in each tier the key's plain object, then each trusted
-  signer's own object for the key (``_core.signed_entry_name``); the first value the store
+  signer's own object for the key (the names the core gives, ``Store.entry_names``, in
+  its one order); the first value the store
   verifies answers. A value it refuses (damaged, unsigned or untrusted; it says
   ``count("remote_rejected")``) stops nothing: the next object, then the next tier, is
   tried. Once the store has verified one (``count("remote_hits")``), it is backfilled in the
@@ -43,7 +44,14 @@ from typing import TYPE_CHECKING, Any
 from xla_pcache._text import package_logger
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
 from xla_pcache.tiers import objstore, redis
-from xla_pcache.tiers.base import TRUST_OPTION, TRUST_REQUIRED, Spooled, Tier, split_mode
+from xla_pcache.tiers.base import (
+    TRUST_OPTION,
+    TRUST_REQUIRED,
+    Spooled,
+    Tier,
+    hide_url_secrets,
+    split_mode,
+)
 from xla_pcache.tiers.base import redact as redact
 from xla_pcache.tiers.readonly import ReadOnly
 
@@ -87,8 +95,17 @@ def split_urls(raw: str) -> list[str]:
 
 
 def redact_chain(raw: str) -> str:
-    """A comma-separated chain, each URL redacted."""
+    """A comma-separated chain, each URL redacted (a password holding a comma cuts its URL
+    in two, and each half is redacted as a URL: neither shows any of it)."""
     return ",".join(redact(u) for u in split_urls(raw))
+
+
+def hide_chain_secrets(text: str, raw: str) -> str:
+    """``text`` without any part of the chain's URLs that redaction would not show
+    (``hide_url_secrets`` of each)."""
+    for url in split_urls(raw):
+        text = hide_url_secrets(text, url)
+    return text
 
 
 def check_chain(raw: object, name: str) -> None:
@@ -225,19 +242,25 @@ class Chain:
             for i, s in enumerate(self._slots)
         ]
 
-    def get(self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None) -> Any:
+    def get(
+        self,
+        name: str,
+        *,
+        max_bytes: int | None = None,
+        spool: Callable[[], Spooled] | None = None,
+    ) -> Any:
         """The first tier's value for ``name`` (``values([name])``'s first), or None."""
-        return next(self.values([name], max_bytes=max_bytes, spool_dir=spool_dir), None)
+        return next(self.values([name], max_bytes=max_bytes, spool=spool), None)
 
     def values(
         self,
         names: Sequence[str],
         *,
         max_bytes: int | None = None,
-        spool_dir: str | None = None,
+        spool: Callable[[], Spooled] | None = None,
     ) -> Iterator[Any]:
-        """Each value stored under one of ``names`` (the key's plain name, then each
-        trusted signer's own name for it), tier by tier, in order: a buffer, a list of
+        """Each value stored under one of ``names`` (``Store.entry_names``: the core's
+        candidate names, in its order), tier by tier, in order: a buffer, a list of
         buffers to be taken in order (an object store's ranged pieces), or a ``Spooled``
         file. Not yet verified: the store verifies each and, before taking the next, says
         ``count("remote_hits")`` (and stops) or ``count("remote_rejected")``, so that a
@@ -247,7 +270,7 @@ class Chain:
             for name in names:
                 self._last.hit = None
                 t = time.perf_counter()
-                data = slot.tier.get(name, max_bytes=max_bytes, spool_dir=spool_dir)
+                data = slot.tier.get(name, max_bytes=max_bytes, spool=spool)
                 ms = (time.perf_counter() - t) * 1000
                 with slot.lock:
                     slot.get_ms += ms
@@ -427,7 +450,7 @@ def open_chain(
                 "local cache go on",
                 shown,
                 type(e).__name__,
-                objstore.scrub(str(e), environ),
+                hide_url_secrets(objstore.scrub(str(e), environ), url),
             )
     return Chain(slots, read_only=read_only, dropped=dropped)
 

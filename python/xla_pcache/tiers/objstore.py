@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -211,12 +211,16 @@ class ObjectTier(TierBase):
 
     # ---------------------------------------------------------------- reads
     def get(
-        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+        self,
+        name: str,
+        *,
+        max_bytes: int | None = None,
+        spool: Callable[[], Spooled] | None = None,
     ) -> Buffer | list[Buffer] | Spooled | None:
         """The object stored for entry ``name`` (a large one as its ranged pieces, in order,
         not joined: the store gathers them into the one buffer it verifies and keeps; one
-        over ``SPOOL_BYTES`` streamed to a file in ``spool_dir``), or None (miss or
-        failure, both counted).
+        over ``SPOOL_BYTES`` streamed to a file ``spool`` makes), or None (miss or failure,
+        both counted).
 
         The object is untrusted (anyone who can write the bucket wrote it): its size is
         checked against ``max_bytes`` (the store's budget) and the tier's largest value from
@@ -243,11 +247,12 @@ class ObjectTier(TierBase):
                 return None
             if size <= len(head):
                 return head
-            if size > SPOOL_BYTES and spool_dir is not None:
+            if size > SPOOL_BYTES and spool is not None:
                 try:
-                    spooled = Spooled.create(spool_dir)
-                except OSError:
-                    # tmp/ not writable here (a read-only mount): in memory, as a smaller one.
+                    spooled = spool()
+                except Exception:
+                    # tmp/ not writable here (a read-only mount) or not a real directory
+                    # inside the cache: in memory, as a smaller one.
                     return self._get_rest(path, head, size)
                 return self._spool_rest(path, head, size, spooled)
             return self._get_rest(path, head, size)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from typing_extensions import Buffer
 
     from xla_pcache.tiers.base import Spooled, Tier
@@ -19,9 +21,13 @@ class ReadOnly:
         self.url = tier.url
 
     def get(
-        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+        self,
+        name: str,
+        *,
+        max_bytes: int | None = None,
+        spool: Callable[[], Spooled] | None = None,
     ) -> Buffer | list[Buffer] | Spooled | None:
-        return self.tier.get(name, max_bytes=max_bytes, spool_dir=spool_dir)
+        return self.tier.get(name, max_bytes=max_bytes, spool=spool)
 
     def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
         return None

@@ -19,10 +19,14 @@ from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S
 from xla_pcache.sizes import parse_duration, parse_size
-from xla_pcache.tiers.base import HEAD_BYTES, TierBase, redact
+from xla_pcache.tiers.base import HEAD_BYTES, TierBase, hide_url_secrets, redact
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from typing_extensions import Buffer
+
+    from xla_pcache.tiers.base import Spooled
 
 SCHEMES = ("redis", "rediss", "unix")
 KEY_PREFIX = "xla_pcache:1:"
@@ -54,20 +58,37 @@ class RedisTier(TierBase):
         retry = parse_duration(retry_after, name="retry_after")
         self.url = redact(url)
         self.max_value_bytes = value_cap
-        # from_url parses redis://, rediss:// (TLS) and user:password@ itself. The exception
-        # text of redis-py never includes the password; the URL shown is redacted.
-        self._client: Any = redis.Redis.from_url(
-            url, socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_timeout=False
-        )
+        # Kept to hide its secrets from every message about this tier (never shown).
+        self._raw_url = url
+        # from_url parses redis://, rediss:// (TLS) and user:password@ itself. Its errors
+        # may quote a part of the URL it could not parse (a port cut out of a password):
+        # hidden. The URL shown is redacted.
+        try:
+            self._client: Any = redis.Redis.from_url(
+                url,
+                socket_timeout=seconds,
+                socket_connect_timeout=seconds,
+                retry_on_timeout=False,
+            )
+        except Exception:
+            # Its text is not kept: it may quote a piece of a password.
+            raise ValueError(
+                "not a URL the Redis client can parse; percent-encode ',', '?', '#', '@', "
+                "'/' and '%' in credentials"
+            ) from None
         super().__init__(retry_after=retry, thread_name="xla_pcache-remote")
 
     def get(
-        self, name: str, *, max_bytes: int | None = None, spool_dir: str | None = None
+        self,
+        name: str,
+        *,
+        max_bytes: int | None = None,
+        spool: Callable[[], Spooled] | None = None,
     ) -> bytes | list[Buffer] | None:
         """The raw value stored for entry ``name``, or None (miss or failure, both counted).
         Its length and header come first, in one round trip; the rest is read only for a
         value within ``max_bytes`` whose header describes it."""
-        del spool_dir  # values are at most proto-max-bulk-len; held in memory
+        del spool  # values are at most proto-max-bulk-len; held in memory
         checks = self._checked(name, max_bytes)
         if checks is None:
             return None
@@ -94,12 +115,21 @@ class RedisTier(TierBase):
             # only up to the size checked above.
             rest = bytes(self._client.getrange(key, len(head), size - 1))
         except Exception as e:  # any client or socket error is a miss, never the caller's
-            self.fail("get", e)
+            if "WRONGTYPE" in str(e):
+                # Another writer put a list, set or hash at the name: a value refused, as
+                # garbage is, not a failure of the server (which would leave the tier
+                # alone, and every other name with it, for retry_after).
+                self.reject("wrongtype", f"the value for {name} is not a string")
+            else:
+                self.fail("get", e)
             return None
         if len(head) + len(rest) != size:
             self.reject("rejected", f"the value for {name} changed while it was read")
             return None
         return [head, rest]
+
+    def _describe(self, e: BaseException) -> str:
+        return hide_url_secrets(str(e), self._raw_url)
 
     def _payload(self, data: Buffer) -> bytes:
         # The Redis client takes bytes only.

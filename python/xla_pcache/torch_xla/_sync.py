@@ -5,7 +5,14 @@ writing them in place. This module keeps such directories in step with a shared 
 
 ``<local root>/<host>-<store id>/``
     ``pool/<name>``      complete, verified copies of the store's torch_xla entries, written
-                         by us only (temp file + rename), shared by every process of the host.
+                         by us only (temp file + rename), shared by the host's processes that
+                         trust no key.
+    ``trusted/<key>/<name>``  the same for processes with trusted keys, one directory per key
+                         (``<key name>.<fingerprint of its public key>``): a copy there was
+                         verified against that key. A process links only from the directories
+                         of the keys it trusts now, so a key dropped from its set (revoked)
+                         is never linked into its view, whatever other processes of the host
+                         copied earlier; the graph is a miss there, compiled and counted.
     ``manifest.json``    which store entry file (hex name) holds which torch_xla name, so a
                          warm host reads no entry header; only a hint, the files are the truth.
     ``views/<id>/``      one process's torch_xla directory: hard links to the pool, made
@@ -49,6 +56,8 @@ from xla_pcache.store import Store
 logger = package_logger("xla_pcache.torch_xla")
 
 KEY_PREFIX = "torch_xla/"
+# Under the host's directory: one pool per trusted key (see the module's docstring).
+TRUSTED_POOLS = "trusted"
 MANIFEST_VERSION = 1
 # A view whose lock file is younger than this is left alone by sweepers even if its lock
 # is free: its owner may be between creating the file and locking it.
@@ -82,6 +91,13 @@ def is_torch_xla_name(name: str) -> bool:
 
 def store_key(name: str) -> str:
     return KEY_PREFIX + name
+
+
+def key_pool_name(name: str, public: bytes) -> str:
+    """The directory of the copies verified against the key ``name`` with public key
+    ``public``: its name and a fingerprint of the key, so a key re-issued under the same
+    name is another directory."""
+    return f"{name}.{hash_key(public)[:16]}"
 
 
 def open_inodes() -> set[tuple[int, int]] | None:
@@ -158,6 +174,7 @@ class HostMirror:
         host = socket.gethostname().split(".")[0] or "host"
         self.root = os.path.join(self.local_root, f"{host}-{hash_key(real)[:16]}")
         self.pool = os.path.join(self.root, "pool")
+        self.trusted_pools = os.path.join(self.root, TRUSTED_POOLS)
         self.views = os.path.join(self.root, "views")
         self.manifest_path = os.path.join(self.root, "manifest.json")
         self.view: str | None = None
@@ -277,8 +294,31 @@ class HostMirror:
         except Exception as exc:
             self.warn("updating the host-local copy of the cache", exc)
 
+    def pools(self) -> list[str]:
+        """The pool directories this process may link from, asked of the store at every
+        call: with trusted keys, the directory of each key it trusts now, in the set's order
+        (a copy verified against a key the set no longer holds is never linked); without,
+        the pool of unverified copies."""
+        keys = self.store.trusted_keys
+        if keys is None:
+            return [self.pool]
+        return [os.path.join(self.trusted_pools, key_pool_name(n, pub)) for n, pub in keys]
+
+    def _pool_for(self, signer: str | None) -> str | None:
+        """Where a copy the store verified goes: the pool of the trusted key that signed it
+        (None if the store trusts no such key), or the unverified pool."""
+        keys = self.store.trusted_keys
+        if keys is None:
+            return self.pool
+        for n, pub in keys:
+            if n == signer:
+                return os.path.join(self.trusted_pools, key_pool_name(n, pub))
+        return None
+
     def _refresh_pool(self) -> None:
-        os.makedirs(self.pool, exist_ok=True)
+        pools = self.pools()
+        for pool in pools:
+            os.makedirs(pool, exist_ok=True)
         started_ns = time.time_ns()
         listing = self._store_listing()
         manifest = self._load_manifest()
@@ -288,19 +328,23 @@ class HostMirror:
         else:
             names = {h: manifest[h] for h in listing}
         wanted = {tx for tx in names.values() if tx}
-        pool = self._pool_files()
-        for tx in pool.keys() - wanted:
-            # Only files older than this scan: one another process just published may not
-            # have been in the listing yet.
-            if pool[tx].st_ctime_ns < started_ns:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.pool, tx))
-                    self.counters.removed_from_pool += 1
-                del pool[tx]
-        missing = wanted - pool.keys()
+        held: dict[str, int] = {}
+        for pool in pools:
+            found = self._pool_files(pool)
+            for tx in found.keys() - wanted:
+                # Only files older than this scan: one another process just published may
+                # not have been in the listing yet.
+                if found[tx].st_ctime_ns < started_ns:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(pool, tx))
+                        self.counters.removed_from_pool += 1
+                del found[tx]
+            for tx, st in found.items():
+                held.setdefault(tx, st.st_size)
+        missing = wanted - held.keys()
         if missing:
             budget = self.store.max_size
-            used = sum(st.st_size for st in pool.values())
+            used = sum(held.values())
             if not order:
                 order = [(0.0, tx, 0) for tx in missing]
             # Most recently used first, so a budget smaller than the store keeps the hot set.
@@ -314,9 +358,9 @@ class HostMirror:
         if names != manifest:
             self._save_manifest(names)
 
-    def _pool_files(self) -> dict[str, os.stat_result]:
+    def _pool_files(self, pool: str) -> dict[str, os.stat_result]:
         out: dict[str, os.stat_result] = {}
-        with os.scandir(self.pool) as it:
+        with os.scandir(pool) as it:
             for e in it:
                 if is_torch_xla_name(e.name):
                     with contextlib.suppress(FileNotFoundError):
@@ -340,10 +384,14 @@ class HostMirror:
         blob = None if data is None else self.store.verify_entry_file(key, data)
         if blob is None:
             return 0
+        # Filed by the key it was verified against: only processes trusting that key link it.
+        pool = self._pool_for(blob.signer)
+        if pool is None:
+            return 0
         size = len(blob)
         if budget is not None and used + size > budget:
             return None
-        tmp = os.path.join(self.pool, f"{_TMP_PREFIX}{tx}.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = os.path.join(pool, f"{_TMP_PREFIX}{tx}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
             try:
@@ -355,7 +403,7 @@ class HostMirror:
                 os.close(fd)
             # Whole file or nothing under the final name; another host process doing the
             # same replaces an equal copy.
-            os.replace(tmp, os.path.join(self.pool, tx))
+            os.replace(tmp, os.path.join(pool, tx))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -368,7 +416,6 @@ class HostMirror:
     def open_view(self) -> str:
         """Create this process's torch_xla directory, linked to every pool file."""
         os.makedirs(self.views, exist_ok=True)
-        os.makedirs(self.pool, exist_ok=True)
         self._sweep_views()
         ident = f"{os.getpid()}-{secrets.token_hex(4)}"
         lock_path = os.path.join(self.views, f"{ident}.lock")
@@ -385,23 +432,31 @@ class HostMirror:
         return view
 
     def _link_pool(self) -> None:
+        """Links every copy of the pools this process may use now (``pools()``: the keys
+        it trusts at this moment) into its view; the first pool holding a name wins."""
         assert self.view is not None
-        with os.scandir(self.pool) as it:
-            for e in it:
-                if not is_torch_xla_name(e.name):
-                    continue
-                dst = os.path.join(self.view, e.name)
-                try:
-                    os.link(e.path, dst)
-                except FileNotFoundError:
-                    continue  # dropped from the pool meanwhile
-                except OSError as exc:
-                    if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                        raise
-                    shutil.copyfile(e.path, dst)  # no hard links here: a private copy
-                st = os.stat(dst)
-                self._linked[e.name] = (st.st_dev, st.st_ino)
-                self.counters.linked += 1
+        for pool in self.pools():
+            os.makedirs(pool, exist_ok=True)
+            with os.scandir(pool) as it:
+                for e in it:
+                    if not is_torch_xla_name(e.name) or e.name in self._linked:
+                        continue
+                    self._link_one(e)
+
+    def _link_one(self, e: os.DirEntry[str]) -> None:
+        assert self.view is not None
+        dst = os.path.join(self.view, e.name)
+        try:
+            os.link(e.path, dst)
+        except FileNotFoundError:
+            return  # dropped from the pool meanwhile
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            shutil.copyfile(e.path, dst)  # no hard links here: a private copy
+        st = os.stat(dst)
+        self._linked[e.name] = (st.st_dev, st.st_ino)
+        self.counters.linked += 1
 
     def adopt_view(self, other: HostMirror) -> None:
         """Take over ``other``'s view (the directory torch_xla already reads) for this
@@ -418,7 +473,6 @@ class HostMirror:
                 if (st.st_dev, st.st_ino) == ident:
                     os.unlink(path)
         other._linked.clear()
-        os.makedirs(self.pool, exist_ok=True)
         self._link_pool()
         self._watch_view()
 
@@ -644,8 +698,12 @@ class HostMirror:
     def _share_with_host(self, name: str) -> None:
         """Link a file just published into the pool, so later processes of this host get
         it without reading the store. The inode is final: torch_xla never writes an
-        existing file again, it only creates new ones."""
+        existing file again, it only creates new ones. Only into the unverified pool: a
+        process with trusted keys leaves its pools to copies the store verified (the next
+        refresh makes one)."""
         assert self.view is not None
+        if self.store.trusted_keys is not None:
+            return
         with contextlib.suppress(FileExistsError, FileNotFoundError):
             try:
                 os.link(os.path.join(self.view, name), os.path.join(self.pool, name))

@@ -310,6 +310,10 @@ impl Stat {
     pub fn is_dir(&self) -> bool {
         self.0.st_mode & libc::S_IFMT == libc::S_IFDIR
     }
+    /// The file's type bits (`S_IFMT` of its mode: `S_IFDIR`, `S_IFIFO`, `S_IFLNK`, ...).
+    pub fn file_type(&self) -> libc::mode_t {
+        self.0.st_mode & libc::S_IFMT
+    }
     pub fn len(&self) -> u64 {
         self.0.st_size.max(0) as u64
     }
@@ -595,6 +599,45 @@ impl Dir {
         let fd = self.open_beneath(name, flags, mode)?;
         // SAFETY: fd was just opened and is owned by nobody else.
         Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// A new unnamed file in this directory (`O_TMPFILE`, mode 0600), read and write:
+    /// nothing is left if the process dies. Where the filesystem has no `O_TMPFILE`, a file
+    /// under a fresh name made with `O_EXCL`, unlinked at once (the sweep of a temp
+    /// directory removes what a crash between the two leaves).
+    pub fn tmpfile(&self, prefix: &str) -> io::Result<File> {
+        let dot = cstr(OsStr::new("."))?;
+        let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
+        // SAFETY: valid descriptor (O_PATH directories serve as the base of *at calls) and a
+        // NUL-terminated name.
+        let made = retry_fd(|| unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                dot.as_ptr(),
+                flags,
+                0o600 as libc::c_uint,
+            ) as libc::c_long
+        });
+        match made {
+            // SAFETY: fd was just opened and is owned by nobody else.
+            Ok(fd) => return Ok(unsafe { File::from_raw_fd(fd) }),
+            Err(e)
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
+                ) =>
+            {
+                return Err(e)
+            }
+            Err(_) => {}
+        }
+        let name = Name::checked(
+            Kind::Made,
+            &format!("{prefix}.{}.tmp", crate::publish::unique_suffix()),
+        )?;
+        let f = self.open_file(&name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+        self.unlink(&name)?;
+        Ok(f)
     }
 
     /// `fstatat(AT_SYMLINK_NOFOLLOW)` of a name in this directory.

@@ -373,6 +373,11 @@ impl TrustSet {
         self.keys.iter().map(|(n, _)| n.as_str())
     }
 
+    /// Each key's name and public key, in the set's order.
+    pub fn public_keys(&self) -> impl Iterator<Item = (&str, [u8; 32])> {
+        self.keys.iter().map(|(n, k)| (n.as_str(), k.to_bytes()))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }

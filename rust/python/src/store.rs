@@ -485,6 +485,52 @@ impl PyStore {
         }
     }
 
+    /// The names (32 hex digits) an entry of `key` may be under for this store's reads, in
+    /// the order they are tried: the plain name, then each trusted signer's own name.
+    fn entry_names(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+        let key = KeyArg::extract(key)?;
+        let store = self.store()?;
+        let names = py.detach(|| no_panic("entry_names", || store.entry_names(key.key())))?;
+        Ok(names.into_iter().map(xla_pcache_core::name_hex).collect())
+    }
+
+    /// The entry file under `name` when it holds an entry of `key` this store hands out,
+    /// filed correctly there; None otherwise.
+    fn entry_file_named<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        name: &str,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let key = KeyArg::extract(key)?;
+        let store = self.store()?;
+        match py.detach(|| {
+            no_panic("entry_file_named", || {
+                store.entry_file_named(key.key(), name)
+            })
+        }) {
+            Ok(v) => Ok(v.map(|b| PyBytes::new(py, &b))),
+            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Why this store would not take the whole entry file `data` for `key`, as (kind, why),
+    /// or None when it would. Writes and counts nothing.
+    fn refusal(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(String, String)>> {
+        let key = KeyArg::extract(key)?;
+        let buf = HeldBuffer::get(data, "data")?;
+        let store = self.store()?;
+        let res = py.detach(|| no_panic("refusal", || store.refusal(key.key(), buf.as_slice())));
+        drop(buf);
+        Ok(res?.map(|(kind, why)| (kind.to_string(), why)))
+    }
+
     /// Verifies a whole entry file in memory and returns its payload as a Blob, writing
     /// nothing; None if it does not verify.
     fn verify_entry_file(
@@ -588,6 +634,16 @@ impl PyStore {
             Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// A new unnamed file under the cache's tmp/, reached with no link followed, as a file
+    /// descriptor the caller owns (and closes): where a tier streams a large entry file
+    /// before `take_entry_fd`. CacheError when tmp/ cannot be used.
+    fn _spool_fd(&self, py: Python<'_>) -> PyResult<i32> {
+        use std::os::fd::IntoRawFd;
+        let store = self.store()?;
+        let file = py.detach(|| no_panic("spool_file", || store.spool_file()))?;
+        Ok(file.into_raw_fd())
     }
 
     /// Publishes a whole entry file after verifying it; None if it does not verify.
@@ -711,6 +767,20 @@ impl PyStore {
             .trust
             .as_ref()
             .map(|t| t.names().map(str::to_string).collect()))
+    }
+
+    /// The trusted keys as (name, 32-byte public key) pairs, in order (None without).
+    #[getter]
+    fn trusted_keys<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let store = self.store()?;
+        let Some(trust) = store.options().trust.as_ref() else {
+            return Ok(None);
+        };
+        let out = PyList::empty(py);
+        for (name, public) in trust.public_keys() {
+            out.append((name, PyBytes::new(py, &public)))?;
+        }
+        Ok(Some(out))
     }
 
     #[getter]

@@ -8,16 +8,11 @@ impl Store {
         Ok(self.names_of(key).any(|n| self.entry_exists(n)))
     }
 
-    /// The files an entry of `key` may be under: the plain name, and with trusted keys (or
-    /// a signer) each trusted signer's own name (`sign::signed_name`).
+    /// The files an entry of `key` may be under (`gate::candidates`): the plain name, and
+    /// with trusted keys (or a signer) each trusted signer's own name.
     fn names_of<'a>(&'a self, key: Key<'a>) -> impl Iterator<Item = u128> + 'a {
         let trust = self.opts.trust.as_deref().or(self.write_trust.as_ref());
-        std::iter::once(entry_name(key.bytes)).chain(
-            trust
-                .into_iter()
-                .flat_map(|t| t.names())
-                .map(move |s| crate::sign::signed_name(key.bytes, s)),
-        )
+        gate::candidates(key.bytes, trust).map(|(n, _)| n)
     }
 
     /// Whether a file stands under `name`'s entry name (in a real shard directory).
@@ -216,8 +211,27 @@ impl Store {
                 continue;
             };
             let rel = dir_rel.join(&file);
+            // Something that is no file at an entry's name (a directory, a FIFO, a link)
+            // serves nobody and blocks every put of its key: listed, and removed as a put
+            // that meets it would.
+            if let Ok((shard_dir, m)) = self
+                .dir(&dir_rel)
+                .and_then(|d| d.stat(&file).map(|m| (d, m)))
+            {
+                if !m.is_file() {
+                    if remove && self.clear_squatter(&shard_dir, name, &m).is_none() {
+                        continue;
+                    }
+                    out.push((
+                        self.entry_display(shard.as_ref(), &file),
+                        Vec::new(),
+                        format!("{} at an entry's name", squatter_kind(&m)),
+                    ));
+                    continue;
+                }
+            }
             let (key, why) = match self.read_entry(&rel, Some(trust)) {
-                Ok(b) if filed_under(&b.header, name) => continue,
+                Ok(b) if gate::filed_under(&b.header, name) => continue,
                 Ok(b) => {
                     let by = b.header.signature.map(|f| f.signer).unwrap_or_default();
                     (
@@ -457,7 +471,7 @@ impl Store {
                 continue;
             };
             match self.read_entry(&rel, None) {
-                Ok(blob) if filed_under(&blob.header, name) => {
+                Ok(blob) if gate::filed_under(&blob.header, name) => {
                     let disk = self
                         .dir(&dir_rel)
                         .and_then(|d| d.stat(file))
@@ -560,13 +574,15 @@ impl Store {
     }
 }
 
-/// Whether an entry with this header belongs under the file name `name`: the plain name of
-/// its key, or its signer's own name for it.
-fn filed_under(h: &entry::Header, name: u128) -> bool {
-    entry_name(&h.key) == name
-        || h.signature
-            .as_ref()
-            .is_some_and(|f| crate::sign::signed_name(&h.key, &f.signer) == name)
+/// What stands at an entry's name when it is no regular file.
+pub(super) fn squatter_kind(m: &Stat) -> &'static str {
+    match m.file_type() {
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFSOCK => "a socket",
+        _ => "a device",
+    }
 }
 
 /// `entries/<shard>`, or `entries` itself for a name directly under it.

@@ -12,6 +12,7 @@ mod claim;
 #[cfg(test)]
 mod claim_tests;
 mod evict;
+mod gate;
 mod raw;
 mod read;
 mod reconcile;

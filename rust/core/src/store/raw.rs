@@ -28,25 +28,41 @@ impl Store {
     /// trusted signer's own file for the key.
     pub fn get_entry_file(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, StoreError> {
         check_key(&key)?;
-        let plain = entry_name(key.bytes);
-        let Some(trust) = self.opts.trust.as_deref().or(self.write_trust.as_ref()) else {
-            return Ok(self
-                .entry_file_at(plain)
-                .filter(|f| entry::verify(f).is_ok_and(|h| h.key == key.bytes)));
-        };
-        for signer in std::iter::once(None).chain(trust.names().map(Some)) {
-            let at = signer.map_or(plain, |s| sign::signed_name(key.bytes, s));
+        let trust = self.opts.trust.as_deref().or(self.write_trust.as_ref());
+        for (at, signer) in gate::candidates(key.bytes, trust) {
             let Some(file) = self.entry_file_at(at) else {
                 continue;
             };
-            if let Ok(sign::Verdict::Trusted(h)) = sign::verify_entry(&file, trust) {
-                let by = h.signature.as_ref().map(|f| f.signer.as_str());
-                if h.key == key.bytes && signer.is_none_or(|s| by == Some(s)) {
-                    return Ok(Some(file));
-                }
+            if gate::admit(&file, trust, key.bytes, signer).is_ok() {
+                return Ok(Some(file));
             }
         }
         Ok(None)
+    }
+
+    /// The entry file under the name `name` (32 hex digits, as `entries()` lists it) when
+    /// it holds an entry of `key` this store would hand out (as `get_entry_file`) filed
+    /// correctly there: under its key's plain name or its signer's own name for the key.
+    /// What a bundle exports, file by file, so that two entries of one key (a squatter's
+    /// plain file and a trusted signer's own) travel under two names.
+    pub fn entry_file_named(
+        &self,
+        key: Key<'_>,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        check_key(&key)?;
+        let Some(at) = crate::hash::parse_name_hex(name) else {
+            return Err(StoreError::Invalid(format!(
+                "name {name:?} is not an entry name (32 hex digits)"
+            )));
+        };
+        let trust = self.opts.trust.as_deref().or(self.write_trust.as_ref());
+        let Some(file) = self.entry_file_at(at) else {
+            return Ok(None);
+        };
+        Ok(gate::admit(&file, trust, key.bytes, None)
+            .is_ok_and(|h| gate::filed_under(&h, at))
+            .then_some(file))
     }
 
     /// The bytes of the entry file `name` (unverified), or None.
@@ -66,19 +82,15 @@ impl Store {
     /// under `key`, and for a store with trusted keys, signed by one of them (an untrusted
     /// one is counted `untrusted`, its payload unread). The header, or None.
     fn check_received(&self, key: Key<'_>, file: &[u8]) -> Option<entry::Header> {
-        let h = match self.opts.trust.as_deref() {
-            None => entry::verify(file).ok()?,
-            Some(t) => match sign::verify_entry(file, t) {
-                Ok(sign::Verdict::Trusted(h)) => h,
-                Ok(sign::Verdict::Untrusted(why)) => {
-                    self.counters.inc(Counter::Untrusted);
-                    log::debug!("xla_pcache: a received entry is {why}; refused");
-                    return None;
-                }
-                Err(_) => return None,
-            },
-        };
-        (h.key == key.bytes).then_some(h)
+        match gate::admit(file, self.opts.trust.as_deref(), key.bytes, None) {
+            Ok(h) => Some(h),
+            Err(gate::Refusal::Untrusted(why)) => {
+                self.counters.inc(Counter::Untrusted);
+                log::debug!("xla_pcache: a received entry is {why}; refused");
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// Verifies an entry file received as bytes (header, exact length, payload checksum, filed
@@ -143,6 +155,19 @@ impl Store {
             Ok(bytes) => self.take_entry_file(key, bytes, publish),
             Err(_) => Ok(None),
         }
+    }
+
+    /// A new unnamed file under the cache's tmp/ (`Dir::tmpfile`), reached through the
+    /// root's handles with no link followed in any component, for a tier to stream a large
+    /// entry file into before `take_entry_from_file`. A tmp/ that is not a real directory
+    /// inside the cache is counted and warned of (`unsafe_paths`) and refused: the caller
+    /// holds the value in memory instead.
+    pub fn spool_file(&self) -> Result<File, StoreError> {
+        let tmp = self
+            .dir(&TMP)
+            .map_err(|e| io_err("spool under", &self.layout.tmp(), e))?;
+        tmp.tmpfile("remote")
+            .map_err(|e| io_err("spool under", &self.layout.tmp(), e))
     }
 
     /// Publishes an entry received as a whole file, after verifying it as

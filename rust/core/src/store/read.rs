@@ -28,13 +28,14 @@ impl Store {
         Ok(result.map(|(b, _)| b))
     }
 
-    /// A trusting reader's get: the plain file if a trusted key signed it, else the first
-    /// trusted key's own file for this key (`sign::signed_name`) that it signed. An entry
-    /// that is not trusted is counted, once per get, and its payload never read.
+    /// A trusting reader's get: the first of the key's candidate names (`gate::candidates`:
+    /// the plain file, then each trusted key's own file for this key) holding an entry the
+    /// gate admits. An entry that is not trusted is counted, once per get, and its payload
+    /// never read.
     fn get_trusted(&self, key: Key<'_>, name: u128, trust: &TrustSet) -> Option<(Blob, u128)> {
         let mut refused = false;
-        for signer in std::iter::once(None).chain(trust.names().map(Some)) {
-            let at = signer.map_or(name, |s| crate::sign::signed_name(key.bytes, s));
+        for (at, signer) in gate::candidates(key.bytes, Some(trust)) {
+            debug_assert!(signer.is_some() || at == name);
             match self.lookup(key, at, Some(trust), signer) {
                 Ok(Some(hit)) => return Some(hit),
                 Ok(None) => {}
@@ -124,21 +125,19 @@ impl Store {
         let Some(b) = result else {
             return Ok(None);
         };
-        if b.header.key != key.bytes {
-            self.warn("collision", || {
-                format!(
-                    "{} holds a different key; treated as a miss",
-                    path().display()
-                )
-            });
-            return Ok(None);
-        }
-        if let Some(s) = signer {
-            if b.header.signature.as_ref().map(|f| f.signer.as_str()) != Some(s) {
-                return Err(crate::sign::Untrusted::Misfiled(s.to_string()));
+        match gate::belongs(&b.header, key.bytes, signer) {
+            Ok(()) => Ok(Some((b, name))),
+            Err(gate::Refusal::Untrusted(why)) => Err(why),
+            Err(_) => {
+                self.warn("collision", || {
+                    format!(
+                        "{} holds a different key; treated as a miss",
+                        path().display()
+                    )
+                });
+                Ok(None)
             }
         }
-        Ok(Some((b, name)))
     }
 
     /// Counts `n` misses of lookups made outside the store: a framework that looks in a
@@ -290,22 +289,18 @@ impl Store {
     }
 }
 
-/// A whole entry file's check: xxh3 for an untrusting reader, the signature and BLAKE3 for a
-/// trusting one.
+/// A whole entry file's check (`gate::judge`): xxh3 for an untrusting reader, the signature
+/// and BLAKE3 for a trusting one.
 pub(super) fn check_entry(
     file: &[u8],
     trust: Option<&TrustSet>,
     ino: u64,
 ) -> Result<entry::Header, ReadError> {
-    use crate::sign::{verify_entry, Verdict};
-    match trust {
-        None => entry::verify(file).map_err(|e| ReadError::Corrupt(e, ino)),
-        Some(t) => match verify_entry(file, t) {
-            Ok(Verdict::Trusted(h)) => Ok(h),
-            Ok(Verdict::Untrusted(why)) => Err(ReadError::Untrusted(why)),
-            Err(e) => Err(ReadError::Corrupt(e, ino)),
-        },
-    }
+    gate::judge(file, trust).map_err(|r| match r {
+        gate::Refusal::Untrusted(why) => ReadError::Untrusted(why),
+        gate::Refusal::Corrupt(e) => ReadError::Corrupt(e, ino),
+        gate::Refusal::OtherKey => ReadError::Corrupt(EntryError::BadMagic, ino),
+    })
 }
 
 /// Above this size, an entry read into memory has its header checked against the file's

@@ -315,4 +315,134 @@ fn a_signer_never_signs_what_it_received() {
     let r = open_ro(d.path(), None, trust(&[&ci]), true);
     assert!(payload(&r, "c").is_some());
     assert!(payload(&r, "f").is_none());
+
+#[test]
+fn no_key_is_blocked_by_what_stands_at_its_names() {
+    use std::os::unix::fs::symlink;
+    let d = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("keep"), b"x").unwrap();
+    let ci = signer("ci-1", 1);
+    let at = |name: u128| d.path().join(Layout::entry_rel(name).as_str());
+    // A directory (with a file and a link to outside inside), a FIFO and a link at both
+    // names of three keys: the plain one and the trusted signer's own.
+    let plant = |name: u128, how: usize| {
+        let p = at(name);
+        match how {
+            0 => {
+                std::fs::create_dir_all(p.join("sub")).unwrap();
+                std::fs::write(p.join("sub/f"), b"x").unwrap();
+                symlink(outside.path(), p.join("out")).unwrap();
+            }
+            1 => {
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }
+            _ => symlink(outside.path().join("keep"), &p).unwrap(),
+        }
+    };
+    let w = open(d.path(), Some(ci.clone()), trust(&[&ci]));
+    for (i, k) in ["dir", "fifo", "link"].into_iter().enumerate() {
+        plant(entry_name(k.as_bytes()), i);
+        plant(crate::sign::signed_name(k.as_bytes(), "ci-1"), i);
+        assert!(w.put(key(k), b"good", &meta()).unwrap(), "{k}");
+        let r = open_ro(d.path(), None, trust(&[&ci]), true);
+        assert_eq!(payload(&r, k).unwrap(), b"good", "{k}");
+    }
+    // An unsigned put clears its name the same way.
+    plant(entry_name(b"plain"), 0);
+    assert!(open(d.path(), None, None)
+        .put(key("plain"), b"p", &[])
+        .unwrap());
+    assert!(w.counters.get(Counter::UnsafePaths) >= 3);
+    assert_eq!(std::fs::read(outside.path().join("keep")).unwrap(), b"x");
+    // prune --untrusted removes such names, whatever stands there, and nothing outside.
+    for (i, k) in ["d2", "f2", "l2"].into_iter().enumerate() {
+        plant(crate::sign::signed_name(k.as_bytes(), "ci-1"), i);
+    }
+    let listed = w.untrusted_entries(false).unwrap();
+    let whys: Vec<&str> = listed.iter().map(|(_, _, w)| w.as_str()).collect();
+    for what in ["a directory", "a FIFO", "a symbolic link"] {
+        assert!(
+            whys.contains(&format!("{what} at an entry's name").as_str()),
+            "{whys:?}"
+        );
+    }
+    w.untrusted_entries(true).unwrap();
+    let left = w.untrusted_entries(false).unwrap();
+    assert!(
+        left.iter()
+            .all(|(_, _, why)| !why.contains("at an entry's name")),
+        "{left:?}"
+    );
+    assert_eq!(std::fs::read(outside.path().join("keep")).unwrap(), b"x");
+}
+
+#[test]
+fn every_path_tries_the_same_names_in_the_same_order() {
+    let ci = signer("ci-1", 1);
+    let ci2 = signer("ci-2", 3);
+    let t = trust(&[&ci2, &ci]).unwrap();
+    let names: Vec<(u128, Option<&str>)> = gate::candidates(b"k", Some(&t)).collect();
+    assert_eq!(
+        names,
+        vec![
+            (entry_name(b"k"), None),
+            (crate::sign::signed_name(b"k", "ci-2"), Some("ci-2")),
+            (crate::sign::signed_name(b"k", "ci-1"), Some("ci-1")),
+        ]
+    );
+    let d = tempfile::tempdir().unwrap();
+    let r = open(d.path(), None, Some(t.clone()));
+    let plain: Vec<u128> = names.iter().map(|(n, _)| *n).collect();
+    assert_eq!(r.entry_names(key("k")).unwrap(), plain);
+    assert_eq!(
+        open(d.path(), None, None).entry_names(key("k")).unwrap(),
+        vec![entry_name(b"k")]
+    );
+}
+
+#[test]
+fn each_file_of_a_squatted_key_is_handed_out_under_its_own_name() {
+    let d = tempfile::tempdir().unwrap();
+    let ci = signer("ci-1", 1);
+    open(d.path(), None, None)
+        .put(key("k"), b"evil", &[])
+        .unwrap();
+    open(d.path(), Some(ci.clone()), trust(&[&ci]))
+        .put(key("k"), b"good", &[])
+        .unwrap();
+    let plain = name_hex(entry_name(b"k"));
+    let own = name_hex(crate::sign::signed_name(b"k", "ci-1"));
+    let untrusting = open(d.path(), None, None);
+    let trusting = open(d.path(), None, trust(&[&ci]));
+    let got = |s: &Store, n: &str| s.entry_file_named(key("k"), n).unwrap().is_some();
+    assert!(got(&untrusting, &plain) && got(&untrusting, &own));
+    assert!(!got(&trusting, &plain) && got(&trusting, &own));
+    // Not under another key's name, nor a name that is none.
+    assert!(!got(&untrusting, &name_hex(entry_name(b"j"))));
+    assert!(untrusting.entry_file_named(key("k"), "../x").is_err());
+    // Why each file is taken or not, for an importer.
+    let evil = untrusting
+        .entry_file_named(key("k"), &plain)
+        .unwrap()
+        .unwrap();
+    let good = untrusting
+        .entry_file_named(key("k"), &own)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        trusting.refusal(key("k"), &evil).unwrap().map(|r| r.0),
+        Some("untrusted")
+    );
+    assert_eq!(trusting.refusal(key("k"), &good).unwrap(), None);
+    assert_eq!(
+        trusting.refusal(key("j"), &good).unwrap().map(|r| r.0),
+        Some("other_key")
+    );
+    assert_eq!(
+        trusting.refusal(key("k"), &good[1..]).unwrap().map(|r| r.0),
+        Some("corrupt")
+    );
 }

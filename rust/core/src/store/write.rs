@@ -202,7 +202,13 @@ impl Store {
     /// can squat a key for a trusted one.
     fn put_target(&self, key: Key<'_>, signed: Option<(&TrustSet, &str)>) -> Option<(u128, bool)> {
         let exists = |name: u128| match self.dir(&Layout::shard_rel(name)) {
-            Ok(shard) => Some(shard.stat(&Name::entry(name)).is_ok()),
+            Ok(shard) => match shard.stat(&Name::entry(name)) {
+                Ok(m) if m.is_file() => Some(true),
+                // A directory, FIFO, link or socket stands at the name: no entry, and it would
+                // fail every put of the key for ever. Moved aside (or the put is skipped).
+                Ok(m) => self.clear_squatter(&shard, name, &m),
+                Err(_) => Some(false),
+            },
             // Not a real directory inside the cache (counted and warned): a skipped write.
             Err(e) if cdir::is_unsafe(&e) => None,
             // Missing: made again when the entry is published.
@@ -232,6 +238,45 @@ impl Store {
         Some((own, true))
     }
 
+    /// Clears an entry name held by something that is no file (`found`: a directory, a FIFO,
+    /// a symbolic link, a socket), as `verify --repair` would: renamed into trash/ through
+    /// the directory handles (a link is moved as itself, never followed; the trash sweep
+    /// removes it, a directory tree beneath its handle), else removed in place. Counted
+    /// (`unsafe_paths`) and warned once. Whether an entry file stands there now (Some(false):
+    /// the name is free), or None when it could not be cleared (the put is skipped).
+    pub(super) fn clear_squatter(&self, shard: &Dir, name: u128, found: &Stat) -> Option<bool> {
+        let what = admin::squatter_kind(found);
+        self.counters.inc(Counter::UnsafePaths);
+        self.warn("squatted-name", || {
+            format!(
+                "{} is {what}, not an entry file: moved aside to trash/ (never followed), so \
+                 that the key can be written (someone with write access to the cache \
+                 directory put it there)",
+                self.layout.entry_path(name).display()
+            )
+        });
+        let file = Name::entry(name);
+        let aside = Name::new(Kind::Made, &format!("{file}.squat.{}", unique_suffix()));
+        let moved = match (self.dir(&TRASH), aside) {
+            (Ok(trash), Some(aside)) => match shard.rename(&file, &trash, &aside) {
+                Ok(()) => match trash.stat(&aside) {
+                    // Raced with a writer that published a real file there meanwhile: it
+                    // goes back, and the name is taken.
+                    Ok(m) if m.is_file() => {
+                        let _ = publish_no_replace(&trash, &aside, shard, &file);
+                        let _ = trash.unlink(&aside);
+                        return Some(true);
+                    }
+                    _ => true,
+                },
+                Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+                Err(_) => false,
+            },
+            _ => false,
+        };
+        (moved || shard.remove_any(&file).is_ok()).then_some(false)
+    }
+
     /// Whether the file `name` is a whole entry of `key` that `trust` would serve (signed by
     /// `signer` when given).
     fn holds_trusted(
@@ -241,15 +286,8 @@ impl Store {
         trust: &TrustSet,
         signer: Option<&str>,
     ) -> bool {
-        match self.read_entry(&Layout::entry_rel(name), Some(trust)) {
-            Ok(b) => {
-                b.header.key == key.bytes
-                    && signer.is_none_or(|s| {
-                        b.header.signature.as_ref().map(|f| f.signer.as_str()) == Some(s)
-                    })
-            }
-            Err(_) => false,
-        }
+        self.read_entry(&Layout::entry_rel(name), Some(trust))
+            .is_ok_and(|b| gate::belongs(&b.header, key.bytes, signer).is_ok())
     }
 
     fn refused(&self, why: Refusal) {
