@@ -3,9 +3,11 @@
 Runs `tests/dirstate_fuzz.py`'s harness (real operations on a cache directory, hostile state
 planted between them, a SeaweedFS server for the tier steps) for N steps per seed and prints
 the figures: steps, operations, processes, states planted, outside changes, hangs, aborts,
-panics, tracebacks, raw escapes, peak RSS. Exit status 1 if any step failed. `--seeds K`
-runs seeds S..S+K-1 one after another; `--failures FILE` writes every failure as a JSON line
-(step, kind, operation, detail) for reproduction with the same seed.
+panics, tracebacks, raw escapes, and each operation's own peak RSS (the largest by kind of
+operation, and the three largest with what was planted before them). Exit status 1 if any
+step failed. `--seeds K` runs seeds S..S+K-1 one after another; `--failures FILE` writes
+every failure as a JSON line (step, kind, operation, detail) for reproduction with the same
+seed.
 """
 
 from __future__ import annotations
@@ -63,7 +65,13 @@ def main() -> int:
                     f.write(json.dumps({"seed": seed, **dataclasses.asdict(fl)}) + "\n")
         for field in dataclasses.fields(total):
             v = getattr(h.figures, field.name)
-            if isinstance(v, int) and field.name != "peak_rss_kib":
+            if field.name == "peak_by_kind":
+                for k, n in v.items():
+                    total.peak_by_kind[k] = max(total.peak_by_kind.get(k, 0), n)
+            elif field.name == "top_peaks":
+                tagged = [(kib, f"{op} (seed {seed})", step, what) for kib, op, step, what in v]
+                total.top_peaks = sorted(total.top_peaks + tagged, key=lambda t: -t[0])[:3]
+            elif isinstance(v, int) and field.name != "peak_rss_kib":
                 setattr(total, field.name, getattr(total, field.name) + v)
             elif isinstance(v, dict):
                 acc = getattr(total, field.name)

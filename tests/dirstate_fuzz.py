@@ -18,7 +18,10 @@ it plants, with random fields:
 
 After every step: no file of the sibling tree (the targets of the planted links and ``../``
 names) changed; no operation ran past its deadline, died of a signal, panicked or printed a
-Python traceback; no raw ESC or C1 CSI reached its output; its peak RSS stayed under the bound.
+Python traceback; no raw ESC or C1 CSI reached its output; its peak RSS stayed under the
+bound. The peak is the operation's own: each child reports it as it exits (``_PEAK``), since
+``os.wait4``'s ``ru_maxrss`` of a child keeps the high-water mark of the address space it
+was spawned from, which is the harness's (it holds the planted states in memory).
 
 The snapshot and journal bytes are written here by a small encoder of the formats that
 ``rust/core/src/snapshot.rs`` and ``journal.rs`` define (ARCHITECTURE.md, "On disk", "Index at
@@ -33,6 +36,7 @@ Entry points: ``tests/test_dirstate_fuzz.py`` (a short run in the test suite) an
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -56,11 +60,22 @@ from typing import Any
 import xxhash
 
 ESC_MARKERS = (b"\x1b", b"\xc2\x9b")  # ESC, and CSI as a C1 control in UTF-8
+TOP_PEAKS = 5
+# The largest version-1 snapshot a reader decodes (MAX_V1_LEN of rust/core/src/snapshot.rs).
+MAX_V1_LEN = 16 << 20
 N_COUNTERS_GUESS = 40
 BLOCK = 4096
 PER_BLOCK = (BLOCK - 8) // 40
 SNAP_MAGIC = b"XPCS"
 DAY = 86400
+
+
+def _mib(n: int) -> str:
+    """A size for the report: bytes, KiB, MiB, GiB or TiB."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
 
 
 def checksum(b: bytes) -> int:
@@ -247,11 +262,49 @@ class Figures:
     refused: int = 0
     peak_rss_kib: int = 0
     peak_rss_op: str = ""
+    # The operations of largest peak, largest first: (KiB, operation, step, what was planted).
+    top_peaks: list[tuple[int, str, int, str]] = dataclasses.field(default_factory=list)
+    peak_by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
     ops_by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
     plants_by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 # --- child processes --------------------------------------------------------------------------
+
+# Prepended to every child's code: as it exits (atexit, registered first so it runs last), the
+# child writes its own peak to $FUZZ_PEAK_FILE: VmHWM (the high-water mark of its own address
+# space, which exec started afresh) and the largest ru_maxrss of the children it waited for
+# (a doctor probe, say; what they inherited from it is its own). A child killed by a signal
+# reports nothing; one past its deadline is read from /proc before it is killed.
+PEAK_FILE_VAR = "FUZZ_PEAK_FILE"
+_PEAK = r"""
+import atexit as _fz_atexit
+def _fz_report_peak():
+    import os, resource
+    try:
+        with open("/proc/self/status") as f:
+            hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        with open(os.environ["FUZZ_PEAK_FILE"], "w") as f:
+            f.write(f"{hwm} {kids}")
+    except Exception:
+        pass
+_fz_atexit.register(_fz_report_peak)
+del _fz_atexit
+"""
+
+
+def vm_hwm_kib(pid: int) -> int | None:
+    """A live process's own peak resident set (KiB), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
 
 _API_CHILD = r"""
 import json, os, random, sys, logging, resource
@@ -324,6 +377,9 @@ class Proc:
     err: Any
     deadline: float
     argv: list[str]
+    peak_file: Path
+    # What was planted when it ran (for the report of the largest peaks).
+    planted: str = ""
 
 
 # The CLI as `xla-pcache` runs it, under an address-space limit set in the child itself
@@ -375,6 +431,11 @@ class Harness:
         self.prefix = f"fz-{seed}-{os.getpid()}"
         make_outside(self.outside)
         self.work.mkdir()
+        self.peaks_dir = base / "peaks"
+        self.peaks_dir.mkdir()
+        # The latest plants, each with its size, for the report of the largest peaks.
+        self.recent_plants: collections.deque[str] = collections.deque(maxlen=4)
+        self._planted = ""
         from xla_pcache import Store
 
         with Store(self.root) as s:  # lays out the directory
@@ -599,10 +660,28 @@ class Harness:
             kinds.append(("bucket", self.plant_bucket, 1.5))
         names = [k[0] for k in kinds]
         kind = r.choices(names, weights=[k[2] for k in kinds])[0]
+        self._planted = ""
         dict(zip(names, [k[1] for k in kinds], strict=True))[kind]()
+        self.recent_plants.append(f"{kind} ({self._planted})" if self._planted else kind)
         self.figures.plants += 1
         self.figures.plants_by_kind[kind] = self.figures.plants_by_kind.get(kind, 0) + 1
         return kind
+
+    def planted_now(self) -> str:
+        """What an operation starts on: the index snapshot in place and the latest plants."""
+        snap = self.root / "index" / "snapshot"
+        try:
+            st = snap.lstat()
+            if stat.S_ISREG(st.st_mode):
+                with open(snap, "rb") as f:
+                    head = f.read(8)
+                version = struct.unpack("<I", head[4:8])[0] if len(head) == 8 else "?"
+                there = f"snapshot v{version} of {_mib(st.st_size)}"
+            else:
+                there = "snapshot not a file"
+        except (OSError, struct.error):
+            there = "no snapshot"
+        return f"{there}; latest plants: {', '.join(self.recent_plants) or 'none'}"
 
     def _write(self, p: Path, data: bytes) -> None:
         if not self._inside(p.parent):
@@ -623,8 +702,10 @@ class Harness:
         total = r.choice(
             [None, None, 1 << 100, (1 << 128) - 1, (1 << 64) - 1, 0, r.getrandbits(100)]
         )
+        entries = self.random_entries(self.count(5000))
+        self._planted = f"{len(entries)} entries, {len(journals)} journals"
         data = snapshot_v2(
-            self.random_entries(self.count(5000)),
+            entries,
             journals,
             r.choice([0, 3, N_COUNTERS_GUESS, r.randint(0, 100)]),
             r,
@@ -643,14 +724,23 @@ class Harness:
         hits = [(e[0], r.getrandbits(32)) for e in entries[: r.randint(0, len(entries))]]
         raw = b""
         if r.random() < 0.15:
-            # Near the readers' cap (256 MiB at scale 2): millions of random records.
-            size = min(int((64 << 20) * self.scale), 255 << 20) // 32 * 32
+            # Millions of random records: half the time a legitimate file just under the
+            # readers' cap (decoded whole, the costliest read there is), else one past it.
+            if r.random() < 0.5:
+                size = MAX_V1_LEN - 4096
+                entries, journals, hits, lie = [], [], [], None
+            else:
+                size = min(int((64 << 20) * self.scale), 255 << 20)
+            size = size // 32 * 32
             raw = b"".join(r.randbytes(min(16 << 20, size - at)) for at in range(0, size, 16 << 20))
             self.figures.plants_by_kind["snapshot_v1_giant"] = (
                 self.figures.plants_by_kind.get("snapshot_v1_giant", 0) + 1
             )
         data = snapshot_v1(
             entries, journals, r.randint(0, 60), r, hits if r.random() < 0.5 else None, lie, raw
+        )
+        self._planted = f"{_mib(len(data))}, {len(entries) + len(raw) // 32} entries" + (
+            f", count {lie}" if lie is not None else ""
         )
         self._write(self.root / "index" / "snapshot", data)
 
@@ -680,6 +770,7 @@ class Harness:
             else:
                 recs += touch_record(nm, r.randint(1, 1 << 16), now)
         self._place(d, name, lambda p: p.write_bytes(bytes(recs)))
+        self._planted = _mib(len(recs))
         if r.random() < 0.5 and self._inside(d):
             old = time.time() - r.choice([0, 2 * DAY, 400 * DAY])
             with contextlib.suppress(OSError):
@@ -742,6 +833,7 @@ class Harness:
         d = self.rng.choice(self._dirs())
         name = self._legit_name(d) if self.rng.random() < 0.8 else self.odd_name()
         size = self.rng.choice([1 << 30, 1 << 40, 4 << 40, (1 << 63) - 1 >> 20, 65 << 20])
+        self._planted = f"{_mib(size)} in {d.relative_to(self.root).as_posix() or '.'}"
 
         def make(p: Path) -> None:
             with open(p, "wb") as f:
@@ -861,6 +953,7 @@ class Harness:
                 # memory and copies it goes past the bound.
                 size = r.choice([0, 10, 4096, 1 << 20, int((32 << 20) * self.scale), 320 << 20])
                 size = min(size, 512 << 20)
+                self._planted = f"object of {_mib(size + 64)}"
                 obstore.put(client, f"xla_pcache-1/entries/{name}", r.randbytes(64) + bytes(size))
             elif kind == 1:
                 obstore.put(client, f"xla_pcache-1/claims/{name}/x", b"{}")
@@ -904,17 +997,31 @@ class Harness:
         # _judge once it has exited.
         out = tempfile.TemporaryFile()  # noqa: SIM115
         err = tempfile.TemporaryFile()  # noqa: SIM115
+        self.figures.processes += 1
+        peak_file = self.peaks_dir / f"{self.figures.processes}"
+        peak_file.unlink(missing_ok=True)
+        run = list(argv)
+        if len(run) > 2 and run[1] == "-c":
+            run[2] = _PEAK + run[2]
         popen = subprocess.Popen(
-            argv,
+            run,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            env=env or self.env,
+            env={**(env or self.env), PEAK_FILE_VAR: str(peak_file)},
             cwd=cwd or self.work,
             start_new_session=True,
         )
-        self.figures.processes += 1
-        return Proc(op, popen, out, err, time.monotonic() + (timeout or self.op_timeout), argv)
+        return Proc(
+            op,
+            popen,
+            out,
+            err,
+            time.monotonic() + (timeout or self.op_timeout),
+            argv,
+            peak_file,
+            self.planted_now(),
+        )
 
     def _wait(self, procs: list[Proc]) -> None:
         pending = list(procs)
@@ -932,22 +1039,44 @@ class Harness:
     def _wait_pending(self, pending: list[Proc]) -> None:
         while pending:
             for p in list(pending):
-                pid, status, ru = os.wait4(p.popen.pid, os.WNOHANG)
+                pid, status = os.waitpid(p.popen.pid, os.WNOHANG)
                 if pid:
                     p.popen.returncode = os.waitstatus_to_exitcode(status)
                     pending.remove(p)
-                    self._judge(p, ru.ru_maxrss, hung=False)
+                    self._judge(p, self._reported_peak(p), hung=False)
                 elif time.monotonic() > p.deadline:
+                    peak = vm_hwm_kib(p.popen.pid)
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(p.popen.pid, signal.SIGKILL)
-                    _, status, ru = os.wait4(p.popen.pid, 0)
+                    _, status = os.waitpid(p.popen.pid, 0)
                     p.popen.returncode = os.waitstatus_to_exitcode(status)
                     pending.remove(p)
-                    self._judge(p, ru.ru_maxrss, hung=True)
+                    self._judge(p, peak, hung=True)
             if pending:
                 time.sleep(0.005)
 
-    def _judge(self, p: Proc, maxrss: int, hung: bool) -> None:
+    @staticmethod
+    def _reported_peak(p: Proc) -> int | None:
+        """The peak (KiB) the child wrote as it exited, or None."""
+        try:
+            hwm, kids = p.peak_file.read_text().split()
+            return max(int(hwm), int(kids))
+        except (OSError, ValueError):
+            return None
+        finally:
+            p.peak_file.unlink(missing_ok=True)
+
+    def _note_peak(self, p: Proc, maxrss: int) -> None:
+        f = self.figures
+        if maxrss > f.peak_rss_kib:
+            f.peak_rss_kib, f.peak_rss_op = maxrss, p.op
+        kind = p.op.split("[")[0]
+        f.peak_by_kind[kind] = max(f.peak_by_kind.get(kind, 0), maxrss)
+        f.top_peaks.append((maxrss, p.op, self.step, p.planted))
+        f.top_peaks.sort(key=lambda t: -t[0])
+        del f.top_peaks[TOP_PEAKS:]
+
+    def _judge(self, p: Proc, maxrss: int | None, hung: bool) -> None:
         p.out.seek(0)
         p.err.seek(0)
         out, err = p.out.read(), p.err.read()
@@ -958,9 +1087,8 @@ class Harness:
         rc = p.popen.returncode
         if rc == 3 and b'"refused"' in out:
             self.figures.refused += 1
-        f = self.figures
-        if maxrss > f.peak_rss_kib:
-            f.peak_rss_kib, f.peak_rss_op = maxrss, p.op
+        if maxrss is not None:
+            self._note_peak(p, maxrss)
         rc = p.popen.returncode
         if hung:
             cmd = " ".join(p.argv[3:] if p.argv[1] == "-c" else p.argv)[:300]
@@ -981,8 +1109,12 @@ class Harness:
             line_start = both.rfind(b"\n", 0, i) + 1
             line = both[line_start : both.find(b"\n", i) if b"\n" in both[i:] else None]
             self._fail("escape", p.op, repr(line[:300]))
-        if maxrss > self.rss_bound_kib:
+        if maxrss is not None and maxrss > self.rss_bound_kib:
             self._fail("rss", p.op, f"peak RSS {maxrss >> 10} MiB > {self.rss_bound_kib >> 10} MiB")
+        elif maxrss is None and not hung and rc >= 0:
+            # Exited on its own without a report: its peak is unknown, which the bound does
+            # not let pass.
+            self._fail("rss", p.op, f"exit {rc} without reporting its peak RSS")
 
     def _fail(self, kind: str, op: str, detail: str) -> None:
         attr = {
@@ -1278,6 +1410,13 @@ def summary(f: Figures, seed: int, failures: list[Failure]) -> str:
         f"peak RSS {f.peak_rss_kib / 1024:.0f} MiB ({f.peak_rss_op})",
         "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(f.ops_by_kind.items())),
         "planted: " + ", ".join(f"{k} {v}" for k, v in sorted(f.plants_by_kind.items())),
+        "peak RSS by operation (MiB): "
+        + ", ".join(f"{k} {v / 1024:.0f}" for k, v in sorted(f.peak_by_kind.items())),
+        "largest peaks:",
+        *(
+            f"  {kib / 1024:.0f} MiB {op} at step {step}: {planted}"
+            for kib, op, step, planted in f.top_peaks[:3]
+        ),
     ]
     seen: set[tuple[str, str]] = set()
     for fl in failures:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import xla_pcache
 from xla_pcache import config
+from xla_pcache.caches import PersistentCache
 from xla_pcache.config import (
     DEFAULT_MEMORY_CAPACITY,
     VARIABLE_NAMES,
@@ -347,6 +348,122 @@ def test_store_errors_name_the_variable(tmp_path: Path, monkeypatch: pytest.Monk
         xla_pcache.Store(tmp_path / "c", lock_mode="flock")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="read_mode"):
         xla_pcache.Store(tmp_path / "c", read_mode="x")  # type: ignore[arg-type]
+
+
+def _keys() -> tuple[config.SigningKey, tuple[tuple[str, bytes], ...]]:
+    private = xla_pcache._core.generate_signing_key()
+    signing = config.SigningKey("ci-1", "/nowhere", private)
+    return signing, (("ci-1", xla_pcache._core.signing_public_key(private)),)
+
+
+def _evict_lock_kind(store: xla_pcache.Store) -> str:
+    lock = Path(store.path) / "locks" / "evict.lock"
+    lock.unlink(missing_ok=True)
+    store.evict(0)
+    return "fcntl" if lock.exists() else "lease"
+
+
+# Each option of Store: (settings that ask for it, an argument that asks otherwise, the
+# variable that asks a third thing, what the store shows of it).
+_SIGNING, _TRUSTED = _keys()
+_OPTIONS: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[str, str], Any]] = {
+    "max_size": (
+        {"max_size": 1 << 20},
+        {"max_size": "2M"},
+        ("XLA_PERSISTENT_CACHE_MAX_SIZE", "3M"),
+        lambda s: s.max_size,
+    ),
+    "read_only": (
+        {"read_only": True},
+        {"read_only": False},
+        ("XLA_PERSISTENT_CACHE_READ_ONLY", "0"),
+        lambda s: s.read_only,
+    ),
+    "read_mode": (
+        {"read_mode": "pread"},
+        {"read_mode": "mmap"},
+        ("XLA_PCACHE_READ_MODE", "mmap"),
+        lambda s: "pread" if not s.mmap_reads else "mmap",
+    ),
+    "lock_mode": (
+        {"lock_mode": "lease"},
+        {"lock_mode": "fcntl"},
+        ("XLA_PCACHE_LOCK_MODE", "fcntl"),
+        # fcntl locks a lock file it keeps; a lease is a file removed on release.
+        lambda s: _evict_lock_kind(s),
+    ),
+    "remote": (
+        {"remote": "redis://127.0.0.1:1/0"},
+        {"remote": "redis://127.0.0.1:2/0"},
+        ("XLA_PCACHE_REMOTE", "redis://127.0.0.1:3/0"),
+        lambda s: s._tier_url,
+    ),
+    "signing_key": (
+        {"signing_key": _SIGNING},
+        {"signing_key": ("ci-2", _SIGNING.private)},
+        ("XLA_PCACHE_SIGNING_KEY", "/nonexistent-key-file"),
+        lambda s: s.signing_key_name,
+    ),
+    "trusted_keys": (
+        {"trusted_keys": _TRUSTED},
+        {"trusted_keys": [("ci-2", _TRUSTED[0][1])]},
+        ("XLA_PCACHE_TRUSTED_KEYS", "not a key"),
+        lambda s: s.trusted_key_names,
+    ),
+}
+
+
+@pytest.mark.parametrize("option", sorted(_OPTIONS))
+def test_store_takes_each_option_from_settings(
+    option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Store(path, settings=s)`` asks what ``s`` asks (on e1a808d ``max_size`` and
+    ``read_only`` were left out); an argument passed wins over ``s``; ``s`` wins over the
+    environment, which is not read when ``s`` is given (a malformed variable included)."""
+    asks, argument, (var, value), shown = _OPTIONS[option]
+    root = tmp_path / "c"
+    xla_pcache.Store(root).close()
+    settings = Settings(path=str(root), **asks)
+    monkeypatch.setenv(var, value)
+    with xla_pcache.Store(root, settings=settings) as s:
+        from_settings = shown(s)
+    with xla_pcache.Store(root, settings=settings, **argument) as s:
+        from_argument = shown(s)
+    with PersistentCache(root, lambda v: v, bytes, settings=settings) as c:
+        from_cache = shown(c.store)
+    expected = {
+        "max_size": (1 << 20, 2 << 20),
+        "read_only": (True, False),
+        "read_mode": ("pread", "mmap"),
+        "lock_mode": ("lease", "fcntl"),
+        "remote": ("redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0"),
+        "signing_key": ("ci-1", "ci-2"),
+        "trusted_keys": (["ci-1"], ["ci-2"]),
+    }[option]
+    assert (from_settings, from_argument) == expected
+    assert from_cache == expected[0]
+
+
+def test_store_without_settings_keeps_its_own_budget_and_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``settings``: the environment's other settings, but not the budget and read-only
+    mode of the framework cache at ``XLA_PERSISTENT_CACHE_PATH`` (docs/configuration.md)."""
+    root = tmp_path / "c"
+    xla_pcache.Store(root).close()
+    monkeypatch.setenv("XLA_PERSISTENT_CACHE_MAX_SIZE", "3M")
+    monkeypatch.setenv("XLA_PERSISTENT_CACHE_READ_ONLY", "1")
+    monkeypatch.setenv("XLA_PCACHE_READ_MODE", "pread")
+    with xla_pcache.Store(root) as s:
+        assert (s.max_size, s.read_only, s.mmap_reads) == (None, False, False)
+    with PersistentCache(root, lambda v: v, bytes) as c:
+        assert (c.store.max_size, c.read_only) == (None, False)
+    with xla_pcache.Store(root, settings=Settings.from_env()) as s:
+        assert (s.max_size, s.read_only) == (3 << 20, True)
+    # claim_lease has nothing to show but its check: the settings' value reaches it.
+    with pytest.raises(ValueError, match="claim_lease"):
+        xla_pcache.Store(root, settings=Settings(claim_lease=-1.0))
+    xla_pcache.Store(root, settings=Settings(claim_lease=-1.0), claim_lease=5).close()
 
 
 def _readme_rows() -> dict[str, tuple[str, str]]:

@@ -54,3 +54,22 @@ def test_the_harness_sees_a_change_outside_and_what_a_child_prints(tmp_path: Pat
     procs = [h._spawn(kind, [sys.executable, "-c", c]) for kind, c in code.items()]
     h._wait(procs)
     assert sorted(fl.kind for fl in h.failures) == sorted(["outside", *code]), h.failures
+
+
+def test_the_memory_bound_is_each_operations_own(tmp_path: Path) -> None:
+    """Under a harness that holds 600 MiB itself, an operation that allocates 600 MiB goes
+    past the 512 MiB bound and one that allocates 10 MiB stays under it (on e1a808d both
+    failed: the bound read the harness's own high-water mark)."""
+    h = dz.Harness(tmp_path / "h", 1, op_timeout=60.0, rss_bound_kib=512 << 10)
+    held = b"\x01" * (600 << 20)  # written, so resident
+    alloc = "x = b'\\x01' * ({} << 20)"
+    procs = [
+        h._spawn(op, [sys.executable, "-c", alloc.format(mib)])
+        for op, mib in (("big", 600), ("small", 10))
+    ]
+    h._wait(procs)
+    assert len(held) == 600 << 20
+    del held
+    assert [(fl.kind, fl.op) for fl in h.failures] == [("rss", "big")], h.failures
+    peaks = {op: kib >> 10 for kib, op, _, _ in h.figures.top_peaks}
+    assert peaks["big"] >= 600 and peaks["small"] < 100, peaks

@@ -58,3 +58,29 @@ def test_piped_output_keeps_whole_lines(tmp_path: Path) -> None:
         """
     )
     assert any(line.endswith(problem) for line in out.splitlines()), out
+
+
+def test_no_jax_section_where_jax_is_not_importable() -> None:
+    """Where jax cannot be imported (hidden here as a venv without it would have it; the
+    torch_xla 2.7 venv has none), doctor says nothing of what JAX stores: no section, no
+    thresholds (on e1a808d both were printed)."""
+    out = _python(
+        """
+        import sys
+        sys.modules["jax"] = None  # `import jax` fails, find_spec finds nothing
+        import json
+        from xla_pcache.cli import _doctor as doctor
+        report = {
+            "xla_pcache": "0", "format_version": 1, "python": "3",
+            "config": {"path": "/nowhere", "path_source": "--path"},
+            "cache": {}, "frameworks": {}, "problems": [],
+            "activation": doctor._activation(), "jax_caching": doctor._jax_caching(),
+        }
+        doctor._render(doctor._console(), report)
+        print(json.dumps(report["jax_caching"]))
+        """
+    )
+    assert "What JAX stores" not in out, out
+    assert "jax_persistent_cache" not in out, out
+    assert out.splitlines()[-1] == "{}", out
+    assert "jax is not installed in this environment" in out, out

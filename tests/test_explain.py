@@ -95,6 +95,30 @@ def test_nearest_entry_prefers_the_same_computation() -> None:
     assert old["nearest"] is None and "without key components" in old["answer"]
 
 
+def test_a_changed_computation_is_said_so_with_how_to_see_it() -> None:
+    """The computation is recorded by digest only: when it alone differs, the line says the
+    program changed and how to see both modules, never "(not recorded) here, (not recorded)
+    there"; another component with no value recorded on either side shows its digests."""
+
+    def bare(**digests: str) -> list[dict[str, Any]]:
+        return [{"name": n, "digest": d} for n, d in digests.items()]
+
+    miss = {"key": "jit_f-9", "t": 5.0, "components": bare(computation="c2", custom_hook="h2")}
+    (result,) = explain.explain_records(
+        [miss], [entry("jit_f-1", 1.0, bare(computation="c1", custom_hook="h1"))]
+    )
+    assert result["differs"] == ["computation", "custom_hook"]
+    line = explain.one_line(result)
+    text = "\n".join(explain.lines(result, now=10.0))
+    for shown in (line, text):
+        assert "(not recorded)" not in shown, shown
+        assert "computation changed (a different HLO module)" in shown, shown
+        assert "JAX_DUMP_IR_TO=<dir>" in shown, shown
+        assert "digest h2 here, h1 there" in shown, shown
+    # In the JSON form too, as a note.
+    assert any("computation changed" in note for note in result["notes"]), result
+
+
 def test_hits_count_the_compile_time_their_entries_recorded(tmp_path: Path) -> None:
     with Store(tmp_path) as store:
         store.put("jit_f-1", b"x" * 100, meta={META_COMPILE_TIME: "1.5"})

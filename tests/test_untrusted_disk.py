@@ -155,15 +155,22 @@ def test_a_forged_legacy_snapshot_of_the_old_cap_costs_no_gigabytes(tmp_path: Pa
 
 
 def test_a_legacy_snapshot_at_the_cap_is_read_in_bounded_memory(tmp_path: Path) -> None:
-    """The largest version-1 snapshot still read (64 MiB: two million entries) is decoded
-    under a 1 GiB address-space limit."""
+    """The largest version-1 snapshot still read (16 MiB: 520,000 entries) is decoded whole
+    in about 113 MiB (at the earlier 64 MiB cap: 489 MiB); one a byte past it is refused,
+    and the index goes on from the journals."""
     root = tmp_path / "cache"
     Store(root)
-    n = (64 << 20) // 32 - 1
+    n = (16 << 20) // 32 - 1
     plant_snapshot(root, forge.v1(n))
+    assert (root / "index" / "snapshot").stat().st_size == 16 << 20
     proc = run_limited(put_and_count(root))
-    assert peak_rss_mib(proc) < 900
+    assert peak_rss_mib(proc) < 160
     assert f"entries {n + 1}" in proc.stdout, proc.stdout + proc.stderr
+    plant_snapshot(root, forge.v1(n + 1))
+    proc = run_limited(put_and_count(root))
+    assert "ignoring unreadable index snapshot" in proc.stderr, proc.stderr
+    assert "larger than 16777216 bytes" in proc.stderr, proc.stderr
+    assert peak_rss_mib(proc) < 160
 
 
 def long_journal_names(n: int, length: int = 200) -> list[tuple[bytes, int]]:

@@ -171,8 +171,9 @@ class PersistentCache(ComputationCache[T]):
     entry removed unless ``read_only``. ``read_only`` caches never write to ``path``; ``add``
     then only fills memory. ``max_size`` is the store's byte budget (int or ``"50G"``).
     ``meta`` (such as ``{"framework": "jax", "framework_version": "0.10.2"}``) is recorded in
-    each entry written. ``settings`` (default ``Settings.from_env()``) gives the memory
-    capacity when none is passed and the store's settings (see ``Store``).
+    each entry written. ``settings`` gives what is not passed: the memory capacity, the budget,
+    ``read_only`` and the store's other settings; an argument passed wins over it. Without it,
+    ``Store``'s rule holds (the environment for all but the budget and ``read_only``).
     """
 
     def __init__(
@@ -181,7 +182,7 @@ class PersistentCache(ComputationCache[T]):
         serialize: Callable[[T], Buffer],
         deserialize: Callable[[Blob], T],
         *,
-        read_only: bool = False,
+        read_only: bool | None = None,
         max_size: int | str | None = None,
         memory_capacity: int | None = None,
         meta: Mapping[str, str] | None = None,
@@ -191,7 +192,7 @@ class PersistentCache(ComputationCache[T]):
         self._memory: MemoryCache[T] = MemoryCache(
             cfg.memory_capacity if memory_capacity is None else memory_capacity
         )
-        self._store = Store(path, max_size=max_size, read_only=read_only, settings=cfg)
+        self._store = Store(path, max_size=max_size, read_only=read_only, settings=settings)
         self._serialize = serialize
         self._deserialize = deserialize
         self._meta = dict(meta) if meta else None
@@ -355,9 +356,6 @@ def from_env(
         settings.path,
         serialize if serialize is not None else _identity,
         deserialize if deserialize is not None else bytes,
-        read_only=settings.read_only,
-        max_size=settings.max_size,
-        memory_capacity=settings.memory_capacity,
         meta=meta,
         settings=settings,
     )

@@ -60,6 +60,17 @@ NOT_EXPLAINED = (
 )
 
 
+# The computation is recorded by its digest only (its text would be the whole program): when
+# it differs, what can be said, and how to see the two programs.
+COMPUTATION_CHANGED = (
+    "the program's computation changed (a different HLO module); its text is not recorded. "
+    "To see the change next time, run the program before and after it with "
+    "JAX_DUMP_IR_TO=<dir> (JAX writes each module it compiles there as "
+    "jax_ir*_<module>_compile.mlir, on a hit too, and leaves the variable out of the key) "
+    "and compare the two files"
+)
+
+
 def note_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> None:
     """What an adapter calls on a miss: append to the log, or, read-only, log the
     explanation (computed only when INFO is enabled: it reads every entry's header)."""
@@ -219,6 +230,8 @@ def explain_records(
         }
         if module == "torch_xla":
             result.setdefault("notes", []).append(NOT_EXPLAINED)
+        if "computation" in differs and _unrecorded(result["values"]["computation"]):
+            result.setdefault("notes", []).append(COMPUTATION_CHANGED)
         if not differs:
             result["answer"] = "same components as the nearest entry"
         else:
@@ -309,6 +322,18 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _unrecorded(v: dict[str, Any]) -> bool:
+    """Neither side recorded the component's value (only its digest)."""
+    return v.get("this") is None and v.get("nearest") is None
+
+
+def _digests(v: dict[str, Any]) -> str:
+    return (
+        f"digest {_show(v.get('this_digest'))} here, {_show(v.get('nearest_digest'))} there "
+        "(its value is not recorded)"
+    )
+
+
 def one_line(result: dict[str, Any]) -> str:
     text = f"{result['key']}: {result.get('answer', '')}"
     if result.get("untrusted"):
@@ -317,7 +342,12 @@ def one_line(result: dict[str, Any]) -> str:
         text += f" (nearest entry {result['nearest']})"
     for name in result.get("differs", []):
         v = result["values"].get(name, {})
-        text += f"; {name}: {_show(v.get('this'))} here, {_show(v.get('nearest'))} there"
+        if name == "computation" and _unrecorded(v):
+            text += f"; {COMPUTATION_CHANGED}"
+        elif _unrecorded(v):
+            text += f"; {name}: {_digests(v)}"
+        else:
+            text += f"; {name}: {_show(v.get('this'))} here, {_show(v.get('nearest'))} there"
     return text
 
 
@@ -345,6 +375,10 @@ def lines(result: dict[str, Any], now: float | None = None) -> list[str]:
         out.append(f"  note: {note}")
     for name in differs:
         v = result["values"].get(name, {})
+        if _unrecorded(v):
+            # The computation's case is the note above.
+            out.append(f"  differs: {name}" + ("" if name == "computation" else f": {_digests(v)}"))
+            continue
         this, there = _narrow(v.get("this"), v.get("nearest"))
         out.append(f"  differs: {name}")
         out.append(f"    this:    {_show(this)}")

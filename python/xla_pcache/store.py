@@ -29,15 +29,21 @@ class Store(_core.Store):
     durations are seconds or strings such as ``"30s"``, ``"7d"``. A size or duration that is
     negative, NaN, infinite, empty or out of range is a ``ValueError`` naming the argument.
 
-    What is not passed comes from ``settings`` (default ``Settings.from_env()``): the lock
-    and read modes, the eviction trace, ``claim_lease`` (how long a compile claim may go
-    without a heartbeat before waiters take it over), the wait of ``claim()`` and the remote
-    tier, and the signing and trusted keys. ``signing_key`` ((name, 32-byte private key))
-    signs every put; ``trusted_keys`` ((name, 32-byte public key) pairs) makes the store
-    serve only entries one of them signed (docs/reliability.md, "Trusted writers").
-    ``remote`` (a URL such as ``"redis://host:6379/0"``) puts a tier behind the
-    directory: a local miss asks it, a put this process published is copied to it
-    (docs/remote.md). The tier's client and threads start on the first miss or put.
+    What is not passed comes from ``settings``: the budget (``max_size``; pass
+    ``settings.replace(max_size=None)`` for none), ``read_only``, the lock and read modes, the
+    eviction trace, ``claim_lease`` (how long a compile claim may go without a heartbeat before
+    waiters take it over), the wait of ``claim()`` and the remote tier, and the signing and
+    trusted keys. An argument passed wins over ``settings``; ``settings`` wins over the
+    environment, which is read only when no ``settings`` is given (``Settings.from_env()``),
+    and then for all but the budget and ``read_only``: those variables are the framework
+    cache's at ``XLA_PERSISTENT_CACHE_PATH``, so a store opened without settings is unbounded
+    and writable unless told otherwise.
+    ``signing_key`` ((name, 32-byte private key)) signs every put; ``trusted_keys`` ((name,
+    32-byte public key) pairs) makes the store serve only entries one of them signed
+    (docs/reliability.md, "Trusted writers"). ``remote`` (a URL such as
+    ``"redis://host:6379/0"``) puts a tier behind the directory: a local miss asks it, a put
+    this process published is copied to it (docs/remote.md). The tier's client and threads
+    start on the first miss or put.
     """
 
     _settings: Settings
@@ -51,7 +57,7 @@ class Store(_core.Store):
         path: str | os.PathLike[str],
         *,
         max_size: int | str | None = None,
-        read_only: bool = False,
+        read_only: bool | None = None,
         durable: bool = False,
         lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
         read_mode: Literal["auto", "mmap", "pread"] | None = None,
@@ -80,8 +86,12 @@ class Store(_core.Store):
         self = super().__new__(
             cls,
             path,
-            max_size=parse_size(max_size, name="max_size"),
-            read_only=read_only,
+            max_size=parse_size(max_size, name="max_size")
+            if max_size is not None
+            else (settings.max_size if settings is not None else None),
+            read_only=read_only
+            if read_only is not None
+            else (settings.read_only if settings is not None else False),
             durable=durable,
             lock_mode=cfg.lock_mode if lock_mode is None else lock_mode,
             read_mode=cfg.read_mode if read_mode is None else read_mode,

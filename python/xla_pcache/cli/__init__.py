@@ -224,13 +224,13 @@ def _open(path: str | None, *, read_only: bool, write: bool = False) -> Store:
     settings = Settings.from_env()
     root = _resolve_path(path, settings)
     read_only = settings.read_only or read_only
-    store = Store(root, max_size=settings.max_size, read_only=True, settings=settings)
+    store = Store(root, read_only=True, settings=settings)
     if not write:
         return store
     store.close()
     if read_only:
         _fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
-    return Store(root, max_size=settings.max_size, read_only=False, settings=settings)
+    return Store(root, read_only=False, settings=settings)
 
 
 def _key_text(key: object) -> str:
@@ -999,7 +999,7 @@ def import_cmd(
         bar = _progress(console)
         with (
             _interruptible("import"),
-            Store(root, max_size=settings.max_size, settings=settings) as store,
+            Store(root, settings=settings) as store,
             bar,
         ):
             # Entries are counted as they stream in: a bundle does not say how many it holds.

@@ -308,26 +308,29 @@ def _check_framework(fw: Framework, store: Any) -> dict[str, Any] | None:
     return report
 
 
-def _settings() -> Settings:
+def _read_settings() -> tuple[Settings | None, list[str]]:
+    """The environment's settings, or None and the problem with a malformed variable."""
+    try:
+        return Settings.from_env(), []
+    except (ValueError, TypeError) as exc:
+        return None, [str(exc)]
+
+
+def _settings(read: tuple[Settings | None, list[str]] | None = None) -> Settings:
     """The environment's settings; a malformed variable is reported by ``_configuration``,
     and the rest of the report goes on with the defaults."""
-    try:
-        return Settings.from_env()
-    except (ValueError, TypeError):
-        return Settings()
+    settings, _problems = read if read is not None else _read_settings()
+    return settings if settings is not None else Settings()
 
 
-def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
-    problems: list[str] = []
+def _configuration(
+    path: str | None, read: tuple[Settings | None, list[str]] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    settings, problems = read if read is not None else _read_settings()
+    problems = list(problems)
     config: dict[str, Any] = {}
-    settings: Settings | None
-    try:
-        settings = Settings.from_env()
-    except (ValueError, TypeError) as exc:
-        problems.append(str(exc))
-        settings = None
     env_path = settings.path if settings else None
-    resolved = path or env_path or _settings().default_cache_path()
+    resolved = path or env_path or _settings(read).default_cache_path()
     config["path"] = os.path.abspath(os.path.expanduser(resolved))
     config["path_source"] = (
         "--path" if path else "XLA_PERSISTENT_CACHE_PATH" if env_path else "default"
@@ -367,16 +370,15 @@ def _trust(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]:
+def _open_store(
+    config: dict[str, Any], settings: Settings | None = None
+) -> tuple[Any, dict[str, Any], list[str]]:
     from xla_pcache.store import Store
 
     info: dict[str, Any] = {}
     try:
-        store = Store(
-            config["path"],
-            max_size=config.get("max_size"),
-            read_only=bool(config.get("read_only", False)),
-        )
+        # The budget and read-only mode the report shows are the settings' own.
+        store = Store(config["path"], settings=settings)
     except Exception as exc:
         return None, info, [f"cannot open the cache at {config['path']}: {exc}"]
     info["filesystem"] = store.filesystem
@@ -402,10 +404,10 @@ def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]
     return store, info, problems
 
 
-def _activation() -> dict[str, str]:
+def _activation(settings: Settings | None = None) -> dict[str, str]:
     """Whether zero-code activation is on in processes started with this environment, and
     by which path (nothing here imports a framework)."""
-    settings = _settings()
+    settings = settings or _settings()
     registered = any(
         ep.value == "_xla_pcache_autoload"
         for ep in importlib.metadata.entry_points(group="jax_plugins")
@@ -414,7 +416,7 @@ def _activation() -> dict[str, str]:
     wanted = settings.path is not None or os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip()
     if settings.disabled:
         state = f"off ({DISABLE_VAR}=1)"
-    elif importlib.util.find_spec("jax") is None:
+    elif not _importable("jax"):
         # The entry point is JAX's to call: without jax nothing activates.
         state = "off (jax is not installed in this environment)"
     elif not registered:
@@ -423,16 +425,19 @@ def _activation() -> dict[str, str]:
         state = "off (XLA_PERSISTENT_CACHE_PATH and JAX_COMPILATION_CACHE_DIR unset)"
     else:
         state = "on (jax_plugins entry point, at JAX backend start-up)"
-    return {"jax": state, "torch_xla": _torch_xla_activation()}
+    return {"jax": state, "torch_xla": _torch_xla_activation(settings)}
 
 
-def _jax_caching() -> dict[str, dict[str, Any]]:
+def _jax_caching(settings: Settings | None = None) -> dict[str, dict[str, Any]]:
     """What JAX caches in processes started with this environment: each threshold's value
     and where it comes from (a ``jax.config.update`` in the program before activation would
-    also win; the running process's own answer is ``xla_pcache.jax.thresholds()``)."""
+    also win; the running process's own answer is ``xla_pcache.jax.thresholds()``). Nothing
+    where JAX is not installed: there is no JAX to store anything."""
+    if not _importable("jax"):
+        return {}
     from xla_pcache.jax import _thresholds as _jax_thresholds
 
-    settings = _settings()
+    settings = settings or _settings()
     out: dict[str, dict[str, Any]] = {}
     if settings.disabled:
         for t in _jax_thresholds.THRESHOLDS:
@@ -445,17 +450,25 @@ def _jax_caching() -> dict[str, dict[str, Any]]:
     return out
 
 
-def _torch_xla_activation() -> str:
+def _importable(module: str) -> bool:
+    """Whether ``module`` is installed here (found, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _torch_xla_activation(settings: Settings | None = None) -> str:
     import site
 
-    settings = _settings()
+    settings = settings or _settings()
     dirs = [*site.getsitepackages(), site.getusersitepackages()]
     hook = next(
         (d for d in dirs if os.path.isfile(os.path.join(d, "xla_pcache_autoload.pth"))), None
     )
     if settings.disabled:
         return f"off ({DISABLE_VAR}=1)"
-    if importlib.util.find_spec("torch_xla") is None:
+    if not _importable("torch_xla"):
         return "off (torch_xla is not installed in this environment)"
     if hook is None:
         return "off (package not installed with its xla_pcache_autoload.pth; pip install it)"
@@ -471,12 +484,15 @@ def collect(path: str | None) -> dict[str, Any]:
     """Everything the doctor reports, as a dict (the ``--json`` output)."""
     from xla_pcache import FORMAT_VERSION, __version__
 
-    config, problems = _configuration(path)
+    # Parsed once; each part of the report reads the same settings.
+    read = _read_settings()
+    settings = _settings(read)
+    config, problems = _configuration(path, read)
     store: Any = None
     cache: dict[str, Any] = {}
     store_problems: list[str] = []
     if not problems:
-        store, cache, store_problems = _open_store(config)
+        store, cache, store_problems = _open_store(config, settings)
     problems += store_problems
     frameworks: dict[str, Any] = {}
     try:
@@ -494,8 +510,8 @@ def collect(path: str | None) -> dict[str, Any]:
         "config": config,
         "cache": cache,
         "frameworks": frameworks,
-        "activation": _activation(),
-        "jax_caching": _jax_caching(),
+        "activation": _activation(settings),
+        "jax_caching": _jax_caching(settings),
         "problems": problems,
     }
 

@@ -1,7 +1,22 @@
 //! Wall-clock time as the journals record it, and this host's name as file names and
 //! leases carry it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A suffix unique across processes and hosts: host, pid, a per-process counter, time.
+pub fn unique_suffix() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{}.{}.{}.{:x}",
+        hostname(),
+        std::process::id(),
+        n,
+        unix_ns()
+    )
+}
 
 /// Longest host name written into a file name or a lease.
 const MAX_HOST_LEN: usize = 64;

@@ -633,7 +633,7 @@ impl Dir {
         }
         let name = Name::checked(
             Kind::Made,
-            &format!("{prefix}.{}.tmp", crate::publish::unique_suffix()),
+            &format!("{prefix}.{}.tmp", crate::clock::unique_suffix()),
         )?;
         let f = self.open_file(&name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600)?;
         self.unlink(&name)?;

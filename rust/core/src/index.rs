@@ -570,7 +570,7 @@ impl IndexView {
         let idir = root.sub(&INDEX_DIR)?;
         let tmp = Name::checked(
             crate::dir::Kind::Made,
-            &format!("snapshot.{}", crate::publish::unique_suffix()),
+            &format!("snapshot.{}", crate::clock::unique_suffix()),
         )?;
         let res = (|| {
             let f = tmp_dir.open_file(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o666)?;

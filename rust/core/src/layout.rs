@@ -144,7 +144,7 @@ impl Layout {
         let tmp_dir = root.sub(&TMP).map_err(|e| io_err("open", &self.tmp(), e))?;
         let tmp = Name::checked(
             Kind::Made,
-            &format!("FORMAT.{}", crate::publish::unique_suffix()),
+            &format!("FORMAT.{}", crate::clock::unique_suffix()),
         )
         .map_err(|e| io_err("create", &self.tmp(), e))?;
         let text = format!(
@@ -179,7 +179,7 @@ pub const FRESHEN_PREFIX: &str = ".fresh.";
 pub fn freshen_dir(dir: &Dir) -> bool {
     let Some(marker) = Name::new(
         Kind::Made,
-        &format!("{FRESHEN_PREFIX}{}", crate::publish::unique_suffix()),
+        &format!("{FRESHEN_PREFIX}{}", crate::clock::unique_suffix()),
     ) else {
         return false;
     };

@@ -4,9 +4,9 @@
 //! The modules are private to the crate; what the binding and the integration tests use is
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `index`, `overlay`,
-//! `journal`, `snapshot`, `entry`, `blob`, `lock`; then `dir`, `layout`, `settings`, `publish`, `fsinfo`,
-//! `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `testhook`. A module uses only its
-//! own tier and those below.
+//! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`,
+//! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `testhook`. A module uses
+//! only its own tier and those below, and no modules use each other in a circle.
 
 pub(crate) mod blob;
 pub(crate) mod clock;

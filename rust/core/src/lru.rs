@@ -21,6 +21,13 @@ pub struct Lru {
 }
 
 impl Lru {
+    /// An empty LRU with room for `n` entries' records.
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            map: HashMap::with_capacity(n),
+            ..Self::default()
+        }
+    }
     pub fn len(&self) -> usize {
         self.map.len()
     }

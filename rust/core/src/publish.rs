@@ -1,22 +1,9 @@
 //! Publishing a finished temp file under its final name without ever replacing what is there.
 
+#[cfg(test)]
+use crate::clock::unique_suffix;
 use crate::dir::{Dir, Name};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A suffix unique across processes and hosts: host, pid, a per-process counter, time.
-pub fn unique_suffix() -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{}.{}.{}.{:x}",
-        crate::clock::hostname(),
-        std::process::id(),
-        n,
-        crate::clock::unix_ns()
-    )
-}
 
 /// Moves `from/name` to `to/to_name` unless `to_name` exists. Ok(true): published;
 /// Ok(false): `to_name` was already there (first writer wins) and `name` is left for the

@@ -146,7 +146,7 @@ pub fn write(root: &Root, settings: &CacheSettings, durable: bool) -> Result<(),
         .map_err(|e| io_err("open", &root.path().join("tmp"), e))?;
     let tmp = Name::checked(
         Kind::Made,
-        &format!("CONFIG.{}", crate::publish::unique_suffix()),
+        &format!("CONFIG.{}", crate::clock::unique_suffix()),
     )
     .map_err(|e| io_err("name", root.path(), e))?;
     let tmp_path = root.path().join("tmp").join(tmp.as_str());

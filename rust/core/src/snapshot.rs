@@ -45,13 +45,13 @@ const HEADER_LEN: usize = 80;
 /// positives.
 const FILTER_BITS_PER_ENTRY: u64 = 10;
 const FILTER_PROBES: u64 = 7;
-/// A version-1 snapshot is read whole and decoded into memory (about 150 bytes per entry):
-/// one larger than this is not one of ours. A version-1 record is 32 bytes and its hit
-/// count 20 more, so this holds a million entries with their hits, past the largest caches
-/// version-1 writers made (they compacted at every eviction, and a compile cache of a
-/// million programs is far beyond any seen); decoding it costs a few hundred MB at most,
-/// where the earlier 256 MiB cap cost about 2 GB.
-pub const MAX_V1_LEN: u64 = 64 << 20;
+/// A version-1 snapshot is read whole and decoded into an in-memory LRU: one larger than
+/// this is refused (the index is rebuilt from the journals, `verify --repair` reindexes).
+/// A version-1 record is 32 bytes and its hit count 20 more, so this holds 320,000 entries
+/// with their hits or 520,000 without. Decoding costs about 200 bytes per entry on top of
+/// the file: at 64 MiB (two million entries) a fresh process peaked at 489 MiB, at this cap
+/// at 113 MiB (`tests/test_untrusted_disk.py` bounds it).
+pub const MAX_V1_LEN: u64 = 16 << 20;
 /// The meta section (journals and counters) is read whole: bounded like a version-1 file.
 const MAX_META_LEN: u64 = 64 << 20;
 /// Most journals a snapshot lists. A journal is one process's since the last compaction
@@ -638,7 +638,9 @@ pub fn decode_v1(b: &[u8]) -> Result<(Lru, Meta), String> {
     {
         return Err("truncated".into());
     }
-    let mut lru = Lru::default();
+    // Sized once: growing the table by doubling would hold the old and the new one at once.
+    // The count was checked against the bytes above, so it is at most MAX_V1_LEN / 32.
+    let mut lru = Lru::with_capacity(usize::try_from(n_entries).map_err(|_| "too many entries")?);
     for _ in 0..n_entries {
         let name = r.u128()?;
         let disk_bytes = r.u64()?;

@@ -1,7 +1,7 @@
 //! `Blob` for Python: a verified entry, its payload through the buffer protocol.
 
+use crate::convert::{key_object, meta_dict, ns_to_secs};
 use crate::errors::no_panic;
-use crate::store::{key_object, meta_dict, ns_to_secs};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};

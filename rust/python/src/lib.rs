@@ -4,6 +4,7 @@
 mod blob;
 mod buffer;
 mod claim;
+mod convert;
 mod errors;
 mod hashing;
 mod logging;
@@ -22,7 +23,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "MAX_DURATION_S",
         xla_pcache_core::MAX_DURATION.as_secs_f64(),
     )?;
-    m.add("STORE_DEFAULTS", store::store_defaults(m.py())?)?;
+    m.add("STORE_DEFAULTS", convert::store_defaults(m.py())?)?;
     m.add(
         "TIER_COUNTERS",
         xla_pcache_core::TIER_COUNTER_NAMES.to_vec(),

@@ -1,94 +1,24 @@
-//! `Store` for Python (its `Blob` and `Claim` results are in blob.rs and claim.rs).
+//! `Store` for Python (its `Blob` and `Claim` results are in blob.rs and claim.rs, the
+//! conversions of its arguments and results in convert.rs).
 
 use crate::blob::PyBlob;
 use crate::buffer::{HeldBuffer, KeyArg};
 use crate::claim::PyClaim;
+use crate::convert::{
+    bad_arg, bool_arg, choice, counters_into, durable_arg, entry_dict, evict_report, key_object,
+    path_arg, read_only_arg, seconds, sign_arg, verify_report,
+};
 use crate::errors::{no_panic, CacheError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions, TierCounters,
-    COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
+    CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions, MAX_TIERS, MAX_TIER_NAME,
+    TIER_COUNTER_NAMES,
 };
-
-/// The core's defaults of the options `Store()` takes in seconds, by argument name.
-pub fn store_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let d = StoreOptions::default();
-    let out = PyDict::new(py);
-    for (name, v) in [
-        ("lock_timeout", d.lock_timeout),
-        ("lease_time", d.lease_time),
-        ("hit_interval", d.hit_interval),
-        ("trash_grace", d.trash_grace),
-        ("tmp_grace", d.tmp_grace),
-        ("claim_lease", d.claim_lease),
-    ] {
-        out.set_item(name, v.as_secs_f64())?;
-    }
-    Ok(out)
-}
-
-/// Counters into a report: the core's own always; the remote tiers' (`remote_*` totals,
-/// then `remote_<tier>_<counter>` for each tier counted) only when some tier counted, so
-/// that a store without tiers reports none.
-fn counters_into(d: &Bound<'_, PyDict>, counters: &[u64], tiers: &TierCounters) -> PyResult<()> {
-    // The remote totals by name: counters appended after them (`untrusted`) are the core's.
-    let remote = |name: &str| name.starts_with("remote_");
-    let any_remote = !tiers.is_empty()
-        || COUNTER_NAMES
-            .iter()
-            .zip(counters)
-            .any(|(name, v)| remote(name) && *v > 0);
-    for (name, v) in COUNTER_NAMES.iter().zip(counters) {
-        if !remote(name) || any_remote {
-            d.set_item(*name, *v)?;
-        }
-    }
-    for (tier, values) in tiers {
-        for (counter, v) in TIER_COUNTER_NAMES.iter().zip(values) {
-            d.set_item(format!("remote_{tier}_{counter}"), *v)?;
-        }
-    }
-    Ok(())
-}
-
-/// A duration argument in seconds: finite, non-negative and at most `MAX_DURATION` (about
-/// 31 years: anything longer is a mistake, and would overflow a deadline), else a
-/// `ValueError` naming the argument.
-fn seconds(name: &str, v: f64) -> PyResult<Duration> {
-    let max = xla_pcache_core::MAX_DURATION;
-    if !v.is_finite() || v < 0.0 || v > max.as_secs_f64() {
-        return Err(PyValueError::new_err(format!(
-            "{name} must be a number of seconds from 0 to {} (about 31 years), got {v}",
-            max.as_secs()
-        )));
-    }
-    Duration::try_from_secs_f64(v)
-        .map_err(|e| PyValueError::new_err(format!("{name}: {e} (got {v})")))
-}
-
-pub(crate) fn key_object<'py>(py: Python<'py>, key: &[u8], is_text: bool) -> Bound<'py, PyAny> {
-    match (is_text, std::str::from_utf8(key)) {
-        (true, Ok(s)) => PyString::new(py, s).into_any(),
-        _ => PyBytes::new(py, key).into_any(),
-    }
-}
-
-pub(crate) fn meta_dict<'py>(
-    py: Python<'py>,
-    meta: &[(String, String)],
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (k, v) in meta {
-        d.set_item(k, v)?;
-    }
-    Ok(d)
-}
 
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
 /// looks for signals every 20 ms: on Ctrl-C (KeyboardInterrupt from Python's handler) it
@@ -142,10 +72,6 @@ fn interruptible<T: Send>(
     }
 }
 
-pub(crate) fn ns_to_secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
 /// What a tier behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
 /// `on_miss(key)` after a local miss returns what `get` returns; `on_publish(key)` after a
 /// put this process published. A store without a tier has none, so its hits and misses run
@@ -163,20 +89,6 @@ pub struct PyStore {
     tier: OnceLock<TierHooks>,
 }
 
-/// A choice argument (`lock_mode`, `read_mode`): parsed by the core, the error naming the
-/// argument.
-fn choice<T: std::str::FromStr>(name: &str, value: Option<String>) -> PyResult<Option<T>>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .map(|s| {
-            s.parse::<T>()
-                .map_err(|e| PyValueError::new_err(format!("invalid {name} {s:?}: {e}")))
-        })
-        .transpose()
-}
-
 impl PyStore {
     fn store(&self) -> PyResult<&Store> {
         if self.closed.load(Ordering::Relaxed) {
@@ -187,47 +99,6 @@ impl PyStore {
         }
         Ok(&self.inner)
     }
-}
-
-/// A conversion of the argument `name` that failed, as a TypeError that names it.
-fn bad_arg(name: &str, want: &str, got: &Bound<'_, PyAny>) -> PyErr {
-    let ty = got
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into());
-    PyTypeError::new_err(format!("{name} must be {want}, not {ty}"))
-}
-
-/// The argument `name` as a bool (True or False only).
-fn bool_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
-    v.extract::<bool>()
-        .map_err(|_| bad_arg(name, "True or False", v))
-}
-
-fn read_only_arg(v: &Bound<'_, PyAny>) -> PyResult<bool> {
-    bool_arg("read_only", v)
-}
-
-fn durable_arg(v: &Bound<'_, PyAny>) -> PyResult<bool> {
-    bool_arg("durable", v)
-}
-
-fn sign_arg(v: &Bound<'_, PyAny>) -> PyResult<bool> {
-    bool_arg("sign", v)
-}
-
-/// The argument `name` as a path (str or os.PathLike), without NUL bytes.
-fn path_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
-    let p: PathBuf = v
-        .extract()
-        .map_err(|_| bad_arg(name, "a str or os.PathLike", v))?;
-    if std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&0) {
-        return Err(PyValueError::new_err(format!(
-            "{name} must not contain a NUL byte"
-        )));
-    }
-    Ok(p)
 }
 
 #[pymethods]
@@ -741,18 +612,8 @@ impl PyStore {
             None => no_panic("entries", || store.entries()),
         })?;
         let out = PyList::empty(py);
-        for e in entries {
-            let d = PyDict::new(py);
-            d.set_item("key", key_object(py, &e.key, e.key_is_text))?;
-            d.set_item("name", &e.name)?;
-            d.set_item("size", e.size)?;
-            d.set_item("disk_bytes", e.disk_bytes)?;
-            d.set_item("created", ns_to_secs(e.created_ns))?;
-            d.set_item("last_use", e.last_use_ns.map(ns_to_secs))?;
-            d.set_item("hits", e.hits)?;
-            d.set_item("meta", meta_dict(py, &e.meta)?)?;
-            d.set_item("signer", &e.signer)?;
-            out.append(d)?;
+        for e in &entries {
+            out.append(entry_dict(py, e)?)?;
         }
         Ok(out)
     }
@@ -957,16 +818,7 @@ impl PyStore {
         let r = interruptible(py, store, || {
             no_panic("evict", || store.evict(max_size, older))
         })?;
-        let d = PyDict::new(py);
-        d.set_item("removed", r.removed)?;
-        d.set_item("bytes", r.bytes)?;
-        d.set_item("dropped", r.dropped)?;
-        d.set_item("added", r.added)?;
-        d.set_item("names", r.names)?;
-        d.set_item("skipped", r.skipped)?;
-        d.set_item("skipped_files", r.skipped_files)?;
-        d.set_item("interrupted", r.interrupted)?;
-        Ok(d)
+        evict_report(py, r)
     }
 
     #[pyo3(signature = (repair=false, progress=None))]
@@ -1001,20 +853,7 @@ impl PyStore {
         if let Some(e) = cb_err.lock().ok().and_then(|mut s| s.take()) {
             return Err(e);
         }
-        let d = PyDict::new(py);
-        d.set_item("entries", r.entries)?;
-        d.set_item("bytes", r.bytes)?;
-        d.set_item("corrupt", &r.corrupt)?;
-        d.set_item("foreign", &r.foreign)?;
-        d.set_item("unindexed", r.unindexed)?;
-        d.set_item("dangling", r.dangling)?;
-        d.set_item("stale_tmp", r.stale_tmp)?;
-        d.set_item("stale_trash", r.stale_trash)?;
-        d.set_item("problems", r.problems())?;
-        d.set_item("repaired", r.repaired)?;
-        d.set_item("interrupted", r.interrupted)?;
-        d.set_item("skipped_files", &r.skipped_files)?;
-        Ok(d)
+        verify_report(py, &r)
     }
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {

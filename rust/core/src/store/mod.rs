@@ -23,6 +23,7 @@ mod tests;
 mod write;
 
 use crate::blob::Blob;
+use crate::clock::unique_suffix;
 use crate::dir::{self as cdir, Dir, Kind, Name, Rel, Root, Stat};
 use crate::entry::{self, EntryError};
 use crate::error::{io_err, StoreError};
@@ -33,7 +34,7 @@ use crate::index::IndexView;
 use crate::journal::{self, JournalWriter, Record};
 use crate::layout::{Layout, ENTRIES, JOURNAL, LOCKS, TMP, TRASH};
 use crate::lock::{LockDir, LockGuard, LockMode, LockOptions};
-use crate::publish::{publish_no_replace, unique_suffix};
+use crate::publish::publish_no_replace;
 use crate::sign::{Signer, TrustSet};
 use crate::stats::{add_into, Counter, Counters, COUNTER_NAMES, N_COUNTERS};
 use memmap2::MmapOptions;

@@ -237,85 +237,6 @@ fn delete_removes_the_signers_own_file_too() {
     assert!(w.entries().unwrap().is_empty());
 }
 
-/// The signature fields of the entry file for `k` in `s`, as written.
-fn signer_of(s: &Store, k: &str) -> Option<String> {
-    let file = s.get_entry_file(key(k)).unwrap()?;
-    entry::decode_header(&file)
-        .unwrap()
-        .signature
-        .map(|f| f.signer)
-}
-
-#[test]
-fn a_signer_never_signs_what_it_received() {
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let ci = signer("ci-1", 1);
-    let mallory = signer("mallory-1", 2);
-    let forger = signer("ci-1", 9); // calls itself ci-1, with another key
-    let src_plain = open(a.path(), None, None);
-    src_plain.put(key("u"), b"unsigned bytes", &meta()).unwrap();
-    let unsigned = src_plain.get_entry_file(key("u")).unwrap().unwrap();
-    // An entry file of `k` signed by `s`, as another cache (a tier, a bundle) holds it.
-    let file_of = |s: &Arc<Signer>, k: &str| {
-        let d = tempfile::tempdir().unwrap();
-        let w = open(d.path(), Some(s.clone()), None);
-        w.put(key(k), b"signed bytes", &meta()).unwrap();
-        w.get_entry_file(key(k)).unwrap().unwrap()
-    };
-    let by_mallory = file_of(&mallory, "m");
-    let by_forger = file_of(&forger, "f");
-    let by_ci = file_of(&ci, "c");
-
-    // A signer without trusted keys: the CI process set up with only its key.
-    let w = open(b.path(), Some(ci.clone()), None);
-    // Received unsigned (a tier's value, a bundle member): published unsigned.
-    assert!(w
-        .take_entry_file(key("u"), unsigned.clone(), true)
-        .unwrap()
-        .is_some());
-    assert_eq!(signer_of(&w, "u"), None);
-    // Signed by a key it does not hold, or by a forger of its name: written unsigned.
-    assert_eq!(w.put_entry_file(key("m"), &by_mallory).unwrap(), Some(true));
-    assert_eq!(signer_of(&w, "m"), None);
-    assert_eq!(w.put_entry_file(key("f"), &by_forger).unwrap(), Some(true));
-    assert_eq!(signer_of(&w, "f"), None);
-    // Its own key's signature verifies: kept.
-    assert_eq!(w.put_entry_file(key("c"), &by_ci).unwrap(), Some(true));
-    assert_eq!(signer_of(&w, "c").as_deref(), Some("ci-1"));
-    // Bytes it did not compile, put directly (an adopted file): unsigned.
-    assert!(w.put_unsigned(key("a"), b"adopted", &meta()).unwrap());
-    assert_eq!(signer_of(&w, "a"), None);
-    // What it compiled: signed.
-    assert!(w.put(key("own"), b"compiled", &meta()).unwrap());
-    assert_eq!(signer_of(&w, "own").as_deref(), Some("ci-1"));
-    // A trusting reader serves only that last one and the one ci-1 signed.
-    let r = open_ro(b.path(), None, trust(&[&ci]), true);
-    for k in ["u", "m", "f", "a"] {
-        assert!(payload(&r, k).is_none(), "{k} served");
-    }
-    assert!(payload(&r, "c").is_some() && payload(&r, "own").is_some());
-
-    // With trusted keys, an unsigned put of bytes it did not compile is unsigned too, and
-    // goes to the plain name only: it takes no signer's name.
-    let c = tempfile::tempdir().unwrap();
-    let t = open(c.path(), Some(ci.clone()), trust(&[&ci]));
-    assert!(t.put_unsigned(key("a"), b"adopted", &meta()).unwrap());
-    assert_eq!(signer_of(&open(c.path(), None, None), "a"), None);
-    assert!(payload(&t, "a").is_none());
-
-    // A store with no key keeps what an entry carries: it vouches for nothing, and a
-    // trusting reader checks the signature itself.
-    let d = tempfile::tempdir().unwrap();
-    let relay = open(d.path(), None, None);
-    assert_eq!(relay.put_entry_file(key("c"), &by_ci).unwrap(), Some(true));
-    assert_eq!(
-        relay.put_entry_file(key("f"), &by_forger).unwrap(),
-        Some(true)
-    );
-    let r = open_ro(d.path(), None, trust(&[&ci]), true);
-    assert!(payload(&r, "c").is_some());
-    assert!(payload(&r, "f").is_none());
-
 #[test]
 fn no_key_is_blocked_by_what_stands_at_its_names() {
     use std::os::unix::fs::symlink;
@@ -445,4 +366,84 @@ fn each_file_of_a_squatted_key_is_handed_out_under_its_own_name() {
         trusting.refusal(key("k"), &good[1..]).unwrap().map(|r| r.0),
         Some("corrupt")
     );
+}
+
+/// The signature fields of the entry file for `k` in `s`, as written.
+fn signer_of(s: &Store, k: &str) -> Option<String> {
+    let file = s.get_entry_file(key(k)).unwrap()?;
+    entry::decode_header(&file)
+        .unwrap()
+        .signature
+        .map(|f| f.signer)
+}
+
+#[test]
+fn a_signer_never_signs_what_it_received() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ci = signer("ci-1", 1);
+    let mallory = signer("mallory-1", 2);
+    let forger = signer("ci-1", 9); // calls itself ci-1, with another key
+    let src_plain = open(a.path(), None, None);
+    src_plain.put(key("u"), b"unsigned bytes", &meta()).unwrap();
+    let unsigned = src_plain.get_entry_file(key("u")).unwrap().unwrap();
+    // An entry file of `k` signed by `s`, as another cache (a tier, a bundle) holds it.
+    let file_of = |s: &Arc<Signer>, k: &str| {
+        let d = tempfile::tempdir().unwrap();
+        let w = open(d.path(), Some(s.clone()), None);
+        w.put(key(k), b"signed bytes", &meta()).unwrap();
+        w.get_entry_file(key(k)).unwrap().unwrap()
+    };
+    let by_mallory = file_of(&mallory, "m");
+    let by_forger = file_of(&forger, "f");
+    let by_ci = file_of(&ci, "c");
+
+    // A signer without trusted keys: the CI process set up with only its key.
+    let w = open(b.path(), Some(ci.clone()), None);
+    // Received unsigned (a tier's value, a bundle member): published unsigned.
+    assert!(w
+        .take_entry_file(key("u"), unsigned.clone(), true)
+        .unwrap()
+        .is_some());
+    assert_eq!(signer_of(&w, "u"), None);
+    // Signed by a key it does not hold, or by a forger of its name: written unsigned.
+    assert_eq!(w.put_entry_file(key("m"), &by_mallory).unwrap(), Some(true));
+    assert_eq!(signer_of(&w, "m"), None);
+    assert_eq!(w.put_entry_file(key("f"), &by_forger).unwrap(), Some(true));
+    assert_eq!(signer_of(&w, "f"), None);
+    // Its own key's signature verifies: kept.
+    assert_eq!(w.put_entry_file(key("c"), &by_ci).unwrap(), Some(true));
+    assert_eq!(signer_of(&w, "c").as_deref(), Some("ci-1"));
+    // Bytes it did not compile, put directly (an adopted file): unsigned.
+    assert!(w.put_unsigned(key("a"), b"adopted", &meta()).unwrap());
+    assert_eq!(signer_of(&w, "a"), None);
+    // What it compiled: signed.
+    assert!(w.put(key("own"), b"compiled", &meta()).unwrap());
+    assert_eq!(signer_of(&w, "own").as_deref(), Some("ci-1"));
+    // A trusting reader serves only that last one and the one ci-1 signed.
+    let r = open_ro(b.path(), None, trust(&[&ci]), true);
+    for k in ["u", "m", "f", "a"] {
+        assert!(payload(&r, k).is_none(), "{k} served");
+    }
+    assert!(payload(&r, "c").is_some() && payload(&r, "own").is_some());
+
+    // With trusted keys, an unsigned put of bytes it did not compile is unsigned too, and
+    // goes to the plain name only: it takes no signer's name.
+    let c = tempfile::tempdir().unwrap();
+    let t = open(c.path(), Some(ci.clone()), trust(&[&ci]));
+    assert!(t.put_unsigned(key("a"), b"adopted", &meta()).unwrap());
+    assert_eq!(signer_of(&open(c.path(), None, None), "a"), None);
+    assert!(payload(&t, "a").is_none());
+
+    // A store with no key keeps what an entry carries: it vouches for nothing, and a
+    // trusting reader checks the signature itself.
+    let d = tempfile::tempdir().unwrap();
+    let relay = open(d.path(), None, None);
+    assert_eq!(relay.put_entry_file(key("c"), &by_ci).unwrap(), Some(true));
+    assert_eq!(
+        relay.put_entry_file(key("f"), &by_forger).unwrap(),
+        Some(true)
+    );
+    let r = open_ro(d.path(), None, trust(&[&ci]), true);
+    assert!(payload(&r, "c").is_some());
+    assert!(payload(&r, "f").is_none());
 }
