@@ -328,7 +328,21 @@ def _configuration(path: str | None) -> tuple[dict[str, Any], list[str]]:
         settings = None
     env_path = settings.path if settings else None
     resolved = path or env_path or _settings().default_cache_path()
-    config["path"] = os.path.abspath(os.path.expanduser(resolved))
+    url = _bucket_path(resolved)
+    if url is not None:
+        # A bucket: served by a host-local store (xla_pcache.bucket), reported as the path.
+        from xla_pcache import bucket
+        from xla_pcache.tiers import redact
+
+        where = bucket.route(url)
+        config["bucket"] = redact(url)
+        if where.kind == "bucket":
+            config["path"] = bucket.local_path(url, settings or Settings())
+        else:
+            config["path"] = redact(url)
+            problems.append(f"{redact(url)} cannot be served: {where.reason}")
+    else:
+        config["path"] = os.path.abspath(os.path.expanduser(resolved))
     config["path_source"] = (
         "--path" if path else "XLA_PERSISTENT_CACHE_PATH" if env_path else "default"
     )
@@ -367,16 +381,37 @@ def _trust(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _open_store(config: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]:
+def _bucket_path(path: str) -> str | None:
+    """``path`` if it is written as a URL (a bucket path), else None."""
+    from xla_pcache.bucket import is_url
+
+    return path.strip() if is_url(path) else None
+
+
+def _open_store(
+    config: dict[str, Any], url: str | None = None
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """The store ``config`` names (for a bucket path ``url``, its host-local store with
+    the bucket behind it), what it reports, and the problems found."""
     from xla_pcache.store import Store
 
     info: dict[str, Any] = {}
     try:
-        store = Store(
-            config["path"],
-            max_size=config.get("max_size"),
-            read_only=bool(config.get("read_only", False)),
-        )
+        if url is not None:
+            from xla_pcache.bucket import open_store
+
+            store: Store = open_store(
+                url,
+                settings=_settings(),
+                max_size=config.get("max_size"),
+                read_only=bool(config.get("read_only", False)),
+            )
+        else:
+            store = Store(
+                config["path"],
+                max_size=config.get("max_size"),
+                read_only=bool(config.get("read_only", False)),
+            )
     except Exception as exc:
         return None, info, [f"cannot open the cache at {config['path']}: {exc}"]
     info["filesystem"] = store.filesystem
@@ -476,7 +511,8 @@ def collect(path: str | None) -> dict[str, Any]:
     cache: dict[str, Any] = {}
     store_problems: list[str] = []
     if not problems:
-        store, cache, store_problems = _open_store(config)
+        raw = path or _settings().path or ""
+        store, cache, store_problems = _open_store(config, _bucket_path(raw))
     problems += store_problems
     frameworks: dict[str, Any] = {}
     try:
@@ -516,6 +552,10 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         f"Python {report['python']}"
     )
     console.print(f"Cache: [bold]{_e(cfg['path'])}[/] (from {_e(cfg['path_source'])})")
+    if "bucket" in cfg:
+        console.print(
+            f"  a bucket: {_e(cfg['bucket'])}, served by this host-local store in front of it"
+        )
     if "read_only" in cfg:
         console.print(
             f"  read-only: {cfg['read_only']}, max size: {format_size(cfg['max_size'])}, "
