@@ -277,6 +277,9 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_MIN_COMPILE_TIME": "2s",
         "XLA_PCACHE_MIN_ENTRY_SIZE": "64K",
         "XLA_PCACHE_ON_MISS": "Error",
+        "XLA_PCACHE_LOCAL_PATH": str(tmp_path / "bucket-local"),
+        "XLA_PCACHE_BUCKET_RECORD_INTERVAL": "1h",
+        "XLA_PCACHE_BUCKET_AUTO_PRUNE": "0",
     }
     assert set(values) == VARIABLE_NAMES
     settings = Settings.from_env(values)
@@ -286,6 +289,7 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
     assert settings.remote_max_bytes == 3 << 29
     assert settings.read_mode == "pread" and settings.lock_mode == "lease"
     assert settings.torch_xla_local_root() == str(tmp_path / "local")
+    assert (settings.bucket_record_interval, settings.bucket_auto_prune) == (3600.0, False)
 
 
 def _key_file(tmp_path: Path) -> str:

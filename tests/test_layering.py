@@ -33,10 +33,14 @@ LEVELS = {
     "tiers.objstore": 1,
     "tiers.readonly": 1,
     "tiers.chain": 1,
+    "tiers.upkeep": 1,
+    "tiers.records": 1,
     "tiers": 1,
     "bundle": 1,
     "metrics": 1,
     "store": 2,
+    # A bucket as the cache path: its host-local store, over the store.
+    "bucket": 2,
     "caches": 3,
     # The framework adapters, each with its helpers, and explain, which reads the misses
     # they record.

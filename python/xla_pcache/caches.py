@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
-from xla_pcache.config import Settings, parse_capacity
+from xla_pcache.bucket import open_path, route, warn_unserved
+from xla_pcache.config import PATH_VAR, Settings, parse_capacity
 from xla_pcache.store import Store
 
 if TYPE_CHECKING:
@@ -192,7 +193,9 @@ class PersistentCache(ComputationCache[T]):
         self._memory: MemoryCache[T] = MemoryCache(
             cfg.memory_capacity if memory_capacity is None else memory_capacity
         )
-        self._store = Store(path, max_size=max_size, read_only=read_only, settings=settings)
+        # A bucket (gs://, s3://, az://) is served by a host-local store with the bucket
+        # behind it; any other URL is a ValueError naming ``path``.
+        self._store = open_path(path, settings=settings, max_size=max_size, read_only=read_only)
         self._serialize = serialize
         self._deserialize = deserialize
         self._meta = dict(meta) if meta else None
@@ -351,6 +354,10 @@ def from_env(
     """
     settings = Settings.from_env(environ)
     if settings.path is None:
+        return MemoryCache(settings.memory_capacity)
+    where = route(settings.path)
+    if where.kind == "unserved":
+        warn_unserved(where, PATH_VAR, "a MemoryCache instead")
         return MemoryCache(settings.memory_capacity)
     return PersistentCache(
         settings.path,

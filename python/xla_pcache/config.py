@@ -50,6 +50,9 @@ TRUSTED_KEYS_VAR = "XLA_PCACHE_TRUSTED_KEYS"
 MIN_COMPILE_TIME_VAR = "XLA_PCACHE_MIN_COMPILE_TIME"
 MIN_ENTRY_SIZE_VAR = "XLA_PCACHE_MIN_ENTRY_SIZE"
 ON_MISS_VAR = "XLA_PCACHE_ON_MISS"
+LOCAL_PATH_VAR = "XLA_PCACHE_LOCAL_PATH"
+BUCKET_RECORD_INTERVAL_VAR = "XLA_PCACHE_BUCKET_RECORD_INTERVAL"
+BUCKET_AUTO_PRUNE_VAR = "XLA_PCACHE_BUCKET_AUTO_PRUNE"
 
 # Single flight: how long a process that misses waits for another one compiling the same
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
@@ -71,6 +74,9 @@ DEFAULT_REMOTE_MAX_BYTES = 512 << 20
 # milliseconds for tens of MB, always less than compiling the same program took
 # (docs/jax.md, "What is cached"), so every compiled program is stored, whatever its size.
 DEFAULT_MIN_COMPILE_TIME_S = 0.0
+# A cache in a bucket: how often each host uploads the record of the entries it used (each
+# entry at most once per interval); writers check the bucket's budget as often, after a put.
+DEFAULT_BUCKET_RECORD_INTERVAL_S = 600.0
 DEFAULT_MIN_ENTRY_SIZE = 0
 
 LockMode = Literal["auto", "fcntl", "lease"]
@@ -253,8 +259,9 @@ VARIABLES: tuple[Variable, ...] = (
         "path",
         "`~/.cache`",
         "Where the default caches live when no path is given: `$XDG_CACHE_HOME/xla_pcache` "
-        "(JAX, the demo) and `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
-        "directory). A relative value is ignored, as the XDG spec says.",
+        "(JAX, the demo), `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
+        "directory) and `$XDG_CACHE_HOME/xla_pcache/remote` (the host-local stores of bucket "
+        "paths). A relative value is ignored, as the XDG spec says.",
     ),
     Variable(
         ON_MISS_VAR,
@@ -310,6 +317,38 @@ VARIABLES += (
         "What is cached: an entry smaller than this is not stored (bytes or `K/M/G`). Applied "
         "to JAX's `jax_persistent_cache_min_entry_size_bytes` unless the program sets that "
         "itself.",
+    ),
+)
+
+# A cache in a bucket (docs/remote.md, "A cache in a bucket").
+VARIABLES += (
+    Variable(
+        LOCAL_PATH_VAR,
+        "local_path",
+        "path",
+        "`$XDG_CACHE_HOME/xla_pcache/remote/<name from the URL>`",
+        "When the cache path is a bucket (`gs://`, `s3://`, `az://`), the host-local store in "
+        "front of it, where this host keeps what it fetched and compiled; the bucket is its "
+        "remote tier. Put it on a local disk.",
+    ),
+    Variable(
+        BUCKET_RECORD_INTERVAL_VAR,
+        "bucket_record_interval",
+        "duration",
+        "600",
+        "When the cache path is a bucket: how often a host uploads the record of the entries "
+        "it used (one object per host per interval, each entry at most once), which `prune` "
+        "reads as last uses; writers check the bucket's budget as often. Seconds or "
+        "`10m`/`1h`; `0` records nothing and never prunes from writers.",
+    ),
+    Variable(
+        BUCKET_AUTO_PRUNE_VAR,
+        "bucket_auto_prune",
+        "bool",
+        "1",
+        "When the cache path is a bucket with a budget (`xla-pcache config --path "
+        "s3://...`): a host that wrote entries prunes the bucket once it estimates it past "
+        "the budget, one host at a time. `0` leaves pruning to `xla-pcache prune` (cron).",
     ),
 )
 
@@ -524,6 +563,13 @@ def parse_trusted_keys(value: str, name: str = TRUSTED_KEYS_VAR) -> tuple[tuple[
     return tuple(keys)
 
 
+def _local_path(value: str, name: str) -> str:
+    path = _path(value, name)
+    if "://" in path:
+        raise ValueError(f"invalid {name} {value!r}: a local directory, not a URL")
+    return path
+
+
 def _absolute(value: str, name: str) -> str | None:
     # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
     value = value.strip()
@@ -555,6 +601,9 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "min_compile_time": _compile_time,
     "min_entry_size": _size,
     "on_miss": lambda v, n: _choice(v, n, ON_MISS_MODES),
+    "local_path": _local_path,
+    "bucket_record_interval": _duration(zero_ok=True),
+    "bucket_auto_prune": parse_bool,
 }
 
 
@@ -595,6 +644,11 @@ class Settings:
     min_compile_time: float = DEFAULT_MIN_COMPILE_TIME_S
     min_entry_size: int = DEFAULT_MIN_ENTRY_SIZE
     on_miss: OnMiss = "compile"
+    # A cache in a bucket: the host-local store in front of it (None: one per bucket under
+    # remote_store_root()), how often hits are recorded there, whether writers prune.
+    local_path: str | None = None
+    bucket_record_interval: float = DEFAULT_BUCKET_RECORD_INTERVAL_S
+    bucket_auto_prune: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -625,6 +679,10 @@ class Settings:
     def default_cache_path(self) -> str:
         """``$XDG_CACHE_HOME/xla_pcache``, or ``~/.cache/xla_pcache``."""
         return os.path.join(self.cache_home(), "xla_pcache")
+
+    def remote_store_root(self) -> str:
+        """``$XDG_CACHE_HOME/xla_pcache/remote``: the host-local stores of bucket paths."""
+        return os.path.join(self.default_cache_path(), "remote")
 
     def torch_xla_local_root(self) -> str:
         """``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``, else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``."""

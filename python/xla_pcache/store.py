@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
     from xla_pcache.tiers import Chain
 
 log = package_logger("xla_pcache")
+
+# ``scheme://``: a path written as a URL.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class Store(_core.Store):
@@ -75,6 +79,15 @@ class Store(_core.Store):
         if settings is not None and not isinstance(settings, Settings):
             raise TypeError(
                 f"settings must be an xla_pcache.Settings (or None), not {type(settings).__name__}"
+            )
+        if isinstance(path, str) and _URL.match(path.strip()):
+            # A URL is never a directory: a bucket path is served by a host-local store
+            # (xla_pcache.bucket), and nothing is created under a name made of the URL.
+            from xla_pcache.tiers import redact
+
+            raise ValueError(
+                f"path {redact(path)!r} is a URL, not a directory: open a bucket path "
+                "with xla_pcache.bucket.open_path"
             )
         cfg = Settings.from_env() if settings is None else settings
         url = (remote if remote is not None else cfg.remote) or None

@@ -135,9 +135,10 @@ def _weed() -> str:
     return exe
 
 
-def start_s3(root: Path) -> S3Server:
+def start_s3(root: Path, *extra: str) -> S3Server:
     """``weed mini`` with every port of its own, bound to loopback only, one bucket, and
-    one identity whose keys are S3_ACCESS_KEY / S3_SECRET_KEY."""
+    one identity whose keys are S3_ACCESS_KEY / S3_SECRET_KEY; ``extra``: more flags (the
+    bench asks for ``-metricsPort``)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "data").mkdir(exist_ok=True)
     config = root / "s3.json"
@@ -183,6 +184,7 @@ def start_s3(root: Path) -> S3Server:
             f"-bucket={S3_BUCKET}",
             f"-s3.config={config}",
             *(f"-{k}={v}" for k, v in ports.items()),
+            *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

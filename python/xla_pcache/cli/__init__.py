@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from xla_pcache import _core
+from xla_pcache import _core, bucket
 from xla_pcache._core import CacheError
 from xla_pcache._text import ShownStream, raw_stream, shown
 from xla_pcache.config import (
@@ -196,6 +196,17 @@ def _resolve_path(path: str | None, settings: Settings) -> str:
     root = os.path.expanduser(path) if path else settings.path
     if not root:
         _fail(f"no cache directory: pass --path or set {PATH_VAR}")
+    if bucket.is_url(root):
+        where = bucket.route(root)
+        local = (
+            f"; this host's copy of it is the directory {bucket.local_path(root, settings)}"
+            if where.kind == "bucket"
+            else ""
+        )
+        _fail(
+            f"{redact(root)} is a URL: stats, prune and config take a bucket, this command "
+            f"a directory{local}"
+        )
     if not os.path.exists(root):
         _fail(f"{root}: no such directory")
     if not os.path.isdir(root):
@@ -231,6 +242,40 @@ def _open(path: str | None, *, read_only: bool, write: bool = False) -> Store:
     if read_only:
         _fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
     return Store(root, read_only=False, settings=settings)
+
+
+def redact(url: str) -> str:
+    """``url`` without credentials or option values (``xla_pcache.tiers.redact``)."""
+    from xla_pcache.tiers import redact as redact_url
+
+    return redact_url(url)
+
+
+def _bucket_url(path: str | None) -> str | None:
+    """The bucket ``--path`` (else ``XLA_PERSISTENT_CACHE_PATH``) names, or None for a
+    directory; a URL that is no bucket xla_pcache serves fails here."""
+    raw = path if path else Settings.from_env().path
+    if not raw or not bucket.is_url(raw):
+        return None
+    where = bucket.route(raw)
+    if where.kind != "bucket":
+        _fail(f"{redact(raw)} cannot be served: {where.reason}")
+    return where.path
+
+
+@contextmanager
+def _bucket(url: str) -> Iterator[Any]:
+    """The upkeep of the bucket at ``url``; its service's errors are one line, exit 2."""
+    from xla_pcache.tiers.objstore import scrub
+    from xla_pcache.tiers.upkeep import Bucket, BusyError
+
+    settings = Settings.from_env()
+    try:
+        yield Bucket(url, timeout=max(settings.remote_timeout, 30.0))
+    except (Failure, typer.Exit, BusyError):
+        raise
+    except Exception as exc:
+        _fail(f"{redact(url)}: {type(exc).__name__}: {scrub(str(exc))}")
 
 
 def _key_text(key: object) -> str:
@@ -358,7 +403,17 @@ def stats(
     ] = StatsFormat.table,
 ) -> None:
     """Entries, bytes on disk, budget and fill, hits, misses, puts, compile time saved,
-    evictions, corrupt, compile claims and waits."""
+    evictions, corrupt, compile claims and waits. For a bucket (`--path s3://...`):
+    entries, bytes, budget and fill, records not yet folded, the last prune."""
+    with _reported():
+        url = _bucket_url(path)
+        if url is not None:
+            if output is StatsFormat.prometheus:
+                _fail("--format prometheus is for a directory, not a bucket")
+            with _bucket(url) as b:
+                report = b.stats()
+            _bucket_stats(report, as_json or output is StatsFormat.json)
+            return
     with _reported(), _open(path, read_only=read_only) as store:
         report = _stats_report(store)
     if output is StatsFormat.prometheus:
@@ -391,6 +446,38 @@ def stats(
         if (name.startswith("remote_") or _TIER_COUNTER.match(name)) and not report[name]:
             continue  # no rows of zeros for remote tiers that did nothing (or are not set)
         table.add_row(shown(name.replace("_", " ")), shown(_stat_text(name, report[name])))
+    _console().print(table)
+
+
+_BUCKET_ROWS = (
+    ("entries", "entries"),
+    ("bytes", "bytes"),
+    ("max_size", "budget"),
+    ("max_age_s", "max age (unused entries pruned)"),
+    ("fill", "fill"),
+    ("records_pending", "hit records not yet folded by prune"),
+    ("recorded_puts_bytes", "bytes written since the last prune (recorded)"),
+    ("last_prune", "last prune"),
+    ("claims", "compile claims"),
+)
+
+
+def _bucket_stats(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _emit_json(report)
+        return
+    table = Table(title=shown(f"xla_pcache {report['path']} (bucket)"), show_header=False)
+    table.add_column("counter")
+    table.add_column("value", justify="right")
+    for name, label in _BUCKET_ROWS:
+        value = report.get(name)
+        if name == "last_prune":
+            text = "never" if value is None else f"{_format_ago(time.time() - value)} ago"
+        else:
+            text = _stat_text(name, value)
+        table.add_row(label, shown(text))
+    requests = ", ".join(f"{n} {k}" for k, n in sorted(report["requests"].items()))
+    table.add_row("requests", shown(f"{requests} ({report['seconds']:.2f} s)"))
     _console().print(table)
 
 
@@ -553,7 +640,14 @@ def prune(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Evict least recently used entries now and print what was removed."""
+    """Evict least recently used entries now and print what was removed. A bucket
+    (`--path s3://...`) is pruned least recently used first, reads counted (the hosts'
+    records), within `--max-size` or its stored budget (to 90 %), one host at a time."""
+    with _reported():
+        url = _bucket_url(path)
+    if url is not None:
+        _prune_bucket(url, read_only, max_size, older_than, untrusted, as_json)
+        return
     if untrusted:
         _prune_untrusted(path, read_only, as_json)
         return
@@ -592,6 +686,50 @@ def prune(
     if result["skipped"]:
         typer.echo(f"xla-pcache: prune skipped: {shown(result['skipped'])}", err=True)
         raise typer.Exit(1)
+
+
+def _prune_bucket(
+    url: str,
+    read_only: bool,
+    max_size: str | None,
+    older_than: str | None,
+    untrusted: bool,
+    as_json: bool,
+) -> None:
+    from xla_pcache.tiers.upkeep import BusyError
+
+    with _reported():
+        if untrusted:
+            _fail("--untrusted is for a directory: a bucket's readers refuse what they distrust")
+        if read_only or Settings.from_env().read_only:
+            _fail(f"{redact(url)}: read-only (--read-only or {READ_ONLY_VAR})")
+        target = parse_size(max_size, name="--max-size")
+        age = None if older_than is None else parse_duration(older_than, name="--older-than")
+        with _bucket(url) as b:
+            budget = b.read_budget()
+            if target is None and age is None and budget.max_size is None and not budget.max_age_s:
+                _fail(
+                    "nothing to prune to: pass --max-size or --older-than, or store a budget "
+                    f"with `xla-pcache config --path {redact(url)} --max-size ...`"
+                )
+            try:
+                with _interruptible("prune"):
+                    report = b.prune(max_size=target, older_than=age)
+            except BusyError as exc:
+                typer.echo(f"xla-pcache: prune skipped: {shown(exc)}", err=True)
+                raise typer.Exit(1) from None
+    if as_json:
+        _emit_json(report.as_dict())
+        return
+    for name in report.removed_names:
+        typer.echo(f"removed {shown(name)}")
+    typer.echo(
+        f"removed {report.removed} entries, {format_size(report.removed_bytes)}; "
+        f"{report.entries} left, {format_size(report.bytes)} "
+        f"(budget {format_size(report.max_size)})"
+    )
+    requests = ", ".join(f"{n} {k}" for k, n in sorted(report.requests.items()))
+    typer.echo(f"{requests} requests in {report.seconds:.2f} s")
 
 
 def _untrusted(store: _core.Store, remove: bool) -> list[tuple[str, _core.Key, str]]:
@@ -651,25 +789,23 @@ def config(
     show: Annotated[bool, typer.Option("--show", help="Print the stored settings.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Store the cache's own settings in its directory (budget, max age), or show them."""
+    """Store the cache's own settings in its directory (budget, max age), or show them. For
+    a bucket (`--path s3://...`) they are an object beside its entries, kept by `prune` and
+    by writers that find the bucket past them."""
     with _reported():
         changing = max_size is not None or max_age is not None
         if changing and show:
             _fail("--show prints the settings; it cannot be combined with --max-size/--max-age")
+        url = _bucket_url(path)
+        if url is not None:
+            _config_bucket(url, max_size, max_age, as_json)
+            return
         if not changing:
             with _open(path, read_only=True) as store:
                 current = store.cache_settings()
                 effective = {"max_size": store.max_size, "max_age_s": store.max_age}
         else:
-            new_size = new_age = None
-            if max_size is not None and max_size.strip().lower() not in _UNSET:
-                new_size = parse_size(max_size, name="--max-size")
-                if not new_size:
-                    _fail(f"--max-size must be positive ('none' unsets it), got {max_size!r}")
-            if max_age is not None and max_age.strip().lower() not in _UNSET:
-                new_age = parse_duration(max_age, name="--max-age")
-                if new_age < 1:
-                    _fail(f"--max-age must be at least 1 second, got {max_age!r}")
+            new_size, new_age = _parsed_settings(max_size, max_age)
             with _open(path, read_only=False, write=True) as store:
                 current = store.cache_settings()
                 if max_size is not None:
@@ -691,6 +827,42 @@ def config(
             f"this process's budget: {format_size(effective['max_size'])} "
             f"(lowered by ${MAX_SIZE_VAR})"
         )
+
+
+def _parsed_settings(max_size: str | None, max_age: str | None) -> tuple[int | None, float | None]:
+    new_size = new_age = None
+    if max_size is not None and max_size.strip().lower() not in _UNSET:
+        new_size = parse_size(max_size, name="--max-size")
+        if not new_size:
+            _fail(f"--max-size must be positive ('none' unsets it), got {max_size!r}")
+    if max_age is not None and max_age.strip().lower() not in _UNSET:
+        new_age = parse_duration(max_age, name="--max-age")
+        if new_age < 1:
+            _fail(f"--max-age must be at least 1 second, got {max_age!r}")
+    return new_size, new_age
+
+
+def _config_bucket(url: str, max_size: str | None, max_age: str | None, as_json: bool) -> None:
+    from xla_pcache.tiers.upkeep import Budget
+
+    new_size, new_age = _parsed_settings(max_size, max_age)
+    with _bucket(url) as b:
+        current = b.read_budget()
+        if max_size is not None or max_age is not None:
+            if Settings.from_env().read_only:
+                _fail(f"{redact(url)}: read-only ({READ_ONLY_VAR})")
+            current = Budget(
+                new_size if max_size is not None else current.max_size,
+                new_age if max_age is not None else current.max_age_s,
+            )
+            b.write_budget(current)
+            current = b.read_budget()
+    stored = {"max_size": current.max_size, "max_age_s": current.max_age_s}
+    if as_json:
+        _emit_json({"stored": stored, "effective": stored})
+        return
+    for line in _settings_text(stored):
+        typer.echo(line)
 
 
 # verify --------------------------------------------------------------------------------------

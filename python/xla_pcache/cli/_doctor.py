@@ -331,7 +331,21 @@ def _configuration(
     config: dict[str, Any] = {}
     env_path = settings.path if settings else None
     resolved = path or env_path or _settings(read).default_cache_path()
-    config["path"] = os.path.abspath(os.path.expanduser(resolved))
+    url = _bucket_path(resolved)
+    if url is not None:
+        # A bucket: served by a host-local store (xla_pcache.bucket), reported as the path.
+        from xla_pcache import bucket
+        from xla_pcache.tiers import redact
+
+        where = bucket.route(url)
+        config["bucket"] = redact(url)
+        if where.kind == "bucket":
+            config["path"] = bucket.local_path(url, settings or Settings())
+        else:
+            config["path"] = redact(url)
+            problems.append(f"{redact(url)} cannot be served: {where.reason}")
+    else:
+        config["path"] = os.path.abspath(os.path.expanduser(resolved))
     config["path_source"] = (
         "--path" if path else "XLA_PERSISTENT_CACHE_PATH" if env_path else "default"
     )
@@ -370,15 +384,29 @@ def _trust(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _bucket_path(path: str) -> str | None:
+    """``path`` if it is written as a URL (a bucket path), else None."""
+    from xla_pcache.bucket import is_url
+
+    return path.strip() if is_url(path) else None
+
+
 def _open_store(
-    config: dict[str, Any], settings: Settings | None = None
+    config: dict[str, Any], settings: Settings | None = None, url: str | None = None
 ) -> tuple[Any, dict[str, Any], list[str]]:
+    """The store ``config`` names (for a bucket path ``url``, its host-local store with
+    the bucket behind it), what it reports, and the problems found."""
     from xla_pcache.store import Store
 
     info: dict[str, Any] = {}
     try:
         # The budget and read-only mode the report shows are the settings' own.
-        store = Store(config["path"], settings=settings)
+        if url is not None:
+            from xla_pcache.bucket import open_store
+
+            store: Store = open_store(url, settings=settings or _settings())
+        else:
+            store = Store(config["path"], settings=settings)
     except Exception as exc:
         return None, info, [f"cannot open the cache at {config['path']}: {exc}"]
     info["filesystem"] = store.filesystem
@@ -492,7 +520,8 @@ def collect(path: str | None) -> dict[str, Any]:
     cache: dict[str, Any] = {}
     store_problems: list[str] = []
     if not problems:
-        store, cache, store_problems = _open_store(config, settings)
+        raw = path or settings.path or ""
+        store, cache, store_problems = _open_store(config, settings, _bucket_path(raw))
     problems += store_problems
     frameworks: dict[str, Any] = {}
     try:
@@ -532,6 +561,10 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         f"Python {report['python']}"
     )
     console.print(f"Cache: [bold]{_e(cfg['path'])}[/] (from {_e(cfg['path_source'])})")
+    if "bucket" in cfg:
+        console.print(
+            f"  a bucket: {_e(cfg['bucket'])}, served by this host-local store in front of it"
+        )
     if "read_only" in cfg:
         console.print(
             f"  read-only: {cfg['read_only']}, max size: {format_size(cfg['max_size'])}, "

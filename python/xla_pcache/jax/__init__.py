@@ -20,11 +20,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from xla_pcache import metrics
+from xla_pcache import bucket, metrics
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
-from xla_pcache.config import Settings
+from xla_pcache.config import PATH_VAR, Settings
 from xla_pcache.jax import _adopt, _keyparts, _single_flight
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.sizes import parse_duration, parse_size
@@ -336,6 +336,12 @@ class _Installation:
     # Stores opened by _factory for other directories (after set_cache_dir); closed on
     # uninstall.
     others: list[Store] = dataclasses.field(default_factory=list)
+    # The bucket URL the path named (the store is its host-local store), or None.
+    url: str | None = None
+    # An unserved URL named by the path: JAX runs uncached (the factory returns None).
+    uncached: bool = False
+    # Unserved URLs already warned about by the factory.
+    warned: set[str] = dataclasses.field(default_factory=set)
     # Directories JAX's own cache filled, served and adopted on a miss; None: there are none.
     adopter: _adopt.Adopter | None = None
     # JAX's get_cache_key, when _adopt.KeyAliases stands in for it.
@@ -370,8 +376,16 @@ def _backend_platform(hooks: _Hooks) -> str | None:
         return None
 
 
-def _open_store(path: str, max_size: int | None, read_only: bool) -> Store | None:
+def _open_store(
+    path: str, max_size: int | None, read_only: bool, *, bucket_url: str | None = None
+) -> Store | None:
+    """The store at the directory ``path``, or, for ``bucket_url``, the bucket's host-local
+    store (``xla_pcache.bucket``); None, with one warning, when it cannot be opened."""
     try:
+        if bucket_url is not None:
+            return bucket.open_store(
+                bucket_url, settings=Settings.from_env(), max_size=max_size, read_only=read_only
+            )
         return Store(path, max_size=max_size, read_only=read_only)
     except Exception as exc:
         logger.warning(
@@ -382,6 +396,13 @@ def _open_store(path: str, max_size: int | None, read_only: bool) -> Store | Non
             exc,
         )
         return None
+
+
+def _jax_dir_source(value: str | None) -> str:
+    """Where JAX's cache directory came from: its variable, or ``jax.config.update``."""
+    if value and os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip() == value:
+        return "JAX_COMPILATION_CACHE_DIR"
+    return _CACHE_DIR_OPTION if value else "the default path"
 
 
 def _is_local(path: str) -> bool:
@@ -396,26 +417,48 @@ def _factory(path: str) -> tuple[Any, str] | None:
     if inst is None:  # pragma: no cover - uninstall() restores the original first
         return None
     path = str(path)
-    if not _is_local(path):
-        # Object stores (gs://, s3://) are JAX's business; the store is a POSIX directory.
-        logger.info("xla_pcache: %s is not a local path; using JAX's own cache there", path)
+    where = bucket.route(path)
+    if where.kind == "unserved":
+        # A gs://, s3:// or az:// path without obstore is JAX's own business, as before; any
+        # other URL is uncached (JAX's own cache would make a directory of it).
+        if where.path not in inst.warned:
+            inst.warned.add(where.path)
+            bucket.warn_unserved(
+                where,
+                _CACHE_DIR_OPTION,
+                "JAX uses its own cache there"
+                if where.own_cache
+                else "JAX compiles without a persistent cache",
+            )
+        if not where.own_cache:
+            return None
         result: tuple[Any, str] | None = inst.original_factory(path)
         return result
-    path = path.removeprefix("file://")
+    url = where.path if where.kind == "bucket" else None
     with _state_lock:
-        same_dir = os.path.abspath(path) == inst.path
+        same_dir = (
+            bucket.location(url) == bucket.location(inst.url)
+            if url is not None and inst.url is not None
+            else url is None and where.path == inst.path
+        )
         adopter = inst.adopter
         if same_dir:
             # install() already tried this directory (and warned if it failed).
             store = inst.store
         else:
-            store = _open_store(path, inst.max_size, inst.read_only)
+            store = _open_store(where.path, inst.max_size, inst.read_only, bucket_url=url)
             if store is not None:
                 inst.others.append(store)
-                sources = _adopt.sources(store, os.path.abspath(path), None, local=_is_local)
-                adopter = _adopt.Adopter(sources, inst.hooks.cc) if sources else None
+                if url is None:
+                    sources = _adopt.sources(store, os.path.abspath(path), None, local=_is_local)
+                    adopter = _adopt.Adopter(sources, inst.hooks.cc) if sources else None
+                else:
+                    adopter = None
     if store is None:
         return None
+    # A bucket's entries live in its host-local store: what JAX is told (XLA's side
+    # caches go there, never into a directory named after the URL).
+    path = store.path
     meta = dict(inst.meta)
     platform = _backend_platform(inst.hooks)
     if platform is not None:
@@ -478,6 +521,11 @@ def install(
     set before this call) is served on a miss and its entries moved into the store as they
     are asked for (docs/jax.md, "Adopting JAX's own cache").
 
+    A bucket (``gs://``, ``s3://``, ``az://``) as the path is served by a host-local store with
+    the bucket behind it (``xla_pcache.bucket``; JAX's option then names that local store);
+    a URL that cannot be served is one warning, and JAX runs on its own cache (a bucket URL
+    without obstore) or uncached (any other URL), never in a directory named after it.
+
     Returns the opened ``Store``, or None when the directory cannot be opened (logged; JAX
     then compiles as if there were no persistent cache). Raises ``CacheError`` when the
     installed jax lacks the hooks this adapter needs, ``ValueError`` on malformed settings.
@@ -510,14 +558,27 @@ def install(
             uninstall()
         previous_dir = jax_config.values.get(_CACHE_DIR_OPTION)
         if path is not None:
-            resolved_path = os.fspath(path)
+            resolved_path, source = os.fspath(path), "install(path)"
+        elif settings.path:
+            resolved_path, source = settings.path, PATH_VAR
         else:
-            resolved_path = settings.path or previous_dir or settings.default_cache_path()
-        resolved_path = os.path.expanduser(str(resolved_path))
-        if _is_local(resolved_path):
-            resolved_path = os.path.abspath(resolved_path.removeprefix("file://"))
-
-        store = _open_store(resolved_path, resolved_size, resolved_ro)
+            resolved_path = previous_dir or settings.default_cache_path()
+            source = _jax_dir_source(previous_dir)
+        where = bucket.route(os.path.expanduser(str(resolved_path)))
+        url = where.path if where.kind == "bucket" else None
+        if where.kind == "unserved":
+            if where.own_cache:
+                # gs://, s3://, az:// without obstore: JAX's own cache, as without xla_pcache
+                # (which reads such a URL through etils and gcsfs or s3fs).
+                bucket.warn_unserved(where, source, "JAX uses its own cache there")
+                jax_config.update(_CACHE_DIR_OPTION, where.path)
+                return None
+            bucket.warn_unserved(where, source, "JAX compiles without a persistent cache")
+        store = None
+        if where.kind != "unserved":
+            store = _open_store(where.path, resolved_size, resolved_ro, bucket_url=url)
+        # What JAX's option names: the directory, or a bucket's host-local store.
+        resolved_path = store.path if url is not None and store is not None else where.path
         if store is not None:
             metrics.log_exit_summary(store)
         previous_xla_caches: str | None = None
@@ -545,6 +606,8 @@ def install(
             meta=_producer_meta(hooks),
             compile_wait=resolved_wait,
             on_miss=settings.on_miss,
+            url=url,
+            uncached=where.kind == "unserved",
         )
         _installed = inst
         _apply_thresholds(inst, settings, explicit)
@@ -557,7 +620,7 @@ def install(
             jax_config.update(_RAISE_ERRORS_OPTION, True)
         if resolved_wait > 0 and hooks.compiler is not None:
             _single_flight.install_hook(hooks.compiler)
-        if store is not None and _is_local(resolved_path):
+        if store is not None and url is None and _is_local(resolved_path):
             sources = _adopt.sources(store, resolved_path, previous_dir, local=_is_local)
             if sources:
                 _installed.adopter = _adopt.Adopter(sources, hooks.cc)
@@ -570,7 +633,9 @@ def install(
                     _installed.original_get_cache_key = original_key
                     hooks.cc.get_cache_key = _adopt.KeyAliases(original_key, _installed.adopter)
         hooks.cc.get_file_cache = _factory
-        jax_config.update(_CACHE_DIR_OPTION, resolved_path)
+        # An unserved URL: no directory at all for JAX (nor for XLA's side caches, which
+        # would make one of the URL); JAX compiles without a persistent cache.
+        jax_config.update(_CACHE_DIR_OPTION, None if inst.uncached else resolved_path)
         # Drop a cache JAX may already have built, so the next compilation calls _factory.
         hooks.cc.reset_cache()
         logger.debug(
@@ -669,7 +734,10 @@ def _auto_install(via: str) -> None:
             return
         store = install(Settings.from_env().inherited_path)
         if store is None:
-            uninstall()
+            # An unserved URL stays installed, uncached: JAX's own cache would make a
+            # directory of it.
+            if _installed is not None and not _installed.uncached:
+                uninstall()
             return
         assert _installed is not None
         _installed.via = via

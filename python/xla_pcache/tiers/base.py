@@ -358,10 +358,13 @@ class TierBase:
         if checked is None:
             self.count("remote_put_skipped")
             return
+        payload = self._payload(data)
         try:
-            self._writer.submit(self._write_now, checked, self._payload(data), own)
-        except RuntimeError:  # shut down at exit
-            self.count("remote_put_skipped")
+            self._writer.submit(self._write_now, checked, payload, own)
+        except RuntimeError:
+            # At interpreter exit the writer threads are gone (torch_xla's last publish runs
+            # then): written here, bounded by the timeout, rather than lost.
+            self._write_now(checked, payload, own)
 
     def _write_now(self, name: EntryName, data: Any, own: bool) -> None:
         if not self.available():
@@ -372,8 +375,10 @@ class TierBase:
     def submit(self, fn: Callable[[], Any]) -> None:
         """Runs ``fn`` on the writer thread, after the writes queued before it."""
         self._before_use()
-        with contextlib.suppress(RuntimeError):  # shut down at exit
+        try:
             self._writer.submit(fn)
+        except RuntimeError:  # at interpreter exit: run here, after the writes above
+            fn()
 
     def flush(self) -> None:
         """Waits for the writes queued so far (each bounded by its timeout)."""

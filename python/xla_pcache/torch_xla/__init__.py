@@ -21,15 +21,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from xla_pcache import metrics, misslog
+from xla_pcache import bucket, metrics, misslog
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
 from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
+from xla_pcache.tiers import redact
 from xla_pcache.torch_xla import _keyparts as _txkeys
 from xla_pcache.torch_xla._sync import (
+    KEY_PREFIX,
     HostMirror,
     describe,
     is_torch_xla_name,
@@ -482,7 +484,19 @@ def _open_store(
 ) -> Store | None:
     """The store at ``resolved``, or None (one warning, ending with ``instead``) when it
     cannot be used."""
+    where = bucket.route(resolved)
+    if where.kind == "unserved":
+        bucket.warn_unserved(where, _source(resolved), instead)
+        return None
     try:
+        if where.kind == "bucket":
+            # The bucket's host-local store, the bucket behind it; torch_xla's own
+            # directory stays the host-local view below, as for any store.
+            store: Store = bucket.open_store(
+                where.path, settings=Settings.from_env(), max_size=size, read_only=ro
+            )
+            _pull_from_bucket(store)
+            return store
         store = Store(resolved, max_size=size, read_only=ro)
     except Exception as exc:
         logger.warning(
@@ -509,13 +523,54 @@ def _open_store(
 
 
 def _resolve(path: str | os.PathLike[str] | None, settings: Settings) -> str:
+    """The cache's identity: an absolute directory, or a URL as given (a bucket's, served
+    by a host-local store; never a directory named after it)."""
     if path is None:
         path = settings.inherited_path
         if path is None:
             raise CacheError(
                 f"xla_pcache.torch_xla.install(): no cache path; pass one or set {PATH_VAR}"
             )
-    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+    where = bucket.route(os.fspath(path))
+    return where.path
+
+
+def _identity(store: Store) -> str:
+    """What ``_resolve`` gives for the path ``store`` was opened for."""
+    url = getattr(store, "bucket_url", "")
+    return url or store.path
+
+
+def _source(resolved: str) -> str:
+    """Which setting named ``resolved``, for a warning."""
+    settings_path = (
+        os.environ.get(PATH_VAR, "").strip() or os.environ.get(SHARED_PATH_VAR, "").strip()
+    )
+    if settings_path and bucket.route(settings_path).path == resolved:
+        return PATH_VAR
+    return "torch_xla's cache path"
+
+
+def _pull_from_bucket(store: Store) -> None:
+    """A bucket path: torch_xla looks only in its own directory, so the bucket's torch_xla
+    entries this host lacks are fetched before it starts (``BucketStore.pull_torch_xla``)."""
+    pull = getattr(store, "pull_torch_xla", None)
+    if pull is None:
+        return
+    fetched = pull(store_key)
+    if fetched:
+        logger.info("xla_pcache: fetched %d torch_xla entries from the bucket", fetched)
+
+
+def _on_publish(store: Store, key: str) -> None:
+    """After this process published torch_xla's file under ``key``: what misses record, and
+    for a bucket path the marker that lets other hosts find the entry."""
+    from xla_pcache import explain
+
+    _txkeys.on_publish(store, key, note=explain.note_miss)
+    mark = getattr(store, "mark_torch_xla", None)
+    if mark is not None:
+        mark(key, key[len(KEY_PREFIX) :])
 
 
 def install(
@@ -555,7 +610,7 @@ def install(
     ro = settings.read_only if read_only is None else bool(read_only)
     with _state_lock:
         if _installed is not None and _installed.pid == os.getpid():
-            same = (_installed.store.path, _installed.read_only) == (resolved, ro)
+            same = (_identity(_installed.store), _installed.read_only) == (resolved, ro)
             if same and not _installed._closed:
                 return _installed
             how = (
@@ -566,7 +621,8 @@ def install(
             )
             raise CacheError(
                 "xla_pcache.torch_xla.install() was already called in this process with "
-                f"other settings ({_installed.store.path}){how}; torch_xla fixes its cache once"
+                f"other settings ({_identity(_installed.store)}){how}; torch_xla fixes its "
+                "cache once"
             )
         if xlac._xla_computation_cache_is_initialized():
             raise CacheError(
@@ -582,9 +638,7 @@ def install(
             return None
         mirror = HostMirror(store, root, meta=_producer_meta, compile_time=_compile_times)
         if not ro:
-            from xla_pcache import explain
-
-            mirror.on_publish = functools.partial(_txkeys.on_publish, store, note=explain.note_miss)
+            mirror.on_publish = functools.partial(_on_publish, store)
         mirror.refresh_pool()
         try:
             view = mirror.open_view()
@@ -660,6 +714,8 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
     mirror = HostMirror(
         store, inst.mirror.local_root, meta=_producer_meta, compile_time=_compile_times
     )
+    if not ro:
+        mirror.on_publish = functools.partial(_on_publish, store)
     mirror.refresh_pool()
     with inst._lock:
         old = inst.store
@@ -687,11 +743,11 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     ``install(path, read_only=readonly)`` would make it. It never raises because activation
     created torch_xla's cache first; after the first execution a different path is refused
     as torch_xla refuses it."""
-    resolved = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    resolved = bucket.route(os.fspath(path)).path
     ro = bool(readonly)
     inst = _installed
     if inst is not None and inst.pid == os.getpid() and not inst._closed:
-        if (inst.store.path, inst.read_only) == (resolved, ro):
+        if (_identity(inst.store), inst.read_only) == (resolved, ro):
             _leave_for_children(resolved, ro)
             return
         if _executed(inst):
@@ -700,7 +756,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
                 f"{inst.store.path}; torch_xla fixes its cache at the first execution, so "
                 f"initialize_cache({path!r}) must come before it)"
             )
-        before = inst.store.path
+        before = _identity(inst.store)
         if _retarget(inst, resolved, ro):
             _leave_for_children(resolved, inst.read_only)
             logger.info(
@@ -760,7 +816,18 @@ initialize_cache._xla_pcache = True  # type: ignore[attr-defined]
 
 def _initialize_unsupported(path: str, resolved: str, ro: bool, exc: Exception) -> None:
     """initialize_cache on a torch_xla the adapter cannot serve: torch_xla's own in-place
-    cache, except in a directory that is an xla_pcache store."""
+    cache, except in a directory that is an xla_pcache store or a URL (torch_xla would make a
+    directory named after it)."""
+    if bucket.is_url(resolved):
+        logger.warning(
+            "xla_pcache: %s; torch_xla.runtime.initialize_cache(%r) names a URL, which "
+            "torch_xla's own cache would take for a directory: torch_xla runs with no "
+            "persistent cache instead",
+            exc,
+            redact(path),
+        )
+        os.environ.pop(PATH_VAR, None)
+        return
     if os.path.exists(os.path.join(resolved, "FORMAT")):
         logger.warning(
             "xla_pcache: %s; torch_xla.runtime.initialize_cache(%r) names an xla_pcache "
@@ -826,7 +893,7 @@ def _leave_without_cache() -> None:
     only xla_pcache reads, so they try again."""
     raw = os.environ.pop(PATH_VAR, "").strip()
     if raw:
-        os.environ[INHERITED_PATH_VAR] = os.path.abspath(os.path.expanduser(raw))
+        os.environ[INHERITED_PATH_VAR] = bucket.route(raw).path
 
 
 def activation() -> str | None:
