@@ -264,6 +264,7 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_LOCK_MODE": "lease",
         "XLA_PCACHE_READ_MODE": "PREAD",
         "XLA_PCACHE_EVICT_TRACE": str(tmp_path / "trace"),
+        "XLA_PCACHE_TEST_HOOKS": str(tmp_path / "hooks"),
         "XLA_PCACHE_HASH_IMPL": "portable",
         "XLA_PCACHE_DISABLE": "yes",
         "XLA_PCACHE_TORCH_XLA_SHARED_PATH": str(tmp_path / "shared"),
