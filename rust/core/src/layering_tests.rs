@@ -13,7 +13,7 @@ const TIERS: &[&[&str]] = &[
     ],
     &[
         "dir", "layout", "settings", "publish", "fsinfo", "lru", "stats", "forksafe", "hash",
-        "clock", "error",
+        "clock", "error", "verified",
     ],
 ];
 

@@ -5,7 +5,7 @@
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `index`, `overlay`,
 //! `journal`, `snapshot`, `entry`, `blob`, `lock`; then `dir`, `layout`, `settings`, `publish`, `fsinfo`,
-//! `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`. A module uses only its own tier and
+//! `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `verified`. A module uses only its own tier and
 //! those below.
 
 pub(crate) mod blob;
@@ -34,6 +34,7 @@ pub(crate) mod sign;
 pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub(crate) mod store;
+pub(crate) mod verified;
 
 pub use blob::Blob;
 pub use error::StoreError;
@@ -53,3 +54,4 @@ pub use store::{
     entry_file_len, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode,
     Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,
 };
+pub use verified::{default_dir as default_verified_record_dir, VerifiedRecord};
