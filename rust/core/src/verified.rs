@@ -49,6 +49,8 @@ const TAIL_READ: usize = 4 * TAIL_MAX;
 /// The most ids one first-byte bucket may hold (about 256 on average when full): a bucket
 /// read costs at most 64 KiB.
 const BUCKET_MAX: usize = 2048;
+/// Records up to this size are read whole when opened.
+const WHOLE_MAX: u64 = 64 << 10;
 /// No record is larger; a larger file is garbled, never read.
 const MAX_LEN: u64 = (HEADER + ID * (MAX_IDS + TAIL_READ)) as u64;
 const DIR_NAME: &str = "xla_pcache-verified";
@@ -127,6 +129,8 @@ struct Loaded {
     fan: Box<[u32; 256]>,
     /// The appended ids read at open, sorted.
     tail: Vec<Id>,
+    /// The file's header and sorted ids, when it was small enough to read whole.
+    whole: Option<Vec<u8>>,
     scratch: Vec<u8>,
 }
 
@@ -337,15 +341,21 @@ impl Loaded {
             return false;
         }
         let n = (hi - lo) * ID;
-        self.scratch.resize(n, 0);
-        if self
-            .file
-            .read_exact_at(&mut self.scratch, (HEADER + lo * ID) as u64)
-            .is_err()
-        {
-            return false;
-        }
-        let bucket = &self.scratch[..n];
+        let at = HEADER + lo * ID;
+        let bucket = match &self.whole {
+            Some(b) => &b[at..at + n],
+            None => {
+                self.scratch.resize(n, 0);
+                if self
+                    .file
+                    .read_exact_at(&mut self.scratch, at as u64)
+                    .is_err()
+                {
+                    return false;
+                }
+                &self.scratch[..n]
+            }
+        };
         let (mut a, mut z) = (0, hi - lo);
         while a < z {
             let m = (a + z) / 2;
@@ -425,8 +435,20 @@ fn load(dir: &Dir) -> Result<Option<Loaded>, Refused> {
             "is {len} bytes, more than a record holds"
         )));
     }
+    if len < HEADER as u64 {
+        return Err(garbled("is truncated"));
+    }
+    // A small record (most are) is read whole, with one read: its lookups then make no
+    // system call. A larger one is read a header and a bucket at a time.
+    let mut whole = (len <= WHOLE_MAX).then(|| vec![0u8; len as usize]);
     let mut head = [0u8; HEADER];
-    if len < HEADER as u64 || file.read_exact_at(&mut head, 0).is_err() {
+    let first = match &mut whole {
+        Some(b) => file
+            .read_exact_at(b, 0)
+            .map(|_| head.copy_from_slice(&b[..HEADER])),
+        None => file.read_exact_at(&mut head, 0),
+    };
+    if first.is_err() {
         return Err(garbled("is truncated"));
     }
     let u32_at = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
@@ -448,12 +470,19 @@ fn load(dir: &Dir) -> Result<Option<Loaded>, Refused> {
         return Err(garbled("is truncated"));
     }
     let tail_bytes = ((len - (HEADER + ID * sorted) as u64) as usize / ID).min(TAIL_READ) * ID;
-    let mut raw = vec![0u8; tail_bytes];
-    if file
-        .read_exact_at(&mut raw, (HEADER + ID * sorted) as u64)
-        .is_err()
-    {
-        return Err(garbled("is truncated"));
+    let at = HEADER + ID * sorted;
+    let raw = match &whole {
+        Some(b) => b[at..at + tail_bytes].to_vec(),
+        None => {
+            let mut raw = vec![0u8; tail_bytes];
+            if file.read_exact_at(&mut raw, at as u64).is_err() {
+                return Err(garbled("is truncated"));
+            }
+            raw
+        }
+    };
+    if let Some(b) = &mut whole {
+        b.truncate(at);
     }
     let mut tail: Vec<Id> = raw
         .chunks_exact(ID)
@@ -467,6 +496,7 @@ fn load(dir: &Dir) -> Result<Option<Loaded>, Refused> {
         sorted,
         fan: Box::new(fan),
         tail,
+        whole,
         scratch: Vec::new(),
     }))
 }
