@@ -243,7 +243,9 @@ VARIABLES: tuple[Variable, ...] = (
         "`~/.cache`",
         "Where the default caches live when no path is given: `$XDG_CACHE_HOME/xla_pcache` "
         "(JAX, the demo) and `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
-        "directory). A relative value is ignored, as the XDG spec says.",
+        "directory); a trusting reader's record of verified signatures is "
+        "`$XDG_CACHE_HOME/xla_pcache-verified`. A relative value is ignored, as the XDG spec "
+        "says.",
     ),
     Variable(
         ON_MISS_VAR,

@@ -356,8 +356,11 @@ impl TrustSet {
     }
 
     /// This set, looking signatures up in `record` before verifying them, and adding to it
-    /// those it verifies.
+    /// those it verifies. The record is opened here, with the store, not by its first get.
     pub fn with_record(mut self, record: Option<Arc<VerifiedRecord>>) -> TrustSet {
+        if let Some(r) = &record {
+            r.open_now();
+        }
         self.record = record;
         self
     }

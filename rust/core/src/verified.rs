@@ -153,6 +153,14 @@ impl VerifiedRecord {
         self.problems.swap(0, Ordering::Relaxed)
     }
 
+    /// Opens the record now rather than at the first lookup (a trusting store opens it
+    /// with the store: its first get then does not wait for it).
+    pub fn open_now(&self) {
+        if let Ok(mut st) = self.state.try_lock() {
+            self.ensure_open(&mut st);
+        }
+    }
+
     /// Whether `id` was recorded. False whenever the record is busy, absent or refused.
     pub fn contains(&self, id: &Id) -> bool {
         let Ok(mut st) = self.state.try_lock() else {
