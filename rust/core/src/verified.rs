@@ -17,9 +17,10 @@
 //! Layout of `record` (little-endian): 8 bytes of magic, the version (u32), the number of
 //! sorted ids `n` (u32), 256 cumulative counts by first byte (u32 each: `fan[b]` ids start
 //! with a byte at most `b`), the `n` sorted ids, then ids appended since (at most
-//! `TAIL_MAX` are read). A process reads the header and the appended ids once (two
-//! `pread`s), then one `pread` of one first-byte bucket per lookup: its cost does not grow
-//! with the record, and nothing is mapped (a home directory on NFS may be replaced under a
+//! `TAIL_READ` are read). A process reads a record of up to 64 KiB (about 2,000 ids) whole,
+//! with one `read`, and looks ids up in memory; a larger one's header and appended ids once
+//! (two `pread`s), then one `pread` of one first-byte bucket per lookup: its cost does not
+//! grow with the record. Nothing is mapped (a home directory on NFS may be replaced under a
 //! mapping). A new id is appended with one `write` on an `O_APPEND` handle; once
 //! `TAIL_MAX` have been appended, the next writer merges them into a new sorted file,
 //! written beside it and renamed over it (readers see the old record or the new, whole).
