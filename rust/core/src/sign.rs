@@ -356,13 +356,17 @@ impl TrustSet {
     }
 
     /// This set, looking signatures up in `record` before verifying them, and adding to it
-    /// those it verifies. The record is opened here, with the store, not by its first get.
+    /// those it verifies.
     pub fn with_record(mut self, record: Option<Arc<VerifiedRecord>>) -> TrustSet {
-        if let Some(r) = &record {
-            r.open_now();
-        }
         self.record = record;
         self
+    }
+
+    /// Opens the verification record now (`Store::open` does), not at the first lookup.
+    pub fn open_record(&self) {
+        if let Some(r) = &self.record {
+            r.open_now();
+        }
     }
 
     /// How many times the verification record was refused (not used) since the last call.
