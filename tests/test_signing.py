@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -233,3 +234,57 @@ def test_a_verified_entry_cannot_be_changed_under_a_trusting_reader(tmp_path: Pa
                 with open(entry, "r+b") as f:
                     f.seek(-4096, os.SEEK_END)
                     f.write(original)
+
+
+def test_trusting_readers_keep_a_per_user_record_and_ignore_one_others_can_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trusting reader records the signatures it verified in this user's own record
+    (`$XDG_CACHE_HOME/xla_pcache-verified`, 0700 / 0600). A record it would not use (a
+    link, a FIFO, group-writable, garbage) changes nothing a reader serves: it verifies as
+    without one, warns once and counts the path (`unsafe_paths`)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    seed = _core.generate_signing_key()
+    trusted = [("ci-1", _core.signing_public_key(seed))]
+    cache = tmp_path / "c"
+    with Store(cache, settings=Settings(), signing_key=("ci-1", seed)) as w:
+        assert w.put("k", b"x" * 1000)
+
+    def read() -> int:
+        with Store(cache, settings=Settings(), trusted_keys=trusted, read_only=True) as r:
+            assert r.get("k") is not None
+            return r.stats()["unsafe_paths"]
+
+    assert read() == 0
+    rec_dir = home / "xla_pcache-verified"
+    rec = rec_dir / "record"
+    assert (rec_dir.stat().st_mode & 0o777, rec.stat().st_mode & 0o777) == (0o700, 0o600)
+    good = rec.read_bytes()
+    assert read() == 0 and rec.read_bytes() == good  # found: nothing more recorded
+
+    def link() -> None:
+        (rec_dir / "elsewhere").write_bytes(good)
+        (rec_dir / "elsewhere").chmod(0o600)
+        rec.symlink_to(rec_dir / "elsewhere")
+
+    def fifo() -> None:
+        os.mkfifo(rec, 0o600)
+
+    def group_writable() -> None:
+        rec.write_bytes(good)
+        rec.chmod(0o620)
+
+    def garbage() -> None:
+        rec.write_bytes(b"\xa5" * 4000)
+        rec.chmod(0o600)
+
+    for spoil in (link, fifo, group_writable, garbage):
+        rec.unlink()
+        spoil()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+            assert read() == 1, spoil.__name__
+        assert caplog.text.count("is not used") == 1, (spoil.__name__, caplog.text)
+    # A garbled record of this user's own is replaced by the next reader that verifies.
+    assert rec.read_bytes()[:8] == b"xpcvrec\0"

@@ -300,7 +300,8 @@ class Store:
         too_large, claims, claim_takeovers, claims_abandoned, claim_waits, claim_wait_ms,
         claim_wait_timeouts, puts_refused, unsafe_paths (paths refused because a component was
         not a real directory inside the cache, or a directory stood where an entry file
-        belongs), unreadable (index files skipped because they could not be read),
+        belongs, and verification records a trusting reader would not use), unreadable
+        (index files skipped because they could not be read),
         compile_saved_ms (compile time the hits saved: each hit adds its entry's
         ``compile_time_s`` metadata); plus hit_rate, entries, bytes (on disk), max_size,
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the

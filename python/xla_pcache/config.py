@@ -261,7 +261,9 @@ VARIABLES: tuple[Variable, ...] = (
         "Where the default caches live when no path is given: `$XDG_CACHE_HOME/xla_pcache` "
         "(JAX, the demo), `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
         "directory) and `$XDG_CACHE_HOME/xla_pcache/remote` (the host-local stores of bucket "
-        "paths). A relative value is ignored, as the XDG spec says.",
+        "paths); a trusting reader's record of verified signatures is "
+        "`$XDG_CACHE_HOME/xla_pcache-verified`. A relative value is ignored, as the XDG spec "
+        "says.",
     ),
     Variable(
         ON_MISS_VAR,

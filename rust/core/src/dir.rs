@@ -335,6 +335,15 @@ impl Stat {
     pub fn uid(&self) -> u32 {
         self.0.st_uid
     }
+    // st_dev's type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    pub fn dev(&self) -> u64 {
+        self.0.st_dev as u64
+    }
+    /// The permission bits and file type (`st_mode`).
+    pub fn mode(&self) -> u32 {
+        self.0.st_mode
+    }
     /// Whether only this process's own user (and root) can change the file's bytes: owned
     /// by the effective user, with no write bit for group or others.
     pub fn writable_only_by_us(&self) -> bool {

@@ -82,8 +82,13 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// The header's xxh3, on the portable path whatever `hash::active` says (the same value):
+/// a header is a few hundred bytes, where the vector kernels gain nothing, and asking the CPU
+/// which of them it has costs a process tens of microseconds in a virtual machine (each
+/// CPUID exits to the hypervisor). A trusting reader, which hashes payloads with BLAKE3
+/// (whose own CPU probe it pays anyway), would pay for that probe on its first header only.
 pub(crate) fn header_checksum(header: &[u8]) -> u64 {
-    let mut h = crate::hash::Checksum::new();
+    let mut h = crate::hash::Checksum::with(crate::hash::HashImpl::Portable);
     h.update(&header[..56]);
     h.update(&header[FIXED_HEADER..]);
     h.digest()

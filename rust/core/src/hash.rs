@@ -209,8 +209,10 @@ impl Checksum {
     }
 
     pub fn with(imp: HashImpl) -> Self {
+        // The CPU is asked only on the path that uses the answer: asking costs a process
+        // tens of microseconds in a virtual machine (`long::has_avx512f`).
         #[cfg(target_arch = "x86_64")]
-        if let (HashImpl::Dispatch, Some(k)) = (imp, avx512()) {
+        if let Some(k) = (imp == HashImpl::Dispatch).then(avx512).flatten() {
             return Self(Stream64::Avx512(long::Stream::new(k)));
         }
         Self(match imp {

@@ -5,8 +5,9 @@
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `index`, `overlay`,
 //! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`,
-//! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `testhook`. A module uses
-//! only its own tier and those below, and no modules use each other in a circle.
+//! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `testhook`,
+//! `verified`. A module uses only its own tier and those below, and no modules use each other
+//! in a circle.
 
 pub(crate) mod blob;
 pub(crate) mod clock;
@@ -35,6 +36,7 @@ pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub(crate) mod store;
 pub(crate) mod testhook;
+pub(crate) mod verified;
 
 pub use blob::Blob;
 pub use error::StoreError;
@@ -54,3 +56,4 @@ pub use store::{
     entry_file_len, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode,
     Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,
 };
+pub use verified::{default_dir as default_verified_record_dir, VerifiedRecord};

@@ -13,10 +13,11 @@
 //! distinct trusted keys sit side by side, and they are bounded by the trusted set.
 
 use crate::entry::{self, EntryError, Header};
+use crate::verified::{self, VerifiedRecord};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Reserved metadata names (never accepted from a producer).
 pub const META_PREFIX: &str = "xla_pcache.sig.";
@@ -316,10 +317,12 @@ pub fn public_key(seed: &[u8]) -> Result<[u8; 32], String> {
 }
 
 /// The keys a reader trusts, by name, and the messages it has verified already (each
-/// entry's signature is checked once per process).
+/// entry's signature is checked once per process, and once per user with a record).
 pub struct TrustSet {
     keys: Vec<(String, VerifyingKey)>,
     verified: Mutex<HashSet<[u8; 32]>>,
+    /// The signatures this user's processes verified before (`verified.rs`).
+    record: Option<Arc<VerifiedRecord>>,
 }
 
 impl std::fmt::Debug for TrustSet {
@@ -348,7 +351,27 @@ impl TrustSet {
         Ok(TrustSet {
             keys: out,
             verified: Mutex::new(HashSet::new()),
+            record: None,
         })
+    }
+
+    /// This set, looking signatures up in `record` before verifying them, and adding to it
+    /// those it verifies.
+    pub fn with_record(mut self, record: Option<Arc<VerifiedRecord>>) -> TrustSet {
+        self.record = record;
+        self
+    }
+
+    /// Opens the verification record now (`Store::open` does), not at the first lookup.
+    pub fn open_record(&self) {
+        if let Some(r) = &self.record {
+            r.open_now();
+        }
+    }
+
+    /// How many times the verification record was refused (not used) since the last call.
+    pub fn take_record_problems(&self) -> u64 {
+        self.record.as_ref().map_or(0, |r| r.take_problems())
     }
 
     /// `base`'s keys (all but one named as `signer`) and `signer`'s own public key.
@@ -366,6 +389,7 @@ impl TrustSet {
         TrustSet {
             keys,
             verified: Mutex::new(HashSet::new()),
+            record: base.and_then(|b| b.record.clone()),
         }
     }
 
@@ -415,8 +439,20 @@ impl TrustSet {
         if self.verified.try_lock().is_ok_and(|v| v.contains(&id)) {
             return Ok(d);
         }
-        key.verify_strict(&m, &Signature::from_bytes(&s))
-            .map_err(|_| bad())?;
+        let recorded = self
+            .record
+            .as_ref()
+            .map(|r| (r, verified::id(key.as_bytes(), &s, &m)));
+        match &recorded {
+            Some((r, rid)) if r.contains(rid) => {}
+            _ => {
+                key.verify_strict(&m, &Signature::from_bytes(&s))
+                    .map_err(|_| bad())?;
+                if let Some((r, rid)) = recorded {
+                    r.add(rid);
+                }
+            }
+        }
         if let Ok(mut v) = self.verified.try_lock() {
             if v.len() >= VERIFIED_MAX {
                 v.clear();
@@ -580,6 +616,71 @@ mod tests {
             let trusted = matches!(verify_entry(&g, &t), Ok(Verdict::Trusted(_)));
             assert!(!trusted, "flip at byte {i} still trusted");
         }
+    }
+
+    /// A trust set with a record in `dir`, as a new process would open it.
+    fn recording(signers: &[&Signer], dir: &std::path::Path) -> TrustSet {
+        trust(signers).with_record(Some(Arc::new(VerifiedRecord::at(dir.to_path_buf()))))
+    }
+
+    #[test]
+    fn a_recorded_signature_is_not_verified_again_and_binds_the_key() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = t.path().join("rec");
+        let ci = signer("ci-1", 1);
+        let f = signed(&ci, b"k", b"payload");
+        assert!(matches!(
+            verify_entry(&f, &recording(&[&ci], &rec)).unwrap(),
+            Verdict::Trusted(_)
+        ));
+        let h = entry::decode_header(&f).unwrap();
+        let sig = h.signature.clone().unwrap();
+        let m = message(b"k", true, 7, &sig.digest.unwrap(), &h.meta, "ci-1").unwrap();
+        let id = verified::id(&ci.public_key(), &sig.signature.unwrap(), &m);
+        assert!(VerifiedRecord::at(rec.clone()).contains(&id));
+
+        // The same name, another key: what its trust set recorded does not vouch for an
+        // entry of that key before a set trusting the real one.
+        let forger = signer("ci-1", 9);
+        let forged = signed(&forger, b"k", b"payload");
+        assert!(matches!(
+            verify_entry(&forged, &recording(&[&forger], &rec)).unwrap(),
+            Verdict::Trusted(_)
+        ));
+        assert!(matches!(
+            verify_entry(&forged, &recording(&[&ci], &rec)).unwrap(),
+            Verdict::Untrusted(Untrusted::BadSignature(_))
+        ));
+
+        // Whoever can write the record vouches for a signature that does not verify: the
+        // record must be this user's alone. In a record others can write it counts for
+        // nothing.
+        let h = entry::decode_header(&forged).unwrap();
+        let fs = h.signature.clone().unwrap();
+        let m = message(b"k", true, 7, &fs.digest.unwrap(), &h.meta, "ci-1").unwrap();
+        let planted = verified::id(&ci.public_key(), &fs.signature.unwrap(), &m);
+        VerifiedRecord::at(rec.clone()).add(planted);
+        assert!(matches!(
+            verify_entry(&forged, &recording(&[&ci], &rec)).unwrap(),
+            Verdict::Trusted(_)
+        ));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(rec.join("record"), std::fs::Permissions::from_mode(0o666))
+            .unwrap();
+        let ts = recording(&[&ci], &rec);
+        assert!(matches!(
+            verify_entry(&forged, &ts).unwrap(),
+            Verdict::Untrusted(Untrusted::BadSignature(_))
+        ));
+        assert_eq!(ts.take_record_problems(), 1);
+        // The payload is still checked against the signed digest on a recorded signature.
+        let mut other = f.clone();
+        let n = other.len();
+        other[n - 1] ^= 1;
+        assert_eq!(
+            verify_entry(&other, &recording(&[&ci], &t.path().join("rec2"))).unwrap_err(),
+            EntryError::PayloadChecksum
+        );
     }
 
     #[test]

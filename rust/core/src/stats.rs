@@ -41,7 +41,8 @@ pub enum Counter {
     PutsRefused,
     /// Paths refused because a component was not a real directory inside the cache (a
     /// symbolic link, a file or a FIFO where a directory belongs) or an entry's name held
-    /// a directory: the operation skipped them.
+    /// a directory: the operation skipped them. Also a trusting reader's verification
+    /// record refused (`verified.rs`): it verified as without one.
     UnsafePaths,
     /// Index files (journals, snapshot) skipped because they could not be read (another
     /// user's mode 0600, or not a regular file).

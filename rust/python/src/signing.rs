@@ -5,7 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
-use xla_pcache_core::{Signer, TrustSet};
+use xla_pcache_core::{default_verified_record_dir, Signer, TrustSet, VerifiedRecord};
 
 /// 32 random bytes from the operating system: a new Ed25519 private key.
 #[pyfunction]
@@ -38,11 +38,13 @@ pub fn signer(arg: Option<(String, Vec<u8>)>) -> PyResult<Option<Arc<Signer>>> {
     .transpose()
 }
 
-/// The `trusted_keys` argument of Store: (name, 32-byte public key) pairs.
+/// The `trusted_keys` argument of Store: (name, 32-byte public key) pairs. Signatures
+/// verified are kept in this user's record (`$XDG_CACHE_HOME/xla_pcache-verified`).
 pub fn trust(arg: Option<Vec<(String, Vec<u8>)>>) -> PyResult<Option<Arc<TrustSet>>> {
     arg.map(|keys| {
+        let record = default_verified_record_dir().map(|d| Arc::new(VerifiedRecord::at(d)));
         TrustSet::new(&keys)
-            .map(Arc::new)
+            .map(|t| Arc::new(t.with_record(record)))
             .map_err(|e| PyValueError::new_err(format!("trusted_keys: {e}")))
     })
     .transpose()

@@ -470,6 +470,10 @@ impl Store {
             .signer
             .as_deref()
             .map(|s| TrustSet::with_signer(opts.trust.as_deref(), s));
+        if let Some(t) = &opts.trust {
+            // Here, with the store, rather than in its first get.
+            t.open_record();
+        }
         Ok(Store {
             write_trust,
             claims,

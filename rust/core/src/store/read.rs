@@ -10,7 +10,16 @@ impl Store {
         let name = entry_name(key.bytes);
         let result = match self.opts.trust.as_deref() {
             None => self.lookup(key, name, None, None).ok().flatten(),
-            Some(trust) => self.get_trusted(key, name, trust),
+            Some(trust) => {
+                let hit = self.get_trusted(key, name, trust);
+                // The verification record refused (warned about in `verified.rs`): counted
+                // with the other paths refused.
+                let refused = trust.take_record_problems();
+                if refused > 0 {
+                    self.counters.add(Counter::UnsafePaths, refused);
+                }
+                hit
+            }
         };
         match &result {
             Some((b, at)) => {
