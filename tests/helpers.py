@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -97,3 +98,11 @@ def keygen(tmp_path: Path, name: str) -> tuple[str, str]:
     public = proc.stdout.strip().splitlines()[-1]
     assert public.startswith(f"{name}:")
     return str(out), public
+
+
+def interruptible_child() -> None:
+    """``preexec_fn`` for a child a test sends SIGINT: Ctrl-C's default action, whatever this
+    process inherited. A shell starts background jobs with SIGINT ignored, and Python keeps
+    an ignored SIGINT ignored, so a suite started in the background would send a signal
+    its child never sees."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run_python
+from helpers import interruptible_child, run_python
 from xla_pcache import Store
 
 
@@ -186,6 +186,7 @@ def interrupt_running(args: list[str], hooks: Path) -> subprocess.CompletedProce
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible_child,
     )
     inside = hooks / f"walk.{proc.pid}"
     while not inside.exists():

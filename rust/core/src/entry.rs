@@ -59,7 +59,7 @@ pub struct Header {
     pub payload_checksum: u64,
     pub created_ns: u64,
     /// The signature fields (`sign.rs`), split off `meta`; None for an unsigned entry.
-    pub signature: Option<crate::sign::SigFields>,
+    pub signature: Option<SigFields>,
 }
 
 impl Header {
@@ -236,7 +236,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, EntryError> {
     let key_len = u32_at(h, 12) as usize;
     let meta_len = u32_at(h, 16) as usize;
     let key_end = FIXED_HEADER + key_len;
-    let (meta, signature) = crate::sign::split_meta(decode_meta(&h[key_end..key_end + meta_len])?);
+    let (meta, signature) = split_meta(decode_meta(&h[key_end..key_end + meta_len])?);
     Ok(Header {
         key: h[FIXED_HEADER..key_end].to_vec(),
         key_is_text: u16_at(h, 6) & FLAG_TEXT_KEY != 0,
@@ -263,6 +263,72 @@ pub fn verify(file: &[u8]) -> Result<Header, EntryError> {
         return Err(EntryError::PayloadChecksum);
     }
     Ok(header)
+}
+
+// ---- Signed entries: the reserved metadata fields (what they sign is in sign.rs).
+
+/// Reserved metadata names (never accepted from a producer).
+pub const META_PREFIX: &str = "xla_pcache.sig.";
+pub const META_SIGNER: &str = "xla_pcache.sig.signer";
+pub const META_DIGEST: &str = "xla_pcache.sig.blake3";
+pub const META_SIGNATURE: &str = "xla_pcache.sig.ed25519";
+
+/// The signature fields of an entry, as they were read (possibly malformed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigFields {
+    pub signer: String,
+    pub digest: Option<[u8; 32]>,
+    pub signature: Option<[u8; 64]>,
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+pub(crate) fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Splits the reserved signature fields off an entry's metadata.
+pub fn split_meta(meta: Vec<(String, String)>) -> (Vec<(String, String)>, Option<SigFields>) {
+    if !meta.iter().any(|(k, _)| k.starts_with(META_PREFIX)) {
+        return (meta, None);
+    }
+    let mut producer = Vec::with_capacity(meta.len());
+    let mut sig = SigFields {
+        signer: String::new(),
+        digest: None,
+        signature: None,
+    };
+    for (k, v) in meta {
+        match k.as_str() {
+            META_SIGNER => sig.signer = v,
+            META_DIGEST => sig.digest = unhex(&v),
+            META_SIGNATURE => sig.signature = unhex(&v),
+            k if k.starts_with(META_PREFIX) => {}
+            _ => producer.push((k, v)),
+        }
+    }
+    (producer, Some(sig))
+}
+
+/// The signer's name in a list of signature fields.
+pub fn fields_signer(fields: &[(String, String)]) -> Option<String> {
+    fields
+        .iter()
+        .find(|(k, _)| k == META_SIGNER)
+        .map(|(_, v)| v.clone())
 }
 
 #[cfg(test)]

@@ -12,32 +12,25 @@
 //! under a second name, `signed_name(key, signer)`: one per key name, so only entries of
 //! distinct trusted keys sit side by side, and they are bounded by the trusted set.
 
-use crate::entry::{self, EntryError, Header};
+// The signed-entry metadata format is the entry format's (entry.rs); signing uses it.
+#[cfg(test)]
+use crate::entry::split_meta;
+use crate::entry::{self, hex, EntryError, Header};
+pub use crate::entry::{
+    fields_signer, SigFields, META_DIGEST, META_PREFIX, META_SIGNATURE, META_SIGNER,
+};
 use crate::verified::{self, VerifiedRecord};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Reserved metadata names (never accepted from a producer).
-pub const META_PREFIX: &str = "xla_pcache.sig.";
-pub const META_SIGNER: &str = "xla_pcache.sig.signer";
-pub const META_DIGEST: &str = "xla_pcache.sig.blake3";
-pub const META_SIGNATURE: &str = "xla_pcache.sig.ed25519";
 const DOMAIN: &[u8] = b"xla_pcache signed entry v1\0";
 /// Payloads at least this large are hashed by all cores (blake3's rayon back-end, on the
 /// store's own pool): below it waking the threads costs more than it saves.
 const PARALLEL_MIN: usize = 1 << 20;
 /// Verified messages remembered per trusted set; past it the memory starts over.
 const VERIFIED_MAX: usize = 1 << 16;
-
-/// The signature fields of an entry, as they were read (possibly malformed).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SigFields {
-    pub signer: String,
-    pub digest: Option<[u8; 32]>,
-    pub signature: Option<[u8; 64]>,
-}
 
 /// Why a trusting reader would not serve an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,56 +178,6 @@ pub fn signed_name(key: &[u8], signer: &str) -> u128 {
     b.push(0);
     b.extend_from_slice(key);
     crate::hash::entry_name(&b)
-}
-
-fn hex(b: &[u8]) -> String {
-    let mut s = String::with_capacity(b.len() * 2);
-    for x in b {
-        s.push_str(&format!("{x:02x}"));
-    }
-    s
-}
-
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
-/// Splits the reserved signature fields off an entry's metadata.
-pub fn split_meta(meta: Vec<(String, String)>) -> (Vec<(String, String)>, Option<SigFields>) {
-    if !meta.iter().any(|(k, _)| k.starts_with(META_PREFIX)) {
-        return (meta, None);
-    }
-    let mut producer = Vec::with_capacity(meta.len());
-    let mut sig = SigFields {
-        signer: String::new(),
-        digest: None,
-        signature: None,
-    };
-    for (k, v) in meta {
-        match k.as_str() {
-            META_SIGNER => sig.signer = v,
-            META_DIGEST => sig.digest = unhex(&v),
-            META_SIGNATURE => sig.signature = unhex(&v),
-            k if k.starts_with(META_PREFIX) => {}
-            _ => producer.push((k, v)),
-        }
-    }
-    (producer, Some(sig))
-}
-
-/// The signer's name in a list of signature fields.
-pub fn fields_signer(fields: &[(String, String)]) -> Option<String> {
-    fields
-        .iter()
-        .find(|(k, _)| k == META_SIGNER)
-        .map(|(_, v)| v.clone())
 }
 
 /// The metadata fields that carry a signature read from an entry, to write it again
