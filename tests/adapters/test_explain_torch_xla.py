@@ -53,10 +53,11 @@ def test_a_flag_change_is_explained_at_the_environment_level(tmp_path: Path) -> 
     (newest, older) = explain_json(store)
     assert newest["module"] == "torch_xla" and newest["nearest"] == older["key"]
     assert newest["differs"] == ["XLA_FLAGS"]
-    assert newest["values"]["XLA_FLAGS"] == {
-        "this": flags_b,
-        "nearest": flags_a,
-        "this_digest": newest["values"]["XLA_FLAGS"]["this_digest"],
-        "nearest_digest": newest["values"]["XLA_FLAGS"]["nearest_digest"],
-    }
+    # What is recorded is what torch_xla hashed: some versions (2.7) append flags of
+    # their own to the user's on import, the same on both runs.
+    values = newest["values"]["XLA_FLAGS"]
+    this, nearest = values["this"].split(), values["nearest"].split()
+    assert this[0] == flags_b and nearest[0] == flags_a
+    assert this[1:] == nearest[1:]
+    assert values["this_digest"] != values["nearest_digest"]
     assert any("computed in C++" in note for note in newest["notes"])
