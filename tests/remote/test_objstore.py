@@ -573,6 +573,46 @@ def test_bucket_claims_single_flight_and_takeover(
         c.release()
 
 
+def test_a_claim_released_between_the_two_looks_is_seen_published(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter's first look finds no entry; before its look at the claim, the holder
+    uploads the entry and deletes its claim. The waiter must then find the entry, not take
+    a claim and compile what was just published. The interleaving is made, not waited for:
+    the waiter's first look at the entry answers as it would have a moment earlier."""
+    url = s3.url(fresh_prefix())
+    holder = Store(tmp_path / "a", remote=url)
+    waiter = Store(tmp_path / "b", remote=url)
+    assert holder.remote is not None and waiter.remote is not None
+    hc, wc = holder.remote.claims(), waiter.remote.claims()
+    assert hc is not None and wc is not None
+    name = entry_name("k")
+    mine = hc.claim(name, wait=5, lease=30)
+    assert mine.held
+    tier = wc._tier
+    real_exists = tier.exists
+    looks: list[bool] = []
+
+    def exists_then_publish(n: Any) -> bool:
+        if not looks:  # the first look: the holder has not published yet
+            looks.append(False)
+            assert holder.put("k", b"compiled")
+            mine.release()
+            holder.remote.flush()
+            return False
+        looks.append(real_exists(n))
+        return looks[-1]
+
+    monkeypatch.setattr(tier, "exists", exists_then_publish)
+    got = wc.claim(name, wait=10, lease=30)
+    assert got.state == "published", (got.state, looks)
+    assert not got.held
+    assert bytes(waiter.get("k") or b"") == b"compiled"
+    client = bucket_client(s3, url.split("/", 3)[3])
+    left = obstore.list(client, prefix="xla_pcache-1/claims/").collect()
+    assert left == [], "a claim was left"
+
+
 def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
     tmp_path: Path, s3: S3Server
 ) -> None:

@@ -465,11 +465,11 @@ class ObjectClaims:
                 e_tag = self._peek(name)
                 now = time.monotonic()
                 if e_tag is None:
+                    # The holder uploads the entry, then deletes its claim: both may have
+                    # happened since the look at the entry above, on the first pass too.
+                    if tier.exists(name):
+                        return ObjectClaim(self, name, "published", time.monotonic() - start)
                     if waited:
-                        # The holder uploads the entry, then deletes its claim: both may
-                        # have happened since the look at the entry above.
-                        if tier.exists(name):
-                            return ObjectClaim(self, name, "published", now - start)
                         tier.count("remote_claims_abandoned_seen")
                         return ObjectClaim(self, name, "abandoned", now - start)
                     if not may_claim:
