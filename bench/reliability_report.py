@@ -243,7 +243,7 @@ def section_takeover(r: dict[str, Any]) -> tuple[str, str, list[Row]]:
         ("A killed while holding the lease", r["killed_holding_lease"]),
         ("entries A moved to trash before it died", r["evicted_before_kill"]),
         ("B's calls skipped before taking over", r["b_skipped"]),
-        ("B took the lease over after (s)", r["b_took_over_after_s"]),
+        ("B had taken the lease over and evicted by (s)", r["b_took_over_after_s"]),
         ("entries B evicted", r["b_removed"]),
         ("entries left", r["entries_left"]),
         ("verify() problems", r["verify"]["problems"]),
