@@ -5,6 +5,10 @@
 # after changing one of these tests or the hooks, with the venv scripts/test.sh made.
 #
 #   scripts/stress_waits.sh [N] [pytest node ids...]
+#
+#   STRESS_BURNERS  CPU burners (default: one per core); two loops over halves of the list
+#                   side by side can take one each
+#   STRESS_LOG      where a failed run's output goes (default /tmp/stress-waits), -<i>.log
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-50}
@@ -24,21 +28,21 @@ if ((${#tests[@]} == 0)); then
     "tests/reliability/test_two_hosts.py::test_lease_of_killed_process_is_taken_over"
   )
 fi
-cores=$(nproc)
 burners=()
-for _ in $(seq "$cores"); do
+for _ in $(seq "${STRESS_BURNERS:-$(nproc)}"); do
   "$venv/bin/python" -c 'while True: pass' &
   burners+=($!)
 done
 trap 'kill "${burners[@]}" 2>/dev/null || true' EXIT
 export CI=true PATH=$venv/bin:$PATH
 failed=0
+log=${STRESS_LOG:-/tmp/stress-waits}
 for i in $(seq "$n"); do
-  if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider -x "${tests[@]}" >"/tmp/stress-waits-$i.log" 2>&1; then
+  if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider -x "${tests[@]}" >"$log-$i.log" 2>&1; then
     failed=$((failed + 1))
-    echo "run $i failed: /tmp/stress-waits-$i.log"
+    echo "run $i failed: $log-$i.log"
   else
-    rm -f "/tmp/stress-waits-$i.log"
+    rm -f "$log-$i.log"
   fi
   echo "run $i of $n done, $failed failed"
 done
