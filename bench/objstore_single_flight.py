@@ -18,8 +18,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.adapters.test_jax import _finish, _start, runs
-from tests.remote.conftest import start_s3
+from tests.jax.test_jax import _finish, _start, runs
+from tests.tiers.conftest import start_s3
 
 
 def _steps(cache: Path, layers: int, ready: Path | None, go: Path | None) -> list[dict[str, Any]]:

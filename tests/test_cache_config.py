@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
+
+from tests.helpers import clean_env
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -17,9 +17,10 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.bundle import import_bundle
+
+from tests.helpers import clean_env
 
 # Address-space limit for the processes that import a bomb: a reader that inflates a member
 # into memory runs out here within a second or two, instead of exhausting the machine.

@@ -21,10 +21,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, keygen
 from xla_pcache import Store
 from xla_pcache.bundle import export_bundle
 from xla_pcache.config import Settings, read_signing_key
+
+from tests.helpers import clean_env, keygen
 
 requires_jax = pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="jax is not installed"
@@ -308,7 +309,7 @@ def test_a_signer_publishes_received_entries_unsigned_unless_its_key_verifies_th
     assert trusted_get(dst, "ci", keys["ci-1"][1]) == b"c" * 1000
 
     # A tier's value, as the store takes it on a local miss (the tiers hand it the whole
-    # entry file: tests/remote/ run the same path against real servers).
+    # entry file: tests/tiers/ run the same path against real servers).
     tier_dst = tmp_path / "tier-dst"
     with Store(tier_dst, settings=Settings(), signing_key=private(keys["ci-1"][0])) as s:
         for k, data in files.items():

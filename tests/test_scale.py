@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import interruptible_child, run_python
 from xla_pcache import Store
+
+from tests.helpers import interruptible_child, run_python
 
 
 def clean_env() -> dict[str, str]:

@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store, _core
 from xla_pcache.bundle import export_bundle, import_bundle
 from xla_pcache.config import Settings, read_signing_key
+
+from tests.helpers import clean_env
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -15,10 +15,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, keygen
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
 from xla_pcache.torch_xla._sync import HostMirror, store_key
+
+from tests.helpers import clean_env, keygen
 
 
 def _pair(name: str) -> tuple[tuple[str, bytes], tuple[str, bytes]]:

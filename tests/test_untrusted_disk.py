@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-import snapshot_forge as forge
 import xxhash
 from xla_pcache import Store, _core
+
+from tests import snapshot_forge as forge
 
 HANG_TIMEOUT = 60.0
 OLD = 1_000_000_000  # 2001: older than any age a sweep or compaction waits for

@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from adapters.test_activation import PROGRAM
-from helpers import clean_env
+
+from tests.helpers import clean_env
+from tests.jax.test_activation import PROGRAM
 
 # A release build and a venv with the newest JAX take minutes on two cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.torch_xla import CANNOT_LOAD_ISSUE
 from xla_pcache.torch_xla._sync import is_torch_xla_name
+
+from tests.helpers import clean_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 

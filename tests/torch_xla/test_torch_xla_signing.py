@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import keygen
 from xla_pcache import Store
 
-from adapters.test_torch_xla_hits import cold, entries, pytestmark, run, served
+from tests.helpers import keygen
+from tests.torch_xla.test_torch_xla_hits import cold, entries, pytestmark, run, served
 
 __all__ = ["pytestmark"]
 

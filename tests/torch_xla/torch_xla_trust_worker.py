@@ -1,4 +1,4 @@
-"""One torch_xla process for tests/adapters/test_torch_xla_trust.py: every cell of the trust
+"""One torch_xla process for tests/torch_xla/test_torch_xla_trust.py: every cell of the trust
 matrix's torch_xla host-pool column, then one real execution.
 
 argv[1] is a JSON object: ``keys`` (name -> [private hex, public hex]), ``cells`` (each:

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.cli._doctor import FRAMEWORKS, probe_key
+
+from tests.helpers import clean_env
 
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
 

@@ -22,8 +22,8 @@ from xla_pcache._reports import tier_counters
 from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
-from tests.adapters.test_jax import _finish, _start, hits, open_barrier, results, run_jax, runs
-from tests.remote.conftest import (
+from tests.jax.test_jax import _finish, _start, hits, open_barrier, results, run_jax, runs
+from tests.tiers.conftest import (
     S3_BUCKET,
     S3_SECRET_KEY,
     RedisServer,

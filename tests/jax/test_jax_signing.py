@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from helpers import clean_env, keygen
 from xla_pcache import Store
 from xla_pcache.config import Settings
+
+from tests.helpers import clean_env, keygen
 
 pytestmark = [
     pytest.mark.jax,

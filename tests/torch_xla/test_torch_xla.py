@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.torch_xla._sync import HostMirror, is_torch_xla_name, store_key
+
+from tests.helpers import clean_env
 
 WORKER = Path(__file__).with_name("torch_xla_worker.py")
 VERSION = importlib.metadata.version("torch_xla")

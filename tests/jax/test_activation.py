@@ -17,7 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, tree_state
+
+from tests.helpers import clean_env, tree_state
 
 pytestmark = [
     pytest.mark.jax,

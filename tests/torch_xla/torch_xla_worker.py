@@ -1,4 +1,4 @@
-"""One torch_xla process for tests/adapters/test_torch_xla.py.
+"""One torch_xla process for tests/torch_xla/test_torch_xla.py.
 
 argv[1] is a JSON object: ``install`` (kwargs for install(), or null to skip it),
 ``before`` (graphs to run BEFORE install, to show a late install is refused), ``graphs``

@@ -11,7 +11,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
+
+from tests.helpers import clean_env
 
 pytestmark = [
     pytest.mark.jax,

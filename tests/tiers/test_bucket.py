@@ -27,8 +27,8 @@ from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers import upkeep
 
-from tests.adapters.test_jax import WORKER, _env, _finish, hits, open_barrier, results, runs
-from tests.remote.conftest import S3Server, bucket_client, fresh_prefix
+from tests.jax.test_jax import WORKER, _env, _finish, hits, open_barrier, results, runs
+from tests.tiers.conftest import S3Server, bucket_client, fresh_prefix
 
 
 def _objects(server: S3Server, prefix: str) -> dict[str, tuple[int, str | None]]:
@@ -374,14 +374,14 @@ def test_a_write_at_interpreter_exit_is_made_not_dropped(tmp_path: Path, s3: S3S
 
 @pytest.mark.torch_xla
 def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server: S3Server) -> None:
-    from tests.adapters.test_torch_xla_hits import PROGRAM, cold, served
+    from tests.torch_xla.test_torch_xla_hits import PROGRAM, cold, served
 
     url = s3_server.url(fresh_prefix())
 
     def run(spec: dict[str, Any], env: dict[str, str], name: str) -> dict[str, Any]:
         home = tmp_path / name
         (home / "work").mkdir(parents=True)
-        from helpers import clean_env
+        from tests.helpers import clean_env
 
         proc = subprocess.run(
             [sys.executable, str(PROGRAM), json.dumps(spec)],

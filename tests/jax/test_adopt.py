@@ -30,10 +30,11 @@ from typing import Any
 
 import pytest
 import xla_pcache
-from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.jax import _adopt
 from xla_pcache.jax import _cache_dir as jcd
+
+from tests.helpers import clean_env
 
 requires_jax = pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="jax is not installed"

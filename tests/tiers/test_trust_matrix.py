@@ -1,7 +1,7 @@
 """The trust matrix over the paths by which a store takes bytes it did not write itself: its
 own directory (get), a Redis tier, an S3 tier (SeaweedFS), backfill from a slower tier into
 a faster one, and bundle import. Rows and plants: tests/trust_matrix.py; the torch_xla host
-pool's column: tests/adapters/test_torch_xla_trust.py.
+pool's column: tests/torch_xla/test_torch_xla_trust.py.
 
 Each cell: ci-1 (signing, trusting itself) writes GOOD for the cell's key, the attacker
 plants at the key's plain name (before ci's put in the directory, where first-writer-wins
@@ -28,7 +28,7 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.remote.conftest import (
+from tests.tiers.conftest import (
     RedisServer,
     S3Server,
     bucket_client,

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
+
+from tests.helpers import clean_env
 
 JAX_META = {"framework": "jax", "framework_version": "0.10.2"}
 TORCH_META = {"framework": "torch_xla", "framework_version": "2.9.0"}

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
+
+from tests.helpers import clean_env
 
 pytestmark = [pytest.mark.jax, pytest.mark.timeout(900)]
 

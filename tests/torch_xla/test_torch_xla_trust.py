@@ -1,6 +1,6 @@
 """The trust matrix's torch_xla host-pool column (rows and plants: tests/trust_matrix.py),
 with real torch_xla: one process compiles a graph signed by ci-1, one worker process
-(tests/adapters/torch_xla_trust_worker.py) runs every cell and then one real execution.
+(tests/torch_xla/torch_xla_trust_worker.py) runs every cell and then one real execution.
 
 In each cell ci-1's entry of the ``add`` graph is under its own name for the key and the
 attacker's plant at the plain name, over other bytes. Host processes trusting ci-1 and trusting no
@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import clean_env
-from trust_matrix import (
+from xla_pcache import Store, _core
+from xla_pcache.config import Settings
+
+from tests.helpers import clean_env
+from tests.torch_xla.test_torch_xla_hits import pytestmark, run
+from tests.trust_matrix import (
     PLANTS,
     READERS,
     Keys,
@@ -31,10 +35,6 @@ from trust_matrix import (
     plant_in_dir,
     with_payload,
 )
-from xla_pcache import Store, _core
-from xla_pcache.config import Settings
-
-from adapters.test_torch_xla_hits import pytestmark, run
 
 __all__ = ["pytestmark"]
 

@@ -16,7 +16,7 @@ from xla_pcache._names import EntryName
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.remote.conftest import (
+from tests.tiers.conftest import (
     RedisServer,
     S3Server,
     bucket_client,

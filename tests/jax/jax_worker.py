@@ -1,4 +1,4 @@
-"""One JAX process for tests/adapters/test_jax.py: runs a script of steps, prints a report.
+"""One JAX process for tests/jax/test_jax.py: runs a script of steps, prints a report.
 
 Usage: ``python jax_worker.py '<json>'`` where the JSON is ``{"steps": [...]}``. Each step
 is a dict with an ``op``; the report (one JSON object on the last line of stdout) holds a

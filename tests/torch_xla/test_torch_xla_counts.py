@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
+
+from tests.helpers import clean_env
 
 PROGRAM = Path(__file__).with_name("torch_xla_program.py")
 GRAPHS = ["add", "square"]

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.jax import SUPPORTED_JAX
+
+from tests.helpers import clean_env
 
 pytestmark = [
     pytest.mark.jax,

@@ -11,15 +11,15 @@ from typing import Any
 import obstore
 import pytest
 import redis
-from helpers import keygen
 from xla_pcache import Store, entry_name
 from xla_pcache._core import generate_signing_key, signed_entry_name, signing_public_key
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.adapters.test_jax_signing import run, scratch_programs
-from tests.remote.conftest import (
+from tests.helpers import keygen
+from tests.jax.test_jax_signing import run, scratch_programs
+from tests.tiers.conftest import (
     S3_BUCKET,
     S3_SECRET_KEY,
     RedisServer,

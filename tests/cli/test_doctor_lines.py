@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from helpers import clean_env
+from tests.helpers import clean_env
 
 
 def _python(code: str, **env: str) -> str:
