@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 from xla_pcache import Store
+
+from tests.helpers import cli
 
 
 def _filled(path: Path, n: int = 5, size: int = 10_000) -> Store:
@@ -69,17 +68,9 @@ def test_min_hits(tmp_path: Path) -> None:
     assert src.export_bundle(tmp_path / "h5.tgz", min_hits=5) == 0
     with pytest.raises(ValueError, match="min_hits"):
         src.export_bundle(tmp_path / "bad.tgz", min_hits=-1)
-    env = dict(os.environ)
-    env.pop("XLA_PCACHE_REMOTE", None)
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "xla_pcache", "export", "--path", str(tmp_path / "a")),
-            *("-o", str(tmp_path / "cli.tgz"), "--min-hits", "3"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+    out = cli(
+        *("export", "--path", str(tmp_path / "a")),
+        *("-o", str(tmp_path / "cli.tgz"), "--min-hits", "3"),
     )
     assert out.returncode == 0, out.stderr
     assert "exported 1 entries" in out.stdout
@@ -136,23 +127,8 @@ def test_budget_on_import(tmp_path: Path) -> None:
 def test_cli_export_import(tmp_path: Path) -> None:
     _filled(tmp_path / "a").close()
     bundle = tmp_path / "b.tar.gz"
-    exe = [sys.executable, "-m", "xla_pcache"]
-    env = dict(os.environ)
-    env.pop("XLA_PCACHE_REMOTE", None)
-    out = subprocess.run(
-        [*exe, "export", "--path", str(tmp_path / "a"), "-o", str(bundle), "--framework", "jax"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    out = cli("export", "--path", str(tmp_path / "a"), "-o", str(bundle), "--framework", "jax")
     assert out.returncode == 0, out.stderr
-    out = subprocess.run(
-        [*exe, "import", str(bundle), "--path", str(tmp_path / "q")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    out = cli("import", str(bundle), "--path", str(tmp_path / "q"))
     assert out.returncode == 0, out.stderr
     assert "imported 3, skipped as present 0, rejected as corrupt 0" in out.stdout

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store
 
-from tests.helpers import clean_env
+from tests.helpers import CLI, clean_env, cli
 
 JAX_META = {"framework": "jax", "framework_version": "0.10.2"}
 TORCH_META = {"framework": "torch_xla", "framework_version": "2.9.0"}
@@ -22,19 +22,6 @@ ENTRIES = {
     "jit_big-bbbb": (b"b" * 50_000, JAX_META),
     "123456789012345678901234567890": (b"t" * 5_000, TORCH_META),
 }
-
-
-def run(
-    *args: str, env: dict[str, str] | None = None, input: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        env=clean_env() if env is None else env,
-        input=input,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -68,21 +55,21 @@ def entry_files(root: Path) -> list[Path]:
 
 
 def test_help_lists_subcommands() -> None:
-    result = run("--help")
+    result = cli("--help")
     assert result.returncode == 0
     for command in ("stats", "ls", "prune", "verify", "clear", "demo", "doctor", "config"):
         assert command in result.stdout
 
 
 def test_no_arguments_shows_help() -> None:
-    result = run()
+    result = cli()
     assert "Usage" in result.stdout + result.stderr
     assert "stats" in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("command", ["stats", "ls", "prune", "verify", "clear", "demo", "doctor"])
 def test_every_subcommand_takes_path(command: str) -> None:
-    result = run(command, "--help")
+    result = cli(command, "--help")
     assert result.returncode == 0
     assert "--path" in result.stdout
 
@@ -90,7 +77,7 @@ def test_every_subcommand_takes_path(command: str) -> None:
 def test_version() -> None:
     import xla_pcache
 
-    result = run("--version")
+    result = cli("--version")
     assert result.returncode == 0
     assert xla_pcache.__version__ in result.stdout
 
@@ -118,20 +105,20 @@ CACHE_COMMANDS = [["stats"], ["ls"], ["prune", "--max-size", "0"], ["verify"], [
 
 @pytest.mark.parametrize("command", CACHE_COMMANDS)
 def test_no_path(command: list[str]) -> None:
-    assert_one_line_error(run(*command), "XLA_PERSISTENT_CACHE_PATH")
+    assert_one_line_error(cli(*command), "XLA_PERSISTENT_CACHE_PATH")
 
 
 @pytest.mark.parametrize("command", CACHE_COMMANDS)
 def test_missing_path_is_not_created(command: list[str], tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    assert_one_line_error(run(*command, "--path", str(missing)), str(missing))
+    assert_one_line_error(cli(*command, "--path", str(missing)), str(missing))
     assert not missing.exists()
 
 
 @pytest.mark.parametrize("command", CACHE_COMMANDS)
 def test_not_a_cache_is_left_alone(command: list[str], tmp_path: Path) -> None:
     (tmp_path / "data.txt").write_text("precious")
-    assert_one_line_error(run(*command, "--path", str(tmp_path)), "not an xla_pcache cache")
+    assert_one_line_error(cli(*command, "--path", str(tmp_path)), "not an xla_pcache cache")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.txt"]
 
 
@@ -139,7 +126,7 @@ def test_not_a_cache_is_left_alone(command: list[str], tmp_path: Path) -> None:
 def test_unknown_format_is_refused(command: list[str], cache: Path) -> None:
     (cache / "FORMAT").write_text("xla_pcache format 999\n")
     before = entry_files(cache)
-    result = run(*command, "--path", str(cache))
+    result = cli(*command, "--path", str(cache))
     assert_one_line_error(result)
     assert entry_files(cache) == before
 
@@ -147,7 +134,7 @@ def test_unknown_format_is_refused(command: list[str], cache: Path) -> None:
 def test_malformed_read_only_variable(cache: Path) -> None:
     env = clean_env(XLA_PERSISTENT_CACHE_READ_ONLY="kinda")
     assert_one_line_error(
-        run("clear", "--yes", "--path", str(cache), env=env),
+        cli("clear", "--yes", "--path", str(cache), env=env),
         "XLA_PERSISTENT_CACHE_READ_ONLY",
         "'kinda'",
     )
@@ -157,14 +144,14 @@ def test_malformed_read_only_variable(cache: Path) -> None:
 def test_malformed_read_only_variable_when_only_looking(cache: Path) -> None:
     env = clean_env(XLA_PERSISTENT_CACHE_READ_ONLY="2")
     assert_one_line_error(
-        run("ls", "--path", str(cache), env=env), "XLA_PERSISTENT_CACHE_READ_ONLY"
+        cli("ls", "--path", str(cache), env=env), "XLA_PERSISTENT_CACHE_READ_ONLY"
     )
 
 
 def test_malformed_max_size_variable(cache: Path) -> None:
     env = clean_env(XLA_PERSISTENT_CACHE_MAX_SIZE="lots")
     assert_one_line_error(
-        run("stats", "--path", str(cache), env=env), "XLA_PERSISTENT_CACHE_MAX_SIZE"
+        cli("stats", "--path", str(cache), env=env), "XLA_PERSISTENT_CACHE_MAX_SIZE"
     )
 
 
@@ -172,7 +159,7 @@ def test_malformed_max_size_variable(cache: Path) -> None:
 
 
 def test_stats_table(cache: Path) -> None:
-    result = run("stats", "--path", str(cache))
+    result = cli("stats", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for label in ("entries", "bytes on disk", "budget", "hits", "misses", "hit rate", "puts"):
@@ -182,7 +169,7 @@ def test_stats_table(cache: Path) -> None:
 
 def test_stats_json_from_environment(cache: Path) -> None:
     env = clean_env(XLA_PERSISTENT_CACHE_PATH=str(cache), XLA_PERSISTENT_CACHE_MAX_SIZE="1M")
-    result = run("stats", "--json", env=env)
+    result = cli("stats", "--json", env=env)
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     assert stats["path"] == str(cache)
@@ -197,19 +184,19 @@ def test_stats_json_from_environment(cache: Path) -> None:
 
 
 def test_stats_says_how_fresh_it_is(cache: Path) -> None:
-    result = run("stats", "--json", "--path", str(cache))
+    result = cli("stats", "--json", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     # A local filesystem: read through to the end just now.
     assert stats["view_fresh"] is True
     assert 0 <= stats["view_age_s"] < 30
-    table = run("stats", "--path", str(cache))
+    table = cli("stats", "--path", str(cache))
     assert "index as of" in table.stdout and " s ago" in table.stdout, table.stdout
 
 
 def test_stats_read_only_writes_nothing(cache: Path) -> None:
     before = {str(p): p.stat().st_mtime_ns for p in cache.rglob("*")}
-    result = run("stats", "--read-only", "--path", str(cache))
+    result = cli("stats", "--read-only", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     assert {str(p): p.stat().st_mtime_ns for p in cache.rglob("*")} == before
 
@@ -218,7 +205,7 @@ def test_stats_read_only_writes_nothing(cache: Path) -> None:
 
 
 def test_ls_table(cache: Path) -> None:
-    result = run("ls", "--path", str(cache))
+    result = cli("ls", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     assert "3 entries" in result.stdout
     assert "jit_small-aaaa" in result.stdout
@@ -229,7 +216,7 @@ def test_ls_table(cache: Path) -> None:
 
 def test_ls_shows_hits_recorded(cache: Path) -> None:
     # The fixture's two gets of jit_small fall in one hit interval: one hit recorded.
-    entries = json.loads(run("ls", "--json", "--path", str(cache)).stdout)
+    entries = json.loads(cli("ls", "--json", "--path", str(cache)).stdout)
     assert {e["key"]: e["hits"] for e in entries} == {
         "jit_small-aaaa": 1,
         "jit_big-bbbb": 0,
@@ -237,7 +224,7 @@ def test_ls_shows_hits_recorded(cache: Path) -> None:
     }
     with Store(cache) as other:  # another process's hit is recorded too
         assert other.get("jit_small-aaaa") is not None
-    table = run("ls", "--path", str(cache))
+    table = cli("ls", "--path", str(cache))
     assert table.returncode == 0, table.stderr
     header = next(line for line in table.stdout.splitlines() if "last use" in line)
     assert "hits" in header
@@ -248,16 +235,16 @@ def test_ls_shows_hits_recorded(cache: Path) -> None:
 def test_ls_binary_key(tmp_path: Path) -> None:
     with Store(tmp_path / "c") as store:
         store.put(b"\xff\x00bin\n", b"x")
-    table = run("ls", "--path", str(tmp_path / "c"))
+    table = cli("ls", "--path", str(tmp_path / "c"))
     assert table.returncode == 0, table.stderr
     assert "\\xff\\x00bin\\n" in table.stdout
     assert "\x00" not in table.stdout
-    [entry] = json.loads(run("ls", "--json", "--path", str(tmp_path / "c")).stdout)
+    [entry] = json.loads(cli("ls", "--json", "--path", str(tmp_path / "c")).stdout)
     assert bytes.fromhex(entry["key_hex"]) == b"\xff\x00bin\n"
 
 
 def test_ls_json_sorted_by_size(cache: Path) -> None:
-    result = run("ls", "--json", "--sort", "size", "--path", str(cache))
+    result = cli("ls", "--json", "--sort", "size", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     entries = json.loads(result.stdout)
     assert [e["key"] for e in entries] == [
@@ -272,22 +259,22 @@ def test_ls_json_sorted_by_size(cache: Path) -> None:
 
 
 def test_ls_sort_age_and_last_use(cache: Path) -> None:
-    ages = json.loads(run("ls", "--json", "--sort", "age", "--path", str(cache)).stdout)
+    ages = json.loads(cli("ls", "--json", "--sort", "age", "--path", str(cache)).stdout)
     created = [e["created"] for e in ages]
     assert created == sorted(created)
-    uses = json.loads(run("ls", "--json", "--sort", "last-use", "--path", str(cache)).stdout)
+    uses = json.loads(cli("ls", "--json", "--sort", "last-use", "--path", str(cache)).stdout)
     assert len(uses) == 3
 
 
 def test_ls_bad_sort(cache: Path) -> None:
-    result = run("ls", "--sort", "colour", "--path", str(cache))
+    result = cli("ls", "--sort", "colour", "--path", str(cache))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
 
 
 def test_ls_empty_cache(tmp_path: Path) -> None:
     Store(tmp_path / "c").close()
-    result = run("ls", "--json", "--path", str(tmp_path / "c"))
+    result = cli("ls", "--json", "--path", str(tmp_path / "c"))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
 
@@ -296,7 +283,7 @@ def test_ls_empty_cache(tmp_path: Path) -> None:
 
 
 def test_prune_max_size_zero_removes_everything(cache: Path) -> None:
-    result = run("prune", "--max-size", "0", "--path", str(cache))
+    result = cli("prune", "--max-size", "0", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     assert "removed 3 entries" in result.stdout
     assert "removed jit_big-bbbb" in result.stdout
@@ -310,19 +297,19 @@ def test_prune_reconciles_with_the_directory(cache: Path) -> None:
     gone = max(files, key=lambda f: f.stat().st_size)
     gone.unlink()
     left = sum(f.stat().st_blocks * 512 for f in files if f != gone)
-    result = run("prune", "--max-size", "0", "--json", "--path", str(cache))
+    result = cli("prune", "--max-size", "0", "--json", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["dropped"] == 1 and report["added"] == 0, report
     assert report["removed"] == 2, report
     assert report["bytes"] == left, "freed: the removed files' blocks"
     assert entry_files(cache) == []
-    text = run("prune", "--max-size", "0", "--path", str(cache))
+    text = cli("prune", "--max-size", "0", "--path", str(cache))
     assert "removed 0 entries" in text.stdout, text.stdout
 
 
 def test_prune_max_size_keeps_recent(cache: Path) -> None:
-    result = run("prune", "--max-size", "20K", "--json", "--path", str(cache))
+    result = cli("prune", "--max-size", "20K", "--json", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert "jit_big-bbbb" in report["keys"]
@@ -332,27 +319,27 @@ def test_prune_max_size_keeps_recent(cache: Path) -> None:
 
 
 def test_prune_older_than(cache: Path) -> None:
-    result = run("prune", "--older-than", "7d", "--path", str(cache))
+    result = cli("prune", "--older-than", "7d", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     assert "removed 0 entries" in result.stdout
     assert len(entry_files(cache)) == 3
 
 
 def test_prune_needs_a_target(cache: Path) -> None:
-    assert_one_line_error(run("prune", "--path", str(cache)), "--max-size")
+    assert_one_line_error(cli("prune", "--path", str(cache)), "--max-size")
 
 
 @pytest.mark.parametrize(("option", "value"), [("--max-size", "12Q"), ("--older-than", "soon")])
 def test_prune_bad_values(cache: Path, option: str, value: str) -> None:
-    assert_one_line_error(run("prune", option, value, "--path", str(cache)), option, repr(value))
+    assert_one_line_error(cli("prune", option, value, "--path", str(cache)), option, repr(value))
 
 
 def test_prune_refuses_read_only(cache: Path) -> None:
     assert_one_line_error(
-        run("prune", "--max-size", "0", "--read-only", "--path", str(cache)), "read-only"
+        cli("prune", "--max-size", "0", "--read-only", "--path", str(cache)), "read-only"
     )
     env = clean_env(XLA_PERSISTENT_CACHE_READ_ONLY="true", XLA_PERSISTENT_CACHE_PATH=str(cache))
-    assert_one_line_error(run("prune", "--max-size", "0", env=env), "read-only")
+    assert_one_line_error(cli("prune", "--max-size", "0", env=env), "read-only")
     assert len(entry_files(cache)) == 3
 
 
@@ -368,30 +355,30 @@ def corrupt_one(root: Path) -> Path:
 
 
 def test_verify_healthy(cache: Path) -> None:
-    result = run("verify", "--path", str(cache))
+    result = cli("verify", "--path", str(cache))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no problems found" in result.stdout
 
 
 def test_verify_finds_and_repairs_corruption(cache: Path) -> None:
     victim = corrupt_one(cache)
-    found = run("verify", "--json", "--path", str(cache))
+    found = cli("verify", "--json", "--path", str(cache))
     assert found.returncode == 1, found.stdout + found.stderr
     assert json.loads(found.stdout)["problems"] >= 1
     assert victim.exists()  # plain verify must not touch anything
 
-    repaired = run("verify", "--repair", "--path", str(cache))
+    repaired = cli("verify", "--repair", "--path", str(cache))
     assert repaired.returncode == 1  # it found problems, even though it fixed them
     assert "problems found" in repaired.stdout
     assert not victim.exists()
 
-    again = run("verify", "--path", str(cache))
+    again = cli("verify", "--path", str(cache))
     assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_verify_repair_refuses_read_only(cache: Path) -> None:
     corrupt_one(cache)
-    result = run("verify", "--repair", "--read-only", "--path", str(cache))
+    result = cli("verify", "--repair", "--read-only", "--path", str(cache))
     assert_one_line_error(result, "read-only")
 
 
@@ -400,7 +387,7 @@ def run_in_terminal(*args: str) -> tuple[int, str]:
     leader, follower = pty.openpty()
     env = clean_env(COLUMNS="120", TERM="xterm")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xla_pcache", *args],
+        [*CLI, *args],
         stdout=follower,
         stderr=subprocess.PIPE,
         env=env,
@@ -431,7 +418,7 @@ def test_verify_progress_only_on_a_terminal(cache: Path) -> None:
     status, output = run_in_terminal("verify", "--path", str(cache))
     assert status == 0
     assert "verifying" in output
-    piped = run("verify", "--path", str(cache))
+    piped = cli("verify", "--path", str(cache))
     assert "verifying" not in piped.stdout
     assert "\x1b[" not in piped.stdout
 
@@ -440,7 +427,7 @@ def test_verify_progress_only_on_a_terminal(cache: Path) -> None:
 
 
 def test_clear_yes(cache: Path) -> None:
-    result = run("clear", "--yes", "--path", str(cache))
+    result = cli("clear", "--yes", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     assert "removed 3 entries" in result.stdout
     assert entry_files(cache) == []
@@ -448,21 +435,21 @@ def test_clear_yes(cache: Path) -> None:
 
 
 def test_clear_asks_and_declines(cache: Path) -> None:
-    result = run("clear", "--path", str(cache), input="n\n")
+    result = cli("clear", "--path", str(cache), input="n\n")
     assert result.returncode == 1
     assert "Delete all 3 entries" in result.stdout
     assert len(entry_files(cache)) == 3
 
 
 def test_clear_without_an_answer_deletes_nothing(cache: Path) -> None:
-    result = run("clear", "--path", str(cache), input="")
+    result = cli("clear", "--path", str(cache), input="")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert len(entry_files(cache)) == 3
 
 
 def test_clear_asks_and_confirms(cache: Path) -> None:
-    result = run("clear", "--path", str(cache), input="y\n")
+    result = cli("clear", "--path", str(cache), input="y\n")
     assert result.returncode == 0, result.stderr
     assert entry_files(cache) == []
 
@@ -476,7 +463,7 @@ def test_clear_asks_and_confirms(cache: Path) -> None:
     ],
 )
 def test_clear_refuses_read_only(cache: Path, args: list[str], env: dict[str, str]) -> None:
-    result = run("clear", "--yes", "--path", str(cache), *args, env=clean_env(**env))
+    result = cli("clear", "--yes", "--path", str(cache), *args, env=clean_env(**env))
     assert_one_line_error(result, "read-only")
     assert len(entry_files(cache)) == 3
 
@@ -523,13 +510,13 @@ def test_stats_shows_single_flight(tmp_path: Path) -> None:
         with holder.claim("k", wait=0):
             assert waiter.claim("k", wait=0.2).state == "timed_out"
         holder.put("j", b"v")
-    result = run("stats", "--path", str(root), "--json")
+    result = cli("stats", "--path", str(root), "--json")
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     assert stats["claims"] == 1 and stats["claims_abandoned"] == 1, stats
     assert stats["claim_waits"] == 1 and stats["claim_wait_timeouts"] == 1, stats
     assert stats["claim_wait_ms"] >= 200, stats
-    table = run("stats", "--path", str(root)).stdout
+    table = cli("stats", "--path", str(root)).stdout
     for label in ("compile claims taken", "waits for another's compile", "waits that ran out"):
         assert label in table, table
     assert " s" in table.split("time spent waiting")[1].splitlines()[0]
@@ -538,13 +525,7 @@ def test_stats_shows_single_flight(tmp_path: Path) -> None:
 def test_help_rewraps_descriptions_instead_of_breaking_them() -> None:
     # A docstring's source line ends must not show: each description is one paragraph,
     # wrapped to the terminal (80 columns here).
-    proc = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**clean_env(), "COLUMNS": "80"},
-    )
+    proc = cli("--help", COLUMNS="80")
     assert proc.returncode == 0, proc.stderr
     rows = [line.strip("│ ").strip() for line in proc.stdout.splitlines() if line.startswith("│")]
     # The source breaks stats' docstring after "compile time saved,": rewrapped, the next

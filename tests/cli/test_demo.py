@@ -7,28 +7,20 @@ import importlib.metadata
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from xla_pcache import Store
 from xla_pcache.cli._doctor import FRAMEWORKS, probe_key
 
-from tests.helpers import clean_env
+from tests.helpers import cli
 
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = clean_env()
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**base, "JAX_PLATFORMS": "cpu", "COLUMNS": "200", **(env or {})},
-        check=False,
-    )
+def _cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    # JAX on CPU whatever the machine has, and no table wrapped.
+    return cli(*args, timeout=600, JAX_PLATFORMS="cpu", COLUMNS="200", **variables)
 
 
 @pytest.mark.jax
@@ -81,7 +73,7 @@ def test_doctor_probes_once_and_remembers(tmp_path: Path) -> None:
 
     reports = []
     for _ in range(2):
-        proc = _cli("doctor", "--path", str(root), "--json", env={"PJRT_DEVICE": "CPU"})
+        proc = _cli("doctor", "--path", str(root), "--json", PJRT_DEVICE="CPU")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         reports.append(json.loads(proc.stdout))
     first, second = reports
@@ -106,7 +98,7 @@ def test_doctor_says_what_jax_stores_and_where_each_setting_comes_from(tmp_path:
         "XLA_PCACHE_MIN_COMPILE_TIME": "0",
         "XLA_PCACHE_MIN_ENTRY_SIZE": "4K",
     }
-    proc = _cli("doctor", "--json", env=env)
+    proc = _cli("doctor", "--json", **env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     caching = json.loads(proc.stdout)["jax_caching"]
     assert caching == {
@@ -119,9 +111,9 @@ def test_doctor_says_what_jax_stores_and_where_each_setting_comes_from(tmp_path:
             "source": "xla_pcache's XLA_PCACHE_MIN_ENTRY_SIZE",
         },
     }
-    text = _cli("doctor", env={**env, "XLA_PCACHE_MIN_ENTRY_SIZE": ""}).stdout
+    text = _cli("doctor", **{**env, "XLA_PCACHE_MIN_ENTRY_SIZE": ""}).stdout
     assert "jax_persistent_cache_min_entry_size_bytes = 0 (from xla_pcache's default)" in text
-    disabled = _cli("doctor", "--json", env={"XLA_PCACHE_DISABLE": "1"})
+    disabled = _cli("doctor", "--json", XLA_PCACHE_DISABLE="1")
     caching = json.loads(disabled.stdout)["jax_caching"]
     assert caching["jax_persistent_cache_min_compile_time_secs"] == {
         "value": 1.0,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import clean_env, tree_state
+from tests.helpers import clean_env, cli, tree_state
 
 pytestmark = [
     pytest.mark.jax,
@@ -72,12 +72,7 @@ def test_environment_alone_gives_cold_then_hit_in_an_xla_pcache_store(tmp_path: 
     assert (cold_hits, cold) == (0, warm)
     assert warm_hits > 0
     assert (cache / "FORMAT").read_text().startswith("xla_pcache-format")
-    verify = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "verify", "--path", str(cache)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    verify = cli("verify", "--path", str(cache))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "no problems found" in verify.stdout
 

@@ -34,7 +34,7 @@ from xla_pcache import Store
 from xla_pcache.jax import _adopt
 from xla_pcache.jax import _cache_dir as jcd
 
-from tests.helpers import clean_env
+from tests.helpers import clean_env, cli
 
 requires_jax = pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="jax is not installed"
@@ -320,13 +320,7 @@ def test_import_from_jax_cli(tmp_path: Path) -> None:
     ],
 )
 def test_import_from_jax_cli_errors(args: tuple[str, ...], needle: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cli(*args)
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     assert needle in result.stderr

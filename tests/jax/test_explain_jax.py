@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from xla_pcache import Store
+
+from tests.helpers import cli_out, explain_json
 
 from .test_jax import hits, keys, run_jax, runs
 
@@ -22,21 +21,6 @@ pytestmark = [
 
 FLAGS_A = "--xla_cpu_enable_fast_math=true"
 FLAGS_B = "--xla_cpu_enable_fast_math=false"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-
-
-def explain_json(root: Path) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = json.loads(cli("explain", "--path", str(root), "--json").stdout)
-    return results
 
 
 def test_flags_and_compiler_options_are_explained(tmp_path: Path) -> None:
@@ -92,10 +76,10 @@ def test_flags_and_compiler_options_are_explained(tmp_path: Path) -> None:
     assert values["nearest"]["env_option_overrides"] == {}
     assert [r["key"] for r in older[:2]] == [key_b, key_a]
 
-    text = cli("explain", "--path", str(root), "--last", "1").stdout
+    text = cli_out("explain", "--path", str(root), "--last", "1")
     assert key_c in text and "differs: compile_options" in text
     # An entry's key explains that entry against the nearest other one.
-    by_key = json.loads(cli("explain", "--path", str(root), "--json", key_a).stdout)
+    by_key = json.loads(cli_out("explain", "--path", str(root), "--json", key_a))
     assert by_key[0]["nearest"] == key_b and by_key[0]["differs"] == ["XLA flags"]
 
 
@@ -114,7 +98,7 @@ def test_compile_time_saved(tmp_path: Path) -> None:
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = cli("stats", "--path", str(root), "--format", "prometheus").stdout
+    text = cli_out("stats", "--path", str(root), "--format", "prometheus")
     samples = {
         (s.name, s.labels.get("tier")): s.value
         for fam in text_string_to_metric_families(text)
@@ -123,5 +107,5 @@ def test_compile_time_saved(tmp_path: Path) -> None:
     assert samples[("xla_pcache_compile_time_saved_seconds_total", "local")] == saved / 1000
     assert samples[("xla_pcache_hits_total", "local")] == 1
     assert samples[("xla_pcache_entries", None)] == 1
-    table = cli("stats", "--path", str(root)).stdout
+    table = cli_out("stats", "--path", str(root))
     assert "compile time saved" in table

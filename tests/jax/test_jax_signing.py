@@ -22,7 +22,7 @@ import xxhash
 from xla_pcache import Store
 from xla_pcache.config import Settings
 
-from tests.helpers import clean_env, keygen
+from tests.helpers import clean_env, cli, keygen
 
 pytestmark = [
     pytest.mark.jax,
@@ -143,24 +143,11 @@ def test_a_squatted_key_is_never_loaded_and_still_served_from_the_trusted_writer
     # Read-only trusting workers now hit, on CI's entry.
     assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
     # The operator's view: the squatter's entry is listed, then removed.
-    env = clean_env(**trusting)
-    listed = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "verify", "--trusted"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    listed = cli("verify", "--trusted", **trusting)
     assert listed.returncode == 1
     why = "unsigned" if squatter == "unsigned" else "signed by mallory-1, not trusted"
     assert why in listed.stdout
-    pruned = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "prune", "--untrusted"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    pruned = cli("prune", "--untrusted", **trusting)
     assert pruned.returncode == 0 and "removed 1 untrusted entries" in pruned.stdout
     assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
     # The poison is gone for everyone: an untrusting reader, which sees only the plain

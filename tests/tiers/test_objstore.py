@@ -22,6 +22,7 @@ from xla_pcache._reports import tier_counters
 from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
+from tests.helpers import cli_out
 from tests.jax.test_jax import _finish, _start, hits, open_barrier, results, run_jax, runs
 from tests.tiers.conftest import (
     S3_BUCKET,
@@ -508,17 +509,10 @@ def test_remote_counters_are_summed_across_processes(
         Store(tmp_path / "shared").add_counter("hits", 1)
     with pytest.raises(ValueError, match="tier"):
         Store(tmp_path / "shared").add_tier_counter("Bad Name", "hits", 1)
-    out = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "stats", "--path", str(tmp_path / "shared"), "--json"],
-        check=True,
-        timeout=120,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "XLA_PCACHE_REMOTE": chain},
-    )
+    out = cli_out("stats", "--path", str(tmp_path / "shared"), "--json", XLA_PCACHE_REMOTE=chain)
     import json
 
-    report = json.loads(out.stdout)
+    report = json.loads(out)
     assert report["remote_hits"] == 1 and report["remote_misses"] == 3, report
     assert report["remote_s3_hits"] == 1 and report["remote_redis_misses"] == 2, report
     assert report["remote_s3_get_ms"] + report["remote_redis_get_ms"] == report["remote_get_ms"]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from xla_pcache import Store
+
+from tests.helpers import explain_json
 
 from .test_torch_xla import run
 
@@ -21,18 +20,6 @@ pytestmark = [
         importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed"
     ),
 ]
-
-
-def explain_json(root: Path) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "explain", "--path", str(root), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    results: list[dict[str, Any]] = json.loads(out)
-    return results
 
 
 def test_a_flag_change_is_explained_at_the_environment_level(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import pytest
 from xla_pcache import Store
 from xla_pcache.torch_xla._sync import is_torch_xla_name
 
-from tests.helpers import clean_env
+from tests.helpers import clean_env, cli
 
 pytestmark = [
     pytest.mark.skipif(
@@ -87,12 +87,7 @@ def test_environment_alone_sends_torch_xla_writes_through_the_store(tmp_path: Pa
     with Store(str(shared), read_only=True) as store:
         keys = [e["key"] for e in store.entries()]
     assert any(isinstance(k, str) and k.startswith("torch_xla/") for k in keys), keys
-    verify = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "verify", "--path", str(shared)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    verify = cli("verify", "--path", str(shared))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "no problems found" in verify.stdout
 
@@ -146,12 +141,9 @@ def test_an_unusable_directory_is_one_warning_and_the_program_runs(tmp_path: Pat
 def test_doctor_names_the_hook_and_still_reports_what_cpu_cannot_load(tmp_path: Path) -> None:
     env = clean_env(("XLA_", "PJRT_", "JAX_"))
     env.update(PJRT_DEVICE="CPU", XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "shared"))
-    doctor = [sys.executable, "-m", "xla_pcache", "doctor", "--json"]
 
     def report(extra: dict[str, str]) -> dict[str, Any]:
-        proc = subprocess.run(
-            doctor, capture_output=True, text=True, env={**env, **extra}, timeout=600, check=False
-        )
+        proc = cli("doctor", "--json", env=env, timeout=600, **extra)
         assert proc.stdout, proc.stderr[-3000:]
         result: dict[str, Any] = json.loads(proc.stdout)
         return result
