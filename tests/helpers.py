@@ -47,6 +47,8 @@ def run_python(
     )
 
 
+REPO = Path(__file__).resolve().parent.parent
+
 # The command line, as a user types ``xla-pcache``: for the tests that start it themselves
 # (under a terminal, through a pipe, to interrupt it).
 CLI = (sys.executable, "-m", "xla_pcache")
@@ -90,6 +92,43 @@ def explain_json(root: Path) -> list[dict[str, Any]]:
     """``xla-pcache explain --json`` of the cache at ``root``: one record a miss."""
     records: list[dict[str, Any]] = json.loads(cli_out("explain", "--path", str(root), "--json"))
     return records
+
+
+def start_worker(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str]:
+    """``python ARGV`` (a worker script and its arguments, or ``-c CODE``) in a fresh
+    interpreter, its output piped and not waited for: for the tests that run several at
+    once. ``env`` is its whole environment (``clean_env()`` when None)."""
+    return subprocess.Popen(
+        [sys.executable, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env() if env is None else env,
+        cwd=cwd,
+    )
+
+
+def finish_worker(proc: subprocess.Popen[str], timeout: float = 600) -> dict[str, Any]:
+    """The report of a worker once it exits: the JSON object on its last line of output,
+    with its stderr added. It must exit with 0 and report no error: the workers that catch
+    their steps' exceptions list them in ``errors`` (a traceback each), and a test that
+    never looks there would pass on a worker that failed."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{err[-4000:]}"
+    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    report["stderr"] = err
+    errors = report.get("errors") or []
+    assert errors == [], "\n".join(e["traceback"] if isinstance(e, dict) else e for e in errors)
+    return report
+
+
+def run_worker(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600
+) -> dict[str, Any]:
+    """A worker run to its end (``start_worker``), and its report (``finish_worker``)."""
+    return finish_worker(start_worker(*argv, env=env, cwd=cwd), timeout)
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, int, bytes]]:

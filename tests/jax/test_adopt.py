@@ -34,7 +34,8 @@ from xla_pcache import Store
 from xla_pcache.jax import _adopt
 from xla_pcache.jax import _cache_dir as jcd
 
-from tests.helpers import clean_env, cli
+from tests.helpers import clean_env, cli, run_worker
+from tests.jax.helpers import WORKER, results, runs, store_keys
 
 requires_jax = pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="jax is not installed"
@@ -378,15 +379,7 @@ def test_hostile_files_do_not_raise_the_importers_peak_memory(tmp_path: Path) ->
                     "declared_bomb": zstd_bomb(declared=1 << 25),
                 }[name]
             )
-    proc = subprocess.run(
-        [sys.executable, "-c", PEAK, str(tmp_path / "store"), json.dumps(dirs)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rise = json.loads(proc.stdout.strip().splitlines()[-1])
+    rise = run_worker("-c", PEAK, str(tmp_path / "store"), json.dumps(dirs), timeout=300)
     assert rise["warm_exit"] is None or rise["warm_exit"] == 0, rise
     for name in ("sparse", "bomb", "declared_bomb"):
         assert rise[f"{name}_exit"] == 1, rise  # skipped as bad
@@ -395,7 +388,6 @@ def test_hostile_files_do_not_raise_the_importers_peak_memory(tmp_path: Path) ->
 
 # --- real JAX, fresh processes ------------------------------------------------------------------
 
-WORKER = Path(__file__).with_name("jax_worker.py")
 PROGRAMS = list(range(10))
 PACKAGE_ROOT = Path(xla_pcache.__file__).resolve().parent.parent
 PURELIB = PACKAGE_ROOT / "xla_pcache.data" / "purelib"
@@ -425,20 +417,7 @@ def run(
     full = clean_env(("JAX_",), JAX_PLATFORMS="cpu", PYTHONPATH=_plugin_path(tmp_path), **env)
     if compression == "zlib":
         full["TEST_JAX_NO_ZSTD"] = "1"
-    steps = [{"op": "run", "program": p, "layers": 2} for p in programs]
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), json.dumps({"steps": steps})],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["errors"] == [], "\n".join(e["traceback"] for e in report["errors"])
-    report["stderr"] = proc.stderr
-    return report
+    return run_worker(str(WORKER), json.dumps({"steps": runs(*programs)}), env=full)
 
 
 def fill(jax_dir: Path, programs: list[int], compression: str, tmp_path: Path) -> dict[str, Any]:
@@ -463,16 +442,6 @@ def jax_files(jax_dir: Path) -> list[str]:
 
 def hits(report: dict[str, Any]) -> int:
     return sum(1 for r in report["runs"] if r["hit"])
-
-
-def results(report: dict[str, Any]) -> dict[int, list[float]]:
-    return {r["program"]: r["result"] for r in report["runs"]}
-
-
-def store_keys(path: Path) -> list[str]:
-    with Store(path, read_only=True) as store:
-        keys = store.keys()
-    return sorted(str(k) for k in keys)
 
 
 @pytest.mark.jax
@@ -556,7 +525,7 @@ def test_read_only_store_serves_jax_entries_and_moves_nothing(tmp_path: Path) ->
     report = run(PROGRAMS, env, "zlib", tmp_path)
     assert hits(report) >= 0.9 * len(PROGRAMS)
     assert jax_files(jax_dir) == before
-    assert store_keys(ours) == []
+    assert store_keys(ours) == set()
 
 
 @pytest.mark.jax
@@ -611,7 +580,7 @@ def test_import_from_jax(tmp_path: Path, compression: str) -> None:
         assert proc.returncode == 2, proc.stdout
         assert "nothing was moved" in proc.stderr and "JAX_COMPILATION_CACHE_DIR" in proc.stderr
         assert len(cache_files(jax_dir)) == len(PROGRAMS) + 1
-        assert not ours.exists() or store_keys(ours) == []
+        assert not ours.exists() or store_keys(ours) == set()
         return
     assert proc.returncode == 1, proc.stderr  # 1: one file was bad
     assert f"adopted {len(PROGRAMS)}, already present 0, skipped as bad 1" in proc.stdout

@@ -11,8 +11,7 @@ import pytest
 from xla_pcache import Store
 
 from tests.helpers import cli_out, explain_json
-
-from .test_jax import hits, keys, run_jax, runs
+from tests.jax.helpers import hits, run_jax, runs, store_keys
 
 pytestmark = [
     pytest.mark.jax,
@@ -29,7 +28,7 @@ def test_flags_and_compiler_options_are_explained(tmp_path: Path) -> None:
 
     first = run_jax([install, *runs(0)], {"XLA_FLAGS": FLAGS_A})
     assert hits(first) == [0]
-    (key_a,) = keys(root)
+    (key_a,) = store_keys(root)
     with Store(root, read_only=True) as store:
         (meta,) = [e["meta"] for e in store.entries()]
     parts = json.loads(meta["key_components"])
@@ -44,7 +43,7 @@ def test_flags_and_compiler_options_are_explained(tmp_path: Path) -> None:
 
     # A read-only process under other flags misses, writes nothing, and logs why.
     ro = run_jax([{**install, "read_only": True}, *runs(0)], {"XLA_FLAGS": FLAGS_B})
-    assert hits(ro) == [0] and keys(root) == {key_a}
+    assert hits(ro) == [0] and store_keys(root) == {key_a}
     assert log.read_bytes() == before
     why = [r["msg"] for r in ro["log"] if "read-only cache missed" in r["msg"]]
     assert len(why) == 1 and "differs in XLA flags" in why[0], ro["log"]
@@ -53,7 +52,7 @@ def test_flags_and_compiler_options_are_explained(tmp_path: Path) -> None:
     # The same program under other flags: a miss, explained as "XLA flags" alone.
     second = run_jax([install, *runs(0)], {"XLA_FLAGS": FLAGS_B})
     assert hits(second) == [0] and [r["miss"] for r in second["runs"]] == [1]
-    (key_b,) = keys(root) - {key_a}
+    (key_b,) = store_keys(root) - {key_a}
     (newest, *_) = explain_json(root)
     assert newest["key"] == key_b and newest["nearest"] == key_a
     assert newest["differs"] == ["XLA flags"]
@@ -67,7 +66,7 @@ def test_flags_and_compiler_options_are_explained(tmp_path: Path) -> None:
         {"XLA_FLAGS": FLAGS_B},
     )
     assert hits(third) == [0]
-    (key_c,) = keys(root) - {key_a, key_b}
+    (key_c,) = store_keys(root) - {key_a, key_b}
     (newest, *older) = explain_json(root)
     assert newest["key"] == key_c and newest["nearest"] == key_b
     assert newest["differs"] == ["compile_options"]

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,70 +20,22 @@ import pytest
 from xla_pcache import Store
 from xla_pcache.jax import SUPPORTED_JAX
 
-from tests.helpers import clean_env
+from tests.jax.helpers import (
+    finish_jax,
+    hits,
+    open_barrier,
+    results,
+    run_jax,
+    runs,
+    start_jax,
+    store_keys,
+    worker_env,
+)
 
 pytestmark = [
     pytest.mark.jax,
     pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
 ]
-
-WORKER = Path(__file__).with_name("jax_worker.py")
-# The README's set-up: nothing about what is cached; the tests that check a threshold set
-# their own and say why.
-STEP_ENV = {"JAX_PLATFORMS": "cpu"}
-
-
-def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = clean_env(("JAX_",), **STEP_ENV)
-    env.update(extra or {})
-    return env
-
-
-def _start(steps: list[dict[str, Any]], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps({"steps": steps})],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(env),
-    )
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{err[-4000:]}"
-    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    report["stderr"] = err
-    assert report["errors"] == [], "\n".join(e["traceback"] for e in report["errors"])
-    return report
-
-
-def open_barrier(procs: list[subprocess.Popen[str]], ready: list[Path], go: Path) -> None:
-    """Opens the start barrier once every worker says it is ready; a worker that exits first
-    fails the test with its output instead of leaving the others to start alone."""
-    while not all(r.exists() for r in ready):
-        for proc in procs:
-            if proc.poll() is not None:
-                _, err = proc.communicate()
-                pytest.fail(f"worker exited ({proc.returncode}) before the barrier:\n{err[-4000:]}")
-        time.sleep(0.01)
-    go.touch()
-
-
-def run_jax(steps: list[dict[str, Any]], env: dict[str, str] | None = None) -> dict[str, Any]:
-    return _finish(_start(steps, env))
-
-
-def runs(*programs: int, layers: int = 2) -> list[dict[str, Any]]:
-    return [{"op": "run", "program": p, "layers": layers} for p in programs]
-
-
-def hits(report: dict[str, Any]) -> list[int]:
-    return [r["hit"] for r in report["runs"]]
-
-
-def results(report: dict[str, Any]) -> dict[int, list[float]]:
-    return {r["program"]: r["result"] for r in report["runs"]}
 
 
 def pcache_warnings(report: dict[str, Any]) -> list[str]:
@@ -115,11 +65,6 @@ def entry_file(root: Path, key: str) -> Path:
     return path
 
 
-def keys(root: Path) -> set[str]:
-    with Store(root, read_only=True) as store:
-        return set(map(str, store.keys()))
-
-
 @pytest.fixture(scope="module")
 def populated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], list[str]]:
     """A cache written by one JAX process that compiled programs 0 and 1 in turn; also
@@ -127,9 +72,9 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     root = tmp_path_factory.mktemp("populated") / "cache"
     order: list[str] = []
     report = run_jax([{"op": "install", "path": str(root)}, *runs(0), {"op": "inspect"}])
-    order.append(next(iter(keys(root))))
+    order.append(next(iter(store_keys(root))))
     report1 = run_jax([{"op": "install", "path": str(root)}, *runs(1)])
-    order.append(next(iter(keys(root) - set(order))))
+    order.append(next(iter(store_keys(root) - set(order))))
     report["runs"] += report1["runs"]
     return root, report, order
 
@@ -150,7 +95,7 @@ def test_miss_then_hit_in_a_fresh_process(
     assert first["inspect"][0]["is_cache_interface"]
     assert first["inspect"][0]["len"] == 1
     assert pcache_warnings(first) == [] and first["warnings"] == []
-    assert len(keys(root)) == 2
+    assert len(store_keys(root)) == 2
     assert all(k.startswith("jit_step-") for k in order)
 
     with Store(root, read_only=True) as store:
@@ -230,7 +175,7 @@ def test_corrupted_entries_are_recompiled_and_replaced(
         replaced_blob = store.get(key1)
         assert replaced_blob is not None and bytes(replaced_blob) != b"not an executable"
         assert store.get(key0) is not None
-    assert keys(root) == {key0, key1}
+    assert store_keys(root) == {key0, key1}
 
 
 def test_keys_do_not_depend_on_the_cache_path(tmp_path: Path) -> None:
@@ -317,14 +262,14 @@ def test_jax_conventions_keep_working(tmp_path: Path) -> None:
     assert first["min_compile_time"] == 60
     assert first["cache_dir"] == str(a) and first["path"] == str(a)
     assert first["base_type"] == "StoreCache"
-    assert keys(a) == set()
+    assert store_keys(a) == set()
     assert second["base_type"] == "StoreCache" and second["path"] == str(b)
-    assert len(keys(b)) == 1
+    assert len(store_keys(b)) == 1
     if "jax_compilation_cache_check_contents" in report.get("missing_options", []):
         assert third["cache_type"] == third["base_type"] == "StoreCache"
     else:
         assert third["cache_type"] == "VerificationCache" and third["base_type"] == "StoreCache"
-    assert len(keys(c)) == 1
+    assert len(store_keys(c)) == 1
     assert fourth["base_type"] == "LRUCache"
     assert fourth["factory_module"] == "jax._src.compilation_cache"
     assert fourth["xla_caches"] == "xla_gpu_per_fusion_autotune_cache_dir"
@@ -386,7 +331,7 @@ def test_importing_xla_pcache_does_not_import_jax() -> None:
         "import sys, xla_pcache, xla_pcache.jax, xla_pcache.cli._demo, xla_pcache.cli._doctor\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env=_env(None), timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, env=worker_env(), timeout=60)
 
 
 def test_concurrent_compiles_of_the_same_programs(tmp_path: Path) -> None:
@@ -407,15 +352,15 @@ def test_concurrent_compiles_of_the_same_programs(tmp_path: Path) -> None:
         ]
 
     ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
-    procs = [_start(steps(r)) for r in ready]
+    procs = [start_jax(steps(r)) for r in ready]
     # Open the barrier once both are past their imports, so their compilations overlap.
     open_barrier(procs, ready, go)
-    reports = [_finish(p) for p in procs]
+    reports = [finish_jax(p) for p in procs]
     for report in reports:
         assert hits(report)[len(programs) :] == [1] * len(programs)
         assert pcache_warnings(report) == [] and report["warnings"] == []
     assert results(reports[0]) == results(reports[1])
-    assert len(keys(root)) == len(programs)
+    assert len(store_keys(root)) == len(programs)
     with Store(root, read_only=True) as store:
         report = store.verify()
     assert report["corrupt"] == [] and report["problems"] == 0, report
@@ -483,7 +428,7 @@ def test_small_programs_are_stored_with_only_the_path_set(tmp_path: Path) -> Non
     default (0) caches every program, and says where the setting came from."""
     root = tmp_path / "cache"
     first = run_jax([{"op": "install", "path": str(root)}, *runs(0, 1), {"op": "thresholds"}])
-    assert len(keys(root)) == 2
+    assert len(store_keys(root)) == 2
     (seen,) = first["thresholds"]
     assert seen["config"] == {MIN_TIME: 0.0, MIN_SIZE: 0}
     assert seen["in_force"] == {
@@ -506,7 +451,7 @@ def test_store_variables_set_the_thresholds(tmp_path: Path) -> None:
     assert seen["config"] == {MIN_TIME: 600.0, MIN_SIZE: 1024}
     assert seen["in_force"][MIN_TIME]["source"] == "xla_pcache's XLA_PCACHE_MIN_COMPILE_TIME"
     assert seen["in_force"][MIN_SIZE]["source"] == "xla_pcache's XLA_PCACHE_MIN_ENTRY_SIZE"
-    assert keys(root) == set()
+    assert store_keys(root) == set()
 
 
 def test_a_users_own_jax_setting_wins(tmp_path: Path) -> None:
@@ -524,7 +469,7 @@ def test_a_users_own_jax_setting_wins(tmp_path: Path) -> None:
         "JAX's variable JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
     )
     assert seen["in_force"][MIN_SIZE]["source"] == "xla_pcache's default"
-    assert keys(root) == set()
+    assert store_keys(root) == set()
 
     by_config = run_jax(
         [
@@ -542,7 +487,7 @@ def test_a_users_own_jax_setting_wins(tmp_path: Path) -> None:
     seen, after = by_config["thresholds"]
     assert seen["config"] == {MIN_TIME: 600.0, MIN_SIZE: 10}
     assert {v["source"] for v in seen["in_force"].values()} == {"jax.config.update by the program"}
-    assert len(keys(root)) == 1  # program 1, after the user lowered the threshold
+    assert len(store_keys(root)) == 1  # program 1, after the user lowered the threshold
     assert after["config"] == {MIN_TIME: 0.0, MIN_SIZE: 10}  # the user's, not restored
 
     restored = run_jax(

@@ -12,9 +12,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import struct
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,8 @@ import xxhash
 from xla_pcache import Store
 from xla_pcache.config import Settings
 
-from tests.helpers import clean_env, cli, keygen
+from tests.helpers import cli, keygen
+from tests.jax.helpers import scratch_programs, value_and_hits
 
 pytestmark = [
     pytest.mark.jax,
@@ -36,62 +34,11 @@ pytestmark = [
     ),
 ]
 
-# Knows nothing of xla_pcache: prints its value and JAX's own persistent-cache hit count.
-PROGRAM = textwrap.dedent(
-    """
-    import sys
-    import numpy as np
-    import jax, jax.numpy as jnp
-    from jax._src import monitoring
-    hits = []
-    monitoring.register_event_listener(
-        lambda event, **kw: hits.append(event)
-        if event == "/jax/compilation_cache/cache_hits" else None)
-    f = {"sin": lambda x: jnp.sin(x).sum() * 3, "cos": lambda x: jnp.cos(x).sum() * 5}
-    # A numpy argument: the jitted function is the only program compiled.
-    value = float(jax.jit(f[sys.argv[1]])(np.arange(8.0, dtype=np.float32)))
-    print(value, len(hits))
-    """
-)
-
-
-def run(program: str, **env: str) -> tuple[float, int]:
-    full = clean_env(
-        ("JAX_",), JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **env
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", PROGRAM, program],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    value, hits = proc.stdout.split()
-    return float(value), int(hits)
-
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
     d = tmp_path_factory.mktemp("keys")
     return {n: keygen(d, n) for n in ("ci-1", "ci-2", "mallory-1")}
-
-
-def scratch_programs(factory: pytest.TempPathFactory) -> dict[str, tuple[str, bytes, float]]:
-    """Each program's cache key, executable entry (payload) and true value, from an
-    unsigned scratch cache."""
-    out = {}
-    for name in ("sin", "cos"):
-        scratch = factory.mktemp(name)
-        value, _ = run(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
-        with Store(scratch, settings=Settings()) as s:
-            (entry,) = s.entries()
-            blob = s.get(entry["key"])
-            assert blob is not None
-            out[name] = (str(entry["key"]), bytes(blob), value)
-    assert out["sin"][2] != out["cos"][2]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -132,16 +79,16 @@ def test_a_squatted_key_is_never_loaded_and_still_served_from_the_trusted_writer
     trusting = {**path, "XLA_PCACHE_TRUSTED_KEYS": keys["ci-1"][1]}
 
     # The attack is real: a reader that trusts every writer runs the planted program.
-    assert run("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (cos_value, 1)
+    assert value_and_hits("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (cos_value, 1)
     # A trusting worker never loads it: a miss, counted, and the right value.
-    assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 0)
+    assert value_and_hits("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 0)
     # CI, holding the signing key, compiles and publishes beside the squatter's entry (its
     # miss is counted `untrusted` in the journal: read-only processes write no counters).
     ci = {**trusting, "XLA_PCACHE_SIGNING_KEY": keys["ci-1"][0]}
-    assert run("sin", **ci) == (sin_value, 0)
+    assert value_and_hits("sin", **ci) == (sin_value, 0)
     assert untrusted_count(cache) >= 1
     # Read-only trusting workers now hit, on CI's entry.
-    assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
+    assert value_and_hits("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
     # The operator's view: the squatter's entry is listed, then removed.
     listed = cli("verify", "--trusted", **trusting)
     assert listed.returncode == 1
@@ -149,10 +96,10 @@ def test_a_squatted_key_is_never_loaded_and_still_served_from_the_trusted_writer
     assert why in listed.stdout
     pruned = cli("prune", "--untrusted", **trusting)
     assert pruned.returncode == 0 and "removed 1 untrusted entries" in pruned.stdout
-    assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
+    assert value_and_hits("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
     # The poison is gone for everyone: an untrusting reader, which sees only the plain
     # file, now misses instead of running it.
-    assert run("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 0)
+    assert value_and_hits("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 0)
 
 
 def test_an_untrusted_writers_entries_are_never_loaded(
@@ -161,17 +108,20 @@ def test_an_untrusted_writers_entries_are_never_loaded(
     cache = tmp_path / "cache"
     path = {"XLA_PERSISTENT_CACHE_PATH": str(cache)}
     mallory = {**path, "XLA_PCACHE_SIGNING_KEY": keys["mallory-1"][0]}
-    assert run("sin", **mallory) == (programs["sin"][2], 0)
-    assert run("sin", **mallory) == (programs["sin"][2], 1)  # its own entry, untrusted reads
+    assert value_and_hits("sin", **mallory) == (programs["sin"][2], 0)
+    assert value_and_hits("sin", **mallory) == (
+        programs["sin"][2],
+        1,
+    )  # its own entry, untrusted reads
     trusting = {**path, "XLA_PCACHE_TRUSTED_KEYS": keys["ci-1"][1]}
     before = untrusted_count(cache)
     for _ in range(2):
-        assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (
+        assert value_and_hits("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (
             programs["sin"][2],
             0,
         )
     assert untrusted_count(cache) == before  # read-only: counted in-process, not journaled
-    assert run("sin", **trusting) == (programs["sin"][2], 0)
+    assert value_and_hits("sin", **trusting) == (programs["sin"][2], 0)
     assert untrusted_count(cache) > before
 
 
@@ -180,21 +130,21 @@ def test_rotation_two_trusted_keys_then_one_revoked(
 ) -> None:
     cache = tmp_path / "cache"
     path = {"XLA_PERSISTENT_CACHE_PATH": str(cache)}
-    run("sin", **path, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])
-    run("cos", **path, XLA_PCACHE_SIGNING_KEY=keys["ci-2"][0])
+    value_and_hits("sin", **path, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])
+    value_and_hits("cos", **path, XLA_PCACHE_SIGNING_KEY=keys["ci-2"][0])
     both = {**path, "XLA_PCACHE_TRUSTED_KEYS": f"{keys['ci-1'][1]},{keys['ci-2'][1]}"}
     ro = {"XLA_PERSISTENT_CACHE_READ_ONLY": "1"}
-    assert run("sin", **both, **ro) == (programs["sin"][2], 1)
-    assert run("cos", **both, **ro) == (programs["cos"][2], 1)
+    assert value_and_hits("sin", **both, **ro) == (programs["sin"][2], 1)
+    assert value_and_hits("cos", **both, **ro) == (programs["cos"][2], 1)
     # ci-1 revoked: its entries are misses; ci-2's still hit. The key set from a file.
     trusted_file = tmp_path / "trusted"
     trusted_file.write_text(f"# ci-1 revoked\n{keys['ci-2'][1]}\n")
     revoked = {**path, "XLA_PCACHE_TRUSTED_KEYS": f"@{trusted_file}"}
-    assert run("sin", **revoked, **ro) == (programs["sin"][2], 0)
-    assert run("cos", **revoked, **ro) == (programs["cos"][2], 1)
+    assert value_and_hits("sin", **revoked, **ro) == (programs["sin"][2], 0)
+    assert value_and_hits("cos", **revoked, **ro) == (programs["cos"][2], 1)
     # CI re-signs with ci-2: published beside ci-1's entry, and served.
-    run("sin", **revoked, XLA_PCACHE_SIGNING_KEY=keys["ci-2"][0])
-    assert run("sin", **revoked, **ro) == (programs["sin"][2], 1)
+    value_and_hits("sin", **revoked, XLA_PCACHE_SIGNING_KEY=keys["ci-2"][0])
+    assert value_and_hits("sin", **revoked, **ro) == (programs["sin"][2], 1)
 
 
 def _resigned_file(entry: bytes, payload: bytes) -> bytes:
@@ -215,7 +165,7 @@ def test_a_signature_copied_onto_other_bytes_is_refused(
     cache = tmp_path / "cache"
     path = {"XLA_PERSISTENT_CACHE_PATH": str(cache)}
     sin_key, _, sin_value = programs["sin"]
-    run("sin", **path, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])
+    value_and_hits("sin", **path, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])
     with Store(cache, settings=Settings()) as s:
         (entry,) = s.entries()
         assert entry["signer"] == "ci-1"
@@ -224,20 +174,23 @@ def test_a_signature_copied_onto_other_bytes_is_refused(
     f.chmod(0o644)
     f.write_bytes(forged)
     # The xxh3 layer alone is fooled: an untrusting reader runs the other program.
-    assert run("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (programs["cos"][2], 1)
+    assert value_and_hits("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (
+        programs["cos"][2],
+        1,
+    )
     trusting = {**path, "XLA_PCACHE_TRUSTED_KEYS": keys["ci-1"][1]}
-    assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 0)
+    assert value_and_hits("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 0)
     # A writable trusting reader refuses it too (as untrusted when the signature no longer
     # verifies over the new length, as corrupt when the payload no longer hashes to the
     # signed digest) and is served what it compiles and signs.
-    assert run("sin", **trusting, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])[0] == sin_value
-    assert run("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
+    assert value_and_hits("sin", **trusting, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])[0] == sin_value
+    assert value_and_hits("sin", **trusting, XLA_PERSISTENT_CACHE_READ_ONLY="1") == (sin_value, 1)
     # What a trusting reader would not serve is what `prune --untrusted` removes: then an
     # untrusting reader no longer meets the forgery either.
     env = {"XLA_PCACHE_TRUSTED_KEYS": keys["ci-1"][1]}
     with Store(cache, settings=Settings.from_env(env)) as s:
         s.untrusted_entries(remove=True)
-    assert run("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1")[0] == sin_value
+    assert value_and_hits("sin", **path, XLA_PERSISTENT_CACHE_READ_ONLY="1")[0] == sin_value
     # The trusted writer's entry stays, for the readers that trust it.
     with Store(cache, settings=Settings.from_env(env), read_only=True) as s:
         assert sin_key in s

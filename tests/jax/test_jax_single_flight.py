@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from xla_pcache import Store
 
-from .test_jax import _finish, _start, hits, open_barrier, results, run_jax, runs
+from tests.jax.helpers import finish_jax, hits, open_barrier, results, run_jax, runs, start_jax
 
 pytestmark = [
     pytest.mark.jax,
@@ -67,10 +67,10 @@ def test_a_program_jax_does_not_put_is_released_when_its_compile_returns(
         ]
 
     ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
-    procs = [_start(steps(r)) for r in ready]
+    procs = [start_jax(steps(r)) for r in ready]
     open_barrier(procs, ready, go)
     # A waiter stuck until its 600 s compile wait ran out would fail this timeout.
-    reports = [_finish(p, timeout=240) for p in procs]
+    reports = [finish_jax(p, timeout=240) for p in procs]
     for report in reports:
         assert hits(report) == [0]
         (claims,) = report["claims"]

@@ -12,16 +12,13 @@ missing one fails the test.
 from __future__ import annotations
 
 import importlib.metadata
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from xla_pcache import Store
 
-from tests.helpers import clean_env
+from tests.helpers import clean_env, run_worker
 
 pytestmark = [pytest.mark.jax, pytest.mark.timeout(900)]
 
@@ -30,17 +27,9 @@ PROGRAM = Path(__file__).with_name("real_programs.py")
 
 def run_program(cache: Path) -> dict[str, Any]:
     env = clean_env(("JAX_", "XLA_"), XLA_PERSISTENT_CACHE_PATH=str(cache))
-    proc = subprocess.run(
-        [sys.executable, str(PROGRAM)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "xla_pcache" not in proc.stderr, proc.stderr[-4000:]  # no warning of ours
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_worker(str(PROGRAM), env=env)
+    stderr = report.pop("stderr")
+    assert "xla_pcache" not in stderr, stderr[-4000:]  # no warning of ours
     return report
 
 

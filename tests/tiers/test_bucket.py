@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,8 @@ from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers import upkeep
 
-from tests.jax.test_jax import WORKER, _env, _finish, hits, open_barrier, results, runs
-from tests.tiers.conftest import S3Server, bucket_client, fresh_prefix
+from tests.jax.helpers import finish_jax, hits, open_barrier, results, runs, start_jax
+from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
 
 
 def _objects(server: S3Server, prefix: str) -> dict[str, tuple[int, str | None]]:
@@ -55,18 +54,11 @@ def start(steps: list[dict[str, Any]], env: dict[str, str], home: Path) -> subpr
     host-local store under ``home``."""
     work = home / "work"
     work.mkdir(parents=True)
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps({"steps": steps})],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=work,
-        env=_env({**env, "XDG_CACHE_HOME": str(home)}),
-    )
+    return start_jax(steps, {**env, "XDG_CACHE_HOME": str(home)}, cwd=work)
 
 
 def host(steps: list[dict[str, Any]], env: dict[str, str], home: Path) -> dict[str, Any]:
-    report = _finish(start(steps, env, home))
+    report = finish_jax(start(steps, env, home))
     assert list((home / "work").iterdir()) == [], "a host left files in its working directory"
     return report
 
@@ -149,7 +141,7 @@ def four(fleet: dict[str, Any], cold: dict[str, Any]) -> list[dict[str, Any]]:
         for i in range(4)
     ]
     open_barrier(procs, ready, go)
-    reports = [_finish(p) for p in procs]
+    reports = [finish_jax(p) for p in procs]
     for i in range(4):
         assert list((tmp / f"d{i}" / "work").iterdir()) == []
     return reports
@@ -374,19 +366,17 @@ def test_a_write_at_interpreter_exit_is_made_not_dropped(tmp_path: Path, s3: S3S
 
 @pytest.mark.torch_xla
 def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server: S3Server) -> None:
-    from tests.torch_xla.test_torch_xla_hits import PROGRAM, cold, served
+    from tests.helpers import clean_env, run_worker
+    from tests.torch_xla.helpers import PROGRAM, cold, served
 
     url = s3_server.url(fresh_prefix())
 
     def run(spec: dict[str, Any], env: dict[str, str], name: str) -> dict[str, Any]:
         home = tmp_path / name
         (home / "work").mkdir(parents=True)
-        from tests.helpers import clean_env
-
-        proc = subprocess.run(
-            [sys.executable, str(PROGRAM), json.dumps(spec)],
-            capture_output=True,
-            text=True,
+        report = run_worker(
+            str(PROGRAM),
+            json.dumps(spec),
             cwd=home / "work",
             env=clean_env(
                 ("XLA_", "PJRT_", "JAX_"),
@@ -396,13 +386,9 @@ def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server
                 **s3_server.env(),
                 **env,
             ),
-            timeout=600,
-            check=False,
         )
-        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+        assert "Traceback" not in report["stderr"], report["stderr"][-4000:]
         assert list((home / "work").iterdir()) == []
-        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        report["stderr"] = proc.stderr
         return report
 
     first = run({"graphs": ["add"]}, {"XLA_PERSISTENT_CACHE_PATH": url}, "a")

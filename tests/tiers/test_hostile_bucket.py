@@ -16,7 +16,8 @@ from xla_pcache._names import EntryName
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.tiers.conftest import (
+from tests.helpers import run_worker
+from tests.tiers.servers import (
     RedisServer,
     S3Server,
     bucket_client,
@@ -83,19 +84,8 @@ print(json.dumps({"got": got, "grew_kib": grew, "stats": stats, "warnings": warn
 
 
 def _read(root: Path, url: str, budget: str, *keys: str) -> dict[str, Any]:
-    import json
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [sys.executable, "-c", _READER, str(root), url, budget, *keys],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_worker("-c", _READER, str(root), url, budget, *keys, timeout=300)
+    assert "Traceback" not in out.pop("stderr")
     return out
 
 

@@ -23,8 +23,8 @@ from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
 from tests.helpers import cli_out
-from tests.jax.test_jax import _finish, _start, hits, open_barrier, results, run_jax, runs
-from tests.tiers.conftest import (
+from tests.jax.helpers import finish_jax, hits, open_barrier, results, run_jax, runs, start_jax
+from tests.tiers.servers import (
     S3_BUCKET,
     S3_SECRET_KEY,
     RedisServer,
@@ -393,7 +393,7 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     go = tmp_path / "go"
     ready = [tmp_path / f"ready-{i}" for i in range(6)]
     procs = [
-        _start(_single_flight_steps(tmp_path / ("a" if i < 3 else "b"), ready[i], go), env)
+        start_jax(_single_flight_steps(tmp_path / ("a" if i < 3 else "b"), ready[i], go), env)
         for i in range(6)
     ]
     open_barrier(procs, ready, go)
@@ -403,7 +403,7 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     _until_marked(hooks, "bucket-claimed", procs, 1)
     _until_marked(hooks, "bucket-claim-wait", procs, 1)
     (hooks / "bucket-claimed.go").touch()
-    reports = [_finish(p, timeout=300) for p in procs]
+    reports = [finish_jax(p, timeout=300) for p in procs]
     got = [hits(r)[0] for r in reports]
     assert sorted(got) == [0, 1, 1, 1, 1, 1], got
     assert len({str(results(r)[5]) for r in reports}) == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from xla_pcache import Store
 from xla_pcache._core import generate_signing_key, signing_public_key
 
-from tests.tiers.conftest import RedisServer
+from tests.tiers.servers import RedisServer
 
 CI = ("ci-1", generate_signing_key())
 MALLORY = ("mallory-1", generate_signing_key())

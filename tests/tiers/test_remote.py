@@ -11,8 +11,8 @@ from xla_pcache import Store, entry_name
 from xla_pcache.tiers.base import redact
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.jax.test_jax import hits, results, run_jax, runs
-from tests.tiers.conftest import RedisServer, start_redis
+from tests.jax.helpers import hits, results, run_jax, runs
+from tests.tiers.servers import RedisServer, start_redis
 
 
 def _store(path: Path, server: RedisServer, **kw: object) -> Store:

@@ -18,8 +18,8 @@ from xla_pcache.tiers.objstore import ENTRY_DIR
 from xla_pcache.tiers.redis import KEY_PREFIX
 
 from tests.helpers import keygen
-from tests.jax.test_jax_signing import run, scratch_programs
-from tests.tiers.conftest import (
+from tests.jax.helpers import scratch_programs, value_and_hits
+from tests.tiers.servers import (
     S3_BUCKET,
     S3_SECRET_KEY,
     RedisServer,
@@ -244,17 +244,17 @@ def test_jax_a_squatted_or_tampered_bucket_entry_is_never_loaded(
         return {"XLA_PERSISTENT_CACHE_PATH": str(tmp_path / name), **bucket, **env}
 
     # The attack is real: a host that trusts every writer runs the planted program.
-    assert run("sin", **host("naive")) == (cos_value, 1)
+    assert value_and_hits("sin", **host("naive")) == (cos_value, 1)
     # CI: the bucket's plain object is the squatter's (refused); it compiles and publishes.
     ci = host("ci", XLA_PCACHE_TRUSTED_KEYS=trusted, XLA_PCACHE_SIGNING_KEY=key_file)
-    assert run("sin", **ci) == (sin_value, 0)
+    assert value_and_hits("sin", **ci) == (sin_value, 0)
     # A trusting worker on a fresh host hits, on CI's entry from the bucket.
     worker = {"XLA_PCACHE_TRUSTED_KEYS": trusted}
-    assert run("sin", **host("w1", **worker)) == (sin_value, 1)
+    assert value_and_hits("sin", **host("w1", **worker)) == (sin_value, 1)
 
     # The bytes of CI's objects flipped in the bucket: refused, recompiled, never loaded.
     for name in (entry_name(sin_key), signed_entry_name(sin_key, "ci-1")):
         good = _s3_object(s3, prefix, name)
         if b"xla_pcache.sig.signer" in good:
             _s3_replace(s3, prefix, name, good[:-1] + bytes([good[-1] ^ 0xFF]))
-    assert run("sin", **host("w2", **worker)) == (sin_value, 0)
+    assert value_and_hits("sin", **host("w2", **worker)) == (sin_value, 0)

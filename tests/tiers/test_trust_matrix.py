@@ -28,7 +28,7 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.tiers.conftest import (
+from tests.tiers.servers import (
     RedisServer,
     S3Server,
     bucket_client,

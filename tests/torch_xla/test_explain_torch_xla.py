@@ -11,8 +11,7 @@ import pytest
 from xla_pcache import Store
 
 from tests.helpers import explain_json
-
-from .test_torch_xla import run
+from tests.torch_xla.helpers import run_torch_xla
 
 pytestmark = [
     pytest.mark.torch_xla,
@@ -27,8 +26,8 @@ def test_a_flag_change_is_explained_at_the_environment_level(tmp_path: Path) -> 
     spec = {"install": {"path": str(store), "local_dir": str(tmp_path / "host")}}
     flags_a = "--xla_cpu_enable_fast_math=true"
     flags_b = "--xla_cpu_enable_fast_math=false"
-    first = run({**spec, "graphs": ["add"]}, {"XLA_FLAGS": flags_a})
-    second = run({**spec, "graphs": ["add"]}, {"XLA_FLAGS": flags_b})
+    first = run_torch_xla({**spec, "graphs": ["add"]}, {"XLA_FLAGS": flags_a})
+    second = run_torch_xla({**spec, "graphs": ["add"]}, {"XLA_FLAGS": flags_b})
     assert first["counters"]["PersistentCacheMiss"] == 1
     assert second["counters"]["PersistentCacheMiss"] == 1
     with Store(store, read_only=True) as s:

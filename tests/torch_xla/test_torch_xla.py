@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -23,46 +22,12 @@ import pytest
 from xla_pcache import Store
 from xla_pcache.torch_xla._sync import HostMirror, is_torch_xla_name, store_key
 
-from tests.helpers import clean_env
+from tests.helpers import finish_worker
+from tests.torch_xla.helpers import loads, run_torch_xla, start_torch_xla, worker_env
 
-WORKER = Path(__file__).with_name("torch_xla_worker.py")
 VERSION = importlib.metadata.version("torch_xla")
-# Measured (docs/torch_xla.md, "Versions"): the CPU client loads entries back up to 2.7, not
-# from 2.8; each outcome below is the one this version must give.
-LOADS = tuple(int(p) for p in VERSION.split("+")[0].split(".")[:2]) < (2, 8)
-
-
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = clean_env(("XLA_", "PJRT_"))
-    # The worker imports torch_xla before its explicit install(...) with test-specific
-    # arguments; zero-code activation would set the cache up first at the import (see
-    # docs/torch_xla.md), so it is off here: these tests are about install() itself.
-    env.update({"PJRT_DEVICE": "CPU", "TF_CPP_MIN_LOG_LEVEL": "1", "XLA_PCACHE_DISABLE": "1"})
-    env.update(extra or {})
-    return env
-
-
-def _start(spec: dict[str, Any], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(env),
-    )
-
-
-def _finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{err[-4000:]}"
-    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    report["stderr"] = err
-    assert report["errors"] == [], "\n".join(report["errors"])
-    return report
-
-
-def run(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    return _finish(_start(spec, env))
+# Each outcome below is the one this version must give.
+LOADS = loads()
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -96,7 +61,7 @@ def test_torch_xla_is_installed() -> None:
 
 def test_import_does_not_import_torch() -> None:
     code = "import sys, xla_pcache, xla_pcache.torch_xla; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, env=_env())
+    subprocess.run([sys.executable, "-c", code], check=True, env=worker_env())
 
 
 # -- real torch_xla ------------------------------------------------------------------------
@@ -107,7 +72,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run 1 on host A, run 2 on a cold host B (its own local dir), same small graph."""
     tmp = tmp_path_factory.mktemp("runs")
     store = tmp / "store"
-    first = run(
+    first = run_torch_xla(
         {"install": {"path": str(store), "local_dir": str(tmp / "hostA")}, "graphs": ["add"]}
     )
     # Through the variables, as a user who already sets torch_xla's would.
@@ -115,7 +80,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "XLA_PERSISTENT_CACHE_PATH": str(store),
         "XLA_PCACHE_TORCH_XLA_LOCAL_DIR": str(tmp / "hostB"),
     }
-    second = run({"install": {}, "graphs": ["add"]}, env)
+    second = run_torch_xla({"install": {}, "graphs": ["add"]}, env)
     return {"tmp": tmp, "store": store, "first": first, "second": second}
 
 
@@ -189,7 +154,7 @@ def test_read_only_serves_hits_and_publishes_nothing(two_runs: dict[str, Any]) -
     env = {"XLA_PERSISTENT_CACHE_PATH": str(store), "XLA_PERSISTENT_CACHE_READ_ONLY": "1"}
     # Host A again (warm): its pool got run 1's file when it was published. The MLP's
     # graphs are new and must not be published.
-    report = run(
+    report = run_torch_xla(
         {"install": {"local_dir": str(two_runs["tmp"] / "hostA")}, "graphs": ["add", "mlp"]}, env
     )
     assert report["view_before"] == two_runs["first"]["view_after"]
@@ -208,7 +173,7 @@ def test_read_only_serves_hits_and_publishes_nothing(two_runs: dict[str, Any]) -
 @pytest.mark.torch_xla
 def test_late_install_is_refused(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    report = run({"before": ["add"], "install": {"path": str(store)}, "graphs": ["add"]})
+    report = run_torch_xla({"before": ["add"], "install": {"path": str(store)}, "graphs": ["add"]})
     assert "too late" in report["install_error"]
     assert not store.exists() or torch_xla_entries(Store(store, read_only=True)) == {}
 
@@ -221,7 +186,9 @@ def test_two_processes_at_once_store_one_intact_entry(tmp_path: Path) -> None:
         "graphs": ["add"],
         "barrier": [str(tmp_path / "barrier"), 2],
     }
-    reports = [_finish(p) for p in [_start(spec), _start(spec)]]
+    reports = [
+        finish_worker(p, timeout=300) for p in [start_torch_xla(spec), start_torch_xla(spec)]
+    ]
     published = sum(r["sync"]["published"] for r in reports)
     assert published == 1
     assert sum(r["sync"]["already_stored"] for r in reports) == 1
@@ -240,7 +207,7 @@ def test_two_processes_at_once_store_one_intact_entry(tmp_path: Path) -> None:
 
 @pytest.mark.torch_xla
 def test_mlp_publishes_every_graph_and_the_budget_holds(tmp_path: Path) -> None:
-    full = run(
+    full = run_torch_xla(
         {
             "install": {"path": str(tmp_path / "full"), "local_dir": str(tmp_path / "h1")},
             "graphs": ["mlp"],
@@ -255,7 +222,7 @@ def test_mlp_publishes_every_graph_and_the_budget_holds(tmp_path: Path) -> None:
     # Room for about half of them: every graph still goes in, the oldest get evicted.
     budget = max(total // 2, sizes[-1] * 2)
     assert budget < total
-    small = run(
+    small = run_torch_xla(
         {
             "install": {
                 "path": str(tmp_path / "small"),

@@ -12,8 +12,6 @@ import importlib.util
 import json
 import os
 import site
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 from xla_pcache import Store
 from xla_pcache.torch_xla._sync import is_torch_xla_name
 
-from tests.helpers import clean_env, cli
+from tests.helpers import clean_env, cli, run_worker
 
 pytestmark = [
     pytest.mark.skipif(
@@ -59,16 +57,8 @@ def run_program(tmp: Path, env: dict[str, str], code: str = PROGRAM) -> tuple[di
         XLA_PCACHE_TORCH_XLA_LOCAL_DIR=str(tmp / "host-local"),
         **env,
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=base,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    report = run_worker("-c", code, env=base, timeout=300)
+    return report, report.pop("stderr")
 
 
 def torch_xla_files(root: Path) -> list[Path]:

@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 from xla_pcache import Store
 
-from tests.helpers import clean_env
+from tests.torch_xla.helpers import PROGRAM, loads, program_env, run_program
 
-PROGRAM = Path(__file__).with_name("torch_xla_program.py")
 GRAPHS = ["add", "square"]
 
 pytestmark = [
@@ -41,40 +40,29 @@ pytestmark = [
 ]
 
 
-def loads() -> bool:
-    # Measured (docs/torch_xla.md, "Versions"): the CPU client loads up to 2.7, not from 2.8.
-    version = importlib.metadata.version("torch_xla")
-    return tuple(int(p) for p in version.split("+")[0].split(".")[:2]) < (2, 8)
+def _settings(store: Path, on_miss: str | None) -> dict[str, str]:
+    env = {"XLA_PERSISTENT_CACHE_PATH": str(store)}
+    if on_miss is not None:
+        env["XLA_PCACHE_ON_MISS"] = on_miss
+    return env
 
 
 def start(
     tmp: Path, store: Path, host: str, on_miss: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = clean_env(("XLA_", "PJRT_", "JAX_"))
-    env.update(
-        PJRT_DEVICE="CPU",
-        TF_CPP_MIN_LOG_LEVEL="1",
-        XLA_PERSISTENT_CACHE_PATH=str(store),
-        XLA_PCACHE_TORCH_XLA_LOCAL_DIR=str(tmp / host),
-    )
-    if on_miss is not None:
-        env["XLA_PCACHE_ON_MISS"] = on_miss
+    """The program, its outcome whatever it is (a miss may be an error)."""
     return subprocess.run(
         [sys.executable, str(PROGRAM), json.dumps({"graphs": GRAPHS})],
         capture_output=True,
         text=True,
-        env=env,
+        env=program_env(tmp, host, **_settings(store, on_miss)),
         timeout=600,
         check=False,
     )
 
 
 def run(tmp: Path, store: Path, host: str, on_miss: str | None = None) -> dict[str, Any]:
-    proc = start(tmp, store, host, on_miss)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["stderr"] = proc.stderr
-    return report
+    return run_program(tmp, {"graphs": GRAPHS}, _settings(store, on_miss), host)
 
 
 def store_stats(store: Path) -> dict[str, Any]:

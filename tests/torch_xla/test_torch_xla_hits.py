@@ -16,10 +16,7 @@ through module-scoped fixtures: each costs seconds of torch_xla start-up.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
-import site
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,90 +24,18 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.torch_xla import CANNOT_LOAD_ISSUE
 from xla_pcache.torch_xla._sync import is_torch_xla_name
 
-from tests.helpers import clean_env
+from tests.torch_xla.helpers import NEEDS_THE_HOOK, cold, entries, loads, run_program, served
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 
 import testbed
 
-PROGRAM = Path(__file__).with_name("torch_xla_program.py")
 VERSION = importlib.metadata.version("torch_xla")
-# Measured (docs/torch_xla.md, "Versions"): the CPU client loads up to 2.7, not from 2.8.
-LOADS = tuple(int(p) for p in VERSION.split("+")[0].split(".")[:2]) < (2, 8)
+LOADS = loads()
 
-pytestmark = [
-    pytest.mark.torch_xla,
-    pytest.mark.skipif(
-        not any(
-            os.path.isfile(os.path.join(d, "xla_pcache_autoload.pth"))
-            for d in [*site.getsitepackages(), site.getusersitepackages()]
-        ),
-        reason="xla_pcache is not installed (no xla_pcache_autoload.pth): pip install -e .",
-    ),
-]
-
-
-def run(
-    tmp: Path, spec: dict[str, Any], env: dict[str, str] | None = None, host: str = "host-a"
-) -> dict[str, Any]:
-    """One fresh process; ``host`` names its host-local directory (an empty one is a
-    cold host)."""
-    base = clean_env(("XLA_", "PJRT_", "JAX_"))
-    base.update(
-        PJRT_DEVICE="CPU",
-        TF_CPP_MIN_LOG_LEVEL="1",
-        XLA_PCACHE_TORCH_XLA_LOCAL_DIR=str(tmp / host),
-        **(env or {}),
-    )
-    proc = subprocess.run(
-        [sys.executable, str(PROGRAM), json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=base,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["stderr"] = proc.stderr
-    return report
-
-
-def cold(report: dict[str, Any], graphs: int = 1) -> None:
-    c = report["counters"]
-    assert (c["PersistentCacheMiss"], c["PersistentCacheHit"]) == (graphs, 0), c
-
-
-def served(report: dict[str, Any], graphs: int = 1) -> None:
-    """Every graph found in the cache: loaded where torch_xla can, else the diagnosed
-    cannot-load outcome (found, failed to load, counted, told once)."""
-    c = report["counters"]
-    assert c["PersistentCacheMiss"] == 0, c
-    if LOADS:
-        assert c["PersistentCacheHit"] == graphs, c
-        assert c["PersistentCacheDeserializeFailure"] == 0, c
-    else:
-        assert c["PersistentCacheHit"] == 0, c
-        assert c["PersistentCacheDeserializeFailure"] == graphs, c
-        if "stderr" in report:
-            assert report["stderr"].count("cannot load them back") == 1, report["stderr"]
-            assert CANNOT_LOAD_ISSUE in report["stderr"]
-
-
-def entries(path: Path) -> dict[str, dict[str, Any]]:
-    """torch_xla entries of the store at ``path``: torch_xla name -> entry."""
-    with Store(str(path), read_only=True) as store:
-        out = {}
-        for e in store.entries():
-            key = e["key"]
-            if isinstance(key, str) and key.startswith("torch_xla/"):
-                out[key.removeprefix("torch_xla/")] = e
-        assert store.verify()["problems"] == 0
-        return out
+pytestmark = NEEDS_THE_HOOK
 
 
 def no_files_in_place(path: Path) -> None:
@@ -131,8 +56,8 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("hits")
     store = tmp / "store"
     env = {"XLA_PERSISTENT_CACHE_PATH": str(store)}
-    first = run(tmp, {"graphs": ["add"]}, env)
-    second = run(tmp, {"graphs": ["add"]}, env)
+    first = run_program(tmp, {"graphs": ["add"]}, env)
+    second = run_program(tmp, {"graphs": ["add"]}, env)
     return {"tmp": tmp, "store": store, "first": first, "second": second}
 
 
@@ -162,14 +87,14 @@ def test_initialize_cache_alone_and_with_the_environment(warm: dict[str, Any]) -
     tmp, warm_store = warm["tmp"], warm["store"]
     chosen = tmp / "chosen"
     # torch_xla's own API, no variable set: the directory becomes a store.
-    first = run(tmp, {"init": [str(chosen), False]})
-    second = run(tmp, {"init": [str(chosen), False]})
+    first = run_program(tmp, {"init": [str(chosen), False]})
+    second = run_program(tmp, {"init": [str(chosen), False]})
     cold(first)
     served(second)
     assert set(entries(chosen)) == set(entries(warm_store))  # the same graph, the same name
     no_files_in_place(chosen)
     # Both naming the same store: no assertion from torch_xla, a hit.
-    both = run(
+    both = run_program(
         tmp,
         {
             "init": [str(warm_store), False],
@@ -185,7 +110,7 @@ def test_initialize_cache_alone_and_with_the_environment(warm: dict[str, Any]) -
     # store of the environment would have served a hit, the call's new one cannot.
     other = tmp / "other"
     before = tree(warm_store)
-    wins = run(
+    wins = run_program(
         tmp,
         {"init": [str(other), False], "info": True},
         {"XLA_PERSISTENT_CACHE_PATH": str(warm_store)},
@@ -203,7 +128,7 @@ def test_a_read_only_worker_hits_and_writes_nothing(warm: dict[str, Any]) -> Non
     store = warm["store"]
     before = tree(store)
     # A cold host: its copy of the store is made from the store itself.
-    report = run(
+    report = run_program(
         warm["tmp"], {"init": [str(store), True], "graphs": ["add", "square"]}, host="host-ro"
     )
     c = report["counters"]
@@ -218,7 +143,7 @@ def test_a_read_only_worker_hits_and_writes_nothing(warm: dict[str, Any]) -> Non
 def test_spawned_ranks_each_hit(warm: dict[str, Any]) -> None:
     # The parent is activated by the environment; its ranks, fresh interpreters, inherit
     # the path (moved to xla_pcache's own variable) and are activated in turn.
-    report = run(
+    report = run_program(
         warm["tmp"],
         {"ranks": 2, "graphs": ["add"]},
         {"XLA_PERSISTENT_CACHE_PATH": str(warm["store"])},
@@ -241,14 +166,14 @@ def test_an_evicted_graph_recompiles_and_then_hits(warm: dict[str, Any]) -> None
         "XLA_PERSISTENT_CACHE_PATH": str(small),
         "XLA_PERSISTENT_CACHE_MAX_SIZE": str(one + one // 4),
     }
-    first = run(tmp, {"graphs": ["add", "square"]}, env, host="host-small")
+    first = run_program(tmp, {"graphs": ["add", "square"]}, env, host="host-small")
     cold(first, graphs=2)
     (kept,) = entries(small)
     evicted = "square" if kept == add_name else "add"
-    again = run(tmp, {"graphs": [evicted]}, env, host="host-small")
+    again = run_program(tmp, {"graphs": [evicted]}, env, host="host-small")
     cold(again)  # its entry is gone, from the store and from the host's copy
     assert kept not in entries(small)  # it made room in turn
-    last = run(tmp, {"graphs": [evicted]}, env, host="host-small")
+    last = run_program(tmp, {"graphs": [evicted]}, env, host="host-small")
     served(last)
     with Store(str(small), read_only=True) as store:
         stats = store.stats()
@@ -273,10 +198,10 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testbed.TwoHosts
 
 def test_host_b_hits_what_host_a_compiled(hosts: testbed.TwoHosts, tmp_path: Path) -> None:
     export, host_a, host_b = hosts
-    a = run(tmp_path, {"graphs": ["add"]}, {"XLA_PERSISTENT_CACHE_PATH": str(host_a / "c")})
+    a = run_program(tmp_path, {"graphs": ["add"]}, {"XLA_PERSISTENT_CACHE_PATH": str(host_a / "c")})
     cold(a)
     assert not (tmp_path / "host-b").exists()  # host B's local copy starts empty
-    b = run(
+    b = run_program(
         tmp_path,
         {"graphs": ["add"]},
         {"XLA_PERSISTENT_CACHE_PATH": str(host_b / "c")},

@@ -11,9 +11,9 @@ import pytest
 from xla_pcache import Store
 
 from tests.helpers import keygen
-from tests.torch_xla.test_torch_xla_hits import cold, entries, pytestmark, run, served
+from tests.torch_xla.helpers import NEEDS_THE_HOOK, cold, entries, run_program, served
 
-__all__ = ["pytestmark"]
+pytestmark = NEEDS_THE_HOOK
 
 
 @pytest.mark.torch_xla
@@ -23,13 +23,13 @@ def test_a_signed_entry_is_served_to_a_trusting_read_only_worker(tmp_path: Path)
     store = tmp_path / "store"
     path = {"XLA_PERSISTENT_CACHE_PATH": str(store)}
     ci = {**path, "XLA_PCACHE_SIGNING_KEY": ci_file, "XLA_PCACHE_TRUSTED_KEYS": ci_public}
-    first = run(tmp_path, {"graphs": ["add"]}, ci, host="ci")
+    first = run_program(tmp_path, {"graphs": ["add"]}, ci, host="ci")
     cold(first)
     (entry,) = entries(store).values()
     assert entry["signer"] == "ci-1"
     ro = {"XLA_PERSISTENT_CACHE_READ_ONLY": "1"}
     # A cold host (its pool filled from the store, through trusting gets).
-    worker = run(
+    worker = run_program(
         tmp_path,
         {"graphs": ["add"]},
         {**path, **ro, "XLA_PCACHE_TRUSTED_KEYS": ci_public},
@@ -37,7 +37,7 @@ def test_a_signed_entry_is_served_to_a_trusting_read_only_worker(tmp_path: Path)
     )
     served(worker)
     assert worker["results"] == first["results"]
-    stranger = run(
+    stranger = run_program(
         tmp_path,
         {"graphs": ["add"]},
         {**path, **ro, "XLA_PCACHE_TRUSTED_KEYS": other_public},

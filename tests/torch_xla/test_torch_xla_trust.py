@@ -16,8 +16,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +23,8 @@ import pytest
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
 
-from tests.helpers import clean_env
-from tests.torch_xla.test_torch_xla_hits import pytestmark, run
+from tests.helpers import clean_env, run_worker
+from tests.torch_xla.helpers import NEEDS_THE_HOOK, run_program
 from tests.trust_matrix import (
     PLANTS,
     READERS,
@@ -36,7 +34,7 @@ from tests.trust_matrix import (
     with_payload,
 )
 
-__all__ = ["pytestmark"]
+pytestmark = NEEDS_THE_HOOK
 
 WORKER = Path(__file__).with_name("torch_xla_trust_worker.py")
 
@@ -65,7 +63,7 @@ def test_torch_xla_pool_column(tmp_path: Path) -> None:
         "XLA_PCACHE_SIGNING_KEY": _key_file(tmp_path, keys.ci[0]),
         "XLA_PCACHE_TRUSTED_KEYS": _public(keys.ci[1]),
     }
-    setup = run(tmp_path, {"graphs": ["add"]}, ci_env, host="ci")
+    setup = run_program(tmp_path, {"graphs": ["add"]}, ci_env, host="ci")
     assert setup["results"]["add"] == 376.0
     with Store(compiled, settings=Settings(), read_only=True) as s:
         (add,) = s.entries()
@@ -127,16 +125,7 @@ def test_torch_xla_pool_column(tmp_path: Path) -> None:
         TF_CPP_MIN_LOG_LEVEL="1",
         XLA_PCACHE_TRUSTED_KEYS=_public(keys.ci2[1]),
     )
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_worker(str(WORKER), json.dumps(spec), env=env)
 
     allowed = {
         "ci": {None, _sha(good)},
