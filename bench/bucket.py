@@ -132,7 +132,7 @@ def populate(server: Any, prefix: str, objects: int, hosts: int, uses: int) -> l
     import obstore
     from xla_pcache.tiers import upkeep
 
-    from tests.remote.conftest import bucket_client
+    from tests.tiers.servers import bucket_client
 
     client = bucket_client(server, prefix)
     names = [secrets.token_hex(16) for _ in range(objects)]
@@ -273,7 +273,7 @@ def main() -> int:
 
     from xla_pcache.tiers import upkeep
 
-    from tests.remote.conftest import start_s3
+    from tests.tiers.servers import start_s3
 
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     with tempfile.TemporaryDirectory() as d:

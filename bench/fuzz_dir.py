@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import dirstate_fuzz as dz
+from tests import dirstate_fuzz as dz
 
 
 def main() -> int:

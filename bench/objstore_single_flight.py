@@ -18,8 +18,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.adapters.test_jax import _finish, _start, runs
-from tests.remote.conftest import start_s3
+from tests.jax.helpers import finish_jax, runs, start_jax
+from tests.tiers.servers import start_s3
 
 
 def _steps(cache: Path, layers: int, ready: Path | None, go: Path | None) -> list[dict[str, Any]]:
@@ -41,17 +41,19 @@ def main() -> None:
             go = tmp / "go"
             ready = [tmp / f"ready-{i}" for i in range(6)]
             procs = [
-                _start(_steps(tmp / ("a" if i < 3 else "b"), args.layers, ready[i], go), env)
+                start_jax(_steps(tmp / ("a" if i < 3 else "b"), args.layers, ready[i], go), env)
                 for i in range(6)
             ]
             while not all(r.exists() for r in ready):
                 time.sleep(0.02)
             go.touch()
-            fleet = [_finish(p, timeout=600)["runs"][0] for p in procs]
+            fleet = [finish_jax(p, timeout=600)["runs"][0] for p in procs]
             # The baselines, alone: one compile on an empty bucket, one remote hit.
             env1 = {"XLA_PCACHE_REMOTE": server.url(uuid.uuid4().hex), **server.env()}
-            alone = _finish(_start(_steps(tmp / "c", args.layers, None, None), env1))["runs"][0]
-            hit = _finish(_start(_steps(tmp / "d", args.layers, None, None), env1))["runs"][0]
+            alone = finish_jax(start_jax(_steps(tmp / "c", args.layers, None, None), env1))["runs"][
+                0
+            ]
+            hit = finish_jax(start_jax(_steps(tmp / "d", args.layers, None, None), env1))["runs"][0]
         finally:
             server.stop()
     compiles = sum(1 for r in fleet if r["hit"] == 0)

@@ -5,7 +5,7 @@
                                                                # equinox installed)
     python bench/real_programs_warm_start.py --plot out.json docs/bench_real_programs.png
 
-The programs are ``tests/adapters/real_programs.py`` (flax linen, flax nnx, equinox, each with
+The programs are ``tests/jax/real_programs.py`` (flax linen, flax nnx, equinox, each with
 optax; they know nothing of xla_pcache), each run alone in a fresh process configured by the
 environment only:
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAM = ROOT / "tests" / "adapters" / "real_programs.py"
+PROGRAM = ROOT / "tests" / "jax" / "real_programs.py"
 NAMES = ("linen", "nnx", "equinox")
 CACHES = {
     "xla_pcache": "xla_pcache (path only)",

@@ -113,7 +113,7 @@ def main() -> None:
             import obstore
             from obstore.store import S3Store
 
-            from tests.remote.conftest import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, start_s3
+            from tests.tiers.servers import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, start_s3
 
             server = start_s3(Path(d) / "weed")
             try:

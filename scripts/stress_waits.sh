@@ -22,7 +22,7 @@ if ((${#tests[@]} == 0)); then
     tests/test_claim.py
     "tests/test_eviction.py::test_lease_left_by_killed_process_is_taken_over"
     "tests/test_eviction.py::test_explicit_evict_and_older_than"
-    "tests/remote/test_objstore.py::test_single_flight_across_hosts_sharing_only_the_bucket"
+    "tests/tiers/test_objstore.py::test_single_flight_across_hosts_sharing_only_the_bucket"
     tests/reliability/test_single_flight.py
     "tests/reliability/test_two_hosts.py::test_mounts_behave_as_two_hosts"
     "tests/reliability/test_two_hosts.py::test_lease_of_killed_process_is_taken_over"

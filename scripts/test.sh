@@ -46,18 +46,18 @@ venv=${XLA_PCACHE_VENV:-$HOME/.cache/xla-pcache-venv}
 TORCH_XLA_OLDEST=2.7.0
 TORCH_XLA_NEWEST=2.9.0
 TORCH_XLA_TESTS=(
-  tests/adapters/test_torch_xla.py tests/adapters/test_torch_xla_activation.py
-  tests/adapters/test_torch_xla_hits.py tests/adapters/test_torch_xla_counts.py
-  tests/adapters/test_torch_xla_signing.py tests/adapters/test_explain_torch_xla.py
-  tests/adapters/test_torch_xla_trust.py
-  tests/remote/test_bucket.py::test_torch_xla_serves_a_fresh_host_from_the_bucket
+  tests/torch_xla/test_torch_xla.py tests/torch_xla/test_torch_xla_activation.py
+  tests/torch_xla/test_torch_xla_hits.py tests/torch_xla/test_torch_xla_counts.py
+  tests/torch_xla/test_torch_xla_signing.py tests/torch_xla/test_explain_torch_xla.py
+  tests/torch_xla/test_torch_xla_trust.py
+  tests/tiers/test_bucket.py::test_torch_xla_serves_a_fresh_host_from_the_bucket
 )
 # The files holding only torch_xla tests (the main run leaves them out, and the torch_xla
 # tests of other files by their mark), and the torch_xla tests of the newest version.
 TORCH_XLA_FILES=()
 for t in "${TORCH_XLA_TESTS[@]}"; do [[ $t == *::* ]] || TORCH_XLA_FILES+=("$t"); done
 TORCH_XLA_NEWEST_TESTS=(
-  tests/adapters/test_torch_xla_hits.py tests/adapters/test_torch_xla_activation.py
+  tests/torch_xla/test_torch_xla_hits.py tests/torch_xla/test_torch_xla_activation.py
 )
 # ---- end of the torch_xla versions
 # ---- JAX version range: the oldest JAX we claim and the newest, each in a venv of its own
@@ -208,7 +208,7 @@ export PATH=$venv/bin:$PATH
 # torch_xla tests in the torch_xla venvs.
 # shellcheck disable=SC2086
 "$py" -m pytest -q -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
-  --junitxml="$ledger/junit-main.xml" --ignore=tests/adapters/test_real_programs.py \
+  --junitxml="$ledger/junit-main.xml" --ignore=tests/jax/test_real_programs.py \
   "${TORCH_XLA_FILES[@]/#/--ignore=}" -m "not torch_xla" ${PYTEST_ARGS:-}
 
 # ---- JAX version range
@@ -218,10 +218,10 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
   "$jpy" -m pytest -q -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
     --junitxml="$ledger/junit-jax-$jv.xml" \
-    tests/adapters/test_jax.py tests/adapters/test_jax_single_flight.py \
-    tests/adapters/test_explain_jax.py tests/adapters/test_jax_adopt.py \
-    tests/adapters/test_activation.py tests/adapters/test_real_programs.py \
-    tests/adapters/test_on_miss_jax.py
+    tests/jax/test_jax.py tests/jax/test_jax_single_flight.py \
+    tests/jax/test_explain_jax.py tests/jax/test_adopt.py \
+    tests/jax/test_activation.py tests/jax/test_real_programs.py \
+    tests/jax/test_on_miss_jax.py
   demo_dir=$(mktemp -d)
   "$jpy" -m xla_pcache demo --path "$demo_dir/cache"
   rm -rf "$demo_dir"
@@ -235,11 +235,11 @@ phase "torch_xla $TORCH_XLA_OLDEST"
 "$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -m pytest -q \
   -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
   --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_OLDEST.xml" \
-  "${TORCH_XLA_TESTS[@]}" tests/test_doctor_lines.py
+  "${TORCH_XLA_TESTS[@]}" tests/cli/test_doctor_lines.py
 phase "torch_xla $TORCH_XLA_NEWEST"
 "$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_NEWEST/bin/python" -m pytest -q \
   -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
   --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_NEWEST.xml" \
-  "${TORCH_XLA_NEWEST_TESTS[@]}" tests/test_doctor_lines.py
+  "${TORCH_XLA_NEWEST_TESTS[@]}" tests/cli/test_doctor_lines.py
 # ---- end of the torch_xla version range tests
 phase ""

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from xla_pcache.config import VARIABLE_NAMES
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def _skips_fail() -> bool:
     return bool(os.environ.get("CI"))

@@ -1394,7 +1394,7 @@ def start_s3(base: Path) -> Any:
     repo = Path(__file__).resolve().parent.parent
     if str(repo) not in sys.path:
         sys.path.insert(0, str(repo))
-    from tests.remote.conftest import start_s3 as start
+    from tests.tiers.servers import start_s3 as start
 
     return start(base)
 

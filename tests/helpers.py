@@ -1,8 +1,10 @@
-"""Helpers shared by the tests (importable as `helpers`: pytest puts tests/ on sys.path)."""
+"""Helpers shared by the tests (``tests.helpers``): the environment of a child process, the
+command line run as a user runs it, a worker's report, trees compared before and after."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -11,6 +13,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def clean_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
@@ -42,6 +45,90 @@ def run_python(
         env=full_env,
         check=False,
     )
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The command line, as a user types ``xla-pcache``: for the tests that start it themselves
+# (under a terminal, through a pipe, to interrupt it).
+CLI = (sys.executable, "-m", "xla_pcache")
+
+
+def cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    input: str | None = None,
+    cwd: Path | None = None,
+    text: bool = True,
+    **variables: str,
+) -> subprocess.CompletedProcess[Any]:
+    """``xla-pcache ARGS`` in a fresh process, its output captured (bytes where ``text`` is
+    false). Its environment is ``env`` (``clean_env()`` when None: nothing from the shell
+    that runs the suite) plus ``variables``. The status is the caller's to check: many tests
+    expect a failure."""
+    full = clean_env() if env is None else dict(env)
+    full.update(variables)
+    return subprocess.run(
+        [*CLI, *args],
+        env=full,
+        input=input,
+        cwd=cwd,
+        capture_output=True,
+        text=text,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cli_out(*args: str, **kwargs: Any) -> str:
+    """The output of a command that must succeed (``cli``'s arguments)."""
+    proc = cli(*args, **kwargs)
+    assert proc.returncode == 0, f"xla-pcache {' '.join(args)} failed:\n{proc.stderr[-4000:]}"
+    return str(proc.stdout)
+
+
+def explain_json(root: Path) -> list[dict[str, Any]]:
+    """``xla-pcache explain --json`` of the cache at ``root``: one record a miss."""
+    records: list[dict[str, Any]] = json.loads(cli_out("explain", "--path", str(root), "--json"))
+    return records
+
+
+def start_worker(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str]:
+    """``python ARGV`` (a worker script and its arguments, or ``-c CODE``) in a fresh
+    interpreter, its output piped and not waited for: for the tests that run several at
+    once. ``env`` is its whole environment (``clean_env()`` when None)."""
+    return subprocess.Popen(
+        [sys.executable, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env() if env is None else env,
+        cwd=cwd,
+    )
+
+
+def finish_worker(proc: subprocess.Popen[str], timeout: float = 600) -> dict[str, Any]:
+    """The report of a worker once it exits: the JSON object on its last line of output,
+    with its stderr added. It must exit with 0 and report no error: the workers that catch
+    their steps' exceptions list them in ``errors`` (a traceback each), and a test that
+    never looks there would pass on a worker that failed."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{err[-4000:]}"
+    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    report["stderr"] = err
+    errors = report.get("errors") or []
+    assert errors == [], "\n".join(e["traceback"] if isinstance(e, dict) else e for e in errors)
+    return report
+
+
+def run_worker(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600
+) -> dict[str, Any]:
+    """A worker run to its end (``start_worker``), and its report (``finish_worker``)."""
+    return finish_worker(start_worker(*argv, env=env, cwd=cwd), timeout)
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -87,12 +174,7 @@ def keygen(tmp_path: Path, name: str) -> tuple[str, str]:
     """(private key file, public key NAME:BASE64), made by the CLI (``xla-pcache keygen``)
     in a fresh process; the file is private to its owner."""
     out = tmp_path / f"{name}.key"
-    proc = subprocess.run(
-        [sys.executable, "-m", "xla_pcache", "keygen", name, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = cli("keygen", name, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert os.stat(out).st_mode & 0o777 == 0o600
     public = proc.stdout.strip().splitlines()[-1]

@@ -12,22 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
 
-
-def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from tests.helpers import clean_env, cli
 
 
 def stats_json(root: Path, **env: str) -> dict[str, object]:
-    result = run("stats", "--json", "--path", str(root), **env)
+    result = cli("stats", "--json", "--path", str(root), **env)
     assert result.returncode == 0, result.stderr
     out: dict[str, object] = json.loads(result.stdout)
     return out
@@ -43,25 +34,25 @@ def cache(tmp_path: Path) -> Path:
 
 def test_config_stores_shows_and_unsets(cache: Path) -> None:
     assert stats_json(cache)["max_size"] is None
-    result = run("config", "--path", str(cache), "--max-size", "1G", "--max-age", "7d")
+    result = cli("config", "--path", str(cache), "--max-size", "1G", "--max-age", "7d")
     assert result.returncode == 0, result.stderr
     assert "1.0G" in result.stdout and "7 d" in result.stdout
     text = (cache / "CONFIG").read_text()
     assert text.splitlines()[0] == "xla_pcache-config 1"
-    shown = run("config", "--path", str(cache), "--show", "--json")
+    shown = cli("config", "--path", str(cache), "--show", "--json")
     assert json.loads(shown.stdout)["stored"] == {"max_size": 1 << 30, "max_age_s": 7 * 86400.0}
     stats = stats_json(cache)
     assert stats["max_size"] == 1 << 30
     assert stats["max_age_s"] == 7 * 86400.0
-    table = run("stats", "--path", str(cache)).stdout
+    table = cli("stats", "--path", str(cache)).stdout
     assert "1.0G" in table and "max age" in table
-    prom = run("stats", "--path", str(cache), "--format", "prometheus").stdout
+    prom = cli("stats", "--path", str(cache), "--format", "prometheus").stdout
     assert "xla_pcache_max_size_bytes" in prom and "xla_pcache_max_age_seconds" in prom
     # One setting changes, the other stays.
-    assert run("config", "--path", str(cache), "--max-size", "none").returncode == 0
+    assert cli("config", "--path", str(cache), "--max-size", "none").returncode == 0
     assert stats_json(cache)["max_size"] is None
     assert stats_json(cache)["max_age_s"] == 7 * 86400.0
-    assert run("config", "--path", str(cache), "--max-age", "off").returncode == 0
+    assert cli("config", "--path", str(cache), "--max-age", "off").returncode == 0
     assert not (cache / "CONFIG").exists()
     # No temp file left behind.
     assert not any(p.name.startswith("CONFIG") for p in (cache / "tmp").iterdir())
@@ -78,14 +69,14 @@ def test_config_stores_shows_and_unsets(cache: Path) -> None:
     ],
 )
 def test_config_refuses_bad_values(cache: Path, args: list[str], needle: str) -> None:
-    result = run("config", "--path", str(cache), *args)
+    result = cli("config", "--path", str(cache), *args)
     assert result.returncode == 2, result
     assert needle in result.stderr
     assert not (cache / "CONFIG").exists()
 
 
 def test_config_on_a_read_only_cache_is_refused(cache: Path) -> None:
-    result = run(
+    result = cli(
         "config", "--path", str(cache), "--max-size", "1G", XLA_PERSISTENT_CACHE_READ_ONLY="1"
     )
     assert result.returncode == 2
@@ -94,7 +85,7 @@ def test_config_on_a_read_only_cache_is_refused(cache: Path) -> None:
 
 
 def test_every_process_keeps_the_stored_budget_and_may_only_lower_it(cache: Path) -> None:
-    assert run("config", "--path", str(cache), "--max-size", "1M").returncode == 0
+    assert cli("config", "--path", str(cache), "--max-size", "1M").returncode == 0
     with Store(cache) as s:
         assert s.max_size == 1 << 20
     with Store(cache, max_size="1G") as s:
@@ -122,7 +113,7 @@ WRITER = textwrap.dedent(
 
 
 def test_a_budget_set_once_bounds_processes_that_set_none_or_a_larger_one(cache: Path) -> None:
-    assert run("config", "--path", str(cache), "--max-size", "200K").returncode == 0
+    assert cli("config", "--path", str(cache), "--max-size", "200K").returncode == 0
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", WRITER, str(cache), tag],
@@ -142,7 +133,7 @@ def test_a_budget_set_once_bounds_processes_that_set_none_or_a_larger_one(cache:
 def test_a_running_process_takes_a_change_within_the_refresh_interval(cache: Path) -> None:
     with Store(cache) as s:
         assert s.max_size is None
-        assert run("config", "--path", str(cache), "--max-size", "50K").returncode == 0
+        assert cli("config", "--path", str(cache), "--max-size", "50K").returncode == 0
         time.sleep(1.2)  # the store's refresh interval is 1 s
         for i in range(30):
             s.put(f"after-{i}", b"x" * 10_000)
@@ -153,7 +144,7 @@ def test_a_running_process_takes_a_change_within_the_refresh_interval(cache: Pat
 def test_entries_unused_past_the_stored_max_age_are_evicted_by_puts(cache: Path) -> None:
     with Store(cache) as s:
         s.put("old", b"o" * 100)
-    assert run("config", "--path", str(cache), "--max-age", "1s").returncode == 0
+    assert cli("config", "--path", str(cache), "--max-age", "1s").returncode == 0
     time.sleep(1.5)
     # A put in another process evicts them; no prune runs.
     with Store(cache) as s:
@@ -187,7 +178,7 @@ def _hostile(root: Path, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "directory", "huge", "garbage", "future"])
 def test_a_hostile_config_is_ignored_with_one_warning(cache: Path, kind: str) -> None:
     _hostile(cache, kind)
-    result = run("stats", "--json", "--path", str(cache))
+    result = cli("stats", "--json", "--path", str(cache))
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     assert stats["max_size"] is None
@@ -204,9 +195,9 @@ def test_prune_without_options_keeps_the_stored_budget(cache: Path) -> None:
     with Store(cache) as s:
         for i in range(20):
             s.put(f"p{i}", b"p" * 10_000)
-    assert run("prune", "--path", str(cache)).returncode == 2  # nothing stored, nothing asked
-    assert run("config", "--path", str(cache), "--max-size", "100K").returncode == 0
-    result = run("prune", "--path", str(cache), "--json")
+    assert cli("prune", "--path", str(cache)).returncode == 2  # nothing stored, nothing asked
+    assert cli("config", "--path", str(cache), "--max-size", "100K").returncode == 0
+    result = cli("prune", "--path", str(cache), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["removed"] > 0
     stats = stats_json(cache)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import dirstate_fuzz as dz
 import pytest
+
+from tests import dirstate_fuzz as dz
 
 # Fixed: a failure here is reproduced by `python bench/fuzz_dir.py --steps 200 --seed 29
 # --scale 1`.

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import read_only_copy, tree_state
-from workers import value_for
 from xla_pcache import Store, entry_name
+
+from tests.helpers import read_only_copy, tree_state
+from tests.workers import value_for
 
 WORKERS = str(Path(__file__).with_name("workers.py"))
 

@@ -1,5 +1,5 @@
 """The miss log, the explain comparison, compile time saved and the metrics, without a
-framework (the JAX side is tests/adapters/test_explain_jax.py)."""
+framework (the JAX side is tests/jax/test_explain_jax.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ Each implementation runs in its own interpreter: ``XLA_PCACHE_HASH_IMPL`` is rea
 from __future__ import annotations
 
 import pytest
-from helpers import run_python
+
+from tests.helpers import run_python
 
 CHECK = r"""
 import os, random, sys

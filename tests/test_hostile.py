@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import tree_state
 from xla_pcache import CacheError, FormatError, Store, _core
+
+from tests.helpers import tree_state
 
 HANG_TIMEOUT = 30.0
 OLD = time.time() - 2 * 86400

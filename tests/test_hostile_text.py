@@ -18,7 +18,7 @@ import pytest
 from xla_pcache import Store
 from xla_pcache._text import shown
 
-from tests.helpers import clean_env, interruptible_child
+from tests.helpers import CLI, clean_env, cli, interruptible_child
 
 # An OSC window title (ended by BEL), a CSI clear-screen, and (for doctor) an OSC 52
 # clipboard write ended by ST.
@@ -27,14 +27,9 @@ CLIPBOARD = "\x1b]52;c;ZXZpbA==\x1b\\"
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        capture_output=True,
-        timeout=timeout,
-        # Wide enough that rich neither wraps nor cuts a table cell.
-        env=clean_env(COLUMNS="400"),
-        check=False,
-    )
+    # Bytes, so that every escape sequence is seen as written; wide enough that rich neither
+    # wraps nor cuts a table cell.
+    return cli(*args, timeout=timeout, text=False, COLUMNS="400")
 
 
 def _assert_clean(proc: subprocess.CompletedProcess[bytes]) -> str:
@@ -211,9 +206,7 @@ def test_export_interrupted_leaves_no_temporary_file(tmp_path: Path, sig: int) -
     hooks.mkdir()
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "xla_pcache",
+            *CLI,
             "export",
             "--path",
             str(root),

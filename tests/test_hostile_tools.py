@@ -17,9 +17,10 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.bundle import import_bundle
+
+from tests.helpers import clean_env, cli
 
 # Address-space limit for the processes that import a bomb: a reader that inflates a member
 # into memory runs out here within a second or two, instead of exhausting the machine.
@@ -37,17 +38,6 @@ def _run_limited(code: str, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         env=clean_env(),
         timeout=300,
-        check=False,
-    )
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        timeout=120,
         check=False,
     )
 
@@ -220,17 +210,8 @@ def test_cli_prints_keys_meta_and_paths_literally(tmp_path: Path) -> None:
     name = "team[/]cache [bold]"
     with Store(tmp_path / name) as store:
         assert store.put(ODD_KEY, b"v" * 100, meta=ODD_META)
-    env = {**clean_env(), "COLUMNS": "250"}
     for args in (("ls",), ("stats",), ("verify",), ("prune", "--max-size", "1G")):
-        result = subprocess.run(
-            [sys.executable, "-m", "xla_pcache", *args, "--path", name],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-            check=False,
-        )
+        result = cli(*args, "--path", name, cwd=tmp_path, COLUMNS="250")
         assert result.returncode == 0, (args, result.stderr)
         assert "Traceback" not in result.stderr
         if args[0] in ("stats", "verify"):
@@ -254,7 +235,7 @@ def test_cli_names_what_is_wrong_with_format(tmp_path: Path, kind: str) -> None:
         other = tmp_path / "elsewhere"
         other.write_text("secret first line\n")
         fmt.symlink_to(other)
-    result = _cli("stats", "--path", str(root))
+    result = cli("stats", "--path", str(root))
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     words = {"directory": "a directory", "fifo": "a FIFO", "symlink": "a symbolic link"}
@@ -266,7 +247,7 @@ def test_cli_export_error_names_the_output(tmp_path: Path) -> None:
     with Store(tmp_path / "c") as store:
         assert store.put("k", b"v")
     out = tmp_path / "missing-dir" / "b.tgz"
-    result = _cli("export", "--path", str(tmp_path / "c"), "-o", str(out))
+    result = cli("export", "--path", str(tmp_path / "c"), "-o", str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
         result.stderr.strip() == f"xla-pcache: error: cannot write {out}: No such file or directory"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 RUN_TIME_SKIP = "import pytest\n\ndef test_it():\n    pytest.skip('not here')\n"
 COLLECTION_SKIP = (

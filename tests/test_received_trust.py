@@ -21,29 +21,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, keygen
 from xla_pcache import Store
 from xla_pcache.bundle import export_bundle
 from xla_pcache.config import Settings, read_signing_key
 
+from tests.helpers import clean_env, keygen, run_worker
+from tests.jax.helpers import value_and_hits
+
 requires_jax = pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="jax is not installed"
-)
-
-# Knows nothing of xla_pcache: prints its value and JAX's own persistent-cache hit count.
-PROGRAM = textwrap.dedent(
-    """
-    import sys
-    import numpy as np
-    import jax, jax.numpy as jnp
-    from jax._src import monitoring
-    hits = []
-    monitoring.register_event_listener(
-        lambda event, **kw: hits.append(event)
-        if event == "/jax/compilation_cache/cache_hits" else None)
-    f = {"sin": lambda x: jnp.sin(x).sum() * 3, "cos": lambda x: jnp.cos(x).sum() * 5}
-    print(float(jax.jit(f[sys.argv[1]])(np.arange(8.0, dtype=np.float32))), len(hits))
-    """
 )
 
 # JAX alone (xla_pcache disabled) fills one directory per program, in one process.
@@ -62,23 +48,6 @@ FILL = textwrap.dedent(
     print(json.dumps(values))
     """
 )
-
-
-def run(program: str, **env: str) -> tuple[float, int]:
-    full = clean_env(
-        ("JAX_",), JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **env
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", PROGRAM, program],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    value, hits = proc.stdout.split()
-    return float(value), int(hits)
 
 
 def cli(*args: str, no_jax: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
@@ -144,16 +113,7 @@ def jax_filled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         XLA_PCACHE_DISABLE="1",
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", FILL, json.dumps(dirs)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    values = json.loads(proc.stdout.strip().splitlines()[-1])
+    values = run_worker("-c", FILL, json.dumps(dirs), env=env, timeout=300)
     assert values["sin"] != values["cos"]
     files = {n: [f for f in os.listdir(d) if f.endswith("-cache")] for n, d in dirs.items()}
     assert all(len(v) == 1 for v in files.values()), files
@@ -195,12 +155,12 @@ def test_a_trusting_process_never_serves_nor_adopts_a_jax_file(
     }
     # A trusting read-only worker computes sin, not the planted cos, and moves nothing.
     ro = {**trusting, "XLA_PERSISTENT_CACHE_READ_ONLY": "1"}
-    assert run("sin", **ro) == (planted["sin"], 0)
+    assert value_and_hits("sin", **ro) == (planted["sin"], 0)
     assert planted_file.read_bytes() == planted["cos_bytes"]
     # CI set up as documented (its signing key and the trusted keys) compiles sin itself:
     # the planted file is neither adopted nor signed, and stays where it was.
     ci = {**trusting, "XLA_PCACHE_SIGNING_KEY": keys["ci-1"][0]}
-    assert run("sin", **ci) == (planted["sin"], 0)
+    assert value_and_hits("sin", **ci) == (planted["sin"], 0)
     assert planted_file.read_bytes() == planted["cos_bytes"]
     with Store(cache, settings=Settings(), read_only=True) as s:
         (entry,) = s.entries()
@@ -209,7 +169,7 @@ def test_a_trusting_process_never_serves_nor_adopts_a_jax_file(
         key = entry["key"]
     assert trusted_get(cache, key, keys["ci-1"][1]) != planted["cos_bytes"]
     # And trusting workers now hit CI's own compile.
-    assert run("sin", **ro) == (planted["sin"], 1)
+    assert value_and_hits("sin", **ro) == (planted["sin"], 1)
 
 
 @pytest.mark.jax
@@ -226,7 +186,7 @@ def test_a_signer_without_trusted_keys_adopts_a_jax_file_unsigned(
     }
     # It trusts every writer, so it serves JAX's file (the attacker's cos: that is what
     # trusting no key means) and takes it over, but never signs it.
-    assert run("sin", **signer_only) == (planted["cos"], 1)
+    assert value_and_hits("sin", **signer_only) == (planted["cos"], 1)
     assert not (jax_dir / str(planted["file"])).exists()
     with Store(cache, settings=Settings(), read_only=True) as s:
         (entry,) = s.entries()
@@ -240,7 +200,7 @@ def test_a_signer_without_trusted_keys_adopts_a_jax_file_unsigned(
         "XLA_PERSISTENT_CACHE_READ_ONLY": "1",
         "XLA_PCACHE_TRUSTED_KEYS": keys["ci-1"][1],
     }
-    assert run("sin", **ro) == (planted["sin"], 0)
+    assert value_and_hits("sin", **ro) == (planted["sin"], 0)
 
 
 def test_import_from_jax_refuses_a_trusting_cache_and_never_signs(
@@ -308,7 +268,7 @@ def test_a_signer_publishes_received_entries_unsigned_unless_its_key_verifies_th
     assert trusted_get(dst, "ci", keys["ci-1"][1]) == b"c" * 1000
 
     # A tier's value, as the store takes it on a local miss (the tiers hand it the whole
-    # entry file: tests/remote/ run the same path against real servers).
+    # entry file: tests/tiers/ run the same path against real servers).
     tier_dst = tmp_path / "tier-dst"
     with Store(tier_dst, settings=Settings(), signing_key=private(keys["ci-1"][0])) as s:
         for k, data in files.items():

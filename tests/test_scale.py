@@ -9,28 +9,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import interruptible_child, run_python
 from xla_pcache import Store
 
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+from tests.helpers import CLI, clean_env, cli, interruptible_child, run_python
 
 
 def entry_files(root: Path) -> list[Path]:
@@ -155,7 +140,7 @@ def test_ls_stops_when_its_reader_does(tmp_path: Path) -> None:
     root = tmp_path / "c"
     fill(root, 3000)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xla_pcache", "ls", "--path", str(root)],
+        [*CLI, "ls", "--path", str(root)],
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -181,7 +166,7 @@ def interrupt_running(args: list[str], hooks: Path) -> subprocess.CompletedProce
     signal always lands mid-walk, however fast or slow the machine."""
     hooks.mkdir(exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xla_pcache", *args],
+        [*CLI, *args],
         env={**clean_env(), "XLA_PCACHE_TEST_HOOKS": str(hooks)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -12,32 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 from xla_pcache import Store, _core
 from xla_pcache.bundle import export_bundle, import_bundle
 from xla_pcache.config import Settings, read_signing_key
 
-
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.helpers import clean_env, cli, keygen
 
 
-def keygen(tmp_path: Path, name: str) -> tuple[Path, str]:
-    out = tmp_path / f"{name}.key"
-    r = cli("keygen", name, "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    return out, r.stdout.strip().splitlines()[-1]
-
-
-def pair(key_file: Path) -> tuple[str, bytes]:
-    k = read_signing_key(str(key_file))
+def pair(key_file: str) -> tuple[str, bytes]:
+    k = read_signing_key(key_file)
     return k.name, k.private
 
 
@@ -47,11 +30,12 @@ def public(text: str) -> tuple[str, bytes]:
 
 
 def test_keygen_writes_0600_never_overwrites_and_prints_the_public_key(tmp_path: Path) -> None:
-    out, pub = keygen(tmp_path, "ci-1")
+    key_file, pub = keygen(tmp_path, "ci-1")
+    out = Path(key_file)
     assert os.stat(out).st_mode & 0o777 == 0o600
     name, raw = public(pub)
     assert name == "ci-1" and len(raw) == 32
-    assert _core.signing_public_key(pair(out)[1]) == raw
+    assert _core.signing_public_key(pair(key_file)[1]) == raw
     before = out.read_bytes()
     again = cli("keygen", "ci-1", "--out", str(out))
     assert again.returncode == 2 and "never overwrites" in again.stderr
@@ -64,7 +48,7 @@ def test_keygen_writes_0600_never_overwrites_and_prints_the_public_key(tmp_path:
 def test_a_readable_or_malformed_key_file_is_an_error_naming_the_variable(
     tmp_path: Path,
 ) -> None:
-    out, _ = keygen(tmp_path, "ci-1")
+    out = Path(keygen(tmp_path, "ci-1")[0])
     out.chmod(0o640)
     with pytest.raises(ValueError, match=r"XLA_PCACHE_SIGNING_KEY.*group or others"):
         Settings.from_env({"XLA_PCACHE_SIGNING_KEY": str(out)})

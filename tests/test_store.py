@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xla_pcache
-from helpers import read_only_copy, run_python, tree_state
 from xla_pcache import Blob, CacheError, FormatError, ReadOnlyError, Store
+
+from tests.helpers import read_only_copy, run_python, tree_state
 
 
 def entry_files(root: Path) -> list[Path]:

@@ -15,26 +15,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, keygen
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
 from xla_pcache.torch_xla._sync import HostMirror, store_key
+
+from tests.helpers import clean_env, cli, keygen
 
 
 def _pair(name: str) -> tuple[tuple[str, bytes], tuple[str, bytes]]:
     seed = _core.generate_signing_key()
     return (name, seed), (name, _core.signing_public_key(seed))
-
-
-def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_a_revoked_key_is_never_linked_into_a_torch_xla_view(tmp_path: Path) -> None:
@@ -77,14 +67,14 @@ def test_a_bundle_of_a_squatted_key_keeps_the_trusted_entry(tmp_path: Path) -> N
     with Store(src, settings=Settings(), signing_key=ci, trusted_keys=[ci_pub]) as s:
         assert s.put("k", b"good", meta={"framework": "jax"})
     bundle = tmp_path / "b.tar.gz"
-    exported = _cli("export", "--path", str(src), "-o", str(bundle))
+    exported = cli("export", "--path", str(src), "-o", str(bundle))
     assert exported.returncode == 0, exported.stderr
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
     assert len(names) == 2 and len(set(names)) == 2, names
     trusted = f"ci-1:{base64.b64encode(ci_pub[1]).decode()}"
     dst = tmp_path / "dst"
-    imported = _cli("import", str(bundle), "--path", str(dst), XLA_PCACHE_TRUSTED_KEYS=trusted)
+    imported = cli("import", str(bundle), "--path", str(dst), XLA_PCACHE_TRUSTED_KEYS=trusted)
     assert imported.returncode == 0, imported.stdout + imported.stderr
     assert "imported 1" in imported.stdout and "not trusted 1" in imported.stdout
     with Store(dst, settings=Settings(), trusted_keys=[ci_pub], read_only=True) as r:
@@ -114,7 +104,7 @@ def test_no_key_is_blocked_by_directories_at_its_names(tmp_path: Path) -> None:
     assert plain.is_file() and own.is_dir()
     late = plant(_core.signed_entry_name("j", "ci-1"))
     trusted = f"ci-1:{base64.b64encode(ci_pub[1]).decode()}"
-    pruned = _cli("prune", "--untrusted", "--path", str(root), XLA_PCACHE_TRUSTED_KEYS=trusted)
+    pruned = cli("prune", "--untrusted", "--path", str(root), XLA_PCACHE_TRUSTED_KEYS=trusted)
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.count("a directory at an entry's name") == 2, pruned.stdout
     assert not late.exists() and not own.exists()
@@ -166,7 +156,7 @@ def test_one_rule_for_key_names(tmp_path: Path) -> None:
     s = Settings.from_env({"XLA_PCACHE_SIGNING_KEY": key_file, "XLA_PCACHE_TRUSTED_KEYS": public})
     assert s.signing_key is not None and s.signing_key.name == "ci--1"
     assert s.trusted_keys is not None and s.trusted_keys[0][0] == "ci--1"
-    bad = _cli("keygen", "ci", "--out", str(tmp_path / "x.key"))
+    bad = cli("keygen", "ci", "--out", str(tmp_path / "x.key"))
     assert bad.returncode == 2
     with pytest.raises(ValueError, match="XLA_PCACHE_TRUSTED_KEYS"):
         Settings.from_env({"XLA_PCACHE_TRUSTED_KEYS": "ci:" + public.split(":", 1)[1]})
@@ -207,7 +197,7 @@ def test_no_part_of_a_password_is_ever_shown(
         shown += [json.dumps(config), json.dumps(info), *problems, *more]
     shown += [r.getMessage() for r in caplog.records]
     for args in (("stats",), ("stats", "--json")):
-        r = _cli(*args, **env)
+        r = cli(*args, **env)
         shown += [r.stdout, r.stderr]
     text = "\n".join(shown)
     # What can be shown is (a ',' cuts the URL in two, and neither half is a URL).

@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-import snapshot_forge as forge
 import xxhash
 from xla_pcache import Store, _core
+
+from tests import snapshot_forge as forge
+from tests.helpers import cli
 
 HANG_TIMEOUT = 60.0
 OLD = 1_000_000_000  # 2001: older than any age a sweep or compaction waits for
@@ -35,17 +37,6 @@ def dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     return p.pid
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        capture_output=True,
-        text=True,
-        timeout=HANG_TIMEOUT,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def plant_snapshot(root: Path, data: bytes) -> None:
@@ -88,7 +79,7 @@ def test_journal_names_from_a_forged_snapshot_never_reach_outside(tmp_path: Path
     assert s.stats()["unsafe_paths"] >= 3  # the three paths, counted
     s.evict()
     s.evict(older_than=0.0)
-    proc = cli("prune", "--path", str(root), "--older-than", "1s")
+    proc = cli("prune", "--path", str(root), "--older-than", "1s", timeout=HANG_TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert Store(root).put("k2", b"value")
     for p, data in before.items():
@@ -212,7 +203,7 @@ def test_a_journal_list_past_any_writer_is_refused_and_replaced(tmp_path: Path) 
     proc = run_limited(put_and_count(root, 2))
     assert peak_rss_mib(proc) < 512
     assert "stored 2" in proc.stdout, proc.stdout + proc.stderr
-    proc = cli("verify", "--path", str(root), "--repair")
+    proc = cli("verify", "--path", str(root), "--repair", timeout=HANG_TIMEOUT)
     assert "Traceback" not in proc.stderr, proc.stderr
     proc = run_limited(put_and_count(root, 0))
     assert "entries 3" in proc.stdout, proc.stdout + proc.stderr
@@ -232,7 +223,7 @@ def test_a_header_total_no_filesystem_holds_blocks_no_put(tmp_path: Path) -> Non
     assert st["entries"] == 10
     assert 10_000 <= st["bytes"] < 1 << 20
     for args in (["prune", "--max-size", "1G"], ["verify", "--repair"]):
-        proc = cli(*args, "--path", str(root))
+        proc = cli(*args, "--path", str(root), timeout=HANG_TIMEOUT)
         assert "Traceback" not in proc.stderr, proc.stderr
         assert "18446744073709551615" not in proc.stdout
         st = Store(root, max_size=10 << 20).stats()

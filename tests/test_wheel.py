@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from adapters.test_activation import PROGRAM
-from helpers import clean_env
+
+from tests.helpers import clean_env
+from tests.jax.helpers import ACTIVATION_PROGRAM
 
 # A release build and a venv with the newest JAX take minutes on two cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -104,8 +105,8 @@ def test_wheel_installs_without_rust_and_activates_jax(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     # The README's set-up: the path, nothing about what is cached.
     jenv = {**env, "XLA_PERSISTENT_CACHE_PATH": str(cache)}
-    cold = _run([str(vbin / "python"), "-c", PROGRAM], jenv).split()
-    warm = _run([str(vbin / "python"), "-c", PROGRAM], jenv).split()
+    cold = _run([str(vbin / "python"), "-c", ACTIVATION_PROGRAM], jenv).split()
+    warm = _run([str(vbin / "python"), "-c", ACTIVATION_PROGRAM], jenv).split()
     assert (cold[1], warm[0]) == ("0", cold[0])
     assert int(warm[1]) > 0
     assert (cache / "FORMAT").read_text().startswith("xla_pcache-format")

@@ -1,6 +1,6 @@
 """The trust matrix's rows and what is planted, shared by its columns (the paths by which
-bytes reach a process): tests/remote/test_trust_matrix.py (the store's get, the Redis and
-S3 tiers, backfill, bundle import) and tests/adapters/test_torch_xla_trust.py (the
+bytes reach a process): tests/tiers/test_trust_matrix.py (the store's get, the Redis and
+S3 tiers, backfill, bundle import) and tests/torch_xla/test_torch_xla_trust.py (the
 torch_xla host pool, with real torch_xla). A path is a column; a new path (JAX adoption,
 ``import --from-jax``) is a new column over the same readers and plants.
 

@@ -1,0 +1,86 @@
+"""doctor's lines are true and whole: activation is "on" only where the framework is
+installed, and piped output is not cut at 80 columns. Run by the main venv (jax and
+torch_xla installed) and by the torch_xla 2.7 venv, which has no jax (scripts/test.sh)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.helpers import clean_env
+
+
+def _python(code: str, **env: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_activation_is_on_only_for_installed_frameworks(tmp_path: Path) -> None:
+    out = _python(
+        """
+        import json
+        from xla_pcache.cli._doctor import _activation
+        print(json.dumps(_activation()))
+        """,
+        XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"),
+    )
+    states = json.loads(out)
+    for framework in ("jax", "torch_xla"):
+        if importlib.util.find_spec(framework) is None:
+            assert states[framework] == f"off ({framework} is not installed in this environment)"
+        else:
+            assert not states[framework].startswith("off (" + framework), states
+
+
+def test_piped_output_keeps_whole_lines(tmp_path: Path) -> None:
+    problem = "a problem " + "x" * 300 + " END"
+    out = _python(
+        f"""
+        from xla_pcache.cli import _doctor as doctor
+        report = {{
+            "xla_pcache": "0", "format_version": 1, "python": "3",
+            "config": {{"path": "/nowhere", "path_source": "--path"}},
+            "cache": {{}}, "frameworks": {{}}, "activation": {{}},
+            "problems": [{problem!r}],
+        }}
+        doctor._render(doctor._console(), report)
+        """
+    )
+    assert any(line.endswith(problem) for line in out.splitlines()), out
+
+
+def test_no_jax_section_where_jax_is_not_importable() -> None:
+    """Where jax cannot be imported (hidden here as a venv without it would have it; the
+    torch_xla 2.7 venv has none), doctor says nothing of what JAX stores: no section, no
+    thresholds (on e1a808d both were printed)."""
+    out = _python(
+        """
+        import sys
+        sys.modules["jax"] = None  # `import jax` fails, find_spec finds nothing
+        import json
+        from xla_pcache.cli import _doctor as doctor
+        report = {
+            "xla_pcache": "0", "format_version": 1, "python": "3",
+            "config": {"path": "/nowhere", "path_source": "--path"},
+            "cache": {}, "frameworks": {}, "problems": [],
+            "activation": doctor._activation(), "jax_caching": doctor._jax_caching(),
+        }
+        doctor._render(doctor._console(), report)
+        print(json.dumps(report["jax_caching"]))
+        """
+    )
+    assert "What JAX stores" not in out, out
+    assert "jax_persistent_cache" not in out, out
+    assert out.splitlines()[-1] == "{}", out
+    assert "jax is not installed in this environment" in out, out

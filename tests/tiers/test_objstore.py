@@ -1,0 +1,657 @@
+"""Object-store tiers and chains against a real S3 service (SeaweedFS ``weed mini``) and a
+real redis-server, on loopback. GCS and Azure: URL parsing and redaction only (no service)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+import redis
+from xla_pcache import Store, entry_name
+from xla_pcache._reports import tier_counters
+from xla_pcache.tiers.chain import open_chain, redact
+from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
+
+from tests.helpers import cli_out
+from tests.jax.helpers import finish_jax, hits, open_barrier, results, run_jax, runs, start_jax
+from tests.tiers.servers import (
+    S3_BUCKET,
+    S3_SECRET_KEY,
+    RedisServer,
+    S3Server,
+    bucket_client,
+    fresh_prefix,
+    start_s3,
+)
+
+
+def _objects(server: S3Server, prefix: str) -> list[str]:
+    return sorted(o["path"] for o in obstore.list(bucket_client(server, prefix)).collect())
+
+
+def _flush(store: Store) -> None:
+    assert store.remote is not None
+    store.remote.flush()
+
+
+def test_two_hosts_share_through_s3(tmp_path: Path, s3: S3Server) -> None:
+    url = s3.url(fresh_prefix())
+    a = Store(tmp_path / "a", remote=url)
+    payload = os.urandom(550_000)
+    assert a.put("k", payload, meta={"m": "1"})
+    _flush(a)
+    b = Store(tmp_path / "b", remote=url)
+    blob = b.get("k")
+    assert blob is not None and bytes(blob) == payload and blob.meta["m"] == "1"
+    assert "k" in b  # published locally: the next get is a local hit
+    assert b.get("missing") is None
+    st = b.stats()
+    assert st["remote_hits"] == 1 and st["remote_misses"] == 1, st
+    assert st["tier1"] == url and st["tier1_hits"] == 1
+
+
+def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, s3: S3Server) -> None:
+    url = s3.url(fresh_prefix())
+    a = Store(tmp_path / "a", remote=url)
+    payload = os.urandom(26 << 20)  # the first 8 MiB, then two ranged pieces in parallel
+    assert a.put("big", payload)
+    _flush(a)
+    b = Store(tmp_path / "b", remote=url)
+    blob = b.get("big")
+    assert blob is not None and bytes(blob) == payload
+    assert b.stats()["remote_read_bytes"] > len(payload)
+
+
+@pytest.mark.jax
+def test_jax_program_compiled_on_one_host_hits_on_the_other(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    # A tier that cannot be used (unknown scheme) drops itself, not the cache.
+    env = {
+        "XLA_PCACHE_REMOTE": "ftp://nowhere/x," + s3_server.url(fresh_prefix()),
+        **s3_server.env(),
+    }
+    first = run_jax([{"op": "install", "path": str(tmp_path / "a")}, *runs(0)], env=env)
+    assert hits(first) == [0]
+    second = run_jax([{"op": "install", "path": str(tmp_path / "b")}, *runs(0)], env=env)
+    assert hits(second) == [1]
+    assert results(second)[0] == results(first)[0]
+
+
+def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, s3: S3Server) -> None:
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    stores = [Store(tmp_path / w, remote=url) for w in ("a", "b")]
+    barrier = threading.Barrier(2)
+
+    def put(i: int) -> None:
+        barrier.wait()
+        assert stores[i].put("k", b"same program" * 1000, meta={"writer": str(i)})
+        _flush(stores[i])
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
+    st = [s.stats() for s in stores]
+    assert sum(int(s.get("remote_puts", 0)) for s in st) == 1, st
+    assert sum(int(s.get("remote_put_exists", 0)) for s in st) == 1, st
+    # Both see it; a third host gets the winner's entry.
+    for s in stores:
+        assert bytes(s.get("k") or b"") == b"same program" * 1000
+    c = Store(tmp_path / "c", remote=url)
+    blob = c.get("k")
+    assert blob is not None and blob.meta["writer"] in ("0", "1")
+
+
+def test_tampered_and_truncated_objects_are_counted_misses(tmp_path: Path, s3: S3Server) -> None:
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    a = Store(tmp_path / "a", remote=url)
+    for k in ("flip", "cut"):
+        assert a.put(k, bytes(range(256)) * 100)
+    _flush(a)
+    client = bucket_client(s3, prefix)
+    for k in ("flip", "cut"):
+        path = f"{ENTRY_DIR}/{entry_name(k)}"
+        value = bytearray(obstore.get(client, path).bytes())
+        if k == "cut":
+            del value[-1]
+        else:
+            value[-10] ^= 0xFF
+        obstore.put(client, path, bytes(value))
+    b = Store(tmp_path / "b", remote=url)
+    assert b.get("flip") is None and b.get("cut") is None
+    assert b.stats()["remote_rejected"] == 2
+    assert len(b) == 0  # nothing bad published
+
+
+class _CutRelay:
+    """A TCP relay to the S3 server that forwards requests whole and responses up to
+    ``limit`` bytes, then stops forwarding: the test kills the server behind it while the
+    client is mid-transfer, and the relay then drops the client's connection."""
+
+    def __init__(self, port: int, limit: int) -> None:
+        self.upstream = port
+        self.limit = limit
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = int(self.sock.getsockname()[1])
+        self.cut = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                client.close()
+                continue
+            self.conns += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
+            threading.Thread(
+                target=self._pipe, args=(server, client, self.limit), daemon=True
+            ).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
+        sent = 0
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if limit is not None and sent + len(data) >= limit:
+                    dst.sendall(data[: limit - sent])
+                    self.cut.set()
+                    # Stalled here until the server is killed.
+                    while src.recv(65536):
+                        pass
+                    break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_server_killed_mid_transfer_is_a_miss_and_the_local_tier_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = start_s3(tmp_path / "weed")
+    try:
+        prefix = fresh_prefix()
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        a = Store(tmp_path / "a", remote=server.url(prefix))
+        payload = os.urandom(4 << 20)
+        assert a.put("k", payload)
+        _flush(a)
+        relay = _CutRelay(server.port, limit=1 << 20)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{relay.port}")
+        monkeypatch.setenv("XLA_PCACHE_REMOTE_TIMEOUT", "3")
+        b = Store(tmp_path / "b", remote=server.url(prefix))
+        result: list[Any] = []
+        getter = threading.Thread(target=lambda: result.append(b.get("k")))
+        getter.start()
+        assert relay.cut.wait(30), "the transfer never reached the cut"
+        server.stop()  # SIGKILL while the object is a quarter sent
+        getter.join(30)
+        assert not getter.is_alive()
+        assert result == [None]
+        st = b.stats()
+        assert st["remote_get_errors"] == 1 and "k" not in b, st
+        # The local tier goes on: puts and gets work, the dead remote is skipped.
+        assert b.put("local", b"v")
+        assert bytes(b.get("local") or b"") == b"v"
+        _flush(b)
+        relay.close()
+    finally:
+        server.stop()
+
+
+def test_wrong_credentials_are_a_miss_logged_once_without_the_secret(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = fresh_prefix()
+    a = Store(tmp_path / "a", remote=s3.url(prefix))
+    assert a.put("k", b"v" * 100)
+    _flush(a)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0b1d")
+    with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+        b = Store(tmp_path / "b", remote=s3.url(prefix))
+        assert b.get("k") is None
+        assert b.get("k2") is None  # left alone after the failure: skipped, no new warning
+        assert b.put("k3", b"local")
+        _flush(b)
+    st = b.stats()
+    assert st["remote_get_errors"] == 1 and st["remote_skipped"] == 1, st
+    assert bytes(b.get("k3") or b"") == b"local"
+    warnings = [r for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    for secret in ("wrong-secret-0b1d", S3_SECRET_KEY):
+        assert secret not in caplog.text and secret not in str(st)
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
+
+
+def test_redis_s3_chain_backfills_redis(
+    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+) -> None:
+    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
+    a = Store(tmp_path / "a", remote=chain)
+    assert a.put("k", b"payload" * 1000)
+    _flush(a)
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.dbsize() == 1  # written through to both tiers
+    client.flushall()
+    b = Store(tmp_path / "b", remote=chain)
+    assert bytes(b.get("k") or b"") == b"payload" * 1000
+    _flush(b)
+    st = b.stats()
+    assert st["tier1_misses"] == 1 and st["tier2_hits"] == 1 and st["tier1_backfills"] == 1, st
+    assert client.dbsize() == 1
+    # Redis alone now serves it.
+    c = Store(tmp_path / "c", remote=redis_server.url)
+    assert bytes(c.get("k") or b"") == b"payload" * 1000
+
+
+def test_read_only_tier_and_read_only_store_write_nothing(
+    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+) -> None:
+    prefix = fresh_prefix()
+    seed = Store(tmp_path / "seed", remote=s3.url(prefix))
+    assert seed.put("seeded", b"from s3")
+    _flush(seed)
+    chain = f"{redis_server.url},{s3.url(prefix, ro='1')}"
+    a = Store(tmp_path / "a", remote=chain)
+    assert a.put("k", b"v")
+    _flush(a)
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.dbsize() == 1
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
+    assert a.stats()["tier2"] == s3.url(prefix) and "ro=1" in a.stats()["remote"]
+    # A read-only store reads the chain and backfills nothing, locally or to Redis.
+    client.flushall()
+    Store(tmp_path / "ro").close()
+    ro = Store(tmp_path / "ro", remote=chain, read_only=True)
+    assert bytes(ro.get("seeded") or b"") == b"from s3"
+    _flush(ro)
+    assert client.dbsize() == 0 and "seeded" not in ro
+    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
+
+
+def test_a_bad_tier_is_dropped_and_the_others_go_on(
+    tmp_path: Path, s3: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = s3.url(fresh_prefix())
+    with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+        a = Store(tmp_path / "a", remote=f"ftp://u:pw-9@host/x,{url},s3://{S3_BUCKET}/p?bad=1")
+    assert a.put("k", b"v")
+    _flush(a)
+    assert "pw-9" not in caplog.text and "unknown scheme ftp://" in caplog.text
+    st = a.stats()
+    assert st["remote"] == url and st["remote_dropped"].count(",") == 1, st
+    b = Store(tmp_path / "b", remote="nonsense")
+    assert b.put("k", b"v") and bytes(b.get("k") or b"") == b"v"
+
+
+def test_object_store_urls_parse_and_redact() -> None:
+    assert parse_object_url("s3://bucket/a/b/") == ("s3://bucket/a/b", False)
+    assert parse_object_url("gs://bucket?ro=1") == ("gs://bucket", True)
+    assert parse_object_url("az://container/p?read_only=yes") == ("az://container/p", True)
+    for bad in ("s3://", "s3://k:secret@bucket/p", "gs://b/p?token=x", "http://h/p"):
+        with pytest.raises(ValueError):
+            parse_object_url(bad)
+    # Only the mode options are shown: any other option, name and value, is hidden.
+    assert redact("s3://b/p?ro=1&sig=abc") == "s3://b/p?ro=1&***"
+    assert redact("rediss://user:pw@host:6380/1") == "rediss://***@host:6380/1"
+    assert "secret" not in redact("az://u:secret@c/p")
+
+
+def test_gcs_and_azure_tiers_from_their_standard_variables(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is sent: building a client makes no request. Azure needs an account name;
+    without one the tier is dropped with a warning that names no secret."""
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "c2VjcmV0LWF6dXJlLWtleQ==")
+    with caplog.at_level(logging.WARNING, logger="xla_pcache"):
+        bare = open_chain("az://ctr/pre")
+    assert len(bare) == 0 and bare.dropped == ["az://ctr/pre"]
+    assert "c2VjcmV0" not in caplog.text and "Account must be specified" in caplog.text
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "xpcaccount")
+    chain = open_chain("gs://bkt/pre?ro=1,az://ctr/pre")
+    assert [t["url"] for t in chain.describe()] == ["gs://bkt/pre", "az://ctr/pre"]
+    assert [t["read_only"] for t in chain.describe()] == [True, False]
+    assert "c2VjcmV0" not in str(chain.stats())
+    chain.close()
+
+
+def _single_flight_steps(cache: Path, ready: Path, go: Path) -> list[dict[str, Any]]:
+    return [
+        {"op": "install", "path": str(cache), "compile_wait": 300},
+        {"op": "wait", "ready": str(ready), "file": str(go)},
+        *runs(5),
+    ]
+
+
+def _marked(hooks: Path, point: str, procs: list[subprocess.Popen[str]]) -> list[int]:
+    """The pids of ``procs`` that marked ``point`` (a test hook's ``<point>.<pid>``)."""
+    for p in procs:
+        assert p.poll() is None, p.communicate()
+    return [p.pid for p in procs if (hooks / f"{point}.{p.pid}").exists()]
+
+
+def _until_marked(hooks: Path, point: str, procs: list[subprocess.Popen[str]], n: int) -> None:
+    while len(_marked(hooks, point, procs)) < n:
+        time.sleep(0.01)
+
+
+@pytest.mark.jax
+def test_single_flight_across_hosts_sharing_only_the_bucket(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """Six processes, three per "host" (separate cache directories), sharing only the
+    bucket, start the same program together: one compiles, five hit.
+
+    The test hooks (``XLA_PCACHE_TEST_HOOKS``) make the waiting certain: each host's
+    claimant is held inside its directory's claim until its two neighbours wait on it,
+    then the bucket's claimant inside the bucket's claim until the other host waits on
+    it."""
+    prefix = fresh_prefix()
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    env = {
+        "XLA_PCACHE_REMOTE": s3_server.url(prefix),
+        "XLA_PCACHE_TEST_HOOKS": str(hooks),
+        **s3_server.env(),
+    }
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(6)]
+    procs = [
+        start_jax(_single_flight_steps(tmp_path / ("a" if i < 3 else "b"), ready[i], go), env)
+        for i in range(6)
+    ]
+    open_barrier(procs, ready, go)
+    _until_marked(hooks, "claimed", procs, 2)  # one per host, in its directory
+    _until_marked(hooks, "claim-wait", procs, 4)
+    (hooks / "claimed.go").touch()
+    _until_marked(hooks, "bucket-claimed", procs, 1)
+    _until_marked(hooks, "bucket-claim-wait", procs, 1)
+    (hooks / "bucket-claimed.go").touch()
+    reports = [finish_jax(p, timeout=300) for p in procs]
+    got = [hits(r)[0] for r in reports]
+    assert sorted(got) == [0, 1, 1, 1, 1, 1], got
+    assert len({str(results(r)[5]) for r in reports}) == 1
+    # The claim is gone from the bucket once the entry is there.
+    names = _objects(s3_server, prefix)
+    assert [n.split("/")[1] for n in names] == ["entries"], names
+
+
+def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+    from xla_pcache.cli import _doctor as doctor
+
+    monkeypatch.setenv(
+        "XLA_PCACHE_REMOTE",
+        "redis://:pw-2c4e@127.0.0.1:1/0,s3://bkt/p?ro=1,bogus://h/x,gs://bkt/q?trust=required",
+    )
+    monkeypatch.setenv("XLA_PCACHE_TRUSTED_KEYS", f"ci-1:{base64.b64encode(bytes(32)).decode()}")
+    store, info, problems = doctor._open_store({"path": str(tmp_path / "c")})
+    store.close()
+    assert info["remote"] == [
+        {
+            "tier": 1,
+            "url": "redis://***@127.0.0.1:1/0",
+            "read_only": False,
+            "trust_required": False,
+        },
+        {"tier": 2, "url": "s3://bkt/p", "read_only": True, "trust_required": False},
+        {"tier": 3, "url": "gs://bkt/q", "read_only": False, "trust_required": True},
+    ]
+    assert problems == ["remote tier bogus://h/x is not used (see the warning)"]
+    out = io.StringIO()
+    report = {
+        "xla_pcache": "0",
+        "format_version": 1,
+        "python": "3",
+        "config": {"path": str(tmp_path / "c"), "path_source": "--path"},
+        "cache": {**info, "entries": 0, "bytes": 0, "mmap_reads": True},
+        "frameworks": {},
+        "problems": problems,
+    }
+    doctor._render(Console(file=out, width=200), report)
+    text = out.getvalue()
+    assert "remote tier 1: redis://***@127.0.0.1:1/0" in text
+    assert "remote tier 2: s3://bkt/p (read-only)" in text and "pw-2c4e" not in text
+    assert "remote tier 3: gs://bkt/q (trusted entries only)" in text
+
+
+def test_remote_counters_are_summed_across_processes(
+    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+) -> None:
+    """Each process writes its remote counters to its journal; ``stats`` of any process
+    (and ``xla-pcache stats``) sums them, as it does the local counters."""
+    import subprocess
+    import sys
+
+    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
+    seed = Store(tmp_path / "seed", remote=chain)
+    assert seed.put("k", b"x" * 5000)
+    _flush(seed)
+    redis.Redis.from_url(redis_server.url).flushall()
+    code = (
+        "import sys; from xla_pcache import Store\n"
+        "s = Store(sys.argv[1], remote=sys.argv[2])\n"
+        "assert s.get(sys.argv[3]) is not None\n"
+        "s.remote.flush(); s.close()\n"
+    )
+    for _ in range(2):
+        # Two processes on one cache directory, one after the other: the first fetches
+        # from S3 (backfilling Redis), the second hits locally.
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "shared"), chain, "k"],
+            check=True,
+            timeout=120,
+        )
+    code_miss = (
+        "import sys; from xla_pcache import Store\n"
+        "s = Store(sys.argv[1], remote=sys.argv[2])\n"
+        "assert s.get('absent') is None; s.close()\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code_miss, str(tmp_path / "shared"), chain],
+        check=True,
+        timeout=120,
+    )
+    st = Store(tmp_path / "shared").stats()
+    assert st["remote_hits"] == 1 and st["remote_backfills"] == 1, st
+    assert st["remote_misses"] == 3, st  # Redis then S3 for "k" once, and for "absent" 2
+    assert st["remote_read_bytes"] > 5000 and st["remote_puts"] == 1, st
+    # The same per tier (by name, its kind): S3 answered, Redis missed and was backfilled
+    # (its put came from the backfill), both missed "absent".
+    per_kind: dict[str, Any] = dict(st)
+    assert per_kind["remote_s3_hits"] == 1 and per_kind["remote_redis_hits"] == 0, st
+    assert per_kind["remote_redis_misses"] == 2 and per_kind["remote_s3_misses"] == 1, st
+    assert per_kind["remote_redis_backfills"] == 1 and per_kind["remote_redis_puts"] == 1, st
+    assert per_kind["remote_s3_read_bytes"] == st["remote_read_bytes"], st
+    assert per_kind["remote_redis_written_bytes"] == st["remote_written_bytes"] > 5000, st
+    # Only the tiers that exist: no other name, no kind this chain lacks.
+    assert set(tier_counters(st)) == {"redis", "s3"}, st
+    assert not any(k.startswith(("remote_gs_", "remote_az_")) for k in st), st
+    with pytest.raises(ValueError, match="name"):
+        Store(tmp_path / "shared").add_counter("hits", 1)
+    with pytest.raises(ValueError, match="tier"):
+        Store(tmp_path / "shared").add_tier_counter("Bad Name", "hits", 1)
+    out = cli_out("stats", "--path", str(tmp_path / "shared"), "--json", XLA_PCACHE_REMOTE=chain)
+    import json
+
+    report = json.loads(out)
+    assert report["remote_hits"] == 1 and report["remote_misses"] == 3, report
+    assert report["remote_s3_hits"] == 1 and report["remote_redis_misses"] == 2, report
+    assert report["remote_s3_get_ms"] + report["remote_redis_get_ms"] == report["remote_get_ms"]
+    assert report["tier1"] == redis_server.url and report["tier2"].startswith("s3://"), report
+
+
+def test_bucket_claims_single_flight_and_takeover(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One claim per key on the bucket; a waiter sees it held, then published once the
+    holder's entry is uploaded and the claim released; a claim whose ETag stops changing
+    for the lease (a killed holder) is taken over by exactly one waiter."""
+    # The order under test needs the upload to succeed: on a loaded machine a request can
+    # take longer than the default 2 s, and a failed upload rightly makes the waiter compile.
+    monkeypatch.setenv("XLA_PCACHE_REMOTE_TIMEOUT", "20")
+    url = s3.url(fresh_prefix())
+    holder = Store(tmp_path / "a", remote=url)
+    waiter = Store(tmp_path / "b", remote=url)
+    assert holder.remote is not None and waiter.remote is not None
+    hc, wc = holder.remote.claims(), waiter.remote.claims()
+    assert hc is not None and wc is not None
+    name = entry_name("k")
+    mine = hc.claim(name, wait=5, lease=30)
+    assert mine.state == "claimed" and mine.held
+    assert wc.claim(name, wait=0.3, lease=30).state == "timed_out"
+    assert holder.put("k", b"compiled")
+    mine.release()  # queued after the upload
+    got = wc.claim(name, wait=10, lease=30)
+    assert got.state == "published"
+    assert bytes(waiter.get("k") or b"") == b"compiled"
+    # A holder that died: its claim object stays and never changes.
+    dead = entry_name("dead")
+    client = bucket_client(s3, url.split("/", 3)[3])
+    obstore.put(client, f"xla_pcache-1/claims/{dead}", b"{}", mode="create")
+    results_: list[Any] = []
+
+    # The lease is long beside a request's round trip, so the taker's heartbeats keep the
+    # claim alive for the other thread, which waits out several leases: two takeovers would
+    # be a lost race, not a slow machine.
+    def take() -> None:
+        results_.append(wc.claim(dead, wait=8, lease=2))
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    states = sorted((c.state, c.took_over) for c in results_)
+    # One takes it over; the other then sees the taker's heartbeats and waits it out.
+    assert states == [("claimed", True), ("timed_out", False)], states
+    for c in results_:
+        c.release()
+
+
+def test_a_claim_released_between_the_two_looks_is_seen_published(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter's first look finds no entry; before its look at the claim, the holder
+    uploads the entry and deletes its claim. The waiter must then find the entry, not take
+    a claim and compile what was just published. The interleaving is made, not waited for:
+    the waiter's first look at the entry answers as it would have a moment earlier."""
+    url = s3.url(fresh_prefix())
+    holder = Store(tmp_path / "a", remote=url)
+    waiter = Store(tmp_path / "b", remote=url)
+    assert holder.remote is not None and waiter.remote is not None
+    hc, wc = holder.remote.claims(), waiter.remote.claims()
+    assert hc is not None and wc is not None
+    name = entry_name("k")
+    mine = hc.claim(name, wait=5, lease=30)
+    assert mine.held
+    tier = wc._tier
+    real_exists = tier.exists
+    looks: list[bool] = []
+
+    def exists_then_publish(n: Any) -> bool:
+        if not looks:  # the first look: the holder has not published yet
+            looks.append(False)
+            assert holder.put("k", b"compiled")
+            mine.release()
+            holder.remote.flush()
+            return False
+        looks.append(real_exists(n))
+        return looks[-1]
+
+    monkeypatch.setattr(tier, "exists", exists_then_publish)
+    got = wc.claim(name, wait=10, lease=30)
+    assert got.state == "published", (got.state, looks)
+    assert not got.held
+    assert bytes(waiter.get("k") or b"") == b"compiled"
+    client = bucket_client(s3, url.split("/", 3)[3])
+    left = obstore.list(client, prefix="xla_pcache-1/claims/").collect()
+    assert left == [], "a claim was left"
+
+
+def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """obstore's runtime does not survive fork: a child forked from a process that used the
+    tier (a DataLoader worker) skips it (a request there would wait for ever) and goes on
+    with its local directory."""
+    import subprocess
+    import sys
+
+    prefix = fresh_prefix()
+    code = (
+        "import os, sys\n"
+        "from xla_pcache import Store\n"
+        "s = Store(sys.argv[1], remote=sys.argv[2])\n"
+        "assert s.put('parent', b'p'); s.remote.flush()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ok = s.put('child', b'c') and s.get('other') is None\n"
+        "    s.remote.flush()\n"
+        # A tier opened anew in the child (a store made there) is dropped, not used.
+        "    s2 = Store(sys.argv[1] + '-child', remote=sys.argv[2])\n"
+        "    ok = ok and s2.put('x', b'y') and len(s2.remote) == 0\n"
+        "    os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0, status\n"
+        "assert s.put('after', b'a'); s.remote.flush()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c"), s3.url(prefix)],
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "not usable in a process forked" in out.stderr
+    names = {entry_name(k) for k in ("parent", "after")}
+    assert {p.split("/", 2)[2] for p in _objects(s3, prefix)} == names
+
+
+def test_chain_checks_and_redaction() -> None:
+    from xla_pcache.tiers.chain import check_chain, redact_chain
+
+    check_chain("bogus://x,s3://b/p", "remote")  # unusable tiers are dropped later, not here
+    with pytest.raises(ValueError, match="remote"):
+        check_chain(" , ", "remote")
+    with pytest.raises(TypeError, match="remote"):
+        check_chain(b"redis://h", "remote")
+    assert redact_chain("redis://:pw@h:1/0, s3://b/p?ro=1") == "redis://***@h:1/0,s3://b/p?ro=1"
