@@ -58,6 +58,13 @@ LEVELS = {
     "_activate": 4,
     # The command and its tools, on top of everything.
     "cli": 5,
+    "cli._common": 5,
+    "cli._stats": 5,
+    "cli._ls": 5,
+    "cli._prune": 5,
+    "cli._config": 5,
+    "cli._verify": 5,
+    "cli._bundle": 5,
     "cli._doctor": 5,
     "cli._demo": 5,
     "__main__": 5,
