@@ -18,7 +18,7 @@ import pytest
 from helpers import clean_env, keygen
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
-from xla_pcache.torch_xla._sync import HostMirror, store_key
+from xla_pcache.torch_xla._host_mirror import HostMirror, store_key
 
 
 def _pair(name: str) -> tuple[tuple[str, bytes], tuple[str, bytes]]:

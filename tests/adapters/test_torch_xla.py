@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from helpers import clean_env
 from xla_pcache import Store
-from xla_pcache.torch_xla._sync import HostMirror, is_torch_xla_name, store_key
+from xla_pcache.torch_xla._host_mirror import HostMirror, is_torch_xla_name, store_key
 
 WORKER = Path(__file__).with_name("torch_xla_worker.py")
 VERSION = importlib.metadata.version("torch_xla")

@@ -29,7 +29,7 @@ import pytest
 from helpers import clean_env
 from xla_pcache import Store
 from xla_pcache.torch_xla import CANNOT_LOAD_ISSUE
-from xla_pcache.torch_xla._sync import is_torch_xla_name
+from xla_pcache.torch_xla._host_mirror import is_torch_xla_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 
