@@ -50,6 +50,7 @@ LEVELS = {
     "jax._cache_dir": 4,
     "jax._adopt": 4,
     "jax._single_flight": 4,
+    "jax._store_cache": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
     "torch_xla._cache": 4,
