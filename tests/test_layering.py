@@ -23,7 +23,7 @@ LEVELS = {
     # The gates every layer passes what it read through: names, and text shown to people.
     "_names": 0,
     "_text": 0,
-    # The miss log: the key-part modules write it, explain reads it.
+    # The miss log: explain writes it for the adapters and reads it back.
     "misslog": 0,
     # Points a test waits on (XLA_PCACHE_TEST_HOOKS).
     "_testhook": 0,
@@ -42,8 +42,8 @@ LEVELS = {
     # A bucket as the cache path: its host-local store, over the store.
     "bucket": 2,
     "caches": 3,
-    # The framework adapters, each with its helpers, and explain, which reads the misses
-    # they record.
+    # The framework adapters, each with its helpers, and explain, which records their misses
+    # and reads them back.
     "jax": 4,
     "jax._keyparts": 4,
     "jax._thresholds": 4,

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from xla_pcache import explain
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import package_logger
 from xla_pcache.jax import _adopt, _keyparts, _single_flight
@@ -108,9 +109,9 @@ class _StoreCacheImpl:
                 return None
         if blob is None:
             # Misses only: the hit path above records nothing.
-            from xla_pcache import explain
-
-            _keyparts.on_miss(self._store, key, explain.note_miss)
+            new, parts = _keyparts.missed(key)
+            if new:
+                explain.record_miss(self._store, key, parts, "jax")
             if self._on_miss != "compile":
                 # Raises CacheMissError in "error" mode: install() made JAX let it through.
                 _on_miss.handle(

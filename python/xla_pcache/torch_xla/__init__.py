@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from xla_pcache import bucket, misslog
+from xla_pcache import bucket, explain, misslog
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
@@ -324,11 +324,15 @@ def _pull_from_bucket(store: Store) -> None:
 
 
 def _on_publish(store: Store, key: str) -> None:
-    """After this process published torch_xla's file under ``key``: what misses record, and
-    for a bucket path the marker that lets other hosts find the entry."""
-    from xla_pcache import explain
-
-    _txkeys.on_publish(store, key, note=explain.note_miss)
+    """After this process published torch_xla's file under ``key``: the graph missed here
+    (torch_xla compiled and wrote it), so the miss is recorded; for a bucket path, the marker
+    that lets other hosts find the entry."""
+    try:
+        parts = _txkeys.components()
+    except Exception as exc:
+        logger.debug("xla_pcache: recording the torch_xla miss of %r failed: %s", key, exc)
+    else:
+        explain.record_miss(store, key, parts, "torch_xla")
     mark = getattr(store, "mark_torch_xla", None)
     if mark is not None:
         mark(key, key[len(KEY_PREFIX) :])

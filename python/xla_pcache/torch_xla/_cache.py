@@ -5,12 +5,13 @@ own counters say (hits the pool served, misses, whether this backend loads its e
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from xla_pcache import metrics
+from xla_pcache import explain, metrics
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import package_logger
 from xla_pcache.store import Store
@@ -223,10 +224,15 @@ def _summarize(inst: TorchXlaCache) -> None:
     except Exception:
         return
     misses = counts["PersistentCacheMiss"]
-    if inst.read_only:
-        from xla_pcache import explain
-
-        _txkeys.explain_read_only_misses(inst.store, misses, explain.note_miss)
+    explaining = logging.getLogger("xla_pcache.explain").isEnabledFor(logging.INFO)
+    if inst.read_only and misses > 0 and explaining:
+        # A read-only process cannot log its misses: it says once, at exit, how its
+        # environment differs from the nearest torch_xla entry's (INFO).
+        try:
+            key = f"{_txkeys.MODULE}/process-{os.getpid()}"
+            explain.record_miss(inst.store, key, _txkeys.components(), "torch_xla")
+        except Exception as exc:
+            logger.debug("xla_pcache: explaining torch_xla's misses failed: %s", exc)
     try:
         metrics.log_summary(inst.store, hits=counts["PersistentCacheHit"], misses=misses)
     except Exception as exc:
