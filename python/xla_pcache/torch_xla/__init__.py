@@ -49,8 +49,6 @@ __all__ = [
 
 logger = package_logger("xla_pcache.torch_xla")
 
-# Where install() leaves the shared path for child processes (see _hide_from_children).
-INHERITED_PATH_VAR = SHARED_PATH_VAR
 DEFAULT_SYNC_INTERVAL_S = 30.0
 # What CI proves: the oldest and the newest torch_xla the adapter tests run against.
 SUPPORTED_TORCH_XLA = "torch_xla >= 2.7, <= 2.9 (CI tests 2.7.0 and 2.9.0)"
@@ -223,7 +221,7 @@ def _hide_from_children(path: str) -> None:
     """Child processes inherit the environment. One that runs torch_xla without calling
     install() would write in place into the shared directory; moving the path to our own
     variable gives it no persistent cache instead, and install() in it still finds it."""
-    os.environ[INHERITED_PATH_VAR] = path
+    os.environ[SHARED_PATH_VAR] = path
     os.environ.pop(PATH_VAR, None)
 
 
@@ -658,7 +656,7 @@ def _leave_without_cache() -> None:
     only xla_pcache reads, so they try again."""
     raw = os.environ.pop(PATH_VAR, "").strip()
     if raw:
-        os.environ[INHERITED_PATH_VAR] = bucket.route(raw).path
+        os.environ[SHARED_PATH_VAR] = bucket.route(raw).path
 
 
 def activation() -> str | None:
