@@ -19,11 +19,7 @@ from xla_pcache.cli._common import (
     progress_bar,
     reported,
 )
-from xla_pcache.config import (
-    PATH_VAR,
-    READ_ONLY_VAR,
-    Settings,
-)
+from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store
 

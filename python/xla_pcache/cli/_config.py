@@ -18,11 +18,7 @@ from xla_pcache.cli._common import (
     redact,
     reported,
 )
-from xla_pcache.config import (
-    MAX_SIZE_VAR,
-    READ_ONLY_VAR,
-    Settings,
-)
+from xla_pcache.config import MAX_SIZE_VAR, READ_ONLY_VAR, Settings
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 
 # Values that unset a stored setting.

@@ -25,12 +25,7 @@ from xla_pcache.cli._common import (
     redact,
     reported,
 )
-from xla_pcache.config import (
-    MAX_SIZE_VAR,
-    READ_ONLY_VAR,
-    TRUSTED_KEYS_VAR,
-    Settings,
-)
+from xla_pcache.config import MAX_SIZE_VAR, READ_ONLY_VAR, TRUSTED_KEYS_VAR, Settings
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 
 

@@ -24,9 +24,7 @@ from xla_pcache.cli._common import (
     progress_bar,
     reported,
 )
-from xla_pcache.config import (
-    TRUSTED_KEYS_VAR,
-)
+from xla_pcache.config import TRUSTED_KEYS_VAR
 
 if TYPE_CHECKING:
     from xla_pcache._reports import VerifyReport
