@@ -23,7 +23,7 @@ LEVELS = {
     # The gates every layer passes what it read through: names, and text shown to people.
     "_names": 0,
     "_text": 0,
-    # The miss log: the key-part modules write it, explain reads it.
+    # The miss log: explain writes it for the adapters and reads it back.
     "misslog": 0,
     # Points a test waits on (XLA_PCACHE_TEST_HOOKS).
     "_testhook": 0,
@@ -42,22 +42,32 @@ LEVELS = {
     # A bucket as the cache path: its host-local store, over the store.
     "bucket": 2,
     "caches": 3,
-    # The framework adapters, each with its helpers, and explain, which reads the misses
-    # they record.
+    # The framework adapters, each with its helpers, and explain, which records their misses
+    # and reads them back.
     "jax": 4,
     "jax._keyparts": 4,
     "jax._thresholds": 4,
     "jax._cache_dir": 4,
     "jax._adopt": 4,
     "jax._single_flight": 4,
+    "jax._store_cache": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
-    "torch_xla._sync": 4,
+    "torch_xla._cache": 4,
+    "torch_xla._host_mirror": 4,
+    "torch_xla._opens": 4,
     "explain": 4,
     "on_miss": 4,
     "_activate": 4,
     # The command and its tools, on top of everything.
     "cli": 5,
+    "cli._common": 5,
+    "cli._stats": 5,
+    "cli._ls": 5,
+    "cli._prune": 5,
+    "cli._config": 5,
+    "cli._verify": 5,
+    "cli._bundle": 5,
     "cli._doctor": 5,
     "cli._demo": 5,
     "__main__": 5,

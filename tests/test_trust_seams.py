@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
-from xla_pcache.torch_xla._sync import HostMirror, store_key
+from xla_pcache.torch_xla._host_mirror import HostMirror, store_key
 
 from tests.helpers import clean_env, cli, keygen
 

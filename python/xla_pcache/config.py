@@ -133,7 +133,7 @@ VARIABLES: tuple[Variable, ...] = (
         "size",
         "unbounded",
         "Byte budget of the directory, shared by all processes; least recently used entries "
-        "are evicted past it, down to 90 %. Bytes or `K/M/G/T` (binary), decimals allowed.",
+        "are evicted past it, down to 90 %. Bytes or `K/M/G/T/P` (binary), decimals allowed.",
     ),
     Variable(
         COMPILE_WAIT_VAR,
@@ -251,7 +251,7 @@ VARIABLES: tuple[Variable, ...] = (
         "512M (Redis), 5G (object stores)",
         "Entries larger than this are not written to a remote tier (counted "
         "`remote_too_large`); for Redis, match the server's `proto-max-bulk-len`. Bytes or "
-        "`K/M/G/T`.",
+        "`K/M/G/T/P`.",
     ),
     Variable(
         XDG_CACHE_HOME_VAR,
@@ -276,10 +276,7 @@ VARIABLES: tuple[Variable, ...] = (
         "missed warm-up should fail fast). JAX raises from the jitted call; torch_xla: see "
         "docs/torch_xla.md. A cached program runs in every mode.",
     ),
-)
-
-# Trusted writers: appended here, after the existing rows.
-VARIABLES += (
+    # Trusted writers.
     Variable(
         SIGNING_KEY_VAR,
         "signing_key",
@@ -299,8 +296,7 @@ VARIABLES += (
         "write): only entries signed by one of these keys are served; any other is a miss, "
         "counted `untrusted`, never loaded. Unset: every verified entry is served.",
     ),
-)
-VARIABLES += (
+    # What is cached.
     Variable(
         MIN_COMPILE_TIME_VAR,
         "min_compile_time",
@@ -316,14 +312,11 @@ VARIABLES += (
         "min_entry_size",
         "size",
         "0",
-        "What is cached: an entry smaller than this is not stored (bytes or `K/M/G`). Applied "
+        "What is cached: an entry smaller than this is not stored (bytes or `K/M/G/T/P`). Applied "
         "to JAX's `jax_persistent_cache_min_entry_size_bytes` unless the program sets that "
         "itself.",
     ),
-)
-
-# A cache in a bucket (docs/remote.md, "A cache in a bucket").
-VARIABLES += (
+    # A cache in a bucket (docs/remote.md, "A cache in a bucket").
     Variable(
         LOCAL_PATH_VAR,
         "local_path",
@@ -445,8 +438,9 @@ def _text(value: str, name: str) -> str:
 
 def check_key_name(key_name: str, name: str) -> str:
     """A key name, by the core's one rule (``_core.check_key_name``: letters, digits, ``.``,
-    ``_``, ``-``, at most 64, ending in a version such as ``-1``), which ``keygen`` and every
-    store check too; ``ValueError`` naming ``name`` otherwise."""
+    ``_``, ``-``, at most 64, ending in a version such as ``-1``), which ``keygen`` checks too
+    and the core again wherever a store is given a key (its signer, its trusted set);
+    ``ValueError`` naming ``name`` otherwise."""
     try:
         _core.check_key_name(key_name)
     except ValueError as e:
@@ -477,20 +471,24 @@ class SigningKey:
     private: bytes = field(repr=False)
 
 
-def _open_key_file(path: str, name: str, what: str) -> tuple[int, os.stat_result]:
-    """``path`` opened for reading without following a link or waiting on a FIFO
-    (``O_NOFOLLOW | O_NONBLOCK``), and its status: a regular file, or ``ValueError`` naming
-    ``name``, the file and why."""
+def _read_key_file(path: str, name: str, what: str, refused: int, why: str, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``path``, opened without following a link or waiting on a
+    FIFO (``O_NOFOLLOW | O_NONBLOCK``): a regular file whose mode has none of the bits
+    ``refused``, or ``ValueError`` naming ``name``, the file and why (``why``, given the
+    file's ``{mode}``, when it is the mode)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        why = "a symbolic link (name the file itself)" if e.errno == errno.ELOOP else e.strerror
-        raise ValueError(f"invalid {name} {path!r}: cannot open {what} ({why})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ValueError(f"invalid {name} {path!r}: {what} is not a regular file")
-    return fd, st
+        cause = "a symbolic link (name the file itself)" if e.errno == errno.ELOOP else e.strerror
+        raise ValueError(f"invalid {name} {path!r}: cannot open {what} ({cause})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"invalid {name} {path!r}: {what} is not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & refused:
+            raise ValueError(f"invalid {name} {path!r}: " + why.format(mode=f"{mode:04o}"))
+        return f.read(limit)
 
 
 def read_signing_key(path: str, name: str = SIGNING_KEY_VAR) -> SigningKey:
@@ -498,15 +496,14 @@ def read_signing_key(path: str, name: str = SIGNING_KEY_VAR) -> SigningKey:
     comments allowed). It must be a regular file (not a link, not a FIFO) that group and
     others cannot access."""
     path = os.path.expanduser(path.strip())
-    fd, st = _open_key_file(path, name, "the private key file")
-    with os.fdopen(fd, "rb") as f:
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o077:
-            raise ValueError(
-                f"invalid {name} {path!r}: a private key readable or writable by group or "
-                f"others (mode {mode:04o}); run chmod 600 on it"
-            )
-        data = f.read(4096)
+    data = _read_key_file(
+        path,
+        name,
+        "the private key file",
+        0o077,
+        "a private key readable or writable by group or others (mode {mode}); run chmod 600 on it",
+        4096,
+    )
     try:
         lines = _key_lines(data.decode("utf-8"))
     except UnicodeDecodeError:
@@ -526,16 +523,15 @@ def _read_trusted_list(value: str, name: str) -> str:
     be a regular file named directly (not reached through a link) that neither group nor
     others can write; anything else is refused, naming the file and why."""
     path = os.path.expanduser(value[1:].strip())
-    fd, st = _open_key_file(path, name, "the trusted-keys list")
-    with os.fdopen(fd, "rb") as f:
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o022:
-            raise ValueError(
-                f"invalid {name} {path!r}: the trusted-keys list is writable by group or "
-                f"others (mode {mode:04o}), so they could add a key every reader trusts; run "
-                "chmod go-w on it"
-            )
-        data = f.read((1 << 20) + 1)
+    data = _read_key_file(
+        path,
+        name,
+        "the trusted-keys list",
+        0o022,
+        "the trusted-keys list is writable by group or others (mode {mode}), so they could add "
+        "a key every reader trusts; run chmod go-w on it",
+        (1 << 20) + 1,
+    )
     if len(data) > 1 << 20:
         raise ValueError(f"invalid {name} {path!r}: the trusted-keys list is over 1 MiB")
     try:

@@ -8,9 +8,10 @@ computation digest first, then the fewest differing components, then the newest)
 the components that differ, with both values where they were recorded. It reads entry
 headers only (``Store.entries()``), never a payload.
 
-The miss log itself (``<root>/misses.log``, bounded, opened without following links) is
-``xla_pcache.misslog``'s. A read-only process never writes it: it logs the explanation to
-the ``xla_pcache`` logger instead (INFO).
+Both adapters record each miss here (``record_miss``); the miss log itself
+(``<root>/misses.log``, bounded, opened without following links) is ``xla_pcache.misslog``'s.
+A read-only process never writes it: it logs the explanation to the ``xla_pcache`` logger
+instead (INFO).
 """
 
 from __future__ import annotations
@@ -71,20 +72,20 @@ COMPUTATION_CHANGED = (
 )
 
 
-def note_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> None:
-    """What an adapter calls on a miss: append to the log, or, read-only, log the
-    explanation (computed only when INFO is enabled: it reads every entry's header)."""
-    record = miss_record(key, parts, framework)
-    if not store.read_only:
-        append_miss(store.path, record)
-        return
-    if not logger.isEnabledFor(logging.INFO):
-        return
+def record_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> None:
+    """The one way a miss is recorded, called by both adapters: appended to the store's miss
+    log, or, read-only (which never writes it), its explanation logged at INFO (computed only
+    when INFO is enabled: it reads every entry's header). Never raises: a miss compiles
+    whatever happens here."""
     try:
-        result = explain_records([record], _recent_entries(store))[0]
-        logger.info("xla_pcache: read-only cache missed: %s", one_line(result))
+        record = miss_record(key, parts, framework)
+        if not store.read_only:
+            append_miss(store.path, record)
+        elif logger.isEnabledFor(logging.INFO):
+            result = explain_records([record], _recent_entries(store))[0]
+            logger.info("xla_pcache: read-only cache missed: %s", one_line(result))
     except Exception as exc:
-        logger.debug("xla_pcache: cannot explain the miss of %r: %s", key, exc)
+        logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
 
 
 # A read-only process explains each miss against the entries' headers; reading them all for

@@ -1,8 +1,8 @@
 """The miss log: what each miss of a cache was made of, kept in the cache's directory.
 
-The key-part modules (``xla_pcache.jax._keyparts``, ``xla_pcache.torch_xla._keyparts``)
-write each miss here (``note_miss``); ``xla_pcache.explain`` reads them back. This module
-imports nothing of the package but the loggers, so that both sides can sit on it.
+The adapters record each miss through ``xla_pcache.explain.record_miss``, which appends it
+here (``append_miss``) and reads the log back; the key-part modules put the same format in
+entries' metadata. This module imports nothing of the package but the loggers.
 
 The miss log is ``<root>/misses.log``, JSON lines, at most ``MAX_LOG_BYTES``; when full it
 becomes ``misses.log.1`` (replacing the previous one) and a new one starts, so the two hold
@@ -27,7 +27,6 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Callable
 from typing import Any
 
 from xla_pcache._text import package_logger
@@ -238,23 +237,6 @@ def miss_record(key: str, parts: dict[str, Any] | None, framework: str) -> dict[
         if "verified" in parts:
             record["verified"] = bool(parts["verified"])
     return record
-
-
-def note_miss(
-    store: Any,
-    key: str,
-    parts: dict[str, Any] | None,
-    framework: str,
-    *,
-    read_only: Callable[[Any, str, Any, str], None],
-) -> None:
-    """What a key-part module does with a miss: append it to ``store``'s log; a read-only
-    store's miss goes to ``read_only`` instead (the adapter passes ``explain.note_miss``,
-    which logs the explanation: this module is below explain)."""
-    if store.read_only:
-        read_only(store, key, parts, framework)
-        return
-    append_miss(store.path, miss_record(key, parts, framework))
 
 
 def encode(parts: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ def parse_size(value: int | str | None, *, name: str = "size") -> int | None:
         m = _SIZE_RE.match(value)
         if m is None:
             raise ValueError(
-                f"invalid {name} {value!r}: expected bytes or a number with a K/M/G/T suffix, "
+                f"invalid {name} {value!r}: expected bytes or a number with a K/M/G/T/P suffix, "
                 "such as '500M', '50G' or '1.5T'"
             )
         # Decimal: exact for any number of digits ("9" * 40 must not round or overflow).

@@ -356,9 +356,11 @@ def _seconds(value: float | str | None, name: str) -> float | None:
 
 
 def _tier_hooks(store: Store) -> tuple[Any, Any]:
+    """What the binding calls after a local miss and after a put that published (its
+    ``_set_tier``), holding the store weakly."""
     ref = weakref.ref(store)
 
-    def on_miss(key: _core.Key) -> _core.Blob | None:
+    def get_from_tier(key: _core.Key) -> _core.Blob | None:
         s = ref()
         return None if s is None else s._tier_get(key)
 
@@ -367,7 +369,7 @@ def _tier_hooks(store: Store) -> tuple[Any, Any]:
         if s is not None:
             s._tier_put(key)
 
-    return on_miss, on_publish
+    return get_from_tier, on_publish
 
 
 # Fork safety. A child forked while another thread was inside a store (PyTorch's DataLoader

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.torch_xla._sync import HostMirror, is_torch_xla_name, store_key
+from xla_pcache.torch_xla._host_mirror import HostMirror, is_torch_xla_name, store_key
 
 from tests.helpers import finish_worker
 from tests.torch_xla.helpers import loads, run_torch_xla, start_torch_xla, worker_env

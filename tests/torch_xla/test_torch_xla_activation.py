@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.torch_xla._sync import is_torch_xla_name
+from xla_pcache.torch_xla._host_mirror import is_torch_xla_name
 
 from tests.helpers import clean_env, cli, run_worker
 

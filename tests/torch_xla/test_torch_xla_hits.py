@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.torch_xla._sync import is_torch_xla_name
+from xla_pcache.torch_xla._host_mirror import is_torch_xla_name
 
 from tests.torch_xla.helpers import NEEDS_THE_HOOK, cold, entries, loads, run_program, served
 

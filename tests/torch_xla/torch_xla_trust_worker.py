@@ -26,7 +26,7 @@ import torch_xla.debug.metrics as met
 from xla_pcache import Store
 from xla_pcache import torch_xla as xt
 from xla_pcache.config import Settings
-from xla_pcache.torch_xla._sync import HostMirror
+from xla_pcache.torch_xla._host_mirror import HostMirror
 
 COUNTERS = ("PersistentCacheMiss", "PersistentCacheHit", "PersistentCacheDeserializeFailure")
 

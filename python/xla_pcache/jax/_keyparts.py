@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import misslog
 from xla_pcache._text import package_logger
 from xla_pcache.jax import _cache_dir
 from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode
@@ -366,7 +365,7 @@ def _body(field: bytes) -> bytes:
     return field[at:]
 
 
-# --- what the JAX adapter calls on a miss and on a put -------------------------------------
+# --- what the JAX adapter asks on a miss and on a put --------------------------------------
 
 _PENDING_MAX = 64  # components of keys missed on this thread and not put yet
 
@@ -378,20 +377,22 @@ def _pending() -> dict[str, dict[str, Any] | None]:
     return pending
 
 
-def on_miss(store: Any, key: str, note: Callable[[Any, str, Any, str], None]) -> None:
-    """Record a miss in the miss log (never raises); a read-only store's goes to ``note``
-    (``explain.note_miss``, passed by the adapter: this module is below explain)."""
+def missed(key: str) -> tuple[bool, dict[str, Any] | None]:
+    """After a miss of ``key`` on this thread: whether to record it (not when JAX's
+    verification wrapper reads the key again inside the put that follows: one miss, recorded
+    once), and its components, kept for that put. Never raises."""
     try:
         pending = _pending()
-        if key in pending:  # JAX's verification wrapper reads the key again in its put
-            return
+        if key in pending:
+            return False, pending[key]
         parts = components(key)
         if len(pending) >= _PENDING_MAX:
             pending.pop(next(iter(pending)))
         pending[key] = parts
-        misslog.note_miss(store, key, parts, "jax", read_only=note)
+        return True, parts
     except Exception as exc:
         logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
+        return False, None
 
 
 def put_meta(meta: dict[str, str], key: str, value: Any) -> dict[str, str]:

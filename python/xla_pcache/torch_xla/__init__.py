@@ -3,7 +3,7 @@
 torch_xla's own ``PersistentCache`` writes one file per graph, in place, with no lock and no
 eviction, so pointing many processes at one directory risks torn files and a full disk.
 ``install()`` keeps torch_xla's variables and behaviour but moves its directory to a private
-per-process view of a host-local copy of the store (see ``_torch_xla_sync``), and publishes
+per-process view of a host-local copy of the store (see ``_host_mirror``), and publishes
 what torch_xla writes there into the store, atomically and first writer wins.
 
 Call ``install()`` before the first XLA execution: torch_xla reads its cache settings once,
@@ -18,11 +18,9 @@ import functools
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from xla_pcache import bucket, metrics, misslog
-from xla_pcache import on_miss as _on_miss
+from xla_pcache import bucket, explain, misslog
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
@@ -30,10 +28,11 @@ from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 from xla_pcache.tiers import redact
 from xla_pcache.torch_xla import _keyparts as _txkeys
-from xla_pcache.torch_xla._sync import (
+from xla_pcache.torch_xla._cache import CANNOT_LOAD_ISSUE as CANNOT_LOAD_ISSUE
+from xla_pcache.torch_xla._cache import TorchXlaCache, device_type, torch_xla_counters
+from xla_pcache.torch_xla._host_mirror import (
     KEY_PREFIX,
     HostMirror,
-    describe,
     is_torch_xla_name,
     store_key,
 )
@@ -50,206 +49,9 @@ __all__ = [
 
 logger = package_logger("xla_pcache.torch_xla")
 
-# Where install() leaves the shared path for child processes (see _hide_from_children).
-INHERITED_PATH_VAR = SHARED_PATH_VAR
 DEFAULT_SYNC_INTERVAL_S = 30.0
 # What CI proves: the oldest and the newest torch_xla the adapter tests run against.
 SUPPORTED_TORCH_XLA = "torch_xla >= 2.7, <= 2.9 (CI tests 2.7.0 and 2.9.0)"
-# The upstream report of torch_xla failing to load its own serialized executables back.
-CANNOT_LOAD_ISSUE = "https://github.com/pytorch/xla/issues/9094"
-
-_COUNTERS = (
-    "PersistentCacheMiss",
-    "PersistentCacheHit",
-    "PersistentCacheDeserializeFailure",
-    "UncachedCompile",
-    "CachedCompile",
-)
-
-
-@dataclass
-class TorchXlaCache:
-    """What ``install()`` set up in this process; ``sync()`` and ``stats()`` act on it."""
-
-    store: Store
-    mirror: HostMirror
-    read_only: bool
-    sync_interval: float | None
-    pid: int = field(default_factory=os.getpid)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _capability: str = "unknown"
-    _told: bool = False
-    via: str = "install()"
-    _closed: bool = False
-    # Pool hits: names of store files torch_xla opened and not yet counted, and how many
-    # of torch_xla's PersistentCacheHit have been counted in the store.
-    _opened: set[str] = field(default_factory=set)
-    _hits_counted: int = 0
-    # How many of torch_xla's PersistentCacheMiss have been counted in the store (its
-    # lookups are in the view, which the store never sees), and reported by on_miss.
-    _misses_counted: int = 0
-    _misses_reported: int = 0
-    _reported_names: set[str] = field(default_factory=set)
-    on_miss: str = "compile"
-    max_size: int | None = None
-    # The read-only setting torch_xla's cache was created with (fixed for the process).
-    _torch_read_only: bool = False
-
-    def _start_thread(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="xla_pcache-torch_xla-sync", daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def local_dir(self) -> str | None:
-        """The directory torch_xla reads and writes in this process."""
-        return self.mirror.view
-
-    def sync(self, *, final: bool = False) -> dict[str, Any]:
-        """Publish every complete file torch_xla wrote, check what the backend can load."""
-        if os.getpid() != self.pid:
-            return {}  # a forked child: its parent owns the view and the store handle
-        with self._lock:
-            if self._closed:
-                return self.stats()
-            self.mirror.publish(final=final)
-            counts = self._check_capability()
-            if counts is not None:
-                self._count_pool_hits(counts["PersistentCacheHit"])
-                self._count_misses(counts["PersistentCacheMiss"])
-            return self.stats()
-
-    def _count_misses(self, misses: int) -> None:
-        """Count in the store the misses torch_xla had in the view, so that ``xla-pcache
-        stats`` shows them beside the hits (the store never saw those lookups)."""
-        if misses <= self._misses_counted:
-            return
-        try:
-            self.store.count_misses(misses - self._misses_counted)
-        except Exception as exc:
-            self.mirror.warn("counting torch_xla's misses", exc)
-        self._misses_counted = misses
-
-    def after_step(self) -> None:
-        """``XLA_PCACHE_ON_MISS`` at the end of a step: the graphs it missed (compiled, and
-        already written to the view by torch_xla) are warned about, or fail the step."""
-        if os.getpid() != self.pid or self.on_miss == "compile" or self._closed:
-            return
-        try:
-            misses = torch_xla_counters()["PersistentCacheMiss"]
-        except Exception as exc:
-            self.mirror.warn("reading torch_xla's counters", exc)
-            return
-        new = misses - self._misses_reported
-        if new <= 0:
-            return
-        self._misses_reported = misses
-        names = sorted(self.mirror.written_names() - self._reported_names)[:new]
-        self._reported_names.update(names)
-        programs = names + ["(not yet written)"] * (new - len(names))
-        for name in programs:
-            _on_miss.handle(
-                self.on_miss,
-                self.store,
-                store_key(name),
-                program=f"graph {name}",
-                framework="torch_xla",
-                parts=_txkeys.components(),
-            )
-
-    def refresh(self) -> None:
-        """Bring the host's copy up to date with the store (for later processes)."""
-        if os.getpid() != self.pid:
-            return
-        with self._lock:
-            if not self._closed:
-                self.mirror.refresh_pool()
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "store": self.store.path,
-            "read_only": self.read_only,
-            "capability": self._capability,
-            **describe(self.mirror),
-        }
-
-    def close(self) -> None:
-        """Final publish, then remove this process's view. Runs at exit on its own."""
-        if os.getpid() != self.pid:
-            return
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
-        self.sync(final=True)
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self.mirror.close_view()
-            _summarize(self)
-            try:
-                self.store.close()
-            except Exception as exc:
-                self.mirror.warn("closing the store", exc)
-
-    def _count_pool_hits(self, hits: int) -> None:
-        """Record in the store the hits the host-local pool served (torch_xla loaded them
-        from the view, the store never saw a read), so that ``xla-pcache stats`` counts them
-        and eviction sees those entries as used. Each is one ``get`` of the entry, at most
-        as many as torch_xla counted hits."""
-        self._opened |= self.mirror.opened_links()
-        if self.store.read_only:
-            return  # a read-only store records nothing
-        while self._opened and self._hits_counted < hits:
-            name = self._opened.pop()
-            self._hits_counted += 1
-            try:
-                self.store.get(store_key(name))
-            except Exception as exc:
-                self.mirror.warn("counting a hit served from the host-local copy", exc)
-
-    def _check_capability(self) -> dict[str, int] | None:
-        try:
-            counts = torch_xla_counters()
-        except Exception as exc:
-            self.mirror.warn("reading torch_xla's counters", exc)
-            return None
-        if counts["PersistentCacheHit"]:
-            self._capability = "loads"
-        elif counts["PersistentCacheDeserializeFailure"] and self._capability != "loads":
-            self._capability = "cannot-load"
-            if not self._told:
-                self._told = True
-                logger.warning(
-                    "xla_pcache: torch_xla on this backend (%s) writes compiled programs but "
-                    "cannot load them back (PersistentCacheDeserializeFailure=%d): this "
-                    "process, and every later one on this backend, recompiles every graph. "
-                    "The cache still keeps the entries, for backends that can load them "
-                    "(torch_xla %s; upstream report: %s).",
-                    _device_type(),
-                    counts["PersistentCacheDeserializeFailure"],
-                    _torch_xla_version(),
-                    CANNOT_LOAD_ISSUE,
-                )
-        return counts
-
-    def _run(self) -> None:
-        assert self.sync_interval is not None
-        rounds = 0
-        while not self._stop.wait(self.sync_interval):
-            rounds += 1
-            try:
-                self.sync()
-                # Entries other hosts publish meanwhile reach this host's copy for the next
-                # process (never this one's view: see the docs on late additions).
-                if rounds % 10 == 0:
-                    self.refresh()
-            except Exception as exc:  # never let the thread die loudly
-                self.mirror.warn("the background sync", exc)
 
 
 class _CompileTimes:
@@ -321,23 +123,6 @@ def _watch_steps() -> None:
         setattr(module, attr, step)
 
 
-def _summarize(inst: TorchXlaCache) -> None:
-    """At close: the process's INFO summary; a read-only one also says why it missed."""
-    try:
-        counts = torch_xla_counters()
-    except Exception:
-        return
-    misses = counts["PersistentCacheMiss"]
-    if inst.read_only:
-        from xla_pcache import explain
-
-        _txkeys.explain_read_only_misses(inst.store, misses, explain.note_miss)
-    try:
-        metrics.log_summary(inst.store, hits=counts["PersistentCacheHit"], misses=misses)
-    except Exception as exc:
-        logger.debug("xla_pcache: no exit summary: %s", exc)
-
-
 _state_lock = threading.Lock()
 _installed: TorchXlaCache | None = None
 # Set while an explicit install() imports torch_xla, so that the import hook leaves the
@@ -371,32 +156,6 @@ def capability() -> str:
     return inst._capability
 
 
-def torch_xla_counters() -> dict[str, int]:
-    """torch_xla's persistent-cache counters (0 where never counted)."""
-    import importlib
-
-    met: Any = importlib.import_module("torch_xla.debug.metrics")
-    return {name: int(met.counter_value(name) or 0) for name in _COUNTERS}
-
-
-def _torch_xla_version() -> str:
-    try:
-        import torch_xla
-
-        return str(getattr(torch_xla, "__version__", "?"))
-    except Exception:
-        return "?"
-
-
-def _device_type() -> str:
-    try:
-        import torch_xla.runtime as xr
-
-        return str(xr.device_type() or "unknown")
-    except Exception:
-        return "unknown"
-
-
 def _producer_meta() -> dict[str, str]:
     import torch
     import torch_xla
@@ -406,7 +165,7 @@ def _producer_meta() -> dict[str, str]:
         "framework": "torch_xla",
         "framework_version": str(tx.__version__),
         "torch_version": str(torch.__version__),
-        "device": _device_type(),
+        "device": device_type(),
         "time": f"{time.time():.3f}",
         # What explain compares (see torch_xla/_keyparts.py; the graph hash is not visible).
         misslog.META_COMPONENTS: misslog.encode(_txkeys.components()),
@@ -462,7 +221,7 @@ def _hide_from_children(path: str) -> None:
     """Child processes inherit the environment. One that runs torch_xla without calling
     install() would write in place into the shared directory; moving the path to our own
     variable gives it no persistent cache instead, and install() in it still finds it."""
-    os.environ[INHERITED_PATH_VAR] = path
+    os.environ[SHARED_PATH_VAR] = path
     os.environ.pop(PATH_VAR, None)
 
 
@@ -563,11 +322,15 @@ def _pull_from_bucket(store: Store) -> None:
 
 
 def _on_publish(store: Store, key: str) -> None:
-    """After this process published torch_xla's file under ``key``: what misses record, and
-    for a bucket path the marker that lets other hosts find the entry."""
-    from xla_pcache import explain
-
-    _txkeys.on_publish(store, key, note=explain.note_miss)
+    """After this process published torch_xla's file under ``key``: the graph missed here
+    (torch_xla compiled and wrote it), so the miss is recorded; for a bucket path, the marker
+    that lets other hosts find the entry."""
+    try:
+        parts = _txkeys.components()
+    except Exception as exc:
+        logger.debug("xla_pcache: recording the torch_xla miss of %r failed: %s", key, exc)
+    else:
+        explain.record_miss(store, key, parts, "torch_xla")
     mark = getattr(store, "mark_torch_xla", None)
     if mark is not None:
         mark(key, key[len(KEY_PREFIX) :])
@@ -893,7 +656,7 @@ def _leave_without_cache() -> None:
     only xla_pcache reads, so they try again."""
     raw = os.environ.pop(PATH_VAR, "").strip()
     if raw:
-        os.environ[INHERITED_PATH_VAR] = bucket.route(raw).path
+        os.environ[SHARED_PATH_VAR] = bucket.route(raw).path
 
 
 def activation() -> str | None:

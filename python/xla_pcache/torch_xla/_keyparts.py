@@ -5,22 +5,20 @@ shapes, dtypes, sharding), the device, and ``HashXlaEnvVars`` (runtime/env_hash.
 ``--xla*`` flags of ``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS``, sorted, less the dump options,
 and ``TPU_MEGACORE`` as it is). The graph part never reaches Python, so it cannot be
 explained: only the parts recorded here can. Each entry torch_xla publishes carries them in
-its metadata, and each publish (a graph this process missed, compiled and wrote) is logged
-as a miss with them, under the program name ``torch_xla``: ``xla-pcache explain`` then
-compares the environment the miss was compiled in with the nearest other torch_xla entry's.
-When nothing recorded differs, the graph itself did.
+its metadata, and the adapter records each publish (a graph this process missed, compiled
+and wrote) as a miss with them (``explain.record_miss``), under the program name
+``torch_xla``: ``xla-pcache explain`` then compares the environment the miss was compiled in
+with the nearest other torch_xla entry's. When nothing recorded differs, the graph itself
+did.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import misslog
 from xla_pcache._text import package_logger
 
 logger = package_logger(__name__)
@@ -126,27 +124,3 @@ def components(environ: os._Environ[str] | dict[str, str] = os.environ) -> dict[
     if environ is os.environ:
         _cached = out
     return out
-
-
-def on_publish(store: Any, key: str, note: Callable[[Any, str, Any, str], None]) -> None:
-    """A graph this process compiled reached the store: it missed; its components go to the
-    miss log (a read-only store's to ``note``, ``explain.note_miss``, passed by the adapter:
-    this module is below explain). Never raises."""
-    try:
-        misslog.note_miss(store, key, components(), "torch_xla", read_only=note)
-    except Exception as exc:
-        logger.debug("xla_pcache: recording the torch_xla miss of %r failed: %s", key, exc)
-
-
-def explain_read_only_misses(
-    store: Any, misses: int, note: Callable[[Any, str, Any, str], None]
-) -> None:
-    """A read-only process cannot log its misses; it says at exit how its environment
-    differs from the nearest torch_xla entry's (INFO)."""
-    if misses <= 0 or not logging.getLogger("xla_pcache.explain").isEnabledFor(logging.INFO):
-        return
-    try:
-        key = f"{MODULE}/process-{os.getpid()}"
-        note(store, key, components(), "torch_xla")
-    except Exception as exc:
-        logger.debug("xla_pcache: explaining torch_xla's misses failed: %s", exc)

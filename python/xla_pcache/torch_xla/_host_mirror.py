@@ -31,7 +31,6 @@ inspect, and never one the pool or another process uses.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import json
@@ -41,8 +40,6 @@ import secrets
 import shutil
 import socket
 import stat
-import struct
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -52,6 +49,7 @@ from xla_pcache._core import FORMAT_VERSION, hash_key
 from xla_pcache._text import package_logger
 from xla_pcache.misslog import META_COMPILE_TIME
 from xla_pcache.store import Store
+from xla_pcache.torch_xla._opens import open_inodes, opened_names, watch_opens
 
 logger = package_logger("xla_pcache.torch_xla")
 
@@ -63,25 +61,6 @@ MANIFEST_VERSION = 1
 # is free: its owner may be between creating the file and locking it.
 VIEW_GRACE_S = 60.0
 _TMP_PREFIX = ".tmp-"
-
-_IN_OPEN = 0x20
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
-
-
-def _load_libc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.inotify_init1.argtypes = [ctypes.c_int]
-        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _load_libc()
 
 
 def is_torch_xla_name(name: str) -> bool:
@@ -98,28 +77,6 @@ def key_pool_name(name: str, public: bytes) -> str:
     ``public``: its name and a fingerprint of the key, so a key re-issued under the same
     name is another directory."""
     return f"{name}.{hash_key(public)[:16]}"
-
-
-def open_inodes() -> set[tuple[int, int]] | None:
-    """(st_dev, st_ino) of every file this process holds open, or None without /proc.
-
-    torch_xla writes a cache file through a stream it opens just before serializing and
-    closes when the write is done, in this process; so a file of our view that no
-    descriptor of ours refers to has been closed by its writer and is complete.
-    """
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    out: set[tuple[int, int]] = set()
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # the listing's own descriptor, or one closed meanwhile
-        if stat.S_ISREG(st.st_mode):
-            out.add((st.st_dev, st.st_ino))
-    return out
 
 
 @dataclass
@@ -482,18 +439,8 @@ class HostMirror:
         """Watch the view for opens: torch_xla opens a linked file only to load it, so the
         names it opens are the store's entries it used, to be counted as hits (the pool
         served them, the store never saw a read). Linux only; elsewhere nothing is counted."""
-        if _LIBC is None or self.view is None:
-            return
-        try:
-            fd = _LIBC.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-            if fd < 0:
-                return
-            if _LIBC.inotify_add_watch(fd, os.fsencode(self.view), _IN_OPEN) < 0:
-                os.close(fd)
-                return
-        except (AttributeError, OSError):
-            return
-        self._watch_fd = fd
+        if self.view is not None:
+            self._watch_fd = watch_opens(self.view)
 
     def _unwatch(self) -> None:
         if self._watch_fd is not None:
@@ -518,28 +465,9 @@ class HostMirror:
 
     def opened_links(self) -> set[str]:
         """Names of linked (store) files opened since the last call."""
-        out: set[str] = set()
-        fd = self._watch_fd
-        if fd is None:
-            return out
-        while True:
-            try:
-                buf = os.read(fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                break
-            if not buf:
-                break
-            pos = 0
-            while pos + 16 <= len(buf):
-                _wd, _mask, _cookie, length = struct.unpack_from("iIII", buf, pos)
-                raw = buf[pos + 16 : pos + 16 + length].split(b"\0", 1)[0]
-                pos += 16 + length
-                name = os.fsdecode(raw)
-                if name in self._linked:
-                    out.add(name)
-        return out
+        if self._watch_fd is None:
+            return set()
+        return {name for name in opened_names(self._watch_fd) if name in self._linked}
 
     def _sweep_views(self) -> None:
         """Remove views whose owner died (its lock is free). Their new files are dropped,

@@ -1,0 +1,155 @@
+"""``xla-pcache prune``: evict a cache directory down to a size or an age, remove its
+untrusted entries, or prune a bucket."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from xla_pcache._text import shown
+from xla_pcache.cli._common import (
+    JsonOption,
+    PathOption,
+    ReadOnlyOption,
+    bucket_url,
+    emit_json,
+    fail,
+    interruptible,
+    key_text,
+    list_untrusted,
+    open_bucket,
+    open_cache,
+    plain_console,
+    progress_bar,
+    redact,
+    reported,
+)
+from xla_pcache.config import MAX_SIZE_VAR, READ_ONLY_VAR, TRUSTED_KEYS_VAR, Settings
+from xla_pcache.sizes import format_size, parse_duration, parse_size
+
+
+def prune(
+    path: PathOption = None,
+    read_only: ReadOnlyOption = False,
+    max_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-size",
+            help=f"Evict down to this size (e.g. 50G) (default: below ${MAX_SIZE_VAR})",
+        ),
+    ] = None,
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="Evict entries unused this long (e.g. 7d).")
+    ] = None,
+    untrusted: Annotated[
+        bool,
+        typer.Option(
+            "--untrusted",
+            help=f"Remove the entries no trusted key signed (keys from ${TRUSTED_KEYS_VAR}).",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Evict least recently used entries now and print what was removed. A bucket
+    (`--path s3://...`) is pruned least recently used first, reads counted (the hosts'
+    records), within `--max-size` or its stored budget (to 90 %), one host at a time."""
+    with reported():
+        url = bucket_url(path)
+    if url is not None:
+        _prune_bucket(url, read_only, max_size, older_than, untrusted, as_json)
+        return
+    if untrusted:
+        _prune_untrusted(path, read_only, as_json)
+        return
+    with reported():
+        target = parse_size(max_size, name="--max-size")
+        age = None if older_than is None else parse_duration(older_than, name="--older-than")
+        with open_cache(path, read_only=read_only, write=True) as store:
+            if target is None and age is None and store.max_size is None and not store.max_age:
+                fail(
+                    "nothing to prune to: pass --max-size or --older-than, set "
+                    f"{MAX_SIZE_VAR}, or store a budget with `xla-pcache config`"
+                )
+            console = plain_console()
+            with interruptible("prune"), progress_bar(console) as bar:
+                bar.add_task(f"pruning {store.path}", total=None)
+                result = store.evict(max_size=target, older_than=age)
+            # evict() reports file names; their keys are read back from trash/, where the
+            # evicted files stay a few minutes (no walk of the whole cache).
+            keys_by_name = store.trashed_keys(result["names"])
+    removed_keys = [key_text(keys_by_name.get(n, n)) for n in result["names"]]
+    if as_json:
+        emit_json({**result, "keys": removed_keys})
+    else:
+        for key in removed_keys:
+            typer.echo(f"removed {key}")
+        typer.echo(f"removed {result['removed']} entries, {format_size(result['bytes'])}")
+        # The index and the directory disagreed (other hosts' records not read yet): say so.
+        dropped, added = result["dropped"], result["added"]
+        if dropped or added:
+            typer.echo(
+                f"index reconciled with the directory: {dropped} records of files already "
+                f"gone dropped, {added} unindexed files added"
+            )
+        for f in result["skipped_files"]:
+            typer.echo(f"xla-pcache: prune went on without {shown(f)}", err=True)
+    if result["skipped"]:
+        typer.echo(f"xla-pcache: prune skipped: {shown(result['skipped'])}", err=True)
+        raise typer.Exit(1)
+
+
+def _prune_bucket(
+    url: str,
+    read_only: bool,
+    max_size: str | None,
+    older_than: str | None,
+    untrusted: bool,
+    as_json: bool,
+) -> None:
+    from xla_pcache.tiers.upkeep import BusyError
+
+    with reported():
+        if untrusted:
+            fail("--untrusted is for a directory: a bucket's readers refuse what they distrust")
+        if read_only or Settings.from_env().read_only:
+            fail(f"{redact(url)}: read-only (--read-only or {READ_ONLY_VAR})")
+        target = parse_size(max_size, name="--max-size")
+        age = None if older_than is None else parse_duration(older_than, name="--older-than")
+        with open_bucket(url) as b:
+            budget = b.read_budget()
+            if target is None and age is None and budget.max_size is None and not budget.max_age_s:
+                fail(
+                    "nothing to prune to: pass --max-size or --older-than, or store a budget "
+                    f"with `xla-pcache config --path {redact(url)} --max-size ...`"
+                )
+            try:
+                with interruptible("prune"):
+                    report = b.prune(max_size=target, older_than=age)
+            except BusyError as exc:
+                typer.echo(f"xla-pcache: prune skipped: {shown(exc)}", err=True)
+                raise typer.Exit(1) from None
+    if as_json:
+        emit_json(report.as_dict())
+        return
+    for name in report.removed_names:
+        typer.echo(f"removed {shown(name)}")
+    typer.echo(
+        f"removed {report.removed} entries, {format_size(report.removed_bytes)}; "
+        f"{report.entries} left, {format_size(report.bytes)} "
+        f"(budget {format_size(report.max_size)})"
+    )
+    requests = ", ".join(f"{n} {k}" for k, n in sorted(report.requests.items()))
+    typer.echo(f"{requests} requests in {report.seconds:.2f} s")
+
+
+def _prune_untrusted(path: str | None, read_only: bool, as_json: bool) -> None:
+    with reported(), open_cache(path, read_only=read_only, write=True) as store:
+        found = list_untrusted(store, remove=True)
+    if as_json:
+        emit_json([{"path": p, "key": key_text(k), "why": w} for p, k, w in found])
+        return
+    for where, key, why in found:
+        # A name held by no entry (a directory, a FIFO, a link) has no key: its path says it.
+        typer.echo(f"removed {key_text(key) or key_text(where)} ({key_text(why)})")
+    typer.echo(f"removed {len(found)} untrusted entries")

@@ -1,0 +1,175 @@
+"""What JAX's ``CacheInterface`` asks of a cache, on a ``Store``: ``StoreCache`` is this class
+with JAX's interface as a second base (``xla_pcache.jax`` builds it on first use)."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from xla_pcache import explain
+from xla_pcache import on_miss as _on_miss
+from xla_pcache._text import package_logger
+from xla_pcache.jax import _adopt, _keyparts, _single_flight
+from xla_pcache.store import Store
+
+logger = package_logger("xla_pcache.jax")
+
+
+class _Warner:
+    """Logs the first failure of each kind as a warning and the rest at debug level.
+
+    A broken cache fails on every compilation; one warning says so without flooding a
+    training log.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, type[BaseException]]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, what: str, key: str, exc: BaseException) -> None:
+        with self._lock:
+            first = (what, type(exc)) not in self._seen
+            self._seen.add((what, type(exc)))
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "xla_pcache: %s of %r failed, treating it as a miss: %s: %s%s",
+            what,
+            key,
+            type(exc).__name__,
+            exc,
+            " (further failures of this kind are logged at debug level)" if first else "",
+        )
+
+
+class _StoreCacheImpl:
+    """What JAX's ``CacheInterface`` asks for, on top of a ``Store``.
+
+    JAX hands over values already compressed (with its compile time inside), so they are
+    stored as given. Any store failure is a logged miss: the cache must never break a
+    compilation.
+    """
+
+    _path: pathlib.Path
+
+    def __init__(
+        self,
+        store: Store,
+        meta: dict[str, str] | None = None,
+        *,
+        verified: bool = False,
+        single_flight: _single_flight.SingleFlight | None = None,
+        adopter: _adopt.Adopter | None = None,
+        on_miss: str = "compile",
+    ) -> None:
+        self._store = store
+        # Serves a miss from a directory JAX's own cache filled, adopting the entry.
+        self._adopter = adopter
+        # XLA_PCACHE_ON_MISS: what a miss does besides compiling (see on_miss.py).
+        self._on_miss = on_miss
+        # Claims or waits on a miss (see _single_flight); None: every miss compiles.
+        self._flight = single_flight
+        self._path = pathlib.Path(store.path)
+        self._meta = dict(meta or {})
+        # Whether JAX's verification wrapper sits above us: it forces a recompile after a
+        # hit on purpose, so a put after a hit then says nothing about the entry.
+        self._verified = verified
+        # Keys this process was served. JAX only puts a key it was served when it could not
+        # use the value (decompression or deserialization failed), so that put replaces it.
+        self._served: set[str] = set()
+        self._lock = threading.Lock()
+        self._warn = _Warner()
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    def get(self, key: str) -> memoryview | None:
+        _check_key(key)
+        if self._adopter is not None:
+            # Before the store's get, which would count a miss: a lookup JAX's own files
+            # answer is a hit (and adopted), and only one the store has no file for is.
+            adopted = self._adopter.take(self._store, key, self._adopted_meta(key), self._warn)
+            if adopted is not None:
+                with self._lock:
+                    self._served.add(key)
+                return memoryview(adopted)
+        try:
+            blob = self._store.get(key)
+        except Exception as exc:
+            self._warn("read", key, exc)
+            return None
+        if blob is None and self._flight is not None:
+            try:
+                blob = self._flight.after_miss(key)
+            except Exception as exc:
+                self._warn("read", key, exc)
+                return None
+        if blob is None:
+            # Misses only: the hit path above records nothing.
+            new, parts = _keyparts.missed(key)
+            if new:
+                explain.record_miss(self._store, key, parts, "jax")
+            if self._on_miss != "compile":
+                # Raises CacheMissError in "error" mode: install() made JAX let it through.
+                _on_miss.handle(
+                    self._on_miss,
+                    self._store,
+                    key,
+                    program=_keyparts.module_name(key),
+                    framework="jax",
+                    parts=_keyparts.components(key),
+                )
+            return None
+        with self._lock:
+            self._served.add(key)
+        # A read-only view of the verified payload, without a copy: every JAX version that
+        # has these hooks only decompresses the value or tests it against None, and both
+        # zlib and zstd read any buffer. The view keeps the entry's mapping alive.
+        return memoryview(blob)
+
+    def _adopted_meta(self, key: str) -> Callable[[Any], dict[str, str]]:
+        """The producer's metadata and the key's components, for an entry adopted under
+        ``key`` (``_adopt.adopted_meta`` adds the rest)."""
+        return lambda read: _keyparts.put_meta(self._meta, key, read.value)
+
+    def put(self, key: str, value: bytes) -> None:
+        _check_key(key)
+        if self._store.read_only:
+            return
+        with self._lock:
+            replace = key in self._served and not self._verified
+            self._served.discard(key)
+        try:
+            if replace:
+                # JAX has already warned that it could not read the entry.
+                logger.info(
+                    "xla_pcache: JAX could not use the cached executable %r and compiled it "
+                    "again; replacing the entry",
+                    key,
+                )
+                self._store.delete(key)
+            self._store.put(key, value, meta=_keyparts.put_meta(self._meta, key, value))
+        except Exception as exc:
+            self._warn("write", key, exc)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def clear(self) -> None:
+        """Remove every entry from the store (as JAX's in-memory test cache does)."""
+        with self._lock:
+            self._served.clear()
+        self._store.clear()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._store.path!r})"
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str):
+        raise TypeError(f"cache keys are str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("cache key must not be empty")
