@@ -507,7 +507,7 @@ def test_remote_counters_are_summed_across_processes(
     with pytest.raises(ValueError, match="name"):
         Store(tmp_path / "shared").add_counter("hits", 1)
     with pytest.raises(ValueError, match="tier"):
-        Store(tmp_path / "shared").add_tier_counter("Bad Name", "hits", 1)
+        Store(tmp_path / "shared").add_tier_counters([("Bad Name", "hits", 1)])
     out = subprocess.run(
         [sys.executable, "-m", "xla_pcache", "stats", "--path", str(tmp_path / "shared"), "--json"],
         check=True,
