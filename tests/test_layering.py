@@ -31,7 +31,6 @@ LEVELS = {
     "tiers.base": 1,
     "tiers.redis": 1,
     "tiers.objstore": 1,
-    "tiers.readonly": 1,
     "tiers.chain": 1,
     "tiers.upkeep": 1,
     "tiers.records": 1,

@@ -102,8 +102,7 @@ def test_an_interrupted_walk_reports_it_in_declared_keys(tmp_path: Path) -> None
 
 def test_a_store_with_tiers_counted_matches_too(tmp_path: Path) -> None:
     store = _filled(tmp_path / "cache")
-    store.add_tier_counter("s3", "hits", 2)
-    store.add_tier_counter("redis", "misses", 1)
+    store.add_tier_counters([("s3", "hits", 2), ("redis", "misses", 1)])
     st = dict(store.stats())
     assert set(tier_counters(st)) == {"s3", "redis"}
     assert _mismatches(st, _reports.Stats) == []

@@ -24,7 +24,7 @@ def _count(root: Path, tier: str, counter: str, n: int) -> None:
     code = (
         "import sys; from xla_pcache import _core\n"
         "s = _core.Store(sys.argv[1])\n"
-        "s.add_tier_counter(sys.argv[2], sys.argv[3], int(sys.argv[4])); s.close()\n"
+        "s.add_tier_counters([(sys.argv[2], sys.argv[3], int(sys.argv[4]))]); s.close()\n"
     )
     subprocess.run(
         [sys.executable, "-c", code, str(root), tier, counter, str(n)], check=True, timeout=120
@@ -62,6 +62,7 @@ def test_tier_counters_by_name_sum_across_processes_and_compaction(tmp_path: Pat
 def test_bad_tier_names_and_counters_are_refused(tmp_path: Path, tier: str, counter: str) -> None:
     store = _core.Store(tmp_path / "cache")
     with pytest.raises(ValueError, match="tier"):
-        store.add_tier_counter(tier, counter, 1)
+        # All are checked first: a valid count beside the bad one is not added either.
+        store.add_tier_counters([("s3", "hits", 1), (tier, counter, 1)])
     assert not [k for k in store.process_stats() if k.startswith("remote")]
     store.close()

@@ -4,8 +4,8 @@ The extension is private: import its names from ``xla_pcache``.
 """
 
 import os
-from collections.abc import Callable, Iterable
-from typing import Literal, Self, TypeVar, final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, Protocol, Self, TypeVar, final
 
 from typing_extensions import Buffer, disjoint_base
 
@@ -59,6 +59,20 @@ class Blob:
     @property
     def mapped(self) -> bool:
         """True when the payload is memory-mapped, False when it was read into memory."""
+
+@final
+class Accept:
+    """What a fetch after a local miss hands each remote value to, for one key: the store's
+    one gate (the whole entry file verified, trust included) and, for the first value it
+    takes, the local publish (unless read-only). Made by the store only."""
+    def __call__(self, value: Buffer | Sequence[Buffer] | _Spooled) -> tuple[str, ...] | None:
+        """None for a value it refuses; else the names the tiers before the one that
+        answered are backfilled under (none for a read-only store). ``value``: a buffer, its
+        pieces in order, or a file it was spooled to (read from its start). Once it took a
+        value it takes no other."""
+
+class _Spooled(Protocol):
+    fd: int
 
 @final
 class Hasher:
@@ -214,11 +228,20 @@ class Store:
     def filesystem(self) -> str:
         """Name of the filesystem the root is on (ext4, nfs, fuse.sshfs, tmpfs, ...)."""
     def _set_tier(
-        self, on_miss: Callable[[Key], Blob | None], on_publish: Callable[[Key], object]
+        self,
+        fetch: Callable[[list[str], int | None, Accept], object],
+        on_publish: Callable[[list[str], bytes], object],
     ) -> None:
-        """Put a tier behind the directory (once): ``get`` returns ``on_miss(key)`` after a
-        local miss, ``put`` calls ``on_publish(key)`` after it published. Exceptions they
-        raise are logged, never the caller's."""
+        """Put a tier behind the directory (once): after a local miss ``get`` calls
+        ``fetch(names, max_bytes, accept)`` (the names to ask the tiers for, in the core's
+        order; the budget; an ``Accept``) and returns the value ``accept`` took; after a put
+        published, ``put`` calls ``on_publish(names, data)`` (the names a tier keeps the
+        entry under; the entry file as written). Exceptions they raise are logged, never the
+        caller's."""
+    def _fetch(self, key: Key) -> Blob | None:
+        """Ask the tiers for ``key`` as a local miss does, without looking in the directory
+        or counting a miss: their verified entry (published here unless read-only), or
+        None, also without a tier."""
     def put(
         self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None, sign: bool = True
     ) -> bool:
@@ -253,12 +276,10 @@ class Store:
         buffer (the only copy), verified once (header, length, checksum, key), published when
         ``publish`` (what is published is what was verified), and its payload returned as a
         Blob; None if it does not verify (nothing written)."""
-    def take_entry_fd(self, key: Key, fd: int, publish: bool) -> Blob | None:
-        """As ``take_entry_file``, for an entry file spooled to the open file ``fd``."""
     def _spool_fd(self) -> int:
         """A new unnamed file under the cache's tmp/, opened beneath the root with no link
         followed in any component, as a descriptor the caller owns: where a tier streams a
-        large entry file before ``take_entry_fd``. ``CacheError`` when tmp/ cannot be used
+        large entry file before ``Accept`` reads it. ``CacheError`` when tmp/ cannot be used
         (not a real directory inside the cache: counted and warned of)."""
     def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
         """Publish a whole entry file after verifying it (header, length, checksum, key);
@@ -314,11 +335,12 @@ class Store:
         """Add ``n`` to a counter kept for callers outside the core (the remote tiers'
         ``remote_*`` totals), summed across processes by ``stats``; ``ValueError`` for any
         other name."""
-    def add_tier_counter(self, tier: str, counter: str, n: int) -> None:
-        """Add ``n`` to counter ``counter`` (one of ``xla_pcache._reports.TIER_COUNTERS``) of
-        the remote tier named ``tier`` (1 to 40 of ``a-z 0-9 _ - .``; at most 32 tiers), and
-        to its ``remote_*`` total; summed across processes by ``stats``, which reports it as
-        ``remote_<tier>_<counter>``. ``ValueError`` for another name or counter."""
+    def add_tier_counters(self, counts: Sequence[tuple[str, str, int]]) -> None:
+        """For each ``(tier, counter, n)``: add ``n`` to counter ``counter`` (one of
+        ``xla_pcache._reports.TIER_COUNTERS``) of the remote tier named ``tier`` (1 to 40 of
+        ``a-z 0-9 _ - .``; at most 32 tiers), and to its ``remote_*`` total; summed across
+        processes by ``stats``, which reports it as ``remote_<tier>_<counter>``.
+        ``ValueError`` for another name or counter, before any is added."""
     def process_stats(self) -> dict[str, int]:
         """This process's own counters for this store handle (the names ``stats`` sums
         across processes), without reading any journal."""

@@ -165,8 +165,8 @@ class BucketStore(Store):
             recorder.note(key, lambda: _names(key, signer))
         return blob
 
-    def _tier_put(self, key: _core.Key) -> None:
-        super()._tier_put(key)
+    def _tier_put(self, names: list[str], data: bytes) -> None:
+        super()._tier_put(names, data)
         if self._recorder is not None:
             self._bucket_tier()  # found now, while the chain is open, for the record's counts
             self._recorder.wrote()
@@ -242,7 +242,7 @@ class BucketStore(Store):
             key = key_of(graph)
             if _core.entry_name(key) != name or key in self:
                 continue  # a marker that does not name its graph's entry is ignored
-            blob = self._tier_get(key)
+            blob = self._fetch(key)
             if blob is None:
                 continue
             used += len(blob)

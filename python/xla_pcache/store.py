@@ -18,7 +18,7 @@ from xla_pcache.sizes import parse_duration, parse_size
 if TYPE_CHECKING:
     from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
-    from xla_pcache.tiers import Chain
+    from xla_pcache.tiers import Chain, Spooled
 
 log = package_logger("xla_pcache")
 
@@ -164,7 +164,6 @@ class Store(_core.Store):
                     tier = open_tier(
                         self._tier_url,
                         self._settings,
-                        read_only=self.read_only,
                         trusting=bool(self.trusted_key_names),
                         # Its counters also go to this store's journal, summed across
                         # processes.
@@ -181,62 +180,30 @@ class Store(_core.Store):
                     )
         return self._tier
 
-    def _tier_get(self, key: _core.Key) -> _core.Blob | None:
-        """After a local miss: the tier's entry file, verified, and published here."""
+    def _tier_fetch(self, names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
+        """After a local miss: the tiers' values for ``names`` (the core's candidate names
+        for the key, in its order: an object squatting the plain name hides no trusted
+        entry), each handed to ``accept``, the core's gate, which verifies it, publishes the
+        first it takes (unless read-only) and hands it to ``get``."""
         tier = self._open_tier()
-        if tier is None:
-            return None
+        if tier is not None:
+            # What a tier holds is untrusted: never accepted past this store's budget
+            # (``max_bytes``), and a large one is streamed to an unnamed file the core opens
+            # under this cache's tmp/ (beneath the root, no link followed).
+            tier.fetch(names, accept, max_bytes=max_bytes, spool=self._spool)
+
+    def _spool(self) -> Spooled:
         from xla_pcache.tiers import Spooled
 
-        # What a tier holds is untrusted: never accepted past this store's budget, and a
-        # large one is streamed to an unnamed file the core opens under this cache's tmp/
-        # (beneath the root, no link followed) rather than held in memory.
+        return Spooled(self._spool_fd())
 
-        def spool() -> Spooled:
-            return Spooled(self._spool_fd())
-
-        # The names the core tries, in its order (the plain object, then each trusted
-        # signer's own): an object squatting the plain name (unsigned, or signed by a key
-        # not trusted here) hides no trusted entry.
-        names = self.entry_names(key)
-        for data in tier.values(names, max_bytes=self.max_size, spool=spool):
-            # Verified once, in the buffer this store then owns: what is published (unless
-            # read-only) and served is exactly what was checked, even when the entry is
-            # evicted at once. A large object comes as its ranged pieces, gathered there
-            # (one copy), or as the file it was spooled to, read once.
-            try:
-                if isinstance(data, Spooled):
-                    blob = self.take_entry_fd(key, data.fd, not self.read_only)
-                else:
-                    pieces = data if isinstance(data, list) else [data]
-                    blob = self.take_entry_file(key, pieces, not self.read_only)
-            finally:
-                if isinstance(data, Spooled):
-                    data.close()
-            if blob is None:
-                # Refused (damaged, unsigned, untrusted): the next object or tier is asked.
-                tier.count("remote_rejected")
-                continue
-            # Backfilled with its signature, under its signer's own name too.
-            signer = blob.signer
-            own = None if signer is None else _core.signed_entry_name(key, signer)
-            tier.count("remote_hits", own=own)
-            return blob
-        return None
-
-    def _tier_put(self, key: _core.Key) -> None:
-        """After a put this process published: copy the entry file to the tier."""
+    def _tier_put(self, names: list[str], data: bytes) -> None:
+        """After a put this process published: the entry file it wrote, to the tiers under
+        ``names`` (a signed entry's signer's own name after the plain one: no squatting,
+        docs/remote.md)."""
         tier = self._open_tier()
-        if tier is None:
-            return
-        data = self.get_entry_file(key)
-        if data is not None:
-            # A signed entry also goes to its signer's own object (no squatting, docs/remote.md).
-            signer = self.signing_key_name
-            own = None if signer is None else _core.signed_entry_name(key, signer)
-            if own is not None and _core.entry_file_len(data, own) is None:
-                own = None  # the entry here is another trusted signer's, not this one's
-            tier.put_async(_core.entry_name(key), data, own=own)
+        if tier is not None:
+            tier.put_async(names, data)
 
     def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password
@@ -360,16 +327,17 @@ def _tier_hooks(store: Store) -> tuple[Any, Any]:
     ``_set_tier``), holding the store weakly."""
     ref = weakref.ref(store)
 
-    def get_from_tier(key: _core.Key) -> _core.Blob | None:
-        s = ref()
-        return None if s is None else s._tier_get(key)
-
-    def on_publish(key: _core.Key) -> None:
+    def fetch_from_tiers(names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
         s = ref()
         if s is not None:
-            s._tier_put(key)
+            s._tier_fetch(names, max_bytes, accept)
 
-    return get_from_tier, on_publish
+    def on_publish(names: list[str], data: bytes) -> None:
+        s = ref()
+        if s is not None:
+            s._tier_put(names, data)
+
+    return fetch_from_tiers, on_publish
 
 
 # Fork safety. A child forked while another thread was inside a store (PyTorch's DataLoader

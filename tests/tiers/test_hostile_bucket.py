@@ -150,10 +150,11 @@ def test_the_spool_never_follows_a_link_planted_at_tmp(tmp_path: Path, s3: S3Ser
     spooled_at: list[str] = []
 
     class Watched(Store):
-        # Where each spool file the store reads from lies (/proc names its directory).
-        def take_entry_fd(self, key: Any, fd: int, publish: bool) -> Any:
-            spooled_at.append(os.readlink(f"/proc/self/fd/{fd}"))
-            return super().take_entry_fd(key, fd, publish)
+        # Where each spool file the store makes lies (/proc names its directory).
+        def _spool(self) -> Any:
+            spooled = super()._spool()
+            spooled_at.append(os.readlink(f"/proc/self/fd/{spooled.fd}"))
+            return spooled
 
     reader = Watched(tmp_path / "r", remote=url)
     outside = tmp_path / "outside"

@@ -508,7 +508,7 @@ def test_remote_counters_are_summed_across_processes(
     with pytest.raises(ValueError, match="name"):
         Store(tmp_path / "shared").add_counter("hits", 1)
     with pytest.raises(ValueError, match="tier"):
-        Store(tmp_path / "shared").add_tier_counter("Bad Name", "hits", 1)
+        Store(tmp_path / "shared").add_tier_counters([("Bad Name", "hits", 1)])
     out = cli_out("stats", "--path", str(tmp_path / "shared"), "--json", XLA_PCACHE_REMOTE=chain)
     import json
 

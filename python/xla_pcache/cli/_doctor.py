@@ -427,7 +427,10 @@ def _open_store(
     if chain is not None:
         # The chain as XLA_PCACHE_REMOTE set it, redacted (no user, password or option
         # value but the read-only and trust flags); the tiers that could not be used are problems.
-        info["remote"] = chain.describe()
+        # A read-only store writes no tier, whatever each URL says.
+        info["remote"] = [
+            dict(t, read_only=t["read_only"] or store.read_only) for t in chain.describe()
+        ]
         problems += [f"remote tier {url} is not used (see the warning)" for url in chain.dropped]
     return store, info, problems
 

@@ -5,10 +5,8 @@
   failure, the background writer);
 - one module per kind: ``redis`` (a Redis server), ``objstore`` (S3, GCS, Azure through
   obstore, with compile claims on the bucket);
-- ``readonly``: the one read-only wrapper, for a tier of any kind marked ``?ro=1``;
-- ``chain``: the tiers in order as the store uses them (``values``: each tier asked in
-  order; backfill of the tiers before the one that answered; write-through), and the
-  counters kept per tier name.
+- ``chain``: the tiers in order (``fetch(names, accept)`` with backfill, write-through, the
+  one rule of which tier is written: ``?ro=1``), and the counters kept per tier name.
 
 ``xla_pcache.store.Store`` reaches the tiers only through the names below; they are opened
 on the first miss or put that needs them, so a store that is only looked at (``xla-pcache

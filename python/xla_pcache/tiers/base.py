@@ -6,8 +6,8 @@ The bookkeeping: counters, warnings logged once per kind, the back-off after a f
 tier is left alone for ``retry_after`` seconds, so a dead server costs at most one timeout
 per interval), the checks every read makes before it asks the server, and the background
 writer thread every write goes through. A kind of tier (``redis.py``, ``objstore.py``) adds
-how it reads (``get``) and how it writes one entry (``_write``); read-only is a wrapper around
-any kind (``readonly.py``), and the chain (``chain.py``) puts them in order.
+how it reads (``get``) and how it writes one entry (``_write``); the chain (``chain.py``) puts
+them in order, and is the one place that decides which tier is written (``?ro=1``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Spooled:
     """A remote entry file streamed to an unnamed file in the cache's ``tmp/`` instead of
     memory (the store opens it, beneath its root with no link followed: ``Store._spool_fd``;
     nothing is left there if the process dies); the store reads it once, with
-    ``take_entry_fd``, and ``close()`` lets it go."""
+    through the fetch's ``accept``, and ``close()`` lets it go."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -89,13 +89,11 @@ class Tier(Protocol):
         header does not describe an entry filed under ``name`` of the value's size, is
         refused after its first bytes."""
 
-    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
-        """Write ``data`` under ``name`` in the background. ``own``: ``name`` is a signer's
-        own name for the key (``_core.signed_entry_name``), which only that signer writes:
-        its write replaces whatever is there (an object squatting that name)."""
-
-    def count(self, counter: str, n: int = 1) -> None:
-        """Add ``n`` to one of the tier's counters (the store counts hits and rejects)."""
+    def put_async(self, name: str, data: Buffer, *, replace: bool = False) -> None:
+        """Write ``data`` under ``name`` in the background: created (the first writer wins)
+        unless ``replace``, which a signer's own name for the key is written with
+        (``_core.signed_entry_name``: only that signer writes there, so its write replaces
+        whatever squats the name)."""
 
     def stats(self) -> dict[str, int | str]:
         """The tier's counters, flat, merged into ``Store.stats()``."""
@@ -334,11 +332,11 @@ class TierBase:
         copies here, on the caller's thread, while the buffer is known alive)."""
         return data
 
-    def _write(self, name: EntryName, data: Any, own: bool) -> None:
+    def _write(self, name: EntryName, data: Any, replace: bool) -> None:
         raise NotImplementedError
 
-    def put_async(self, name: str, data: Buffer, *, own: bool = False) -> None:
-        """Writes ``data`` under ``name`` in the background (``own``: see ``Tier``); a value
+    def put_async(self, name: str, data: Buffer, *, replace: bool = False) -> None:
+        """Writes ``data`` under ``name`` in the background (``replace``: see ``Tier``); a value
         over ``max_value_bytes`` is skipped, counted ``remote_too_large`` and warned of once,
         a name that is not an entry name counted ``remote_put_skipped``."""
         self._before_use()
@@ -360,17 +358,17 @@ class TierBase:
             return
         payload = self._payload(data)
         try:
-            self._writer.submit(self._write_now, checked, payload, own)
+            self._writer.submit(self._write_now, checked, payload, replace)
         except RuntimeError:
             # At interpreter exit the writer threads are gone (torch_xla's last publish runs
             # then): written here, bounded by the timeout, rather than lost.
-            self._write_now(checked, payload, own)
+            self._write_now(checked, payload, replace)
 
-    def _write_now(self, name: EntryName, data: Any, own: bool) -> None:
+    def _write_now(self, name: EntryName, data: Any, replace: bool) -> None:
         if not self.available():
             self.count("remote_put_skipped")
             return
-        self._write(name, data, own)
+        self._write(name, data, replace)
 
     def submit(self, fn: Callable[[], Any]) -> None:
         """Runs ``fn`` on the writer thread, after the writes queued before it."""

@@ -8,23 +8,29 @@ serve only entries signed by a key the store trusts (``XLA_PCACHE_TRUSTED_KEYS``
 without trusted keys drops such a tier with one warning, and only signed entries are written
 to it.
 
-- **get**: each tier in order, and in each tier the key's plain object, then each trusted
-  signer's own object for the key (the names the core gives, ``Store.entry_names``, in
-  its one order); the first value the store
-  verifies answers. A value it refuses (damaged, unsigned or untrusted; it says
-  ``count("remote_rejected")``) stops nothing: the next object, then the next tier, is
-  tried. Once the store has verified one (``count("remote_hits")``), it is backfilled in the
-  background into every writable tier before the one that answered.
-- **put**: written through to every writable tier, each in its own background thread: to
-  the plain object and, for a signed entry, to its signer's own object too, which only that
-  signer writes (an object squatting the plain name, or planted after the trusted writer's,
-  hides nothing from a trusting reader).
+- **fetch** (``Chain.fetch(names, accept)``, as ccache's remote storage hands each value to
+  an entry receiver): each tier in order, and in each tier each of the names the core gives
+  (the key's plain object, then each trusted signer's own object for the key, in its one
+  order); each value found goes to ``accept`` (the core's one gate: ``_core.Accept``), and
+  the first it takes answers. A value it refuses (damaged, unsigned or untrusted: counted
+  ``remote_rejected``) stops nothing: the next object, then the next tier, is tried. The
+  value taken (counted ``remote_hits``) is backfilled in the background into every writable
+  tier before the one that answered, under the names ``accept`` returned.
+- **put** (``Chain.put_async(names, data)``): the entry file a put just wrote, written
+  through to every writable tier, each in its own background thread: to the plain object
+  and, for a signed entry, to its signer's own object too, which only that signer writes (an
+  object squatting the plain name, or planted after the trusted writer's, hides nothing from
+  a trusting reader).
+- **Read-only**: a tier marked ``?ro=1`` is never written (``_Slot.read_only``, the chain's
+  one rule); a read-only store writes no tier because it publishes nothing and its
+  ``accept`` names nothing to backfill.
 - A URL that cannot be used (unknown scheme, missing client package, bad option) drops that
   tier with one warning; the others and the local directory go on.
 
 Counters are kept per tier (``tier<N>_<counter>``, ``tier<N>`` naming the tier, 1 being the
 first remote tier; this process's own) and summed over the tiers under the ``remote_*``
-names. The store also keeps them per tier name in its journal (``Store.add_tier_counter``,
+names. The store also keeps them per tier name in its journal (``Store.add_tier_counters``,
+one call per fetch,
 reported as ``remote_redis_hits``, ``remote_s3_get_ms``, ...), so that both are summed across
 processes. A tier's name is its kind (``redis``, ``s3``, ``gs``, ``az``): chains differ from one
 process to the next, but a kind means the same in every one; two tiers of one kind in a chain
@@ -38,7 +44,7 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache._text import package_logger
@@ -53,10 +59,13 @@ from xla_pcache.tiers.base import (
     split_mode,
 )
 from xla_pcache.tiers.base import redact as redact
-from xla_pcache.tiers.readonly import ReadOnly
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+    # What a fetch hands each value to (``_core.Accept``): None when it refuses the value,
+    # else the names the tiers before the one that answered are backfilled under.
+    Accept = Callable[[Buffer | list[Buffer] | Spooled], Sequence[str] | None]
 
 log = package_logger("xla_pcache")
 
@@ -123,6 +132,8 @@ class _Slot:
 
     def __init__(self, tier: Tier, read_only: bool, trust_required: bool = False) -> None:
         self.tier = tier
+        # Marked ``?ro=1``: read, never written nor backfilled. The one place the chain
+        # decides what it writes (``_takes``).
         self.read_only = read_only
         # Serves and takes only signed entries (what it serves, the store verifies under its
         # trusted keys: a chain holds such a tier only for a store that has some).
@@ -146,46 +157,43 @@ def _mode(slot: _Slot) -> str:
     return "?" + urllib.parse.urlencode(opts) if opts else ""
 
 
-def _takes(slot: _Slot, own: str | None) -> bool:
-    """Whether ``slot`` is written an entry: writable, and signed if it requires trust."""
-    return not slot.read_only and (own is not None or not slot.trust_required)
+def _takes(slot: _Slot, names: Sequence[str]) -> bool:
+    """Whether ``slot`` is written an entry filed under ``names``: not marked read-only, and
+    signed (a signer's own name after the plain one) if it requires trust."""
+    return not slot.read_only and (len(names) > 1 or not slot.trust_required)
 
 
-def _write(slot: _Slot, name: str, data: Buffer, own: str | None) -> None:
-    slot.tier.put_async(name, data)
-    if own is not None:
+def _write(slot: _Slot, names: Sequence[str], data: Buffer) -> None:
+    plain, *own = names
+    slot.tier.put_async(plain, data)
+    for name in own:
         # The signer's own object: what a trusting reader finds there even when the plain
         # one holds an entry it would not trust (planted before or after this one).
-        slot.tier.put_async(own, data, own=True)
+        slot.tier.put_async(name, data, replace=True)
 
 
 class Chain:
-    """The remote tiers in order, behind the interface the store uses for one tier:
-    ``get``, ``put_async``, ``count``, ``stats``, ``close`` (and ``flush``)."""
+    """The remote tiers in order: ``fetch`` (with backfill), ``put_async``, ``stats``,
+    ``flush`` and ``close``, for the store."""
 
-    def __init__(
-        self, slots: list[_Slot], *, read_only: bool = False, dropped: list[str] | None = None
-    ) -> None:
+    def __init__(self, slots: list[_Slot], *, dropped: list[str] | None = None) -> None:
         self._slots = slots
-        self.read_only = read_only
         self.dropped = dropped or []
-        self._last = threading.local()
         self.url = ",".join(s.tier.url + _mode(s) for s in slots)
         self._sink: Callable[[], Any] | None = None
         self._sync_lock = threading.Lock()
+        # Counts for the store's journal, handed over in one call (``_hand_over``).
+        self._pending: list[tuple[str, str, int]] = []
+        self._pending_lock = threading.Lock()
 
     def persist_counters(self, store: Any) -> None:
-        """Also count into ``store`` (``Store.add_counter``: its ``remote_*`` counters,
-        written to its journal and summed across processes by ``stats``). Held weakly."""
+        """Also count into ``store`` (``Store.add_tier_counters``: its ``remote_*``
+        counters per tier name, written to its journal and summed across processes by
+        ``stats``). Held weakly."""
         self._sink = weakref.ref(store)
 
     def _store(self) -> Any:
         return self._sink() if self._sink is not None else None
-
-    def _writes(self) -> bool:
-        """Whether this chain may write (backfill): not for a read-only store."""
-        store = self._store()
-        return not (self.read_only or bool(getattr(store, "read_only", False)))
 
     def sync_counters(self) -> None:
         """Hands the store what the tiers counted since the last call (their own counters
@@ -202,21 +210,28 @@ class Chain:
                     if delta > 0:
                         slot.synced[name] = value
                         self._persist(name, delta, slot)
+        self._hand_over()
 
     def _persist(self, counter: str, n: int, slot: _Slot) -> None:
-        """Adds ``n`` to the store's counter for ``slot``'s tier (by its name) and to the
-        ``remote_*`` total, which the store adds itself."""
+        """Notes ``n`` for the store's counter of ``slot``'s tier (by its name; the store
+        adds the ``remote_*`` total itself), handed over by the next ``_hand_over``."""
         name = _PERSISTED.get(counter)
-        store = self._sink() if self._sink is not None else None
-        if name is None or store is None or n <= 0:
+        if name is None or n <= 0 or not slot.kind or self._sink is None:
+            return
+        with self._pending_lock:
+            self._pending.append((slot.kind, name.removeprefix("remote_"), n))
+
+    def _hand_over(self) -> None:
+        """Adds the counts noted since the last call to the store, in one call."""
+        with self._pending_lock:
+            counts, self._pending = self._pending, []
+        store = self._store()
+        if not counts or store is None:
             return
         try:
-            if slot.kind:
-                store.add_tier_counter(slot.kind, name.removeprefix("remote_"), n)
-            else:
-                store.add_counter(name, n)
+            store.add_tier_counters(counts)
         except Exception as e:  # a closed store: the counts of this process stop there
-            log.debug("xla_pcache: remote counter %s not kept: %s", name, e)
+            log.debug("xla_pcache: remote counters not kept: %s", e)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -236,100 +251,85 @@ class Chain:
             {
                 "tier": i + 1,
                 "url": s.tier.url,
-                "read_only": s.read_only or self.read_only,
+                "read_only": s.read_only,
                 "trust_required": s.trust_required,
             }
             for i, s in enumerate(self._slots)
         ]
 
-    def get(
-        self,
-        name: str,
-        *,
-        max_bytes: int | None = None,
-        spool: Callable[[], Spooled] | None = None,
-    ) -> Any:
-        """The first tier's value for ``name`` (``values([name])``'s first), or None."""
-        return next(self.values([name], max_bytes=max_bytes, spool=spool), None)
-
-    def values(
+    def fetch(
         self,
         names: Sequence[str],
+        accept: Accept,
         *,
         max_bytes: int | None = None,
         spool: Callable[[], Spooled] | None = None,
-    ) -> Iterator[Any]:
-        """Each value stored under one of ``names`` (``Store.entry_names``: the core's
-        candidate names, in its order), tier by tier, in order: a buffer, a list of
-        buffers to be taken in order (an object store's ranged pieces), or a ``Spooled``
-        file. Not yet verified: the store verifies each and, before taking the next, says
-        ``count("remote_hits")`` (and stops) or ``count("remote_rejected")``, so that a
-        refused value stops neither the next name nor the next tier. Bounded as
-        ``Tier.get`` says."""
-        for i, slot in enumerate(self._slots):
-            for name in names:
-                self._last.hit = None
-                t = time.perf_counter()
-                data = slot.tier.get(name, max_bytes=max_bytes, spool=spool)
-                ms = (time.perf_counter() - t) * 1000
-                with slot.lock:
-                    slot.get_ms += ms
-                self._persist("remote_get_ms", round(ms), slot)
-                self.sync_counters()
-                if data is not None:
+    ) -> bool:
+        """Asks each tier in order for each of ``names`` (the core's candidate names for a
+        key, in its order) and hands each value found to ``accept`` (a buffer, a list of
+        buffers to be taken in order, or a ``Spooled`` file, bounded as ``Tier.get`` says),
+        until it takes one; the writable tiers before the one that answered are then
+        backfilled in the background under the names it returned. A refused value stops
+        neither the next name nor the next tier. Whether a value was taken."""
+        try:
+            for i, slot in enumerate(self._slots):
+                for name in names:
+                    t = time.perf_counter()
+                    data = slot.tier.get(name, max_bytes=max_bytes, spool=spool)
+                    ms = (time.perf_counter() - t) * 1000
+                    with slot.lock:
+                        slot.get_ms += ms
+                    self._persist("remote_get_ms", round(ms), slot)
+                    if data is None:
+                        continue
                     size = _size(data)
                     with slot.lock:
                         slot.read_bytes += size
                     self._persist("remote_read_bytes", size, slot)
-                    self._last.hit = (i, names[0], data)
-                    yield data
-        self._last.hit = None
+                    try:
+                        backfill = accept(data)
+                    finally:
+                        if isinstance(data, Spooled):
+                            data.close()
+                    if backfill is None:
+                        with slot.lock:
+                            slot.rejected += 1
+                        self._persist("remote_rejected", 1, slot)
+                        continue
+                    with slot.lock:
+                        slot.hits += 1
+                    self._persist("remote_hits", 1, slot)
+                    if backfill:
+                        self._backfill(i, backfill, data)
+                    return True
+            return False
+        finally:
+            self.sync_counters()
 
-    def count(self, counter: str, n: int = 1, *, own: str | None = None) -> None:
-        """Adds ``n`` to ``counter``. ``remote_hits`` / ``remote_rejected`` are said of the
-        value ``values`` handed out last; a hit is backfilled, under the key's plain name
-        and, for a signed entry, under ``own``, its signer's own name for the key."""
-        last = getattr(self._last, "hit", None)
-        self._last.hit = None
-        if counter in ("remote_hits", "remote_rejected") and last is not None:
-            i, name, data = last
-            slot = self._slots[i]
-            with slot.lock:
-                if counter == "remote_hits":
-                    slot.hits += n
-                else:
-                    slot.rejected += n
-            self._persist(counter, n, slot)
-            if counter == "remote_hits" and self._writes():
-                self._backfill(i, name, data, own)
-            return
-        if self._slots:
-            self._slots[0].tier.count(counter, n)
-
-    def _backfill(self, k: int, name: str, data: Buffer | list[Buffer], own: str | None) -> None:
+    def _backfill(
+        self, k: int, names: Sequence[str], data: Buffer | list[Buffer] | Spooled
+    ) -> None:
         # The faster tiers before the one that answered get the verified entry, with its
         # signature (the bytes are the entry file, as verified).
-        targets = [slot for slot in self._slots[:k] if _takes(slot, own)]
+        targets = [slot for slot in self._slots[:k] if _takes(slot, names)]
         if not targets or isinstance(data, Spooled):
             # A spooled value is over SPOOL_BYTES: not read into memory again to be copied
             # to the faster tiers (they get it from the next put of this entry).
             return
         whole = b"".join(data) if isinstance(data, list) else data  # tiers write one buffer
         for slot in targets:
-            _write(slot, name, whole, own)
+            _write(slot, names, whole)
             with slot.lock:
                 slot.backfills += 1
             self._persist("remote_backfills", 1, slot)
 
-    def put_async(self, name: str, data: Buffer, *, own: str | None = None) -> None:
-        """Writes the entry file ``data`` to every writable tier under the key's plain
-        ``name`` and, for a signed entry, under ``own``, its signer's own name for the key.
-        A tier with ``?trust=required`` takes only a signed entry."""
-        if not self._writes():
-            return
+    def put_async(self, names: Sequence[str], data: Buffer) -> None:
+        """Writes the entry file ``data`` (as a put just wrote it) to every writable tier
+        under ``names``: the key's plain name and, for a signed entry, its signer's own name
+        for the key. A tier with ``?trust=required`` takes only a signed entry."""
         for slot in self._slots:
-            if _takes(slot, own):
-                _write(slot, name, data, own)
+            if _takes(slot, names):
+                _write(slot, names, data)
 
     def flush(self) -> None:
         for slot in self._slots:
@@ -412,7 +412,6 @@ def open_chain(
     raw: str,
     settings: Settings | None = None,
     *,
-    read_only: bool | None = None,
     environ: Mapping[str, str] = os.environ,
     trusting: bool = False,
 ) -> Chain:
@@ -421,8 +420,6 @@ def open_chain(
     naming its variable, as for every other setting. ``trusting``: the store has trusted
     keys; without them a ``?trust=required`` tier is dropped (it could serve nothing)."""
     cfg = Settings.from_env(environ) if settings is None else settings
-    if read_only is None:
-        read_only = cfg.read_only
     slots: list[_Slot] = []
     dropped: list[str] = []
     for url in split_urls(raw):
@@ -442,7 +439,7 @@ def open_chain(
                 )
                 continue
             tier = _open_one(url, bare, shown, cfg, environ)
-            slots.append(_Slot(ReadOnly(tier) if ro else tier, ro, required))
+            slots.append(_Slot(tier, ro, required))
         except Exception as e:
             dropped.append(shown)
             log.warning(
@@ -452,7 +449,7 @@ def open_chain(
                 type(e).__name__,
                 hide_url_secrets(objstore.scrub(str(e), environ), url),
             )
-    return Chain(slots, read_only=read_only, dropped=dropped)
+    return Chain(slots, dropped=dropped)
 
 
 def _open_one(url: str, bare: str, shown: str, cfg: Settings, environ: Mapping[str, str]) -> Tier:
@@ -491,15 +488,14 @@ def open_tier(
     url: str,
     settings: Settings,
     *,
-    read_only: bool = False,
     trusting: bool = False,
     counters: Any = None,
 ) -> Chain:
     """The tiers ``url`` names (a comma-separated chain), configured from ``settings``
-    (timeout, largest value), behind the one-tier interface; ``trusting``: the store has
-    trusted keys; ``counters``: the store that also keeps their counters (``Store.add_counter``,
-    ``Store.add_tier_counter``, summed across processes), held weakly."""
-    chain = open_chain(url, settings, read_only=read_only, trusting=trusting)
+    (timeout, largest value); ``trusting``: the store has trusted keys; ``counters``: the
+    store that also keeps their counters (``Store.add_tier_counters``, summed across
+    processes), held weakly."""
+    chain = open_chain(url, settings, trusting=trusting)
     if counters is not None:
         chain.persist_counters(counters)
     return chain

@@ -321,10 +321,10 @@ class ObjectTier(TierBase):
         return True
 
     # ---------------------------------------------------------------- writes
-    def _write(self, name: EntryName, data: Buffer, own: bool) -> None:
-        """Publishes ``data`` with a conditional create; under a signer's ``own`` name, with
-        an overwrite: only that signer writes there, and whatever else holds the name (an
-        object planted to squat it) is replaced."""
+    def _write(self, name: EntryName, data: Buffer, replace: bool) -> None:
+        """Publishes ``data`` with a conditional create, or with ``replace`` (a signer's own
+        name for the key) an overwrite: only that signer writes there, and whatever else
+        holds the name (an object planted to squat it) is replaced."""
         import obstore
 
         t = time.perf_counter()
@@ -334,7 +334,7 @@ class ObjectTier(TierBase):
                 self._put_store,
                 self.entry_path(name),
                 data,
-                mode="overwrite" if own else "create",
+                mode="overwrite" if replace else "create",
                 use_multipart=False,
             )
         except Exception as e:

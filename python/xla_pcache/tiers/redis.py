@@ -135,8 +135,8 @@ class RedisTier(TierBase):
         # The Redis client takes bytes only.
         return data if isinstance(data, bytes) else bytes(data)
 
-    def _write(self, name: EntryName, data: bytes, own: bool) -> None:
-        # Redis overwrites (``SET``) whatever the name holds, ``own`` or not.
+    def _write(self, name: EntryName, data: bytes, replace: bool) -> None:
+        # Redis overwrites (``SET``) whatever the name holds, ``replace`` or not.
         try:
             self._client.set(KEY_PREFIX + name, data)
         except Exception as e:

@@ -50,10 +50,11 @@ pub use sign::{
     Signer, TrustSet, Untrusted,
 };
 pub use stats::{
-    Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, TIER_COUNTER_NAMES,
+    valid_tier_name, Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME,
+    TIER_COUNTER_NAMES,
 };
 pub use store::{
-    entry_file_len, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key, ReadMode,
-    Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,
+    entry_file_len, tier_names, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key,
+    Published, ReadMode, Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,
 };
 pub use verified::{default_dir as default_verified_record_dir, VerifiedRecord};

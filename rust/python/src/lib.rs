@@ -10,6 +10,7 @@ mod hashing;
 mod logging;
 mod signing;
 mod store;
+mod tier;
 
 use pyo3::prelude::*;
 
@@ -33,6 +34,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<blob::PyBlob>()?;
     m.add_class::<claim::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
+    m.add_class::<tier::PyAccept>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_file_len, m)?)?;

@@ -9,6 +9,7 @@ use crate::convert::{
     path_arg, read_only_arg, seconds, sign_arg, verify_report,
 };
 use crate::errors::{no_panic, CacheError};
+use crate::tier::TierHooks;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
@@ -72,20 +73,11 @@ fn interruptible<T: Send>(
     }
 }
 
-/// What a tier behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
-/// `on_miss(key)` after a local miss returns what `get` returns; `on_publish(key)` after a
-/// put this process published. A store without a tier has none, so its hits and misses run
-/// no Python code.
-struct TierHooks {
-    on_miss: Py<PyAny>,
-    on_publish: Py<PyAny>,
-}
-
 /// A persistent key -> blob store rooted at a directory.
 #[pyclass(name = "Store", module = "xla_pcache._core", frozen, subclass)]
 pub struct PyStore {
     inner: Arc<Store>,
-    closed: AtomicBool,
+    closed: Arc<AtomicBool>,
     tier: OnceLock<TierHooks>,
 }
 
@@ -172,7 +164,7 @@ impl PyStore {
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
         Ok(Self {
             inner: Arc::new(store),
-            closed: AtomicBool::new(false),
+            closed: Arc::new(AtomicBool::new(false)),
             tier: OnceLock::new(),
         })
     }
@@ -248,15 +240,14 @@ impl PyStore {
         no_panic("filesystem", || Ok(self.inner.filesystem().name.clone()))
     }
 
-    /// Puts a tier behind the directory: `on_miss(key)` is called after each local miss and
-    /// its result returned by `get`; `on_publish(key)` after each put that published. Once
-    /// per store (xla_pcache.store.Store calls it when a tier is configured).
-    fn _set_tier(&self, on_miss: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
+    /// Puts a tier behind the directory: `fetch(names, max_bytes, accept)` is called after
+    /// each local miss (the names to ask for in the core's order, the budget, and an `Accept`
+    /// whose first taken value `get` returns); `on_publish(names, data)` after each put that
+    /// published (the entry file as written, and the names a tier keeps it under). Once per
+    /// store (xla_pcache.store.Store calls it when a tier is configured).
+    fn _set_tier(&self, fetch: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
         self.tier
-            .set(TierHooks {
-                on_miss,
-                on_publish,
-            })
+            .set(TierHooks { fetch, on_publish })
             .map_err(|_| PyValueError::new_err("this store already has a tier"))
     }
 
@@ -269,7 +260,6 @@ impl PyStore {
         meta: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = sign_arg)] sign: bool,
     ) -> PyResult<bool> {
-        let key_obj = key;
         let key = KeyArg::extract(key)?;
         let buf = HeldBuffer::get(value, "value")?;
         let mut pairs = Vec::new();
@@ -287,35 +277,27 @@ impl PyStore {
         let store = self.store()?;
         let res = py.detach(|| {
             no_panic("put", || {
-                if sign {
-                    store.put(key.key(), buf.as_slice(), &pairs)
-                } else {
-                    store.put_unsigned(key.key(), buf.as_slice(), &pairs)
-                }
+                store.put_published(key.key(), buf.as_slice(), &pairs, sign)
             })
         });
-        drop(buf);
-        let stored = match res {
+        let published = match res {
             Err(e) if e.is_instance_of::<CacheError>(py) => {
                 log::error!("xla_pcache: {e}; not cached");
-                false
+                None
             }
             other => other?,
         };
-        if stored {
-            if let Some(tier) = self.tier.get() {
-                // The tier's own failures are logged and counted in Python; anything that
-                // still escapes must not turn a put that succeeded into an error.
-                if let Err(e) = tier.on_publish.call1(py, (key_obj,)) {
-                    log::error!("xla_pcache: remote tier: {e}; not written there");
-                }
-            }
+        let stored = published.is_some();
+        if let (Some(published), Some(tier)) = (published, self.tier.get()) {
+            // The bytes just written go to the tiers, copied once from the caller's buffer
+            // and the head the put encoded: the file is not read back.
+            tier.published(py, published, buf.as_slice());
         }
+        drop(buf);
         Ok(stored)
     }
 
     fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let key_obj = key;
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
         let local = match py.detach(|| no_panic("get", || store.get(key.key()))) {
@@ -332,12 +314,22 @@ impl PyStore {
         let Some(tier) = self.tier.get() else {
             return Ok(py.None());
         };
-        match tier.on_miss.call1(py, (key_obj,)) {
-            Ok(found) => Ok(found),
-            Err(e) => {
-                log::error!("xla_pcache: remote tier: {e}; treated as a miss");
-                Ok(py.None())
-            }
+        let found = tier.fetch(py, &self.inner, &self.closed, key)?;
+        Ok(match found {
+            Some(blob) => Py::new(py, blob)?.into_any(),
+            None => py.None(),
+        })
+    }
+
+    /// Asks the tiers for `key` as a local miss does, without looking in the directory or
+    /// counting a miss: their verified entry (published here unless read-only), or None,
+    /// also when the store has no tier.
+    fn _fetch(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyBlob>> {
+        let key = KeyArg::extract(key)?;
+        self.store()?;
+        match self.tier.get() {
+            Some(tier) => tier.fetch(py, &self.inner, &self.closed, key),
+            None => Ok(None),
         }
     }
 
@@ -470,46 +462,9 @@ impl PyStore {
         }
     }
 
-    /// As `take_entry_file`, for an entry file a tier spooled to the open file `fd` (read
-    /// from its start, once, into memory allocated fallibly); None if it does not verify
-    /// or cannot be read. The descriptor stays the caller's.
-    fn take_entry_fd(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        fd: i32,
-        publish: bool,
-    ) -> PyResult<Option<PyBlob>> {
-        use std::os::fd::BorrowedFd;
-        let key = KeyArg::extract(key)?;
-        if fd < 0 {
-            return Err(PyValueError::new_err(format!(
-                "fd must be an open file descriptor, got {fd}"
-            )));
-        }
-        // SAFETY: the caller passes a descriptor it holds open for this call; duplicating
-        // one that is not open fails (EBADF) and is reported naming the argument. The
-        // duplicate is ours, closed when `file` drops.
-        let owned = unsafe { BorrowedFd::borrow_raw(fd) }
-            .try_clone_to_owned()
-            .map_err(|e| PyValueError::new_err(format!("fd {fd} is not an open file: {e}")))?;
-        let file = std::fs::File::from(owned);
-        let store = self.store()?;
-        let res = py.detach(|| {
-            no_panic("take_entry_fd", || {
-                store.take_entry_from_file(key.key(), &file, publish)
-            })
-        });
-        match res {
-            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// A new unnamed file under the cache's tmp/, reached with no link followed, as a file
     /// descriptor the caller owns (and closes): where a tier streams a large entry file
-    /// before `take_entry_fd`. CacheError when tmp/ cannot be used.
+    /// before a fetch's `Accept` reads it. CacheError when tmp/ cannot be used.
     fn _spool_fd(&self, py: Python<'_>) -> PyResult<i32> {
         use std::os::fd::IntoRawFd;
         let store = self.store()?;
@@ -734,19 +689,28 @@ impl PyStore {
         Ok(d)
     }
 
-    /// Adds `n` to counter `counter` of the remote tier named `tier` (and to its `remote_*`
-    /// total), aggregated across processes by `stats` like the rest.
-    fn add_tier_counter(&self, tier: &str, counter: &str, n: u64) -> PyResult<()> {
+    /// Adds each `(tier, counter, n)` of `counts`: `n` to counter `counter` of the remote
+    /// tier named `tier` (and to its `remote_*` total), aggregated across processes by
+    /// `stats` like the rest. All are checked before any is added (ValueError naming the
+    /// first that is not valid): a remote hit's counts cross from Python in one call.
+    fn add_tier_counters(&self, counts: Vec<(String, String, u64)>) -> PyResult<()> {
         let store = self.store()?;
-        if no_panic("add_tier_counter", || Ok(store.add_tier(tier, counter, n)))? {
-            Ok(())
-        } else {
-            Err(PyValueError::new_err(format!(
+        if let Some((tier, counter, _)) = counts.iter().find(|(t, c, _)| {
+            !(xla_pcache_core::valid_tier_name(t) && TIER_COUNTER_NAMES.contains(&c.as_str()))
+        }) {
+            return Err(PyValueError::new_err(format!(
                 "invalid tier {tier:?} or counter {counter:?}: a tier name is 1 to \
                  {MAX_TIER_NAME} of a-z 0-9 _ - . (at most {MAX_TIERS} tiers), a counter \
                  one of {TIER_COUNTER_NAMES:?}"
-            )))
+            )));
         }
+        no_panic("add_tier_counters", || {
+            for (tier, counter, n) in &counts {
+                // Past MAX_TIERS a new name is not counted (as each tier's own counters).
+                store.add_tier(tier, counter, *n);
+            }
+            Ok(())
+        })
     }
 
     /// Adds `n` to a counter kept for callers outside the core (the remote tiers'

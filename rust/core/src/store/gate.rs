@@ -103,6 +103,16 @@ pub(crate) fn filed_under(h: &entry::Header, name: u128) -> bool {
             .is_some_and(|f| sign::signed_name(&h.key, &f.signer) == name)
 }
 
+/// The names a remote tier keeps a whole entry of `key` under, in the order they are
+/// written: the key's plain name (created: the first writer wins) and, for an entry `signer`
+/// signed, that signer's own name for the key (replaced: only that signer writes there, so
+/// what squats the plain name hides nothing from a trusting reader).
+pub fn tier_names(key: &[u8], signer: Option<&str>) -> Vec<u128> {
+    std::iter::once(entry_name(key))
+        .chain(signer.map(|s| sign::signed_name(key, s)))
+        .collect()
+}
+
 impl Store {
     /// The names (xxh3-128) an entry of `key` may be under for this store's reads, in the
     /// order they are tried (`candidates` under its trusted keys): what a tier is asked for.

@@ -48,7 +48,9 @@ use std::time::{Duration, Instant};
 #[cfg(test)]
 use claim::CLAIM_DIR;
 pub use claim::{Claim, ClaimOutcome, ClaimState};
+pub use gate::tier_names;
 pub use raw::entry_file_len;
+pub use write::Published;
 
 /// Below this size a file is read into memory rather than mapped. It is glibc's default
 /// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so a

@@ -189,7 +189,9 @@ impl Store {
         h: &entry::Header,
     ) -> Result<bool, StoreError> {
         let signing = self.received_signing(file, h);
-        let res = self.put_entry(key, &file[h.header_len..], &h.meta, signing);
+        let res = self
+            .put_entry(key, &file[h.header_len..], &h.meta, signing)
+            .map(|p| p.is_some());
         self.release_claim_after_put(&key);
         res
     }

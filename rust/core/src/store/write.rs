@@ -31,6 +31,14 @@ pub(super) enum Signing {
     Unsigned,
 }
 
+/// An entry a put just published, as a copy of it elsewhere (a remote tier) needs it without
+/// reading the file back: the head of the entry file as written (header, key, metadata,
+/// padding; the payload follows it) and the names a tier keeps it under (`gate::tier_names`).
+pub struct Published {
+    pub head: Vec<u8>,
+    pub names: Vec<u128>,
+}
+
 impl Store {
     /// Stores `value` under `key`. Ok(true) if this call published it; Ok(false) if the key
     /// exists, the store is read-only, the value is larger than the budget, or writing failed.
@@ -44,7 +52,25 @@ impl Store {
         value: &[u8],
         meta: &[(String, String)],
     ) -> Result<bool, StoreError> {
-        let res = self.put_entry(key, value, meta, Signing::Own);
+        self.put_published(key, value, meta, true)
+            .map(|p| p.is_some())
+    }
+
+    /// As `put` (`put_unsigned` when not `sign`), and what it published, or None: what the
+    /// binding hands the remote tiers after a publish.
+    pub fn put_published(
+        &self,
+        key: Key<'_>,
+        value: &[u8],
+        meta: &[(String, String)],
+        sign: bool,
+    ) -> Result<Option<Published>, StoreError> {
+        let signing = if sign {
+            Signing::Own
+        } else {
+            Signing::Unsigned
+        };
+        let res = self.put_entry(key, value, meta, signing);
         self.release_claim_after_put(&key);
         res
     }
@@ -58,9 +84,8 @@ impl Store {
         value: &[u8],
         meta: &[(String, String)],
     ) -> Result<bool, StoreError> {
-        let res = self.put_entry(key, value, meta, Signing::Unsigned);
-        self.release_claim_after_put(&key);
-        res
+        self.put_published(key, value, meta, false)
+            .map(|p| p.is_some())
     }
 
     pub(super) fn put_entry(
@@ -69,7 +94,7 @@ impl Store {
         value: &[u8],
         meta: &[(String, String)],
         signing: Signing,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Published>, StoreError> {
         check_key(&key)?;
         if let Some((k, _)) = meta.iter().find(|(k, _)| k.starts_with(sign::META_PREFIX)) {
             return Err(StoreError::Invalid(format!(
@@ -78,7 +103,7 @@ impl Store {
             )));
         }
         if self.opts.read_only {
-            return Ok(false);
+            return Ok(None);
         }
         let bad = |e: EntryError| StoreError::Invalid(format!("cannot encode entry: {e}"));
         // The signer, and which trusted set decides whether an entry already there stands
@@ -94,7 +119,7 @@ impl Store {
         };
         let Some((name, replace)) = self.put_target(key, accept.zip(signer.as_deref())) else {
             self.maybe_flush_stats(false);
-            return Ok(false);
+            return Ok(None);
         };
         // Signed only once it is known to be written.
         let sig = match (signing, own) {
@@ -102,6 +127,7 @@ impl Store {
             (_, Some(s)) => Some(s.sign(key.bytes, key.is_text, value, meta).map_err(bad)?),
             _ => None,
         };
+        let signed = sig.is_some();
         let mut all_meta;
         let meta = match sig {
             Some(f) => {
@@ -128,11 +154,11 @@ impl Store {
                 self.warn("too-large", || {
                     format!("not caching a {total}-byte entry: it is larger than the cache budget of {max} bytes")
                 });
-                return Ok(false);
+                return Ok(None);
             }
             if let Err(why) = self.admits(max, total, false) {
                 self.refused(why);
-                return Ok(false);
+                return Ok(None);
             }
         }
         let outcome = self
@@ -160,12 +186,17 @@ impl Store {
                 st.pending_bytes += disk;
                 self.flush_stats_locked(&mut st, false);
                 self.maybe_evict(&mut st);
-                Ok(true)
+                drop(st);
+                let names = gate::tier_names(key.bytes, signer.as_deref().filter(|_| signed));
+                Ok(Some(Published {
+                    head: header,
+                    names,
+                }))
             }
             Ok(None) => {
                 self.counters.inc(Counter::PutExists);
                 self.maybe_flush_stats(false);
-                Ok(false)
+                Ok(None)
             }
             Err(e) if e.get_ref().is_some_and(|r| r.is::<Refused>()) => {
                 let why = e
@@ -173,12 +204,12 @@ impl Store {
                     .and_then(|r| r.downcast_ref::<Refused>())
                     .map_or(Refusal::NoRoom, |r| r.0);
                 self.refused(why);
-                Ok(false)
+                Ok(None)
             }
             // Counted and warned where it was met.
             Err(e) if cdir::is_unsafe(&e) => {
                 self.maybe_flush_stats(false);
-                Ok(false)
+                Ok(None)
             }
             Err(e) => {
                 self.counters.inc(Counter::Errors);
@@ -189,7 +220,7 @@ impl Store {
                     )
                 });
                 self.maybe_flush_stats(false);
-                Ok(false)
+                Ok(None)
             }
         }
     }

@@ -1,0 +1,202 @@
+//! The remote tiers behind a store, as the binding sees them: two Python hooks (a fetch after a
+//! local miss, a copy after a publish) and `Accept`, which the fetch hands each remote value
+//! to. A remote hit crosses into Python once (the fetch) and back once per value (`Accept`):
+//! the names, the budget and the bytes just written travel as arguments rather than being
+//! asked for.
+
+use crate::blob::PyBlob;
+use crate::buffer::{HeldBuffer, KeyArg};
+use crate::errors::{no_panic, CacheError};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use xla_pcache_core::{name_hex, tier_names, Blob, Published, Store};
+
+/// What a tier behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
+/// `fetch(names, max_bytes, accept)` after a local miss, `on_publish(names, data)` after a
+/// put this process published. A store without a tier has none, so its hits and misses run
+/// no Python code.
+pub struct TierHooks {
+    pub fetch: Py<PyAny>,
+    pub on_publish: Py<PyAny>,
+}
+
+fn hex(names: Vec<u128>) -> Vec<String> {
+    names.into_iter().map(name_hex).collect()
+}
+
+impl TierHooks {
+    /// After a local miss of `key`: the tiers' entry, verified by `Accept` (and published
+    /// unless the store is read-only), or None. A failure of the hook is logged and a miss.
+    pub fn fetch(
+        &self,
+        py: Python<'_>,
+        store: &Arc<Store>,
+        closed: &Arc<AtomicBool>,
+        key: KeyArg,
+    ) -> PyResult<Option<PyBlob>> {
+        let (names, max_bytes) = py.detach(|| {
+            no_panic("entry_names", || {
+                Ok((store.entry_names(key.key())?, store.max_size()))
+            })
+        })?;
+        let accept = Py::new(
+            py,
+            PyAccept {
+                store: Arc::clone(store),
+                closed: Arc::clone(closed),
+                key,
+                taken: Mutex::new(None),
+            },
+        )?;
+        if let Err(e) = self
+            .fetch
+            .call1(py, (hex(names), max_bytes, accept.clone_ref(py)))
+        {
+            log::error!("xla_pcache: remote tier: {e}; treated as a miss");
+        }
+        let taken = accept
+            .get()
+            .taken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        Ok(taken.map(|inner| PyBlob { inner }))
+    }
+
+    /// After a put published `published` with the payload `payload`: the whole entry file
+    /// (its head as written, then the payload, in one buffer the tiers may keep) goes to the
+    /// tiers under its names. A failure of the hook is logged: the put succeeded.
+    pub fn published(&self, py: Python<'_>, published: Published, payload: &[u8]) {
+        let head = &published.head;
+        let data = PyBytes::new_with(py, head.len() + payload.len(), |buf| {
+            buf[..head.len()].copy_from_slice(head);
+            buf[head.len()..].copy_from_slice(payload);
+            Ok(())
+        });
+        let res = data.and_then(|data| {
+            self.on_publish
+                .call1(py, (hex(published.names), data))
+                .map(drop)
+        });
+        if let Err(e) = res {
+            log::error!("xla_pcache: remote tier: {e}; not written there");
+        }
+    }
+}
+
+/// What a fetch hands each remote value to, for one key: the store's one gate (the whole
+/// entry file verified, a trusting store's trust included) and, for the first value it takes,
+/// the local publish (unless read-only). Called with a buffer, a list of buffers (a value's
+/// pieces, in order) or a spooled file (an object with the descriptor `fd`, read from its
+/// start); returns None for a value it refuses, else the names under which the tiers before
+/// the one that answered are to be backfilled (none for a read-only store, which writes
+/// nowhere). Once it took a value it takes no other.
+#[pyclass(name = "Accept", module = "xla_pcache._core", frozen)]
+pub struct PyAccept {
+    store: Arc<Store>,
+    closed: Arc<AtomicBool>,
+    key: KeyArg,
+    taken: Mutex<Option<Blob>>,
+}
+
+#[pymethods]
+impl PyAccept {
+    fn __call__(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyTuple>>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(CacheError::new_err(format!(
+                "the store at {} is closed",
+                self.store.root().display()
+            )));
+        }
+        if self
+            .taken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return Ok(None);
+        }
+        let store = &self.store;
+        let publish = !store.options().read_only;
+        let key = self.key.key();
+        let res = if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+            let mut held = Vec::new();
+            for piece in value.try_iter()? {
+                held.push(HeldBuffer::get(&piece?, "value")?);
+            }
+            let res = py.detach(|| {
+                no_panic("Accept", || {
+                    let total = held
+                        .iter()
+                        .try_fold(0usize, |n, b| n.checked_add(b.as_slice().len()));
+                    // Fallible: an object larger than memory allows is a miss, not an abort.
+                    let mut file = Vec::new();
+                    if total.is_none_or(|n| file.try_reserve_exact(n).is_err()) {
+                        return Ok(None);
+                    }
+                    for b in &held {
+                        file.extend_from_slice(b.as_slice());
+                    }
+                    store.take_entry_file(key, file, publish)
+                })
+            });
+            drop(held);
+            res
+        } else if let Ok(buf) = HeldBuffer::get(value, "value") {
+            let res = py.detach(|| {
+                no_panic("Accept", || {
+                    let file = buf.as_slice().to_vec();
+                    store.take_entry_file(key, file, publish)
+                })
+            });
+            drop(buf);
+            res
+        } else {
+            let fd: i32 = value
+                .getattr("fd")
+                .and_then(|fd| fd.extract())
+                .map_err(|_| {
+                    PyValueError::new_err(
+                        "value must be a buffer, a list of buffers or a spooled file (fd)",
+                    )
+                })?;
+            let file = borrowed_file(fd)?;
+            py.detach(|| no_panic("Accept", || store.take_entry_from_file(key, &file, publish)))
+        };
+        let blob = match res {
+            Ok(b) => b,
+            Err(e) if e.is_instance_of::<CacheError>(py) => None,
+            Err(e) => return Err(e),
+        };
+        let Some(blob) = blob else {
+            return Ok(None);
+        };
+        let names = if publish {
+            let signer = blob.header.signature.as_ref().map(|f| f.signer.as_str());
+            hex(tier_names(&blob.header.key, signer))
+        } else {
+            Vec::new()
+        };
+        *self.taken.lock().unwrap_or_else(|p| p.into_inner()) = Some(blob);
+        Ok(Some(PyTuple::new(py, names)?.unbind()))
+    }
+}
+
+/// A duplicate of the open descriptor `fd` the caller holds, ours to close.
+fn borrowed_file(fd: i32) -> PyResult<std::fs::File> {
+    use std::os::fd::BorrowedFd;
+    if fd < 0 {
+        return Err(PyValueError::new_err(format!(
+            "fd must be an open file descriptor, got {fd}"
+        )));
+    }
+    // SAFETY: the caller passes a descriptor it holds open for this call; duplicating one
+    // that is not open fails (EBADF) and is reported naming the argument.
+    let owned = unsafe { BorrowedFd::borrow_raw(fd) }
+        .try_clone_to_owned()
+        .map_err(|e| PyValueError::new_err(format!("fd {fd} is not an open file: {e}")))?;
+    Ok(std::fs::File::from(owned))
+}

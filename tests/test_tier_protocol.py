@@ -1,0 +1,99 @@
+"""The tier protocol between the store and its chain, with a tier in this process: a put hands
+the tiers the bytes it wrote, a fetch hands each value to the core's ``Accept``, which refuses
+what is not a whole entry of the key and names what to backfill under."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from xla_pcache import Store, _core
+from xla_pcache.tiers.chain import Chain, _Slot
+
+
+class _Recording:
+    """A tier whose server is a dict; records what it is asked."""
+
+    url = "redis://recording"
+
+    def __init__(self, values: dict[str, bytes] | None = None) -> None:
+        self.values = dict(values or {})
+        self.puts: list[tuple[str, bytes, bool]] = []
+
+    def get(self, name: str, *, max_bytes: int | None = None, spool: Any = None) -> Any:
+        return self.values.get(name)
+
+    def put_async(self, name: str, data: Any, *, replace: bool = False) -> None:
+        self.puts.append((name, bytes(data), replace))
+        self.values[name] = bytes(data)
+
+    def stats(self) -> dict[str, int | str]:
+        return {"remote": self.url}
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _with_tiers(store: Store, *tiers: _Recording, read_only: bool = False) -> Chain:
+    chain = Chain([_Slot(t, read_only) for t in tiers])  # type: ignore[arg-type]
+    chain.persist_counters(store)
+    store._tier = chain
+    return chain
+
+
+def test_a_put_hands_the_tier_the_entry_file_it_wrote(tmp_path: Path) -> None:
+    private = _core.generate_signing_key()
+    store = Store(tmp_path / "c", remote="redis://unused:1/0", signing_key=("ci-1", private))
+    tier = _Recording()
+    _with_tiers(store, tier)
+    assert store.put("k", b"payload")
+    plain, own = _core.entry_name("k"), _core.signed_entry_name("k", "ci-1")
+    assert [(n, r) for n, _, r in tier.puts] == [(plain, False), (own, True)]
+    assert tier.puts[0][1] == store.get_entry_file("k") == tier.puts[1][1]
+    # Unsigned (sign=False): the plain name only.
+    assert store.put("u", b"x", sign=False)
+    assert [n for n, _, _ in tier.puts[2:]] == [_core.entry_name("u")]
+    store.close()
+
+
+def test_a_fetch_takes_the_first_whole_entry_and_backfills_the_tiers_before(
+    tmp_path: Path,
+) -> None:
+    with Store(tmp_path / "w") as w:
+        assert w.put("k", b"payload")
+        good = w.get_entry_file("k")
+    assert good is not None
+    name = _core.entry_name("k")
+    front = _Recording({name: good[:-1]})  # cut short: refused
+    ro = _Recording()
+    back = _Recording({name: good})
+    store = Store(tmp_path / "r", remote="redis://unused:1/0")
+    _with_tiers(store, front, ro, back)
+    store._tier._slots[1].read_only = True  # type: ignore[union-attr]
+    blob = store.get("k")
+    assert blob is not None and bytes(blob) == b"payload"
+    assert "k" in store  # published locally
+    store._tier.flush()  # type: ignore[union-attr]
+    assert front.puts == [(name, good, False)] and ro.puts == []  # backfilled, ro untouched
+    st = store.stats()
+    assert st["remote_hits"] == 1 and st["remote_rejected"] == 1, st
+    store.close()
+
+
+def test_a_read_only_store_takes_a_value_and_names_nothing_to_backfill(tmp_path: Path) -> None:
+    with Store(tmp_path / "w") as w:
+        assert w.put("k", b"payload")
+        good = w.get_entry_file("k")
+    assert good is not None
+    Store(tmp_path / "r").close()
+    front = _Recording()
+    back = _Recording({_core.entry_name("k"): good})
+    store = Store(tmp_path / "r", remote="redis://unused:1/0", read_only=True)
+    _with_tiers(store, front, back)
+    blob = store.get("k")
+    assert blob is not None and bytes(blob) == b"payload"
+    assert front.puts == [] and "k" not in store
+    store.close()
