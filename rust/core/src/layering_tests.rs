@@ -11,7 +11,7 @@ use std::path::Path;
 const TIERS: &[&[&str]] = &[
     &["store"],
     &[
-        "index", "overlay", "journal", "snapshot", "entry", "sign", "blob", "lock",
+        "view", "entries", "journal", "snapshot", "entry", "sign", "blob", "lock",
     ],
     &[
         "dir", "layout", "settings", "publish", "fsinfo", "lru", "stats", "forksafe", "hash",

@@ -3,7 +3,7 @@
 //!
 //! The modules are private to the crate; what the binding and the integration tests use is
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
-//! `layering_tests.rs`): `store` (with admission and claims); then `index`, `overlay`,
+//! `layering_tests.rs`): `store` (with admission and claims); then `view`, `entries`,
 //! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`,
 //! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `testhook`,
 //! `verified`. A module uses only its own tier and those below, and no modules use each other
@@ -14,6 +14,7 @@ pub(crate) mod clock;
 pub(crate) mod dir;
 #[cfg(test)]
 mod dirstate_fuzz_tests;
+pub(crate) mod entries;
 pub(crate) mod entry;
 pub(crate) mod error;
 pub(crate) mod forksafe;
@@ -21,14 +22,12 @@ pub(crate) mod fsinfo;
 #[cfg(test)]
 mod fuzz_tests;
 pub(crate) mod hash;
-pub(crate) mod index;
 pub(crate) mod journal;
 #[cfg(test)]
 mod layering_tests;
 pub(crate) mod layout;
 pub(crate) mod lock;
 pub(crate) mod lru;
-pub(crate) mod overlay;
 pub(crate) mod publish;
 pub(crate) mod settings;
 pub(crate) mod sign;
@@ -37,6 +36,7 @@ pub(crate) mod stats;
 pub(crate) mod store;
 pub(crate) mod testhook;
 pub(crate) mod verified;
+pub(crate) mod view;
 
 pub use blob::Blob;
 pub use error::StoreError;

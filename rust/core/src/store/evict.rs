@@ -1,4 +1,4 @@
-//! Eviction: refreshing the index view, evicting under the lock, compaction, sweeping.
+//! Eviction: refreshing the view, evicting under the lock, compaction, sweeping.
 
 use super::*;
 use crate::layout::freshen_dir;

@@ -11,9 +11,9 @@ mod budget;
 mod claim;
 #[cfg(test)]
 mod claim_tests;
+mod entry_file;
 mod evict;
 mod gate;
-mod raw;
 mod read;
 mod reconcile;
 #[cfg(test)]
@@ -30,13 +30,13 @@ use crate::error::{io_err, StoreError};
 use crate::forksafe::ForkMutex;
 use crate::fsinfo::{self, FsInfo};
 use crate::hash::{entry_name, name_hex, parse_name_hex, MAX_KEY_LEN};
-use crate::index::IndexView;
 use crate::journal::{self, JournalWriter, Record};
 use crate::layout::{Layout, ENTRIES, JOURNAL, LOCKS, TMP, TRASH};
 use crate::lock::{LockDir, LockGuard, LockMode, LockOptions};
 use crate::publish::publish_no_replace;
 use crate::sign::{Signer, TrustSet};
 use crate::stats::{add_into, Counter, Counters, COUNTER_NAMES, N_COUNTERS};
+use crate::view::View;
 use memmap2::MmapOptions;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 #[cfg(test)]
 use claim::CLAIM_DIR;
 pub use claim::{Claim, ClaimOutcome, ClaimState};
+pub use entry_file::entry_file_len;
 pub use gate::tier_names;
-pub use raw::entry_file_len;
 pub use write::Published;
 
 /// Below this size a file is read into memory rather than mapped. It is glibc's default
@@ -261,7 +261,7 @@ pub struct Stats {
 
 struct State {
     journal: JournalWriter,
-    view: IndexView,
+    view: View,
     hits_logged: HashMap<u128, Instant>,
     /// Bytes this process published since its view was last refreshed.
     pending_bytes: u64,
@@ -287,7 +287,7 @@ impl State {
     fn new(root: Arc<Root>, host: String) -> State {
         State {
             journal: JournalWriter::new(root, host),
-            view: IndexView::default(),
+            view: View::default(),
             hits_logged: HashMap::new(),
             pending_bytes: 0,
             last_refresh: None,

@@ -1,4 +1,4 @@
-//! Reconciling the index view with the entry files, for an explicit `evict()` (never on
+//! Reconciling the view with the entry files, for an explicit `evict()` (never on
 //! the put path): the only place besides `verify` that lists every shard.
 //!
 //! Under stale views (another host's journal read late) the view holds records of files

@@ -1,13 +1,14 @@
-//! The LRU index: a compacted snapshot plus the journals' records since, folded into a
-//! view that is brought up to date incrementally (only new journal bytes are read). The
-//! snapshot's entries stay on disk and are looked up as the journals mention them
-//! (`overlay::Entries`). The index is a hint: the entry files are the truth, and `verify`
+//! The view: what this process knows of the LRU index, a compacted snapshot plus the
+//! journals' records since, brought up to date incrementally (only new journal bytes are
+//! read; `stats` reports its age as `view_age`). The snapshot's entries stay on disk and
+//! are looked up as the journals mention them (`entries::Entries`, whose `oldest` is the
+//! evictor's order). The index is a hint: the entry files are the truth, and `verify`
 //! reconciles.
 
 use crate::dir::{Dir, Name, Rel, Root};
+use crate::entries::Entries;
 use crate::journal::{self, Record};
 use crate::layout::{JOURNAL, TMP};
-use crate::overlay::Entries;
 use crate::snapshot::{self, Base, JournalMark, Meta, Opened};
 use crate::stats::{add_into, add_tiers_into, tier_values, TierCounters, N_COUNTERS};
 use std::collections::HashMap;
@@ -38,7 +39,7 @@ pub const INDEX_DIR: Rel = crate::layout::INDEX;
 pub const SNAPSHOT: Name = Name::fixed("snapshot");
 
 #[derive(Debug, Default)]
-pub struct IndexView {
+pub struct View {
     /// The entries: the snapshot's on disk, under the journals' records since in memory.
     pub entries: Entries,
     pub journals: HashMap<Name, JournalState>,
@@ -96,7 +97,7 @@ pub struct IndexView {
     snapshot_bad: bool,
 }
 
-impl IndexView {
+impl View {
     pub fn is_loaded(&self) -> bool {
         self.loaded
     }
@@ -130,7 +131,7 @@ impl IndexView {
         let newly = self.newly_unreadable;
         let (bad, listed_bad) = (self.newly_bad_names, self.listed_bad_names);
         let bad_sizes = self.newly_bad_sizes;
-        *self = IndexView::default();
+        *self = View::default();
         self.newly_bad_names = bad;
         self.newly_bad_sizes = bad_sizes;
         self.listed_bad_names = listed_bad;
@@ -667,7 +668,7 @@ mod tests {
             },
         ])
         .unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert_eq!(v.entries.total_bytes(), 300);
         assert_eq!(v.counters()[..2], [5, 6]);
@@ -676,7 +677,7 @@ mod tests {
         assert_eq!(v.entries.len(), 1);
 
         v.compact(&l, &[]).unwrap();
-        let mut fresh = IndexView::default();
+        let mut fresh = View::default();
         fresh.refresh(&l, true, false).unwrap();
         assert_eq!(fresh.entries.len(), 1);
         assert_eq!(fresh.entries.get(2).unwrap().disk_bytes, 200);
@@ -716,13 +717,13 @@ mod tests {
             touch(2, 5, true), // a put of a present entry is no hit
         ])
         .unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert_eq!(v.entries.get(1).unwrap().hits, 2);
         assert_eq!(v.entries.get(2).unwrap().hits, 0);
         v.compact(&l, &[]).unwrap();
         w.append(&[touch(1, 6, false), touch(2, 7, false)]).unwrap();
-        let mut fresh = IndexView::default();
+        let mut fresh = View::default();
         fresh.refresh(&l, true, false).unwrap();
         assert_eq!(
             fresh.entries.get(1).unwrap().hits,
@@ -759,7 +760,7 @@ mod tests {
                 snapshot::encode_v1(&lru, &meta, with_hits),
             )
             .unwrap();
-            let mut old = IndexView::default();
+            let mut old = View::default();
             old.refresh(&l, true, false).unwrap();
             assert_eq!(old.entries.len(), 2);
             assert_eq!(old.entries.total_bytes(), 4196);
@@ -768,7 +769,7 @@ mod tests {
             assert_eq!(old.counters()[0], 7);
             // Compaction writes the current version, which reads back the same.
             old.compact(&l, &[]).unwrap();
-            let mut new = IndexView::default();
+            let mut new = View::default();
             new.refresh(&l, true, false).unwrap();
             assert_eq!(new.entries.len(), 2);
             assert_eq!(new.entries.total_bytes(), 4196);
@@ -783,7 +784,7 @@ mod tests {
         let n = 5000u128;
         let recs: Vec<Record> = (0..n).map(|i| put(i * 1_000_003, i as u64)).collect();
         w.append(&recs).unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         v.compact(&l, &[]).unwrap();
         assert_eq!(
@@ -800,7 +801,7 @@ mod tests {
             },
         ])
         .unwrap();
-        let mut fresh = IndexView::default();
+        let mut fresh = View::default();
         fresh.refresh(&l, true, false).unwrap();
         assert_eq!(fresh.entries.len(), n as usize);
         assert_eq!(fresh.entries.total_bytes(), n as u64 * 4096);
@@ -838,12 +839,12 @@ mod tests {
         // (And one of an unknown future version.)
         let (_d, l) = layout();
         fs::write(snapshot_path(&l), b"XPCS\x09\0\0\0 garbage garbage garbage").unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert!(v.entries.is_empty());
         let (_d, l) = layout();
         fs::write(snapshot_path(&l), b"XPCS garbage garbage garbage garbage").unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert!(v.entries.is_empty());
     }
@@ -868,7 +869,7 @@ mod tests {
             },
         ])
         .unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert_eq!(v.entries.len(), 1);
         assert!(v.entries.get(2).is_some());
@@ -891,7 +892,7 @@ mod tests {
         putter
             .append(&[put(1, 10), touch(1, 15, false), put(2, 11)])
             .unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert!(v.entries.get(1).is_none(), "resurrected by an older put");
         assert_eq!(v.entries.len(), 1);
@@ -912,9 +913,9 @@ mod tests {
         let mut w = JournalWriter::new(l.clone(), "w".into());
         w.append(&[put(1, 10), put(2, 11)]).unwrap();
         // A compactor that has not read the delete yet writes 1 into the snapshot.
-        let mut compactor = IndexView::default();
+        let mut compactor = View::default();
         compactor.refresh(&l, true, false).unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert!(v.forget(1, 20).is_some());
         compactor.compact(&l, &[]).unwrap();
@@ -936,7 +937,7 @@ mod tests {
         let mut b = JournalWriter::new(l.clone(), "b".into());
         a.append(&[Record::Clear { t: 50 }]).unwrap();
         b.append(&[put(1, 40), put(2, 60)]).unwrap();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
         assert!(v.entries.get(1).is_none());
         assert!(v.entries.get(2).is_some());
@@ -945,7 +946,7 @@ mod tests {
     #[test]
     fn age_counts_from_the_last_read_of_every_journal() {
         let (_d, l) = layout();
-        let mut v = IndexView::default();
+        let mut v = View::default();
         assert!(v.age().is_none(), "never read");
         let mut w = JournalWriter::new(l.clone(), "w".into());
         w.append(&[put(1, 1)]).unwrap();
