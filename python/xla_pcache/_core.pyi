@@ -331,10 +331,6 @@ class Store:
         bytes may lag by that cache's time too). Once some remote tier counted (in any
         process), also the ``remote_*`` totals and ``remote_<tier>_<counter>`` for each tier
         by name; a store that never had a tier reports neither."""
-    def add_counter(self, name: str, n: int) -> None:
-        """Add ``n`` to a counter kept for callers outside the core (the remote tiers'
-        ``remote_*`` totals), summed across processes by ``stats``; ``ValueError`` for any
-        other name."""
     def add_tier_counters(self, counts: Sequence[tuple[str, str, int]]) -> None:
         """For each ``(tier, counter, n)``: add ``n`` to counter ``counter`` (one of
         ``xla_pcache._reports.TIER_COUNTERS``) of the remote tier named ``tier`` (1 to 40 of

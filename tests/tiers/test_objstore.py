@@ -505,8 +505,6 @@ def test_remote_counters_are_summed_across_processes(
     # Only the tiers that exist: no other name, no kind this chain lacks.
     assert set(tier_counters(st)) == {"redis", "s3"}, st
     assert not any(k.startswith(("remote_gs_", "remote_az_")) for k in st), st
-    with pytest.raises(ValueError, match="name"):
-        Store(tmp_path / "shared").add_counter("hits", 1)
     with pytest.raises(ValueError, match="tier"):
         Store(tmp_path / "shared").add_tier_counters([("Bad Name", "hits", 1)])
     out = cli_out("stats", "--path", str(tmp_path / "shared"), "--json", XLA_PCACHE_REMOTE=chain)

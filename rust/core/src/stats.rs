@@ -53,7 +53,7 @@ pub enum Counter {
     /// readers ignore it.
     CompileSavedMs,
     /// The remote tiers behind the store, summed over the tiers: counted through
-    /// `Store::add_tier` (which also counts them per tier) or `Store::add_named`, kept here
+    /// `Store::add_tier` (which also counts them per tier), kept here
     /// so that they are aggregated across processes like the rest. Appended last, as
     /// `CompileSavedMs` was.
     RemoteHits,
@@ -76,23 +76,13 @@ pub enum Counter {
     Adopted,
 }
 
-/// The first counter callers outside the core may add to by name (`Store::add_named`);
-/// every counter from it on is theirs.
-const FIRST_NAMED: usize = Counter::RemoteHits as usize;
+/// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
+const FIRST_REMOTE: usize = Counter::RemoteHits as usize;
 
 // Journals written before the core counted tiers by name held 40 more counters after these
 // (per kind of tier, by position). A record of more counters than `N_COUNTERS` adds only the
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
-
-/// The index of the counter named `name`, if it is one callers outside the core may add to
-/// (the `remote_*` totals).
-pub fn named(name: &str) -> Option<usize> {
-    COUNTER_NAMES[FIRST_NAMED..=Counter::RemoteBackfills as usize]
-        .iter()
-        .position(|n| *n == name)
-        .map(|i| FIRST_NAMED + i)
-}
 
 pub const COUNTER_NAMES: [&str; 33] = [
     "hits",
@@ -236,7 +226,7 @@ impl Counters {
             .or_insert([0; N_TIER_COUNTERS]);
         slot[counter] = slot[counter].saturating_add(n);
         drop(tiers);
-        self.add_at(FIRST_NAMED + counter, n);
+        self.add_at(FIRST_REMOTE + counter, n);
         true
     }
     /// This process's counters per tier.
@@ -317,32 +307,14 @@ mod tests {
     }
 
     #[test]
-    fn named_counters_are_the_appended_ones() {
-        assert_eq!(named("remote_hits"), Some(Counter::RemoteHits as usize));
-        assert_eq!(
-            named("remote_backfills"),
-            Some(Counter::RemoteBackfills as usize)
-        );
-        for (i, name) in COUNTER_NAMES.iter().enumerate() {
-            assert_eq!(
-                named(name),
-                (FIRST_NAMED..FIRST_TIER).contains(&i).then_some(i)
-            );
-        }
-        assert_eq!(named("hits"), None);
-        assert_eq!(named("nonsense"), None);
-    }
-
-    #[test]
     fn tier_counters_follow_the_totals_in_order() {
         assert_eq!(
             FIRST_TIER,
             Counter::Untrusted as usize,
             "untrusted follows the remote totals"
         );
-        assert_eq!(named("untrusted"), None, "counted by the core only");
         for (i, counter) in TIER_COUNTER_NAMES.iter().enumerate() {
-            assert_eq!(COUNTER_NAMES[FIRST_NAMED + i], format!("remote_{counter}"));
+            assert_eq!(COUNTER_NAMES[FIRST_REMOTE + i], format!("remote_{counter}"));
             assert_eq!(tier_counter(counter), Some(i));
         }
     }

@@ -713,19 +713,6 @@ impl PyStore {
         })
     }
 
-    /// Adds `n` to a counter kept for callers outside the core (the remote tiers'
-    /// `remote_*` totals), aggregated across processes by `stats` like the rest.
-    fn add_counter(&self, name: &str, n: u64) -> PyResult<()> {
-        let store = self.store()?;
-        if no_panic("add_counter", || Ok(store.add_named(name, n)))? {
-            Ok(())
-        } else {
-            Err(PyValueError::new_err(format!(
-                "invalid name {name:?}: not a counter callers may add to"
-            )))
-        }
-    }
-
     /// Counts a lookup served from another program's cache files (an adopted JAX entry of
     /// `nbytes` payload bytes) as a hit and as adopted; `compile_time_s` (seconds, None when
     /// unknown) is added to the compile time saved.

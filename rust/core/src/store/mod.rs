@@ -541,19 +541,6 @@ impl Store {
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
-    /// Adds `n` to the counter `name` if it is one that callers outside the core keep
-    /// (the remote tiers' `remote_*` totals); false for any other name. Written to the
-    /// journal with the rest, so `stats` sums it across processes.
-    pub fn add_named(&self, name: &str, n: u64) -> bool {
-        match crate::stats::named(name) {
-            Some(i) => {
-                self.counters.add_at(i, n);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// Adds `n` to the counter `counter` (one of `stats::TIER_COUNTER_NAMES`) of the remote
     /// tier its caller names `tier`, and to the `remote_*` total; false, counting nothing,
     /// for a name `stats::valid_tier_name` refuses, an unknown counter, or a tier past
