@@ -2,8 +2,12 @@
 it makes and its time in microseconds, for many small entries, each a local miss answered
 by the tier (fetched, verified, published into the local directory, returned).
 
-    PYTHONPATH=python python bench/remote_hit.py [--tier memory|redis] [--hits 2000]
-        [--size 4096] [--reps 5] [--trusting]
+    TMPDIR=/dev/shm PYTHONPATH=python python bench/remote_hit.py [--tier memory|redis]
+        [--hits 2000] [--size 4096] [--reps 5] [--trusting]
+
+The stores are made in the temporary directory: on a disk whose write rate is throttled (a
+VM's virtual disk) every hit's local publish soon waits on it, so put ``TMPDIR`` on tmpfs to
+time the store and the chain rather than the disk.
 
 ``--tier memory`` (the default) is a tier in this process (a dict behind the same
 bookkeeping every tier keeps, ``tiers.base.TierBase``, and the same header check before a
