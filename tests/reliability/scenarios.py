@@ -21,10 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The repository root, so that the shared helpers import the same way from bench/ (which
+# puts only this directory on the path) as under pytest.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from testbed import SSHFS_CACHE_TIMEOUT_S, TwoHosts, read_only_bind
 from worker import MAGIC, LogCounter, check_value, make_value
 from xla_pcache import Store, _core
-from xla_pcache.config import VARIABLE_NAMES
+
+from tests.helpers import clean_env, cli
 
 WORKER = Path(__file__).with_name("worker.py")
 # Long enough for every mount's attribute and directory caches to expire.
@@ -32,10 +37,7 @@ CACHE_EXPIRY_S = SSHFS_CACHE_TIMEOUT_S + 1.5
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    # As tests/helpers.py's clean_env (this module also runs outside pytest, from bench/).
-    env = {k: v for k, v in os.environ.items() if k not in VARIABLE_NAMES}
-    env.update(extra or {})
-    return env
+    return clean_env(**(extra or {}))
 
 
 def start_worker(cfg: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[bytes]:
@@ -750,16 +752,6 @@ def read_apis(store: _core.Store, keys: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xla_pcache", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=worker_env(),
-    )
-
-
 @dataclass(frozen=True)
 class ReadOnlyCache:
     """A populated cache (``source``) seen through a read-only mount (``path``)."""
@@ -800,7 +792,7 @@ def read_only_mount(cache: ReadOnlyCache) -> dict[str, Any]:
         out["writable_open"]["first_warnings"] = logs.first
     out["cli"] = {}
     for args in (("stats", "--json"), ("ls", "--json"), ("verify", "--json"), ("verify",)):
-        done = run_cli(*args, "--path", str(cache.path))
+        done = cli(*args, "--path", str(cache.path), env=worker_env(), timeout=60)
         out["cli"][" ".join(args)] = {
             "rc": done.returncode,
             "stdout": done.stdout,
