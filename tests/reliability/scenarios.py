@@ -792,7 +792,7 @@ def read_only_mount(cache: ReadOnlyCache) -> dict[str, Any]:
         out["writable_open"]["first_warnings"] = logs.first
     out["cli"] = {}
     for args in (("stats", "--json"), ("ls", "--json"), ("verify", "--json"), ("verify",)):
-        done = cli(*args, "--path", str(cache.path), env=worker_env(), timeout=60)
+        done = cli(*args, "--path", str(cache.path), timeout=60)
         out["cli"][" ".join(args)] = {
             "rc": done.returncode,
             "stdout": done.stdout,
