@@ -6,9 +6,10 @@ One reader, ``BucketReader``, with bounds that hold whatever was planted:
 - **an object** is read only when its size, from the first response, is within the cap its
   kind has; JSON objects are small and parsed whole (nesting and numbers bounded); gzip
   objects of lines (records, usage) are streamed: ``STREAM_CHUNK`` bytes of the object at a
-  time, inflated ``STREAM_CHUNK`` at a time up to a cap on the inflated total, cut into lines
-  of at most ``MAX_LINE`` bytes (a longer line is skipped), so the memory a read takes does
-  not depend on the object's shape;
+  time, inflated ``STREAM_CHUNK`` at a time up to a cap on the inflated total, cut into blocks
+  of whole lines that the regex engine matches line by line (a line that does not match
+  makes no object; one longer than ``MAX_LINE`` across two blocks is dropped), so the memory
+  a read takes does not depend on the object's shape;
 - **numbers** pass ``checked_size``, ``checked_age``, ``checked_count`` or ``checked_time``,
   the directory's own bounds (``sizes.MAX_SIZE``, ``sizes.MAX_DURATION_S``);
 - **a listing** survives keys the client cannot parse: the service lists keys that
@@ -27,12 +28,13 @@ it takes is parsed the same way): ``unlistable`` names the first ``REPORTED`` of
 
 **Recovering a refused page.** A page fails as a whole, so the objects listed before the
 refused key in its page (up to ``LIST_PAGE - 1``) are not seen by the listing that resumes
-after it. When the listing holds ``RING`` keys just before the failure, it asks again from an
-earlier key (a binary search over the last ``RING`` keys, at most two requests a probe) so
-that a page ends just before the refused key; the objects up to it are then listed. When
-fewer keys precede it (the refused key among the first page of a listing), or after
-``MAX_RECOVERIES`` recoveries in one listing, those objects are not seen until the key is
-removed: ``hidden_pages`` counts such pages.
+after it. The listing keeps the last ``RING`` keys it listed since it last resumed, and asks
+again from one of them (a binary search, at most two requests a probe) so that a page ends
+just before the refused key; the objects up to it are then listed. When too few keys were
+listed since (the refused key within a page of the listing's start or of another refused
+key), or after ``MAX_RECOVERIES`` recoveries in one listing, those objects are not seen until
+the key is removed: ``hidden_pages`` counts such pages, and the listing is not
+``complete``.
 """
 
 from __future__ import annotations
@@ -286,9 +288,6 @@ class BucketReader:
         with self._lock:
             self.skipped[kind] += n
         self.warn_once(kind, message)
-
-    def full_key(self, path: str) -> str:
-        return f"{self.store_prefix}/{path}" if self.store_prefix else path
 
     def _relative(self, key: str) -> str | None:
         if not self.store_prefix:

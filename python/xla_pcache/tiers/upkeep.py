@@ -131,8 +131,9 @@ class Limits:
 
 
 # A writer prunes inside the user's program (records.py): its memory is bounded by the
-# entries it may hold (about 300 bytes each: 75 MB at the cap; docs/remote.md), its time by a
-# deadline, after which the program goes on and cron's `xla-pcache prune` is the way.
+# entries it may hold (about 320 bytes each as measured, listing included: 80 MB at the cap;
+# docs/remote.md), its time by a deadline, after which the program goes on and cron's
+# `xla-pcache prune` is the way.
 WRITER_LIMITS = Limits(entries=250_000, seconds=120.0)
 
 
@@ -146,9 +147,9 @@ class Budget:
 
 @dataclass(slots=True)
 class Entry:
-    """One object under ``entries/``: its size, when it was written and last used, uses."""
+    """One entry under ``entries/`` (its object is ``entries/<name>``): its size, when it
+    was written and last used, uses. Small: a prune holds one per entry."""
 
-    path: str
     size: int
     written: float
     last_use: float
@@ -411,7 +412,7 @@ class Bucket:
                         junk = []
             else:
                 written = _epoch(meta)
-                out[name] = Entry(path, size, written, written)
+                out[name] = Entry(size, written, written)
             if deadline is not None and listing.listed % LIST_PAGE == 0:
                 _check(deadline)
         if junk:
@@ -652,7 +653,7 @@ class Bucket:
         report.max_size = max_size if max_size is not None else budget.max_size
         # Records first, then entries: an entry a folded record names was written before
         # that record, so it is in the listing below (docs/remote.md).
-        records, junk_records, report.records_left = self._records_to_fold(limits)
+        records, junk_records, report.records_left = self._records_to_fold(limits, deadline)
         listing = Listing(objstore.ENTRY_DIR, limits.entries, _FLOOR)
         entries = self._entry_table(listing, deadline, tally)
         report.listing_complete = listing.complete
@@ -700,7 +701,7 @@ class Bucket:
                 break
             _check(deadline)
             batch = doomed[i : i + DELETE_BATCH]
-            self.delete([entries[n].path for n in batch])
+            self.delete([f"{objstore.ENTRY_DIR}/{n}" for n in batch])
             report.removed += len(batch)
             report.removed_bytes += sum(entries[n].size for n in batch)
             report.removed_names += batch
@@ -723,12 +724,14 @@ class Bucket:
             self.delete(folded)
         if junk_records:
             self._remove_junk(junk_records, tally)
-        report.claims_removed = self._drop_stale_claims()
+        report.claims_removed = self._drop_stale_claims(tally)
         # A listing that did not see every entry cannot tell which markers are orphans.
         if listing.complete:
             report.markers_removed = self._drop_markers(entries, tally)
 
-    def _records_to_fold(self, limits: Limits) -> tuple[list[Record], list[str], int]:
+    def _records_to_fold(
+        self, limits: Limits, deadline: float | None
+    ) -> tuple[list[Record], list[str], int]:
         """The records this prune folds (the first ``limits.records``, within
         ``limits.record_bytes`` in all), the objects under ``records/`` that are no record
         or too large to read (removed), and how many records wait for the next prune."""
@@ -736,7 +739,9 @@ class Bucket:
         junk: list[str] = []
         left = 0
         total = 0
-        for meta in self.reader.listing(RECORD_DIR, floor="r-"):
+        for i, meta in enumerate(self.reader.listing(RECORD_DIR, floor="r-")):
+            if i % LIST_PAGE == 0:
+                _check(deadline)
             r = self._record(meta)
             if r is None or r.size > MAX_RECORD:
                 if len(junk) < limits.records:
@@ -794,20 +799,30 @@ class Bucket:
             entry.last_use = max(entry.last_use, record.when)
             entry.uses = min(entry.uses + 1, (1 << 63) - 1)
 
-    def _drop_stale_claims(self) -> int:
+    def _drop_stale_claims(self, tally: _Tally) -> int:
+        """Claims a killed host left (over ``STALE_CLAIM_S`` old) and, as junk, whatever
+        under ``claims/`` is no claim, removed a batch at a time as they are listed."""
         cutoff = time.time() - STALE_CLAIM_S
         stale: list[str] = []
+        junk: list[str] = []
         removed = 0
         for m in self.reader.listing(objstore.CLAIM_DIR, floor=_FLOOR):
-            if _epoch(m) < cutoff:
-                stale.append(str(m["path"]))
-                if len(stale) >= DELETE_BATCH:
-                    removed += len(stale)
-                    self._remove_junk(stale)
-                    stale = []
-        if stale:
-            removed += len(stale)
-            self._remove_junk(stale)
+            path = str(m["path"])
+            if not _ours(path):
+                junk.append(path)
+            elif _epoch(m) < cutoff:
+                stale.append(path)
+            if len(stale) >= DELETE_BATCH:
+                removed += len(stale)
+                self.delete(stale)
+                stale = []
+            if len(junk) >= DELETE_BATCH:
+                self._remove_junk(junk, tally)
+                junk = []
+        removed += len(stale)
+        self.delete(stale)
+        if junk:
+            self._remove_junk(junk, tally)
         return removed
 
     def _drop_markers(self, kept: Container[str], tally: _Tally) -> int:
