@@ -88,5 +88,5 @@ def test_numbers_read_from_a_bucket_meet_the_directorys_bounds() -> None:
     for bad in (MAX_DURATION_S * 2, 10**400, 0.5, math.inf, math.nan, False, "7"):
         assert br.checked_age(bad) is None, bad
     assert br.checked_time(1.0, now=100.0) == 1.0
-    for bad in (-1.0, 100.0 + br.CLOCK_SLACK_S + 1, math.nan, math.inf, 10**400):
+    for bad in (-1.0, 100.0 + br.CLOCKS_APART_S + 1, math.nan, math.inf, 10**400):
         assert br.checked_time(bad, now=100.0) is None, bad

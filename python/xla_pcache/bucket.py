@@ -223,7 +223,19 @@ class BucketStore(Store):
             try:
                 self.bucket().mark_torch_xla(name, graph)
             except Exception as e:
-                tier.fail("put", e)
+                # Not the tier's failure (its entry went out before): a service with
+                # directories refuses a marker someone planted an object below. One
+                # warning, and the tier is not left alone for it.
+                if tier.first_warning("marker"):
+                    from xla_pcache.tiers.objstore import scrub
+
+                    log.warning(
+                        "xla_pcache: writing a torch_xla marker to %s failed (%s: %s); "
+                        "other hosts will not fetch that entry before they start",
+                        tier.url,
+                        type(e).__name__,
+                        scrub(str(e)),
+                    )
 
         tier.submit(mark)
 

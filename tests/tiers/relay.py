@@ -9,7 +9,9 @@ list them: in key order, in the page whose range holds them (the page's ``start-
 continuation point up to its last key, or to the end on the last page), rolled into a
 common prefix under a delimiter. Nothing else about them exists: a GET, HEAD or DELETE of
 such a key reaches the server, which has no such object (and a client that cannot parse
-the key never asks). The tests of hostile buckets and the bucket-state fuzzer use it."""
+the key never asks), and ``unplant`` stands for removing one with the cloud's own tool. A
+key is written into the XML as ElementTree writes it (a control character raw, which XML
+1.0 does not allow). The tests of hostile buckets and the bucket-state fuzzer use it."""
 
 from __future__ import annotations
 
@@ -115,7 +117,11 @@ class S3Relay:
             conn.endheaders(body or None)
             resp = conn.getresponse()
             data = resp.read()
-            headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP]
+            # A HEAD's length is the object's, not that of the (empty) body.
+            keep = ("content-length",) if h.command == "HEAD" else ()
+            headers = [
+                (k, v) for k, v in resp.getheaders() if k.lower() not in _HOP or k.lower() in keep
+            ]
             status, reason = resp.status, resp.reason
         except OSError:
             h.close_connection = True
@@ -129,7 +135,8 @@ class S3Relay:
         h.send_response(status, reason)
         for k, v in headers:
             h.send_header(k, v)
-        h.send_header("Content-Length", str(len(data)))
+        if h.command != "HEAD":
+            h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         if h.command != "HEAD":
             h.wfile.write(data)

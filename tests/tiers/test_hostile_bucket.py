@@ -21,6 +21,7 @@ from xla_pcache._names import EntryName
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers import upkeep
+from xla_pcache.tiers.bucket_reader import HEADS_PER_REFUSED, list_requests_bound
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
@@ -280,8 +281,13 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     for key in bad:
         relay.plant(key, 5)
     b = upkeep.Bucket(url)
+    relay.take()
     stats = b.stats()
     assert stats["entries"] == 1100 and stats["bytes"] == 11_000, stats
+    # Three listings (entries with two refused keys, records and claims with one each).
+    wire = relay.take()
+    bound = sum(list_requests_bound(n, r) for n, r in ((1100, 2), (0, 1), (0, 1)))
+    assert wire["list"] <= bound and wire["head"] <= 4 * HEADS_PER_REFUSED, wire
     assert sorted(stats["unlistable"]) == sorted(k for k in bad if "torch_xla" not in k), stats
     assert stats["skipped_by_kind"] == {"unlistable": 4}, stats
     assert b.estimate().records == 0  # the records' listing went past its refused key
@@ -396,7 +402,8 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
 
 def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     """At most `Limits.records` records are folded a prune (the rest wait for the next);
-    past `Limits.entries` (a writer's prune inside a program) nothing is removed."""
+    past `Limits.entries` or `Limits.seconds` (a writer's prune inside a program) nothing
+    is removed, and the lease is given back."""
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
@@ -408,7 +415,11 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     assert (report.records_folded, report.records_left) == (2, 1), report
     report = b.prune(max_size=100, limits=upkeep.Limits(entries=2))
     assert not report.pruned and report.removed == 0 and "cron" in (report.busy or ""), report
-    assert len([k for k in _keys(s3, prefix) if k.startswith(ENTRY_DIR)]) == 3
+    # Past its deadline (none left here) a prune stops before removing anything.
+    report = b.prune(max_size=100, limits=upkeep.Limits(seconds=0))
+    assert not report.pruned and report.removed == 0 and "stopped" in (report.busy or ""), report
+    keys = _keys(s3, prefix)
+    assert len([k for k in keys if k.startswith(ENTRY_DIR)]) == 3 and upkeep.LEASE not in keys
 
 
 def test_planted_markers_cost_a_torch_xla_start_bounded_requests(

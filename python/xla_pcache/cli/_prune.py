@@ -178,13 +178,13 @@ def _remove_untrusted_objects(url: str, as_json: bool) -> None:
         report = b.remove_untrusted()
     if as_json:
         emit_json(report.as_dict())
-        return
-    for name in report.removed_names:
-        typer.echo(f"removed {shown(name)}")
-    typer.echo(f"removed {report.removed} objects that are nothing xla_pcache writes")
-    _untrusted_lines(report.skipped, report.unlistable, url)
+    else:
+        for name in report.removed_names:
+            typer.echo(f"removed {shown(name)}")
+        typer.echo(f"removed {report.removed} objects that are nothing xla_pcache writes")
+        _untrusted_lines(report.skipped, report.unlistable, url)
     if report.unlistable:
-        raise typer.Exit(1)  # left in the bucket: the lines above say how to remove them
+        raise typer.Exit(1)  # still in the bucket: the report says how to remove each
 
 
 def _prune_untrusted(path: str | None, read_only: bool, as_json: bool) -> None:

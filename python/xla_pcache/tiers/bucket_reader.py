@@ -11,7 +11,8 @@ One reader, ``BucketReader``, with bounds that hold whatever was planted:
   makes no object; one longer than ``MAX_LINE`` across two blocks is dropped), so the memory
   a read takes does not depend on the object's shape;
 - **numbers** pass ``checked_size``, ``checked_age``, ``checked_count`` or ``checked_time``,
-  the directory's own bounds (``sizes.MAX_SIZE``, ``sizes.MAX_DURATION_S``);
+  the directory's own bounds (``sizes.MAX_SIZE``, ``sizes.MAX_DURATION_S``), and a time
+  at most ``CLOCKS_APART_S`` ahead;
 - **a listing** survives keys the client cannot parse: the service lists keys that
   ``object_store`` refuses (a ``//`` or a ``.``/``..`` segment, a control character: S3, GCS
   and Azure accept them), and refuses them a page at a time. The listing goes on after the
@@ -75,8 +76,23 @@ REPORTED = 100
 # Refused pages one listing tries to recover, and how many keys it keeps to do so.
 MAX_RECOVERIES = 16
 RING = LIST_PAGE
-# How far ahead of this host's clock a time read from the bucket may be.
+# How far a host's own time in a record may be from the service's Last-Modified of it.
 CLOCK_SLACK_S = 300.0
+# How far apart two hosts' clocks may be (the prune lease assumes as much): a time read from
+# the bucket may be this far ahead of this host's clock, and no further.
+CLOCKS_APART_S = 600.0
+# What a refused key costs a listing at most: its refused page, the page that resumes after
+# it, and a binary search over RING keys of at most two pages a probe; and one HEAD.
+LISTS_PER_REFUSED = 2 + 2 * math.ceil(math.log2(RING))
+HEADS_PER_REFUSED = 1
+
+
+def list_requests_bound(objects: int, refused: int) -> int:
+    """The most listing requests one listing of ``objects`` objects makes when it goes past
+    ``refused`` keys the client refuses (at most ``MAX_UNLISTABLE + 1`` of them count)."""
+    return max(1, math.ceil(objects / LIST_PAGE)) + min(refused, MAX_UNLISTABLE + 1) * (
+        LISTS_PER_REFUSED
+    )
 
 
 # ------------------------------------------------------------------------------ numbers
@@ -105,7 +121,7 @@ def checked_age(value: object) -> float | None:
 
 
 def checked_time(value: object, now: float | None = None) -> float | None:
-    """A time (seconds since the epoch) not before 1970 nor more than ``CLOCK_SLACK_S``
+    """A time (seconds since the epoch) not before 1970 nor more than ``CLOCKS_APART_S``
     ahead of this host's clock, else None: a time in the future would keep an entry for
     ever."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -114,7 +130,7 @@ def checked_time(value: object, now: float | None = None) -> float | None:
         t = float(value)
     except OverflowError:
         return None
-    limit = (time.time() if now is None else now) + CLOCK_SLACK_S
+    limit = (time.time() if now is None else now) + CLOCKS_APART_S
     return t if math.isfinite(t) and 0 <= t <= limit else None
 
 

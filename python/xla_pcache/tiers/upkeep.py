@@ -57,6 +57,7 @@ from xla_pcache.tiers import objstore
 from xla_pcache.tiers.base import redact
 from xla_pcache.tiers.bucket_reader import (
     CLOCK_SLACK_S,
+    CLOCKS_APART_S,
     LIST_PAGE,
     REPORTED,
     BucketReader,
@@ -87,7 +88,7 @@ DELETE_BATCH = 1000
 # The prune lease: rewritten every third of it while a prune runs; taken over when it has not
 # been rewritten for STALE_AFTER_S by this host's clock (hosts' clocks may differ by that much).
 LEASE_S = 60.0
-STALE_AFTER_S = 600.0
+STALE_AFTER_S = CLOCKS_APART_S
 # Claims older than this were left by killed hosts (a live one is rewritten every 10 s).
 STALE_CLAIM_S = 86400.0
 # Prune to this fraction of the budget, as the directory does: writers then find room for a
