@@ -21,7 +21,6 @@ from xla_pcache._names import EntryName
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers import upkeep
-from xla_pcache.tiers.bucket_reader import HEADS_PER_REFUSED, list_requests_bound
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
@@ -280,6 +279,8 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     ]
     for key in bad:
         relay.plant(key, 5)
+    from xla_pcache.tiers.bucket_reader import HEADS_PER_REFUSED, list_requests_bound
+
     b = upkeep.Bucket(url)
     relay.take()
     stats = b.stats()
