@@ -55,7 +55,9 @@ def prune(
 ) -> None:
     """Evict least recently used entries now and print what was removed. A bucket
     (`--path s3://...`) is pruned least recently used first, reads counted (the hosts'
-    records), within `--max-size` or its stored budget (to 90 %), one host at a time."""
+    records), within `--max-size` or its stored budget (to 90 %), one host at a time; with
+    `--untrusted`, what in it is nothing xla_pcache writes is removed (and keys the client
+    cannot name are listed, with the command that removes each)."""
     with reported():
         url = bucket_url(path)
     if url is not None:
