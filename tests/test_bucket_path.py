@@ -118,7 +118,6 @@ def test_directory_commands_refuse_a_url_and_name_the_host_copy(
         (["ls", "--path", "s3://bkt/p"], bucket.local_name("s3://bkt/p")),
         (["stats", "--path", "hdfs://nn/p"], "serves gs://, s3:// and az://"),
         (["verify", "--path", "gs://bkt/p?ro=1"], "stats, prune and config take a bucket"),
-        (["prune", "--path", "s3://bkt/p", "--untrusted"], "--untrusted is for a directory"),
     ):
         out = CliRunner().invoke(app, args)
         assert out.exit_code == 2 and needle in " ".join(out.output.split()), out.output

@@ -32,6 +32,7 @@ LEVELS = {
     "tiers.redis": 1,
     "tiers.objstore": 1,
     "tiers.chain": 1,
+    "tiers.bucket_reader": 1,
     "tiers.upkeep": 1,
     "tiers.records": 1,
     "tiers": 1,

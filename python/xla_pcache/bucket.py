@@ -42,6 +42,12 @@ SCHEMES = ("gs", "s3", "az")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 EXTRA = 'pip install "xla-pcache[objstore]"'
+# What a torch_xla host start may cost at most (``BucketStore.pull_torch_xla``): objects of
+# ``torch_xla/`` listed (one request a thousand), entries fetched, markers found to lead to no
+# entry before it stops.
+PULL_MARKERS = 10_000
+PULL_FETCHES = 1_000
+PULL_MISSES = 32
 
 
 def is_url(path: object) -> bool:
@@ -217,16 +223,37 @@ class BucketStore(Store):
             try:
                 self.bucket().mark_torch_xla(name, graph)
             except Exception as e:
-                tier.fail("put", e)
+                # Not the tier's failure (its entry went out before): a service with
+                # directories refuses a marker someone planted an object below. One
+                # warning, and the tier is not left alone for it.
+                if tier.first_warning("marker"):
+                    from xla_pcache.tiers.objstore import scrub
+
+                    log.warning(
+                        "xla_pcache: writing a torch_xla marker to %s failed (%s: %s); "
+                        "other hosts will not fetch that entry before they start",
+                        tier.url,
+                        type(e).__name__,
+                        scrub(str(e)),
+                    )
 
         tier.submit(mark)
 
     def pull_torch_xla(self, key_of: Callable[[str], str]) -> int:
         """Fetches into this store the bucket's torch_xla entries it lacks, newest first,
         within its budget (torch_xla looks only in its own directory, so its host copy must
-        hold them before it starts). Returns how many were fetched."""
+        hold them before it starts). Returns how many were fetched.
+
+        Markers are untrusted (anyone who can write the bucket plants them), so what a start
+        costs is bounded whatever is there: one listing of at most ``PULL_MARKERS`` objects
+        under ``torch_xla/`` (``PULL_MARKERS / 1000`` requests), a marker whose name is not
+        its graph's entry name costs nothing more, and fetches stop after ``PULL_FETCHES``
+        attempts or ``PULL_MISSES`` that found no entry (a marker of an entry that is not
+        there, or not one)."""
+        bucket = None
         try:
-            marked = self.bucket().torch_xla_entries()
+            bucket = self.bucket()
+            marked = bucket.torch_xla_entries(limit=PULL_MARKERS)
         except Exception as e:
             from xla_pcache.tiers import redact
 
@@ -238,12 +265,23 @@ class BucketStore(Store):
             )
             return 0
         budget, used, fetched = self.max_size, self.stats()["bytes"], 0
+        attempts = misses = 0
         for name, graph, _when in marked:
             key = key_of(graph)
             if _core.entry_name(key) != name or key in self:
                 continue  # a marker that does not name its graph's entry is ignored
+            if attempts >= PULL_FETCHES or misses >= PULL_MISSES:
+                bucket.reader.skip(
+                    "torch_xla-markers",
+                    f"a host start fetches at most {PULL_FETCHES} torch_xla entries and "
+                    f"stops after {PULL_MISSES} markers of no entry: the rest of the markers "
+                    "were not followed",
+                )
+                break
+            attempts += 1
             blob = self._fetch(key)
             if blob is None:
+                misses += 1
                 continue
             used += len(blob)
             fetched += 1

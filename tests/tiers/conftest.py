@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.tiers.relay import S3Relay
 from tests.tiers.servers import RedisServer, S3Server, start_redis, start_s3
 
 
@@ -38,3 +39,14 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
     return s3_server
+
+
+@pytest.fixture
+def relay(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Relay]:
+    """A relay in front of the module's server (tests/tiers/relay.py), this process's
+    AWS_ENDPOINT_URL pointing at it: keys planted on it are listed as a real S3 lists
+    them, and it counts the requests that pass."""
+    r = S3Relay(s3.port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", r.endpoint)
+    yield r
+    r.close()

@@ -266,7 +266,7 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     records = _under(_objects(s3, prefix), "records")
     assert len(records) == 3, records  # the writer's (its puts), and the host's two
     b = upkeep.Bucket(url)
-    used = sorted(sorted(b._record_names(p)) for p in records)
+    used = sorted(sorted(b.record_names(p)) for p in records)
     assert used == sorted([[], [entry_name("k0")], sorted([entry_name("k1"), entry_name("k2")])]), (
         used
     )
@@ -305,7 +305,7 @@ def test_budget_stats_and_prune_through_the_command(
     assert kept == {entry_name("k1"), entry_name("k4")}  # the two read since
     size = sum(objects[p][0] for p in _under(objects, "entries"))
     # Hostile objects: a budget that is no budget is ignored with one warning; junk under
-    # entries/ counts and goes first; a record that is not gzip is skipped.
+    # entries/ is removed by every prune; a record that is not gzip is skipped.
     obstore.put(client, upkeep.CONFIG, b'{"max_size": -1}')
     obstore.put(client, "xla_pcache-1/entries/zz/not-an-entry", b"x" * 10)
     obstore.put(client, f"{upkeep.RECORD_DIR}/r-1-0000000000000000-9-99", b"not gzip")
@@ -313,9 +313,10 @@ def test_budget_stats_and_prune_through_the_command(
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
         assert b.read_budget() == upkeep.Budget()
         report = b.prune(max_size=size)
-    assert caplog.text.count("malformed") == 1 and "not what hosts write" in caplog.text
-    assert report.removed_names[0] == "xla_pcache-1/entries/zz/not-an-entry"
-    assert report.entries == 2 and report.records_folded == 1
+    assert caplog.text.count("out of range") == 1 and "is not gzip" in caplog.text
+    assert report.junk_names == ["xla_pcache-1/entries/zz/not-an-entry"]
+    assert report.removed == 0 and report.entries == 2 and report.records_folded == 1
+    assert report.skipped == {"config-malformed": 1, "record-malformed": 1}, report.skipped
 
 
 def test_writers_prune_one_host_at_a_time_when_past_the_budget(

@@ -4,20 +4,30 @@ a bounded wait, never a spin, an abort or memory in proportion to what was plant
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import obstore
 import pytest
 import redis
-from xla_pcache import Store, entry_name
+from typer.testing import CliRunner
+from xla_pcache import Store, bucket, entry_name
 from xla_pcache._names import EntryName
+from xla_pcache.cli import app
+from xla_pcache.config import Settings
+from xla_pcache.tiers import upkeep
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
 from tests.helpers import run_worker
+from tests.tiers.relay import S3Relay
 from tests.tiers.servers import (
+    S3_BUCKET,
     RedisServer,
     S3Server,
     bucket_client,
@@ -205,3 +215,267 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
     with pytest.raises(ValueError, match="name"):
         claims.claim("../../x", wait=0, lease=30)
     store.close()
+
+
+# ------------------------------------------------------------------------------ upkeep
+# What a key-less writer can plant among the bucket's upkeep (tiers/upkeep.py), read through
+# its one reader (tiers/bucket_reader.py): keys the client cannot parse, objects below our
+# names, objects shaped to cost memory, numbers out of range, markers by the thousand.
+
+
+def _plant(client: Any, items: dict[str, bytes]) -> None:
+    """Puts ``items`` (path -> body) straight into the bucket, many at a time."""
+
+    async def put_all() -> None:
+        gate = asyncio.Semaphore(32)
+
+        async def one(path: str, body: bytes) -> None:
+            async with gate:
+                await obstore.put_async(client, path, body)
+
+        await asyncio.gather(*(one(p, b) for p, b in items.items()))
+
+    asyncio.run(put_all())
+
+
+def _keys(server: S3Server, prefix: str) -> list[str]:
+    return sorted(str(o["path"]) for o in obstore.list(bucket_client(server, prefix)).collect())
+
+
+def _gz(data: bytes) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return c.compress(data) + c.flush()
+
+
+def _cli(*args: str) -> Any:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        result.exception,
+        result.output,
+    )
+    return result
+
+
+def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
+    relay: S3Relay, s3: S3Server
+) -> None:
+    """S3 keeps keys with '//' or a '.'/'..' segment, which obstore refuses a listing page
+    at a time (SeaweedFS collapses them, so the relay lists them as S3 would). On main a
+    single one made every listing raise: stats, prune, the writers' budget check, the
+    torch_xla markers and claims all failed. Now the listing goes past each (one warning,
+    counted), recovers the entries that shared its page, and names it with the command
+    that removes it."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    names = sorted(entry_name(f"k{i}") for i in range(1100))
+    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 10 for n in names})
+    bad = [
+        f"{prefix}/{ENTRY_DIR}//first",  # before every entry
+        f"{prefix}/{ENTRY_DIR}/{names[1050]}/../x",  # after a thousand: its page recovered
+        f"{prefix}/{upkeep.RECORD_DIR}/./r",
+        f"{prefix}/{upkeep.TORCH_XLA_DIR}//m",
+        f"{prefix}/{CLAIM_DIR}/..",
+    ]
+    for key in bad:
+        relay.plant(key, 5)
+    from xla_pcache.tiers.bucket_reader import HEADS_PER_REFUSED, list_requests_bound
+
+    b = upkeep.Bucket(url)
+    relay.take()
+    stats = b.stats()
+    assert stats["entries"] == 1100 and stats["bytes"] == 11_000, stats
+    # Three listings (entries with two refused keys, records and claims with one each).
+    wire = relay.take()
+    bound = sum(list_requests_bound(n, r) for n, r in ((1100, 2), (0, 1), (0, 1)))
+    assert wire["list"] <= bound and wire["head"] <= 4 * HEADS_PER_REFUSED, wire
+    assert sorted(stats["unlistable"]) == sorted(k for k in bad if "torch_xla" not in k), stats
+    assert stats["skipped_by_kind"] == {"unlistable": 4}, stats
+    assert b.estimate().records == 0  # the records' listing went past its refused key
+    assert b.torch_xla_entries() == []
+    assert sorted(b.reader.unlistable) == sorted(bad)
+    # Through the command: stats names each key and how to remove it; prune keeps the budget.
+    out = _cli("stats", "--path", url)
+    assert out.exit_code == 0, out.output
+    assert f"aws s3api delete-object --bucket {S3_BUCKET} --key '{bad[1]}'" in out.output
+    b.write_budget(upkeep.Budget(max_size=5000))
+    out = _cli("prune", "--path", url, "--json")
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output[out.output.index("{") :])
+    assert report["entries_before"] == 1100 and report["bytes"] <= 4500, report
+    assert report["skipped"]["unlistable"] == 5 and len(report["unlistable"]) == 5, report
+    # What the client cannot remove, --untrusted names (exit 1: they are still there).
+    out = _cli("prune", "--untrusted", "--path", url)
+    assert out.exit_code == 1, out.output
+    for key in bad:
+        assert f"--key '{key}'" in out.output, out.output
+
+
+def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """An object below the lease's name makes SeaweedFS (and MinIO, and hierarchical
+    namespaces) refuse the lease's create and answer 404 to its HEAD: on main every prune
+    raised from then on. Now prune removes what is below the name and the directory it
+    made, and takes the lease. The same below an entry's name kept that entry out of the
+    bucket for ever (its create refused, its GET 404): `prune --untrusted` removes it."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    writer = Store(tmp_path / "w", remote=url)
+    for k in ("a", "b", "c"):
+        assert writer.put(k, bytes(1000))
+    assert writer.remote is not None
+    writer.remote.flush()
+    obstore.put(client, f"{upkeep.LEASE}/x", b"squat")
+    report = upkeep.Bucket(url).prune(max_size=2500)
+    assert report.removed == 1 and report.entries == 2, report
+    assert report.skipped == {"squat": 1}, report.skipped
+    assert not [k for k in _keys(s3, prefix) if "prune.lease" in k]
+    out = _cli("prune", "--path", url, "--max-size", "1M")
+    assert out.exit_code == 0, out.output  # the lease is usable again
+    # An entry's name squatted: its create is refused, a reader misses.
+    name = entry_name("sq")
+    obstore.put(client, f"{ENTRY_DIR}/{name}/x/y", b"squat")
+    assert writer.put("sq", b"v" * 100)
+    writer.remote.flush()
+    assert writer.stats()["remote_put_exists"] == 1
+    out = _cli("prune", "--untrusted", "--path", url)
+    assert out.exit_code == 0, out.output
+    assert f"removed {ENTRY_DIR}/{name}/x/y" in out.output, out.output
+    assert not [k for k in _keys(s3, prefix) if name in k]
+    other = Store(tmp_path / "o", remote=url)
+    assert other.put("sq", b"v" * 100)
+    assert other.remote is not None
+    other.remote.flush()
+    assert other.stats()["remote_puts"] == 1
+    assert Store(tmp_path / "r", remote=url).get("sq") is not None
+    writer.close()
+    other.close()
+
+
+# A prune in its own process, on the bucket of the first argument: its report and how much
+# its peak RSS grew (VmHWM, its own) while it ran.
+_PRUNER = r"""
+import json, sys
+from xla_pcache.tiers.upkeep import Bucket
+
+def peak_kib():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+
+b = Bucket(sys.argv[1])
+b.read_budget()  # the client and its runtime, before the baseline
+before = peak_kib()
+report = b.prune(max_size=int(sys.argv[2]))
+print(json.dumps({"grew_kib": peak_kib() - before, "report": report.as_dict()}))
+"""
+
+
+def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """A 65 KB `usage` object of 64 MiB of short lines took a prune on main from 45 MiB to
+    1.3 GiB (a bytes object per line), and every name of every record was folded into one
+    dict (200,000 names of no entry: some 100 MiB more). Now both are streamed and only the
+    listed entries are looked up: the prune grows by a few MiB."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    names = [entry_name(f"e{i}") for i in range(20)]
+    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    planted = "".join(os.urandom(16).hex() + "\n" for _ in range(200_000))
+    _plant(
+        client,
+        {
+            upkeep.USAGE: _gz(b"ab\n" * ((64 << 20) // 3)),
+            upkeep.new_record_name(0, 0): _gz((planted + names[3] + "\n").encode()),
+        },
+    )
+    out = run_worker("-c", _PRUNER, url, "1900", timeout=300)
+    assert "Traceback" not in out.pop("stderr")
+    report = out["report"]
+    assert out["grew_kib"] < 32 << 10, out
+    assert report["records_folded"] == 1 and report["removed"] == 1, report
+    assert names[3] not in report["removed_names"]  # the one the record named is kept
+    assert report["skipped"]["usage-lines"] == (64 << 20) // 3, report["skipped"]
+
+
+def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
+    """At most `Limits.records` records are folded a prune (the rest wait for the next);
+    past `Limits.entries` or `Limits.seconds` (a writer's prune inside a program) nothing
+    is removed, and the lease is given back."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    names = [entry_name(f"e{i}") for i in range(3)]
+    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    _plant(client, {upkeep.new_record_name(0, 0): upkeep.record_body(names) for _ in range(3)})
+    b = upkeep.Bucket(url)
+    report = b.prune(max_size=10**6, limits=upkeep.Limits(records=2))
+    assert (report.records_folded, report.records_left) == (2, 1), report
+    report = b.prune(max_size=100, limits=upkeep.Limits(entries=2))
+    assert not report.pruned and report.removed == 0 and "cron" in (report.busy or ""), report
+    # Past its deadline (none left here) a prune stops before removing anything.
+    report = b.prune(max_size=100, limits=upkeep.Limits(seconds=0))
+    assert not report.pruned and report.removed == 0 and "stopped" in (report.busy or ""), report
+    keys = _keys(s3, prefix)
+    assert len([k for k in keys if k.startswith(ENTRY_DIR)]) == 3 and upkeep.LEASE not in keys
+
+
+def test_planted_markers_cost_a_torch_xla_start_bounded_requests(
+    tmp_path: Path, relay: S3Relay, s3: S3Server
+) -> None:
+    """2,000 empty markers, each named for its graph's entry, cost every torch_xla host
+    start 2,000 GETs on main. Now a start lists them (two pages) and stops following
+    markers after PULL_MISSES that lead to no entry."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    graphs = [str(10**20 + i) for i in range(2000)]
+    _plant(
+        client,
+        {f"{upkeep.TORCH_XLA_DIR}/{entry_name(f'torch_xla/{g}')}-{g}": b"" for g in graphs},
+    )
+    time.sleep(1.1)  # the real marker newer (whole seconds), so it comes first
+    home = tmp_path / "h"
+    settings = Settings.from_env().replace(xdg_cache_home=str(home))
+    writer = bucket.open_store(url, settings=settings)
+    assert writer.put("torch_xla/7", b"graph" * 100)
+    writer.mark_torch_xla("torch_xla/7", "7")
+    writer.close()
+    host = bucket.open_store(url, settings=settings.replace(xdg_cache_home=str(tmp_path / "n")))
+    relay.take()
+    assert host.pull_torch_xla(lambda g: f"torch_xla/{g}") == 1
+    wire = relay.take()
+    assert wire.get("list", 0) <= 3 and wire.get("get", 0) < 100, wire  # main: 2,000 GETs
+    assert wire.get("get", 0) <= bucket.PULL_MISSES + 1, wire
+    host.close()
+
+
+def test_numbers_out_of_range_in_the_bucket_are_ignored_not_raised(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """A 400-digit max_size passed main's check, then `stats` and `config` crashed with a
+    traceback and `prune` raised OverflowError; a budget nested 2,000 deep raised
+    RecursionError. Every number read from the bucket is now held to the directory's own
+    bounds: what is out of range is ignored with one warning and counted."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    _plant(client, {f"{ENTRY_DIR}/{entry_name('e')}": b"x" * 100})
+    huge = "9" * 400
+    obstore.put(client, upkeep.CONFIG, f'{{"max_size": {huge}, "max_age_s": 1e400}}'.encode())
+    obstore.put(client, upkeep.STATE, f'{{"time": 1, "entries": 1, "bytes": {huge}}}'.encode())
+    obstore.put(client, upkeep.USAGE, _gz(f"{entry_name('e')} {huge} {huge}\n".encode()))
+    stats = json.loads(_cli("stats", "--path", url, "--json").output)
+    assert stats["max_size"] is None and stats["last_prune"] is None, stats
+    assert stats["skipped_by_kind"] == {"config-malformed": 1, "state-malformed": 1}, stats
+    for args in (("stats",), ("config", "--show"), ("prune", "--max-size", "1M")):
+        out = _cli(*args, "--path", url)
+        assert out.exit_code == 0, (args, out.output)
+    report = upkeep.Bucket(url).prune(max_size=10**6)
+    assert report.entries == 1 and report.skipped["usage-lines"] == 1, report
+    obstore.put(client, upkeep.CONFIG, b'{"max_size": ' + b"[" * 2000 + b"]" * 2000 + b"}")
+    out = _cli("stats", "--path", url, "--json")
+    assert out.exit_code == 0 and json.loads(out.output)["max_size"] is None, out.output

@@ -3,6 +3,7 @@ untrusted entries, or prune a bucket."""
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Annotated
 
 import typer
@@ -46,14 +47,17 @@ def prune(
         bool,
         typer.Option(
             "--untrusted",
-            help=f"Remove the entries no trusted key signed (keys from ${TRUSTED_KEYS_VAR}).",
+            help=f"Remove the entries no trusted key signed (keys from ${TRUSTED_KEYS_VAR}); "
+            "for a bucket, the objects that are nothing xla_pcache writes.",
         ),
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Evict least recently used entries now and print what was removed. A bucket
     (`--path s3://...`) is pruned least recently used first, reads counted (the hosts'
-    records), within `--max-size` or its stored budget (to 90 %), one host at a time."""
+    records), within `--max-size` or its stored budget (to 90 %), one host at a time; with
+    `--untrusted`, what in it is nothing xla_pcache writes is removed (and keys the client
+    cannot name are listed, with the command that removes each)."""
     with reported():
         url = bucket_url(path)
     if url is not None:
@@ -110,10 +114,11 @@ def _prune_bucket(
     from xla_pcache.tiers.upkeep import BusyError
 
     with reported():
-        if untrusted:
-            fail("--untrusted is for a directory: a bucket's readers refuse what they distrust")
         if read_only or Settings.from_env().read_only:
             fail(f"{redact(url)}: read-only (--read-only or {READ_ONLY_VAR})")
+        if untrusted:
+            _remove_untrusted_objects(url, as_json)
+            return
         target = parse_size(max_size, name="--max-size")
         age = None if older_than is None else parse_duration(older_than, name="--older-than")
         with open_bucket(url) as b:
@@ -134,13 +139,54 @@ def _prune_bucket(
         return
     for name in report.removed_names:
         typer.echo(f"removed {shown(name)}")
+    if not report.pruned:
+        typer.echo(f"xla-pcache: prune stopped: {shown(report.busy)}", err=True)
     typer.echo(
         f"removed {report.removed} entries, {format_size(report.removed_bytes)}; "
         f"{report.entries} left, {format_size(report.bytes)} "
         f"(budget {format_size(report.max_size)})"
     )
+    if report.junk_removed:
+        typer.echo(f"removed {report.junk_removed} objects that are nothing xla_pcache writes")
+    if report.records_left:
+        typer.echo(f"{report.records_left} hit records left for the next prune")
+    _untrusted_lines(report.skipped, report.unlistable, url)
     requests = ", ".join(f"{n} {k}" for k, n in sorted(report.requests.items()))
     typer.echo(f"{requests} requests in {report.seconds:.2f} s")
+    if not report.pruned:
+        raise typer.Exit(1)
+
+
+def _untrusted_lines(skipped: dict[str, int], unlistable: list[str], url: str) -> None:
+    """What was skipped as untrusted, and how to remove each key the client cannot name."""
+    from xla_pcache.tiers.bucket_reader import delete_hint
+    from xla_pcache.tiers.objstore import parse_object_url
+
+    if skipped:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(skipped.items()))
+        typer.echo(f"skipped as untrusted: {shown(kinds)}", err=True)
+    location = urllib.parse.urlsplit(parse_object_url(url)[0])
+    for key in unlistable:
+        hint = delete_hint(location.scheme, location.hostname or "", key)
+        typer.echo(
+            f"xla-pcache: {shown(key)} cannot be listed or removed by this client; remove "
+            f"it with: {shown(hint)}",
+            err=True,
+        )
+
+
+def _remove_untrusted_objects(url: str, as_json: bool) -> None:
+    with open_bucket(url) as b, interruptible("prune"):
+        report = b.remove_untrusted()
+    if as_json:
+        emit_json(report.as_dict())
+    else:
+        for name in report.removed_names:
+            typer.echo(f"removed {shown(name)}")
+        typer.echo(f"removed {report.removed} objects that are nothing xla_pcache writes")
+        _untrusted_lines(report.skipped, report.unlistable, url)
+    if report.unlistable:
+        raise typer.Exit(1)  # still in the bucket: the report says how to remove each
 
 
 def _prune_untrusted(path: str | None, read_only: bool, as_json: bool) -> None:

@@ -177,6 +177,8 @@ _BUCKET_ROWS = (
     ("recorded_puts_bytes", "bytes written since the last prune (recorded)"),
     ("last_prune", "last prune"),
     ("claims", "compile claims"),
+    ("junk", "objects under entries/ that are no entry"),
+    ("skipped", "objects skipped as untrusted"),
 )
 
 
@@ -191,9 +193,29 @@ def _bucket_stats(report: dict[str, Any], as_json: bool) -> None:
         value = report.get(name)
         if name == "last_prune":
             text = "never" if value is None else f"{format_ago(time.time() - value)} ago"
+        elif name == "skipped" and value:
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(report["skipped_by_kind"].items()))
+            text = f"{value:,} ({kinds})"
         else:
             text = _stat_text(name, value)
         table.add_row(label, shown(text))
     requests = ", ".join(f"{n} {k}" for k, n in sorted(report["requests"].items()))
     table.add_row("requests", shown(f"{requests} ({report['seconds']:.2f} s)"))
     plain_console().print(table)
+    _unlistable_lines(report)
+
+
+def _unlistable_lines(report: dict[str, Any]) -> None:
+    """Each key the client can neither list nor remove, and the command that removes it."""
+    for key, hint in zip(report["unlistable"], report["unlistable_hints"], strict=True):
+        typer.echo(
+            f"xla-pcache: {shown(key)} cannot be listed or removed by this client; remove "
+            f"it with: {shown(hint)}",
+            err=True,
+        )
+    if not report.get("listing_complete", True):
+        typer.echo(
+            "xla-pcache: the listing of entries stopped early (too many keys the client "
+            "cannot list): the totals count what it saw",
+            err=True,
+        )

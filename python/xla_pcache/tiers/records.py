@@ -13,7 +13,11 @@ idle.
 A host that wrote entries then checks the bucket's budget, at most once per interval: one
 GET of the budget, one of the last prune's totals and one listing of the records (which
 carry what each host wrote since); when that estimate is past the budget it prunes, under
-the bucket's prune lease (one host at a time). ``XLA_PCACHE_BUCKET_AUTO_PRUNE=0`` leaves
+the bucket's prune lease (one host at a time). That prune runs in the program's process,
+within ``upkeep.WRITER_LIMITS``: at most 250,000 entries held (a bucket with more is left to
+cron, with one warning) and two minutes, after which it stops where it is, so that what it
+costs the program does not depend on what anyone planted in the bucket (docs/remote.md
+says why in the process rather than in a child). ``XLA_PCACHE_BUCKET_AUTO_PRUNE=0`` leaves
 pruning to ``xla-pcache prune`` (cron).
 
 The spool directory is opened beneath the store's root without following links, and every
@@ -340,10 +344,15 @@ class HitRecorder:
         if not (over or aged):
             return
         try:
-            report = bucket.prune()
+            report = bucket.prune(limits=upkeep.WRITER_LIMITS)
+        except upkeep.BlockedError as e:
+            bucket.reader.warn_once("blocked", f"not pruning here: {e}")
+            return
         except upkeep.BusyError as e:
             log.debug("xla_pcache: bucket %s: not pruning here: %s", bucket.url, e)
             return
+        if not report.pruned:
+            return  # a limit stopped it (warned once by the bucket)
         self.prunes += 1
         log.info(
             "xla_pcache: pruned the bucket %s: removed %d entries (%d bytes), %d left "

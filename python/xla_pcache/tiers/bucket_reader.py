@@ -1,0 +1,605 @@
+"""Everything xla_pcache reads from a bucket's upkeep, read as untrusted: whoever can write
+the bucket wrote it, with no key (``upkeep.py`` says what lives there).
+
+One reader, ``BucketReader``, with bounds that hold whatever was planted:
+
+- **an object** is read only when its size, from the first response, is within the cap its
+  kind has; JSON objects are small and parsed whole (nesting and numbers bounded); gzip
+  objects of lines (records, usage) are streamed: ``STREAM_CHUNK`` bytes of the object at a
+  time, inflated ``STREAM_CHUNK`` at a time up to a cap on the inflated total, cut into blocks
+  of whole lines that the regex engine matches line by line (a line that does not match
+  makes no object; one longer than ``MAX_LINE`` across two blocks is dropped), so the memory
+  a read takes does not depend on the object's shape;
+- **numbers** pass ``checked_size``, ``checked_age``, ``checked_count`` or ``checked_time``,
+  the directory's own bounds (``sizes.MAX_SIZE``, ``sizes.MAX_DURATION_S``), and a time
+  at most ``CLOCKS_APART_S`` ahead;
+- **a listing** survives keys the client cannot parse: the service lists keys that
+  ``object_store`` refuses (a ``//`` or a ``.``/``..`` segment, a control character: S3, GCS
+  and Azure accept them), and refuses them a page at a time. The listing goes on after the
+  refused key (resuming after every key sharing its refused start), recovers the objects
+  that shared its page when it can (below), reports the key by name, and stops after
+  ``MAX_UNLISTABLE`` of them or a cap its caller sets;
+- what does not pass is skipped, counted by kind in ``skipped`` (the ``stats`` and
+  ``prune`` reports show it) with one warning per kind, never an error for the whole
+  listing, prune or start.
+
+Such a key cannot be read, written or removed through ``object_store`` either (every path
+it takes is parsed the same way): ``unlistable`` names the first ``REPORTED`` of them, and
+``delete_hint`` says how to remove one with the cloud's own tool.
+
+**Recovering a refused page.** A page fails as a whole, so the objects listed before the
+refused key in its page (up to ``LIST_PAGE - 1``) are not seen by the listing that resumes
+after it. The listing keeps the last ``RING`` keys it listed since it last resumed, and asks
+again from one of them (a binary search, at most two requests a probe) so that a page ends
+just before the refused key; the objects up to it are then listed. When too few keys were
+listed since (the refused key within a page of the listing's start or of another refused
+key), or after ``MAX_RECOVERIES`` recoveries in one listing, those objects are not seen until
+the key is removed: ``hidden_pages`` counts such pages, and the listing is not
+``complete``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+import zlib
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from xla_pcache._text import package_logger
+from xla_pcache.sizes import MAX_DURATION_S, MAX_SIZE
+
+log = package_logger("xla_pcache")
+
+# An object's listing or HEAD, as obstore gives it (path, size, last_modified, e_tag).
+Meta = Mapping[str, Any]
+
+# The service's page of a listing (S3 and GCS return at most 1000 keys a request).
+LIST_PAGE = 1000
+# Objects whose whole content is read: the budget, the last prune's totals, a lease.
+MAX_SMALL = 4096
+# JSON of a small object: at most this deep (json's own recursion would raise past ~1000).
+MAX_JSON_DEPTH = 8
+# Streamed reads: the piece of the object and of its inflated text handled at a time.
+STREAM_CHUNK = 64 << 10
+# A line of a record (an entry name) or of usage (name, time, uses) is far shorter.
+MAX_LINE = 128
+# Keys refused by the client that one listing goes past before it stops, and those named in
+# a report.
+MAX_UNLISTABLE = 256
+REPORTED = 100
+# Refused pages one listing tries to recover, and how many keys it keeps to do so.
+MAX_RECOVERIES = 16
+RING = LIST_PAGE
+# How far a host's own time in a record may be from the service's Last-Modified of it.
+CLOCK_SLACK_S = 300.0
+# How far apart two hosts' clocks may be (the prune lease assumes as much): a time read from
+# the bucket may be this far ahead of this host's clock, and no further.
+CLOCKS_APART_S = 600.0
+# What a refused key costs a listing at most: its refused page, the page that resumes after
+# it, and a binary search over RING keys of at most two pages a probe; and one HEAD.
+LISTS_PER_REFUSED = 2 + 2 * math.ceil(math.log2(RING))
+HEADS_PER_REFUSED = 1
+
+
+def list_requests_bound(objects: int, refused: int) -> int:
+    """The most listing requests one listing of ``objects`` objects makes when it goes past
+    ``refused`` keys the client refuses (at most ``MAX_UNLISTABLE + 1`` of them count)."""
+    return max(1, math.ceil(objects / LIST_PAGE)) + min(refused, MAX_UNLISTABLE + 1) * (
+        LISTS_PER_REFUSED
+    )
+
+
+# ------------------------------------------------------------------------------ numbers
+def checked_size(value: object, *, zero: bool = False) -> int | None:
+    """``value`` as a byte count when it is an int from 1 (0 with ``zero``) to
+    ``sizes.MAX_SIZE``, else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if (0 if zero else 1) <= value <= MAX_SIZE else None
+
+
+def checked_count(value: object) -> int | None:
+    """A count of objects or uses: an int from 0 to ``sizes.MAX_SIZE``, else None."""
+    return checked_size(value, zero=True)
+
+
+def checked_age(value: object) -> float | None:
+    """A max age in seconds: a number from 1 to ``sizes.MAX_DURATION_S``, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if 1 <= seconds <= MAX_DURATION_S else None
+
+
+def checked_time(value: object, now: float | None = None) -> float | None:
+    """A time (seconds since the epoch) not before 1970 nor more than ``CLOCKS_APART_S``
+    ahead of this host's clock, else None: a time in the future would keep an entry for
+    ever."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        t = float(value)
+    except OverflowError:
+        return None
+    limit = (time.time() if now is None else now) + CLOCKS_APART_S
+    return t if math.isfinite(t) and 0 <= t <= limit else None
+
+
+def _depth(text: bytes) -> int:
+    """How deeply ``text`` nests JSON arrays and objects (brackets in strings counted too:
+    an upper bound, enough to refuse before parsing)."""
+    depth = deepest = 0
+    for c in text:
+        if c in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in b"]}":
+            depth -= 1
+    return deepest
+
+
+# ------------------------------------------------------------------------------ keys
+def _bad_segment(segment: str) -> bool:
+    return segment in ("", ".", "..") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in segment)
+
+
+def parseable(key: str) -> bool:
+    """Whether ``object_store`` takes ``key`` as a path (its ``Path::parse``: one ``/`` at
+    either end ignored, no empty, ``.`` or ``..`` segment, no ASCII control character)."""
+    core = key.removeprefix("/").removesuffix("/")
+    return core == "" or not any(_bad_segment(s) for s in core.split("/"))
+
+
+def resume_after(key: str) -> str | None:
+    """The first key after ``key`` (refused by the client) that the client can name, such
+    that every key between the two is refused as well: a listing resumes after it (and
+    looks at it alone). None when ``key``'s first segment is the refused one."""
+    lead = 1 if key.startswith("/") else 0
+    core = key[lead:].removesuffix("/")
+    at = lead
+    for i, seg in enumerate(core.split("/")):
+        if _bad_segment(seg):
+            if i == 0:
+                return None
+            head = key[: at - 1]  # the good segments before it, without the "/"
+            if seg == "":
+                # ``head//...``: every key that starts so is refused; next is ``head/0``.
+                nxt = f"{head}/0"
+            elif seg in (".", ".."):
+                rest = key[at + len(seg) :]
+                # ``head/../...`` all refused (next: ``head/..0``); ``head/..`` alone is
+                # followed by keys ``head/..<control>...``, refused, then ``head/.. ``.
+                nxt = f"{head}/{seg}0" if rest.startswith("/") else f"{head}/{seg} "
+            else:
+                j = next(k for k, c in enumerate(seg) if ord(c) < 0x20 or ord(c) == 0x7F)
+                # Every key that starts ``head/<seg[:j]><control>`` is refused, and the
+                # controls 0x00-0x1F are one run: next is a space, after DEL U+0080.
+                nxt = f"{head}/{seg[:j]}" + (" " if ord(seg[j]) < 0x20 else "\x80")
+            return nxt if parseable(nxt) and nxt > key else None
+        at += len(seg) + 1
+    return None
+
+
+def _rust_string(text: str, start: int) -> str | None:
+    """The Rust string literal (Debug format) starting after the quote at ``start``."""
+    out: list[str] = []
+    i = start
+    simple = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            return "".join(out)
+        if c == "\\" and i + 1 < len(text):
+            e = text[i + 1]
+            if e in simple:
+                out.append(simple[e])
+                i += 2
+                continue
+            if e == "u" and text.startswith("{", i + 2):
+                end = text.find("}", i + 3)
+                if end < 0:
+                    return None
+                try:
+                    out.append(chr(int(text[i + 3 : end], 16)))
+                except ValueError:
+                    return None
+                i = end + 1
+                continue
+            return None
+        out.append(c)
+        i += 1
+    return None
+
+
+def refused_key(e: BaseException) -> str | None:
+    """The key an ``InvalidPathError`` of a listing names (the whole key in the bucket), or
+    None for any other error. obstore's message carries the Rust error's Debug form, where
+    the key is an escaped string literal: ``path: "..."``."""
+    try:
+        from obstore.exceptions import InvalidPathError
+    except ImportError:
+        return None
+    if not isinstance(e, InvalidPathError):
+        return None
+    text = str(e)
+    at = text.find('path: "')
+    return None if at < 0 else _rust_string(text, at + len('path: "'))
+
+
+def delete_hint(url_scheme: str, bucket: str, key: str) -> str:
+    """How to remove the object ``key`` with the cloud's own command line."""
+    quoted = "'" + key.replace("'", "'\\''") + "'"
+    if url_scheme == "s3":
+        return f"aws s3api delete-object --bucket {bucket} --key {quoted}"
+    if url_scheme == "gs":
+        return f"gcloud storage rm 'gs://{bucket}/'{quoted}"
+    return f"az storage blob delete --container-name {bucket} --name {quoted}"
+
+
+# ------------------------------------------------------------------------------ the reader
+@dataclass
+class Listing:
+    """One listing's iteration (``BucketReader.listing``); after it: ``complete`` unless it
+    stopped early (``capped`` by the caller's limit, or past ``MAX_UNLISTABLE`` refused
+    keys) or may have missed objects (``hidden_pages``: refused pages it could not
+    recover), and the keys it went past. ``floor``: the least name below ``prefix`` that
+    the caller wants (a refused key before it hides nothing the caller lists for)."""
+
+    prefix: str
+    limit: int | None = None
+    floor: str | None = None
+    complete: bool = True
+    capped: bool = False
+    listed: int = 0
+    unlistable: list[str] = field(default_factory=list)
+    hidden_pages: int = 0
+
+
+class BucketReader:
+    """Reads of one bucket prefix's upkeep objects through obstore ``store`` (made with the
+    prefix ``store_prefix``), every request counted by kind through ``count``. ``url`` is
+    the bucket's URL as shown (redacted)."""
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        url: str,
+        scheme: str,
+        bucket: str,
+        store_prefix: str,
+        count: Callable[[str, int], None],
+    ) -> None:
+        self._store = store
+        self.url = url
+        self.scheme = scheme
+        self.bucket = bucket
+        self.store_prefix = store_prefix.strip("/")
+        self._count = count
+        self.skipped: Counter[str] = Counter()
+        self.unlistable: list[str] = []
+        self._unlistable_seen: set[str] = set()
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- skipping
+    def warn_once(self, kind: str, message: str) -> None:
+        with self._lock:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+        log.warning("xla_pcache: bucket %s: %s", self.url, message)
+
+    def skip(self, kind: str, message: str, n: int = 1) -> None:
+        """``n`` objects (or lines) skipped for ``kind``: counted, one warning per kind."""
+        with self._lock:
+            self.skipped[kind] += n
+        self.warn_once(kind, message)
+
+    def _relative(self, key: str) -> str | None:
+        if not self.store_prefix:
+            return key
+        head = self.store_prefix + "/"
+        return key[len(head) :] if key.startswith(head) else None
+
+    # ---------------------------------------------------------------- listings
+    def listing(
+        self, prefix: str, *, limit: int | None = None, floor: str | None = None
+    ) -> Iterator[Meta]:
+        """Every object below ``prefix`` (a directory of the bucket's upkeep), in key order,
+        at most ``limit`` of them; see ``listing_of`` for how it went."""
+        return self._list(Listing(prefix, limit, floor))
+
+    def listing_of(self, listing: Listing) -> Iterator[Meta]:
+        """``listing``'s objects; ``listing`` tells after the iteration how it went."""
+        return self._list(listing)
+
+    def _list(self, state: Listing) -> Iterator[Meta]:
+        import obstore
+
+        offset: str | None = None
+        ring: deque[str] = deque(maxlen=RING)
+        recoveries = 0
+        while True:
+            n = 0
+            failed: BaseException | None = None
+            try:
+                stream = obstore.list(
+                    self._store, state.prefix, offset=offset, chunk_size=LIST_PAGE
+                )
+                for chunk in stream:
+                    n += len(chunk)
+                    for meta in chunk:
+                        if state.limit is not None and state.listed >= state.limit:
+                            state.complete, state.capped = False, True
+                            return
+                        state.listed += 1
+                        ring.append(str(meta["path"]))
+                        yield meta
+                return
+            except Exception as e:
+                failed = e
+            finally:
+                # A listing is a request a page, the refused one included.
+                self._count("list", max(1, math.ceil(n / LIST_PAGE) + (failed is not None)))
+            bad = refused_key(failed)
+            bad_rel = None if bad is None else self._relative(bad)
+            if bad is None or bad_rel is None:
+                raise failed
+            self._note_unlistable(bad, state)
+            nxt = resume_after(bad)
+            nxt_rel = None if nxt is None else self._relative(nxt)
+            if nxt_rel is None or len(state.unlistable) > MAX_UNLISTABLE:
+                state.complete = False
+                self.warn_once(
+                    "unlistable-stop",
+                    f"listing {state.prefix}/ stopped at a key the client cannot list "
+                    f"({bad!r}); objects after it are not seen until it is removed",
+                )
+                return
+            attempted = bool(ring) and recoveries < MAX_RECOVERIES
+            found: list[Meta] = []
+            if attempted:
+                recoveries += 1
+                found = self._recover(state.prefix, list(ring), bad_rel)
+            # Nothing found from a full ring: nothing shared the refused page before it;
+            # nor anything of ours, when the refused key sorts before all we name there.
+            below = state.floor is not None and bad_rel < f"{state.prefix}/{state.floor}"
+            if not found and not (attempted and len(ring) == RING) and not below:
+                state.hidden_pages += 1
+                state.complete = False
+            for extra in found:
+                if state.limit is not None and state.listed >= state.limit:
+                    state.complete, state.capped = False, True
+                    return
+                state.listed += 1
+                yield extra
+            # The one key the resumed listing does not give (it starts after it).
+            here = self._head(nxt_rel)
+            if here is not None and nxt_rel.startswith(state.prefix + "/"):
+                if state.limit is not None and state.listed >= state.limit:
+                    state.complete, state.capped = False, True
+                    return
+                state.listed += 1
+                yield here
+            offset = nxt_rel
+            ring.clear()
+
+    def _note_unlistable(self, key: str, state: Listing) -> None:
+        state.unlistable.append(key)
+        with self._lock:
+            if key not in self._unlistable_seen:
+                self._unlistable_seen.add(key)
+                if len(self.unlistable) < REPORTED:
+                    self.unlistable.append(key)
+        self.skip(
+            "unlistable",
+            f"an object the client cannot list or remove ({key!r}: an empty, '.' or "
+            "'..' segment or a control character) was skipped; remove it with "
+            f"{delete_hint(self.scheme, self.bucket, key)}",
+        )
+
+    def _head(self, path: str) -> Meta | None:
+        import obstore
+
+        from xla_pcache.tiers import objstore
+
+        self._count("head", 1)
+        try:
+            meta = obstore.head(self._store, path)
+        except Exception as e:
+            if objstore._classify(e) == "missing":
+                return None
+            raise
+        return meta
+
+    def _recover(self, prefix: str, ring: list[str], bad: str) -> list[Meta]:
+        """The objects between ``ring[-1]`` and ``bad`` that the refused page held: the
+        listing asked from an earlier key of ``ring`` (which holds the keys just listed, in
+        order, with none missing) so that its page ends before ``bad``. A start further
+        back reaches less far, so the nearest start whose page is accepted gives them all."""
+        last = ring[-1]
+        best: list[Meta] = []
+        lo, hi = 1, len(ring)
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            got = self._probe(prefix, ring[-mid], last, bad)
+            if got:
+                best, hi = got, mid - 1
+            else:
+                lo = mid + 1
+        return best
+
+    def _probe(self, prefix: str, start: str, last: str, bad: str) -> list[Meta]:
+        import obstore
+
+        got: list[Meta] = []
+        n = 0
+        refused = False
+        try:
+            for chunk in obstore.list(self._store, prefix, offset=start, chunk_size=1):
+                n += len(chunk)
+                for meta in chunk:
+                    path = str(meta["path"])
+                    if path > bad or len(got) >= LIST_PAGE:
+                        return got
+                    if path > last:
+                        got.append(meta)
+        except Exception as e:
+            if refused_key(e) is None:
+                raise
+            refused = True
+        finally:
+            self._count("list", max(1, math.ceil(n / LIST_PAGE) + refused))
+        return got
+
+    # ---------------------------------------------------------------- objects
+    def _open(self, path: str, limit: int, kind: str) -> Any | None:
+        """The GET of ``path`` (its body not read yet), or None when it is missing or (one
+        warning, counted) larger than ``limit``."""
+        import obstore
+
+        from xla_pcache.tiers import objstore
+
+        self._count("get", 1)
+        try:
+            got = obstore.get(self._store, path, options={"range": (0, limit + 1)})
+        except Exception as e:
+            if objstore._classify(e) == "missing":
+                return None
+            raise
+        size = checked_size(got.meta.get("size"), zero=True)
+        if size is None or size > limit:
+            self.skip(
+                f"{kind}-oversized",
+                f"{path} is {got.meta.get('size')} bytes, over the {limit} its kind may be: "
+                "ignored",
+            )
+            return None
+        return got
+
+    def small(self, path: str, limit: int = MAX_SMALL, kind: str = "object") -> bytes | None:
+        """The whole of ``path`` when it is at most ``limit`` bytes; None when it is missing
+        or larger (skipped)."""
+        got = self._open(path, limit, kind)
+        return None if got is None else bytes(got.bytes())
+
+    def json_object(self, path: str, kind: str) -> dict[str, Any] | None:
+        """``path`` as a JSON object of at most ``MAX_SMALL`` bytes, nested at most
+        ``MAX_JSON_DEPTH`` deep; None when missing, and (skipped) when it is not one."""
+        raw = self.small(path, MAX_SMALL, kind)
+        if raw is None:
+            return None
+        try:
+            if _depth(raw) > MAX_JSON_DEPTH:
+                raise ValueError("nested too deeply")
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+        except (ValueError, RecursionError, UnicodeDecodeError) as e:
+            self.skip(f"{kind}-malformed", f"{path} is malformed ({e}): ignored")
+            return None
+        return data
+
+    def gzip_lines(
+        self, path: str, limit: int, inflated: int, kind: str, line: re.Pattern[bytes]
+    ) -> Iterator[re.Match[bytes]]:
+        """The lines of the gzip object ``path`` (at most ``limit`` bytes, inflating to at
+        most ``inflated``) that match ``line`` whole, streamed: the object is inflated
+        ``STREAM_CHUNK`` at a time and each block of whole lines is searched (by the regex
+        engine: a line that does not match costs no object). Lines that do not match are
+        counted (one warning per kind); one over ``MAX_LINE`` bytes that spans two blocks
+        is dropped whole. What is not gzip, or inflates past the cap, ends the lines
+        there (skipped, counted)."""
+        got = self._open(path, limit, kind)
+        if got is None:
+            return
+        d = zlib.decompressobj(wbits=31)
+        total = 0
+        bad = 0
+        blocks = _Blocks()
+        whole = re.compile(rb"^(?:" + line.pattern + rb")\r?$", re.MULTILINE)
+
+        def search(block: bytes) -> Iterator[re.Match[bytes]]:
+            nonlocal bad
+            n = 0
+            for m in whole.finditer(block):
+                n += 1
+                yield m
+            bad += block.count(b"\n") - n
+
+        try:
+            for piece in got.stream(min_chunk_size=STREAM_CHUNK):
+                data = bytes(piece)
+                # A piece of input at a time, its output STREAM_CHUNK at a time (what a
+                # full output left inside the inflater comes with the next call).
+                while not d.eof:
+                    out = d.decompress(data, STREAM_CHUNK)
+                    data = d.unconsumed_tail
+                    total += len(out)
+                    if total > inflated:
+                        self.skip(
+                            f"{kind}-malformed",
+                            f"{path} inflates past {inflated} bytes: read that far",
+                        )
+                        return
+                    block = blocks.feed(out)
+                    if block:
+                        yield from search(block)
+                    if not data and len(out) < STREAM_CHUNK:
+                        break
+                if d.eof:
+                    break
+            if not d.eof:
+                self.skip(f"{kind}-malformed", f"{path} is cut short: read that far")
+            last = blocks.finish()
+            if last:
+                yield from search(last)
+        except zlib.error:
+            self.skip(f"{kind}-malformed", f"{path} is not gzip: read that far")
+        finally:
+            bad += blocks.dropped
+            if bad:
+                self.skip(f"{kind}-lines", f"{path} has lines xla_pcache does not write", bad)
+
+
+class _Blocks:
+    """Cuts a stream of bytes into blocks of whole lines: what follows the last newline is
+    kept for the next block when at most ``MAX_LINE`` bytes long, else dropped up to the
+    next newline (``dropped`` counts such lines)."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.overlong = False
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> bytes:
+        if self.overlong:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return b""
+            data = data[nl + 1 :]
+            self.overlong = False
+        else:
+            data = self.pending + data
+        cut = data.rfind(b"\n") + 1
+        block, rest = data[:cut], data[cut:]
+        if len(rest) > MAX_LINE:
+            self.pending, self.overlong = b"", True
+            self.dropped += 1
+        else:
+            self.pending = rest
+        return block
+
+    def finish(self) -> bytes:
+        """The last line, when it had no newline (with one)."""
+        return b"" if self.overlong or not self.pending else self.pending + b"\n"
