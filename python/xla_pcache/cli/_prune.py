@@ -23,9 +23,10 @@ from xla_pcache.cli._common import (
     plain_console,
     progress_bar,
     redact,
+    refuse_read_only,
     reported,
 )
-from xla_pcache.config import MAX_SIZE_VAR, READ_ONLY_VAR, TRUSTED_KEYS_VAR, Settings
+from xla_pcache.config import MAX_SIZE_VAR, TRUSTED_KEYS_VAR
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 
 
@@ -112,11 +113,10 @@ def _prune_bucket(
     with reported():
         if untrusted:
             fail("--untrusted is for a directory: a bucket's readers refuse what they distrust")
-        if read_only or Settings.from_env().read_only:
-            fail(f"{redact(url)}: read-only (--read-only or {READ_ONLY_VAR})")
         target = parse_size(max_size, name="--max-size")
         age = None if older_than is None else parse_duration(older_than, name="--older-than")
-        with open_bucket(url) as b:
+        with open_bucket(url, read_only=read_only) as b:
+            refuse_read_only(b, "prune")
             budget = b.read_budget()
             if target is None and age is None and budget.max_size is None and not budget.max_age_s:
                 fail(

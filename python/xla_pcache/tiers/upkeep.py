@@ -47,6 +47,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from xla_pcache._core import ReadOnlyError
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache._text import package_logger
 from xla_pcache.tiers import objstore
@@ -171,7 +172,11 @@ class BusyError(Exception):
 
 class Bucket:
     """The upkeep of one bucket prefix. Every request is counted by kind in ``requests``
-    (a listing counts one request a page of ``LIST_PAGE``, as the services page them)."""
+    (a listing counts one request a page of ``LIST_PAGE``, as the services page them).
+
+    ``read_only`` (or the URL's ``?ro=1``) makes every write refused (``ReadOnlyError``):
+    no budget, record, marker, usage, state, lease or delete, so no prune either; it only
+    reads (stats, listings)."""
 
     def __init__(
         self,
@@ -179,10 +184,12 @@ class Bucket:
         *,
         timeout: float = 60.0,
         environ: Mapping[str, str] = os.environ,
+        read_only: bool = False,
     ) -> None:
-        location, _ = objstore.parse_object_url(url)
+        location, url_read_only = objstore.parse_object_url(url)
         self.location = location
         self.url = redact(location)
+        self.read_only = read_only or url_read_only
         # ``timeout`` bounds connecting; a request (a page of a listing, a batch of deletes)
         # gets at least a minute, as the tiers' writes do.
         self._store = objstore.open_store(
@@ -231,9 +238,18 @@ class Bucket:
                 return None
             raise
 
+    def writable(self) -> None:
+        """``ReadOnlyError`` when this bucket is read-only: every write asks here first."""
+        if self.read_only:
+            raise ReadOnlyError(
+                f"bucket {self.url} is read-only (?ro=1, --read-only or "
+                "XLA_PERSISTENT_CACHE_READ_ONLY): nothing is written to it"
+            )
+
     def put(self, path: str, data: bytes, mode: Any = "overwrite") -> str | None:
         import obstore
 
+        self.writable()
         self._count("put")
         result = obstore.put(self._store, path, data, mode=mode, use_multipart=False)
         return str(result["e_tag"]) if result.get("e_tag") else None
@@ -243,6 +259,8 @@ class Bucket:
         GCS); an object already gone is no error."""
         import obstore
 
+        if paths:
+            self.writable()
         for i in range(0, len(paths), DELETE_BATCH):
             batch = paths[i : i + DELETE_BATCH]
             self._count("delete")
@@ -466,7 +484,9 @@ class Bucket:
         then the least recently used until the bucket is within ``max_size`` (else within
         ``LOW_WATERMARK`` of the stored budget), under the prune lease. Folds the hosts'
         records into ``usage``, writes ``state``, and removes claims left by killed hosts and
-        the torch_xla markers of removed entries. ``BusyError`` when another host prunes."""
+        the torch_xla markers of removed entries. ``BusyError`` when another host prunes;
+        ``ReadOnlyError``, before any request, when the bucket is read-only."""
+        self.writable()
         started = time.monotonic()
         self.requests.clear()
         report = PruneReport(self.url)
