@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from xla_pcache.config import TEST_HOOKS_VAR
 
 from tests.helpers import clean_env
 from tests.jax.helpers import ACTIVATION_PROGRAM
@@ -132,7 +133,7 @@ def test_wheel_installs_without_rust_and_activates_jax(tmp_path: Path) -> None:
     # up to two minutes) write nothing in the directory and wait for nothing.
     hooks = tmp_path / "hooks"
     hooks.mkdir()
-    henv = {**env, "XLA_PCACHE_TEST_HOOKS": str(hooks)}
+    henv = {**env, TEST_HOOKS_VAR: str(hooks)}
     claimed = _run([str(vbin / "python"), "-c", CLAIM_PROGRAM, str(cache)], henv, timeout=60)
     assert claimed.split() == ["False", "claimed"], claimed
     bundle = tmp_path / "bundle.tar.gz"

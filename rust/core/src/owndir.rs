@@ -62,6 +62,21 @@ pub fn open(path: &Path, create: bool) -> Result<Option<Dir>, String> {
     Ok(Some(d))
 }
 
+/// `open` with `create`, for a directory the caller cannot go on without: one that could
+/// not be made is an `Err` saying why (a read-only disk, a parent of another user's).
+pub fn make(path: &Path) -> Result<Dir, String> {
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+    {
+        if e.kind() != io::ErrorKind::AlreadyExists {
+            return Err(format!("{} cannot be made ({e})", path.display()));
+        }
+    }
+    open(path, false)?.ok_or_else(|| format!("{} cannot be made", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +128,9 @@ mod tests {
         let file = tmp.path().join("file");
         fs::write(&file, b"").unwrap();
         assert!(open(&file, true).is_err());
+        assert!(make(&file).is_err());
+        let why = make(&file.join("below")).unwrap_err();
+        assert!(why.contains("cannot be made"), "{why}");
+        assert!(make(&tmp.path().join("new")).is_ok());
     }
 }

@@ -10,12 +10,7 @@ use std::path::PathBuf;
 /// one else. `CacheError` naming it and why otherwise.
 #[pyfunction]
 pub fn own_directory(py: Python<'_>, path: PathBuf) -> PyResult<()> {
-    match py.detach(|| xla_pcache_core::open_own_dir(&path, true)) {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(CacheError::new_err(format!(
-            "{} could not be made",
-            path.display()
-        ))),
-        Err(why) => Err(CacheError::new_err(why)),
-    }
+    py.detach(|| xla_pcache_core::make_own_dir(&path))
+        .map(drop)
+        .map_err(CacheError::new_err)
 }
