@@ -174,8 +174,9 @@ def _read_only_url(url: str) -> str:
 def bucket_read_only(url: str, settings: Settings, read_only: bool | None = None) -> bool:
     """Whether nothing may be written to the bucket of the path ``url``: the one rule for its
     entries, hosts' records, torch_xla markers, budget and prune, in every command and
-    adapter. ``read_only`` (an argument, ``--read-only``), else ``XLA_PERSISTENT_CACHE_READ_ONLY``
-    (``settings``); and the URL's own ``?ro=1`` (or ``?read_only=1``) whatever they say."""
+    adapter. ``read_only`` (an argument, ``--read-only``), else the settings'
+    (``XLA_PERSISTENT_CACHE_READ_ONLY``); and the URL's own ``?ro=1`` (or ``?read_only=1``)
+    whatever they say."""
     from xla_pcache.tiers.base import split_mode
 
     ro = settings.read_only if read_only is None else read_only

@@ -226,7 +226,8 @@ def open_bucket(url: str, *, read_only: bool = False) -> Iterator[Any]:
     from xla_pcache.tiers.upkeep import Bucket, BusyError
 
     settings = Settings.from_env()
-    ro = bucket.bucket_read_only(url, settings, read_only or settings.read_only)
+    # The flag adds to the variable; neither can take back the URL's ?ro=1.
+    ro = bucket.bucket_read_only(url, settings, read_only or None)
     try:
         yield Bucket(url, timeout=max(settings.remote_timeout, 30.0), read_only=ro)
     except (Failure, typer.Exit, BusyError):

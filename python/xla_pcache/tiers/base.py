@@ -131,12 +131,12 @@ class _Split:
         if not sep or not _SCHEME.fullmatch(scheme):
             self._hide(text)
             return
-        # Everything up to the last '@' is credentials (a password may hold '@', '/', '?').
+        # Everything up to the last '@' is credentials (a password may hold '@', '/', '?') in
+        # the URLs that carry one. Any other URL carries none, so an '@' after its host (in a
+        # path, a query or a fragment: a token such as `s3://b/p?tok@en`) may end no
+        # credentials and start no host: read either way, nothing after the scheme is shown.
         cred, at, after = rest.rpartition("@")
         if at and scheme.lower() not in PASSWORD_SCHEMES and re.search(r"[/?#]", cred):
-            # No password here, so the '@' may as well sit in a path, a query or a fragment
-            # (a token: `s3://b/p?tok@en`), where the part after it is no host: read either
-            # way, nothing after the scheme is shown.
             self._hide(rest)
             self.shown = f"{scheme}://***"
             return

@@ -385,8 +385,7 @@ def install(
             raise CacheError(
                 "xla_pcache.torch_xla.install() was already called in this process with "
                 f"other settings ({bucket.shown_path(_identity(_installed.store))}){how}; "
-                "torch_xla fixes its "
-                "cache once"
+                "torch_xla fixes its cache once"
             )
         if xlac._xla_computation_cache_is_initialized():
             raise CacheError(

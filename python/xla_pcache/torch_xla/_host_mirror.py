@@ -175,10 +175,12 @@ class HostMirror:
         the host's directory, the pools it may link from and the views' directory, each
         this user's own and writable by nobody else. ``CacheError`` naming the first that
         is not (the caller then runs torch_xla without this mirror)."""
-        for path in (self.local_root, self.root, *self._pool_parents(), self.views):
+        for path in (self.local_root, self.root, *self._pool_dirs(), self.views):
             own_directory(path)
 
-    def _pool_parents(self) -> list[str]:
+    def _pool_dirs(self) -> list[str]:
+        """The pools this process may link from, and the directory above them if not the
+        host's."""
         pools = self.pools()
         return [self.trusted_pools, *pools] if self.store.trusted_keys is not None else pools
 
@@ -412,9 +414,9 @@ class HostMirror:
 
     def _link_pool(self) -> None:
         """Links every copy of the pools this process may use now (``pools()``: the keys
-        it trusts at this moment) into its view; the first pool holding a name wins."""
+        it trusts at this moment) into its view; the first pool holding a name wins. The
+        caller checked the directories (``check_dirs``)."""
         assert self.view is not None
-        self.check_dirs()
         for pool in self.pools():
             with os.scandir(pool) as it:
                 for e in it:
