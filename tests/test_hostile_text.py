@@ -18,7 +18,7 @@ import pytest
 from xla_pcache import Store
 from xla_pcache._text import shown
 
-from tests.helpers import CLI, clean_env, cli, interruptible_child
+from tests.helpers import CLI, clean_env, cli, hooks_env, interruptible_child
 
 # An OSC window title (ended by BEL), a CSI clear-screen, and (for doctor) an OSC 52
 # clipboard write ended by ST.
@@ -215,7 +215,7 @@ def test_export_interrupted_leaves_no_temporary_file(tmp_path: Path, sig: int) -
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=clean_env(XLA_PCACHE_TEST_HOOKS=str(hooks)),
+        env=clean_env(**hooks_env(hooks)),
         preexec_fn=interruptible_child,
     )
     inside = hooks / f"export.{proc.pid}"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store
 
-from tests.helpers import CLI, clean_env, cli, interruptible_child, run_python
+from tests.helpers import CLI, clean_env, cli, hooks_env, interruptible_child, run_python
 
 
 def entry_files(root: Path) -> list[Path]:
@@ -167,7 +167,7 @@ def interrupt_running(args: list[str], hooks: Path) -> subprocess.CompletedProce
     hooks.mkdir(exist_ok=True)
     proc = subprocess.Popen(
         [*CLI, *args],
-        env={**clean_env(), "XLA_PCACHE_TEST_HOOKS": str(hooks)},
+        env={**clean_env(), **hooks_env(hooks)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -232,3 +232,76 @@ def test_a_signer_without_trusted_keys_says_so_once(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("trusts no key") == 1, r.stderr
     assert "XLA_PCACHE_TRUSTED_KEYS" in r.stderr
+
+
+# A token pasted into a bucket path (its query, its fragment), in the forms above.
+TOKENS = [*PASSWORDS, "ghp_K9QZ4WX7VJ2P"]
+JAX_ACTIVATION = """
+import logging, os, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+import xla_pcache.jax as xj
+for url in sys.argv[1:]:
+    os.environ["XLA_PERSISTENT_CACHE_PATH"] = url
+    xj.install()
+    xj.uninstall()
+"""
+
+
+def _bucket_paths(token: str) -> list[str]:
+    return [f"s3://bkt/cache?{token}", f"gs://bkt/cache?x={token}", f"az://ctr/cache#{token}"]
+
+
+@pytest.fixture(scope="module")
+def jax_activation_warnings() -> str:
+    """JAX's activation warnings for every path below, from one fresh process (the path in
+    ``XLA_PERSISTENT_CACHE_PATH``, as zero-code activation reads it)."""
+    urls = [url for token in TOKENS for url in _bucket_paths(token)]
+    r = subprocess.run(
+        [sys.executable, "-c", JAX_ACTIVATION, *urls],
+        env=clean_env(JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
+@pytest.mark.parametrize("token", TOKENS)
+def test_no_part_of_a_token_in_a_bucket_path_is_ever_shown(
+    tmp_path: Path, token: str, jax_activation_warnings: str
+) -> None:
+    """A bucket path with a token in its query or fragment, which no bucket URL takes: the
+    command's error (stats, prune, config), doctor's report, JAX's activation warning, the
+    API's error (``open_path``) and the local-path variable's error each say it cannot be
+    served, and show no piece of the token."""
+    from typer.testing import CliRunner
+    from xla_pcache import bucket
+    from xla_pcache.cli import _doctor as doctor
+    from xla_pcache.cli import app
+    from xla_pcache.tiers import redact
+
+    shown: list[str] = [jax_activation_warnings]
+    for url in _bucket_paths(token):
+        for args in (("stats",), ("prune", "--max-size", "1G"), ("config", "--show")):
+            r = CliRunner().invoke(app, [*args, "--path", url])
+            assert r.exit_code == 2 and "cannot be served" in r.output, r.output
+            shown.append(r.output)
+        config, problems = doctor._configuration(url)
+        assert any("cannot be served" in p for p in problems), problems
+        shown += [json.dumps(config), *problems]
+        with pytest.raises(ValueError, match="cannot be served") as e:
+            bucket.open_path(url, settings=Settings())
+        shown.append(str(e.value))
+        shown.append(redact(url))
+        with pytest.raises(ValueError, match="XLA_PCACHE_LOCAL_PATH") as e:
+            Settings.from_env({"XLA_PCACHE_LOCAL_PATH": url})
+        shown.append(str(e.value))
+    text = "\n".join(shown)
+    assert "s3://" in text and "cannot be served" in text
+    for marker in MARKERS:
+        assert marker not in text, (token, marker, text)
+    # Each of this token's paths got its activation warning (a '#' part is refused too).
+    for url in _bucket_paths(token):
+        assert f"{redact(url)} cannot be served" in jax_activation_warnings, url

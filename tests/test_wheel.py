@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from xla_pcache.config import TEST_HOOKS_VAR
 
 from tests.helpers import clean_env
 from tests.jax.helpers import ACTIVATION_PROGRAM
@@ -29,6 +30,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PIP_CACHE = Path.home() / ".cache" / "xla-pcache-pip"
+
+
+# Claims a key of the cache at argv[1]; prints whether this build has test hooks and how the
+# claim ended.
+CLAIM_PROGRAM = """
+import sys
+from xla_pcache import Store, _core
+with Store(sys.argv[1]) as s:
+    claim = s.claim("hook-probe", 5.0)
+    print(_core.TEST_HOOKS, claim.state)
+    claim.release()
+"""
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 900) -> str:
@@ -114,3 +127,17 @@ def test_wheel_installs_without_rust_and_activates_jax(tmp_path: Path) -> None:
     assert "no problems found" in verify
     report = json.loads(_run([str(vbin / "xla-pcache"), "doctor", "--json"], jenv))
     assert report["activation"]["jax"].startswith("on"), report["activation"]
+
+    # No test hooks in what users install: with their variable set, a claim, an export and
+    # a verify (points where a test build marks its progress, and the first three hold for
+    # up to two minutes) write nothing in the directory and wait for nothing.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    henv = {**env, TEST_HOOKS_VAR: str(hooks)}
+    claimed = _run([str(vbin / "python"), "-c", CLAIM_PROGRAM, str(cache)], henv, timeout=60)
+    assert claimed.split() == ["False", "claimed"], claimed
+    bundle = tmp_path / "bundle.tar.gz"
+    _run([str(vbin / "xla-pcache"), "export", "--path", str(cache), "-o", str(bundle)], henv, 60)
+    assert bundle.stat().st_size > 0
+    _run([str(vbin / "xla-pcache"), "verify", "--path", str(cache)], henv, timeout=60)
+    assert sorted(hooks.iterdir()) == []

@@ -20,6 +20,10 @@ MAX_DURATION_S: float
 STORE_DEFAULTS: dict[str, float]
 # The counters the core keeps per remote tier, in its order.
 TIER_COUNTERS: list[str]
+# The test hooks' variable, and whether this build honours it (built with the cargo feature
+# ``test-hooks``: the test suite's build, never the wheel users install).
+TEST_HOOKS_VAR: str
+TEST_HOOKS: bool
 
 class CacheError(Exception):
     """Base class of every error the cache raises on purpose."""
@@ -109,6 +113,18 @@ def signing_public_key(private: bytes) -> bytes:
 
 def check_key_name(name: str) -> None:
     """Raise ValueError unless ``name`` is a valid key name (ending in a version: ``ci-1``)."""
+
+def own_directory(path: str | os.PathLike[str]) -> None:
+    """Make ``path`` (mode 0700, missing parents too) unless it exists, and check that it is
+    a directory of this user's own: not a link, owned by the effective user, writable by no
+    one else. ``CacheError`` naming it and why otherwise."""
+
+def test_hook_reached(point: str) -> bool:
+    """Mark ``point`` as reached (``<dir>/<point>.<pid>``, created exclusively, no link
+    followed); False when hooks are off (unset, or a build without them)."""
+
+def test_hook_released(point: str) -> bool:
+    """Whether the test created ``<dir>/<point>.go``."""
 
 def entry_name(key: Key) -> str:
     """The file name (32 hex digits, xxh3-128 of the key bytes) under which ``key`` is filed

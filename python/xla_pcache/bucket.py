@@ -8,7 +8,10 @@ the bucket (and publishes what it gets locally), a put is written through to it,
 flight goes through claims on the bucket, ``?trust=required`` and the trusted keys apply as
 to any tier, and ``XLA_PERSISTENT_CACHE_READ_ONLY`` makes every tier read-only (nothing is
 written to the bucket; the local store still keeps what this host fetched and compiled).
-Nothing is created anywhere else: a URL is never a directory.
+Nothing is created anywhere else: a URL is never a directory. The host-local store is
+this user's own (``own_local_store``): made mode 0700, and refused when another user owns it
+or anyone else can write it, since whoever can write it chooses what this host's processes
+load.
 
 A URL that cannot be served (an unknown scheme, a malformed bucket URL, obstore not installed)
 is one warning naming the variable it came from and what to install; the caller then runs
@@ -33,7 +36,7 @@ from typing import Any, Literal
 from xla_pcache import _core
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
-from xla_pcache.config import Settings
+from xla_pcache.config import LOCAL_PATH_VAR, Settings
 from xla_pcache.store import Store
 
 log = package_logger("xla_pcache")
@@ -89,7 +92,11 @@ def route(raw: str | os.PathLike[str]) -> Route:
     try:
         parse_object_url(text)
     except ValueError as e:
-        return Route("unserved", text, str(e))
+        # The reason is shown wherever the URL is (redacted): no part of the URL redaction
+        # hides may reach it (a value the option parser quotes, say).
+        from xla_pcache.tiers.base import hide_url_secrets
+
+        return Route("unserved", text, hide_url_secrets(str(e), text))
     return Route("bucket", text)
 
 
@@ -111,6 +118,17 @@ def warn_unserved(r: Route, source: str, instead: str) -> None:
         r.reason,
         instead,
     )
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A cache path as a message shows it: a URL redacted (``tiers.redact``: no credential,
+    option value or fragment), a directory as it is."""
+    text = os.fspath(path)
+    if not is_url(text):
+        return str(text)
+    from xla_pcache.tiers import redact
+
+    return redact(text)
 
 
 def location(url: str) -> str:
@@ -136,11 +154,39 @@ def local_path(url: str, settings: Settings) -> str:
     return os.path.join(settings.remote_store_root(), local_name(url))
 
 
+def own_local_store(path: str, settings: Settings) -> None:
+    """Makes the host-local store's directory ``path`` (mode 0700) unless it exists, and
+    checks it, and under the default root that root too, with the core's rule
+    (``_core.own_directory``): owned by this user, writable by no one else, not a link.
+    ``CacheError`` naming the directory otherwise."""
+    try:
+        if not settings.local_path:
+            _core.own_directory(settings.remote_store_root())
+        _core.own_directory(path)
+    except _core.CacheError as e:
+        raise _core.CacheError(
+            f"{e}: a bucket path's host-local store must be this user's own and writable by "
+            f"no one else (set {LOCAL_PATH_VAR} to a directory of your own)"
+        ) from None
+
+
 def _read_only_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     query = [(k, v) for k, v in query if k not in ("ro", "read_only")] + [("ro", "1")]
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+def bucket_read_only(url: str, settings: Settings, read_only: bool | None = None) -> bool:
+    """Whether nothing may be written to the bucket of the path ``url``: the one rule for its
+    entries, hosts' records, torch_xla markers, budget and prune, in every command and
+    adapter. ``read_only`` (an argument, ``--read-only``), else the settings'
+    (``XLA_PERSISTENT_CACHE_READ_ONLY``); and the URL's own ``?ro=1`` (or ``?read_only=1``)
+    whatever they say."""
+    from xla_pcache.tiers.base import split_mode
+
+    ro = settings.read_only if read_only is None else read_only
+    return ro or split_mode(url)[1]
 
 
 def chain_for(url: str, settings: Settings, read_only: bool) -> str:
@@ -159,6 +205,8 @@ class BucketStore(Store):
     given (the cache's identity); ``path`` the local directory."""
 
     bucket_url: str = ""
+    # Nothing is written to the bucket (``bucket_read_only``): no entry, record or marker.
+    bucket_ro: bool = False
     _recorder: Any = None
     # Guards the lazy making of the bucket's upkeep client (shared: it is only that).
     _bucket_lock = threading.Lock()
@@ -184,7 +232,11 @@ class BucketStore(Store):
             if made is None:
                 from xla_pcache.tiers.upkeep import Bucket
 
-                made = self._upkeep = Bucket(self.bucket_url, timeout=self.settings.remote_timeout)
+                made = self._upkeep = Bucket(
+                    self.bucket_url,
+                    timeout=self.settings.remote_timeout,
+                    read_only=self.bucket_ro,
+                )
             return made
 
     def _bucket_tier(self, *, open_it: bool = True) -> Any:
@@ -214,8 +266,10 @@ class BucketStore(Store):
     def mark_torch_xla(self, key: str, graph: str) -> None:
         """After the entry of torch_xla's file ``graph`` was queued for the bucket: a marker
         that lets torch_xla hosts find it (written after the entry, on the tier's thread)."""
+        if self.read_only or self.bucket_ro:
+            return
         tier = self._bucket_tier()
-        if tier is None or self.read_only:
+        if tier is None:
             return
         name = EntryName(_core.entry_name(key))
 
@@ -314,11 +368,10 @@ def open_store(
     passed comes from ``settings`` (``read_only`` too: a read-only host writes nothing to
     the bucket). Raises what ``Store`` raises for a local directory that cannot be used."""
     path = local_path(url, settings)
-    from xla_pcache.tiers.base import split_mode
-
+    own_local_store(path, settings)
     if read_only is None:
         read_only = settings.read_only
-    bucket_ro = read_only or split_mode(url)[1]
+    bucket_ro = bucket_read_only(url, settings, read_only)
     store = BucketStore(
         path,
         max_size=max_size,
@@ -327,6 +380,7 @@ def open_store(
         settings=settings,
     )
     store.bucket_url = url.strip()
+    store.bucket_ro = bucket_ro
     store._recorder = None
     if not bucket_ro and settings.bucket_record_interval > 0:
         from xla_pcache.tiers.records import HitRecorder
@@ -369,6 +423,7 @@ def open_path(
 __all__ = [
     "BucketStore",
     "Route",
+    "bucket_read_only",
     "chain_for",
     "is_url",
     "local_name",
@@ -376,6 +431,8 @@ __all__ = [
     "location",
     "open_path",
     "open_store",
+    "own_local_store",
     "route",
+    "shown_path",
     "warn_unserved",
 ]

@@ -37,7 +37,8 @@ LOCK_MODE_VAR = "XLA_PCACHE_LOCK_MODE"
 READ_MODE_VAR = "XLA_PCACHE_READ_MODE"
 EVICT_TRACE_VAR = "XLA_PCACHE_EVICT_TRACE"
 HASH_IMPL_VAR = "XLA_PCACHE_HASH_IMPL"
-TEST_HOOKS_VAR = "XLA_PCACHE_TEST_HOOKS"
+# Defined by the core, which alone reads it (and only in a test build).
+TEST_HOOKS_VAR = _core.TEST_HOOKS_VAR
 DISABLE_VAR = "XLA_PCACHE_DISABLE"
 SHARED_PATH_VAR = "XLA_PCACHE_TORCH_XLA_SHARED_PATH"
 LOCAL_DIR_VAR = "XLA_PCACHE_TORCH_XLA_LOCAL_DIR"
@@ -116,8 +117,10 @@ VARIABLES: tuple[Variable, ...] = (
         "read_only",
         "bool",
         "0",
-        "Never write to the cache: no entries, journals, locks, temp files or repairs "
-        "(torch_xla's variable). `1/0`, `true/false`, `yes/no`, `on/off`, any case.",
+        "Never write to the cache: no entries, journals, locks, temp files or repairs; for a "
+        "bucket path nothing is written to the bucket (as `?ro=1`: no entries, records, "
+        "markers, budget or prune) (torch_xla's variable). `1/0`, `true/false`, `yes/no`, "
+        "`on/off`, any case.",
     ),
     Variable(
         MEMORY_CAPACITY_VAR,
@@ -184,7 +187,8 @@ VARIABLES: tuple[Variable, ...] = (
         "For tests only: a directory where a process marks the points a test waits on "
         "(inside a `verify` or `prune` walk, an export, a compile claim) with a file "
         "`<point>.<pid>`, and holds at some of them until the test signals it or creates "
-        "`<point>.go`. Read by the Rust core and the CLI; leave unset.",
+        "`<point>.go`. Honoured only by a test build (the cargo feature `test-hooks`); the "
+        "wheel ignores it. Leave unset.",
     ),
     Variable(
         HASH_IMPL_VAR,
@@ -221,7 +225,8 @@ VARIABLES: tuple[Variable, ...] = (
         "path",
         "`$XDG_CACHE_HOME/xla_pcache/torch_xla`",
         "The host-local directory torch_xla writes to after `xla_pcache.torch_xla.install()`"
-        " (see docs/torch_xla.md).",
+        " (see docs/torch_xla.md). Made mode 0700; refused (torch_xla uncached, one warning) "
+        "when another user owns it or others can write it.",
     ),
     Variable(
         REMOTE_VAR,
@@ -324,7 +329,8 @@ VARIABLES: tuple[Variable, ...] = (
         "`$XDG_CACHE_HOME/xla_pcache/remote/<name from the URL>`",
         "When the cache path is a bucket (`gs://`, `s3://`, `az://`), the host-local store in "
         "front of it, where this host keeps what it fetched and compiled; the bucket is its "
-        "remote tier. Put it on a local disk.",
+        "remote tier. Put it on a local disk. Made mode 0700; refused (uncached, one warning) "
+        "when another user owns it or others can write it.",
     ),
     Variable(
         BUCKET_RECORD_INTERVAL_VAR,
@@ -564,7 +570,8 @@ def parse_trusted_keys(value: str, name: str = TRUSTED_KEYS_VAR) -> tuple[tuple[
 def _local_path(value: str, name: str) -> str:
     path = _path(value, name)
     if "://" in path:
-        raise ValueError(f"invalid {name} {value!r}: a local directory, not a URL")
+        # Not quoted: a URL may carry a credential.
+        raise ValueError(f"invalid {name}: a local directory, not a URL")
     return path
 
 

@@ -29,7 +29,7 @@ from testbed import SSHFS_CACHE_TIMEOUT_S, TwoHosts, read_only_bind
 from worker import MAGIC, LogCounter, check_value, make_value
 from xla_pcache import Store, _core
 
-from tests.helpers import clean_env, cli
+from tests.helpers import clean_env, cli, hooks_env
 
 WORKER = Path(__file__).with_name("worker.py")
 # Long enough for every mount's attribute and directory caches to expire.
@@ -578,7 +578,7 @@ def lease_takeover(
     }
     if hooks is not None:
         hooks.mkdir(parents=True, exist_ok=True)
-        cfg["env"] = {"XLA_PCACHE_TEST_HOOKS": str(hooks)}
+        cfg["env"] = hooks_env(hooks)
     proc = start_worker(cfg, workdir, "a-killed")
     out: dict[str, Any] = {"scenario": "lease_takeover", "lease_time_s": lease_time}
     content = ""

@@ -23,6 +23,8 @@ from scenarios import collect, worker_env
 from testbed import TwoHosts
 from xla_pcache import Store
 
+from tests.helpers import hooks_env
+
 WORKER = Path(__file__).with_name("jax_compile_worker.py")
 # Loops in the worker's program: about 4 s of XLA CPU compile on an idle core.
 PROGRAM_SIZE = 360
@@ -164,7 +166,7 @@ def fleet(
     }
     if hooks is not None:
         hooks.mkdir(parents=True, exist_ok=True)
-        env["XLA_PCACHE_TEST_HOOKS"] = str(hooks)
+        env.update(hooks_env(hooks))
     go = workdir / "go"
     procs = {
         f"{host}{i}": _start(f"{host}{i}", mount / cache, workdir, go, size, env)
@@ -227,7 +229,7 @@ def killed_holder(
     env = {"XLA_PCACHE_COMPILE_WAIT": "300", "XLA_PCACHE_CLAIM_LEASE": str(claim_lease)}
     if hooks is not None:
         hooks.mkdir(parents=True, exist_ok=True)
-        env["XLA_PCACHE_TEST_HOOKS"] = str(hooks)
+        env.update(hooks_env(hooks))
     go_holder, go = workdir / "go-holder", workdir / "go"
     holder = _start("holder", bed.host_a / cache, workdir, go_holder, size, env)
     procs = {

@@ -400,3 +400,13 @@ def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server
     assert first["results"] == second["results"]
     objects = _objects(s3_server, url.split("/", 3)[3])
     assert len(_under(objects, "entries")) == len(_under(objects, "torch_xla")) == 1
+    # A host on the same bucket marked read-only (?ro=1): it is served, compiles a graph the
+    # bucket lacks, and writes nothing there, no entry and no marker of it either.
+    third = run({"graphs": ["add", "square"]}, {"XLA_PERSISTENT_CACHE_PATH": f"{url}?ro=1"}, "c")
+    assert third["results"]["add"] == first["results"]["add"]
+    assert third["counters"]["PersistentCacheMiss"] == 1, third["counters"]
+    assert _objects(s3_server, url.split("/", 3)[3]) == objects
+    # It published the new graph where it may: its own host-local store.
+    home = Settings().replace(xdg_cache_home=str(tmp_path / "c"))
+    with Store(bucket.local_path(url, home), read_only=True) as local:
+        assert len([e for e in local.entries() if str(e["key"]).startswith("torch_xla/")]) == 2

@@ -22,7 +22,7 @@ from xla_pcache._reports import tier_counters
 from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
-from tests.helpers import cli_out
+from tests.helpers import cli_out, hooks_env
 from tests.jax.helpers import finish_jax, hits, open_barrier, results, run_jax, runs, start_jax
 from tests.tiers.servers import (
     S3_BUCKET,
@@ -387,7 +387,7 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     hooks.mkdir()
     env = {
         "XLA_PCACHE_REMOTE": s3_server.url(prefix),
-        "XLA_PCACHE_TEST_HOOKS": str(hooks),
+        **hooks_env(hooks),
         **s3_server.env(),
     }
     go = tmp_path / "go"

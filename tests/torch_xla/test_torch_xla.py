@@ -179,6 +179,37 @@ def test_late_install_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.torch_xla
+def test_a_host_local_dir_someone_else_made_is_refused(tmp_path: Path) -> None:
+    """torch_xla's host-local directory on a scratch disk, made first by another user (as
+    root: handed to uid 4242; otherwise left writable by others) with a pool of its own in
+    it: install() refuses it with one warning naming it, and the program runs, uncached,
+    with nothing read from or written to that directory."""
+    store = tmp_path / "store"
+    scratch = tmp_path / "scratch"
+    (scratch / "planted" / "pool").mkdir(parents=True)
+    (scratch / "planted" / "pool" / "123").write_bytes(b"their executable")
+    if os.geteuid() == 0:
+        for p in (scratch, scratch / "planted", scratch / "planted" / "pool"):
+            os.chown(p, 4242, 4242)
+        why = "belongs to"
+    else:
+        os.chmod(scratch, 0o777)
+        why = "writable by others"
+    before = tree(scratch)
+    report = run_torch_xla(
+        {"install": {"path": str(store), "local_dir": str(scratch)}, "graphs": ["add"]}
+    )
+    assert report["view"] is None and "install_error" not in report
+    assert report["results"]["add"] == [0.0, 2.0, 4.0, 6.0]
+    refused = [line for line in report["stderr"].splitlines() if "is refused" in line]
+    assert len(refused) == 1 and f"{scratch} {why}" in refused[0], report["stderr"]
+    assert "XLA_PCACHE_TORCH_XLA_LOCAL_DIR" in refused[0]
+    assert report["counters"].get("PersistentCacheHit", 0) == 0
+    assert tree(scratch) == before
+    assert not store.exists() or torch_xla_entries(Store(store, read_only=True)) == {}
+
+
+@pytest.mark.torch_xla
 def test_two_processes_at_once_store_one_intact_entry(tmp_path: Path) -> None:
     store = tmp_path / "store"
     spec = {

@@ -218,18 +218,32 @@ def bucket_url(path: str | None) -> str | None:
 
 
 @contextmanager
-def open_bucket(url: str) -> Iterator[Any]:
-    """The upkeep of the bucket at ``url``; its service's errors are one line, exit 2."""
+def open_bucket(url: str, *, read_only: bool = False) -> Iterator[Any]:
+    """The upkeep of the bucket at ``url``, read-only by the one rule of a bucket path
+    (``bucket.bucket_read_only``: ``read_only``, ``XLA_PERSISTENT_CACHE_READ_ONLY``, the
+    URL's ``?ro=1``); its service's errors are one line, exit 2."""
     from xla_pcache.tiers.objstore import scrub
     from xla_pcache.tiers.upkeep import Bucket, BusyError
 
     settings = Settings.from_env()
+    # The flag adds to the variable; neither can take back the URL's ?ro=1.
+    ro = bucket.bucket_read_only(url, settings, read_only or None)
     try:
-        yield Bucket(url, timeout=max(settings.remote_timeout, 30.0))
+        yield Bucket(url, timeout=max(settings.remote_timeout, 30.0), read_only=ro)
     except (Failure, typer.Exit, BusyError):
         raise
     except Exception as exc:
         fail(f"{redact(url)}: {type(exc).__name__}: {scrub(str(exc))}")
+
+
+def refuse_read_only(b: Any, what: str) -> None:
+    """One line, exit 2, when the bucket ``b`` (``open_bucket``) is read-only and the command
+    would write to it (``what``)."""
+    if b.read_only:
+        fail(
+            f"{redact(b.location)}: read-only (?ro=1 in the path, --read-only or "
+            f"{READ_ONLY_VAR}): {what} writes to the bucket"
+        )
 
 
 def key_text(key: object) -> str:

@@ -15,10 +15,10 @@ from xla_pcache.cli._common import (
     fail,
     open_bucket,
     open_cache,
-    redact,
+    refuse_read_only,
     reported,
 )
-from xla_pcache.config import MAX_SIZE_VAR, READ_ONLY_VAR, Settings
+from xla_pcache.config import MAX_SIZE_VAR
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 
 # Values that unset a stored setting.
@@ -116,8 +116,7 @@ def _config_bucket(url: str, max_size: str | None, max_age: str | None, as_json:
     with open_bucket(url) as b:
         current = b.read_budget()
         if max_size is not None or max_age is not None:
-            if Settings.from_env().read_only:
-                fail(f"{redact(url)}: read-only ({READ_ONLY_VAR})")
+            refuse_read_only(b, "config --max-size/--max-age")
             current = Budget(
                 new_size if max_size is not None else current.max_size,
                 new_age if max_age is not None else current.max_age_s,

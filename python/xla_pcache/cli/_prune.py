@@ -24,9 +24,10 @@ from xla_pcache.cli._common import (
     plain_console,
     progress_bar,
     redact,
+    refuse_read_only,
     reported,
 )
-from xla_pcache.config import MAX_SIZE_VAR, READ_ONLY_VAR, TRUSTED_KEYS_VAR, Settings
+from xla_pcache.config import MAX_SIZE_VAR, TRUSTED_KEYS_VAR
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 
 
@@ -114,14 +115,13 @@ def _prune_bucket(
     from xla_pcache.tiers.upkeep import BusyError
 
     with reported():
-        if read_only or Settings.from_env().read_only:
-            fail(f"{redact(url)}: read-only (--read-only or {READ_ONLY_VAR})")
         if untrusted:
-            _remove_untrusted_objects(url, as_json)
+            _remove_untrusted_objects(url, read_only, as_json)
             return
         target = parse_size(max_size, name="--max-size")
         age = None if older_than is None else parse_duration(older_than, name="--older-than")
-        with open_bucket(url) as b:
+        with open_bucket(url, read_only=read_only) as b:
+            refuse_read_only(b, "prune")
             budget = b.read_budget()
             if target is None and age is None and budget.max_size is None and not budget.max_age_s:
                 fail(
@@ -175,9 +175,11 @@ def _untrusted_lines(skipped: dict[str, int], unlistable: list[str], url: str) -
         )
 
 
-def _remove_untrusted_objects(url: str, as_json: bool) -> None:
-    with open_bucket(url) as b, interruptible("prune"):
-        report = b.remove_untrusted()
+def _remove_untrusted_objects(url: str, read_only: bool, as_json: bool) -> None:
+    with open_bucket(url, read_only=read_only) as b:
+        refuse_read_only(b, "prune --untrusted")
+        with interruptible("prune"):
+            report = b.remove_untrusted()
     if as_json:
         emit_json(report.as_dict())
     else:

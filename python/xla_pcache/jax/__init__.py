@@ -232,7 +232,7 @@ def _open_store(
         logger.warning(
             "xla_pcache: cannot open the cache at %s (%s: %s); JAX will compile without a "
             "persistent cache",
-            path,
+            bucket.shown_path(bucket_url or path),
             type(exc).__name__,
             exc,
         )

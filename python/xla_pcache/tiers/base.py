@@ -112,6 +112,8 @@ _HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
 _PORT = re.compile(r"[0-9]{1,5}")
 _PATH = re.compile(r"(/[A-Za-z0-9._~-]*)*")
 _MODE_VALUE = re.compile(r"[A-Za-z0-9_]{0,16}")
+# The schemes whose URLs carry a password (Redis's): no other URL holds credentials.
+PASSWORD_SCHEMES = ("redis", "rediss", "unix")
 UNPARSEABLE_URL = "<unparseable remote URL>"
 HIDDEN_DETAILS = "details hidden: they may quote the URL's credentials"
 
@@ -129,8 +131,16 @@ class _Split:
         if not sep or not _SCHEME.fullmatch(scheme):
             self._hide(text)
             return
-        # Everything up to the last '@' is credentials (a password may hold '@', '/', '?').
-        cred, at, rest = rest.rpartition("@")
+        # Everything up to the last '@' is credentials (a password may hold '@', '/', '?') in
+        # the URLs that carry one. Any other URL carries none, so an '@' after its host (in a
+        # path, a query or a fragment: a token such as `s3://b/p?tok@en`) may end no
+        # credentials and start no host: read either way, nothing after the scheme is shown.
+        cred, at, after = rest.rpartition("@")
+        if at and scheme.lower() not in PASSWORD_SCHEMES and re.search(r"[/?#]", cred):
+            self._hide(rest)
+            self.shown = f"{scheme}://***"
+            return
+        rest = after
         if at:
             self._hide(cred)
         rest, hash_, fragment = rest.partition("#")

@@ -587,8 +587,11 @@ def parse_object_url(url: str) -> tuple[str, bool]:
         raise ValueError("no bucket or container in the URL")
     if parts.username is not None or parts.password is not None:
         raise ValueError("credentials do not go in the URL: use the cloud's standard variables")
-    for k, _v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        raise ValueError(f"unknown option {k!r} (known: ro, read_only, trust)")
+    if parts.query:
+        # Not named: what follows a '?' may be a token pasted by mistake.
+        raise ValueError("an option other than ro, read_only and trust (not shown)")
+    if parts.fragment:
+        raise ValueError("a '#' part, which a bucket URL has none of (not shown)")
     prefix = parts.path.strip("/")
     base = f"{parts.scheme}://{parts.hostname}"
     return (f"{base}/{prefix}" if prefix else base), read_only

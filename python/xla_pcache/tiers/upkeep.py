@@ -51,6 +51,7 @@ from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from xla_pcache._core import ReadOnlyError
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache._text import package_logger
 from xla_pcache.tiers import objstore
@@ -250,7 +251,11 @@ class _Deadline(Exception):
 class Bucket:
     """The upkeep of one bucket prefix. Every request is counted by kind in ``requests``
     (a listing counts one request a page of ``LIST_PAGE``, as the services page them);
-    everything read goes through ``reader``."""
+    everything read goes through ``reader``.
+
+    ``read_only`` (or the URL's ``?ro=1``) makes every write refused (``ReadOnlyError``):
+    no budget, record, marker, usage, state, lease or delete, so no prune either; it only
+    reads (stats, listings)."""
 
     def __init__(
         self,
@@ -258,10 +263,12 @@ class Bucket:
         *,
         timeout: float = 60.0,
         environ: Mapping[str, str] = os.environ,
+        read_only: bool = False,
     ) -> None:
-        location, _ = objstore.parse_object_url(url)
+        location, url_read_only = objstore.parse_object_url(url)
         self.location = location
         self.url = redact(location)
+        self.read_only = read_only or url_read_only
         # ``timeout`` bounds connecting; a request (a page of a listing, a batch of deletes)
         # gets at least a minute, as the tiers' writes do.
         self._store = objstore.open_store(
@@ -292,9 +299,18 @@ class Bucket:
     def listing(self, prefix: str, *, limit: int | None = None) -> Iterator[Mapping[str, Any]]:
         return self.reader.listing(prefix, limit=limit)
 
+    def writable(self) -> None:
+        """``ReadOnlyError`` when this bucket is read-only: every write asks here first."""
+        if self.read_only:
+            raise ReadOnlyError(
+                f"bucket {self.url} is read-only (?ro=1, --read-only or "
+                "XLA_PERSISTENT_CACHE_READ_ONLY): nothing is written to it"
+            )
+
     def put(self, path: str, data: bytes, mode: Any = "overwrite") -> str | None:
         import obstore
 
+        self.writable()
         self._count("put")
         result = obstore.put(self._store, path, data, mode=mode, use_multipart=False)
         return str(result["e_tag"]) if result.get("e_tag") else None
@@ -319,6 +335,8 @@ class Bucket:
         GCS); an object already gone is no error."""
         import obstore
 
+        if paths:
+            self.writable()
         for i in range(0, len(paths), DELETE_BATCH):
             batch = paths[i : i + DELETE_BATCH]
             self._count("delete")
@@ -613,7 +631,9 @@ class Bucket:
         ``usage`` (at most ``limits.records`` of them), writes ``state``, and removes claims
         left by killed hosts and the torch_xla markers of removed entries. ``BusyError``
         when another host prunes; within ``limits`` otherwise (``pruned`` False and ``busy``
-        saying why when a limit stopped it)."""
+        saying why when a limit stopped it);
+        ``ReadOnlyError``, before any request, when the bucket is read-only."""
+        self.writable()
         started = time.monotonic()
         deadline = None if limits.seconds is None else started + limits.seconds
         self._begin()
@@ -857,7 +877,9 @@ class Bucket:
         (a name of no shape of ours, an object planted below one of our names as a prefix,
         with the directories it made), and reports by name, with the command that removes
         each, the keys the client cannot name. Entries are not read: one whose bytes are
-        not an entry is refused by every reader, and pruned as never used."""
+        not an entry is refused by every reader, and pruned as never used.
+        ``ReadOnlyError``, before any request, when the bucket is read-only."""
+        self.writable()
         self._begin()
         report = UntrustedReport(self.url)
         tally = _Tally()

@@ -23,7 +23,7 @@ from typing import Any
 from xla_pcache import bucket, explain, misslog
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
-from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
+from xla_pcache.config import LOCAL_DIR_VAR, PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
 from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 from xla_pcache.tiers import redact
@@ -260,7 +260,7 @@ def _open_store(
     except Exception as exc:
         logger.warning(
             "xla_pcache: cannot open the cache at %s (%s: %s); %s",
-            resolved,
+            bucket.shown_path(resolved),
             type(exc).__name__,
             exc,
             instead,
@@ -384,8 +384,8 @@ def install(
             )
             raise CacheError(
                 "xla_pcache.torch_xla.install() was already called in this process with "
-                f"other settings ({_identity(_installed.store)}){how}; torch_xla fixes its "
-                "cache once"
+                f"other settings ({bucket.shown_path(_identity(_installed.store))}){how}; "
+                "torch_xla fixes its cache once"
             )
         if xlac._xla_computation_cache_is_initialized():
             raise CacheError(
@@ -400,6 +400,10 @@ def install(
             _start_without_cache(xlac, resolved, ro)
             return None
         mirror = HostMirror(store, root, meta=_producer_meta, compile_time=_compile_times)
+        if not _own_dirs(mirror, "torch_xla runs with no persistent cache in this process"):
+            store.close()
+            _start_without_cache(xlac, resolved, ro)
+            return None
         if not ro:
             mirror.on_publish = functools.partial(_on_publish, store)
         mirror.refresh_pool()
@@ -424,6 +428,24 @@ def install(
         atexit.register(inst.close)
         _installed = inst
         return inst
+
+
+def _own_dirs(mirror: HostMirror, instead: str) -> bool:
+    """Whether the host-local directories ``mirror`` uses are this user's own (made 0700 if
+    absent); if one is not (another user made it, or others can write it, so they would
+    choose what torch_xla loads), one warning naming it, ending with ``instead``."""
+    try:
+        mirror.check_dirs()
+    except (CacheError, OSError) as exc:
+        logger.warning(
+            "xla_pcache: torch_xla's host-local directory is refused: %s; %s (make it this "
+            "user's own and writable by no one else, or set %s to a directory of your own)",
+            exc,
+            instead,
+            LOCAL_DIR_VAR,
+        )
+        return False
+    return True
 
 
 # Set when torch_xla's cache was created with no persistent cache because the store could
@@ -463,7 +485,7 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
             "started torch_xla's cache read-only (%s=1): torch_xla fixes that once, so %s is "
             "served read-only in this process",
             READ_ONLY_VAR,
-            resolved,
+            bucket.shown_path(resolved),
         )
         ro = True
     store = _open_store(
@@ -477,6 +499,11 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
     mirror = HostMirror(
         store, inst.mirror.local_root, meta=_producer_meta, compile_time=_compile_times
     )
+    if not _own_dirs(
+        mirror, f"torch_xla.runtime.initialize_cache keeps the cache at {inst.store.path}"
+    ):
+        store.close()
+        return False
     if not ro:
         mirror.on_publish = functools.partial(_on_publish, store)
     mirror.refresh_pool()
@@ -517,7 +544,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
             raise AssertionError(
                 "Computation cache has already been initialized (xla_pcache serves "
                 f"{inst.store.path}; torch_xla fixes its cache at the first execution, so "
-                f"initialize_cache({path!r}) must come before it)"
+                f"initialize_cache({bucket.shown_path(path)!r}) must come before it)"
             )
         before = _identity(inst.store)
         if _retarget(inst, resolved, ro):
@@ -525,9 +552,9 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
             logger.info(
                 "xla_pcache: torch_xla.runtime.initialize_cache(%r, readonly=%s) replaces "
                 "%s, set up by %s: before the first execution the call wins",
-                path,
+                bucket.shown_path(path),
                 ro,
-                before,
+                bucket.shown_path(before),
                 inst.via,
             )
             inst.via = "torch_xla.runtime.initialize_cache"
@@ -537,7 +564,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
             "xla_pcache: torch_xla.runtime.initialize_cache(%r) ignored: torch_xla's cache "
             "was already created with no persistent cache after xla_pcache could not use "
             "its directory",
-            path,
+            bucket.shown_path(path),
         )
         return
     try:
@@ -554,7 +581,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
         logger.warning(
             "xla_pcache: torch_xla.runtime.initialize_cache(%r) could not go through "
             "xla_pcache (%s: %s); torch_xla runs with no persistent cache",
-            path,
+            bucket.shown_path(path),
             type(exc).__name__,
             exc,
         )

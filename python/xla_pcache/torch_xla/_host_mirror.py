@@ -20,6 +20,14 @@ writing them in place. This module keeps such directories in step with a shared 
     ``views/<id>.lock``  fcntl-locked for the life of the process, so others can tell a view
                          whose owner died and remove it.
 
+Every directory here is this user's own (``_core.own_directory``, the verification record's
+rule): made mode 0700 whatever the umask, and used only when it is owned by this user and
+writable by nobody else. torch_xla loads what its view holds, so whoever else could write a
+pool (a group member under ``umask 002``, the user who made a scratch disk's directory
+first) would choose what this process runs: such a directory is refused (``check_dirs``)
+and torch_xla runs without a persistent cache, with one warning naming it. A pool file is
+linked only when it is a regular file of this user's.
+
 Why a view per process rather than pointing torch_xla at the pool: torch_xla checks that a
 file is absent and then opens it with truncation, with no lock between the two. In a
 directory several processes share, two of them compiling the same graph interleave their
@@ -45,7 +53,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xla_pcache._core import FORMAT_VERSION, hash_key
+from xla_pcache._core import FORMAT_VERSION, hash_key, own_directory
 from xla_pcache._text import package_logger
 from xla_pcache.misslog import META_COMPILE_TIME
 from xla_pcache.store import Store
@@ -160,6 +168,22 @@ class HostMirror:
             exc,
         )
 
+    # -- the host's own directories ----------------------------------------------------
+
+    def check_dirs(self) -> None:
+        """Make (mode 0700) and check every directory this process will use: the local root,
+        the host's directory, the pools it may link from and the views' directory, each
+        this user's own and writable by nobody else. ``CacheError`` naming the first that
+        is not (the caller then runs torch_xla without this mirror)."""
+        for path in (self.local_root, self.root, *self._pool_dirs(), self.views):
+            own_directory(path)
+
+    def _pool_dirs(self) -> list[str]:
+        """The pools this process may link from, and the directory above them if not the
+        host's."""
+        pools = self.pools()
+        return [self.trusted_pools, *pools] if self.store.trusted_keys is not None else pools
+
     # -- store -> pool -------------------------------------------------------------------
 
     def _store_listing(self) -> set[str] | None:
@@ -205,7 +229,8 @@ class HostMirror:
     def _save_manifest(self, names: dict[str, str]) -> None:
         tmp = f"{self.manifest_path}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "w", encoding="utf-8") as f:
                 json.dump(
                     {"version": MANIFEST_VERSION, "store": self.store.path, "names": names}, f
                 )
@@ -274,8 +299,7 @@ class HostMirror:
 
     def _refresh_pool(self) -> None:
         pools = self.pools()
-        for pool in pools:
-            os.makedirs(pool, exist_ok=True)
+        self.check_dirs()
         started_ns = time.time_ns()
         listing = self._store_listing()
         manifest = self._load_manifest()
@@ -372,17 +396,17 @@ class HostMirror:
 
     def open_view(self) -> str:
         """Create this process's torch_xla directory, linked to every pool file."""
-        os.makedirs(self.views, exist_ok=True)
+        self.check_dirs()
         self._sweep_views()
         ident = f"{os.getpid()}-{secrets.token_hex(4)}"
         lock_path = os.path.join(self.views, f"{ident}.lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         # Where locks fail the view is still ours; sweepers just cannot tell it is alive.
         with contextlib.suppress(OSError):
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._lock_fd = fd
         view = os.path.join(self.views, ident)
-        os.mkdir(view)
+        os.mkdir(view, 0o700)
         self.view = view
         self._link_pool()
         self._watch_view()
@@ -390,10 +414,10 @@ class HostMirror:
 
     def _link_pool(self) -> None:
         """Links every copy of the pools this process may use now (``pools()``: the keys
-        it trusts at this moment) into its view; the first pool holding a name wins."""
+        it trusts at this moment) into its view; the first pool holding a name wins. The
+        caller checked the directories (``check_dirs``)."""
         assert self.view is not None
         for pool in self.pools():
-            os.makedirs(pool, exist_ok=True)
             with os.scandir(pool) as it:
                 for e in it:
                     if not is_torch_xla_name(e.name) or e.name in self._linked:
@@ -404,7 +428,13 @@ class HostMirror:
         assert self.view is not None
         dst = os.path.join(self.view, e.name)
         try:
-            os.link(e.path, dst)
+            st = e.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                # Not a copy this user made (the pool is its own): never torch_xla's to load.
+                self.counters.errors += 1
+                logger.debug("xla_pcache.torch_xla: %s is not this user's copy", e.path)
+                return
+            os.link(e.path, dst, follow_symlinks=False)
         except FileNotFoundError:
             return  # dropped from the pool meanwhile
         except OSError as exc:

@@ -5,9 +5,9 @@
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `view`, `entries`,
 //! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`,
-//! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `testhook`,
-//! `verified`. A module uses only its own tier and those below, and no modules use each other
-//! in a circle.
+//! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `owndir`,
+//! `testhook`, `verified`. A module uses only its own tier and those below, and no modules
+//! use each other in a circle.
 
 pub(crate) mod blob;
 pub(crate) mod clock;
@@ -28,6 +28,7 @@ mod layering_tests;
 pub(crate) mod layout;
 pub(crate) mod lock;
 pub(crate) mod lru;
+pub(crate) mod owndir;
 pub(crate) mod publish;
 pub(crate) mod settings;
 pub(crate) mod sign;
@@ -44,6 +45,7 @@ pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
+pub use owndir::make as make_own_dir;
 pub use settings::CacheSettings;
 pub use sign::{
     check_key_name, digest as blake3_digest, generate_seed, public_key, signed_name, SigFields,
@@ -56,5 +58,9 @@ pub use stats::{
 pub use store::{
     entry_file_len, tier_names, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key,
     Published, ReadMode, Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,
+};
+pub use testhook::{
+    reached as test_hook_reached, released as test_hook_released, COMPILED as TEST_HOOKS,
+    VAR as TEST_HOOKS_VAR,
 };
 pub use verified::{default_dir as default_verified_record_dir, VerifiedRecord};

@@ -28,9 +28,9 @@
 //! `MAX_IDS` the record starts over from the ids appended last.
 
 use crate::dir::{self, Dir, Kind, Name};
+use crate::owndir::{self, owned_by_us};
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -242,31 +242,8 @@ impl VerifiedRecord {
     /// The record's directory, checked: Ok(None) when it does not exist (and could not be
     /// made, with `create`). `Err` says why it is refused.
     fn open_dir(&self, create: bool) -> Result<Option<Dir>, String> {
-        let mut opened = Dir::open_path(&self.dir, true);
-        if create && matches!(&opened, Err(e) if e.kind() == io::ErrorKind::NotFound) {
-            // Made by this user for this user; a failure (a read-only home) leaves no record.
-            let _ = std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&self.dir);
-            opened = Dir::open_path(&self.dir, true);
-        }
-        let dir = match opened {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(format!(
-                    "{} is not a directory that can be opened without following a link ({e})",
-                    self.dir.display()
-                ))
-            }
-        };
-        let st = dir::fstat(&dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
-        if !st.is_dir() {
-            return Err(format!("{} is {}", self.dir.display(), st.kind()));
-        }
-        owned_by_us(st.uid(), st.mode()).map_err(|why| format!("{} {why}", self.dir.display()))?;
-        Ok(Some(dir))
+        // Made by this user for this user; a failure (a read-only home) leaves no record.
+        owndir::open(&self.dir, create)
     }
 
     fn add_to(&self, o: &mut Opened, id: Id) -> Result<(), Refused> {
@@ -389,23 +366,6 @@ impl Loaded {
             .filter_map(|c| c.try_into().ok())
             .collect())
     }
-}
-
-/// Whether a file or directory of this uid and mode is one only this user can change.
-fn owned_by_us(uid: u32, mode: u32) -> Result<(), String> {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let me = unsafe { libc::geteuid() };
-    if uid != me {
-        return Err(format!(
-            "belongs to {}, not to {}",
-            dir::user_name(uid),
-            dir::user_name(me)
-        ));
-    }
-    if mode & (libc::S_IWGRP | libc::S_IWOTH) != 0 {
-        return Err(format!("is writable by others (mode {:o})", mode & 0o7777));
-    }
-    Ok(())
 }
 
 /// Opens and checks the record in `dir`: Ok(None) when there is none.
@@ -538,7 +498,7 @@ fn encode(mut ids: Vec<Id>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
     fn ids(n: usize, seed: u8) -> Vec<Id> {
         (0..n)

@@ -8,8 +8,10 @@ mod convert;
 mod errors;
 mod hashing;
 mod logging;
+mod owndir;
 mod signing;
 mod store;
+mod testhook;
 mod tier;
 
 use pyo3::prelude::*;
@@ -29,6 +31,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "TIER_COUNTERS",
         xla_pcache_core::TIER_COUNTER_NAMES.to_vec(),
     )?;
+    // The test hooks' variable, and whether this build honours it (a test build only).
+    m.add("TEST_HOOKS_VAR", xla_pcache_core::TEST_HOOKS_VAR)?;
+    m.add("TEST_HOOKS", xla_pcache_core::TEST_HOOKS)?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<blob::PyBlob>()?;
@@ -43,5 +48,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signing::generate_signing_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::signing_public_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::check_key_name, m)?)?;
+    m.add_function(wrap_pyfunction!(owndir::own_directory, m)?)?;
+    m.add_function(wrap_pyfunction!(testhook::test_hook_reached, m)?)?;
+    m.add_function(wrap_pyfunction!(testhook::test_hook_released, m)?)?;
     Ok(())
 }
