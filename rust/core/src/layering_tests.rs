@@ -15,7 +15,7 @@ const TIERS: &[&[&str]] = &[
     ],
     &[
         "dir", "layout", "settings", "publish", "fsinfo", "lru", "stats", "forksafe", "hash",
-        "clock", "error", "testhook", "verified",
+        "clock", "error", "testhook", "verified", "build_id",
     ],
 ];
 

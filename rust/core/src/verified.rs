@@ -201,7 +201,7 @@ impl VerifiedRecord {
         if !matches!(st, State::Unopened) {
             return;
         }
-        *st = match self.open_dir(false) {
+        *st = match open_own_dir(&self.dir, false) {
             Err(why) => {
                 self.refused(&why);
                 State::Off
@@ -239,40 +239,10 @@ impl VerifiedRecord {
         );
     }
 
-    /// The record's directory, checked: Ok(None) when it does not exist (and could not be
-    /// made, with `create`). `Err` says why it is refused.
-    fn open_dir(&self, create: bool) -> Result<Option<Dir>, String> {
-        let mut opened = Dir::open_path(&self.dir, true);
-        if create && matches!(&opened, Err(e) if e.kind() == io::ErrorKind::NotFound) {
-            // Made by this user for this user; a failure (a read-only home) leaves no record.
-            let _ = std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&self.dir);
-            opened = Dir::open_path(&self.dir, true);
-        }
-        let dir = match opened {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(format!(
-                    "{} is not a directory that can be opened without following a link ({e})",
-                    self.dir.display()
-                ))
-            }
-        };
-        let st = dir::fstat(&dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
-        if !st.is_dir() {
-            return Err(format!("{} is {}", self.dir.display(), st.kind()));
-        }
-        owned_by_us(st.uid(), st.mode()).map_err(|why| format!("{} {why}", self.dir.display()))?;
-        Ok(Some(dir))
-    }
-
     fn add_to(&self, o: &mut Opened, id: Id) -> Result<(), Refused> {
         let io = |e: io::Error| Refused::Garbled(e.to_string());
         if o.dir.is_none() {
-            o.dir = self.open_dir(true).map_err(Refused::Hostile)?;
+            o.dir = open_own_dir(&self.dir, true).map_err(Refused::Hostile)?;
         }
         let Some(dir) = &o.dir else {
             return Ok(());
@@ -391,8 +361,40 @@ impl Loaded {
     }
 }
 
+/// A per-user record's directory, checked: Ok(None) when it does not exist (and could not
+/// be made, with `create`: mode 0700). `Err` says why it is refused (a link, not a
+/// directory, another owner, writable by others). The binaries' record (`build_id.rs`)
+/// is kept in a directory checked the same way.
+pub(crate) fn open_own_dir(path: &Path, create: bool) -> Result<Option<Dir>, String> {
+    let mut opened = Dir::open_path(path, true);
+    if create && matches!(&opened, Err(e) if e.kind() == io::ErrorKind::NotFound) {
+        // Made by this user for this user; a failure (a read-only home) leaves no record.
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path);
+        opened = Dir::open_path(path, true);
+    }
+    let dir = match opened {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(format!(
+                "{} is not a directory that can be opened without following a link ({e})",
+                path.display()
+            ))
+        }
+    };
+    let st = dir::fstat(&dir).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !st.is_dir() {
+        return Err(format!("{} is {}", path.display(), st.kind()));
+    }
+    owned_by_us(st.uid(), st.mode()).map_err(|why| format!("{} {why}", path.display()))?;
+    Ok(Some(dir))
+}
+
 /// Whether a file or directory of this uid and mode is one only this user can change.
-fn owned_by_us(uid: u32, mode: u32) -> Result<(), String> {
+pub(crate) fn owned_by_us(uid: u32, mode: u32) -> Result<(), String> {
     // SAFETY: geteuid cannot fail and touches no memory.
     let me = unsafe { libc::geteuid() };
     if uid != me {
