@@ -21,9 +21,9 @@ pub fn identify_binaries(
     py: Python<'_>,
     paths: Vec<PathBuf>,
     record_dir: Option<PathBuf>,
-) -> PyResult<(Vec<Identified>, u64)> {
+) -> PyResult<(Vec<Py<PyAny>>, u64)> {
     let dir = record_dir.or_else(default_build_record_dir);
-    py.detach(|| {
+    let (found, problems): (Vec<Identified>, u64) = py.detach(|| {
         no_panic("identify_binaries", || {
             let record = BuildIdRecord::at(dir);
             let mapped = mapped_objects();
@@ -49,5 +49,13 @@ pub fn identify_binaries(
                 .collect();
             Ok((out, record.take_problems()))
         })
-    })
+    })?;
+    let out = found
+        .into_iter()
+        .map(|r| match r {
+            Ok(t) => Ok(t.into_pyobject(py)?.into_any().unbind()),
+            Err(m) => Ok(m.into_pyobject(py)?.into_any().unbind()),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok((out, problems))
 }
