@@ -20,7 +20,6 @@ that environment (they miss and age out), never that one build loads another's.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 
@@ -28,33 +27,12 @@ from xla_pcache import builds
 
 FRAMEWORK = "jax"
 # JAX's own kernel packages for GPUs (jax._src.lib imports them by these names).
-_KERNEL_PACKAGES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm6_plugin", "jax_rocm7_plugin")
-_SKIP_DIRS = frozenset({"include", "__pycache__"})
-# A package holding more shared objects than this is not one of these: the rest is ignored.
-_MAX_FILES = 512
-
-
-def _package_dirs(name: str) -> list[str]:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return [str(p) for p in spec.submodule_search_locations]
-
-
-def _shared_objects(role: str, top: str) -> list[builds.Wanted]:
-    out: list[builds.Wanted] = []
-    for root, dirs, files in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
-        for f in sorted(files):
-            if f.endswith(".so") or ".so." in f:
-                path = os.path.join(root, f)
-                out.append((role, path, os.path.relpath(path, top)))
-                if len(out) >= _MAX_FILES:
-                    return out
-    return out
+_KERNEL_PACKAGES = (
+    "jax_cuda12_plugin",
+    "jax_cuda13_plugin",
+    "jax_rocm6_plugin",
+    "jax_rocm7_plugin",
+)
 
 
 def tpu_library() -> str | None:
@@ -63,7 +41,7 @@ def tpu_library() -> str | None:
     env = os.environ.get("TPU_LIBRARY_PATH")
     if env and os.path.isfile(env):
         return env
-    for top in _package_dirs("libtpu"):
+    for top in builds.package_dirs("libtpu"):
         path = os.path.join(top, "libtpu.so")
         if os.path.isfile(path):
             return path
@@ -73,34 +51,28 @@ def tpu_library() -> str | None:
 def wanted() -> list[builds.Wanted]:
     """The files of JAX's runtime build here (see the module's docstring)."""
     out: list[builds.Wanted] = []
-    for top in _package_dirs("jaxlib")[:1]:
-        out += _shared_objects("jaxlib", top)
+    for top in builds.package_dirs("jaxlib")[:1]:
+        out += builds.shared_objects("jaxlib", top)
     tpu = tpu_library()
     if tpu is not None:
         out.append(("libtpu", tpu, os.path.basename(tpu)))
-    for top in _package_dirs("jax_plugins"):
+    for top in builds.package_dirs("jax_plugins"):
         try:
             names = sorted(os.listdir(top))
         except OSError:
             continue
         for name in names:
             path = os.path.join(top, name)
-            if name not in _SKIP_DIRS and os.path.isdir(path):
-                out += _shared_objects(f"jax_plugins.{name}", path)
+            if name != "__pycache__" and os.path.isdir(path):
+                out += builds.shared_objects(f"jax_plugins.{name}", path)
     for package in _KERNEL_PACKAGES:
-        for top in _package_dirs(package)[:1]:
-            out += _shared_objects(package, top)
+        for top in builds.package_dirs(package)[:1]:
+            out += builds.shared_objects(package, top)
     for item in os.environ.get("PJRT_NAMES_AND_LIBRARY_PATHS", "").split(","):
         name, sep, path = item.partition(os.path.pathsep)
         if sep and path and os.path.isfile(path):
             out.append((f"pjrt.{name}", path, os.path.basename(path)))
-    seen: set[str] = set()
-    unique = []
-    for item in out:
-        if item[1] not in seen:
-            seen.add(item[1])
-            unique.append(item)
-    return unique
+    return builds.unique(out)
 
 
 _lock = threading.Lock()
