@@ -108,13 +108,6 @@ def import_cmd(
             fail(f"{bundle}: no such file")
         if os.path.isdir(bundle):
             fail(f"{bundle}: is a directory, not a bundle file")
-        # Filed under the build of the runtime installed here, as a program here asks.
-        build = _build.build()
-        if not build.files:
-            fail(
-                "jaxlib is not installed here: its entries would be filed under no build a "
-                "program asks for; nothing was moved. Run the import where the programs run"
-            )
         console = plain_console()
         bar = progress_bar(console)
         with (
