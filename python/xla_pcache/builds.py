@@ -75,11 +75,12 @@ class Build:
 
     @property
     def suffix(self) -> str:
-        return f"{BUILD_SEPARATOR}{self.digest}"
+        """What the store's keys of this build end with."""
+        return BUILD_SEPARATOR + self.digest
 
     def store_key(self, key: str) -> str:
         """The store's key for the framework's ``key`` compiled by this build."""
-        return key + self.suffix
+        return key + BUILD_SEPARATOR + self.digest
 
     @property
     def replaced(self) -> list[str]:
