@@ -483,7 +483,11 @@ fn build_id(f: &File) -> Option<Vec<u8>> {
     let (phoff, phentsize, phnum) = if wide {
         (rd.u64(&ident, 32), rd.u16(&ident, 54), rd.u16(&ident, 56))
     } else {
-        (u64::from(rd.u32(&ident, 28)), rd.u16(&ident, 42), rd.u16(&ident, 44))
+        (
+            u64::from(rd.u32(&ident, 28)),
+            rd.u16(&ident, 42),
+            rd.u16(&ident, 44),
+        )
     };
     let entsize = u64::from(phentsize);
     let need = if wide { 56 } else { 32 };
@@ -613,10 +617,12 @@ fn read(dir: &Dir) -> Result<Vec<Slot>, Refused> {
     };
     let garbled = |why: &str| Refused::Garbled(format!("{} {why}", dir.display(FILE.as_str())));
     if len > MAX_LEN {
-        return Err(garbled(&format!("is {len} bytes, more than a record holds")));
+        return Err(garbled(&format!(
+            "is {len} bytes, more than a record holds"
+        )));
     }
     let bytes = dir::read_capped(&f, MAX_LEN).map_err(|e| garbled(&e.to_string()))?;
-    decode(&bytes).map_err(|why| garbled(why))
+    decode(&bytes).map_err(garbled)
 }
 
 fn decode(b: &[u8]) -> Result<Vec<Slot>, &'static str> {
@@ -813,7 +819,10 @@ mod tests {
         let f = File::options().write(true).open(&p).unwrap();
         f.set_times(std::fs::FileTimes::new().set_modified(st.modified().unwrap()))
             .unwrap();
-        assert_eq!(std::fs::metadata(&p).unwrap().modified().unwrap(), st.modified().unwrap());
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().modified().unwrap(),
+            st.modified().unwrap()
+        );
         let again = one(&BuildIdRecord::at(Some(rec_dir.clone())), &p);
         assert!(again.computed);
         assert_eq!(again.id, blake3::hash(&other).as_bytes().to_vec());
@@ -897,7 +906,9 @@ mod tests {
             (
                 "truncated",
                 |d| {
-                    let f = std::fs::OpenOptions::new().write(true).open(d.join("record"));
+                    let f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(d.join("record"));
                     f.unwrap().set_len(40).unwrap();
                 },
                 true,
@@ -905,7 +916,9 @@ mod tests {
             (
                 "huge (sparse)",
                 |d| {
-                    let f = std::fs::OpenOptions::new().write(true).open(d.join("record"));
+                    let f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(d.join("record"));
                     f.unwrap().set_len(1 << 40).unwrap();
                 },
                 true,
@@ -943,11 +956,19 @@ mod tests {
             write(&rd, &[lie]).unwrap();
             drop(rd);
             let lied = one(&BuildIdRecord::at(Some(rec_dir.clone())), &p);
-            assert_eq!(lied.id, vec![0u8; 32], "{what}: the user's own record is used");
+            assert_eq!(
+                lied.id,
+                vec![0u8; 32],
+                "{what}: the user's own record is used"
+            );
             spoil(&rec_dir);
             let rec = BuildIdRecord::at(Some(rec_dir.clone()));
             let got = one(&rec, &p);
-            assert_eq!((got.id.clone(), got.computed), (truth.clone(), true), "{what}");
+            assert_eq!(
+                (got.id.clone(), got.computed),
+                (truth.clone(), true),
+                "{what}"
+            );
             assert_eq!(rec.take_problems(), 1, "{what}");
             // The next process: a rebuilt record serves it, a hostile one is still refused.
             let next = BuildIdRecord::at(Some(rec_dir.clone()));
@@ -991,7 +1012,7 @@ mod tests {
         let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
         let rec = BuildIdRecord::at(None);
         let ident = |rec: &BuildIdRecord| {
-            rec.identify(&[p.clone()], &mapped_objects())
+            rec.identify(std::slice::from_ref(&p), &mapped_objects())
                 .remove(0)
                 .unwrap()
                 .loaded
@@ -1012,7 +1033,10 @@ mod tests {
         let m = parse_maps(text);
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].dev, makedev(0xfd, 1));
-        assert_eq!((m[1].path.to_str(), m[1].deleted), (Some("/a b/lib y.so"), true));
+        assert_eq!(
+            (m[1].path.to_str(), m[1].deleted),
+            (Some("/a b/lib y.so"), true)
+        );
         assert_eq!(m[1].dev, makedev(0x103, 2));
     }
 }

@@ -41,8 +41,8 @@ pub(crate) mod view;
 
 pub use blob::Blob;
 pub use build_id::{
-    default_dir as default_build_record_dir, mapped_objects, BuildIdRecord, FileId, IdKind,
-    Loaded, Mapped,
+    default_dir as default_build_record_dir, mapped_objects, BuildIdRecord, FileId, IdKind, Loaded,
+    Mapped,
 };
 pub use error::StoreError;
 pub use fsinfo::FsInfo;
