@@ -35,7 +35,8 @@ def _identify(path: Path, record: Path) -> tuple[str, bool, int]:
     """(hex id, hashed now, refusals) of one file."""
     (got,), problems = _core.identify_binaries([str(path)], str(record))
     assert not isinstance(got, str), got
-    kind, hexid, _changed, computed, loaded = got
+    kind, hexid, _changed, computed, loaded, size = got
+    assert size == path.stat().st_size
     assert (kind, loaded) == ("blake3", "no")
     return hexid, computed, problems
 

@@ -103,9 +103,9 @@ def hash_impl() -> str:
 
 def identify_binaries(
     paths: list[str], record_dir: str | None = None
-) -> tuple[list[tuple[str, str, int, bool, str] | str], int]:
+) -> tuple[list[tuple[str, str, int, bool, str, int] | str], int]:
     """The identity of each file of ``paths``: ``(kind, hex id, ctime ns, computed now,
-    loaded)`` with kind ``"build-id"`` (its GNU build-id note) or ``"blake3"`` (its
+    loaded, size)`` with kind ``"build-id"`` (its GNU build-id note) or ``"blake3"`` (its
     content's), loaded ``"no"``, ``"same"`` or ``"replaced"`` (mapped in this process, but
     not the file now at the path), or a message when it cannot be read; and how many times
     the user's record (``record_dir``, default ``$XDG_CACHE_HOME/xla_pcache-builds``) was

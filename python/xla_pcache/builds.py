@@ -189,11 +189,7 @@ def identify(framework: str, wanted: list[Wanted], record_dir: str | None = None
         if isinstance(got, str):
             unreadable.append(f"{role}/{name}: {got}")
             continue
-        kind, hexid, changed_ns, computed, loaded = got
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            size = 0
+        kind, hexid, changed_ns, computed, loaded, size = got
         files.append(
             FileIdentity(role, name, path, kind, hexid, int(changed_ns), computed, loaded, size)
         )

@@ -104,6 +104,7 @@ pub struct FileId {
     pub id: Vec<u8>,
     /// When the file was last changed or moved into place (its ctime, ns): its install.
     pub changed_ns: u64,
+    pub size: u64,
     /// Computed now, not read from the record.
     pub computed: bool,
     pub loaded: Loaded,
@@ -383,6 +384,7 @@ fn identify_one(
             kind: s.kind,
             id: s.id.clone(),
             changed_ns: key[4],
+            size: key[2],
             computed: false,
             loaded,
         };
@@ -410,6 +412,7 @@ fn identify_one(
         kind,
         id,
         changed_ns: key[4],
+        size: key[2],
         computed: true,
         loaded,
     };

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use xla_pcache_core::{default_build_record_dir, mapped_objects, BuildIdRecord, Loaded};
 
 /// One file's identity as Python sees it: (kind, id hex, changed ns, computed now,
-/// loaded), or why it could not be read.
-type Identified = Result<(String, String, u64, bool, String), String>;
+/// loaded, size), or why it could not be read.
+type Identified = Result<(String, String, u64, bool, String, u64), String>;
 
 /// The identity of each file of `paths` (`("build-id" | "blake3", hex, ctime ns, computed
-/// now, "no" | "same" | "replaced")`, or a message when it cannot be read), and how many
+/// now, "no" | "same" | "replaced", size)`, or a message when it cannot be read), and how many
 /// times the user's record was refused (one warning each, logged). `record_dir`: the
 /// record's directory, default `$XDG_CACHE_HOME/xla_pcache-builds`. Hashing runs with the
 /// GIL released.
@@ -43,6 +43,7 @@ pub fn identify_binaries(
                             Loaded::Replaced => "replaced",
                         }
                         .to_string(),
+                        id.size,
                     )),
                     Err(e) => Err(format!("{}: {e}", p.display())),
                 })
