@@ -365,7 +365,32 @@ fn identify_one(
     mapped: &[Mapped],
 ) -> io::Result<(FileId, Option<Slot>)> {
     // The install's own path, links and all: a framework found through a link is the
-    // user's setup. Not blocking on a FIFO; a non-file is an error.
+    // user's setup. A remembered file costs this one `stat`.
+    let known = std::fs::metadata(path).ok().and_then(|m| {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| (s.max(0) as u64) * 1_000_000_000 + n.max(0) as u64;
+        let key: StatKey = [
+            m.dev(),
+            m.ino(),
+            m.len(),
+            ns(m.mtime(), m.mtime_nsec()),
+            ns(m.ctime(), m.ctime_nsec()),
+        ];
+        let slot = slots.iter().find(|s| s.key == key && m.is_file())?;
+        Some((key, slot))
+    });
+    if let Some((key, s)) = known {
+        let id = FileId {
+            kind: s.kind,
+            id: s.id.clone(),
+            changed_ns: key[4],
+            size: key[2],
+            computed: false,
+            loaded: loaded(path, &key, mapped),
+        };
+        return Ok((id, None));
+    }
+    // Not blocking on a FIFO; a non-file is an error.
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags_nonblock()
