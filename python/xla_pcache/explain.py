@@ -6,7 +6,9 @@ entry they put, and in the miss log for every miss. ``explain()`` takes recent m
 one key), finds the nearest entry of the same program (same module name; the same
 computation digest first, then the fewest differing components, then the newest) and lists
 the components that differ, with both values where they were recorded. It reads entry
-headers only (``Store.entries()``), never a payload.
+headers only (``Store.entries()``), never a payload. One component is the runtime's build
+(``xla_pcache.builds``): a miss whose nearest entry differs only there was compiled by
+another jaxlib or torch_xla binary, and is said so in words (``build_sentence``).
 
 Both adapters record each miss here (``record_miss``); the miss log itself
 (``<root>/misses.log``, bounded, opened without following links) is ``xla_pcache.misslog``'s.

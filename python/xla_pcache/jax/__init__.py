@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from xla_pcache import bucket, metrics
+from xla_pcache import bucket, builds, metrics
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
@@ -333,7 +333,7 @@ def _factory(path: str) -> tuple[Any, str] | None:
 _warned_build = False
 
 
-def _runtime_build() -> Any:
+def _runtime_build() -> builds.Build | None:
     """This process's runtime build (``jax/_build.py``), or None, with one warning, when it
     cannot be named: a binary this process loaded was replaced on disk since (an install
     over a running program), or the files could not be read. JAX then compiles without a
