@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store, explain, metrics
+from xla_pcache import Store, builds, explain, metrics
 from xla_pcache._reports import TIER_COUNTERS
-from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS
+from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, module_name
 
 
 def parts(**digests: str) -> list[dict[str, Any]]:
@@ -238,3 +238,33 @@ def test_an_entry_key_is_explained_against_the_other_entries(tmp_path: Path) -> 
         assert explain.explain(store) == []  # no misses logged
         with pytest.raises(KeyError):
             explain.explain(store, "jit_g-1")
+
+
+def test_builds_are_said_in_words_and_keys_keep_their_program_name() -> None:
+    """The runtime build as explain says it (builds.py, explain.build_sentence): the main
+    binary's identity when it differs, the other files' digest when only they do, a role on
+    one side only, and an entry of a release that keyed no build."""
+
+    def role(ident: str, digest: str = "d1", files: int = 31) -> dict[str, object]:
+        return {"file": "libjax_common.so", "id": ident, "files": files, "digest": digest}
+
+    here = {"jaxlib": role("blake3 " + "a" * 64)}
+    there = {"jaxlib": role("blake3 " + "b" * 64, "d2")}
+    assert explain.build_sentence({"this": here, "nearest": there}) == (
+        "built by another jaxlib binary (libjax_common.so: blake3 aaaaaaaaaaaaaaaa here, "
+        "blake3 bbbbbbbbbbbbbbbb there)"
+    )
+    kernels = {"jaxlib": role("blake3 " + "a" * 64, "d3")}
+    assert explain.build_sentence({"this": here, "nearest": kernels}) == (
+        "built by another jaxlib build (31 files, digest d1 here; 31, d3 there)"
+    )
+    tpu = {**here, "libtpu": role("build-id 0102", "d4")}
+    assert explain.build_sentence({"this": tpu, "nearest": here}) == "libtpu here only"
+    assert explain.build_sentence({"this": here, "nearest": None}) == explain.NO_BUILD_THERE
+
+    key = "jit_step-" + "c" * 64
+    stored = key + "@build-" + "0123456789abcdef" * 2
+    assert builds.split_key(stored) == (key, "0123456789abcdef" * 2)
+    assert builds.split_key(key) == (key, None)
+    assert builds.split_key(key + "@build-xyz") == (key + "@build-xyz", None)
+    assert module_name(stored) == module_name(key) == "jit_step"

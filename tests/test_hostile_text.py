@@ -126,7 +126,8 @@ def test_doctor_on_hostile_probe_entries_prints_a_clear_line(
     with Store(hostile_cache) as s:
         fw = doctor.FRAMEWORKS["jax"]
         versions = {d: doctor._dist_version(d) for d in fw.versions}
-        assert s.put(doctor.probe_key(fw, versions, fw.backend_hint()), body)
+        key = doctor.probe_key(fw, versions, fw.backend_hint(), fw.build().digest)
+        assert s.put(key, body)
     proc = _cli("doctor", "--path", str(hostile_cache), timeout=600)
     text = _assert_clean(proc)
     if hostile == "not an object":

@@ -27,6 +27,8 @@ LEVELS = {
     "misslog": 0,
     # Points a test waits on (XLA_PCACHE_TEST_HOOKS).
     "_testhook": 0,
+    # Which build of a framework's runtime made an entry, over the extension's identities.
+    "builds": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
     "tiers.redis": 1,
@@ -46,6 +48,7 @@ LEVELS = {
     # and reads them back.
     "jax": 4,
     "jax._keyparts": 4,
+    "jax._build": 4,
     "jax._thresholds": 4,
     "jax._cache_dir": 4,
     "jax._adopt": 4,
@@ -53,6 +56,7 @@ LEVELS = {
     "jax._store_cache": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
+    "torch_xla._build": 4,
     "torch_xla._cache": 4,
     "torch_xla._host_mirror": 4,
     "torch_xla._opens": 4,

@@ -105,6 +105,17 @@ def hash_impl() -> str:
     ``sse2``, ``neon``, ``scalar``, or ``portable-*`` when ``XLA_PCACHE_HASH_IMPL=portable``
     forces the build-time one."""
 
+def identify_binaries(
+    paths: list[str], record_dir: str | None = None
+) -> tuple[list[tuple[str, str, int, bool, str, int] | str], int]:
+    """The identity of each file of ``paths``: ``(kind, hex id, ctime ns, computed now,
+    loaded, size)`` with kind ``"build-id"`` (its GNU build-id note) or ``"blake3"`` (its
+    content's), loaded ``"no"``, ``"same"`` or ``"replaced"`` (mapped in this process, but
+    not the file now at the path), or a message when it cannot be read; and how many times
+    the user's record (``record_dir``, default ``$XDG_CACHE_HOME/xla_pcache-builds``) was
+    refused. Identities are remembered there under each file's device, inode, size, mtime
+    and ctime."""
+
 def generate_signing_key() -> bytes:
     """A new Ed25519 private key: 32 random bytes from the operating system."""
 
@@ -234,6 +245,9 @@ class Store:
         """Count a lookup served from another program's cache files (an adopted JAX entry of
         ``nbytes`` payload bytes) as a hit and as ``adopted``; ``compile_time_s`` (None when
         unknown: nothing added) goes to the compile time saved."""
+    def count_other_build(self) -> None:
+        """Count a miss (already counted by its ``get``) of a key that another build of the
+        framework's runtime has an entry for (``other_build`` in ``stats``)."""
     def count_misses(self, n: int) -> None:
         """Count ``n`` misses of lookups a framework made in a copy the store filled
         (torch_xla's host-local copy), so ``stats`` counts them with the store's own."""

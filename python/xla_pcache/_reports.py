@@ -79,6 +79,9 @@ class Stats(TypedDict):
     untrusted: int
     # Lookups served from JAX's own cache files (each also a hit).
     adopted: int
+    # Misses of a key another build of the framework's runtime has an entry for (each also
+    # a miss; xla_pcache.builds).
+    other_build: int
     hit_rate: float | None
     entries: int
     bytes: int

@@ -6,7 +6,9 @@ entry they put, and in the miss log for every miss. ``explain()`` takes recent m
 one key), finds the nearest entry of the same program (same module name; the same
 computation digest first, then the fewest differing components, then the newest) and lists
 the components that differ, with both values where they were recorded. It reads entry
-headers only (``Store.entries()``), never a payload.
+headers only (``Store.entries()``), never a payload. One component is the runtime's build
+(``xla_pcache.builds``): a miss whose nearest entry differs only there was compiled by
+another jaxlib or torch_xla binary, and is said so in words (``build_sentence``).
 
 Both adapters record each miss here (``record_miss``); the miss log itself
 (``<root>/misses.log``, bounded, opened without following links) is ``xla_pcache.misslog``'s.
@@ -25,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from xla_pcache._text import package_logger
+from xla_pcache.builds import COMPONENT as BUILD
 from xla_pcache.misslog import (
     MAX_LOG_BYTES as MAX_LOG_BYTES,
 )
@@ -233,12 +236,63 @@ def explain_records(
             result.setdefault("notes", []).append(NOT_EXPLAINED)
         if "computation" in differs and _unrecorded(result["values"]["computation"]):
             result.setdefault("notes", []).append(COMPUTATION_CHANGED)
+        if BUILD in differs:
+            # Another build's entry is never loaded here: say whose, in words.
+            result["build"] = build_sentence(result["values"][BUILD])
         if not differs:
             result["answer"] = "same components as the nearest entry"
+        elif differs == [BUILD]:
+            result["answer"] = result["build"]
         else:
             result["answer"] = "differs in " + ", ".join(differs)
         results.append(result)
     return results
+
+
+# The nearest entry was written before entries recorded the runtime's build.
+NO_BUILD_THERE = (
+    "the nearest entry names no runtime build (written by a release of xla_pcache that did "
+    "not record one): no build loads it; it ages out under the LRU"
+)
+
+
+def _short(ident: Any) -> str:
+    """``blake3 <64 hex>`` -> ``blake3 <16 hex>``."""
+    kind, _, hexid = str(ident).partition(" ")
+    return f"{kind} {hexid[:16]}" if hexid else kind
+
+
+def build_sentence(v: dict[str, Any]) -> str:
+    """What differs between two recorded runtime builds (``builds.Build.roles``), e.g.
+    ``built by another jaxlib binary (libjax_common.so: blake3 26e9... here, blake3 aa01...
+    there)``."""
+    this, there = v.get("this"), v.get("nearest")
+    if not isinstance(there, dict):
+        return NO_BUILD_THERE
+    if not isinstance(this, dict):
+        return "this miss recorded no runtime build; the nearest entry's is " + ", ".join(
+            sorted(map(str, there))
+        )
+    said = []
+    for role in sorted(set(this) | set(there)):
+        a, b = this.get(role), there.get(role)
+        if a == b:
+            continue
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            where = "here only" if isinstance(a, dict) else "there only"
+            said.append(f"{role} {where}")
+        elif a.get("id") != b.get("id"):
+            file = a.get("file") if a.get("file") == b.get("file") else None
+            said.append(
+                f"built by another {role} binary ({f'{file}: ' if file else ''}"
+                f"{_short(a.get('id'))} here, {_short(b.get('id'))} there)"
+            )
+        else:
+            said.append(
+                f"built by another {role} build ({a.get('files')} files, digest "
+                f"{a.get('digest')} here; {b.get('files')}, {b.get('digest')} there)"
+            )
+    return "; ".join(said) or "another runtime build"
 
 
 _FOLLOWS_FLAGS = (
@@ -345,6 +399,9 @@ def one_line(result: dict[str, Any]) -> str:
         v = result["values"].get(name, {})
         if name == "computation" and _unrecorded(v):
             text += f"; {COMPUTATION_CHANGED}"
+        elif name == BUILD:
+            if result.get("answer") != result.get("build"):
+                text += f"; {result.get('build')}"
         elif _unrecorded(v):
             text += f"; {name}: {_digests(v)}"
         else:
@@ -376,6 +433,9 @@ def lines(result: dict[str, Any], now: float | None = None) -> list[str]:
         out.append(f"  note: {note}")
     for name in differs:
         v = result["values"].get(name, {})
+        if name == BUILD:
+            out.append(f"  differs: {name}: {result.get('build')}")
+            continue
         if _unrecorded(v):
             # The computation's case is the note above.
             out.append(f"  differs: {name}" + ("" if name == "computation" else f": {_digests(v)}"))

@@ -31,6 +31,12 @@ logger = package_logger("xla_pcache")
 _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("hits", "hits", "Lookups served from the cache.", 1),
     ("misses", "misses", "Lookups the cache could not serve.", 1),
+    (
+        "other_build",
+        "other_build_misses",
+        "Misses of a key another build of the framework's runtime has an entry for.",
+        1,
+    ),
     ("puts", "puts", "Entries published.", 1),
     ("put_exists", "puts_existing", "Puts of a key already present (first writer won).", 1),
     ("adopted", "adopted", "Hits served from JAX's own cache files and taken over.", 1),

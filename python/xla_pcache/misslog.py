@@ -51,6 +51,10 @@ KNOWN = (
     "custom_hook",
 )
 
+# A store key ends with the build of the runtime that compiled it: ``<framework key>`` +
+# this + 32 hex digits (``xla_pcache.builds``).
+BUILD_SEPARATOR = "@build-"
+
 MISS_LOG = "misses.log"
 MISS_LOG_OLD = "misses.log.1"
 MAX_LOG_BYTES = 256 * 1024
@@ -249,6 +253,8 @@ def order(names: set[str]) -> list[str]:
 
 
 def module_name(key: str) -> str:
-    """The program's name in a JAX key (``jit_step-<sha256 hex>`` -> ``jit_step``)."""
+    """The program's name in a JAX key (``jit_step-<sha256 hex>`` -> ``jit_step``), with or
+    without the build the store's key adds."""
+    key = key.partition(BUILD_SEPARATOR)[0] or key
     head, sep, tail = key.rpartition("-")
     return head if sep and tail and all(c in "0123456789abcdef" for c in tail) else key

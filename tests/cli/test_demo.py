@@ -68,7 +68,7 @@ def test_doctor_probes_once_and_remembers(tmp_path: Path) -> None:
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
     with Store(root) as store:
-        key = probe_key(torch_xla, versions, "cpu")
+        key = probe_key(torch_xla, versions, "cpu", torch_xla.build().digest)
         store.put(key, json.dumps(planted).encode())
 
     reports = []
@@ -84,6 +84,13 @@ def test_doctor_probes_once_and_remembers(tmp_path: Path) -> None:
         assert report["backend"] == "cpu" and report["adapter"] == "ok"
     assert first["config"]["path"] == str(root)
     assert first["problems"] == []
+    # The build in force: what the adapter's keys here end with, the jaxlib object named.
+    build = FRAMEWORKS["jax"].build()
+    assert jax_first["build"]["digest"] == build.digest
+    assert jax_first["build"]["roles"]["jaxlib"] == build.roles()["jaxlib"]
+    text = _cli("doctor", "--path", str(root), PJRT_DEVICE="CPU").stdout
+    assert f"  jax: build {build.digest}" in text
+    assert f"    jaxlib: {build.roles()['jaxlib']['file']} " in text
     if importlib.util.find_spec("torch_xla") is not None:
         assert first["frameworks"]["torch_xla"]["backend"] == "planted"
         assert first["frameworks"]["torch_xla"]["remembered"] is True

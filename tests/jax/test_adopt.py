@@ -30,8 +30,9 @@ from typing import Any
 
 import pytest
 import xla_pcache
-from xla_pcache import Store
+from xla_pcache import Store, builds
 from xla_pcache.jax import _adopt
+from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _cache_dir as jcd
 
 from tests.helpers import clean_env, cli, run_worker
@@ -295,19 +296,29 @@ def test_import_from_jax_cli(tmp_path: Path) -> None:
         "jit_b-" + "02" * 32: zstandard.ZstdCompressor().compress(raw),
     }
     junk = "jit_c-" + "03" * 32
-    d = jax_dir(tmp_path, {**entries, junk: b"garbage"})
+    # Written before this jaxlib was installed: maybe by another build, so left in place.
+    old = "jit_d-" + "04" * 32
+    d = jax_dir(tmp_path, {**entries, junk: b"garbage", old: zlib.compress(raw)})
+    os.utime(d / f"{old}-cache", (1e9, 1e9))
     ours = tmp_path / "store"
     cmd = [sys.executable, "-c", NO_JAX, "import", "--from-jax", str(d), "--path", str(ours)]
     result = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert "adopted 2, already present 0, skipped as bad 1" in result.stdout, result.stderr
+    assert "before this jaxlib was installed (they may be another build's) 1" in result.stdout
     assert result.returncode == 1, result.stderr
-    assert sorted(os.listdir(d)) == [f"{junk}-atime", f"{junk}-cache"]
+    assert sorted(os.listdir(d)) == sorted(
+        [f"{junk}-atime", f"{junk}-cache", f"{old}-atime", f"{old}-cache"]
+    )
+    # Filed under the build installed here, which the programs here ask for.
+    build = jax_build.build()
     with Store(ours, read_only=True) as store:
         assert len(store) == 2
         keys = store.keys()
         for key in keys:
+            jax_key, digest = builds.split_key(key)
+            assert digest == build.digest
             blob = store.get(key)
-            assert blob is not None and bytes(blob) == entries[key]
+            assert blob is not None and bytes(blob) == entries[jax_key]
             assert blob.meta["adopted_from"] == "jax_cache"
             assert blob.meta["compile_time_s"] == "2.000000"
 

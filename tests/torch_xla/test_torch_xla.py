@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store
+from xla_pcache import Store, builds
+from xla_pcache.torch_xla import _build as torch_xla_build
 from xla_pcache.torch_xla._host_mirror import HostMirror, is_torch_xla_name, store_key
 
 from tests.helpers import finish_worker
@@ -50,7 +51,7 @@ def torch_xla_entries(store: Store) -> dict[str, dict[str, Any]]:
     for e in store.entries():
         key = e["key"]
         if isinstance(key, str) and key.startswith("torch_xla/"):
-            out[key.removeprefix("torch_xla/")] = e
+            out[builds.split_key(key)[0].removeprefix("torch_xla/")] = e
     return out
 
 
@@ -103,7 +104,7 @@ def test_run1_misses_and_publishes_with_metadata(two_runs: dict[str, Any]) -> No
     assert meta["torch_version"].split("+")[0] == importlib.metadata.version("torch").split("+")[0]
     assert meta["device"] == "CPU"
     assert float(meta["time"]) > 0
-    blob = store.get(store_key(name))
+    blob = store.get(store_key(name, torch_xla_build.build()))
     assert blob is not None
     import hashlib
 
@@ -225,7 +226,7 @@ def test_two_processes_at_once_store_one_intact_entry(tmp_path: Path) -> None:
     assert sum(r["sync"]["already_stored"] for r in reports) == 1
     s = Store(store, read_only=True)
     (name,) = torch_xla_entries(s)
-    blob = s.get(store_key(name))
+    blob = s.get(store_key(name, torch_xla_build.build()))
     assert blob is not None
     assert s.verify()["problems"] == 0
     # The stored bytes are one whole file one of the two torch_xla processes wrote.

@@ -26,6 +26,7 @@ import torch_xla.debug.metrics as met
 from xla_pcache import Store
 from xla_pcache import torch_xla as xt
 from xla_pcache.config import Settings
+from xla_pcache.torch_xla import _build as torch_xla_build
 from xla_pcache.torch_xla._host_mirror import HostMirror
 
 COUNTERS = ("PersistentCacheMiss", "PersistentCacheHit", "PersistentCacheDeserializeFailure")
@@ -50,7 +51,8 @@ def open_store(path: str, keys: dict[str, list[str]], reader: dict[str, Any]) ->
 def view(path: str, local: str, keys: dict[str, list[str]], reader: dict[str, Any]) -> dict:
     """The view a process of ``reader`` gets on host ``local``: name -> sha256."""
     with open_store(path, keys, reader) as store:
-        mirror = HostMirror(store, local)
+        # The build of this process's torch_xla, as install() gives it: the keys it asks.
+        mirror = HostMirror(store, local, build=torch_xla_build.build())
         mirror.refresh_pool()
         directory = mirror.open_view()
         try:

@@ -154,7 +154,7 @@ def _import_target(
 
 
 def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | None) -> None:
-    from xla_pcache.jax import _adopt
+    from xla_pcache.jax import _adopt, _build
     from xla_pcache.jax._cache_dir import JaxCacheDir
 
     with reported():
@@ -178,6 +178,13 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
                 "beside XLA_PERSISTENT_CACHE_PATH instead: each entry is adopted, under the "
                 "right key, when a program asks for it (docs/jax.md)"
             )
+        # Filed under the build of the runtime installed here, as a program here asks.
+        build = _build.build()
+        if not build.files:
+            fail(
+                "jaxlib is not installed here: its entries would be filed under no build a "
+                "program asks for; nothing was moved. Run the import where the programs run"
+            )
         console = plain_console()
         bar = progress_bar(console)
         with (
@@ -192,6 +199,7 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
                 formats=formats,
                 cap=entry_cap,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
+                build=build,
             )
     text = (
         f"adopted {counts[_adopt.ADOPTED]}, already present {counts[_adopt.PRESENT]}, "
@@ -199,6 +207,11 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
     )
     if counts[_adopt.SERVED]:
         text += f", left in place as the cache did not take them {counts[_adopt.SERVED]}"
+    if counts[_adopt.PREDATES]:
+        text += (
+            ", left in place as JAX wrote them before this jaxlib was installed (they may "
+            f"be another build's) {counts[_adopt.PREDATES]}"
+        )
     console.print(text)
     if counts[_adopt.REJECTED] or counts[_adopt.SERVED]:
         raise typer.Exit(1)

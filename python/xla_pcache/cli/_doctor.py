@@ -47,7 +47,8 @@ class Framework:
     installed plugins); part of the probe key. ``probe``: runs the real check in
     subprocesses and returns a dict with at least ``serialize`` and ``load`` (bools) and
     ``backend`` (what was really used); it raises or returns ``error`` when it could not
-    tell, and then nothing is remembered.
+    tell, and then nothing is remembered. ``build``: the runtime's build here
+    (``xla_pcache.builds``), the one the adapter keys entries with; part of the probe key.
     """
 
     name: str
@@ -55,6 +56,19 @@ class Framework:
     versions: tuple[str, ...]
     backend_hint: Callable[[], str]
     probe: Callable[[], dict[str, Any]]
+    build: Callable[[], Any]
+
+
+def _jax_build() -> Any:
+    from xla_pcache.jax import _build
+
+    return _build.build()
+
+
+def _torch_xla_build() -> Any:
+    from xla_pcache.torch_xla import _build
+
+    return _build.build()
 
 
 def _dist_version(dist: str) -> str | None:
@@ -214,20 +228,48 @@ def _probe_torch_xla() -> dict[str, Any]:
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "jax": Framework("jax", "jax", ("jax", "jaxlib"), _jax_backend_hint, _probe_jax),
+    "jax": Framework("jax", "jax", ("jax", "jaxlib"), _jax_backend_hint, _probe_jax, _jax_build),
     "torch_xla": Framework(
-        "torch_xla", "torch_xla", ("torch", "torch_xla"), _torch_xla_backend_hint, _probe_torch_xla
+        "torch_xla",
+        "torch_xla",
+        ("torch", "torch_xla"),
+        _torch_xla_backend_hint,
+        _probe_torch_xla,
+        _torch_xla_build,
     ),
 }
 
 
-def probe_key(fw: Framework, versions: dict[str, str | None], hint: str) -> str:
+def probe_key(
+    fw: Framework, versions: dict[str, str | None], hint: str, build: str | None = None
+) -> str:
     """The key a probe result is remembered under; hosts that would get the same answer
-    share it."""
+    (the same versions, backend, machine and runtime build) share it."""
     parts = [f"{d}={versions.get(d)}" for d in fw.versions]
     return "/".join(
-        [PROBE_KEY_PREFIX, fw.name, *parts, f"backend={hint}", f"arch={platform.machine()}"]
+        [
+            PROBE_KEY_PREFIX,
+            fw.name,
+            *parts,
+            f"backend={hint}",
+            f"arch={platform.machine()}",
+            *([f"build={build}"] if build else []),
+        ]
     )
+
+
+def _build_report(fw: Framework) -> dict[str, Any]:
+    """The runtime build in force (what its entries' keys end with), or why it is unknown."""
+    try:
+        build = fw.build()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "digest": build.digest,
+        "roles": build.roles(),
+        "hashed_now": build.hashed,
+        "record_problems": build.record_problems,
+    }
 
 
 # What a probe reports, by field, and the type each must have. A remembered result is an
@@ -274,8 +316,9 @@ def _check_framework(fw: Framework, store: Any) -> dict[str, Any] | None:
         return None
     versions = {d: _dist_version(d) for d in fw.versions}
     hint = fw.backend_hint()
-    key = probe_key(fw, versions, hint)
-    report: dict[str, Any] = {"versions": versions, "backend_hint": hint}
+    build = _build_report(fw)
+    key = probe_key(fw, versions, hint, build.get("digest"))
+    report: dict[str, Any] = {"versions": versions, "backend_hint": hint, "build": build}
     cached = None
     if store is not None:
         try:
@@ -658,10 +701,40 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         )
     if report["frameworks"]:
         console.print(table)
+        _render_builds(console, report["frameworks"])
     else:
         console.print("No framework found: install jax or torch_xla.")
     for problem in report["problems"]:
         console.print(f"[red]problem:[/] {_e(problem)}")
+
+
+def _render_builds(console: Console, frameworks: dict[str, Any]) -> None:
+    """The runtime builds in force: each entry's key ends with its build, and a process
+    loads only its own build's entries (docs/jax.md, docs/torch_xla.md)."""
+    console.print("Runtime builds (a process loads only entries its own build made):")
+    for name, fw in frameworks.items():
+        build = fw.get("build") or {}
+        if "error" in build:
+            console.print(f"  {_e(name)}: [red]unknown[/] ({_e(build['error'])})")
+            continue
+        console.print(f"  {_e(name)}: build {_e(build.get('digest'))}")
+        for role, r in (build.get("roles") or {}).items():
+            if role == "unreadable":
+                console.print(f"    [red]unreadable[/]: {_e('; '.join(r.get('messages', [])))}")
+                continue
+            console.print(
+                f"    {_e(role)}: {_e(r.get('file'))} {_e(r.get('id'))}"
+                + (
+                    f" (+{r['files'] - 1} more files, digest {_e(r.get('digest'))})"
+                    if r.get("files", 1) > 1
+                    else ""
+                )
+            )
+        if build.get("record_problems"):
+            console.print(
+                "    [red]the record of identities was refused[/] (see the warning): every "
+                "process hashes the binaries"
+            )
 
 
 def _console() -> Console:

@@ -38,6 +38,7 @@ _STAT_ROWS = (
     ("hits", "hits"),
     ("adopted", "of them adopted from JAX's cache"),
     ("misses", "misses"),
+    ("other_build", "of them another build's entry (jaxlib, torch_xla, PJRT plugin)"),
     ("hit_rate", "hit rate"),
     ("puts", "puts"),
     ("compile_saved_ms", "compile time saved"),

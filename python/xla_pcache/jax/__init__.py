@@ -18,11 +18,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from xla_pcache import bucket, metrics
+from xla_pcache import bucket, builds, metrics
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
-from xla_pcache.jax import _adopt, _single_flight
+from xla_pcache.jax import _adopt, _build, _single_flight
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._store_cache import _StoreCacheImpl
 from xla_pcache.sizes import parse_duration, parse_size
@@ -297,6 +297,9 @@ def _factory(path: str) -> tuple[Any, str] | None:
                     adopter = None
     if store is None:
         return None
+    build = _runtime_build()
+    if build is None:
+        return None
     # A bucket's entries live in its host-local store: what JAX is told (XLA's side
     # caches go there, never into a directory named after the URL).
     path = store.path
@@ -320,10 +323,38 @@ def _factory(path: str) -> tuple[Any, str] | None:
         single_flight=flight,
         adopter=adopter,
         on_miss=inst.on_miss,
+        build=build,
     )
     if verify:
         cache = hooks.verification_cache(cache)
     return cache, path
+
+
+_warned_build = False
+
+
+def _runtime_build() -> builds.Build | None:
+    """This process's runtime build (``jax/_build.py``), or None, with one warning, when it
+    cannot be named: a binary this process loaded was replaced on disk since (an install
+    over a running program), or the files could not be read. JAX then compiles without a
+    persistent cache: an entry filed under the wrong build is the one thing not to write."""
+    global _warned_build
+    try:
+        build = _build.build()
+    except Exception as exc:
+        why = f"its runtime's build could not be identified ({type(exc).__name__}: {exc})"
+    else:
+        if not build.replaced:
+            return build
+        why = (
+            "this process runs binaries replaced on disk since it loaded them ("
+            + ", ".join(build.replaced[:3])
+            + "): its executables are of a build nothing names"
+        )
+    if not _warned_build:
+        _warned_build = True
+        logger.warning("xla_pcache: %s; JAX compiles without a persistent cache", why)
+    return None
 
 
 def install(

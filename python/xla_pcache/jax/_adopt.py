@@ -18,6 +18,12 @@ The rules:
   JAX's own figure, which is whole seconds rounded down. A figure of 0 says only "under a
   second": the compile time is then ``unknown``, and hits of the entry count nothing saved
   (never 0, never a guess).
+- **Builds.** JAX's files name no build of the runtime (``xla_pcache.builds``), and an
+  entry is filed under the build of the process that adopts it: so a file is taken only if
+  JAX wrote it after every binary of that build was installed (its mtime at or after their
+  newest ctime, ``Build.installed_ns``). One written before (by the jaxlib a downgrade or a
+  rebuild replaced, say) is left where it is, never served (``PREDATES``), and JAX's key
+  for it misses as any other.
 - **Counts.** A lookup served from JAX's files is a hit, and adopted
   (``Store.count_adopted``), with no miss counted.
 """
@@ -35,8 +41,9 @@ from typing import Any, Protocol
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
+from xla_pcache.builds import Build
 from xla_pcache.jax import _cache_dir as jcd
-from xla_pcache.misslog import META_COMPILE_TIME
+from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode, module_name
 
 logger = package_logger("xla_pcache.jax")
 
@@ -132,6 +139,7 @@ SERVED = "served"  # valid and returned, but left in place (read-only store or p
 REJECTED = "rejected"
 MISSING = "missing"
 REFUSED = "refused"  # the store takes nothing from JAX's files (trust)
+PREDATES = "predates"  # written before this build's binaries were installed: left there
 
 
 @dataclasses.dataclass
@@ -155,9 +163,13 @@ def adopt(
     formats: frozenset[str],
     meta: Mapping[str, str] | Callable[[jcd.Read], Mapping[str, str]] | None = None,
     cap: int | None = None,
+    store_key: str | None = None,
+    not_before_ns: int = 0,
 ) -> Outcome:
     """Adopt JAX's entry for ``key`` (or, failing it, the first of ``names``: the keys JAX
-    alone gave the same program) from ``source`` into ``store`` under ``key``.
+    alone gave the same program) from ``source`` into ``store`` under ``store_key`` (JAX's
+    key with the build, ``Build.store_key``; default ``key``), if JAX wrote it at or after
+    ``not_before_ns`` (``Build.installed_ns``; one written before is ``PREDATES``).
 
     A valid value is put into the store, unsigned; once the store holds the key (this put
     or an earlier one), JAX's file is removed, so it is kept once. A read-only store, or a
@@ -169,7 +181,9 @@ def adopt(
     if why is not None:
         return Outcome(REFUSED, reason=why)
     bound = entry_bound(store, cap)
+    skey = key if store_key is None else store_key
     rejected: Outcome | None = None
+    predates: Outcome | None = None
     for name in (key, *[n for n in names if n != key]):
         if not jcd.valid_key(name):
             continue  # not a name JAX gives a file: no such file in its directory
@@ -181,18 +195,25 @@ def adopt(
             continue
         if read is None:
             continue
+        if read.ident[3] < not_before_ns:
+            predates = predates or Outcome(
+                PREDATES,
+                reason="JAX wrote it before this runtime's binaries were installed",
+                name=name,
+            )
+            continue
         if store.read_only:
             return Outcome(SERVED, read, name=name)
         base = meta(read) if callable(meta) else meta or {}
-        stored = store.put(key, read.value, meta=adopted_meta(base, read), sign=False)
-        if not stored and key not in store:
+        stored = store.put(skey, read.value, meta=adopted_meta(base, read), sign=False)
+        if not stored and skey not in store:
             return Outcome(SERVED, read, "the store did not take it", name=name)
         try:
             source.remove(name, read)
         except OSError as exc:
             logger.debug("xla_pcache: could not remove %s from %s: %s", name, source.path, exc)
         return Outcome(ADOPTED if stored else PRESENT, read, name=name)
-    return rejected or Outcome(MISSING)
+    return rejected or predates or Outcome(MISSING)
 
 
 # --- the adapter: lazily, on a miss ---------------------------------------------------------
@@ -221,7 +242,7 @@ class Adopter:
         self._formats = jax_formats(cc)
         self._aliases: dict[str, list[str]] = {}
         self._lock = threading.Lock()
-        self.counts = {ADOPTED: 0, SERVED: 0, REJECTED: 0}
+        self.counts = {ADOPTED: 0, SERVED: 0, REJECTED: 0, PREDATES: 0}
 
     def note_aliases(self, key: str, names: list[str]) -> None:
         """The keys JAX alone gave the program now keyed ``key`` (see KeyAliases)."""
@@ -237,19 +258,34 @@ class Adopter:
         key: str,
         meta: Callable[[jcd.Read], Mapping[str, str]],
         warn: Warn,
+        *,
+        jax_key: str | None = None,
+        not_before_ns: int = 0,
     ) -> bytearray | None:
-        """JAX's value for ``key`` when the store has no file of it: adopted (or served),
-        and counted as a hit; None otherwise (the store is then asked as usual)."""
+        """JAX's value for ``jax_key`` (default ``key``) when the store has no file of
+        ``key``: adopted under ``key`` (or served), and counted as a hit; None otherwise
+        (the store is then asked as usual). Files JAX wrote before ``not_before_ns`` are
+        left (see the module's rules)."""
         try:
             if key in store:
                 return None
         except Exception:
             return None
+        name = key if jax_key is None else jax_key
         with self._lock:
-            names = self._aliases.pop(key, [])
+            names = self._aliases.pop(name, [])
         for source in self.sources:
             try:
-                outcome = adopt(store, source, key, names=names, formats=self._formats, meta=meta)
+                outcome = adopt(
+                    store,
+                    source,
+                    name,
+                    names=names,
+                    formats=self._formats,
+                    meta=meta,
+                    store_key=key,
+                    not_before_ns=not_before_ns,
+                )
             except Exception as exc:
                 warn(f"adoption from {source.path}", key, exc)
                 continue
@@ -260,6 +296,18 @@ class Adopter:
                     f"adoption from JAX's cache at {source.path}",
                     outcome.name or key,
                     jcd.Rejected(outcome.reason or "rejected"),
+                )
+                continue
+            if outcome.status == PREDATES:
+                with self._lock:
+                    first = not self.counts[PREDATES]
+                    self.counts[PREDATES] += 1
+                logger.log(
+                    logging.INFO if first else logging.DEBUG,
+                    "xla_pcache: JAX's cache at %s holds %r from before this jaxlib was "
+                    "installed: left there, not served (it may be another build's)",
+                    source.path,
+                    outcome.name,
                 )
                 continue
             read = outcome.read
@@ -363,17 +411,34 @@ def import_directory(
     formats: frozenset[str],
     cap: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    build: Build | None = None,
 ) -> dict[str, int]:
-    """Adopts every entry of ``source`` into ``store`` under the key JAX gave it; how many
-    ended in each outcome (``ADOPTED``, ``PRESENT``, ``REJECTED``, ``SERVED``).
+    """Adopts every entry of ``source`` into ``store`` under the key JAX gave it with
+    ``build`` (the runtime installed here, ``jax/_build.py``; None: JAX's key alone); how
+    many ended in each outcome (``ADOPTED``, ``PRESENT``, ``REJECTED``, ``SERVED``,
+    ``PREDATES``).
     ``progress(done, total)`` is called before the first key and after each."""
     keys = sorted(source.keys())
     if progress is not None:
         progress(0, len(keys))
-    counts = {ADOPTED: 0, PRESENT: 0, REJECTED: 0, SERVED: 0}
+    counts = {ADOPTED: 0, PRESENT: 0, REJECTED: 0, SERVED: 0, PREDATES: 0}
     base = {"framework": "jax"}
     for done, key in enumerate(keys, 1):
-        outcome = adopt(store, source, key, formats=formats, meta=base, cap=cap)
+        skey = key if build is None else build.store_key(key)
+        meta: dict[str, str] = base
+        if build is not None:
+            parts = {"module": module_name(key), "components": [build.component()]}
+            meta = {**base, META_COMPONENTS: encode(parts)}
+        outcome = adopt(
+            store,
+            source,
+            key,
+            formats=formats,
+            meta=meta,
+            cap=cap,
+            store_key=skey,
+            not_before_ns=0 if build is None else build.installed_ns,
+        )
         if outcome.status in counts:
             counts[outcome.status] += 1
         if outcome.status == REJECTED and logger.isEnabledFor(logging.DEBUG):

@@ -9,10 +9,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import explain
+from xla_pcache import builds, explain
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import package_logger
-from xla_pcache.jax import _adopt, _keyparts, _single_flight
+from xla_pcache.jax import _adopt, _build, _keyparts, _single_flight
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
@@ -50,6 +50,10 @@ class _StoreCacheImpl:
     JAX hands over values already compressed (with its compile time inside), so they are
     stored as given. Any store failure is a logged miss: the cache must never break a
     compilation.
+
+    The store's key is JAX's key with the runtime's build (``build``, default this
+    process's: ``xla_pcache.builds``): only entries compiled by the same jaxlib and PJRT
+    plugin binaries are ever read.
     """
 
     _path: pathlib.Path
@@ -63,8 +67,14 @@ class _StoreCacheImpl:
         single_flight: _single_flight.SingleFlight | None = None,
         adopter: _adopt.Adopter | None = None,
         on_miss: str = "compile",
+        build: builds.Build | None = None,
     ) -> None:
         self._store = store
+        self._build = build if build is not None else _build.build()
+        # A get's only cost of the build: one concatenation.
+        self._suffix = self._build.suffix
+        # Another build's entry of a missed key: counted and explained (other_build).
+        self._others = builds.OtherBuilds(self._build)
         # Serves a miss from a directory JAX's own cache filled, adopting the entry.
         self._adopter = adopter
         # XLA_PCACHE_ON_MISS: what a miss does besides compiling (see on_miss.py).
@@ -88,22 +98,30 @@ class _StoreCacheImpl:
 
     def get(self, key: str) -> memoryview | None:
         _check_key(key)
+        skey = key + self._suffix
         if self._adopter is not None:
             # Before the store's get, which would count a miss: a lookup JAX's own files
             # answer is a hit (and adopted), and only one the store has no file for is.
-            adopted = self._adopter.take(self._store, key, self._adopted_meta(key), self._warn)
+            adopted = self._adopter.take(
+                self._store,
+                skey,
+                self._adopted_meta(key),
+                self._warn,
+                jax_key=key,
+                not_before_ns=self._build.installed_ns,
+            )
             if adopted is not None:
                 with self._lock:
                     self._served.add(key)
                 return memoryview(adopted)
         try:
-            blob = self._store.get(key)
+            blob = self._store.get(skey)
         except Exception as exc:
             self._warn("read", key, exc)
             return None
         if blob is None and self._flight is not None:
             try:
-                blob = self._flight.after_miss(key)
+                blob = self._flight.after_miss(skey)
             except Exception as exc:
                 self._warn("read", key, exc)
                 return None
@@ -111,16 +129,19 @@ class _StoreCacheImpl:
             # Misses only: the hit path above records nothing.
             new, parts = _keyparts.missed(key)
             if new:
-                explain.record_miss(self._store, key, parts, "jax")
+                self._others.count(self._store, key)
+                explain.record_miss(
+                    self._store, skey, builds.with_component(parts, self._build), "jax"
+                )
             if self._on_miss != "compile":
                 # Raises CacheMissError in "error" mode: install() made JAX let it through.
                 _on_miss.handle(
                     self._on_miss,
                     self._store,
-                    key,
+                    skey,
                     program=_keyparts.module_name(key),
                     framework="jax",
-                    parts=_keyparts.components(key),
+                    parts=builds.with_component(_keyparts.components(key), self._build),
                 )
             return None
         with self._lock:
@@ -133,7 +154,11 @@ class _StoreCacheImpl:
     def _adopted_meta(self, key: str) -> Callable[[Any], dict[str, str]]:
         """The producer's metadata and the key's components, for an entry adopted under
         ``key`` (``_adopt.adopted_meta`` adds the rest)."""
-        return lambda read: _keyparts.put_meta(self._meta, key, read.value)
+        return lambda read: self._put_meta(key, read.value)
+
+    def _put_meta(self, key: str, value: Any) -> dict[str, str]:
+        meta = _keyparts.put_meta(self._meta, key, value)
+        return builds.meta_with_component(meta, self._build)
 
     def put(self, key: str, value: bytes) -> None:
         _check_key(key)
@@ -143,15 +168,16 @@ class _StoreCacheImpl:
             replace = key in self._served and not self._verified
             self._served.discard(key)
         try:
+            skey = key + self._suffix
             if replace:
                 # JAX has already warned that it could not read the entry.
                 logger.info(
                     "xla_pcache: JAX could not use the cached executable %r and compiled it "
                     "again; replacing the entry",
-                    key,
+                    skey,
                 )
-                self._store.delete(key)
-            self._store.put(key, value, meta=_keyparts.put_meta(self._meta, key, value))
+                self._store.delete(skey)
+            self._store.put(skey, value, meta=self._put_meta(key, value))
         except Exception as exc:
             self._warn("write", key, exc)
 

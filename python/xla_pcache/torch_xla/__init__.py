@@ -20,13 +20,14 @@ import threading
 import time
 from typing import Any
 
-from xla_pcache import bucket, explain, misslog
+from xla_pcache import bucket, builds, explain, misslog
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import LOCAL_DIR_VAR, PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
 from xla_pcache.sizes import parse_size
 from xla_pcache.store import Store
 from xla_pcache.tiers import redact
+from xla_pcache.torch_xla import _build as _txbuild
 from xla_pcache.torch_xla import _keyparts as _txkeys
 from xla_pcache.torch_xla._cache import CANNOT_LOAD_ISSUE as CANNOT_LOAD_ISSUE
 from xla_pcache.torch_xla._cache import TorchXlaCache, device_type, torch_xla_counters
@@ -235,11 +236,32 @@ def _foreign_files(path: str) -> int:
         return 0
 
 
+def _runtime_build() -> builds.Build | None:
+    """This process's torch_xla runtime build (``torch_xla/_build.py``), or None, with one
+    warning, when it cannot be named (a binary loaded here was replaced on disk since, or
+    the files could not be read): torch_xla then runs with no persistent cache."""
+    try:
+        build = _txbuild.build()
+    except Exception as exc:
+        why = f"its runtime's build could not be identified ({type(exc).__name__}: {exc})"
+    else:
+        if not build.replaced:
+            return build
+        why = (
+            "this process runs binaries replaced on disk since it loaded them ("
+            + ", ".join(build.replaced[:3])
+            + "): its executables are of a build nothing names"
+        )
+    logger.warning("xla_pcache: %s; torch_xla runs with no persistent cache", why)
+    return None
+
+
 def _open_store(
     resolved: str,
     size: int | None,
     ro: bool,
     instead: str = "torch_xla runs with no persistent cache in this process",
+    build: builds.Build | None = None,
 ) -> Store | None:
     """The store at ``resolved``, or None (one warning, ending with ``instead``) when it
     cannot be used."""
@@ -254,7 +276,7 @@ def _open_store(
             store: Store = bucket.open_store(
                 where.path, settings=Settings.from_env(), max_size=size, read_only=ro
             )
-            _pull_from_bucket(store)
+            _pull_from_bucket(store, build)
             return store
         store = Store(resolved, max_size=size, read_only=ro)
     except Exception as exc:
@@ -310,21 +332,25 @@ def _source(resolved: str) -> str:
     return "torch_xla's cache path"
 
 
-def _pull_from_bucket(store: Store) -> None:
+def _pull_from_bucket(store: Store, build: builds.Build | None) -> None:
     """A bucket path: torch_xla looks only in its own directory, so the bucket's torch_xla
-    entries this host lacks are fetched before it starts (``BucketStore.pull_torch_xla``)."""
+    entries of this build that this host lacks are fetched before it starts
+    (``BucketStore.pull_torch_xla``: a marker of another build names another entry)."""
     pull = getattr(store, "pull_torch_xla", None)
     if pull is None:
         return
-    fetched = pull(store_key)
+    fetched = pull(functools.partial(store_key, build=build))
     if fetched:
         logger.info("xla_pcache: fetched %d torch_xla entries from the bucket", fetched)
 
 
-def _on_publish(store: Store, key: str) -> None:
+def _on_publish(store: Store, others: builds.OtherBuilds, key: str) -> None:
     """After this process published torch_xla's file under ``key``: the graph missed here
-    (torch_xla compiled and wrote it), so the miss is recorded; for a bucket path, the marker
-    that lets other hosts find the entry."""
+    (torch_xla compiled and wrote it), so the miss is recorded, and counted when another
+    build has an entry of it; for a bucket path, the marker that lets other hosts find the
+    entry."""
+    bare = builds.split_key(key)[0]
+    others.count(store, bare)
     try:
         parts = _txkeys.components()
     except Exception as exc:
@@ -333,7 +359,7 @@ def _on_publish(store: Store, key: str) -> None:
         explain.record_miss(store, key, parts, "torch_xla")
     mark = getattr(store, "mark_torch_xla", None)
     if mark is not None:
-        mark(key, key[len(KEY_PREFIX) :])
+        mark(key, bare[len(KEY_PREFIX) :])
 
 
 def install(
@@ -395,17 +421,20 @@ def install(
                 "before any tensor is moved to or computed on the XLA device."
             )
         root = os.fspath(local_dir) if local_dir is not None else settings.torch_xla_local_root()
-        store = _open_store(resolved, size, ro)
-        if store is None:
+        build = _runtime_build()
+        store = None if build is None else _open_store(resolved, size, ro, build=build)
+        if store is None or build is None:
             _start_without_cache(xlac, resolved, ro)
             return None
-        mirror = HostMirror(store, root, meta=_producer_meta, compile_time=_compile_times)
+        mirror = HostMirror(
+            store, root, meta=_producer_meta, compile_time=_compile_times, build=build
+        )
         if not _own_dirs(mirror, "torch_xla runs with no persistent cache in this process"):
             store.close()
             _start_without_cache(xlac, resolved, ro)
             return None
         if not ro:
-            mirror.on_publish = functools.partial(_on_publish, store)
+            mirror.on_publish = functools.partial(_on_publish, store, builds.OtherBuilds(build))
         mirror.refresh_pool()
         try:
             view = mirror.open_view()
@@ -488,24 +517,30 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
             bucket.shown_path(resolved),
         )
         ro = True
+    build = inst.mirror.build
     store = _open_store(
         resolved,
         inst.max_size,
         ro,
         instead=f"torch_xla.runtime.initialize_cache keeps the cache at {inst.store.path}",
+        build=build,
     )
     if store is None:
         return False
     mirror = HostMirror(
-        store, inst.mirror.local_root, meta=_producer_meta, compile_time=_compile_times
+        store,
+        inst.mirror.local_root,
+        meta=_producer_meta,
+        compile_time=_compile_times,
+        build=build,
     )
     if not _own_dirs(
         mirror, f"torch_xla.runtime.initialize_cache keeps the cache at {inst.store.path}"
     ):
         store.close()
         return False
-    if not ro:
-        mirror.on_publish = functools.partial(_on_publish, store)
+    if not ro and build is not None:
+        mirror.on_publish = functools.partial(_on_publish, store, builds.OtherBuilds(build))
     mirror.refresh_pool()
     with inst._lock:
         old = inst.store

@@ -16,7 +16,7 @@ from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import package_logger
 from xla_pcache.store import Store
 from xla_pcache.torch_xla import _keyparts as _txkeys
-from xla_pcache.torch_xla._host_mirror import HostMirror, describe, store_key
+from xla_pcache.torch_xla._host_mirror import HostMirror, describe
 
 logger = package_logger("xla_pcache.torch_xla")
 
@@ -119,7 +119,7 @@ class TorchXlaCache:
             _on_miss.handle(
                 self.on_miss,
                 self.store,
-                store_key(name),
+                self.mirror.key(name),
                 program=f"graph {name}",
                 framework="torch_xla",
                 parts=_txkeys.components(),
@@ -173,7 +173,7 @@ class TorchXlaCache:
             name = self._opened.pop()
             self._hits_counted += 1
             try:
-                self.store.get(store_key(name))
+                self.store.get(self.mirror.key(name))
             except Exception as exc:
                 self.mirror.warn("counting a hit served from the host-local copy", exc)
 

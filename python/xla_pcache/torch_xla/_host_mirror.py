@@ -55,6 +55,7 @@ from typing import Any
 
 from xla_pcache._core import FORMAT_VERSION, hash_key, own_directory
 from xla_pcache._text import package_logger
+from xla_pcache.builds import Build
 from xla_pcache.misslog import META_COMPILE_TIME
 from xla_pcache.store import Store
 from xla_pcache.torch_xla._opens import open_inodes, opened_names, watch_opens
@@ -76,8 +77,11 @@ def is_torch_xla_name(name: str) -> bool:
     return 0 < len(name) <= 40 and name.isascii() and name.isdigit()
 
 
-def store_key(name: str) -> str:
-    return KEY_PREFIX + name
+def store_key(name: str, build: Build | None = None) -> str:
+    """The store's key of torch_xla's file ``name`` compiled by ``build`` (its runtime's
+    build, ``xla_pcache.builds``; None only where no build is wanted: tests of the mirror
+    alone)."""
+    return KEY_PREFIX + name + (build.suffix if build is not None else "")
 
 
 def key_pool_name(name: str, public: bytes) -> str:
@@ -131,13 +135,18 @@ class HostMirror:
     # The compile time (seconds) torch_xla measured for the view file just written, or
     # None: recorded with the entry so that its hits count the compile time they saved.
     compile_time: Callable[[os.stat_result], float | None] | None = None
+    # The runtime build whose entries this mirror serves and publishes: its keys end with it
+    # (``store_key``), and its host directory is its own, so no process of another build
+    # ever links a copy in.
+    build: Build | None = None
 
     def __post_init__(self) -> None:
         real = os.path.realpath(self.store.path)
         # The host name keeps hosts apart when the local root is itself on a shared home
-        # directory; the hash keeps two stores apart on one host.
+        # directory; the hash keeps two stores, and two builds of one store, apart.
         host = socket.gethostname().split(".")[0] or "host"
-        self.root = os.path.join(self.local_root, f"{host}-{hash_key(real)[:16]}")
+        ident = real if self.build is None else f"{real}\0{self.build.digest}"
+        self.root = os.path.join(self.local_root, f"{host}-{hash_key(ident)[:16]}")
         self.pool = os.path.join(self.root, "pool")
         self.trusted_pools = os.path.join(self.root, TRUSTED_POOLS)
         self.views = os.path.join(self.root, "views")
@@ -151,6 +160,18 @@ class HostMirror:
         self._handled: set[tuple[int, int]] = set()
         self._seen: dict[str, _Seen] = {}
         self._warned: set[str] = set()
+
+    def key(self, name: str) -> str:
+        """The store's key of torch_xla's file ``name`` for this mirror's build."""
+        return store_key(name, self.build)
+
+    def name_of(self, key: str) -> str:
+        """torch_xla's file name of a key of this mirror's build; "" for any other key."""
+        suffix = self.build.suffix if self.build is not None else ""
+        if not key.startswith(KEY_PREFIX) or not key.endswith(suffix):
+            return ""
+        name = key[len(KEY_PREFIX) : len(key) - len(suffix)]
+        return name if is_torch_xla_name(name) else ""
 
     # -- failures ----------------------------------------------------------------------
 
@@ -250,11 +271,7 @@ class HostMirror:
         for e in self.store.entries():
             key = e.get("key")
             hexname = str(e.get("name"))
-            tx = ""
-            if isinstance(key, str) and key.startswith(KEY_PREFIX):
-                tx = key[len(KEY_PREFIX) :]
-                if not is_torch_xla_name(tx):
-                    tx = ""
+            tx = self.name_of(key) if isinstance(key, str) else ""
             names[hexname] = tx
             if tx:
                 used = e.get("last_use") or e.get("created") or 0.0
@@ -360,7 +377,7 @@ class HostMirror:
 
         Read without counting a use: filling the host's copy is no hit; torch_xla's load of
         it is, counted once when it opens the file (``opened_links``)."""
-        key = store_key(tx)
+        key = self.key(tx)
         data = self.store.get_entry_file(key)
         blob = None if data is None else self.store.verify_entry_file(key, data)
         if blob is None:
@@ -592,7 +609,7 @@ class HostMirror:
             if busy is None and not self._settled(name, st):
                 self.counters.pending += 1
                 continue
-            key = store_key(name)
+            key = self.key(name)
             if key in self.store:
                 # First writer wins; on backends that cannot load, torch_xla rewrites every
                 # entry it was given, and those rewrites land here.

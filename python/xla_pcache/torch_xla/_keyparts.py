@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from xla_pcache._text import package_logger
+from xla_pcache.torch_xla import _build
 
 logger = package_logger(__name__)
 
@@ -118,6 +119,8 @@ def components(environ: os._Environ[str] | dict[str, str] = os.environ) -> dict[
         _component("libtpu version", libtpu),
         _component("device", _device()),
         _component("XLA_* environment", other_env),
+        # The binaries themselves (torch_xla/_build.py): what keys of other builds differ in.
+        _build.build().component(),
     ]
     # Not "verified": the key is torch_xla's C++ hash, which this cannot recompute.
     out = {"module": MODULE, "components": parts, "unexplained": "graph"}

@@ -15,7 +15,7 @@ const TIERS: &[&[&str]] = &[
     ],
     &[
         "dir", "layout", "settings", "publish", "fsinfo", "lru", "stats", "forksafe", "hash",
-        "clock", "error", "owndir", "testhook", "verified",
+        "clock", "error", "owndir", "testhook", "verified", "build_id",
     ],
 ];
 

@@ -6,10 +6,11 @@
 //! `layering_tests.rs`): `store` (with admission and claims); then `view`, `entries`,
 //! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`,
 //! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `owndir`,
-//! `testhook`, `verified`. A module uses only its own tier and those below, and no modules
-//! use each other in a circle.
+//! `testhook`, `verified`, `build_id`. A module uses only its own tier and those below, and
+//! no modules use each other in a circle.
 
 pub(crate) mod blob;
+pub(crate) mod build_id;
 pub(crate) mod clock;
 pub(crate) mod dir;
 #[cfg(test)]
@@ -40,6 +41,10 @@ pub(crate) mod verified;
 pub(crate) mod view;
 
 pub use blob::Blob;
+pub use build_id::{
+    default_dir as default_build_record_dir, mapped_objects, BuildIdRecord, FileId, IdKind, Loaded,
+    Mapped,
+};
 pub use error::StoreError;
 pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};

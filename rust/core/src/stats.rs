@@ -72,8 +72,12 @@ pub enum Counter {
     /// `PER_KIND_RECORD` for the records of the release that kept per-kind counters here.
     Untrusted,
     /// Lookups served from the files another program's cache left (JAX's own cache
-    /// directory), each also counted a hit (`Store::count_adopted`). Appended last.
+    /// directory), each also counted a hit (`Store::count_adopted`).
     Adopted,
+    /// Misses of a key that has an entry made by another build of the framework's runtime
+    /// (another jaxlib or torch_xla binary, or a PJRT plugin), or by a release that did not
+    /// record builds: each also counted a miss (`Store::count_other_build`). Appended last.
+    OtherBuild,
 }
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
@@ -84,7 +88,7 @@ const FIRST_REMOTE: usize = Counter::RemoteHits as usize;
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
 
-pub const COUNTER_NAMES: [&str; 33] = [
+pub const COUNTER_NAMES: [&str; 34] = [
     "hits",
     "misses",
     "puts",
@@ -118,6 +122,7 @@ pub const COUNTER_NAMES: [&str; 33] = [
     "remote_backfills",
     "untrusted",
     "adopted",
+    "other_build",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 

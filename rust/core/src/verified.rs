@@ -201,7 +201,7 @@ impl VerifiedRecord {
         if !matches!(st, State::Unopened) {
             return;
         }
-        *st = match self.open_dir(false) {
+        *st = match open_own_dir(&self.dir, false) {
             Err(why) => {
                 self.refused(&why);
                 State::Off
@@ -249,7 +249,7 @@ impl VerifiedRecord {
     fn add_to(&self, o: &mut Opened, id: Id) -> Result<(), Refused> {
         let io = |e: io::Error| Refused::Garbled(e.to_string());
         if o.dir.is_none() {
-            o.dir = self.open_dir(true).map_err(Refused::Hostile)?;
+            o.dir = open_own_dir(&self.dir, true).map_err(Refused::Hostile)?;
         }
         let Some(dir) = &o.dir else {
             return Ok(());

@@ -3,6 +3,7 @@
 
 mod blob;
 mod buffer;
+mod builds;
 mod claim;
 mod convert;
 mod errors;
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::entry_file_len, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::signed_entry_name, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::hash_impl, m)?)?;
+    m.add_function(wrap_pyfunction!(builds::identify_binaries, m)?)?;
     m.add_function(wrap_pyfunction!(signing::generate_signing_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::signing_public_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::check_key_name, m)?)?;

@@ -736,6 +736,16 @@ impl PyStore {
         })
     }
 
+    /// Counts a miss (already counted by the `get` that missed) of a key another build of
+    /// the framework's runtime has an entry for (`other_build` in `stats`).
+    fn count_other_build(&self) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("count_other_build", || {
+            store.count_other_build();
+            Ok(())
+        })
+    }
+
     /// Counts `n` misses of lookups a framework made in a copy the store filled (torch_xla's
     /// host-local copy), so that `stats` counts them with the store's own.
     fn count_misses(&self, n: u64) -> PyResult<()> {

@@ -173,6 +173,13 @@ impl Store {
         self.maybe_flush_stats(false);
     }
 
+    /// Counts a miss (already counted by the `get` that missed) that another build of the
+    /// framework's runtime has an entry for: the caller found it under that build's key.
+    pub fn count_other_build(&self) {
+        self.counters.inc(Counter::OtherBuild);
+        self.maybe_flush_stats(false);
+    }
+
     /// Opens and verifies the entry file at `rel` (beneath the root, no link followed in any
     /// component, no FIFO waited on).
     /// With `trust`, the entry must be signed by one of its keys: its BLAKE3 digest is the

@@ -1,0 +1,102 @@
+"""What the runtime's build (``xla_pcache.builds``) costs: once per process start, and per
+get.
+
+    PYTHONPATH=python python bench/build_identity.py [--framework jax|torch_xla] [--starts 20]
+
+In a process that has imported the framework and (for JAX) compiled once, as the adapter
+does at its first compile: ``builds.identify`` with an empty record (the first process
+after an install: every file without a build-id hashed), then ``--starts`` times with the
+record it wrote (every later process: a ``stat`` per file, the record and the memory map
+read), and the time of finding the files alone. Per get: the one thing a get does with the
+build, a string concatenation, beside a store hit of a 100 kB entry (``timeit``, best of
+7). The record is written in a temporary directory, never the user's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _framework(name: str) -> Callable[[], list[Any]]:
+    if name == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        jax.jit(lambda x: jnp.sin(x).sum())(jnp.arange(8.0)).block_until_ready()
+        from xla_pcache.jax import _build
+    else:
+        os.environ.setdefault("PJRT_DEVICE", "CPU")
+        import torch_xla  # noqa: F401  (its extension mapped, as in a real process)
+        from xla_pcache.torch_xla import _build
+    return _build.wanted
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--framework", choices=["jax", "torch_xla"], default="jax")
+    parser.add_argument("--starts", type=int, default=20)
+    args = parser.parse_args()
+    wanted = _framework(args.framework)
+
+    from xla_pcache import Store, builds
+
+    record = tempfile.mkdtemp(prefix="xla-pcache-bench-builds-")
+
+    def start() -> tuple[float, builds.Build]:
+        t = time.perf_counter()
+        build = builds.identify(args.framework, wanted(), record)
+        return time.perf_counter() - t, build
+
+    try:
+        first, build = start()
+        later = sorted(start()[0] for _ in range(args.starts))
+    finally:
+        shutil.rmtree(record, ignore_errors=True)
+    finding = min(timeit.repeat(wanted, number=1, repeat=args.starts))
+    kinds = statistics.multimode(f.kind for f in build.files)
+    print(f"CPU: {_cpu()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{args.framework}: {len(build.files)} files ({', '.join(kinds)} mostly), "
+        f"{build.hashed} read whole or for their build-id by the first start"
+    )
+    print(f"first start after an install: {first * 1e3:.1f} ms")
+    print(
+        f"every later start: {later[0] * 1e3:.2f} ms best, "
+        f"{later[len(later) // 2] * 1e3:.2f} ms median, of which finding the files "
+        f"{finding * 1e3:.2f} ms"
+    )
+    key, suffix = "jit_step-" + "ab" * 32, build.suffix
+    n = 1_000_000
+    concat = min(timeit.repeat(lambda: key + suffix, number=n, repeat=7)) / n
+    with tempfile.TemporaryDirectory() as d, Store(d) as store:
+        store.put(key + suffix, b"x" * 100_000)
+        m = 20_000
+        get = min(timeit.repeat(lambda: store.get(key + suffix), number=m, repeat=7)) / m
+    print(
+        f"per get: {concat * 1e9:.0f} ns, the concatenation timed in a lambda "
+        f"(a store hit of 100 kB: {get * 1e6:.1f} us)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Two builds of jaxlib on one cache: each hits only its own entries, neither loads the
+other's, and the alternation alone evicts nothing; entries of an earlier release (no build
+in their key) are never loaded, and say why.
+
+The second build is a venv beside this one whose ``libjax_common.so`` (``xla_extension.so``
+before 0.5) differs only in bytes appended after the ELF image (``tests/rebuild.py``); a
+real program that knows nothing of xla_pcache runs in both, alternately, activated by the
+environment alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from xla_pcache import Store, builds
+from xla_pcache.jax import _build as jax_build
+
+from tests.helpers import clean_env, cli_out, explain_json
+from tests.jax.helpers import SIN_COS_PROGRAM
+from tests.rebuild import build_id_span, second_build
+
+EXPECTED = 3 * sum(math.sin(i) for i in range(8))
+
+
+def _jaxlib_main() -> tuple[Path, Path]:
+    """The largest object of jaxlib (the one that compiles and loads executables) and the
+    jaxlib directory."""
+    wanted = [w for w in jax_build.wanted() if w[0] == "jaxlib"]
+    assert wanted, "jaxlib's objects were not found"
+    main = max((Path(p) for _, p, _ in wanted), key=lambda p: p.stat().st_size)
+    (top,) = builds.package_dirs("jaxlib")[:1]
+    return main, Path(top)
+
+
+def _run(python: Path, cache: Path, xdg: Path) -> int:
+    """The program in a fresh process of ``python``: its JAX hit count (value checked)."""
+    env = clean_env(
+        ("JAX_",),
+        JAX_PLATFORMS="cpu",
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        XLA_PERSISTENT_CACHE_PATH=str(cache),
+        XDG_CACHE_HOME=str(xdg),
+    )
+    proc = subprocess.run(
+        [str(python), "-c", SIN_COS_PROGRAM, "sin"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    value, count = proc.stdout.split()
+    assert float(value) == pytest.approx(EXPECTED, rel=1e-6)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return int(count)
+
+
+def _stats(cache: Path) -> dict[str, int]:
+    with Store(cache, read_only=True) as store:
+        return dict(store.stats())  # type: ignore[arg-type]
+
+
+def _keys(cache: Path) -> dict[str, tuple[str, str | None]]:
+    with Store(cache, read_only=True) as store:
+        keys = store.keys()
+    return {str(k): builds.split_key(str(k)) for k in keys}
+
+
+def test_two_jaxlib_builds_alternate_on_one_cache(tmp_path: Path) -> None:
+    main, top = _jaxlib_main()
+    python_b, how = second_build(tmp_path / "venv-b", main, top)
+    assert how == ("build-id" if build_id_span(main) is not None else "appended")
+    python_a = Path(sys.executable)
+    cache, xdg = tmp_path / "cache", tmp_path / "xdg"
+
+    # A, then B, then each again: a miss each first, then each its own entry.
+    assert _run(python_a, cache, xdg) == 0
+    (key_a,) = _keys(cache)
+    jax_key, digest_a = builds.split_key(key_a)
+    assert digest_a == jax_build.build().digest
+    assert _run(python_b, cache, xdg) == 0, "B loaded A's entry"
+    keys = _keys(cache)
+    assert len(keys) == 2 and {k for k, _ in keys.values()} == {jax_key}
+    (key_b,) = set(keys) - {key_a}
+    assert _run(python_a, cache, xdg) == 1
+    assert _run(python_b, cache, xdg) == 1
+    with Store(cache, read_only=True) as store:
+        hits = {str(e["key"]): e["hits"] for e in store.entries()}
+        stats = dict(store.stats())
+    # Each entry served once, to its own build's second run; both kept.
+    assert hits == {key_a: 1, key_b: 1}
+    assert (stats["misses"], stats["hits"], stats["puts"]) == (2, 2, 2)
+    assert (stats["evictions"], stats["entries"]) == (0, 2)
+    # B's first miss had A's entry there: counted, and explained with both binaries.
+    assert stats["other_build"] == 1
+    (b_miss,) = [r for r in explain_json(cache) if r["key"] == key_b]
+    assert b_miss["nearest"] == key_a
+    assert b_miss["differs"] == [builds.COMPONENT]
+    name = main.relative_to(top).as_posix()
+    assert b_miss["answer"].startswith(f"built by another jaxlib binary ({name}: blake3 ")
+    text = cli_out("explain", key_b, "--path", str(cache))
+    assert "built by another jaxlib binary" in text and " here, blake3 " in text
+    prom = cli_out("stats", "--path", str(cache), "--format", "prometheus")
+    assert re.search(r"^xla_pcache_other_build_misses_total\{[^}]*\} 1(\.0)?$", prom, re.M), prom
+
+    # An entry of an earlier release (JAX's key alone) with A's bytes: never loaded.
+    with Store(cache) as store:
+        blob = store.get(key_a)
+        assert blob is not None
+        meta = {k: v for k, v in blob.meta.items() if not k.startswith("xla_pcache.")}
+        parts = json.loads(meta["key_components"])
+        parts["components"] = [c for c in parts["components"] if c["name"] != builds.COMPONENT]
+        meta["key_components"] = json.dumps(parts)
+        assert store.put(jax_key, bytes(blob), meta=meta)
+        del blob
+        assert store.delete(key_a) and store.delete(key_b)
+    assert _run(python_a, cache, xdg) == 0
+    stats = _stats(cache)
+    assert stats["other_build"] == 2 and stats["evictions"] == 0
+    explained = explain_json(cache)
+    assert explained[0]["key"] == key_a and explained[0]["nearest"] == jax_key
+    assert explained[0]["answer"].startswith("the nearest entry names no runtime build")
+    assert jax_key in _keys(cache)  # left to age out, not removed
