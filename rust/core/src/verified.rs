@@ -201,7 +201,7 @@ impl VerifiedRecord {
         if !matches!(st, State::Unopened) {
             return;
         }
-        *st = match open_own_dir(&self.dir, false) {
+        *st = match owndir::open(&self.dir, false) {
             Err(why) => {
                 self.refused(&why);
                 State::Off
@@ -239,17 +239,11 @@ impl VerifiedRecord {
         );
     }
 
-    /// The record's directory, checked: Ok(None) when it does not exist (and could not be
-    /// made, with `create`). `Err` says why it is refused.
-    fn open_dir(&self, create: bool) -> Result<Option<Dir>, String> {
-        // Made by this user for this user; a failure (a read-only home) leaves no record.
-        owndir::open(&self.dir, create)
-    }
-
     fn add_to(&self, o: &mut Opened, id: Id) -> Result<(), Refused> {
         let io = |e: io::Error| Refused::Garbled(e.to_string());
         if o.dir.is_none() {
-            o.dir = open_own_dir(&self.dir, true).map_err(Refused::Hostile)?;
+            // Made by this user for this user; a failure (a read-only home) leaves no record.
+            o.dir = owndir::open(&self.dir, true).map_err(Refused::Hostile)?;
         }
         let Some(dir) = &o.dir else {
             return Ok(());
