@@ -4,7 +4,7 @@
 //!
 //! Every path that hands executable bytes to a caller goes through here: the store's get
 //! (`read.rs`), `get_entry_file` and the received files (`raw.rs`: tiers, backfill, bundles),
-//! `contains` and `delete` (`admin.rs`), and, through the binding, the tiers' names
+//! `contains` and `delete` (`verify.rs`), and, through the binding, the tiers' names
 //! (`Store::entry_names`) and the torch_xla host pool. Nothing else writes the order of the
 //! names or decides on a signature.
 

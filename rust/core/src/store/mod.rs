@@ -5,7 +5,7 @@
 //! failure inside `get` or `put` is a miss or a `false`, logged and counted, never an error;
 //! a read-only store writes nothing at all.
 
-mod admin;
+mod verify;
 mod admission;
 mod budget;
 mod claim;

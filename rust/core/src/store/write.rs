@@ -276,7 +276,7 @@ impl Store {
     /// (`unsafe_paths`) and warned once. Whether an entry file stands there now (Some(false):
     /// the name is free), or None when it could not be cleared (the put is skipped).
     pub(super) fn clear_squatter(&self, shard: &Dir, name: u128, found: &Stat) -> Option<bool> {
-        let what = admin::squatter_kind(found);
+        let what = verify::squatter_kind(found);
         self.counters.inc(Counter::UnsafePaths);
         self.warn("squatted-name", || {
             format!(
