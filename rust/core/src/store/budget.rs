@@ -2,9 +2,12 @@
 //! this process's own options, the stricter of the two, re-read at the refresh interval so
 //! a change made by `xla-pcache config` reaches running processes.
 
-use super::*;
+use super::{State, Store, MAX_DURATION};
+use crate::error::StoreError;
 use crate::settings::{self, CacheSettings};
+use crate::stats::Counter;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// The stored settings as last read; 0 is "not set". Atomics, so the put path reads the
 /// budget without the state lock.

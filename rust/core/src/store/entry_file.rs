@@ -1,8 +1,17 @@
 //! Whole entry files as bytes: what a remote tier or a bundle carries between caches.
 
 use super::write::Signing;
-use super::*;
+use super::{check_key, gate, read, Key, Store};
+use crate::blob::Blob;
+use crate::dir as cdir;
+use crate::entry;
+use crate::error::{io_err, StoreError};
+use crate::hash::{entry_name, name_hex};
+use crate::layout::{Layout, TMP};
 use crate::sign;
+use crate::stats::Counter;
+use std::fs::File;
+use std::io;
 
 /// The length of the whole entry file whose first bytes are `head`, when they hold its
 /// whole header, that header verifies and its key is filed under `name` (32 hex digits):
@@ -223,6 +232,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreOptions;
+    use std::path::Path;
+    use std::sync::Arc;
 
     fn key(s: &str) -> Key<'_> {
         Key {

@@ -8,8 +8,11 @@
 //! (`Store::entry_names`) and the torch_xla host pool. Nothing else writes the order of the
 //! names or decides on a signature.
 
-use super::*;
-use crate::sign::{self, Untrusted, Verdict};
+use super::{check_key, Key, Store};
+use crate::entry::{self, EntryError};
+use crate::error::StoreError;
+use crate::hash::entry_name;
+use crate::sign::{self, TrustSet, Untrusted, Verdict};
 
 /// The names an entry of `key` may be under, in the order a reader tries them, each with the
 /// signer whose own name it is: the plain name (None), then, with a trusted set, each trusted

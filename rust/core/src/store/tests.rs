@@ -1,6 +1,11 @@
 //! Unit tests of the store.
 
+use super::evict::EVICT_LOCK;
 use super::*;
+use crate::hash::entry_name;
+use crate::journal;
+use crate::lock::LockGuard;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 fn key(s: &str) -> Key<'_> {
