@@ -14,8 +14,8 @@ const TIERS: &[&[&str]] = &[
         "view", "entries", "journal", "snapshot", "entry", "sign", "blob", "lock",
     ],
     &[
-        "dir", "layout", "settings", "publish", "fsinfo", "lru", "stats", "forksafe", "hash",
-        "clock", "error", "owndir", "testhook", "verified", "build_id",
+        "dir", "layout", "settings", "bounds", "publish", "fsinfo", "lru", "stats", "forksafe",
+        "hash", "clock", "error", "owndir", "testhook", "verified", "build_id",
     ],
 ];
 

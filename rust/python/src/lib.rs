@@ -2,6 +2,7 @@
 //! conversion, GIL release and error mapping only: every decision lives in the core.
 
 mod blob;
+mod bounds;
 mod buffer;
 mod builds;
 mod claim;
@@ -50,6 +51,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signing::generate_signing_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::signing_public_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::check_key_name, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::check_signing_key, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::check_trusted_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds::check_size, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds::check_max_age, m)?)?;
     m.add_function(wrap_pyfunction!(owndir::own_directory, m)?)?;
     m.add_function(wrap_pyfunction!(testhook::test_hook_reached, m)?)?;
     m.add_function(wrap_pyfunction!(testhook::test_hook_released, m)?)?;

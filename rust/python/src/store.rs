@@ -6,9 +6,9 @@ use crate::buffer::{HeldBuffer, KeyArg};
 use crate::claim::PyClaim;
 use crate::convert::{
     bad_arg, bool_arg, choice, counters_into, durable_arg, entry_dict, evict_report, key_object,
-    path_arg, read_only_arg, seconds, sign_arg, verify_report,
+    path_arg, positive_size, read_only_arg, seconds, sign_arg, verify_report,
 };
-use crate::errors::{no_panic, CacheError};
+use crate::errors::{no_panic, to_py, CacheError};
 use crate::tier::TierHooks;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -125,15 +125,7 @@ impl PyStore {
             Some(v) if !v.is_none() => Some(path_arg("evict_trace", v)?),
             _ => None,
         };
-        let max_size = match max_size {
-            None => None,
-            Some(n) if n > 0 => Some(n as u64),
-            Some(n) => {
-                return Err(PyValueError::new_err(format!(
-                    "max_size must be positive (or None), got {n}"
-                )))
-            }
-        };
+        let max_size = positive_size("max_size", max_size)?;
         let lock_mode = choice::<LockMode>("lock_mode", lock_mode)?.unwrap_or(LockMode::Auto);
         let read_mode = choice::<ReadMode>("read_mode", read_mode)?.unwrap_or(ReadMode::Auto);
         if path.as_os_str().is_empty() {
@@ -209,23 +201,15 @@ impl PyStore {
         max_size: Option<i64>,
         max_age: Option<f64>,
     ) -> PyResult<()> {
-        let max_size = match max_size {
-            Some(n) if n <= 0 => {
-                return Err(PyValueError::new_err(format!(
-                    "max_size must be positive (or None), got {n}"
-                )))
-            }
-            n => n.map(|n| n as u64),
+        // The core's bounds (`CacheSettings::check`), each refusal a ValueError naming its
+        // argument.
+        let s = CacheSettings {
+            max_size: positive_size("max_size", max_size)?,
+            max_age: max_age
+                .map(|a| xla_pcache_core::max_age_secs("max_age", a))
+                .transpose()
+                .map_err(to_py)?,
         };
-        let max_age = match max_age {
-            Some(a) if a.is_finite() && a < 1.0 => {
-                return Err(PyValueError::new_err(format!(
-                    "max_age must be at least 1 second (or None), got {a}"
-                )))
-            }
-            a => a.map(|a| seconds("max_age", a)).transpose()?,
-        };
-        let s = CacheSettings { max_size, max_age };
         let store = self.store()?;
         py.detach(|| no_panic("write_cache_settings", || store.write_settings(&s)))
     }

@@ -36,6 +36,7 @@ mod tests;
 mod verify;
 mod write;
 
+use crate::bounds::{check_duration, positive_size};
 use crate::dir::{self as cdir, Dir, Name, Rel, Root, Stat};
 use crate::error::{io_err, StoreError};
 use crate::forksafe::ForkMutex;
@@ -62,10 +63,6 @@ pub use gate::tier_names;
 pub use listing::EntrySummary;
 pub use verify::VerifyReport;
 pub use write::Published;
-
-/// The longest duration an option may hold (about 31 years): longer is a mistake, and
-/// deadlines computed from it would overflow.
-pub const MAX_DURATION: Duration = Duration::from_secs(1_000_000_000);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadMode {
@@ -268,10 +265,8 @@ fn disk_bytes(m: &Stat) -> u64 {
 impl Store {
     /// Opens the cache at `root`, creating it unless read-only.
     pub fn open(root: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        if opts.max_size == Some(0) {
-            return Err(StoreError::Invalid(
-                "max_size must be positive (or None for no limit)".into(),
-            ));
+        if let Some(size) = opts.max_size {
+            positive_size("max_size", size.into())?;
         }
         for (what, d) in [
             ("lock_timeout", opts.lock_timeout),
@@ -284,12 +279,7 @@ impl Store {
             ("stats_interval", opts.stats_interval),
             ("claim_lease", opts.claim_lease),
         ] {
-            if d > MAX_DURATION {
-                return Err(StoreError::Invalid(format!(
-                    "{what} must be at most {} seconds, got {d:?}",
-                    MAX_DURATION.as_secs()
-                )));
-            }
+            check_duration(what, d)?;
         }
         if !(0.0..=1.0).contains(&opts.low_watermark) {
             return Err(StoreError::Invalid(

@@ -641,6 +641,51 @@ fn the_stored_budget_bounds_every_process_which_may_only_lower_it() {
     assert_eq!(larger.max_size(), Some(10_000_000));
 }
 
+/// Settings the file cannot hold are refused when written, by any caller: a max age under a
+/// second would be stored as none, and a file holding none is ignored by every process, its
+/// budget with it.
+#[test]
+fn settings_out_of_bounds_are_refused_and_the_stored_ones_kept() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+    let stored = crate::settings::CacheSettings {
+        max_size: Some(100_000),
+        max_age: Some(Duration::from_secs(3600)),
+    };
+    s.write_settings(&stored).unwrap();
+    for (bad, field) in [
+        (
+            crate::settings::CacheSettings {
+                max_age: Some(Duration::from_millis(500)),
+                ..stored
+            },
+            "max_age",
+        ),
+        (
+            crate::settings::CacheSettings {
+                max_age: Some(Duration::ZERO),
+                ..stored
+            },
+            "max_age",
+        ),
+        (
+            crate::settings::CacheSettings {
+                max_size: Some(0),
+                ..stored
+            },
+            "max_size",
+        ),
+    ] {
+        match s.write_settings(&bad) {
+            Err(StoreError::Invalid(msg)) => assert!(msg.starts_with(field), "{msg}"),
+            other => panic!("{bad:?} not refused: {other:?}"),
+        }
+        let fresh = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+        assert_eq!(fresh.stored_settings(), stored, "{bad:?}");
+        assert_eq!(fresh.counters.get(Counter::UnsafePaths), 0, "{bad:?}");
+    }
+}
+
 #[test]
 fn a_hostile_config_is_ignored_with_one_warning_and_a_count() {
     let d = tempfile::tempdir().unwrap();
