@@ -371,9 +371,13 @@ class Store:
         claim_wait_timeouts, puts_refused, unsafe_paths (paths refused because a component was
         not a real directory inside the cache, or a directory stood where an entry file
         belongs, and verification records a trusting reader would not use), unreadable
-        (index files skipped because they could not be read),
-        compile_saved_ms (compile time the hits saved: each hit adds its entry's
-        ``compile_time_s`` metadata); plus hit_rate, entries, bytes (on disk), max_size,
+        (index files skipped because they could not be read), compile_saved_ms (compile time
+        the hits saved: each hit adds its entry's ``compile_time_s`` metadata), untrusted
+        (entries a store with trusted keys would not serve, each a miss and never loaded,
+        and what a trusting import rejected), adopted (lookups served from JAX's own cache
+        files, each also a hit: ``count_adopted``) and other_build (misses of a key another
+        build of the framework's runtime has an entry for, each also a miss:
+        ``count_other_build``); plus hit_rate, entries, bytes (on disk), max_size, max_age_s,
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and

@@ -16,10 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use xla_pcache_core::{
-    CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions, MAX_TIERS, MAX_TIER_NAME,
-    TIER_COUNTER_NAMES,
-};
+use xla_pcache_core::{CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions};
 
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
 /// looks for signals every 20 ms: on Ctrl-C (KeyboardInterrupt from Python's handler) it
@@ -652,13 +649,7 @@ impl PyStore {
         let s = py.detach(|| no_panic("stats", || store.stats()))?;
         let d = PyDict::new(py);
         counters_into(&d, &s.counters, &s.tiers)?;
-        let (hits, misses) = (s.counters[0], s.counters[1]);
-        let rate = if hits + misses > 0 {
-            Some(hits as f64 / (hits + misses) as f64)
-        } else {
-            None
-        };
-        d.set_item("hit_rate", rate)?;
+        d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("entries", s.entries)?;
         d.set_item("bytes", s.bytes)?;
         d.set_item("max_size", store.max_size())?;
@@ -679,22 +670,7 @@ impl PyStore {
     /// first that is not valid): a remote hit's counts cross from Python in one call.
     fn add_tier_counters(&self, counts: Vec<(String, String, u64)>) -> PyResult<()> {
         let store = self.store()?;
-        if let Some((tier, counter, _)) = counts.iter().find(|(t, c, _)| {
-            !(xla_pcache_core::valid_tier_name(t) && TIER_COUNTER_NAMES.contains(&c.as_str()))
-        }) {
-            return Err(PyValueError::new_err(format!(
-                "invalid tier {tier:?} or counter {counter:?}: a tier name is 1 to \
-                 {MAX_TIER_NAME} of a-z 0-9 _ - . (at most {MAX_TIERS} tiers), a counter \
-                 one of {TIER_COUNTER_NAMES:?}"
-            )));
-        }
-        no_panic("add_tier_counters", || {
-            for (tier, counter, n) in &counts {
-                // Past MAX_TIERS a new name is not counted (as each tier's own counters).
-                store.add_tier(tier, counter, *n);
-            }
-            Ok(())
-        })
+        no_panic("add_tier_counters", || store.add_tier_counts(&counts))
     }
 
     /// Counts a lookup served from another program's cache files (an adopted JAX entry of

@@ -5,7 +5,10 @@
 use super::{State, Store};
 use crate::error::StoreError;
 use crate::journal::Record;
-use crate::stats::{add_into, Counter, Counters, COUNTER_NAMES, N_COUNTERS};
+use crate::stats::{
+    add_into, Counter, Counters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, N_COUNTERS,
+    TIER_COUNTER_NAMES,
+};
 use std::fs;
 use std::time::{Duration, Instant};
 
@@ -27,6 +30,15 @@ pub struct Stats {
     pub view_fresh: bool,
 }
 
+impl Stats {
+    /// Hits over lookups (hits and misses), None before the first lookup.
+    pub fn hit_rate(&self) -> Option<f64> {
+        let hits = self.counters[Counter::Hits as usize];
+        let misses = self.counters[Counter::Misses as usize];
+        (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64)
+    }
+}
+
 impl Store {
     pub fn counters(&self) -> &Counters {
         &self.counters
@@ -38,6 +50,26 @@ impl Store {
     /// `stats::MAX_TIERS`. Written to the journal, summed across processes by `stats`.
     pub fn add_tier(&self, tier: &str, counter: &str, n: u64) -> bool {
         crate::stats::tier_counter(counter).is_some_and(|c| self.counters.add_tier(tier, c, n))
+    }
+
+    /// `add_tier` of each `(tier, counter, n)` of `counts`, all checked first: `Invalid`
+    /// naming the first whose tier name `stats::valid_tier_name` refuses or whose counter is
+    /// not one of `TIER_COUNTER_NAMES`, and then nothing is added (a remote hit's counts come
+    /// in one call). Past `MAX_TIERS` a new name is not counted, as by `add_tier`.
+    pub fn add_tier_counts(&self, counts: &[(String, String, u64)]) -> Result<(), StoreError> {
+        if let Some((tier, counter, _)) = counts.iter().find(|(t, c, _)| {
+            !(crate::stats::valid_tier_name(t) && crate::stats::tier_counter(c).is_some())
+        }) {
+            return Err(StoreError::Invalid(format!(
+                "invalid tier {tier:?} or counter {counter:?}: a tier name is 1 to \
+                 {MAX_TIER_NAME} of a-z 0-9 _ - . (at most {MAX_TIERS} tiers), a counter \
+                 one of {TIER_COUNTER_NAMES:?}"
+            )));
+        }
+        for (tier, counter, n) in counts {
+            self.add_tier(tier, counter, *n);
+        }
+        Ok(())
     }
 
     /// Counts `n` misses of lookups made outside the store: a framework that looks in a
