@@ -2,13 +2,13 @@
 //! conversions of its arguments and results in convert.rs).
 
 use crate::blob::PyBlob;
-use crate::buffer::{HeldBuffer, KeyArg};
+use crate::buffer::{gathered, HeldBuffer, KeyArg};
 use crate::claim::PyClaim;
 use crate::convert::{
     bad_arg, bool_arg, choice, counters_into, durable_arg, entry_dict, evict_report, key_object,
     path_arg, positive_size, read_only_arg, seconds, sign_arg, verify_report,
 };
-use crate::errors::{no_panic, to_py, CacheError};
+use crate::errors::{no_panic, on_cache_error, to_py, CacheError};
 use crate::tier::TierHooks;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -261,13 +261,7 @@ impl PyStore {
                 store.put_published(key.key(), buf.as_slice(), &pairs, sign)
             })
         });
-        let published = match res {
-            Err(e) if e.is_instance_of::<CacheError>(py) => {
-                log::error!("xla_pcache: {e}; not cached");
-                None
-            }
-            other => other?,
-        };
+        let published = on_cache_error(py, res, None, Some("not cached"))?;
         let stored = published.is_some();
         if let (Some(published), Some(tier)) = (published, self.tier.get()) {
             // The bytes just written go to the tiers, copied once from the caller's buffer
@@ -281,14 +275,8 @@ impl PyStore {
     fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        let local = match py.detach(|| no_panic("get", || store.get(key.key()))) {
-            Ok(b) => b,
-            Err(e) if e.is_instance_of::<CacheError>(py) => {
-                log::error!("xla_pcache: {e}; treated as a miss");
-                None
-            }
-            Err(e) => return Err(e),
-        };
+        let res = py.detach(|| no_panic("get", || store.get(key.key())));
+        let local = on_cache_error(py, res, None, Some("treated as a miss"))?;
         if let Some(inner) = local {
             return Ok(Py::new(py, PyBlob { inner })?.into_any());
         }
@@ -322,11 +310,8 @@ impl PyStore {
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        match py.detach(|| no_panic("get_entry_file", || store.get_entry_file(key.key()))) {
-            Ok(v) => Ok(v.map(|b| PyBytes::new(py, &b))),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let res = py.detach(|| no_panic("get_entry_file", || store.get_entry_file(key.key())));
+        Ok(on_cache_error(py, res, None, None)?.map(|b| PyBytes::new(py, &b)))
     }
 
     /// The names (32 hex digits) an entry of `key` may be under for this store's reads, in
@@ -348,15 +333,12 @@ impl PyStore {
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        match py.detach(|| {
+        let res = py.detach(|| {
             no_panic("entry_file_named", || {
                 store.entry_file_named(key.key(), name)
             })
-        }) {
-            Ok(v) => Ok(v.map(|b| PyBytes::new(py, &b))),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        });
+        Ok(on_cache_error(py, res, None, None)?.map(|b| PyBytes::new(py, &b)))
     }
 
     /// Why this store would not take the whole entry file `data` for `key`, as (kind, why),
@@ -392,11 +374,7 @@ impl PyStore {
             })
         });
         drop(buf);
-        match res {
-            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(on_cache_error(py, res, None, None)?.map(|inner| PyBlob { inner }))
     }
 
     /// A whole entry file received in `pieces` (buffers, in order): gathered into one
@@ -420,27 +398,13 @@ impl PyStore {
         }
         let store = self.store()?;
         let res = py.detach(|| {
-            no_panic("take_entry_file", || {
-                let total = held
-                    .iter()
-                    .try_fold(0usize, |n, b| n.checked_add(b.as_slice().len()));
-                // Fallible: an object larger than memory allows is a miss, not an abort.
-                let mut file = Vec::new();
-                if total.is_none_or(|n| file.try_reserve_exact(n).is_err()) {
-                    return Ok(None);
-                }
-                for b in &held {
-                    file.extend_from_slice(b.as_slice());
-                }
-                store.take_entry_file(key.key(), file, publish)
+            no_panic("take_entry_file", || match gathered(&held) {
+                Some(file) => store.take_entry_file(key.key(), file, publish),
+                None => Ok(None),
             })
         });
         drop(held);
-        match res {
-            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(on_cache_error(py, res, None, None)?.map(|inner| PyBlob { inner }))
     }
 
     /// A new unnamed file under the cache's tmp/, reached with no link followed, as a file
@@ -469,10 +433,7 @@ impl PyStore {
             })
         });
         drop(buf);
-        match res {
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(Some(false)),
-            r => r,
-        }
+        on_cache_error(py, res, Some(false), None)
     }
 
     /// Claims `key` for compiling, or waits up to `wait` seconds for another process's
