@@ -101,7 +101,7 @@ def test_stored_settings_keep_the_cores_bounds(
         assert store.cache_settings() == {"max_size": 1 << 20, "max_age_s": 3600.0}
     check = _core.check_size if name == "max_size" else _core.check_max_age
     with pytest.raises(ValueError, match=needle):
-        check(name, value)  # type: ignore[operator]
+        check(name, value)
     assert _core.check_size("max_size", 1) == 1
     assert _core.check_max_age("max_age", 1.5) == 1.5
 

@@ -16,7 +16,9 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use xla_pcache_core::{CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions};
+use xla_pcache_core::{
+    CacheSettings, EntrySummary, Key, LockMode, ReadMode, Store, StoreError, StoreOptions,
+};
 
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
 /// looks for signals every 20 ms: on Ctrl-C (KeyboardInterrupt from Python's handler) it
@@ -87,6 +89,24 @@ impl PyStore {
             )));
         }
         Ok(&self.inner)
+    }
+
+    /// `f` of this store, `key` and the bytes of the whole entry file `data` (borrowed, not
+    /// copied), run without the GIL: what the methods that take an entry file share.
+    fn with_entry_file<T: Send>(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        f: impl FnOnce(&Store, Key<'_>, &[u8]) -> Result<T, StoreError> + Send,
+    ) -> PyResult<T> {
+        let key = KeyArg::extract(key)?;
+        let buf = HeldBuffer::get(data, "data")?;
+        let store = self.store()?;
+        let res = py.detach(|| no_panic(what, || f(store, key.key(), buf.as_slice())));
+        drop(buf);
+        res
     }
 }
 
@@ -349,11 +369,7 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(String, String)>> {
-        let key = KeyArg::extract(key)?;
-        let buf = HeldBuffer::get(data, "data")?;
-        let store = self.store()?;
-        let res = py.detach(|| no_panic("refusal", || store.refusal(key.key(), buf.as_slice())));
-        drop(buf);
+        let res = self.with_entry_file(py, "refusal", key, data, |s, k, b| s.refusal(k, b));
         Ok(res?.map(|(kind, why)| (kind.to_string(), why)))
     }
 
@@ -365,15 +381,9 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<PyBlob>> {
-        let key = KeyArg::extract(key)?;
-        let buf = HeldBuffer::get(data, "data")?;
-        let store = self.store()?;
-        let res = py.detach(|| {
-            no_panic("verify_entry_file", || {
-                store.verify_entry_file(key.key(), buf.as_slice().to_vec())
-            })
+        let res = self.with_entry_file(py, "verify_entry_file", key, data, |s, k, b| {
+            s.verify_entry_file(k, b.to_vec())
         });
-        drop(buf);
         Ok(on_cache_error(py, res, None, None)?.map(|inner| PyBlob { inner }))
     }
 
@@ -424,15 +434,9 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<bool>> {
-        let key = KeyArg::extract(key)?;
-        let buf = HeldBuffer::get(data, "data")?;
-        let store = self.store()?;
-        let res = py.detach(|| {
-            no_panic("put_entry_file", || {
-                store.put_entry_file(key.key(), buf.as_slice())
-            })
+        let res = self.with_entry_file(py, "put_entry_file", key, data, |s, k, b| {
+            s.put_entry_file(k, b)
         });
-        drop(buf);
         on_cache_error(py, res, Some(false), None)
     }
 
