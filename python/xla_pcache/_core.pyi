@@ -125,6 +125,25 @@ def signing_public_key(private: bytes) -> bytes:
 def check_key_name(name: str) -> None:
     """Raise ValueError unless ``name`` is a valid key name (ending in a version: ``ci-1``)."""
 
+def check_signing_key(key: tuple[str, bytes]) -> None:
+    """Raise ValueError unless ``key`` (name, 32-byte private key) is a signing key a store
+    takes (``Store(signing_key=)``): the key name's rule and the key's length."""
+
+def check_trusted_keys(keys: Sequence[tuple[str, bytes]]) -> None:
+    """Raise ValueError unless ``keys`` ((name, 32-byte public key) pairs) is a trusted set
+    a store takes (``Store(trusted_keys=)``): each name's rule, no name given twice, each key
+    32 bytes and an Ed25519 public key."""
+
+def check_size(name: str, value: int) -> int:
+    """``value`` as a byte size (a budget): at least one byte; ValueError naming ``name``
+    otherwise. The core's one rule, which ``Store(max_size=)`` and the stored settings
+    keep."""
+
+def check_max_age(name: str, seconds: float) -> float:
+    """``seconds`` as a max age: from 1 second (a cache's stored settings hold whole seconds)
+    to ``MAX_DURATION_S``; ValueError naming ``name`` otherwise. The core's one rule, which
+    ``Store.write_cache_settings`` keeps."""
+
 def own_directory(path: str | os.PathLike[str]) -> None:
     """Make ``path`` (mode 0700, missing parents too) unless it exists, and check that it is
     a directory of this user's own: not a link, owned by the effective user, writable by no
@@ -352,9 +371,13 @@ class Store:
         claim_wait_timeouts, puts_refused, unsafe_paths (paths refused because a component was
         not a real directory inside the cache, or a directory stood where an entry file
         belongs, and verification records a trusting reader would not use), unreadable
-        (index files skipped because they could not be read),
-        compile_saved_ms (compile time the hits saved: each hit adds its entry's
-        ``compile_time_s`` metadata); plus hit_rate, entries, bytes (on disk), max_size,
+        (index files skipped because they could not be read), compile_saved_ms (compile time
+        the hits saved: each hit adds its entry's ``compile_time_s`` metadata), untrusted
+        (entries a store with trusted keys would not serve, each a miss and never loaded,
+        and what a trusting import rejected), adopted (lookups served from JAX's own cache
+        files, each also a hit: ``count_adopted``) and other_build (misses of a key another
+        build of the framework's runtime has an entry for, each also a miss:
+        ``count_other_build``); plus hit_rate, entries, bytes (on disk), max_size, max_age_s,
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and

@@ -1,7 +1,18 @@
-//! The pyo3 binding of xla_pcache_core, built by maturin as `xla_pcache._core`. Type
-//! conversion, GIL release and error mapping only: every decision lives in the core.
+//! The pyo3 binding of xla_pcache_core, built by maturin as `xla_pcache._core`: type
+//! conversion, GIL release and error mapping. Every rule about the cache lives in the core:
+//! its files and entries, trust and keys, the budget, the bounds of sizes, durations and
+//! ages (`bounds.rs` there: the binding hands Python's numbers to it as they are), tier
+//! names and counters. The binding checks only what a conversion needs (an argument's
+//! type, a path with no NUL byte and not empty, a compile time in seconds turned into
+//! milliseconds: `convert.rs`, `store.rs`), and decides how the core meets Python: a get or
+//! put that fails for cache reasons is a miss or a skipped write, logged, and no panic gets
+//! out (`errors.rs`); a walk (`verify`, `evict`) runs on a thread of its own so that Ctrl-C
+//! stops it (`store.rs`); the remote tiers are Python objects it calls back after a local
+//! miss or a publish (`tier.rs`); a report shows the remote counters only once a tier
+//! counted (`convert.rs`).
 
 mod blob;
+mod bounds;
 mod buffer;
 mod builds;
 mod claim;
@@ -50,6 +61,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signing::generate_signing_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::signing_public_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::check_key_name, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::check_signing_key, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::check_trusted_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds::check_size, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds::check_max_age, m)?)?;
     m.add_function(wrap_pyfunction!(owndir::own_directory, m)?)?;
     m.add_function(wrap_pyfunction!(testhook::test_hook_reached, m)?)?;
     m.add_function(wrap_pyfunction!(testhook::test_hook_released, m)?)?;

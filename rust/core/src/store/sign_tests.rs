@@ -1,6 +1,8 @@
 //! Unit tests of signed puts and trusting reads (`sign.rs`, "No squatting").
 
 use super::*;
+use crate::entry;
+use crate::hash::{entry_name, name_hex};
 
 fn key(s: &str) -> Key<'_> {
     Key {

@@ -1,12 +1,24 @@
 //! Unit tests of the store.
 
+use super::evict::EVICT_LOCK;
 use super::*;
+use crate::hash::entry_name;
+use crate::journal;
+use crate::lock::LockGuard;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 fn key(s: &str) -> Key<'_> {
     Key {
         bytes: s.as_bytes(),
         is_text: true,
+    }
+}
+
+/// Puts `value` under `n` keys: `<prefix>0`, `<prefix>1`, ...
+fn put_many(s: &Store, prefix: &str, n: usize, value: &[u8]) {
+    for i in 0..n {
+        s.put(key(&format!("{prefix}{i}")), value, &[]).unwrap();
     }
 }
 
@@ -133,11 +145,7 @@ fn compaction_folds_journals_of_dead_processes() {
 fn eviction_cut_short_goes_on_with_the_next_puts() {
     let d = tempfile::tempdir().unwrap();
     let unbounded = open(d.path(), None);
-    for i in 0..60 {
-        unbounded
-            .put(key(&format!("big{i}")), &[0u8; 16_000], &[])
-            .unwrap();
-    }
+    put_many(&unbounded, "big", 60, &[0u8; 16_000]);
     drop(unbounded);
     let max = 400_000;
     let s = Store::open(
@@ -241,9 +249,7 @@ fn read_whole_reads_to_the_end_whatever_size_fstat_gave() {
 fn eviction_drops_records_of_vanished_files_and_goes_on_to_the_target() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), None);
-    for i in 0..10 {
-        s.put(key(&format!("k{i}")), &[7u8; 10_000], &[]).unwrap();
-    }
+    put_many(&s, "k", 10, &[7u8; 10_000]);
     let per = s.stats().unwrap().bytes / 10;
     // Another host removed the five oldest files; this view has not heard of it.
     for i in 0..5 {
@@ -274,9 +280,7 @@ fn eviction_drops_records_of_vanished_files_and_goes_on_to_the_target() {
 fn explicit_evict_reconciles_with_the_directory() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), Some(1 << 20));
-    for i in 0..6 {
-        s.put(key(&format!("k{i}")), &[7u8; 10_000], &[]).unwrap();
-    }
+    put_many(&s, "k", 6, &[7u8; 10_000]);
     // Another writer's file the view does not know (its put record unread), and a record
     // whose file is gone.
     let other = open(d.path(), None);
@@ -305,13 +309,7 @@ fn puts_are_refused_far_over_budget_while_another_evicts() {
         .try_lock_for(EVICT_LOCK, Duration::ZERO)
         .unwrap()
         .unwrap();
-    for i in 0..20 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-    }
-    other.flush();
-    s.stats().unwrap(); // this process's view now knows
+    fill_over_budget(&other, &s);
     assert!(!s.put(key("k"), &[1u8; 10_000], &[]).unwrap());
     assert_eq!(s.counters.get(Counter::PutsRefused), 1);
     drop(_held);
@@ -323,11 +321,7 @@ fn puts_are_refused_far_over_budget_while_another_evicts() {
 
 /// `other` fills the cache to twice the 100 kB budget of `s`, whose view then knows it.
 fn fill_over_budget(other: &Store, s: &Store) {
-    for i in 0..20 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-    }
+    put_many(other, "o", 20, &[1u8; 10_000]);
     other.flush();
     s.stats().unwrap();
 }
@@ -557,9 +551,7 @@ fn explicit_evict_reconciles_every_shard_batch_over_a_snapshot() {
     // a batch of shards at a time against the view in name order.
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), None);
-    for i in 0..400 {
-        s.put(key(&format!("k{i}")), &[7u8; 100], &[]).unwrap();
-    }
+    put_many(&s, "k", 400, &[7u8; 100]);
     {
         let mut st = s.state();
         s.compact_locked(&mut st);
@@ -569,9 +561,7 @@ fn explicit_evict_reconciles_every_shard_batch_over_a_snapshot() {
         fs::remove_file(s.layout.entry_path(entry_name(format!("k{i}").as_bytes()))).unwrap();
     }
     let other = open(d.path(), None);
-    for i in 0..30 {
-        other.put(key(&format!("x{i}")), &[1u8; 100], &[]).unwrap();
-    }
+    put_many(&other, "x", 30, &[1u8; 100]);
     let theirs = other.state().journal.path().unwrap().to_path_buf();
     fs::remove_file(theirs).unwrap();
     let r = s.evict(None, None).unwrap();
@@ -634,6 +624,51 @@ fn the_stored_budget_bounds_every_process_which_may_only_lower_it() {
     std::thread::sleep(Duration::from_millis(60));
     larger.stats().unwrap();
     assert_eq!(larger.max_size(), Some(10_000_000));
+}
+
+/// Settings the file cannot hold are refused when written, by any caller: a max age under a
+/// second would be stored as none, and a file holding none is ignored by every process, its
+/// budget with it.
+#[test]
+fn settings_out_of_bounds_are_refused_and_the_stored_ones_kept() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+    let stored = crate::settings::CacheSettings {
+        max_size: Some(100_000),
+        max_age: Some(Duration::from_secs(3600)),
+    };
+    s.write_settings(&stored).unwrap();
+    for (bad, field) in [
+        (
+            crate::settings::CacheSettings {
+                max_age: Some(Duration::from_millis(500)),
+                ..stored
+            },
+            "max_age",
+        ),
+        (
+            crate::settings::CacheSettings {
+                max_age: Some(Duration::ZERO),
+                ..stored
+            },
+            "max_age",
+        ),
+        (
+            crate::settings::CacheSettings {
+                max_size: Some(0),
+                ..stored
+            },
+            "max_size",
+        ),
+    ] {
+        match s.write_settings(&bad) {
+            Err(StoreError::Invalid(msg)) => assert!(msg.starts_with(field), "{msg}"),
+            other => panic!("{bad:?} not refused: {other:?}"),
+        }
+        let fresh = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+        assert_eq!(fresh.stored_settings(), stored, "{bad:?}");
+        assert_eq!(fresh.counters.get(Counter::UnsafePaths), 0, "{bad:?}");
+    }
 }
 
 #[test]
