@@ -27,6 +27,8 @@ LEVELS = {
     "misslog": 0,
     # Points a test waits on (XLA_PCACHE_TEST_HOOKS).
     "_testhook": 0,
+    # Host-local directories of this user's own, as handles.
+    "_owndir": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
     "tiers.redis": 1,
