@@ -29,6 +29,8 @@ LEVELS = {
     "_testhook": 0,
     # Which build of a framework's runtime made an entry, over the extension's identities.
     "builds": 0,
+    # Host-local directories of this user's own, as handles.
+    "_owndir": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
     "tiers.redis": 1,

@@ -144,10 +144,44 @@ def check_max_age(name: str, seconds: float) -> float:
     to ``MAX_DURATION_S``; ValueError naming ``name`` otherwise. The core's one rule, which
     ``Store.write_cache_settings`` keeps."""
 
-def own_directory(path: str | os.PathLike[str]) -> None:
-    """Make ``path`` (mode 0700, missing parents too) unless it exists, and check that it is
-    a directory of this user's own: not a link, owned by the effective user, writable by no
-    one else. ``CacheError`` naming it and why otherwise."""
+@final
+class OwnDir:
+    """A directory ``own_directory`` checked."""
+
+    @property
+    def fd(self) -> int:
+        """A descriptor of the directory, opened for reading: the caller's, to use for
+        everything in it and to close."""
+    @property
+    def path(self) -> str:
+        """Where it is (for messages)."""
+    @property
+    def found(self) -> Literal["own", "made", "repaired"]:
+        """How it was found."""
+    @property
+    def mode(self) -> int | None:
+        """Repaired: the mode it had."""
+    @property
+    def discarded(self) -> int:
+        """Repaired: how many names it held, discarded."""
+    @property
+    def open_root(self) -> int | None:
+        """Under rule "named": the mode of the named root when others can write it (the
+        directory is then the one beneath it); None otherwise."""
+
+def own_directory(
+    path: str | os.PathLike[str],
+    *,
+    dir_fd: int | None = None,
+    rule: Literal["refuse", "repair", "named"] = "refuse",
+) -> OwnDir:
+    """Opens ``path`` (with ``dir_fd``, its last component beneath that descriptor of its
+    parent), making it mode 0700 (missing parents too) when absent, and checks that it is a
+    directory of this user's own: not a link, owned by the effective user, writable by no
+    one else. ``rule`` says what becomes of one of this user's that others can write:
+    "refuse", "repair" (made 0700 and emptied) or "named" (a root the user named: left as
+    it is, and our own directory beneath it used). ``CacheError`` naming it and why when it
+    is refused."""
 
 def test_hook_reached(point: str) -> bool:
     """Mark ``point`` as reached (``<dir>/<point>.<pid>``, created exclusively, no link
@@ -225,6 +259,7 @@ class Store:
         evict_trace: str | os.PathLike[str] | None = None,
         signing_key: tuple[str, bytes] | None = None,
         trusted_keys: Iterable[tuple[str, bytes]] | None = None,
+        own_root_fd: int | None = None,
     ) -> _S: ...
     @property
     def trusted_keys(self) -> list[tuple[str, bytes]] | None:
@@ -325,6 +360,10 @@ class Store:
         buffer (the only copy), verified once (header, length, checksum, key), published when
         ``publish`` (what is published is what was verified), and its payload returned as a
         Blob; None if it does not verify (nothing written)."""
+    def _root_fd(self) -> int:
+        """A new descriptor of the cache's directory (``O_PATH``: a base for the ``*at``
+        calls), the caller's to close: the directory the store works in, which for a store
+        opened on ``own_root_fd`` is that one, whatever was renamed since."""
     def _spool_fd(self) -> int:
         """A new unnamed file under the cache's tmp/, opened beneath the root with no link
         followed in any component, as a descriptor the caller owns: where a tier streams a

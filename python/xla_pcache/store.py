@@ -44,7 +44,9 @@ class Store(_core.Store):
     and writable unless told otherwise.
     ``signing_key`` ((name, 32-byte private key)) signs every put; ``trusted_keys`` ((name,
     32-byte public key) pairs) makes the store serve only entries one of them signed
-    (docs/reliability.md, "Trusted writers"). ``remote`` (a URL such as
+    (docs/reliability.md, "Trusted writers"). ``own_root_fd``: a descriptor of ``path``
+    checked as a directory of this user's own (``_owndir``; a bucket path's host-local
+    store): the store works beneath it and never resolves ``path`` again. ``remote`` (a URL such as
     ``"redis://host:6379/0"``) puts a tier behind the directory: a local miss asks it, a put
     this process published is copied to it (docs/remote.md). The tier's client and threads
     start on the first miss or put.
@@ -75,6 +77,7 @@ class Store(_core.Store):
         settings: Settings | None = None,
         signing_key: tuple[str, bytes] | None = None,
         trusted_keys: Sequence[tuple[str, bytes]] | None = None,
+        own_root_fd: int | None = None,
     ) -> Self:
         if settings is not None and not isinstance(settings, Settings):
             raise TypeError(
@@ -126,6 +129,7 @@ class Store(_core.Store):
             trusted_keys=list(trusted_keys if trusted_keys is not None else cfg.trusted_keys or ())
             if trusted_keys is not None or cfg.trusted_keys is not None
             else None,
+            own_root_fd=own_root_fd,
         )
         if self.signing_key_name is not None and self.trusted_key_names is None:
             _warn_signing_without_trust(self.signing_key_name)
@@ -147,6 +151,12 @@ class Store(_core.Store):
     def settings(self) -> Settings:
         """The settings this store was opened with."""
         return self._settings
+
+    def root_fd(self) -> int:
+        """A new descriptor of the directory this store works in (``O_PATH``: a base for
+        ``dir_fd=``), the caller's to close; for files beside the store's own (the miss log,
+        a bucket's spool of hit records), so that they land where its entries do."""
+        return self._root_fd()
 
     @property
     def remote(self) -> Chain | None:

@@ -55,7 +55,7 @@ pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
-pub use owndir::make as make_own_dir;
+pub use owndir::{open_own_fd, Found as OwnFound, Opened as OwnOpened, Rule as OwnRule};
 pub use settings::CacheSettings;
 pub use sign::{
     check_key_name, digest as blake3_digest, generate_seed, public_key, signed_name, SigFields,

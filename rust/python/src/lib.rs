@@ -52,6 +52,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<claim::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
     m.add_class::<tier::PyAccept>()?;
+    m.add_class::<owndir::PyOwnDir>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_file_len, m)?)?;

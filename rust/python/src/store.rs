@@ -117,7 +117,8 @@ impl PyStore {
     // `STORE_DEFAULTS` for Python): written once.
     #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
         lock_timeout=None, lease_time=None, hit_interval=None, trash_grace=None, tmp_grace=None,
-        claim_lease=None, read_mode=None, evict_trace=None, signing_key=None, trusted_keys=None))]
+        claim_lease=None, read_mode=None, evict_trace=None, signing_key=None, trusted_keys=None,
+        own_root_fd=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -136,6 +137,7 @@ impl PyStore {
         evict_trace: Option<&Bound<'_, PyAny>>,
         signing_key: Option<(String, Vec<u8>)>,
         trusted_keys: Option<Vec<(String, Vec<u8>)>>,
+        own_root_fd: Option<i32>,
     ) -> PyResult<Self> {
         let path = path_arg("path", path)?;
         let evict_trace = match evict_trace {
@@ -168,6 +170,7 @@ impl PyStore {
             evict_trace,
             signer: crate::signing::signer(signing_key)?,
             trust: crate::signing::trust(trusted_keys)?,
+            own_root: own_root(own_root_fd)?,
             ..d
         };
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
@@ -425,6 +428,16 @@ impl PyStore {
         let store = self.store()?;
         let file = py.detach(|| no_panic("spool_file", || store.spool_file()))?;
         Ok(file.into_raw_fd())
+    }
+
+    /// A new descriptor of the cache's directory (`O_PATH`: a base for the `*at` calls), the
+    /// caller's to close: the directory the store works in, which for a store opened on
+    /// `own_root_fd` is that one, whatever was renamed since.
+    fn _root_fd(&self, py: Python<'_>) -> PyResult<i32> {
+        use std::os::fd::IntoRawFd;
+        let store = self.store()?;
+        let fd = py.detach(|| no_panic("root_fd", || store.root_fd()))?;
+        Ok(fd.into_raw_fd())
     }
 
     /// Publishes a whole entry file after verifying it; None if it does not verify.
@@ -800,4 +813,22 @@ impl PyStore {
             if o.read_only { " read_only" } else { "" }
         )
     }
+}
+
+/// The store's `own_root`: a duplicate of the caller's descriptor (which stays the caller's).
+fn own_root(fd: Option<i32>) -> PyResult<Option<Arc<std::os::fd::OwnedFd>>> {
+    let Some(raw) = fd else {
+        return Ok(None);
+    };
+    if raw < 0 {
+        return Err(PyValueError::new_err(format!(
+            "own_root_fd must be an open descriptor, not {raw}"
+        )));
+    }
+    // SAFETY: the caller's descriptor, borrowed only to duplicate it.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    let owned = fd
+        .try_clone_to_owned()
+        .map_err(|e| PyValueError::new_err(format!("own_root_fd {raw}: {e}")))?;
+    Ok(Some(Arc::new(owned)))
 }

@@ -119,6 +119,11 @@ pub struct StoreOptions {
     /// When set, only entries signed by one of these keys are served; any other is a miss,
     /// counted `untrusted`, its payload never read. None: every verified entry is served.
     pub trust: Option<Arc<TrustSet>>,
+    /// A handle on `root` that the caller opened and checked as a directory of this user's
+    /// own (`owndir`: a bucket path's host-local store): the store works beneath it and
+    /// never resolves `root` again, so a directory renamed into its place is never used.
+    /// Checked once more when the store opens; `root` must exist.
+    pub own_root: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Default for StoreOptions {
@@ -142,6 +147,7 @@ impl Default for StoreOptions {
             claim_lease: Duration::from_secs(30),
             signer: None,
             trust: None,
+            own_root: None,
         }
     }
 }
@@ -262,6 +268,31 @@ fn disk_bytes(m: &Stat) -> u64 {
     }
 }
 
+fn make_shards(r: &Root, layout: &Layout) -> Result<(), StoreError> {
+    let entries = r
+        .sub(&ENTRIES)
+        .map_err(|e| io_err("open", &layout.entries(), e))?;
+    for shard in 0..=255u8 {
+        match entries.mkdir(&Name::shard(shard), 0o777) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("create directory", &layout.shard(shard), e)),
+        }
+    }
+    Ok(())
+}
+
+impl Store {
+    /// A new handle on the cache's directory (`O_PATH`, the caller's to close): the one the
+    /// store works in now, for files beside the store's own (a miss log, a spool).
+    pub fn root_fd(&self) -> Result<std::os::fd::OwnedFd, StoreError> {
+        self.root
+            .dir()
+            .map(Dir::into_fd)
+            .map_err(|e| io_err("open", &self.layout.root, e))
+    }
+}
+
 impl Store {
     /// Opens the cache at `root`, creating it unless read-only.
     pub fn open(root: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
@@ -296,7 +327,21 @@ impl Store {
         let layout = Layout::new(root.clone());
         let not_a_dir =
             |root: &Path| StoreError::Format(format!("{} is not a directory", root.display()));
-        let root_dir = if opts.read_only {
+        let root_dir = if let Some(fd) = &opts.own_root {
+            use std::os::fd::AsFd;
+            crate::owndir::check_fd(fd.as_fd())
+                .map_err(|why| StoreError::Invalid(format!("{} {why}", root.display())))?;
+            let dir =
+                Dir::from_borrowed(fd.as_fd(), &root).map_err(|e| io_err("open", &root, e))?;
+            let r = Root::pinned(&root, dir);
+            if opts.read_only {
+                layout.read_format(&r)?;
+            } else {
+                layout.create(&r)?;
+                make_shards(&r, &layout)?;
+            }
+            r
+        } else if opts.read_only {
             let r = match Root::open(&root) {
                 Ok(r) => r,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -316,16 +361,7 @@ impl Store {
                 Err(e) => return Err(io_err("open", &root, e)),
             };
             layout.create(&r)?;
-            let entries = r
-                .sub(&ENTRIES)
-                .map_err(|e| io_err("open", &layout.entries(), e))?;
-            for shard in 0..=255u8 {
-                match entries.mkdir(&Name::shard(shard), 0o777) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(io_err("create directory", &layout.shard(shard), e)),
-                }
-            }
+            make_shards(&r, &layout)?;
             r
         };
         let root_dir = Arc::new(root_dir);

@@ -728,3 +728,43 @@ fn an_adopted_lookup_is_a_hit_that_saved_only_what_is_known() {
     assert_eq!(st.counters[Counter::Adopted as usize], 2);
     assert_eq!(st.counters[Counter::Hits as usize], 2);
 }
+
+#[test]
+fn a_store_on_its_own_handle_never_follows_a_swap() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("local");
+    std::fs::create_dir(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let fd: std::os::fd::OwnedFd = std::fs::File::open(&path).unwrap().into();
+    let opts = || StoreOptions {
+        own_root: Some(Arc::new(fd.try_clone().unwrap())),
+        ..Default::default()
+    };
+    let s = Store::open(&path, opts()).unwrap();
+    assert!(s.put(key("k"), b"ours", &[]).unwrap());
+    // Someone who can write the parent renames it away and puts a store of theirs in place.
+    std::fs::rename(&path, d.path().join("moved")).unwrap();
+    let theirs = open(&path, None);
+    assert!(theirs.put(key("planted"), b"theirs", &[]).unwrap());
+    assert!(theirs.put(key("k"), b"theirs", &[]).unwrap());
+    assert_eq!(s.get(key("k")).unwrap().unwrap().payload(), b"ours");
+    assert!(s.get(key("planted")).unwrap().is_none());
+    assert!(s.put(key("new"), b"ours too", &[]).unwrap());
+    assert!(theirs.get(key("new")).unwrap().is_none());
+    let moved = open(&d.path().join("moved"), None);
+    assert_eq!(
+        moved.get(key("new")).unwrap().unwrap().payload(),
+        b"ours too"
+    );
+    // A handle on a directory others can write is refused when the store opens.
+    std::fs::set_permissions(
+        d.path().join("moved"),
+        std::fs::Permissions::from_mode(0o770),
+    )
+    .unwrap();
+    assert!(matches!(
+        Store::open(&path, opts()),
+        Err(StoreError::Invalid(m)) if m.contains("writable by others")
+    ));
+}
