@@ -114,7 +114,12 @@ def test_a_cold_host_fills_the_bucket_and_makes_nothing_elsewhere(
     assert sorted(p.name for p in local.parent.iterdir()) == sorted(
         bucket.local_name(u) for u in (fleet["url"], "gs://no-such-bkt/jax", "az://ctr/jax")
     )
-    assert sorted(p.name for p in cold["home"].iterdir()) == ["work", "xla_pcache"]
+    # Beside it, only the user's own record of the runtime's binaries (outside every cache).
+    assert sorted(p.name for p in cold["home"].iterdir()) == [
+        "work",
+        "xla_pcache",
+        "xla_pcache-builds",
+    ]
     (hdfs,) = [w for w in warnings_of(report) if "hdfs" in w]
     assert "install(path)=hdfs://nn/jax cannot be served" in hdfs
     assert "without a persistent cache" in hdfs
