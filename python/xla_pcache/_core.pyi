@@ -20,6 +20,8 @@ MAX_DURATION_S: float
 STORE_DEFAULTS: dict[str, float]
 # The counters the core keeps per remote tier, in its order.
 TIER_COUNTERS: list[str]
+# The counters of loading ahead (``stats()`` names each ``prefetch_<counter>``), in order.
+PREFETCH_COUNTERS: list[str]
 
 class CacheError(Exception):
     """Base class of every error the cache raises on purpose."""
@@ -250,8 +252,19 @@ class Store:
         (failures are logged and counted, never raised). The store's signing key, if any,
         signs it; ``sign=False`` for bytes this process did not produce (a file adopted from
         another program's cache): written unsigned, whatever key the store holds."""
-    def get(self, key: Key) -> Blob | None:
-        """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
+    def get(self, key: Key, *, count: bool = True) -> Blob | None:
+        """The verified entry, or None (a miss; corrupt entries are counted and removed).
+        With ``count=False`` the lookup counts nothing (no hit, miss, bytes read, compile
+        time saved or untrusted entry): a read ahead of the lookup it may serve, which
+        ``count_hit`` counts when it does; the entry's use is still recorded."""
+    def count_hit(self, blob: Blob) -> None:
+        """Count a lookup served by ``blob``, an entry read earlier with ``get(count=False)``:
+        a hit, its payload bytes and its recorded compile time, as ``get`` would have."""
+    def add_prefetch_counters(self, counts: Sequence[tuple[str, int]]) -> None:
+        """For each ``(counter, n)``: add ``n`` to the prefetch counter ``counter`` (one of
+        ``PREFETCH_COUNTERS``), reported by ``stats`` as ``prefetch_<counter>`` and summed
+        across processes. ``ValueError`` naming the first unknown counter, before any is
+        added."""
     def get_entry_file(self, key: Key) -> bytes | None:
         """The verified entry file (header, key, metadata, payload) as bytes, or None."""
     def entry_names(self, key: Key) -> list[str]:

@@ -79,6 +79,17 @@ class Stats(TypedDict):
     untrusted: int
     # Lookups served from JAX's own cache files (each also a hit).
     adopted: int
+    # Loading ahead (the JAX adapter): entries plans named, loaded ahead, taken by a read
+    # (each also a hit), loaded and never taken, failed, the time the reads saved, plans
+    # written and refused.
+    prefetch_planned: int
+    prefetch_loaded: int
+    prefetch_used: int
+    prefetch_wasted: int
+    prefetch_errors: int
+    prefetch_saved_ms: int
+    prefetch_plans_written: int
+    prefetch_plans_refused: int
     hit_rate: float | None
     entries: int
     bytes: int

@@ -74,17 +74,31 @@ pub enum Counter {
     /// Lookups served from the files another program's cache left (JAX's own cache
     /// directory), each also counted a hit (`Store::count_adopted`). Appended last.
     Adopted,
+    /// Loading ahead (the JAX adapter's prefetch, counted through `Store::add_prefetch`):
+    /// entries a plan named, loaded ahead, taken by a read, loaded and never taken, failed
+    /// in the background, the time the reads saved (ms), plans written, plans refused.
+    /// Appended last, in `PREFETCH_COUNTER_NAMES` order.
+    PrefetchPlanned,
+    PrefetchLoaded,
+    PrefetchUsed,
+    PrefetchWasted,
+    PrefetchErrors,
+    PrefetchSavedMs,
+    PrefetchPlansWritten,
+    PrefetchPlansRefused,
 }
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
 const FIRST_REMOTE: usize = Counter::RemoteHits as usize;
+/// The first of the prefetch counters, in `PREFETCH_COUNTER_NAMES` order.
+const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 
 // Journals written before the core counted tiers by name held 40 more counters after these
 // (per kind of tier, by position). A record of more counters than `N_COUNTERS` adds only the
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
 
-pub const COUNTER_NAMES: [&str; 33] = [
+pub const COUNTER_NAMES: [&str; 41] = [
     "hits",
     "misses",
     "puts",
@@ -118,6 +132,14 @@ pub const COUNTER_NAMES: [&str; 33] = [
     "remote_backfills",
     "untrusted",
     "adopted",
+    "prefetch_planned",
+    "prefetch_loaded",
+    "prefetch_used",
+    "prefetch_wasted",
+    "prefetch_errors",
+    "prefetch_saved_ms",
+    "prefetch_plans_written",
+    "prefetch_plans_refused",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -135,6 +157,29 @@ pub const TIER_COUNTER_NAMES: [&str; N_TIER_COUNTERS] = [
     "backfills",
 ];
 pub const N_TIER_COUNTERS: usize = 10;
+/// The counters a caller outside the core keeps of its loading ahead (`Store::add_prefetch`),
+/// without their `prefetch_` prefix: the core knows them by name only.
+pub const PREFETCH_COUNTER_NAMES: [&str; N_PREFETCH_COUNTERS] = [
+    "planned",
+    "loaded",
+    "used",
+    "wasted",
+    "errors",
+    "saved_ms",
+    "plans_written",
+    "plans_refused",
+];
+pub const N_PREFETCH_COUNTERS: usize = 8;
+
+/// The index among the counters of the prefetch counter `counter` (a name of
+/// `PREFETCH_COUNTER_NAMES`).
+pub fn prefetch_counter(counter: &str) -> Option<usize> {
+    PREFETCH_COUNTER_NAMES
+        .iter()
+        .position(|n| *n == counter)
+        .map(|i| FIRST_PREFETCH + i)
+}
+
 /// Tiers counted at most, in one process and in the sum over every journal: a journal is
 /// untrusted, and one naming thousands of tiers must not grow every reader's view.
 pub const MAX_TIERS: usize = 32;
@@ -316,6 +361,22 @@ mod tests {
         for (i, counter) in TIER_COUNTER_NAMES.iter().enumerate() {
             assert_eq!(COUNTER_NAMES[FIRST_REMOTE + i], format!("remote_{counter}"));
             assert_eq!(tier_counter(counter), Some(i));
+        }
+    }
+
+    #[test]
+    fn prefetch_counters_are_the_last_in_order() {
+        assert_eq!(FIRST_PREFETCH, Counter::Adopted as usize + 1);
+        assert_eq!(FIRST_PREFETCH + N_PREFETCH_COUNTERS, N_COUNTERS);
+        for (i, counter) in PREFETCH_COUNTER_NAMES.iter().enumerate() {
+            assert_eq!(
+                COUNTER_NAMES[FIRST_PREFETCH + i],
+                format!("prefetch_{counter}")
+            );
+            assert_eq!(prefetch_counter(counter), Some(FIRST_PREFETCH + i));
+        }
+        for bad in ["", "hits", "prefetch_used", "Used", "used "] {
+            assert_eq!(prefetch_counter(bad), None, "{bad:?}");
         }
     }
 

@@ -29,6 +29,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "TIER_COUNTERS",
         xla_pcache_core::TIER_COUNTER_NAMES.to_vec(),
     )?;
+    m.add(
+        "PREFETCH_COUNTERS",
+        xla_pcache_core::PREFETCH_COUNTER_NAMES.to_vec(),
+    )?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<blob::PyBlob>()?;

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
     CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions, MAX_TIERS, MAX_TIER_NAME,
-    TIER_COUNTER_NAMES,
+    PREFETCH_COUNTER_NAMES, TIER_COUNTER_NAMES,
 };
 
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
@@ -297,10 +297,20 @@ impl PyStore {
         Ok(stored)
     }
 
-    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    /// The verified entry, or None. With `count=False` the lookup counts nothing (a read
+    /// ahead of the lookup it may serve: `count_hit` counts it when it does).
+    #[pyo3(signature = (key, *, count=true))]
+    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>, count: bool) -> PyResult<Py<PyAny>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        let local = match py.detach(|| no_panic("get", || store.get(key.key()))) {
+        let read = |k| {
+            if count {
+                store.get(k)
+            } else {
+                store.get_uncounted(k)
+            }
+        };
+        let local = match py.detach(|| no_panic("get", || read(key.key()))) {
             Ok(b) => b,
             Err(e) if e.is_instance_of::<CacheError>(py) => {
                 log::error!("xla_pcache: {e}; treated as a miss");
@@ -732,6 +742,37 @@ impl PyStore {
         let store = self.store()?;
         no_panic("count_adopted", || {
             store.count_adopted(nbytes, ms);
+            Ok(())
+        })
+    }
+
+    /// Counts a lookup served by `blob`, an entry read earlier with `get(count=False)`: a
+    /// hit, its bytes and its recorded compile time, as `get` would have.
+    fn count_hit(&self, blob: PyRef<'_, PyBlob>) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("count_hit", || {
+            store.count_hit(&blob.inner);
+            Ok(())
+        })
+    }
+
+    /// Adds each `(counter, n)` of `counts` to the prefetch counter `counter` (one of
+    /// `PREFETCH_COUNTERS`; `stats` names it `prefetch_<counter>`). All are checked before
+    /// any is added (ValueError naming the first that is not one).
+    fn add_prefetch_counters(&self, counts: Vec<(String, u64)>) -> PyResult<()> {
+        let store = self.store()?;
+        if let Some((counter, _)) = counts
+            .iter()
+            .find(|(c, _)| !PREFETCH_COUNTER_NAMES.contains(&c.as_str()))
+        {
+            return Err(PyValueError::new_err(format!(
+                "invalid prefetch counter {counter:?}: one of {PREFETCH_COUNTER_NAMES:?}"
+            )));
+        }
+        no_panic("add_prefetch_counters", || {
+            for (counter, n) in &counts {
+                store.add_prefetch(counter, *n);
+            }
             Ok(())
         })
     }

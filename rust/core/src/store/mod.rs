@@ -549,6 +549,19 @@ impl Store {
         crate::stats::tier_counter(counter).is_some_and(|c| self.counters.add_tier(tier, c, n))
     }
 
+    /// Adds `n` to the prefetch counter `counter` (one of `stats::PREFETCH_COUNTER_NAMES`);
+    /// false, counting nothing, for any other name. Written to the journal with the rest.
+    pub fn add_prefetch(&self, counter: &str, n: u64) -> bool {
+        match crate::stats::prefetch_counter(counter) {
+            Some(i) => {
+                self.counters.add_at(i, n);
+                self.maybe_flush_stats(false);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave State inconsistent in a way that
         // matters (it is a cache of hints), so a poisoned lock is simply taken over.

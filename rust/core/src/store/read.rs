@@ -6,12 +6,24 @@ use crate::stats::compile_ms;
 impl Store {
     /// The verified entry for `key`, or None. Never fails for cache reasons.
     pub fn get(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
+        self.read(key, true)
+    }
+
+    /// `get` that counts no lookup (hit, miss, bytes read, compile time saved, an untrusted
+    /// entry refused): a read ahead of the lookup it may serve, which counts itself then
+    /// (`count_hit`) or, not served, goes through `get` as if this read had not been. A hit
+    /// is still recorded as a use of the entry, and damage found is still counted.
+    pub fn get_uncounted(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
+        self.read(key, false)
+    }
+
+    fn read(&self, key: Key<'_>, count: bool) -> Result<Option<Blob>, StoreError> {
         check_key(&key)?;
         let name = entry_name(key.bytes);
         let result = match self.opts.trust.as_deref() {
             None => self.lookup(key, name, None, None).ok().flatten(),
             Some(trust) => {
-                let hit = self.get_trusted(key, name, trust);
+                let hit = self.get_trusted(key, name, trust, count);
                 // The verification record refused (warned about in `verified.rs`): counted
                 // with the other paths refused.
                 let refused = trust.take_record_problems();
@@ -23,16 +35,19 @@ impl Store {
         };
         match &result {
             Some((b, at)) => {
-                self.counters.inc(Counter::Hits);
-                self.counters.add(Counter::BytesRead, b.header.payload_len);
-                self.counters
-                    .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
+                if count {
+                    self.counters.inc(Counter::Hits);
+                    self.counters.add(Counter::BytesRead, b.header.payload_len);
+                    self.counters
+                        .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
+                }
                 self.note_hit(*at, b.header.file_len());
             }
-            None => {
+            None if count => {
                 self.counters.inc(Counter::Misses);
                 self.maybe_flush_stats(false);
             }
+            None => {}
         }
         Ok(result.map(|(b, _)| b))
     }
@@ -41,7 +56,13 @@ impl Store {
     /// the plain file, then each trusted key's own file for this key) holding an entry the
     /// gate admits. An entry that is not trusted is counted, once per get, and its payload
     /// never read.
-    fn get_trusted(&self, key: Key<'_>, name: u128, trust: &TrustSet) -> Option<(Blob, u128)> {
+    fn get_trusted(
+        &self,
+        key: Key<'_>,
+        name: u128,
+        trust: &TrustSet,
+        count: bool,
+    ) -> Option<(Blob, u128)> {
         let mut refused = false;
         for (at, signer) in gate::candidates(key.bytes, Some(trust)) {
             debug_assert!(signer.is_some() || at == name);
@@ -57,7 +78,7 @@ impl Store {
                 }
             }
         }
-        if refused {
+        if refused && count {
             self.counters.inc(Counter::Untrusted);
         }
         None
@@ -170,6 +191,18 @@ impl Store {
         if let Some(ms) = compile_ms {
             self.counters.add(Counter::CompileSavedMs, ms);
         }
+        self.maybe_flush_stats(false);
+    }
+
+    /// Counts a lookup served by `blob`, an entry read earlier with `get_uncounted` (a read
+    /// ahead): a hit, its payload bytes and the compile time its producer recorded, as `get`
+    /// would have counted them.
+    pub fn count_hit(&self, blob: &Blob) {
+        self.counters.inc(Counter::Hits);
+        self.counters
+            .add(Counter::BytesRead, blob.header.payload_len);
+        self.counters
+            .add(Counter::CompileSavedMs, compile_ms(&blob.header.meta));
         self.maybe_flush_stats(false);
     }
 
