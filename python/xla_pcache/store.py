@@ -16,6 +16,8 @@ from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
     from xla_pcache.tiers import Chain, Spooled
@@ -204,6 +206,30 @@ class Store(_core.Store):
         tier = self._open_tier()
         if tier is not None:
             tier.put_async(names, data)
+
+    def replace(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
+        """Put ``value`` under ``key`` in place of the entry there: for a small record that
+        changes (a prefetch plan), never an executable, which is first-writer-wins
+        everywhere. The entry is deleted, then put, so a reader meanwhile sees the old
+        entry, a miss or the new one, always whole; and each writable remote tier's copy is
+        overwritten (a put only creates there). False when nothing was written: read-only,
+        another process's put came between (its value stays), over budget, or a failure
+        (logged)."""
+        if self.read_only:
+            return False
+        self.delete(key)
+        if not self.put(key, value, meta=meta):
+            return False
+        tier = self._open_tier() if self._tier_url is not None else None
+        if tier is not None:
+            data = self.get_entry_file(key)
+            if data is not None:
+                names = [_core.entry_name(key)]
+                signer = self.signing_key_name
+                if signer is not None:
+                    names.append(_core.signed_entry_name(key, signer))
+                tier.put_async(names, data, replace=True)
+        return True
 
     def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password
