@@ -157,8 +157,8 @@ class BucketStore(Store):
     # Guards the lazy making of the bucket's upkeep client (shared: it is only that).
     _bucket_lock = threading.Lock()
 
-    def get(self, key: _core.Key) -> _core.Blob | None:
-        blob = super().get(key)
+    def get(self, key: _core.Key, *, count: bool = True) -> _core.Blob | None:
+        blob = super().get(key, count=count)
         recorder = self._recorder
         if blob is not None and recorder is not None:
             signer = blob.signer
