@@ -16,7 +16,7 @@ import pytest
 from xla_pcache import Store
 from xla_pcache.config import Settings
 
-from tests.helpers import clean_env, finish_worker, start_worker
+from tests.helpers import clean_env, executable_keys, executables, finish_worker, start_worker
 
 WORKER = Path(__file__).with_name("jax_worker.py")
 # The README's set-up: nothing about what is cached; the tests that check a threshold set
@@ -71,8 +71,9 @@ def results(report: dict[str, Any]) -> dict[int, list[float]]:
 
 
 def store_keys(root: Path) -> set[str]:
+    """The keys of the executables in the store at ``root`` (its prefetch plans left out)."""
     with Store(root, read_only=True) as store:
-        return set(map(str, store.keys()))
+        return set(map(str, executable_keys(store)))
 
 
 # Knows nothing of xla_pcache: counts JAX's own persistent-cache hit events.
@@ -142,7 +143,7 @@ def scratch_programs(factory: pytest.TempPathFactory) -> dict[str, tuple[str, by
         scratch = factory.mktemp(name)
         value, _ = value_and_hits(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
         with Store(scratch, settings=Settings()) as s:
-            (entry,) = s.entries()
+            (entry,) = executables(s)
             blob = s.get(entry["key"])
             assert blob is not None
             out[name] = (str(entry["key"]), bytes(blob), value)
