@@ -255,11 +255,12 @@ class Store:
     def get(self, key: Key, *, count: bool = True) -> Blob | None:
         """The verified entry, or None (a miss; corrupt entries are counted and removed).
         With ``count=False`` the lookup counts nothing (no hit, miss, bytes read, compile
-        time saved or untrusted entry): a read ahead of the lookup it may serve, which
-        ``count_hit`` counts when it does; the entry's use is still recorded."""
+        time saved or untrusted entry) and records no use of the entry: a read ahead of the
+        lookup it may serve, which ``count_hit`` counts when it does."""
     def count_hit(self, blob: Blob) -> None:
         """Count a lookup served by ``blob``, an entry read earlier with ``get(count=False)``:
-        a hit, its payload bytes and its recorded compile time, as ``get`` would have."""
+        a hit, its payload bytes, its recorded compile time and a use of its entry, as
+        ``get`` would have."""
     def add_prefetch_counters(self, counts: Sequence[tuple[str, int]]) -> None:
         """For each ``(counter, n)``: add ``n`` to the prefetch counter ``counter`` (one of
         ``PREFETCH_COUNTERS``), reported by ``stats`` as ``prefetch_<counter>`` and summed

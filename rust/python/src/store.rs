@@ -297,8 +297,8 @@ impl PyStore {
         Ok(stored)
     }
 
-    /// The verified entry, or None. With `count=False` the lookup counts nothing (a read
-    /// ahead of the lookup it may serve: `count_hit` counts it when it does).
+    /// The verified entry, or None. With `count=False` the lookup counts nothing and records
+    /// no use (a read ahead of the lookup it may serve: `count_hit` counts it when it does).
     #[pyo3(signature = (key, *, count=true))]
     fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>, count: bool) -> PyResult<Py<PyAny>> {
         let key = KeyArg::extract(key)?;
@@ -747,7 +747,7 @@ impl PyStore {
     }
 
     /// Counts a lookup served by `blob`, an entry read earlier with `get(count=False)`: a
-    /// hit, its bytes and its recorded compile time, as `get` would have.
+    /// hit, its bytes, its recorded compile time and a use of its entry, as `get` would.
     fn count_hit(&self, blob: PyRef<'_, PyBlob>) -> PyResult<()> {
         let store = self.store()?;
         no_panic("count_hit", || {

@@ -10,9 +10,9 @@ impl Store {
     }
 
     /// `get` that counts no lookup (hit, miss, bytes read, compile time saved, an untrusted
-    /// entry refused): a read ahead of the lookup it may serve, which counts itself then
-    /// (`count_hit`) or, not served, goes through `get` as if this read had not been. A hit
-    /// is still recorded as a use of the entry, and damage found is still counted.
+    /// entry refused) and records no use of the entry: a read ahead of the lookup it may
+    /// serve, which counts itself then (`count_hit`) or, not served, goes through `get` as
+    /// if this read had not been. Damage found is still counted (and removed).
     pub fn get_uncounted(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
         self.read(key, false)
     }
@@ -33,23 +33,24 @@ impl Store {
                 hit
             }
         };
-        match &result {
-            Some((b, at)) => {
+        match result {
+            Some((b, at)) if count => {
+                self.counters.inc(Counter::Hits);
+                self.counters.add(Counter::BytesRead, b.header.payload_len);
+                self.counters
+                    .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
+                self.note_hit(at, b.header.file_len());
+                Ok(Some(b))
+            }
+            Some((b, at)) => Ok(Some(b.named(at))),
+            None => {
                 if count {
-                    self.counters.inc(Counter::Hits);
-                    self.counters.add(Counter::BytesRead, b.header.payload_len);
-                    self.counters
-                        .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
+                    self.counters.inc(Counter::Misses);
+                    self.maybe_flush_stats(false);
                 }
-                self.note_hit(*at, b.header.file_len());
+                Ok(None)
             }
-            None if count => {
-                self.counters.inc(Counter::Misses);
-                self.maybe_flush_stats(false);
-            }
-            None => {}
         }
-        Ok(result.map(|(b, _)| b))
     }
 
     /// A trusting reader's get: the first of the key's candidate names (`gate::candidates`:
@@ -195,9 +196,12 @@ impl Store {
     }
 
     /// Counts a lookup served by `blob`, an entry read earlier with `get_uncounted` (a read
-    /// ahead): a hit, its payload bytes and the compile time its producer recorded, as `get`
-    /// would have counted them.
+    /// ahead): a hit, its payload bytes and the compile time its producer recorded, and a
+    /// use of its entry file, as `get` would have.
     pub fn count_hit(&self, blob: &Blob) {
+        if let Some(at) = blob.name() {
+            self.note_hit(at, blob.header.file_len());
+        }
         self.counters.inc(Counter::Hits);
         self.counters
             .add(Counter::BytesRead, blob.header.payload_len);

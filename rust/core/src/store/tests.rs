@@ -687,10 +687,16 @@ fn an_uncounted_read_counts_no_lookup_until_count_hit() {
     assert!(s.get_uncounted(key("absent")).unwrap().is_none());
     assert_eq!((c(Counter::Hits), c(Counter::Misses)), (0, 0));
     assert_eq!((c(Counter::BytesRead), c(Counter::CompileSavedMs)), (0, 0));
-    // Served later: counted as the get it stands for.
+    // Nor a use of the entry (what eviction goes by): a read ahead may never be used.
+    s.flush();
+    let hits = |s: &Store| s.entries().unwrap()[0].hits;
+    assert_eq!(hits(&open(d.path(), None)), 0);
+    // Served later: counted as the get it stands for, its use with it.
     s.count_hit(&blob);
     assert_eq!((c(Counter::Hits), c(Counter::BytesRead)), (1, 7));
     assert_eq!(c(Counter::CompileSavedMs), 1500);
+    s.flush();
+    assert_eq!(hits(&open(d.path(), None)), 1);
     s.get(key("k")).unwrap().unwrap();
     assert_eq!((c(Counter::Hits), c(Counter::BytesRead)), (2, 14));
     // Damage is still found and counted (and removed) by an uncounted read.
