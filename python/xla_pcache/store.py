@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = package_logger("xla_pcache")
 
+# Set while ``Store.replace`` puts on this thread.
+_replacing = threading.local()
+
 # ``scheme://``: a path written as a URL.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -205,7 +208,7 @@ class Store(_core.Store):
         docs/remote.md)."""
         tier = self._open_tier()
         if tier is not None:
-            tier.put_async(names, data)
+            tier.put_async(names, data, replace=getattr(_replacing, "active", False))
 
     def replace(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
         """Put ``value`` under ``key`` in place of the entry there: for a small record that
@@ -218,18 +221,13 @@ class Store(_core.Store):
         if self.read_only:
             return False
         self.delete(key)
-        if not self.put(key, value, meta=meta):
-            return False
-        tier = self._open_tier() if self._tier_url is not None else None
-        if tier is not None:
-            data = self.get_entry_file(key)
-            if data is not None:
-                names = [_core.entry_name(key)]
-                signer = self.signing_key_name
-                if signer is not None:
-                    names.append(_core.signed_entry_name(key, signer))
-                tier.put_async(names, data, replace=True)
-        return True
+        # The put's copy to the tiers (``_tier_put``, called from within it on this thread)
+        # overwrites.
+        _replacing.active = True
+        try:
+            return self.put(key, value, meta=meta)
+        finally:
+            _replacing.active = False
 
     def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password
