@@ -369,7 +369,7 @@ VARIABLES: tuple[Variable, ...] = (
         PREFETCH_THREADS_VAR,
         "prefetch_threads",
         "count",
-        "8 (at most the CPUs)",
+        "8 (at most the CPUs less one)",
         "Threads that read, decompress and load a plan's executables ahead (at least 1).",
     ),
     Variable(
@@ -702,8 +702,9 @@ class Settings:
     local_path: str | None = None
     bucket_record_interval: float = DEFAULT_BUCKET_RECORD_INTERVAL_S
     bucket_auto_prune: bool = True
-    # Loading ahead (JAX): on; threads (None: DEFAULT_PREFETCH_THREADS, at most the CPUs);
-    # bytes loaded ahead and not yet taken, at most; the plan's name (None: the entry point).
+    # Loading ahead (JAX): on; threads (None: DEFAULT_PREFETCH_THREADS, at most the CPUs less
+    # one); bytes loaded ahead and not yet taken, at most; the plan's name (None: the entry
+    # point).
     prefetch: bool = True
     prefetch_threads: int | None = None
     prefetch_memory: int = DEFAULT_PREFETCH_MEMORY
@@ -744,14 +745,15 @@ class Settings:
         return os.path.join(self.default_cache_path(), "remote")
 
     def prefetch_thread_count(self) -> int:
-        """``XLA_PCACHE_PREFETCH_THREADS``, else 8 or the CPUs this process may use if fewer."""
+        """``XLA_PCACHE_PREFETCH_THREADS``, else 8, or fewer to leave one of the CPUs this
+        process may use to the thread JAX traces and compiles on (at least 1)."""
         if self.prefetch_threads is not None:
             return self.prefetch_threads
         try:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 1
-        return max(1, min(DEFAULT_PREFETCH_THREADS, cpus))
+        return max(1, min(DEFAULT_PREFETCH_THREADS, cpus - 1))
 
     def torch_xla_local_root(self) -> str:
         """``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``, else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``."""

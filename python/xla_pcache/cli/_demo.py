@@ -51,7 +51,7 @@ def build_model(name: str) -> tuple[Any, tuple[Any, ...]]:
     """The demo's jitted train step, named ``name``, and its arguments (imports jax).
 
     Parameters and data come from numpy, not jax.random, so the train step is the only
-    program compiled. Shared with ``bench/jax_warm_start.py``.
+    program compiled.
     """
     import jax
     import jax.numpy as jnp

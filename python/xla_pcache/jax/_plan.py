@@ -41,9 +41,9 @@ VERSION = 1
 # The entry's metadata: what it is, for people (``xla-pcache ls``).
 META_KIND = "prefetch-plan"
 # An executable's metadata, written by the process that compiled it: the digest of the
-# compile options and devices it was compiled for (``load_digest``). A plan's options and
-# devices for that key must match it to be used (the entry, checked and perhaps signed
-# with it, vouches for them; the plan does not).
+# compile options (as JAX's cache key sees them) and devices it was compiled for
+# (``load_digest``). A plan's options and devices for that key must match it to be used (the
+# entry, checked and perhaps signed with it, vouches for them; the plan does not).
 META_LOAD_DIGEST = "load_digest"
 
 # Bounds, each above what a real workload writes: a plan of 1,024 executables of one
@@ -98,9 +98,10 @@ class Plan:
         return max(self.variants, key=lambda v: v.written, default=None)
 
 
-def load_digest(entry: Entry) -> str:
-    """What an executable's ``META_LOAD_DIGEST`` holds for the read ``entry`` stands for."""
-    return hash_key(entry.options, " ".join(map(str, entry.devices)))
+def load_digest(options: bytes, devices: tuple[int, ...]) -> str:
+    """What an executable's ``META_LOAD_DIGEST`` holds: ``options`` is the digest of the
+    compile options as JAX's key sees them (``_prefetch``), ``devices`` their ids."""
+    return hash_key(options, " ".join(map(str, devices)))
 
 
 def valid_key(key: object) -> bool:

@@ -15,19 +15,26 @@ not this package's own store cache with a session (the verification wrapper of
 host callbacks.
 
 A read JAX makes goes to ``Prefetch.read``: the first one starts the session's thread, which
-reads the plan (``_plan``) and queues its entries; worker threads take them in the plan's
-order, each read through the store without counting a lookup (``get(count=False)``),
-decompressed and split by JAX's own functions and deserialized by the backend with the
-plan's compile options and devices (XLA's deserialize releases the GIL). A read of a key
-whose executable is loaded takes it only when its own compile options (serialized) and
-devices are the ones it was loaded with; it waits for one still loading; anything else (not
-planned, not started yet, failed, another set of options) goes JAX's own way. A taken
-executable counts the hit the store would have counted; one loaded and never taken is
-wasted (released, counted) when the run stops asking (``IDLE_RELEASE_S``) or at exit.
-Memory: loading waits while the executables loaded and not taken reach
-``XLA_PCACHE_PREFETCH_MEMORY`` bytes. Errors in the background are a miss for that key, one
-warning per kind, a counter: never an exception in the program. The session's threads are
-daemons and the exit hook waits for loads in progress at most ``CLOSE_WAIT_S``.
+reads the plan (``_plan``) and queues its entries, and waits for that (at most
+``PLAN_WAIT_S``) so that it too can be served; worker threads take the entries in the plan's
+order, each read through the store without counting a lookup (``get(count=False)``: the
+store's one gate, checksums, signatures and trust), decompressed and split by JAX's own
+functions and deserialized by the backend with the plan's compile options and devices
+(XLA's deserialize releases the GIL). An entry whose producer recorded the options and
+devices it was compiled for (``_plan.META_LOAD_DIGEST``) is loaded only with those. A read of
+a key whose executable is loaded takes it only when its own compile options, as JAX's cache
+key sees them (JAX's ``_hash_serialized_compile_options``: dump flags and the autotune
+cache's path left out, device assignment kept), and its devices are the ones it was loaded
+with; it waits for one still loading, and one not started yet is loaded next, past the
+memory bound, while it waits; anything else (not planned, failed, other options) goes JAX's
+own way. A taken executable counts the hit the store would have counted; one loaded and
+never taken is wasted (released, counted) when the run stops asking (``IDLE_RELEASE_S``) or
+at exit. Memory: loading waits while the executables loaded and not taken reach
+``XLA_PCACHE_PREFETCH_MEMORY`` bytes. A failure in the background is a miss for that key
+and a counter, never an exception in the program: a payload JAX's functions cannot
+decompress is logged at debug level (JAX's own read of the key meets it and warns), any
+other failure is one warning per kind. The session's threads are daemons and the exit hook
+waits for loads in progress at most ``CLOSE_WAIT_S``.
 
 The session also records what this process read (key, options, devices) and, when that
 names a key its plan did not (a new program, or no plan yet), writes the plan again after
@@ -41,6 +48,7 @@ from __future__ import annotations
 import atexit
 import collections
 import enum
+import hashlib
 import importlib
 import inspect
 import logging
@@ -112,6 +120,16 @@ def read_form(cc: Any) -> int | str:
     if missing:
         return f"this JAX lacks {', '.join(missing)}"
     return form
+
+
+def _options_digester() -> Callable[[Any, Any], Any] | None:
+    """JAX's ``cache_key._hash_serialized_compile_options(hash_obj, options)``, or None."""
+    try:
+        module = importlib.import_module("jax._src.cache_key")
+    except ImportError:
+        return None
+    fn = getattr(module, "_hash_serialized_compile_options", None)
+    return fn if callable(fn) else None
 
 
 def _xla_client() -> Any:
@@ -195,10 +213,22 @@ class _State(enum.Enum):
 
 
 class _Slot:
-    __slots__ = ("blob", "entry", "executable", "load_s", "nbytes", "state", "time", "urgent")
+    __slots__ = (
+        "blob",
+        "entry",
+        "executable",
+        "load_s",
+        "nbytes",
+        "options",
+        "state",
+        "time",
+        "urgent",
+    )
 
     def __init__(self, entry: _plan.Entry) -> None:
         self.entry = entry
+        # The digest of the plan's compile options as JAX's key sees them (once loaded).
+        self.options = b""
         self.state = _State.QUEUED
         self.urgent = False
         self.executable: Any = None
@@ -265,6 +295,7 @@ class Prefetch:
         self._jax_version = jax_version
         self._form = form
         self._pid = os.getpid()
+        self._digest_options = _options_digester()
         self._cond = threading.Condition()
         self._warn = _Warner()
         self._started = False
@@ -283,6 +314,8 @@ class Prefetch:
         # plan in use did not; the keys whose reads went JAX's own way.
         self._seen: dict[str, _plan.Entry] = {}
         self._passed: set[str] = set()
+        # The digest of each read's compile options as JAX's key sees them (``_normalized``).
+        self._wanted: dict[str, bytes] = {}
         self._dirty = False
         self._last_read = time.monotonic()
         self._last_take = time.monotonic()
@@ -326,12 +359,14 @@ class Prefetch:
         if self._form >= 2:
             devices = tuple(int(d.id) for d in call["executable_devices"])
         entry = _plan.Entry(key, bytes(options), devices)
+        wanted = self._normalized(call["compile_options"])
         with self._cond:
             if self._closed:
                 return None
             self._last_read = time.monotonic()
             if key not in self._seen:
                 self._seen[key] = entry
+                self._wanted[key] = wanted
                 if self._planned is not None and key not in self._planned:
                     self._mark_dirty()
             if not self._started:
@@ -360,7 +395,7 @@ class Prefetch:
             if slot.state is not _State.LOADED:
                 self._passed.add(key)
                 return None
-            if slot.entry != entry:
+            if slot.options != wanted or slot.entry.devices != devices:
                 # Same key, other options or devices: never handed to this read.
                 self._release(slot)
                 self._passed.add(key)
@@ -381,8 +416,20 @@ class Prefetch:
         """For the put of ``key`` after this process's read of it missed: the digest of the
         options and devices that read asked for (``_plan.META_LOAD_DIGEST``)."""
         with self._cond:
-            entry = self._seen.get(key)
-        return None if entry is None else _plan.load_digest(entry)
+            entry, wanted = self._seen.get(key), self._wanted.get(key)
+        return None if entry is None or wanted is None else _plan.load_digest(wanted, entry.devices)
+
+    def _normalized(self, options: Any) -> bytes:
+        """``options`` as JAX's cache key sees them: JAX's own digest of the serialized
+        options less the fields it says do not change what is compiled (dump flags, the
+        path of XLA's autotune cache, which follows the cache's path on jax >= 0.11), device
+        assignment kept; the serialized options themselves on a JAX without it."""
+        digest = self._digest_options
+        if digest is None:
+            return bytes(options.SerializeAsString())
+        h = hashlib.sha256()
+        digest(h, options)
+        return h.digest()
 
     def _mark_dirty(self) -> None:
         if not self._dirty and not self._store.read_only:
@@ -555,8 +602,10 @@ class Prefetch:
         made_for = blob.meta.get("backend")
         if made_for is not None and made_for != str(backend.platform):
             raise ValueError(f"the entry was made for {made_for}")
+        options = xc.CompileOptions.ParseFromString(entry.options)
+        normalized = self._normalized(options)
         bound = blob.meta.get(_plan.META_LOAD_DIGEST)
-        if bound is not None and bound != _plan.load_digest(entry):
+        if bound is not None and bound != _plan.load_digest(normalized, entry.devices):
             raise ValueError(
                 "the plan's compile options or devices for it are not the ones it was compiled for"
             )
@@ -566,7 +615,6 @@ class Prefetch:
             )
         except Exception as exc:
             raise _EntryUnusable(f"{type(exc).__name__}: {exc}") from exc
-        options = xc.CompileOptions.ParseFromString(entry.options)
         if self._form == 1:
             executable = backend.deserialize_executable(serialized, options)
         else:
@@ -581,6 +629,7 @@ class Prefetch:
                 slot.state = _State.RELEASED
                 return
             slot.executable, slot.time, slot.blob = executable, compile_time, blob
+            slot.options = normalized
             slot.nbytes = len(serialized)
             slot.load_s = time.perf_counter() - start
             slot.state = _State.LOADED
