@@ -4,6 +4,7 @@ run in fresh processes. The test process itself never imports jax."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store
+from xla_pcache import Store, entry_name
 from xla_pcache.config import Settings
+from xla_pcache.jax import _plan
 
 from tests.helpers import clean_env, executable_keys, executables, finish_worker, start_worker
 
@@ -56,6 +58,13 @@ def open_barrier(procs: list[subprocess.Popen[str]], ready: list[Path], go: Path
                 pytest.fail(f"worker exited ({proc.returncode}) before the barrier:\n{err[-4000:]}")
         time.sleep(0.01)
     go.touch()
+
+
+def worker_plan_name() -> str:
+    """The entry name of the prefetch plan the worker's processes keep (the worker's script,
+    this JAX, on CPU, one device, process 0): a bucket lists it among the entries."""
+    version = importlib.metadata.version("jax")
+    return entry_name(_plan.plan_key(_plan.workload(f"script {WORKER}", version, "cpu", 1, 0)))
 
 
 def runs(*programs: int, layers: int = 2) -> list[dict[str, Any]]:
