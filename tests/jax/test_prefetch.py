@@ -20,6 +20,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,54 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
     again, _ = run(script, cache, TEST_CHANGE="1")
     assert states(again) == {"taken": N} and again["hits"] == N
     assert again["out"] == changed["out"]
+
+
+def test_a_compile_that_outlasts_the_quiet_time_is_still_planned(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The plan is written after reads go quiet; a changed program still compiling then
+    (held here at its compile claim) is not stored yet: the tries in the quiet spells write
+    nothing (no plan of what is already planned), and the plan is written at exit, with the
+    new programs, once."""
+    script, _, _ = filled
+    cache, hooks = copy(filled, tmp_path), tmp_path / "hooks"
+    hooks.mkdir()
+    before = counters(cache)["prefetch_plans_written"]
+    env = worker_env(
+        {
+            "XLA_PERSISTENT_CACHE_PATH": str(cache),
+            "TEST_PREFETCH_REPORT": "1",
+            "TEST_CHANGE": "1",
+            "XLA_PCACHE_TEST_HOOKS": str(hooks),
+        }
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        # The first changed program holds at its claim, before compiling; the session's
+        # quiet-time try comes meanwhile.
+        deadline = time.monotonic() + 120
+        while not list(hooks.glob("plan-write.*")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no try to write the plan"
+            time.sleep(0.05)
+        assert list(hooks.glob("claimed.*")) and proc.poll() is None
+        (hooks / "claimed.go").touch()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["hits"] == 3 and states(report)["taken"] == 3
+    (variant,) = _plan.decode(plan_of(cache)[1]).variants
+    assert len(variant.entries) == N
+    assert {e.key for e in variant.entries[3:]} == store_keys(cache) - store_keys(filled[1])
+    assert counters(cache)["prefetch_plans_written"] - before == 1
 
 
 def test_read_only_processes_use_plans_and_write_none(

@@ -39,8 +39,9 @@ waits for loads in progress at most ``CLOSE_WAIT_S``.
 The session also records what this process read (key, options, devices) and, when that
 names a key its plan did not (a new program, or no plan yet), writes the plan again after
 ``QUIET_S`` without reads and at exit: the plan of the run that diverged replaces the
-variant of its arguments (``Store.replace``: every tier's copy too). A read-only store
-writes none.
+variant of its arguments (``Store.replace``: every tier's copy too). A try that finds no
+newly stored key to add (a program still compiling) writes nothing; ``FRUITLESS_WRITES`` such
+tries in a row leave it to the exit. A read-only store writes none.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from xla_pcache import _testhook
 from xla_pcache._text import package_logger
 from xla_pcache.jax import _plan
 from xla_pcache.store import Store
@@ -74,8 +76,10 @@ FORMS: dict[tuple[str, ...], int] = {
 _TARGET = "get_executable_and_time"
 _WRAPPED = "__xla_pcache_prefetch__"
 
-# Seconds without a read before a changed plan is written (and again at exit).
+# Seconds without a read before a changed plan is written (and again at exit); tries in a
+# row that find nothing new to write before only the exit's is left.
 QUIET_S = 5.0
+FRUITLESS_WRITES = 3
 # Seconds without a take, once loading is done, before what was loaded and not taken is
 # released and counted wasted.
 IDLE_RELEASE_S = 300.0
@@ -85,6 +89,8 @@ LOAD_WAIT_S = 120.0
 PLAN_WAIT_S = 2.0
 # How long the exit hook waits for loads in progress.
 CLOSE_WAIT_S = 10.0
+# Reads whose options are kept for the put after a miss (JAX puts right after it compiles).
+_RECENT_READS = 256
 
 
 def read_form(cc: Any) -> int | str:
@@ -314,9 +320,16 @@ class Prefetch:
         # plan in use did not; the keys whose reads went JAX's own way.
         self._seen: dict[str, _plan.Entry] = {}
         self._passed: set[str] = set()
-        # The digest of each read's compile options as JAX's key sees them (``_normalized``).
-        self._wanted: dict[str, bytes] = {}
+        # The latest reads' compile options as JAX's key sees them (``_normalized``) and
+        # devices, by key, for the puts of what they missed.
+        self._wanted: collections.OrderedDict[str, tuple[bytes, tuple[int, ...]]] = (
+            collections.OrderedDict()
+        )
         self._dirty = False
+        # When the plan was last written or tried, and how many tries in a row found
+        # nothing new to write.
+        self._last_write = 0.0
+        self._fruitless = 0
         self._last_read = time.monotonic()
         self._last_take = time.monotonic()
         self._workers: list[threading.Thread] = []
@@ -364,11 +377,17 @@ class Prefetch:
             if self._closed:
                 return None
             self._last_read = time.monotonic()
-            if key not in self._seen:
+            # What a plan could hold, no more: a process that reads more keeps its start.
+            if key not in self._seen and len(self._seen) < _plan.MAX_ENTRIES:
                 self._seen[key] = entry
-                self._wanted[key] = wanted
+                self._fruitless = 0
                 if self._planned is not None and key not in self._planned:
                     self._mark_dirty()
+            # For the put that may follow this read's miss (its load digest).
+            self._wanted[key] = (wanted, devices)
+            self._wanted.move_to_end(key)
+            while len(self._wanted) > _RECENT_READS:
+                self._wanted.popitem(last=False)
             if not self._started:
                 # The plan is read first (one local read, or a fetch from the tiers, on the
                 # session's thread), so that this read too can be served by it.
@@ -376,7 +395,8 @@ class Prefetch:
                 self._cond.wait_for(lambda: self._planned is not None, PLAN_WAIT_S)
             slot = self._slots.get(key)
             if slot is None:
-                self._passed.add(key)
+                if self._planned is None:
+                    self._passed.add(key)  # read before the plan: not to be loaded later
                 return None
             start = time.perf_counter()
             if slot.state is _State.QUEUED:
@@ -393,12 +413,10 @@ class Prefetch:
             if slot.state is _State.QUEUED:
                 slot.state = _State.SKIPPED  # never started (workers stuck): read JAX's way
             if slot.state is not _State.LOADED:
-                self._passed.add(key)
                 return None
             if slot.options != wanted or slot.entry.devices != devices:
                 # Same key, other options or devices: never handed to this read.
                 self._release(slot)
-                self._passed.add(key)
                 self._count([("wasted", 1)])
                 return None
             result = (slot.executable, slot.time)
@@ -416,8 +434,8 @@ class Prefetch:
         """For the put of ``key`` after this process's read of it missed: the digest of the
         options and devices that read asked for (``_plan.META_LOAD_DIGEST``)."""
         with self._cond:
-            entry, wanted = self._seen.get(key), self._wanted.get(key)
-        return None if entry is None or wanted is None else _plan.load_digest(wanted, entry.devices)
+            read = self._wanted.pop(key, None)
+        return None if read is None else _plan.load_digest(*read)
 
     def _normalized(self, options: Any) -> bytes:
         """``options`` as JAX's cache key sees them: JAX's own digest of the serialized
@@ -646,8 +664,8 @@ class Prefetch:
                 now = time.monotonic()
                 deadlines = []
                 write = False
-                if self._dirty:
-                    due = self._last_read + QUIET_S
+                if self._dirty and self._fruitless < FRUITLESS_WRITES:
+                    due = max(self._last_read, self._last_write) + QUIET_S
                     write = now >= due
                     deadlines.append(due)
                 release: list[_Slot] = []
@@ -675,29 +693,37 @@ class Prefetch:
     # -------------------------------------------------------------- writing the plan
 
     def _write_plan(self) -> None:
-        """Write what this process read as its arguments' variant of the plan."""
+        """Write what this process read as its arguments' variant of the plan, when that
+        names a stored executable the plan in use does not."""
         with self._cond:
             if not self._dirty or self._key is None:
                 return
-            self._dirty = False
+            self._last_write = time.monotonic()
             seen = list(self._seen.values())
+            planned = self._planned or frozenset()
+        _testhook.reached("plan-write")
         store = self._store
         try:
             # Only what the store holds: a miss JAX did not put (below its thresholds) is
-            # not worth loading ahead.
+            # not worth loading ahead, and one still compiling is written by a later try.
             entries = tuple(e for e in seen if e.key in store)
-            if not entries or store.read_only:
-                return
             variant = _plan.bounded(_plan.Variant(self._args, time.time(), entries))
+            keys = frozenset(e.key for e in variant.entries)
+            if keys <= planned or store.read_only:
+                with self._cond:
+                    # Reads not stored (yet, or ever) keep it dirty: a few more tries after
+                    # quiet spells, and the one at exit.
+                    self._fruitless += 1
+                return
             plan = _plan.merged(self._fetch_plan(again=True), variant)
             data = _plan.encode(plan)
             meta = {"kind": _plan.META_KIND, "framework": "jax", "workload": self._workload}
             if store.replace(self._key, data, meta=meta):
                 self._count([("plans_written", 1)])
             with self._cond:
-                self._planned = frozenset(e.key for e in variant.entries)
-                if any(k not in self._planned for k in self._seen):
-                    self._mark_dirty()
+                self._planned = keys
+                self._fruitless = 0
+                self._dirty = any(k not in keys for k in self._seen)
         except Exception as exc:
             self._warn("writing the plan", self._key, exc)
 
