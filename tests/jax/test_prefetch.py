@@ -29,7 +29,7 @@ from xla_pcache import Store
 from xla_pcache.config import Settings, read_signing_key
 from xla_pcache.jax import _plan
 
-from tests.helpers import is_plan, keygen
+from tests.helpers import cli_out, is_plan, keygen
 from tests.jax.helpers import store_keys, worker_env
 
 pytestmark = [
@@ -180,6 +180,21 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
     again, _ = run(script, cache, TEST_CHANGE="1")
     assert states(again) == {"taken": N} and again["hits"] == N
     assert again["out"] == changed["out"]
+
+    # What the commands report: stats (JSON, Prometheus) and doctor, across the processes.
+    final = counters(cache)
+    used, wasted = final["prefetch_used"], final["prefetch_wasted"]
+    assert (used, wasted, final["prefetch_plans_written"]) == (2 * N + 3, 3, 2)
+    text = cli_out("stats", "--path", str(cache), "--format", "prometheus")
+    assert f'xla_pcache_prefetch_used_total{{cache="{cache}",tier="local"}} {used}.0' in text
+    assert f'xla_pcache_prefetch_wasted_total{{cache="{cache}",tier="local"}} {wasted}.0' in text
+    assert "xla_pcache_prefetch_saved_seconds_total" in text
+    table = cli_out("stats", "--path", str(cache))
+    assert "loaded ahead and used (each also a hit)" in table
+    doctor = json.loads(cli_out("doctor", "--path", str(cache), "--json"))
+    assert doctor["prefetch"]["state"] == "on"
+    assert doctor["cache"]["prefetch"]["used"] == used
+    assert doctor["frameworks"]["jax"]["prefetch"] == "ok"
 
 
 def test_a_compile_that_outlasts_the_quiet_time_is_still_planned(
