@@ -345,8 +345,8 @@ def table(results: dict[str, Any]) -> str:
     for case, label in CASES.items():
         rs = rows[case]
         ready = med(rs, "ready_s")
-        reads = fmt_time(med(rs, "reads_s"))
-        if "get_s" in rs[0]:
+        reads = fmt_time(med(rs, "reads_s")) if case != "cold" else "(misses)"
+        if "get_s" in rs[0] and case != "cold":
             reads += f" ({fmt_time(med(rs, 'get_s'))}, {fmt_time(med(rs, 'decompress_s'))})"
         pf = rs[0].get("prefetch")
         ahead = (
