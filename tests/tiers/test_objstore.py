@@ -17,8 +17,9 @@ from typing import Any
 import obstore
 import pytest
 import redis
-from xla_pcache import Store, entry_name
+from xla_pcache import Store, bucket, entry_name
 from xla_pcache._reports import tier_counters
+from xla_pcache.config import Settings
 from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
@@ -312,6 +313,29 @@ def test_a_replaced_record_is_replaced_in_every_tier(
     ro = Store(tmp_path / "c", remote=chain, read_only=True)
     assert not ro.replace("plan", b"third")
     assert bytes(c.get("plan") or b"") == b"second" * 100
+
+
+def test_a_bucket_hosts_replace_goes_through_its_own_store(tmp_path: Path, s3: S3Server) -> None:
+    """``Store.replace`` on a bucket path's host-local store, which works beneath the handle
+    it was opened on: the bucket's copy is the last writer's, and a fresh host reads it; a
+    read-only host (``?ro=1``) replaces its own copy only, never the bucket's."""
+    url = s3.url(fresh_prefix())
+
+    def host(name: str, path: str = url) -> Any:
+        settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / name))
+        return bucket.open_store(path, settings=settings)
+
+    with host("a") as a:
+        assert a.put("plan", b"first" * 100)
+        assert a.replace("plan", b"second" * 100, meta={"kind": "plan"})
+        assert bytes(a.get("plan") or b"") == b"second" * 100
+    with host("b") as b:
+        assert bytes(b.get("plan") or b"") == b"second" * 100
+    with host("c", f"{url}?ro=1") as c:
+        assert c.replace("plan", b"third" * 100)
+        assert bytes(c.get("plan") or b"") == b"third" * 100
+    with host("d") as d:
+        assert bytes(d.get("plan") or b"") == b"second" * 100
 
 
 def test_read_only_tier_and_read_only_store_write_nothing(
