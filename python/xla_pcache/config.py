@@ -235,7 +235,8 @@ VARIABLES: tuple[Variable, ...] = (
         "`$XDG_CACHE_HOME/xla_pcache/torch_xla`",
         "The host-local directory torch_xla writes to after `xla_pcache.torch_xla.install()`"
         " (see docs/torch_xla.md). Made mode 0700; refused (torch_xla uncached, one warning) "
-        "when another user owns it or others can write it.",
+        "when another user owns it; one of yours others can write is left as it is, with "
+        "`xla_pcache-<uid>` (0700) beneath it used.",
     ),
     Variable(
         REMOTE_VAR,
@@ -339,7 +340,8 @@ VARIABLES: tuple[Variable, ...] = (
         "When the cache path is a bucket (`gs://`, `s3://`, `az://`), the host-local store in "
         "front of it, where this host keeps what it fetched and compiled; the bucket is its "
         "remote tier. Put it on a local disk. Made mode 0700; refused (uncached, one warning) "
-        "when another user owns it or others can write it.",
+        "when another user owns it; one of yours others can write is left as it is, with "
+        "`xla_pcache-<uid>` (0700) beneath it as the store.",
     ),
     Variable(
         BUCKET_RECORD_INTERVAL_VAR,
