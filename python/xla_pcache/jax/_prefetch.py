@@ -232,6 +232,7 @@ class _Slot:
         "entry",
         "executable",
         "load_s",
+        "loaded_at",
         "nbytes",
         "options",
         "state",
@@ -250,6 +251,7 @@ class _Slot:
         self.blob: Any = None
         self.nbytes = 0
         self.load_s = 0.0
+        self.loaded_at = 0.0
 
 
 class _Warner:
@@ -349,6 +351,10 @@ class Prefetch:
         self._last_take = time.monotonic()
         self._workers: list[threading.Thread] = []
         self._thread: threading.Thread | None = None
+        # Where the reads this session served waited (for the report): when the session
+        # started, and each taken read's position, wait and when its load ended.
+        self._t0 = time.perf_counter()
+        self._waits: list[tuple[int, float, float]] = []
 
     # -------------------------------------------------------------- the read, on JAX's thread
 
@@ -436,6 +442,8 @@ class Prefetch:
                 return None
             result = (slot.executable, slot.time)
             blob, saved = slot.blob, max(0.0, slot.load_s - waited)
+            if len(self._waits) < _plan.MAX_ENTRIES:
+                self._waits.append((len(self._seen), waited, slot.loaded_at - self._t0))
             self._release(slot, _State.TAKEN)
             self._last_take = time.monotonic()
         try:
@@ -498,6 +506,7 @@ class Prefetch:
         global _exit_registered
         self._started = True
         self._backend = backend
+        self._t0 = time.perf_counter()
         thread = threading.Thread(target=self._run, name="xla_pcache-prefetch", daemon=True)
         self._thread = thread
         with _sessions_lock:
@@ -664,7 +673,8 @@ class Prefetch:
             slot.executable, slot.time, slot.blob = executable, compile_time, blob
             slot.options = normalized
             slot.nbytes = len(serialized)
-            slot.load_s = time.perf_counter() - start
+            slot.loaded_at = time.perf_counter()
+            slot.load_s = slot.loaded_at - start
             slot.state = _State.LOADED
             self._in_flight += slot.nbytes
         self._count([("loaded", 1)])
@@ -781,4 +791,13 @@ class Prefetch:
                 "states": dict(states),
                 "seen": len(self._seen),
                 "in_flight": self._in_flight,
+                # Reads served from what was loaded ahead that waited for it: how many, in
+                # all and the longest (seconds), and when the last load ended after the
+                # first read.
+                "waited": sum(1 for _, w, _ in self._waits if w > 0.001),
+                "waited_s": round(sum(w for _, w, _ in self._waits), 4),
+                "longest_wait": max(
+                    ((n, round(w, 4)) for n, w, _ in self._waits), key=lambda t: t[1], default=None
+                ),
+                "last_load_s": round(max((t for _, _, t in self._waits), default=0.0), 4),
             }
