@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 
-from xla_pcache.jax import _plan
+import pytest
+from xla_pcache import Store, _core, builds
+from xla_pcache.jax import _plan, _prefetch
+
+KEY = "jit_step-" + "ab" * 32
+BUILD = builds.Build("jax", "0123456789abcdef" * 2)
+SUFFIX = BUILD.suffix
+PLAN_KEY = _plan.plan_key("attacked") + SUFFIX
 
 
 def _key(i: int) -> str:
@@ -23,6 +32,17 @@ def _key(i: int) -> str:
 
 def _variant(args: str, written: float, keys: range) -> _plan.Variant:
     return _plan.Variant(args, written, tuple(_plan.Entry(_key(i), b"o", (0,)) for i in keys))
+
+
+def _doc(entries: list[list[object]]) -> bytes:
+    variant = {"args": "0" * 32, "written": 1.0, "options": [""], "devices": [[0]]}
+    doc = {"format": _plan.FORMAT, "version": 1, "variants": [{**variant, "entries": entries}]}
+    return json.dumps(doc).encode()
+
+
+def _entry_path(root: Path, key: str) -> Path:
+    name = _core.entry_name(key)
+    return root / "entries" / name[:2] / name
 
 
 def test_a_variant_dated_in_the_future_is_chosen_once_not_for_ever() -> None:
@@ -39,10 +59,172 @@ def test_a_variant_dated_in_the_future_is_chosen_once_not_for_ever() -> None:
     rewritten = _plan.decode(_plan.encode(_plan.merged(plan, mine)))
     assert {v.args for v in rewritten.variants} == {"a" * 32, "f" * 32}
     latest = rewritten.choose("b" * 32)
-    assert latest.entries == mine.entries
+    assert latest is not None and latest.entries == mine.entries
     assert all(v.written <= latest.written for v in rewritten.variants)
     # Written in JSON with its date as the attacker chose it: the same.
     raw = json.loads(_plan.encode(planted))
     raw["variants"][0]["written"] = 1e300
     plan = _plan.decode(json.dumps(raw).encode())
-    assert _plan.merged(plan, mine).choose("c" * 32).entries == mine.entries
+    chosen = _plan.merged(plan, mine).choose("c" * 32)
+    assert chosen is not None and chosen.entries == mine.entries
+
+
+# ----------------------------------------------------------------------------- keys a plan names
+
+
+def test_path_like_keys_name_no_file_outside_and_nul_keys_are_refused(tmp_path: Path) -> None:
+    # JAX's key is "<module>-<64 hex>" and the module's name is free text: "../" passes the
+    # form. The store files a key under the hash of its bytes, so such a key names a file of
+    # the cache like any other, never the path it spells.
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "passwd").write_bytes(b"precious")
+    traversal = "../../../etc/passwd-" + "0" * 64
+    assert _plan.valid_key(traversal)
+    with Store(tmp_path / "cache") as store:
+        assert store.get(traversal + SUFFIX, count=False) is None
+        assert store.put(traversal + SUFFIX, b"payload")
+    assert (outside / "passwd").read_bytes() == b"precious"
+    assert not (tmp_path / "cache" / "etc").exists()
+    for bad in ("jit\0f-" + "0" * 64, "/etc/passwd\0-" + "0" * 64, "jit f-" + "0" * 64):
+        assert not _plan.valid_key(bad)
+        with pytest.raises(_plan.PlanError, match="not a JAX cache key"):
+            _plan.decode(_doc([[bad, 0, 0]]))
+
+
+def test_a_plan_cannot_name_another_builds_entry(tmp_path: Path) -> None:
+    # Another build's entry is "<JAX key>@build-<its digest>". A plan entry is a JAX key, to
+    # which the reader appends its own build: a key that ends in another build's suffix is
+    # not of JAX's form, and one that holds it inside is another key altogether.
+    other = "@build-" + "e" * 32
+    theirs = KEY + other
+    assert not _plan.valid_key(theirs)
+    with pytest.raises(_plan.PlanError, match="not a JAX cache key"):
+        _plan.decode(_doc([[theirs, 0, 0]]))
+    inside = "jit_step" + other + "-" + "ab" * 32
+    assert _plan.valid_key(inside)
+    with Store(tmp_path / "cache") as store:
+        assert store.put(theirs, b"another build's executable")
+        assert store.get(KEY + SUFFIX, count=False) is None
+        assert store.get(inside + SUFFIX, count=False) is None
+        assert builds.split_key(inside + SUFFIX) == (inside, SUFFIX[len("@build-") :])
+
+
+def test_a_key_with_a_forged_build_is_an_entry_like_any_other(tmp_path: Path) -> None:
+    # The build in a key keeps builds apart, not writers: it is no secret (any process of
+    # that install computes it). An executable planted under the victim's own build key is
+    # served to a reader that trusts no key, as any planted entry is, and never to one that
+    # trusts keys (one miss counted untrusted): signatures are what stop a writer.
+    private = _core.generate_signing_key()
+    trusted = [("ci-1", _core.signing_public_key(private))]
+    with Store(tmp_path / "cache") as store:
+        assert store.put(KEY + SUFFIX, b"planted", meta={"backend": "cpu"})
+    with Store(tmp_path / "cache", trusted_keys=trusted) as store:
+        assert store.get(KEY + SUFFIX) is None
+        assert store.stats()["untrusted"] == 1
+    with Store(tmp_path / "cache") as store:
+        assert bytes(store.get(KEY + SUFFIX) or b"") == b"planted"
+
+
+# ----------------------------------------------------------------------------- writing a plan
+
+
+def _session(store: Store, seen: list[_plan.Entry]) -> _prefetch.Prefetch:
+    """A session as one would stand after its run read ``seen``, its plan read as none: what
+    its writer (``Prefetch._write_plan``) starts from. No backend: writing a plan uses the
+    store alone (JAX's digester of options, for reads, is not needed)."""
+    session = _prefetch.Prefetch(
+        store,
+        None,
+        threads=1,
+        memory=1 << 20,
+        name="attacked",
+        jax_version="0",
+        form=2,
+        build=BUILD,
+    )
+    session._workload = "attacked"
+    session._args = "a" * 32
+    session._key = PLAN_KEY
+    session._planned = frozenset()
+    session._seen = {e.key: e for e in seen}
+    session._dirty = True
+    return session
+
+
+def _future_plan() -> bytes:
+    future = time.time() + 86400 * 365
+    variants = tuple(
+        _variant(f"{i:032x}", future + i, range(100 * i, 100 * i + 50)) for i in (1, 2, 3, 4)
+    )
+    return _plan.encode(_plan.Plan(variants))
+
+
+def _garbage(store: Store, root: Path) -> None:
+    assert store.replace(PLAN_KEY, b"\xff" * 1000)
+
+
+def _huge(store: Store, root: Path) -> None:
+    assert store.replace(PLAN_KEY, b" " * (_plan.MAX_PLAN_BYTES + 1))
+
+
+def _dated_ahead(store: Store, root: Path) -> None:
+    assert store.replace(PLAN_KEY, _future_plan())
+
+
+def _directory(store: Store, root: Path) -> None:
+    store.delete(PLAN_KEY)
+    _entry_path(root, PLAN_KEY).mkdir(parents=True)
+
+
+def _link(store: Store, root: Path) -> None:
+    store.delete(PLAN_KEY)
+    _entry_path(root, PLAN_KEY).parent.mkdir(parents=True, exist_ok=True)
+    _entry_path(root, PLAN_KEY).symlink_to(root.parent / "victim")
+
+
+REPLACED: dict[str, Callable[[Store, Path], None]] = {
+    "garbage": _garbage,
+    "over 4 MiB": _huge,
+    "four variants dated ahead": _dated_ahead,
+    "a directory at its name": _directory,
+    "a link at its name": _link,
+}
+
+
+@pytest.mark.parametrize("how", sorted(REPLACED))
+def test_a_plan_replaced_during_the_run_is_written_over_with_the_runs_own(
+    how: str, tmp_path: Path
+) -> None:
+    # Between the plan's read and this run's write, a writer puts something else at the
+    # plan's key: the write reads it again, keeps it only as far as it is a plan (and never
+    # newer than this run), and puts the run's variant; nothing outside the cache is touched.
+    root = tmp_path / "cache"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    seen = [_plan.Entry(_key(i), b"o", (0,)) for i in range(3)]
+    with Store(root) as store:
+        for e in seen:
+            assert store.put(e.key + SUFFIX, b"executable")
+        REPLACED[how](store, root)
+        _session(store, seen)._write_plan()
+        blob = store.get(PLAN_KEY, count=False)
+        assert blob is not None
+        plan = _plan.decode(memoryview(blob))
+    assert victim.read_bytes() == b"precious"
+    assert 1 <= len(plan.variants) <= _plan.MAX_VARIANTS
+    latest = plan.choose("b" * 32)
+    assert latest is not None and latest.args == "a" * 32 and latest.entries == tuple(seen)
+
+
+def test_a_read_only_session_writes_no_plan_whatever_it_read(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    seen = [_plan.Entry(_key(0), b"o", (0,))]
+    with Store(root) as store:
+        assert store.put(seen[0].key + SUFFIX, b"executable")
+        assert store.replace(PLAN_KEY, b"garbage")
+    before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    with Store(root, read_only=True) as store:
+        _session(store, seen)._write_plan()
+    after = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    assert after == before
