@@ -228,3 +228,43 @@ def test_a_read_only_session_writes_no_plan_whatever_it_read(tmp_path: Path) -> 
         _session(store, seen)._write_plan()
     after = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
     assert after == before
+
+
+# ----------------------------------------------------------------------------- builds
+
+
+class _Counting:
+    """A store that counts the lookups made of it (``key in store``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.path = store.path
+        self.asked: list[str] = []
+
+    def __contains__(self, key: object) -> bool:
+        self.asked.append(str(key))
+        return key in self.store
+
+
+def test_a_planted_miss_log_costs_a_miss_a_bounded_number_of_lookups(tmp_path: Path) -> None:
+    # The other builds a miss is compared with are learned from the miss log, which anyone
+    # who can write the cache can fill: with thousands of made-up builds, a miss still asks
+    # the store about at most 16 of them (and the bare key), and the log is read at most
+    # once a minute. An entry of a real other build is then perhaps not found: the count
+    # and explain's words are misled, nothing is loaded.
+    root = tmp_path / "cache"
+    with Store(root) as store:
+        assert store.put(KEY + "@build-" + "e" * 32, b"another build's")
+    lines = [
+        json.dumps({"key": KEY + "@build-" + f"{i:032x}", "t": 1.0 + i, "module": "x"})
+        for i in range(5000)
+    ]
+    (root / "misses.log").write_text("\n".join(lines) + "\n")
+    other = builds.OtherBuilds(BUILD)
+    with Store(root) as store:
+        counting = _Counting(store)
+        assert other.find(counting, KEY) is None
+        assert len(counting.asked) == 1 + builds.OtherBuilds.MAX_BUILDS
+        counting.asked.clear()
+        assert other.find(counting, "jit_other-" + "0" * 64) is None
+        assert len(counting.asked) == 1 + builds.OtherBuilds.MAX_BUILDS
