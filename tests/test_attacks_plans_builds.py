@@ -12,6 +12,9 @@ read (``_prefetch`` hands out only what the read's own key, options and devices 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -268,3 +271,44 @@ def test_a_planted_miss_log_costs_a_miss_a_bounded_number_of_lookups(tmp_path: P
         counting.asked.clear()
         assert other.find(counting, "jit_other-" + "0" * 64) is None
         assert len(counting.asked) == 1 + builds.OtherBuilds.MAX_BUILDS
+
+
+# ----------------------------------------------------------------------------- what a read costs
+
+# A trusting reader's get of the plan's key, in a fresh process: its peak memory (ru_maxrss,
+# KiB) grown by the get, and what the get returned.
+_TRUSTING_GET = """
+import json, resource, sys
+from xla_pcache import Store
+root, key, name, public = sys.argv[1:]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with Store(root, trusted_keys=[(name, bytes.fromhex(public))]) as store:
+    got = store.get(key, count=False)
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"got": got is not None, "grown_kib": grown}))
+"""
+
+
+def test_a_planted_plan_of_any_size_costs_a_trusting_reader_its_header(tmp_path: Path) -> None:
+    # A plan (or any entry) planted unsigned by another user: a file others can write, so a
+    # trusting reader reads it into its own memory rather than mapping it. Its header says
+    # no trusted key signed it, and that is all that is read: a 96 MiB plan does not raise
+    # the reader's memory by 96 MiB at every process start.
+    root = tmp_path / "cache"
+    with Store(root) as store:
+        assert store.put(PLAN_KEY, bytes(96 << 20), meta={"kind": _plan.META_KIND})
+    planted = _entry_path(root, PLAN_KEY)
+    os.chmod(planted, 0o664)  # another user's, writable by the group they share
+    private = _core.generate_signing_key()
+    public = _core.signing_public_key(private).hex()
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUSTING_GET, str(root), PLAN_KEY, "ci-1", public],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["got"] is False
+    assert got["grown_kib"] < 16 << 10, got
