@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -156,3 +157,37 @@ def test_a_file_that_cannot_be_read_is_said_not_raised(tmp_path: Path) -> None:
     assert isinstance(got, str) and "not a regular file" in got
     assert isinstance(missing, str) and "absent.so" in missing
     assert problems == 0
+
+
+def test_a_binary_rewritten_with_its_size_and_mtime_kept_is_identified_again(
+    lib: Path, tmp_path: Path
+) -> None:
+    # A reinstall (or a swap) that keeps the file's inode, size and mtime, with other
+    # content: its ctime moved, which nobody can set back, so the record's shortcut no
+    # longer holds and the file is hashed again. The same for another file renamed into its
+    # place with the old mtime (a new inode).
+    record = tmp_path / "record"
+    first, computed, _ = _identify(lib, record)
+    assert computed
+    st = lib.stat()
+    time.sleep(0.05)  # past the coarse clock the kernel stamps ctime with
+    data = bytearray(lib.read_bytes())
+    data[-1] ^= 0xFF
+    with open(lib, "r+b") as f:
+        f.write(data)
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = lib.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+    )
+    second, computed, _ = _identify(lib, record)
+    assert computed and second != first
+    time.sleep(0.05)
+    swapped = tmp_path / "swapped.so"
+    swapped.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))
+    os.utime(swapped, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.rename(swapped, lib)
+    third, computed, _ = _identify(lib, record)
+    assert computed and third == first

@@ -357,6 +357,18 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
     assert (delta["prefetch_loaded"], delta["prefetch_wasted"]) == (3, 3)
     assert delta["prefetch_errors"] == N
 
+    # A variant dated a year ahead, under arguments no run uses: the latest, so a run of
+    # other arguments takes it, once. That run writes its own, and the planted one is never
+    # newer than that again (else every later run of new arguments would take it).
+    ahead = _plan.Variant("f" * 32, time.time() + 365 * 86400, tuple(other))
+    plant(_plan.encode(_plan.Plan((ahead,))))
+    once, _ = run(script, cache)
+    assert once["out"] == cold["out"] and once["hits"] == N
+    assert once["prefetch"]["planned"] == len(other)
+    latest = _plan.decode(plan_of(cache)[1]).choose("0" * 32)
+    assert latest is not None and latest.args == own.args
+    assert [e.key for e in latest.entries] == [e.key for e in own.entries]
+
 
 def test_a_jax_whose_cache_read_changed_runs_as_before(
     filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path

@@ -214,8 +214,14 @@ def encode(plan: Plan) -> bytes:
 
 def merged(plan: Plan | None, variant: Variant) -> Plan:
     """``plan`` with ``variant`` in place of the one of its arguments (or of the oldest, at
-    ``MAX_VARIANTS``)."""
-    others = [v for v in (plan.variants if plan else ()) if v.args != variant.args]
+    ``MAX_VARIANTS``). No other variant stays newer than ``variant``: a time after this
+    write is a clock that is wrong or a date whoever wrote the plan chose, and left as it
+    was, it would be the latest (``Plan.choose``) for every later run of new arguments."""
+    others = [
+        dataclasses.replace(v, written=min(v.written, variant.written))
+        for v in (plan.variants if plan else ())
+        if v.args != variant.args
+    ]
     others.sort(key=lambda v: v.written, reverse=True)
     return Plan((variant, *others[: MAX_VARIANTS - 1]))
 

@@ -282,6 +282,16 @@ impl Store {
                 return Ok(Blob::mapped(map, header));
             }
         }
+        if let Some(t) = trust {
+            // Read into memory, so judged by its header first: a file anyone can plant, of
+            // any size, costs a trusting reader a header's read unless a trusted key signed
+            // it. The whole file is judged again once read (it may change in between).
+            if let Some(header) = header_at(&f, len) {
+                if let Err(why) = t.check_header(&header) {
+                    return Err(ReadError::Untrusted(why));
+                }
+            }
+        }
         let buf = read_entry_bytes(&f, len, self.fs.local)?;
         let header = check_entry(&buf, trust, meta.ino())?;
         Ok(Blob::owned(buf, header))
@@ -409,6 +419,19 @@ pub(super) fn check_entry(
         gate::Refusal::Corrupt(e) => ReadError::Corrupt(e, ino),
         gate::Refusal::OtherKey => ReadError::Corrupt(EntryError::BadMagic, ino),
     })
+}
+
+/// The header of the entry file `f` of `fstat` size `len`, read at its start without moving
+/// the file's offset; None when it is no whole header of a file of that length (the whole
+/// file's check then says what is wrong, as without this look ahead).
+fn header_at(f: &File, len: u64) -> Option<entry::Header> {
+    use std::os::unix::fs::FileExt;
+    let mut fixed = [0u8; entry::FIXED_HEADER];
+    f.read_exact_at(&mut fixed, 0).ok()?;
+    let mut h = vec![0u8; entry::header_len(&fixed).ok()?];
+    f.read_exact_at(&mut h, 0).ok()?;
+    let header = entry::decode_header(&h).ok()?;
+    (header.file_len() == len).then_some(header)
 }
 
 /// Above this size, an entry read into memory has its header checked against the file's

@@ -1,0 +1,314 @@
+"""Loading-ahead plans and the runtime's build, attacked by someone who can write the cache
+directory (or its bucket, or a shared disk) but holds no signing key and is not the victim:
+what each attack gets, at the level of the module that owns the rule. No JAX is started here
+(the plan is bytes, the build a digest of files, the store a real one in a temporary
+directory); the real-JAX ends of the same attacks are in tests/jax/test_prefetch.py and
+tests/jax/test_builds.py, the record's own in tests/test_build_record.py.
+
+The victim, throughout, trusts no key unless the test says so: a key-less writer can then
+plant executables too, so what a plan adds is cost (bounded), never a wrong executable for a
+read (``_prefetch`` hands out only what the read's own key, options and devices name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from xla_pcache import Store, _core, builds
+from xla_pcache.jax import _plan, _prefetch
+
+KEY = "jit_step-" + "ab" * 32
+BUILD = builds.Build("jax", "0123456789abcdef" * 2)
+SUFFIX = BUILD.suffix
+PLAN_KEY = _plan.plan_key("attacked") + SUFFIX
+
+
+def _key(i: int) -> str:
+    return f"jit_step_{i}-" + f"{i:064x}"
+
+
+def _variant(args: str, written: float, keys: range) -> _plan.Variant:
+    return _plan.Variant(args, written, tuple(_plan.Entry(_key(i), b"o", (0,)) for i in keys))
+
+
+def _doc(entries: list[list[object]]) -> bytes:
+    variant = {"args": "0" * 32, "written": 1.0, "options": [""], "devices": [[0]]}
+    doc = {"format": _plan.FORMAT, "version": 1, "variants": [{**variant, "entries": entries}]}
+    return json.dumps(doc).encode()
+
+
+def _entry_path(root: Path, key: str) -> Path:
+    name = _core.entry_name(key)
+    return root / "entries" / name[:2] / name
+
+
+def test_a_variant_dated_in_the_future_is_chosen_once_not_for_ever() -> None:
+    # A writer plants a plan whose only variant is dated a century ahead, under arguments no
+    # run uses. A run of new arguments (an output directory, a timestamp) takes the latest
+    # variant: the planted one, once. It reads its own programs, diverges and writes its
+    # variant; the planted one stays among the others but is never newer than that write, so
+    # the next run of new arguments takes the run's variant, not the planted one again.
+    future = time.time() + 100 * 365 * 86400
+    planted = _plan.Plan((_variant("f" * 32, future, range(100, 200)),))
+    plan = _plan.decode(_plan.encode(planted))
+    assert plan.choose("a" * 32) == plan.variants[0]
+    mine = _variant("a" * 32, time.time(), range(5))
+    rewritten = _plan.decode(_plan.encode(_plan.merged(plan, mine)))
+    assert {v.args for v in rewritten.variants} == {"a" * 32, "f" * 32}
+    latest = rewritten.choose("b" * 32)
+    assert latest is not None and latest.entries == mine.entries
+    assert all(v.written <= latest.written for v in rewritten.variants)
+    # Written in JSON with its date as the attacker chose it: the same.
+    raw = json.loads(_plan.encode(planted))
+    raw["variants"][0]["written"] = 1e300
+    plan = _plan.decode(json.dumps(raw).encode())
+    chosen = _plan.merged(plan, mine).choose("c" * 32)
+    assert chosen is not None and chosen.entries == mine.entries
+
+
+# ----------------------------------------------------------------------------- keys a plan names
+
+
+def test_path_like_keys_name_no_file_outside_and_nul_keys_are_refused(tmp_path: Path) -> None:
+    # JAX's key is "<module>-<64 hex>" and the module's name is free text: "../" passes the
+    # form. The store files a key under the hash of its bytes, so such a key names a file of
+    # the cache like any other, never the path it spells.
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "passwd").write_bytes(b"precious")
+    traversal = "../../../etc/passwd-" + "0" * 64
+    assert _plan.valid_key(traversal)
+    with Store(tmp_path / "cache") as store:
+        assert store.get(traversal + SUFFIX, count=False) is None
+        assert store.put(traversal + SUFFIX, b"payload")
+    assert (outside / "passwd").read_bytes() == b"precious"
+    assert not (tmp_path / "cache" / "etc").exists()
+    for bad in ("jit\0f-" + "0" * 64, "/etc/passwd\0-" + "0" * 64, "jit f-" + "0" * 64):
+        assert not _plan.valid_key(bad)
+        with pytest.raises(_plan.PlanError, match="not a JAX cache key"):
+            _plan.decode(_doc([[bad, 0, 0]]))
+
+
+def test_a_plan_cannot_name_another_builds_entry(tmp_path: Path) -> None:
+    # Another build's entry is "<JAX key>@build-<its digest>". A plan entry is a JAX key, to
+    # which the reader appends its own build: a key that ends in another build's suffix is
+    # not of JAX's form, and one that holds it inside is another key altogether.
+    other = "@build-" + "e" * 32
+    theirs = KEY + other
+    assert not _plan.valid_key(theirs)
+    with pytest.raises(_plan.PlanError, match="not a JAX cache key"):
+        _plan.decode(_doc([[theirs, 0, 0]]))
+    inside = "jit_step" + other + "-" + "ab" * 32
+    assert _plan.valid_key(inside)
+    with Store(tmp_path / "cache") as store:
+        assert store.put(theirs, b"another build's executable")
+        assert store.get(KEY + SUFFIX, count=False) is None
+        assert store.get(inside + SUFFIX, count=False) is None
+        assert builds.split_key(inside + SUFFIX) == (inside, SUFFIX[len("@build-") :])
+
+
+def test_a_key_with_a_forged_build_is_an_entry_like_any_other(tmp_path: Path) -> None:
+    # The build in a key keeps builds apart, not writers: it is no secret (any process of
+    # that install computes it). An executable planted under the victim's own build key is
+    # served to a reader that trusts no key, as any planted entry is, and never to one that
+    # trusts keys (one miss counted untrusted): signatures are what stop a writer.
+    private = _core.generate_signing_key()
+    trusted = [("ci-1", _core.signing_public_key(private))]
+    with Store(tmp_path / "cache") as store:
+        assert store.put(KEY + SUFFIX, b"planted", meta={"backend": "cpu"})
+    with Store(tmp_path / "cache", trusted_keys=trusted) as store:
+        assert store.get(KEY + SUFFIX) is None
+        assert store.stats()["untrusted"] == 1
+    with Store(tmp_path / "cache") as store:
+        assert bytes(store.get(KEY + SUFFIX) or b"") == b"planted"
+
+
+# ----------------------------------------------------------------------------- writing a plan
+
+
+def _session(store: Store, seen: list[_plan.Entry]) -> _prefetch.Prefetch:
+    """A session as one would stand after its run read ``seen``, its plan read as none: what
+    its writer (``Prefetch._write_plan``) starts from. No backend: writing a plan uses the
+    store alone (JAX's digester of options, for reads, is not needed)."""
+    session = _prefetch.Prefetch(
+        store,
+        None,
+        threads=1,
+        memory=1 << 20,
+        name="attacked",
+        jax_version="0",
+        form=2,
+        build=BUILD,
+    )
+    session._workload = "attacked"
+    session._args = "a" * 32
+    session._key = PLAN_KEY
+    session._planned = frozenset()
+    session._seen = {e.key: e for e in seen}
+    session._dirty = True
+    return session
+
+
+def _future_plan() -> bytes:
+    future = time.time() + 86400 * 365
+    variants = tuple(
+        _variant(f"{i:032x}", future + i, range(100 * i, 100 * i + 50)) for i in (1, 2, 3, 4)
+    )
+    return _plan.encode(_plan.Plan(variants))
+
+
+def _garbage(store: Store, root: Path) -> None:
+    assert store.replace(PLAN_KEY, b"\xff" * 1000)
+
+
+def _huge(store: Store, root: Path) -> None:
+    assert store.replace(PLAN_KEY, b" " * (_plan.MAX_PLAN_BYTES + 1))
+
+
+def _dated_ahead(store: Store, root: Path) -> None:
+    assert store.replace(PLAN_KEY, _future_plan())
+
+
+def _directory(store: Store, root: Path) -> None:
+    store.delete(PLAN_KEY)
+    _entry_path(root, PLAN_KEY).mkdir(parents=True)
+
+
+def _link(store: Store, root: Path) -> None:
+    store.delete(PLAN_KEY)
+    _entry_path(root, PLAN_KEY).parent.mkdir(parents=True, exist_ok=True)
+    _entry_path(root, PLAN_KEY).symlink_to(root.parent / "victim")
+
+
+REPLACED: dict[str, Callable[[Store, Path], None]] = {
+    "garbage": _garbage,
+    "over 4 MiB": _huge,
+    "four variants dated ahead": _dated_ahead,
+    "a directory at its name": _directory,
+    "a link at its name": _link,
+}
+
+
+@pytest.mark.parametrize("how", sorted(REPLACED))
+def test_a_plan_replaced_during_the_run_is_written_over_with_the_runs_own(
+    how: str, tmp_path: Path
+) -> None:
+    # Between the plan's read and this run's write, a writer puts something else at the
+    # plan's key: the write reads it again, keeps it only as far as it is a plan (and never
+    # newer than this run), and puts the run's variant; nothing outside the cache is touched.
+    root = tmp_path / "cache"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    seen = [_plan.Entry(_key(i), b"o", (0,)) for i in range(3)]
+    with Store(root) as store:
+        for e in seen:
+            assert store.put(e.key + SUFFIX, b"executable")
+        REPLACED[how](store, root)
+        _session(store, seen)._write_plan()
+        blob = store.get(PLAN_KEY, count=False)
+        assert blob is not None
+        plan = _plan.decode(memoryview(blob))
+    assert victim.read_bytes() == b"precious"
+    assert 1 <= len(plan.variants) <= _plan.MAX_VARIANTS
+    latest = plan.choose("b" * 32)
+    assert latest is not None and latest.args == "a" * 32 and latest.entries == tuple(seen)
+
+
+def test_a_read_only_session_writes_no_plan_whatever_it_read(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    seen = [_plan.Entry(_key(0), b"o", (0,))]
+    with Store(root) as store:
+        assert store.put(seen[0].key + SUFFIX, b"executable")
+        assert store.replace(PLAN_KEY, b"garbage")
+    before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    with Store(root, read_only=True) as store:
+        _session(store, seen)._write_plan()
+    after = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    assert after == before
+
+
+# ----------------------------------------------------------------------------- builds
+
+
+class _Counting:
+    """A store that counts the lookups made of it (``key in store``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.path = store.path
+        self.asked: list[str] = []
+
+    def __contains__(self, key: object) -> bool:
+        self.asked.append(str(key))
+        return key in self.store
+
+
+def test_a_planted_miss_log_costs_a_miss_a_bounded_number_of_lookups(tmp_path: Path) -> None:
+    # The other builds a miss is compared with are learned from the miss log, which anyone
+    # who can write the cache can fill: with thousands of made-up builds, a miss still asks
+    # the store about at most 16 of them (and the bare key), and the log is read at most
+    # once a minute. An entry of a real other build is then perhaps not found: the count
+    # and explain's words are misled, nothing is loaded.
+    root = tmp_path / "cache"
+    with Store(root) as store:
+        assert store.put(KEY + "@build-" + "e" * 32, b"another build's")
+    lines = [
+        json.dumps({"key": KEY + "@build-" + f"{i:032x}", "t": 1.0 + i, "module": "x"})
+        for i in range(5000)
+    ]
+    (root / "misses.log").write_text("\n".join(lines) + "\n")
+    other = builds.OtherBuilds(BUILD)
+    with Store(root) as store:
+        counting = _Counting(store)
+        assert other.find(counting, KEY) is None
+        assert len(counting.asked) == 1 + builds.OtherBuilds.MAX_BUILDS
+        counting.asked.clear()
+        assert other.find(counting, "jit_other-" + "0" * 64) is None
+        assert len(counting.asked) == 1 + builds.OtherBuilds.MAX_BUILDS
+
+
+# ----------------------------------------------------------------------------- what a read costs
+
+# A trusting reader's get of the plan's key, in a fresh process: its peak memory (ru_maxrss,
+# KiB) grown by the get, and what the get returned.
+_TRUSTING_GET = """
+import json, resource, sys
+from xla_pcache import Store
+root, key, name, public = sys.argv[1:]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with Store(root, trusted_keys=[(name, bytes.fromhex(public))]) as store:
+    got = store.get(key, count=False)
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"got": got is not None, "grown_kib": grown}))
+"""
+
+
+def test_a_planted_plan_of_any_size_costs_a_trusting_reader_its_header(tmp_path: Path) -> None:
+    # A plan (or any entry) planted unsigned by another user: a file others can write, so a
+    # trusting reader reads it into its own memory rather than mapping it. Its header says
+    # no trusted key signed it, and that is all that is read: a 96 MiB plan does not raise
+    # the reader's memory by 96 MiB at every process start.
+    root = tmp_path / "cache"
+    with Store(root) as store:
+        assert store.put(PLAN_KEY, bytes(96 << 20), meta={"kind": _plan.META_KIND})
+    planted = _entry_path(root, PLAN_KEY)
+    os.chmod(planted, 0o664)  # another user's, writable by the group they share
+    private = _core.generate_signing_key()
+    public = _core.signing_public_key(private).hex()
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUSTING_GET, str(root), PLAN_KEY, "ci-1", public],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["got"] is False
+    assert got["grown_kib"] < 16 << 10, got
