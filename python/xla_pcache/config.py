@@ -1,11 +1,16 @@
 """Every environment variable the package reads, in one place: named, parsed and documented.
 
-``Settings.from_env()`` reads them all at once; nothing else in the package (the Rust binding
-included) looks at the environment for them. ``VARIABLES`` is the table of them (name, type,
-default, meaning) from which the README's table is checked and the tests clear the
-environment. The start-up hook ``_xla_pcache_autoload`` (outside the package, so that a
-Python process that does not use the cache never loads the extension) reads
-``XLA_PCACHE_DISABLE`` and the two path variables itself, with the same rules.
+``Settings.from_env()`` reads them all at once, and nothing else in the Python package looks
+at the environment for them. ``VARIABLES`` is the table of them (name, type, default,
+meaning) from which the README's table is checked and the tests clear the environment. Some
+are read where they act instead, and named here for the table only (their rows have no
+``Settings`` field): the Rust core reads ``XLA_PCACHE_HASH_IMPL`` once per process (a speed
+knob) and, in a test build only, ``XLA_PCACHE_TEST_HOOKS``; it also reads ``XDG_CACHE_HOME``
+and ``HOME`` for this user's records beside the caches (the verified signatures', the
+runtime's binaries'), with the rule ``Settings.cache_home`` states. The start-up hook
+``_xla_pcache_autoload`` (outside the package, so that a Python process that does not use
+the cache never loads the extension) reads ``XLA_PCACHE_DISABLE`` and the two path
+variables itself, with the same rules.
 
 Every malformed value is a ``ValueError`` that names the variable and quotes the value: a
 cache that silently falls back to a default could fill a shared disk or write to a directory
@@ -94,10 +99,11 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 @dataclass(frozen=True)
 class Variable:
     """One row of the configuration table: ``default`` and ``meaning`` as the README shows
-    them (the README's table is checked against this one by a test)."""
+    them (the README's table is checked against this one by a test). ``field`` is the
+    ``Settings`` field it sets, None for a variable the core reads itself."""
 
     name: str
-    field: str
+    field: str | None
     kind: str
     default: str
     meaning: str
@@ -181,7 +187,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable(
         TEST_HOOKS_VAR,
-        "test_hooks",
+        None,
         "path",
         "unset",
         "For tests only: a directory where a process marks the points a test waits on "
@@ -192,7 +198,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable(
         HASH_IMPL_VAR,
-        "hash_impl",
+        None,
         "choice",
         "auto",
         "xxh3 implementation for checksums and names: `auto` (vector path picked at run time: "
@@ -226,7 +232,8 @@ VARIABLES: tuple[Variable, ...] = (
         "`$XDG_CACHE_HOME/xla_pcache/torch_xla`",
         "The host-local directory torch_xla writes to after `xla_pcache.torch_xla.install()`"
         " (see docs/torch_xla.md). Made mode 0700; refused (torch_xla uncached, one warning) "
-        "when another user owns it or others can write it.",
+        "when another user owns it; one of yours others can write is left as it is, with "
+        "`xla_pcache-<uid>` (0700) beneath it used.",
     ),
     Variable(
         REMOTE_VAR,
@@ -330,7 +337,8 @@ VARIABLES: tuple[Variable, ...] = (
         "When the cache path is a bucket (`gs://`, `s3://`, `az://`), the host-local store in "
         "front of it, where this host keeps what it fetched and compiled; the bucket is its "
         "remote tier. Put it on a local disk. Made mode 0700; refused (uncached, one warning) "
-        "when another user owns it or others can write it.",
+        "when another user owns it; one of yours others can write is left as it is, with "
+        "`xla_pcache-<uid>` (0700) beneath it as the store.",
     ),
     Variable(
         BUCKET_RECORD_INTERVAL_VAR,
@@ -392,11 +400,15 @@ def _choice(value: str, name: str, choices: tuple[str, ...]) -> Any:
 
 
 def _positive_size(value: str, name: str) -> int:
-    size = parse_size(value, name=name)
-    # A zero budget would evict every entry as soon as it is written; unset means unbounded.
-    if not size:
-        raise ValueError(f"invalid {name} {value!r}: must be positive (unset it for no limit)")
-    return size
+    size = parse_size(value, name=name) or 0
+    # The core's rule (a budget of no bytes would evict every entry as soon as it is
+    # written); unset means unbounded.
+    try:
+        return _core.check_size(name, size)
+    except ValueError:
+        raise ValueError(
+            f"invalid {name} {value!r}: must be positive (unset it for no limit)"
+        ) from None
 
 
 def _duration(*, zero_ok: bool) -> Callable[[str, str], float]:
@@ -442,26 +454,21 @@ def _text(value: str, name: str) -> str:
     return value.strip()
 
 
-def check_key_name(key_name: str, name: str) -> str:
-    """A key name, by the core's one rule (``_core.check_key_name``: letters, digits, ``.``,
-    ``_``, ``-``, at most 64, ending in a version such as ``-1``), which ``keygen`` checks too
-    and the core again wherever a store is given a key (its signer, its trusted set);
-    ``ValueError`` naming ``name`` otherwise."""
-    try:
-        _core.check_key_name(key_name)
-    except ValueError as e:
-        raise ValueError(f"invalid {name}: {e}") from None
-    return key_name
-
-
 def _key_bytes(text: str, what: str, name: str) -> bytes:
     try:
-        raw = base64.b64decode(text.strip(), validate=True)
+        return base64.b64decode(text.strip(), validate=True)
     except (binascii.Error, ValueError):
         raise ValueError(f"invalid {name}: the {what} is not base64") from None
-    if len(raw) != 32:
-        raise ValueError(f"invalid {name}: the {what} is {len(raw)} bytes, not 32")
-    return raw
+
+
+def _keys_the_core_takes(check: Callable[[Any], None], keys: Any, argument: str, name: str) -> None:
+    """The core's verdict on keys read from ``name`` (``_core.check_signing_key`` /
+    ``check_trusted_keys``: the key name's rule, no name given twice, 32-byte keys), the
+    same a store gives them as its ``argument``; ``ValueError`` naming ``name`` otherwise."""
+    try:
+        check(keys)
+    except ValueError as e:
+        raise ValueError(f"invalid {name}: {str(e).removeprefix(argument + ': ')}") from None
 
 
 def _key_lines(text: str) -> list[str]:
@@ -518,9 +525,10 @@ def read_signing_key(path: str, name: str = SIGNING_KEY_VAR) -> SigningKey:
         raise ValueError(
             f"invalid {name} {path!r}: expected one 'NAME:BASE64' line, as xla-pcache keygen writes"
         )
-    key_name, b64 = lines[0].split(":", 1)
-    check_key_name(key_name.strip(), name)
-    return SigningKey(key_name.strip(), path, _key_bytes(b64, "private key", name))
+    key_name, b64 = (p.strip() for p in lines[0].split(":", 1))
+    private = _key_bytes(b64, "private key", name)
+    _keys_the_core_takes(_core.check_signing_key, (key_name, private), "signing_key", name)
+    return SigningKey(key_name, path, private)
 
 
 def _read_trusted_list(value: str, name: str) -> str:
@@ -592,8 +600,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "lock_mode": lambda v, n: _choice(v, n, LOCK_MODES),
     "read_mode": lambda v, n: _choice(v, n, READ_MODES),
     "evict_trace": _path,
-    "test_hooks": _path,
-    "hash_impl": _text,
     "disabled": parse_bool,
     "torch_xla_shared_path": _path,
     "torch_xla_local_dir": _path,
@@ -630,8 +636,6 @@ class Settings:
     lock_mode: LockMode = "auto"
     read_mode: ReadMode = "auto"
     evict_trace: str | None = None
-    test_hooks: str | None = None
-    hash_impl: str = "auto"
     disabled: bool = False
     torch_xla_shared_path: str | None = None
     torch_xla_local_dir: str | None = None
@@ -663,7 +667,7 @@ class Settings:
         values: dict[str, Any] = {}
         for var in VARIABLES:
             raw = environ.get(var.name)
-            if raw is None or raw.strip() == "":
+            if var.field is None or raw is None or raw.strip() == "":
                 continue
             values[var.field] = _PARSERS[var.field](raw, var.name)
         return cls(**values)
