@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from xla_pcache import _core
+from xla_pcache._url import is_url
 from xla_pcache.sizes import MAX_DURATION_S, parse_duration, parse_size
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
@@ -566,18 +567,16 @@ def parse_trusted_keys(value: str, name: str = TRUSTED_KEYS_VAR) -> tuple[tuple[
         if ":" not in item:
             raise ValueError(f"invalid {name}: {item[:80]!r} is not NAME:BASE64")
         key_name, b64 = (p.strip() for p in item.split(":", 1))
-        check_key_name(key_name, name)
-        if any(n == key_name for n, _ in keys):
-            raise ValueError(f"invalid {name}: key name {key_name!r} is given twice")
         keys.append((key_name, _key_bytes(b64, f"public key of {key_name!r}", name)))
     if not keys:
         raise ValueError(f"invalid {name} {value!r}: no keys in it")
+    _keys_the_core_takes(_core.check_trusted_keys, keys, "trusted_keys", name)
     return tuple(keys)
 
 
 def _local_path(value: str, name: str) -> str:
     path = _path(value, name)
-    if "://" in path:
+    if is_url(path):
         # Not quoted: a URL may carry a credential.
         raise ValueError(f"invalid {name}: a local directory, not a URL")
     return path

@@ -9,9 +9,12 @@ from typing import Annotated
 
 import typer
 
+from xla_pcache import _core
 from xla_pcache._text import shown
+from xla_pcache.cache_path import open_store
 from xla_pcache.cli._common import (
     PathOption,
+    directory_path,
     fail,
     interruptible,
     open_cache,
@@ -19,9 +22,8 @@ from xla_pcache.cli._common import (
     progress_bar,
     reported,
 )
-from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, Settings
+from xla_pcache.config import READ_ONLY_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
-from xla_pcache.store import Store
 
 
 class Framework(StrEnum):
@@ -112,7 +114,7 @@ def import_cmd(
         bar = progress_bar(console)
         with (
             interruptible("import"),
-            Store(root, settings=settings) as store,
+            open_store(root, settings) as store,
             bar,
         ):
             # Entries are counted as they stream in: a bundle does not say how many it holds.
@@ -142,12 +144,13 @@ def _import_target(
 ) -> tuple[int | None, Settings, str]:
     """What an import writes into: the entry size cap, the settings and a writable root."""
     entry_cap = parse_size(max_entry_size, name="--max-entry-size")
-    if entry_cap == 0:
-        fail("--max-entry-size must be positive")
+    if entry_cap is not None:
+        try:
+            entry_cap = _core.check_size("--max-entry-size", entry_cap)
+        except ValueError:
+            fail("--max-entry-size must be positive")
     settings = Settings.from_env()
-    root = os.path.expanduser(path) if path else settings.path
-    if not root:
-        fail(f"no cache directory: pass --path or set {PATH_VAR}")
+    root = directory_path(path, settings)
     if settings.read_only:
         fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
     return entry_cap, settings, root
@@ -189,7 +192,7 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
         bar = progress_bar(console)
         with (
             interruptible("import"),
-            Store(root, max_size=settings.max_size, settings=settings) as store,
+            open_store(root, settings) as store,
             bar,
         ):
             task = bar.add_task(f"adopting JAX's entries from {source_dir}", total=None)
