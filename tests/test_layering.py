@@ -60,6 +60,8 @@ LEVELS = {
     "jax._adopt": 4,
     "jax._single_flight": 4,
     "jax._store_cache": 4,
+    "jax._plan": 4,
+    "jax._prefetch": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
     "torch_xla._build": 4,

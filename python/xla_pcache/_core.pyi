@@ -26,6 +26,8 @@ TIER_COUNTERS: list[str]
 # ``test-hooks``: the test suite's build, never the wheel users install).
 TEST_HOOKS_VAR: str
 TEST_HOOKS: bool
+# The counters of loading ahead (``stats()`` names each ``prefetch_<counter>``), in order.
+PREFETCH_COUNTERS: list[str]
 
 class CacheError(Exception):
     """Base class of every error the cache raises on purpose."""
@@ -336,8 +338,20 @@ class Store:
         (failures are logged and counted, never raised). The store's signing key, if any,
         signs it; ``sign=False`` for bytes this process did not produce (a file adopted from
         another program's cache): written unsigned, whatever key the store holds."""
-    def get(self, key: Key) -> Blob | None:
-        """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
+    def get(self, key: Key, *, count: bool = True) -> Blob | None:
+        """The verified entry, or None (a miss; corrupt entries are counted and removed).
+        With ``count=False`` the lookup counts nothing (no hit, miss, bytes read, compile
+        time saved or untrusted entry) and records no use of the entry: a read ahead of the
+        lookup it may serve, which ``count_hit`` counts when it does."""
+    def count_hit(self, blob: Blob) -> None:
+        """Count a lookup served by ``blob``, an entry read earlier with ``get(count=False)``:
+        a hit, its payload bytes, its recorded compile time and a use of its entry, as
+        ``get`` would have."""
+    def add_prefetch_counters(self, counts: Sequence[tuple[str, int]]) -> None:
+        """For each ``(counter, n)``: add ``n`` to the prefetch counter ``counter`` (one of
+        ``PREFETCH_COUNTERS``), reported by ``stats`` as ``prefetch_<counter>`` and summed
+        across processes. ``ValueError`` naming the first unknown counter, before any is
+        added."""
     def get_entry_file(self, key: Key) -> bytes | None:
         """The verified entry file (header, key, metadata, payload) as bytes, or None."""
     def entry_names(self, key: Key) -> list[str]:
@@ -418,7 +432,10 @@ class Store:
         and what a trusting import rejected), adopted (lookups served from JAX's own cache
         files, each also a hit: ``count_adopted``) and other_build (misses of a key another
         build of the framework's runtime has an entry for, each also a miss:
-        ``count_other_build``); plus hit_rate, entries, bytes (on disk), max_size, max_age_s,
+        ``count_other_build``), and loading ahead's (``add_prefetch_counters``):
+        prefetch_planned, prefetch_loaded, prefetch_used (each also a hit, ``count_hit``),
+        prefetch_wasted, prefetch_errors, prefetch_saved_ms, prefetch_plans_written and
+        prefetch_plans_refused; plus hit_rate, entries, bytes (on disk), max_size, max_age_s,
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and

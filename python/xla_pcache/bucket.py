@@ -147,13 +147,23 @@ class BucketStore(Store):
     # Guards the lazy making of the bucket's upkeep client (shared: it is only that).
     _bucket_lock = threading.Lock()
 
-    def get(self, key: _core.Key) -> _core.Blob | None:
-        blob = super().get(key)
-        recorder = self._recorder
-        if blob is not None and recorder is not None:
-            signer = blob.signer
-            recorder.note(key, lambda: _names(key, signer))
+    def get(self, key: _core.Key, *, count: bool = True) -> _core.Blob | None:
+        blob = super().get(key, count=count)
+        if blob is not None and count:
+            self._note(blob)
         return blob
+
+    def count_hit(self, blob: _core.Blob) -> None:
+        super().count_hit(blob)
+        self._note(blob)
+
+    def _note(self, blob: _core.Blob) -> None:
+        """A use of ``blob``'s entry, for the bucket's pruning (a read ahead is not one
+        until it serves a lookup: ``count_hit``)."""
+        recorder = self._recorder
+        if recorder is not None:
+            key, signer = blob.key, blob.signer
+            recorder.note(key, lambda: _names(key, signer))
 
     def _tier_put(self, names: list[str], data: bytes) -> None:
         super()._tier_put(names, data)

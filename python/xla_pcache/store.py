@@ -18,6 +18,8 @@ from xla_pcache.config import REMOTE_VAR, LockMode, ReadMode, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
     from xla_pcache.tiers import Chain, Spooled, TierURL
@@ -140,6 +142,10 @@ def settle(settings: Settings | None, **given: Unpack[StoreArgs]) -> StoreOption
         chain=chain,
         chain_text=chain_text,
     )
+
+
+# Set while ``Store.replace`` puts on this thread.
+_replacing = threading.local()
 
 
 class Store(_core.Store):
@@ -307,7 +313,26 @@ class Store(_core.Store):
         docs/remote.md)."""
         tier = self._open_tier()
         if tier is not None:
-            tier.put_async(names, data)
+            tier.put_async(names, data, replace=getattr(_replacing, "active", False))
+
+    def replace(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
+        """Put ``value`` under ``key`` in place of the entry there: for a small record that
+        changes (a prefetch plan), never an executable, which is first-writer-wins
+        everywhere. The entry is deleted, then put, so a reader meanwhile sees the old
+        entry, a miss or the new one, always whole; and each writable remote tier's copy is
+        overwritten (a put only creates there). False when nothing was written: read-only,
+        another process's put came between (its value stays), over budget, or a failure
+        (logged)."""
+        if self.read_only:
+            return False
+        self.delete(key)
+        # The put's copy to the tiers (``_tier_put``, called from within it on this thread)
+        # overwrites.
+        _replacing.active = True
+        try:
+            return self.put(key, value, meta=meta)
+        finally:
+            _replacing.active = False
 
     def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password

@@ -63,7 +63,7 @@ pub use sign::{
 };
 pub use stats::{
     valid_tier_name, Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME,
-    TIER_COUNTER_NAMES,
+    PREFETCH_COUNTER_NAMES, TIER_COUNTER_NAMES,
 };
 pub use store::{
     entry_file_len, tier_names, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key,

@@ -47,6 +47,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The test hooks' variable, and whether this build honours it (a test build only).
     m.add("TEST_HOOKS_VAR", xla_pcache_core::TEST_HOOKS_VAR)?;
     m.add("TEST_HOOKS", xla_pcache_core::TEST_HOOKS)?;
+    m.add(
+        "PREFETCH_COUNTERS",
+        xla_pcache_core::PREFETCH_COUNTER_NAMES.to_vec(),
+    )?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<blob::PyBlob>()?;

@@ -295,10 +295,21 @@ impl PyStore {
         Ok(stored)
     }
 
-    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    /// The verified entry, or None. With `count=False` the lookup counts nothing and records
+    /// no use (a read ahead of the lookup it may serve: `count_hit` counts it when it does).
+    #[pyo3(signature = (key, *, count=true))]
+    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>, count: bool) -> PyResult<Py<PyAny>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        let res = py.detach(|| no_panic("get", || store.get(key.key())));
+        let res = py.detach(|| {
+            no_panic("get", || {
+                if count {
+                    store.get(key.key())
+                } else {
+                    store.get_uncounted(key.key())
+                }
+            })
+        });
         let local = on_cache_error(py, res, None, Some("treated as a miss"))?;
         if let Some(inner) = local {
             return Ok(Py::new(py, PyBlob { inner })?.into_any());
@@ -681,6 +692,26 @@ impl PyStore {
         no_panic("count_other_build", || {
             store.count_other_build();
             Ok(())
+        })
+    }
+
+    /// Counts a lookup served by `blob`, an entry read earlier with `get(count=False)`: a
+    /// hit, its bytes, its recorded compile time and a use of its entry, as `get` would.
+    fn count_hit(&self, blob: PyRef<'_, PyBlob>) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("count_hit", || {
+            store.count_hit(&blob.inner);
+            Ok(())
+        })
+    }
+
+    /// Adds each `(counter, n)` of `counts` to the prefetch counter `counter` (one of
+    /// `PREFETCH_COUNTERS`; `stats` names it `prefetch_<counter>`). All are checked before
+    /// any is added (ValueError naming the first that is not one).
+    fn add_prefetch_counters(&self, counts: Vec<(String, u64)>) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("add_prefetch_counters", || {
+            store.add_prefetch_counts(&counts)
         })
     }
 

@@ -7,7 +7,7 @@ use crate::error::StoreError;
 use crate::journal::Record;
 use crate::stats::{
     add_into, Counter, Counters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, N_COUNTERS,
-    TIER_COUNTER_NAMES,
+    PREFETCH_COUNTER_NAMES, TIER_COUNTER_NAMES,
 };
 use std::fs;
 use std::time::{Duration, Instant};
@@ -50,6 +50,37 @@ impl Store {
     /// `stats::MAX_TIERS`. Written to the journal, summed across processes by `stats`.
     pub fn add_tier(&self, tier: &str, counter: &str, n: u64) -> bool {
         crate::stats::tier_counter(counter).is_some_and(|c| self.counters.add_tier(tier, c, n))
+    }
+
+    /// Adds `n` to the prefetch counter `counter` (one of `stats::PREFETCH_COUNTER_NAMES`);
+    /// false, counting nothing, for any other name. Written to the journal with the rest.
+    pub fn add_prefetch(&self, counter: &str, n: u64) -> bool {
+        match crate::stats::prefetch_counter(counter) {
+            Some(i) => {
+                self.counters.add_at(i, n);
+                self.maybe_flush_stats(false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `add_prefetch` of each `(counter, n)` of `counts`, all checked first: `Invalid`
+    /// naming the first that is not one of `PREFETCH_COUNTER_NAMES`, and then nothing is
+    /// added (a process's loading-ahead counts come in one call).
+    pub fn add_prefetch_counts(&self, counts: &[(String, u64)]) -> Result<(), StoreError> {
+        if let Some((counter, _)) = counts
+            .iter()
+            .find(|(c, _)| crate::stats::prefetch_counter(c).is_none())
+        {
+            return Err(StoreError::Invalid(format!(
+                "invalid prefetch counter {counter:?}: one of {PREFETCH_COUNTER_NAMES:?}"
+            )));
+        }
+        for (counter, n) in counts {
+            self.add_prefetch(counter, *n);
+        }
+        Ok(())
     }
 
     /// `add_tier` of each `(tier, counter, n)` of `counts`, all checked first: `Invalid`

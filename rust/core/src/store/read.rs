@@ -41,12 +41,24 @@ pub(super) enum ReadError {
 impl Store {
     /// The verified entry for `key`, or None. Never fails for cache reasons.
     pub fn get(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
+        self.read(key, true)
+    }
+
+    /// `get` that counts no lookup (hit, miss, bytes read, compile time saved, an untrusted
+    /// entry refused) and records no use of the entry: a read ahead of the lookup it may
+    /// serve, which counts itself then (`count_hit`) or, not served, goes through `get` as
+    /// if this read had not been. Damage found is still counted (and removed).
+    pub fn get_uncounted(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
+        self.read(key, false)
+    }
+
+    fn read(&self, key: Key<'_>, count: bool) -> Result<Option<Blob>, StoreError> {
         check_key(&key)?;
         let name = entry_name(key.bytes);
         let result = match self.opts.trust.as_deref() {
             None => self.lookup(key, name, None, None).ok().flatten(),
             Some(trust) => {
-                let hit = self.get_trusted(key, name, trust);
+                let hit = self.get_trusted(key, name, trust, count);
                 // The verification record refused (warned about in `verified.rs`): counted
                 // with the other paths refused.
                 let refused = trust.take_record_problems();
@@ -56,27 +68,37 @@ impl Store {
                 hit
             }
         };
-        match &result {
-            Some((b, at)) => {
+        match result {
+            Some((b, at)) if count => {
                 self.counters.inc(Counter::Hits);
                 self.counters.add(Counter::BytesRead, b.header.payload_len);
                 self.counters
                     .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
-                self.note_hit(*at, b.header.file_len());
+                self.note_hit(at, b.header.file_len());
+                Ok(Some(b))
             }
+            Some((b, at)) => Ok(Some(b.named(at))),
             None => {
-                self.counters.inc(Counter::Misses);
-                self.maybe_flush_stats(false);
+                if count {
+                    self.counters.inc(Counter::Misses);
+                    self.maybe_flush_stats(false);
+                }
+                Ok(None)
             }
         }
-        Ok(result.map(|(b, _)| b))
     }
 
     /// A trusting reader's get: the first of the key's candidate names (`gate::candidates`:
     /// the plain file, then each trusted key's own file for this key) holding an entry the
     /// gate admits. An entry that is not trusted is counted, once per get, and its payload
     /// never read.
-    fn get_trusted(&self, key: Key<'_>, name: u128, trust: &TrustSet) -> Option<(Blob, u128)> {
+    fn get_trusted(
+        &self,
+        key: Key<'_>,
+        name: u128,
+        trust: &TrustSet,
+        count: bool,
+    ) -> Option<(Blob, u128)> {
         let mut refused = false;
         for (at, signer) in gate::candidates(key.bytes, Some(trust)) {
             debug_assert!(signer.is_some() || at == name);
@@ -92,7 +114,7 @@ impl Store {
                 }
             }
         }
-        if refused {
+        if refused && count {
             self.counters.inc(Counter::Untrusted);
         }
         None
@@ -201,6 +223,21 @@ impl Store {
         self.dir(&Layout::shard_rel(name))
             .and_then(|d| d.stat(&Name::entry(name)))
             .is_ok()
+    }
+
+    /// Counts a lookup served by `blob`, an entry read earlier with `get_uncounted` (a read
+    /// ahead): a hit, its payload bytes and the compile time its producer recorded, and a
+    /// use of its entry file, as `get` would have.
+    pub fn count_hit(&self, blob: &Blob) {
+        if let Some(at) = blob.name() {
+            self.note_hit(at, blob.header.file_len());
+        }
+        self.counters.inc(Counter::Hits);
+        self.counters
+            .add(Counter::BytesRead, blob.header.payload_len);
+        self.counters
+            .add(Counter::CompileSavedMs, compile_ms(&blob.header.meta));
+        self.maybe_flush_stats(false);
     }
 
     /// Opens and verifies the entry file at `rel` (beneath the root, no link followed in any

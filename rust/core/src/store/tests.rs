@@ -712,6 +712,59 @@ fn entries_unused_past_the_stored_max_age_are_evicted_by_puts() {
 }
 
 #[test]
+fn an_uncounted_read_counts_no_lookup_until_count_hit() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    let meta = vec![("compile_time_s".to_string(), "1.5".to_string())];
+    assert!(s.put(key("k"), b"payload", &meta).unwrap());
+    let c = |k: Counter| s.counters.get(k);
+    let blob = s.get_uncounted(key("k")).unwrap().unwrap();
+    assert!(s.get_uncounted(key("absent")).unwrap().is_none());
+    assert_eq!((c(Counter::Hits), c(Counter::Misses)), (0, 0));
+    assert_eq!((c(Counter::BytesRead), c(Counter::CompileSavedMs)), (0, 0));
+    // Nor a use of the entry (what eviction goes by): a read ahead may never be used.
+    s.flush();
+    let hits = |s: &Store| s.entries().unwrap()[0].hits;
+    assert_eq!(hits(&open(d.path(), None)), 0);
+    // Served later: counted as the get it stands for, its use with it.
+    s.count_hit(&blob);
+    assert_eq!((c(Counter::Hits), c(Counter::BytesRead)), (1, 7));
+    assert_eq!(c(Counter::CompileSavedMs), 1500);
+    s.flush();
+    assert_eq!(hits(&open(d.path(), None)), 1);
+    s.get(key("k")).unwrap().unwrap();
+    assert_eq!((c(Counter::Hits), c(Counter::BytesRead)), (2, 14));
+    // Damage is still found and counted (and removed) by an uncounted read.
+    let path = s.layout.entry_path(entry_name(b"k"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(s.get_uncounted(key("k")).unwrap().is_none());
+    assert_eq!(c(Counter::Corrupt), 1);
+    assert_eq!(c(Counter::Misses), 0);
+    assert!(!path.exists());
+}
+
+#[test]
+fn prefetch_counters_by_name_reach_the_journal() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    assert!(s.add_prefetch("used", 3));
+    assert!(s.add_prefetch("saved_ms", 1200));
+    assert!(!s.add_prefetch("hits", 1), "not a prefetch counter");
+    assert!(
+        !s.add_prefetch("prefetch_used", 1),
+        "named without the prefix"
+    );
+    assert_eq!(s.counters.get(Counter::Hits), 0);
+    s.flush();
+    let st = open(d.path(), None).stats().unwrap();
+    assert_eq!(st.counters[Counter::PrefetchUsed as usize], 3);
+    assert_eq!(st.counters[Counter::PrefetchSavedMs as usize], 1200);
+}
+
+#[test]
 fn an_adopted_lookup_is_a_hit_that_saved_only_what_is_known() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), None);
