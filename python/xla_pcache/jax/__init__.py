@@ -361,18 +361,9 @@ def _runtime_build() -> builds.Build | None:
     over a running program), or the files could not be read. JAX then compiles without a
     persistent cache: an entry filed under the wrong build is the one thing not to write."""
     global _warned_build
-    try:
-        build = _build.build()
-    except Exception as exc:
-        why = f"its runtime's build could not be identified ({type(exc).__name__}: {exc})"
-    else:
-        if not build.replaced:
-            return build
-        why = (
-            "this process runs binaries replaced on disk since it loaded them ("
-            + ", ".join(build.replaced[:3])
-            + "): its executables are of a build nothing names"
-        )
+    build, why = builds.usable(_build.build)
+    if build is not None:
+        return build
     if not _warned_build:
         _warned_build = True
         logger.warning("xla_pcache: %s; JAX compiles without a persistent cache", why)

@@ -60,7 +60,6 @@ import enum
 import hashlib
 import importlib
 import inspect
-import logging
 import os
 import threading
 import time
@@ -69,7 +68,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xla_pcache import _testhook, builds
-from xla_pcache._text import package_logger
+from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _plan
 from xla_pcache.store import Store
 
@@ -252,28 +251,6 @@ class _Slot:
         self.load_s = 0.0
 
 
-class _Warner:
-    """The first failure of each kind at WARNING, the rest at DEBUG."""
-
-    def __init__(self) -> None:
-        self._seen: set[tuple[str, type[BaseException]]] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, what: str, key: str, exc: BaseException) -> None:
-        with self._lock:
-            first = (what, type(exc)) not in self._seen
-            self._seen.add((what, type(exc)))
-        logger.log(
-            logging.WARNING if first else logging.DEBUG,
-            "xla_pcache: loading %r ahead failed (%s), it is read as before: %s: %s%s",
-            key,
-            what,
-            type(exc).__name__,
-            exc,
-            " (further failures of this kind are logged at debug level)" if first else "",
-        )
-
-
 _sessions: weakref.WeakSet[Prefetch] = weakref.WeakSet()
 _sessions_lock = threading.Lock()
 _exit_registered = False
@@ -318,7 +295,9 @@ class Prefetch:
         self._pid = os.getpid()
         self._digest_options = _options_digester()
         self._cond = threading.Condition()
-        self._warn = _Warner()
+        self._warn = FirstWarning(
+            logger, "loading {key} ahead failed ({what}), it is read as before"
+        )
         self._started = False
         self._closed = False
         self._backend: Any = None

@@ -241,18 +241,9 @@ def _runtime_build() -> builds.Build | None:
     """This process's torch_xla runtime build (``torch_xla/_build.py``), or None, with one
     warning, when it cannot be named (a binary loaded here was replaced on disk since, or
     the files could not be read): torch_xla then runs with no persistent cache."""
-    try:
-        build = _txbuild.build()
-    except Exception as exc:
-        why = f"its runtime's build could not be identified ({type(exc).__name__}: {exc})"
-    else:
-        if not build.replaced:
-            return build
-        why = (
-            "this process runs binaries replaced on disk since it loaded them ("
-            + ", ".join(build.replaced[:3])
-            + "): its executables are of a build nothing names"
-        )
+    build, why = builds.usable(_txbuild.build)
+    if build is not None:
+        return build
     logger.warning("xla_pcache: %s; torch_xla runs with no persistent cache", why)
     return None
 
