@@ -166,7 +166,7 @@ def measure(relay: CountingRelay, what: str, fn: Any) -> dict[str, Any]:
 def hit_cost(url: str, tmp: Path, keys: int = 2000, rounds: int = 9) -> dict[str, float]:
     """Per-hit time of local hits (the fastest of interleaved rounds): a plain store, and a
     bucket store that records (each key's first hit noted, the rest within the interval)."""
-    from xla_pcache import Store, bucket
+    from xla_pcache import Store, bucket, open_store
     from xla_pcache.config import Settings
 
     settings = Settings.from_env().replace(xdg_cache_home=str(tmp))
@@ -176,7 +176,7 @@ def hit_cost(url: str, tmp: Path, keys: int = 2000, rounds: int = 9) -> dict[str
         for i in range(keys):
             store.put(f"jit_step-{i:060d}", b"x" * 1000)
     local.close()
-    rec = bucket.open_store(url, settings=settings)
+    rec = open_store(url, settings)
     times: dict[str, list[float]] = {"plain": [], "recording": []}
     names = [f"jit_step-{i:060d}" for i in range(keys)]
     for _ in range(rounds):  # interleaved, the fastest round of each: a shared machine

@@ -45,9 +45,9 @@ print(json.dumps({"base_kib": base, "peak_kib": hwm(), "s": time.perf_counter() 
 
 _START = r"""
 import json, sys, time
-from xla_pcache import bucket
+from xla_pcache import open_store
 from xla_pcache.config import Settings
-s = bucket.open_store(sys.argv[1], settings=Settings.from_env().replace(xdg_cache_home=sys.argv[2]))
+s = open_store(sys.argv[1], Settings.from_env().replace(xdg_cache_home=sys.argv[2]))
 t = time.perf_counter()
 n = s.pull_torch_xla(lambda g: f"torch_xla/{g}")
 print(json.dumps({"fetched": n, "s": time.perf_counter() - t}))

@@ -11,18 +11,20 @@ import os
 from pathlib import Path
 
 import pytest
-from xla_pcache import Store, bucket
+from xla_pcache import Store, bucket, cache_path, open_store
 from xla_pcache.caches import MemoryCache, PersistentCache, from_env
 from xla_pcache.config import Settings
 
 
 def test_urls_route_to_a_bucket_or_are_refused_with_the_reason() -> None:
-    assert bucket.route("gs://bkt/jax/cache") == bucket.Route("bucket", "gs://bkt/jax/cache")
-    assert bucket.route(" S3://bkt/p?ro=1 ").kind == "bucket"
-    assert bucket.route("az://ctr/p?trust=required").kind == "bucket"
-    assert bucket.route("file:///tmp/x") == bucket.Route("local", "/tmp/x")
-    assert bucket.route("rel/dir").path == os.path.abspath("rel/dir")
-    assert bucket.route("~/c").path == os.path.expanduser("~/c")
+    assert cache_path.route("gs://bkt/jax/cache") == cache_path.Route(
+        "bucket", "gs://bkt/jax/cache"
+    )
+    assert cache_path.route(" S3://bkt/p?ro=1 ").kind == "bucket"
+    assert cache_path.route("az://ctr/p?trust=required").kind == "bucket"
+    assert cache_path.route("file:///tmp/x") == cache_path.Route("local", "/tmp/x")
+    assert cache_path.route("rel/dir").path == os.path.abspath("rel/dir")
+    assert cache_path.route("~/c").path == os.path.expanduser("~/c")
     for url, why in (
         ("hdfs://nn/cache", "not hdfs://"),
         ("gcs://bkt/p", "not gcs://"),
@@ -32,10 +34,10 @@ def test_urls_route_to_a_bucket_or_are_refused_with_the_reason() -> None:
         ("gs://bkt/p#x", "a '#' part"),
         ("s3://bkt/p?trust=maybe", "trust"),
     ):
-        r = bucket.route(url)
+        r = cache_path.route(url)
         assert (r.kind, r.own_cache) == ("unserved", False), r
         assert why in r.reason, r
-    assert not bucket.is_url("/a/b:c") and bucket.is_url("x+y://z")
+    assert not cache_path.is_url("/a/b:c") and cache_path.is_url("x+y://z")
 
 
 def test_the_host_local_store_is_named_after_the_bucket_and_prefix(
@@ -69,8 +71,8 @@ def test_a_bucket_store_is_local_with_the_bucket_behind_it_and_nothing_elsewhere
     monkeypatch.setenv("XLA_PCACHE_REMOTE", "redis://cache:6379/0,gs://bkt/jax/")
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "xpcaccount")
     settings = Settings.from_env()
-    gs = bucket.open_path("gs://bkt/jax", settings=settings)
-    az = bucket.open_path("az://ctr/p?trust=required", settings=settings, read_only=True)
+    gs = open_store("gs://bkt/jax", settings=settings)
+    az = open_store("az://ctr/p?trust=required", settings=settings, read_only=True)
     assert isinstance(gs, bucket.BucketStore) and gs.bucket_url == "gs://bkt/jax"
     # Redis from XLA_PCACHE_REMOTE in front, the bucket last (named once).
     assert gs.stats()["remote"] == "redis://cache:6379/0,gs://bkt/jax"

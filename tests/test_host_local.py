@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from xla_pcache import Store, _core, bucket, explain
+from xla_pcache import Store, _core, bucket, explain, open_store
 from xla_pcache.config import Settings
 from xla_pcache.torch_xla._host_mirror import HostMirror, store_key
 
@@ -316,7 +316,7 @@ def test_a_bucket_paths_local_store_is_private_under_umask_002(
     home = tmp_path / "home"
     home.mkdir()
     settings = _bucket_settings(home)
-    with bucket.open_store(URL, settings=settings) as store:
+    with open_store(URL, settings=settings) as store:
         assert store.path == bucket.local_path(URL, settings)
     remote = Path(settings.remote_store_root())
     for d in (home / "xla_pcache", remote, Path(bucket.local_path(URL, settings))):
@@ -344,7 +344,7 @@ def test_an_earlier_releases_local_store_is_repaired_and_emptied(
         os.chmod(path, 0o775 if open_to_group == "store" else 0o700)
     repaired = remote if open_to_group == "remote_root" else path
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
-        store = bucket.open_store(URL, settings=settings)
+        store = open_store(URL, settings=settings)
     with store:
         warned = _warnings(caplog)
         assert len(warned) == 1 and f"{repaired} was this user's" in warned[0], warned
@@ -366,7 +366,7 @@ def test_a_local_store_swapped_after_the_check_is_never_followed(tmp_path: Path)
     The open store serves, writes and logs only in its own directory, moved or not."""
     home = tmp_path / "home"
     settings = _bucket_settings(home)
-    store = bucket.open_store(URL, settings=settings)
+    store = open_store(URL, settings=settings)
     path = Path(store.path)
     remote = Path(settings.remote_store_root())
     try:
@@ -406,7 +406,7 @@ def test_a_named_local_path_others_can_write_is_left_alone(
     settings = _bucket_settings(tmp_path / "home", local_path=str(scratch))
     with caplog.at_level(logging.INFO, logger="xla_pcache"):
         for _ in range(2):
-            with bucket.open_store(URL, settings=settings) as store:
+            with open_store(URL, settings=settings) as store:
                 assert store.path == str(scratch / MINE)
                 assert store.put("ours", b"compiled here") or "ours" in store
     said = [m for m in _warnings(caplog, logging.INFO) if "writable by others" in m]
@@ -437,9 +437,9 @@ def test_a_bucket_paths_local_store_someone_else_made_is_refused(
     why = _hand_to_someone_else(target, 0o775)
     before = tree_state(tmp_path)
     with pytest.raises(_core.CacheError, match=rf"{target} {why}.*XLA_PCACHE_LOCAL_PATH"):
-        bucket.open_store(URL, settings=settings)
+        open_store(URL, settings=settings)
     assert tree_state(tmp_path) == before
     # Through the public API: a clear error naming the directory, never a store there.
     with pytest.raises(_core.CacheError, match=str(target)):
-        bucket.open_path(URL, settings=settings)
+        open_store(URL, settings=settings)
     assert tree_state(tmp_path) == before

@@ -22,6 +22,8 @@ LEVELS = {
     "config": 0,
     # The gates every layer passes what it read through: names, and text shown to people.
     "_names": 0,
+    # The one test of whether a cache path is a URL, and the schemes of buckets.
+    "_url": 0,
     "_text": 0,
     # The miss log: explain writes it for the adapters and reads it back.
     "misslog": 0,
@@ -45,6 +47,8 @@ LEVELS = {
     "store": 2,
     # A bucket as the cache path: its host-local store, over the store.
     "bucket": 2,
+    # A cache path routed, and the one door to its store (a directory's or a bucket's).
+    "cache_path": 2,
     "caches": 3,
     # The framework adapters, each with its helpers, and explain, which records their misses
     # and reads them back.
@@ -201,3 +205,42 @@ def test_the_circle_finder_finds_circles() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
     assert _cycles({"x": {"y"}, "y": {"x"}}) == [["x", "y", "x"]]
+
+
+# The one place the package turns a path into a store: ``cache_path.open_store``. A store is
+# made by calling its class (``Store(``, ``BucketStore(``, ``_core.Store(``) or the class's
+# constructor for settled options (``Store._open(``); ``store.py`` defines them.
+DOOR = "cache_path"
+_CLASSES = frozenset({"Store", "BucketStore"})
+
+
+def _stores_built(tree: ast.AST) -> list[int]:
+    """The lines of ``tree`` that build a store: a call of ``Store`` or ``BucketStore``, by
+    name or as an attribute (``_core.Store(...)``), or of their ``_open``."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "_open":
+            f = f.value
+        name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")
+        if name in _CLASSES:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_builds_a_store_from_a_path() -> None:
+    built = {here: _stores_built(ast.parse(path.read_text())) for here, path in _modules().items()}
+    # store.py builds one in Store() itself (for a caller of the public class).
+    others = {m: lines for m, lines in built.items() if lines and m not in (DOOR, "store")}
+    assert not others, f"only {DOOR}.open_store builds a store from a path: {others}"
+    assert built[DOOR], "the door builds the stores"
+
+
+def test_the_door_checker_sees_constructors() -> None:
+    tree = ast.parse(
+        "Store(p)\nbucket.BucketStore(p)\n_core.Store(p, max_size=1)\nStore._open(p, o)\n"
+        "open_store(p)\nStoreOptions()\nreader._open(p)\n"
+    )
+    assert _stores_built(tree) == [1, 2, 3, 4]

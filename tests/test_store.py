@@ -125,6 +125,9 @@ def test_bad_input_is_a_clear_exception(cache_dir: Path, call, exc, words) -> No
         ({"max_size": 1.5}, TypeError, "max_size"),
         ({"lock_mode": "flock"}, ValueError, "flock"),
         ({"lease_time": -1.0}, ValueError, "lease_time"),
+        # A misspelt option is refused, as by any signature, never silently dropped.
+        ({"max_sise": "1G"}, TypeError, "max_sise"),
+        ({"max_size": 1 << 63}, ValueError, "maximum"),
     ],
 )
 def test_bad_options(cache_dir: Path, kwargs, exc, words) -> None:  # type: ignore[no-untyped-def]

@@ -274,10 +274,10 @@ def test_no_part_of_a_token_in_a_bucket_path_is_ever_shown(
 ) -> None:
     """A bucket path with a token in its query or fragment, which no bucket URL takes: the
     command's error (stats, prune, config), doctor's report, JAX's activation warning, the
-    API's error (``open_path``) and the local-path variable's error each say it cannot be
+    API's error (``open_store``) and the local-path variable's error each say it cannot be
     served, and show no piece of the token."""
     from typer.testing import CliRunner
-    from xla_pcache import bucket
+    from xla_pcache import open_store
     from xla_pcache.cli import _doctor as doctor
     from xla_pcache.cli import app
     from xla_pcache.tiers import redact
@@ -292,7 +292,7 @@ def test_no_part_of_a_token_in_a_bucket_path_is_ever_shown(
         assert any("cannot be served" in p for p in problems), problems
         shown += [json.dumps(config), *problems]
         with pytest.raises(ValueError, match="cannot be served") as e:
-            bucket.open_path(url, settings=Settings())
+            open_store(url, settings=Settings())
         shown.append(str(e.value))
         shown.append(redact(url))
         with pytest.raises(ValueError, match="XLA_PCACHE_LOCAL_PATH") as e:

@@ -18,6 +18,7 @@ from xla_pcache._core import (
     hash_key,
 )
 from xla_pcache._core import __version__ as __version__
+from xla_pcache.cache_path import open_store
 from xla_pcache.caches import ComputationCache, MemoryCache, PersistentCache, from_env
 from xla_pcache.config import Settings, default_cache_path, settings_from_env
 from xla_pcache.store import Store
@@ -44,5 +45,6 @@ __all__ = [
     "entry_name",
     "from_env",
     "hash_key",
+    "open_store",
     "settings_from_env",
 ]

@@ -16,6 +16,8 @@ from xla_pcache._reports import CacheSettings, Entry, EvictReport, Stats, Verify
 __version__: str
 FORMAT_VERSION: int
 MAX_DURATION_S: float
+# The largest byte size (a budget) the core takes: 2^63-1.
+MAX_SIZE: int
 # The core's defaults of Store()'s durations (seconds), by argument name: what None means.
 STORE_DEFAULTS: dict[str, float]
 # The counters the core keeps per remote tier, in its order.
@@ -137,8 +139,8 @@ def check_trusted_keys(keys: Sequence[tuple[str, bytes]]) -> None:
     32 bytes and an Ed25519 public key."""
 
 def check_size(name: str, value: int) -> int:
-    """``value`` as a byte size (a budget): at least one byte; ValueError naming ``name``
-    otherwise. The core's one rule, which ``Store(max_size=)`` and the stored settings
+    """``value`` as a byte size (a budget): from one byte to ``MAX_SIZE``; ValueError naming
+    ``name`` otherwise. The core's one rule, which ``Store(max_size=)`` and the stored settings
     keep."""
 
 def check_max_age(name: str, seconds: float) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from typing import TextIO
 
 # Bidi embeddings, overrides, isolates and marks. Python counts most of them as printable
@@ -70,6 +71,32 @@ def package_logger(name: str) -> logging.Logger:
     if _FILTER not in logger.filters:
         logger.addFilter(_FILTER)
     return logger
+
+
+class FirstWarning:
+    """Logs a failure at WARNING the first time of its kind (what failed, the exception's
+    type) and at DEBUG after: a broken cache fails on every compilation, and one warning
+    says so without flooding a training log. ``head`` says what failed, from ``{what}`` and
+    ``{key}``."""
+
+    def __init__(self, logger: logging.Logger, head: str) -> None:
+        self._logger = logger
+        self._head = head
+        self._seen: set[tuple[str, type[BaseException]]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, what: str, key: str, exc: BaseException) -> None:
+        with self._lock:
+            first = (what, type(exc)) not in self._seen
+            self._seen.add((what, type(exc)))
+        self._logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "xla_pcache: %s: %s: %s%s",
+            self._head.format(what=what, key=repr(key)),
+            type(exc).__name__,
+            exc,
+            " (further failures of this kind are logged at debug level)" if first else "",
+        )
 
 
 class ShownStream(io.TextIOBase):

@@ -1,6 +1,7 @@
 """A bucket as the cache path: ``gs://``, ``s3://`` or ``az://`` wherever a cache directory
 is named (``XLA_PERSISTENT_CACHE_PATH``, ``JAX_COMPILATION_CACHE_DIR``, ``install(path)``,
-torch_xla's ``initialize_cache``, ``--path`` of the CLI).
+torch_xla's ``initialize_cache``, ``--path`` of the CLI); ``xla_pcache.cache_path`` routes
+such a path here and opens its store (``open_store``).
 
 Such a path is served by a host-local store, ``$XDG_CACHE_HOME/xla_pcache/remote/<name>``
 (``XLA_PCACHE_LOCAL_PATH`` if set), with the bucket as its remote tier: a local miss asks
@@ -18,10 +19,6 @@ An ``XLA_PCACHE_LOCAL_PATH`` others can write is left as it is, and this user's 
 ``xla_pcache-<uid>`` beneath it holds the store. The store then works through the handle
 that was checked (``Store(own_root_fd=)``), never through the path again.
 
-A URL that cannot be served (an unknown scheme, a malformed bucket URL, obstore not installed)
-is one warning naming the variable it came from and what to install; the caller then runs
-uncached or leaves it to JAX's own cache (``Route.own_cache``).
-
 ``BucketStore`` is the store of such a path: a ``Store`` whose hits are also noted for the
 bucket's pruning (``tiers/records.py``), and which can mark and pull torch_xla's entries.
 """
@@ -29,28 +26,26 @@ bucket's pruning (``tiers/records.py``), and which can mark and pull torch_xla's
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import threading
-import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from xla_pcache import _core
 from xla_pcache._names import EntryName
 from xla_pcache._owndir import OwnDir, open_own
 from xla_pcache._text import package_logger
+from xla_pcache._url import BUCKET_SCHEMES
 from xla_pcache.config import LOCAL_PATH_VAR, Settings
-from xla_pcache.store import Store
+from xla_pcache.store import Store, StoreOptions
+
+if TYPE_CHECKING:
+    from xla_pcache.tiers import TierURL
 
 log = package_logger("xla_pcache")
 
-SCHEMES = ("gs", "s3", "az")
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-EXTRA = 'pip install "xla-pcache[objstore]"'
 # What a torch_xla host start may cost at most (``BucketStore.pull_torch_xla``): objects of
 # ``torch_xla/`` listed (one request a thousand), entries fetched, markers found to lead to no
 # entry before it stops.
@@ -59,95 +54,34 @@ PULL_FETCHES = 1_000
 PULL_MISSES = 32
 
 
-def is_url(path: object) -> bool:
-    """Whether ``path`` is written as a URL (``scheme://...``), never a directory name."""
-    return isinstance(path, str) and _URL.match(path.strip()) is not None
+def location(url: str) -> str:
+    """The bucket and prefix the bucket path ``url`` names (``objstore.parse_object_url``:
+    the one identity of a bucket path, what two spellings of one cache have in common).
+    ``ValueError`` for a URL that is no bucket path."""
+    from xla_pcache.tiers.objstore import parse_object_url
+
+    return parse_object_url(url)[0]
 
 
-@dataclass(frozen=True)
-class Route:
-    """Where a cache path goes: ``local`` (``path``: the directory), ``bucket`` (``path``:
-    the URL) or ``unserved`` (``path``: the URL; ``reason`` says why, ``own_cache`` whether
-    JAX's own cache can take it instead)."""
-
-    kind: Literal["local", "bucket", "unserved"]
-    path: str
-    reason: str = ""
-    own_cache: bool = False
-
-
-def route(raw: str | os.PathLike[str]) -> Route:
-    """Classifies a cache path. A local one comes back absolute (``file://`` taken off)."""
-    text = os.fspath(raw).strip() if isinstance(raw, str) else os.fspath(raw)
-    m = _URL.match(text) if isinstance(text, str) else None
-    if m is None:
-        return Route("local", os.path.abspath(os.path.expanduser(text)))
-    scheme = m.group(1).lower()
-    if scheme == "file":
-        return Route("local", os.path.abspath(os.path.expanduser(text[len("file://") :])))
-    if scheme not in SCHEMES:
-        return Route(
-            "unserved",
-            text,
-            f"xla_pcache serves gs://, s3:// and az:// URLs, not {scheme}://",
-        )
-    if not _has_obstore():
-        return Route("unserved", text, f"serving it needs obstore: {EXTRA}", own_cache=True)
+def _location_or_none(tier: TierURL) -> str | None:
+    """The location of a tier that is a bucket, else None."""
+    if tier.scheme not in BUCKET_SCHEMES:
+        return None
     from xla_pcache.tiers.objstore import parse_object_url
 
     try:
-        parse_object_url(text)
-    except ValueError as e:
-        # The reason is shown wherever the URL is (redacted): no part of the URL redaction
-        # hides may reach it (a value the option parser quotes, say).
-        from xla_pcache.tiers.base import hide_url_secrets
-
-        return Route("unserved", text, hide_url_secrets(str(e), text))
-    return Route("bucket", text)
-
-
-def _has_obstore() -> bool:
-    try:
-        return importlib.util.find_spec("obstore") is not None
-    except (ImportError, ValueError):  # a module set to None in sys.modules: not importable
-        return False
-
-
-def warn_unserved(r: Route, source: str, instead: str) -> None:
-    """The one warning for a URL that cannot be served, naming where it came from."""
-    from xla_pcache.tiers import redact
-
-    log.warning(
-        "xla_pcache: %s=%s cannot be served (%s); %s",
-        source,
-        redact(r.path),
-        r.reason,
-        instead,
-    )
-
-
-def shown_path(path: str | os.PathLike[str]) -> str:
-    """A cache path as a message shows it: a URL redacted (``tiers.redact``: no credential,
-    option value or fragment), a directory as it is."""
-    text = os.fspath(path)
-    if not is_url(text):
-        return str(text)
-    from xla_pcache.tiers import redact
-
-    return redact(text)
-
-
-def location(url: str) -> str:
-    """The bucket and prefix a URL names (scheme lower-cased, no options, no slashes at the
-    ends): what two spellings of one cache have in common."""
-    parts = urllib.parse.urlsplit(url.strip())
-    return f"{parts.scheme.lower()}://{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
+        return parse_object_url(tier)[0]
+    except ValueError:
+        return None
 
 
 def local_name(url: str) -> str:
-    """The host-local store's directory name for ``url``: readable, one path component, and
-    distinct for every bucket and prefix (a digest of them)."""
-    loc = location(url)
+    """The host-local store's directory name for the bucket path ``url``: readable, one path
+    component, and distinct for every bucket and prefix (a digest of them)."""
+    return _dir_name(location(url))
+
+
+def _dir_name(loc: str) -> str:
     readable = _UNSAFE.sub("_", loc.replace("://", "-", 1).replace("/", "_")).strip("._-")
     digest = hashlib.sha256(loc.encode()).hexdigest()[:12]
     return f"{readable[:80]}-{digest}"
@@ -167,8 +101,9 @@ _REFETCHED = (
 )
 
 
-def own_local_store(url: str, settings: Settings) -> OwnDir:
-    """Opens the host-local store's directory of the bucket path ``url`` as a directory of
+def own_local_store(loc: str, settings: Settings) -> OwnDir:
+    """Opens the host-local store's directory of the bucket at ``loc`` (``location``) as a
+    directory of
     this user's own (``_owndir``), made mode 0700 when absent: the default one and its root
     repaired when an earlier release left them open to the group, ``XLA_PCACHE_LOCAL_PATH``
     never changed (when others can write it, this user's own directory beneath it is the
@@ -179,7 +114,7 @@ def own_local_store(url: str, settings: Settings) -> OwnDir:
             named = os.path.abspath(settings.local_path)
             return open_own(named, rule="named", refetched=_REFETCHED)
         with open_own(settings.remote_store_root(), rule="repair", refetched=_REFETCHED) as top:
-            return open_own(local_name(url), rule="repair", parent=top, refetched=_REFETCHED)
+            return open_own(_dir_name(loc), rule="repair", parent=top, refetched=_REFETCHED)
     except _core.CacheError as e:
         raise _core.CacheError(
             f"{e}: a bucket path's host-local store must be this user's own (set "
@@ -187,42 +122,26 @@ def own_local_store(url: str, settings: Settings) -> OwnDir:
         ) from None
 
 
-def _read_only_url(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    query = [(k, v) for k, v in query if k not in ("ro", "read_only")] + [("ro", "1")]
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
-
-
-def bucket_read_only(url: str, settings: Settings, read_only: bool | None = None) -> bool:
-    """Whether nothing may be written to the bucket of the path ``url``: the one rule for its
-    entries, hosts' records, torch_xla markers, budget and prune, in every command and
-    adapter. ``read_only`` (an argument, ``--read-only``), else the settings'
-    (``XLA_PERSISTENT_CACHE_READ_ONLY``); and the URL's own ``?ro=1`` (or ``?read_only=1``)
-    whatever they say."""
-    from xla_pcache.tiers.base import split_mode
-
-    ro = settings.read_only if read_only is None else read_only
-    return ro or split_mode(url)[1]
-
-
-def chain_for(url: str, settings: Settings, read_only: bool) -> str:
-    """The remote chain of a bucket path: ``XLA_PCACHE_REMOTE``'s tiers (a faster tier in
-    front, such as Redis), then the bucket; every tier read-only for a read-only process."""
-    from xla_pcache.tiers import split_urls
-
-    urls = [u for u in split_urls(settings.remote or "") if location(u) != location(url)]
-    urls.append(url)
-    return ",".join(_read_only_url(u) if read_only else u for u in urls)
+def chain_for(loc: str, bucket: TierURL, opts: StoreOptions) -> tuple[TierURL, ...]:
+    """The remote chain of a bucket path: the store's other tiers (``XLA_PCACHE_REMOTE``'s,
+    or ``remote=``: a faster tier in front, such as Redis; the bucket itself left out),
+    then the bucket (at ``loc``); every tier read-only for a read-only process."""
+    tiers = [t for t in opts.chain if _location_or_none(t) != loc]
+    tiers.append(bucket)
+    return tuple(t.as_read_only() if opts.read_only else t for t in tiers)
 
 
 class BucketStore(Store):
     """The host-local store of a bucket path: a ``Store`` with the bucket as its last tier,
-    whose hits are also recorded for the bucket's pruning. ``bucket_url`` is the path as
-    given (the cache's identity); ``path`` the local directory."""
+    whose hits are also recorded for the bucket's pruning (``serve_bucket``; opened by
+    ``xla_pcache.open_store``). ``bucket_url`` is the path as given; ``path`` the local
+    directory."""
 
     bucket_url: str = ""
-    # Nothing is written to the bucket (``bucket_read_only``): no entry, record or marker.
+    # The bucket and prefix it names (``location``): the cache's identity.
+    bucket_location: str = ""
+    # Nothing is written to the bucket (read-only, or its URL's ?ro=1): no entry, record or
+    # marker.
     bucket_ro: bool = False
     _recorder: Any = None
     # Guards the lazy making of the bucket's upkeep client (shared: it is only that).
@@ -252,6 +171,26 @@ class BucketStore(Store):
             self._bucket_tier()  # found now, while the chain is open, for the record's counts
             self._recorder.wrote()
 
+    def serve_bucket(self, url: str, loc: str, *, read_only: bool) -> None:
+        """Makes this store the bucket path ``url``'s (at ``loc``): its hits recorded for the
+        bucket's pruning unless ``read_only`` (nothing is then written to the bucket) or
+        ``XLA_PCACHE_BUCKET_RECORD_INTERVAL`` is 0."""
+        self.bucket_url = url.strip()
+        self.bucket_location = loc
+        self.bucket_ro = read_only
+        self._recorder = None
+        settings = self.settings
+        if not read_only and settings.bucket_record_interval > 0:
+            from xla_pcache.tiers.records import HitRecorder
+
+            self._recorder = HitRecorder(
+                self.root_fd(),
+                self.bucket,
+                self._written,
+                interval=settings.bucket_record_interval,
+                auto_prune=settings.bucket_auto_prune,
+            )
+
     def bucket(self) -> Any:
         """The bucket's upkeep (``tiers.upkeep.Bucket``), made on first use."""
         with self._bucket_lock:
@@ -276,7 +215,7 @@ class BucketStore(Store):
 
         chain = self.remote
         for tier in chain.tiers if chain is not None else ():
-            if isinstance(tier, ObjectTier) and location(tier.url) == location(self.bucket_url):
+            if isinstance(tier, ObjectTier) and tier.url == self.bucket_location:
                 self._object_tier = tier
                 return tier
         return None
@@ -384,82 +323,11 @@ def _names(key: _core.Key, signer: str | None) -> list[str]:
     return names
 
 
-def open_store(
-    url: str,
-    *,
-    settings: Settings,
-    max_size: int | str | None = None,
-    read_only: bool | None = None,
-) -> BucketStore:
-    """The host-local store of the bucket path ``url``, the bucket as its tier; what is not
-    passed comes from ``settings`` (``read_only`` too: a read-only host writes nothing to
-    the bucket). Raises what ``Store`` raises for a local directory that cannot be used."""
-    if read_only is None:
-        read_only = settings.read_only
-    bucket_ro = bucket_read_only(url, settings, read_only)
-    with own_local_store(url, settings) as own:
-        store = BucketStore(
-            own.path,
-            max_size=max_size,
-            read_only=False,
-            remote=chain_for(url, settings, read_only),
-            settings=settings,
-            own_root_fd=own.fd,
-        )
-    store.bucket_url = url.strip()
-    store.bucket_ro = bucket_ro
-    store._recorder = None
-    if not bucket_ro and settings.bucket_record_interval > 0:
-        from xla_pcache.tiers.records import HitRecorder
-
-        store._recorder = HitRecorder(
-            store.root_fd(),
-            store.bucket,
-            store._written,
-            interval=settings.bucket_record_interval,
-            auto_prune=settings.bucket_auto_prune,
-        )
-    return store
-
-
-def open_path(
-    path: str | os.PathLike[str],
-    *,
-    settings: Settings | None,
-    max_size: int | str | None = None,
-    read_only: bool | None = None,
-    name: str = "path",
-) -> Store:
-    """A ``Store`` for any cache path: a local directory's, or a bucket's host-local one,
-    with ``Store``'s rule for what is not passed (``settings``, else the environment but
-    for the budget and ``read_only``). A URL that cannot be served is a ``ValueError``
-    naming ``name``."""
-    r = route(path)
-    if r.kind == "local":
-        return Store(r.path, max_size=max_size, read_only=read_only, settings=settings)
-    if r.kind == "unserved":
-        from xla_pcache.tiers import redact
-
-        raise ValueError(f"{name} {redact(r.path)!r} cannot be served: {r.reason}")
-    if settings is None:
-        # As Store without settings: the environment's, less its budget and read-only mode.
-        settings = Settings.from_env().replace(max_size=None, read_only=False)
-    return open_store(r.path, settings=settings, max_size=max_size, read_only=read_only)
-
-
 __all__ = [
     "BucketStore",
-    "Route",
-    "bucket_read_only",
     "chain_for",
-    "is_url",
     "local_name",
     "local_path",
     "location",
-    "open_path",
-    "open_store",
     "own_local_store",
-    "route",
-    "shown_path",
-    "warn_unserved",
 ]

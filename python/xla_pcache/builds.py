@@ -32,7 +32,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from xla_pcache import _core
@@ -213,6 +213,24 @@ def identify(framework: str, wanted: list[Wanted], record_dir: str | None = None
         tuple(files),
         tuple(unreadable),
         int(problems),
+    )
+
+
+def usable(build: Callable[[], Build]) -> tuple[Build | None, str]:
+    """This process's build by ``build`` (an adapter's ``_build.build``), or None and why
+    it cannot key entries: its files could not be read, or a binary this process loaded was
+    replaced on disk since (an install over a running program), so its executables are of a
+    build nothing names; an entry filed under the wrong build is the one thing not to write."""
+    try:
+        found = build()
+    except Exception as exc:
+        return None, f"its runtime's build could not be identified ({type(exc).__name__}: {exc})"
+    if not found.replaced:
+        return found, ""
+    return None, (
+        "this process runs binaries replaced on disk since it loaded them ("
+        + ", ".join(found.replaced[:3])
+        + "): its executables are of a build nothing names"
     )
 
 

@@ -274,11 +274,15 @@ def import_bundle(
 
 
 def _limit(value: int | None, name: str) -> int | None:
+    """A size cap: None, or a byte size by the core's rule (``_core.check_size``)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int or None, not {value!r}")
-    return value
+    try:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError
+        return _core.check_size(name, value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive int or None, not {value!r}") from None
 
 
 def _import_member(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
-from xla_pcache.bucket import open_path, route, warn_unserved
+from xla_pcache.cache_path import open_store, route, warn_unserved
 from xla_pcache.config import PATH_VAR, Settings, parse_capacity
 from xla_pcache.store import Store
 
@@ -195,7 +195,7 @@ class PersistentCache(ComputationCache[T]):
         )
         # A bucket (gs://, s3://, az://) is served by a host-local store with the bucket
         # behind it; any other URL is a ValueError naming ``path``.
-        self._store = open_path(path, settings=settings, max_size=max_size, read_only=read_only)
+        self._store = open_store(path, settings, max_size=max_size, read_only=read_only)
         self._serialize = serialize
         self._deserialize = deserialize
         self._meta = dict(meta) if meta else None

@@ -1,11 +1,16 @@
 """Every environment variable the package reads, in one place: named, parsed and documented.
 
-``Settings.from_env()`` reads them all at once; nothing else in the package (the Rust binding
-included) looks at the environment for them. ``VARIABLES`` is the table of them (name, type,
-default, meaning) from which the README's table is checked and the tests clear the
-environment. The start-up hook ``_xla_pcache_autoload`` (outside the package, so that a
-Python process that does not use the cache never loads the extension) reads
-``XLA_PCACHE_DISABLE`` and the two path variables itself, with the same rules.
+``Settings.from_env()`` reads them all at once, and nothing else in the Python package looks
+at the environment for them. ``VARIABLES`` is the table of them (name, type, default,
+meaning) from which the README's table is checked and the tests clear the environment. Some
+are read where they act instead, and named here for the table only (their rows have no
+``Settings`` field): the Rust core reads ``XLA_PCACHE_HASH_IMPL`` once per process (a speed
+knob) and, in a test build only, ``XLA_PCACHE_TEST_HOOKS``; it also reads ``XDG_CACHE_HOME``
+and ``HOME`` for this user's records beside the caches (the verified signatures', the
+runtime's binaries'), with the rule ``Settings.cache_home`` states. The start-up hook
+``_xla_pcache_autoload`` (outside the package, so that a Python process that does not use
+the cache never loads the extension) reads ``XLA_PCACHE_DISABLE`` and the two path
+variables itself, with the same rules.
 
 Every malformed value is a ``ValueError`` that names the variable and quotes the value: a
 cache that silently falls back to a default could fill a shared disk or write to a directory
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from xla_pcache import _core
+from xla_pcache._url import is_url
 from xla_pcache.sizes import MAX_DURATION_S, parse_duration, parse_size
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
@@ -103,10 +109,11 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 @dataclass(frozen=True)
 class Variable:
     """One row of the configuration table: ``default`` and ``meaning`` as the README shows
-    them (the README's table is checked against this one by a test)."""
+    them (the README's table is checked against this one by a test). ``field`` is the
+    ``Settings`` field it sets, None for a variable the core reads itself."""
 
     name: str
-    field: str
+    field: str | None
     kind: str
     default: str
     meaning: str
@@ -190,7 +197,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable(
         TEST_HOOKS_VAR,
-        "test_hooks",
+        None,
         "path",
         "unset",
         "For tests only: a directory where a process marks the points a test waits on "
@@ -201,7 +208,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable(
         HASH_IMPL_VAR,
-        "hash_impl",
+        None,
         "choice",
         "auto",
         "xxh3 implementation for checksums and names: `auto` (vector path picked at run time: "
@@ -445,11 +452,15 @@ def _choice(value: str, name: str, choices: tuple[str, ...]) -> Any:
 
 
 def _positive_size(value: str, name: str) -> int:
-    size = parse_size(value, name=name)
-    # A zero budget would evict every entry as soon as it is written; unset means unbounded.
-    if not size:
-        raise ValueError(f"invalid {name} {value!r}: must be positive (unset it for no limit)")
-    return size
+    size = parse_size(value, name=name) or 0
+    # The core's rule (a budget of no bytes would evict every entry as soon as it is
+    # written); unset means unbounded.
+    try:
+        return _core.check_size(name, size)
+    except ValueError:
+        raise ValueError(
+            f"invalid {name} {value!r}: must be positive (unset it for no limit)"
+        ) from None
 
 
 def _duration(*, zero_ok: bool) -> Callable[[str, str], float]:
@@ -495,26 +506,21 @@ def _text(value: str, name: str) -> str:
     return value.strip()
 
 
-def check_key_name(key_name: str, name: str) -> str:
-    """A key name, by the core's one rule (``_core.check_key_name``: letters, digits, ``.``,
-    ``_``, ``-``, at most 64, ending in a version such as ``-1``), which ``keygen`` checks too
-    and the core again wherever a store is given a key (its signer, its trusted set);
-    ``ValueError`` naming ``name`` otherwise."""
-    try:
-        _core.check_key_name(key_name)
-    except ValueError as e:
-        raise ValueError(f"invalid {name}: {e}") from None
-    return key_name
-
-
 def _key_bytes(text: str, what: str, name: str) -> bytes:
     try:
-        raw = base64.b64decode(text.strip(), validate=True)
+        return base64.b64decode(text.strip(), validate=True)
     except (binascii.Error, ValueError):
         raise ValueError(f"invalid {name}: the {what} is not base64") from None
-    if len(raw) != 32:
-        raise ValueError(f"invalid {name}: the {what} is {len(raw)} bytes, not 32")
-    return raw
+
+
+def _keys_the_core_takes(check: Callable[[Any], None], keys: Any, argument: str, name: str) -> None:
+    """The core's verdict on keys read from ``name`` (``_core.check_signing_key`` /
+    ``check_trusted_keys``: the key name's rule, no name given twice, 32-byte keys), the
+    same a store gives them as its ``argument``; ``ValueError`` naming ``name`` otherwise."""
+    try:
+        check(keys)
+    except ValueError as e:
+        raise ValueError(f"invalid {name}: {str(e).removeprefix(argument + ': ')}") from None
 
 
 def _key_lines(text: str) -> list[str]:
@@ -571,9 +577,10 @@ def read_signing_key(path: str, name: str = SIGNING_KEY_VAR) -> SigningKey:
         raise ValueError(
             f"invalid {name} {path!r}: expected one 'NAME:BASE64' line, as xla-pcache keygen writes"
         )
-    key_name, b64 = lines[0].split(":", 1)
-    check_key_name(key_name.strip(), name)
-    return SigningKey(key_name.strip(), path, _key_bytes(b64, "private key", name))
+    key_name, b64 = (p.strip() for p in lines[0].split(":", 1))
+    private = _key_bytes(b64, "private key", name)
+    _keys_the_core_takes(_core.check_signing_key, (key_name, private), "signing_key", name)
+    return SigningKey(key_name, path, private)
 
 
 def _read_trusted_list(value: str, name: str) -> str:
@@ -611,18 +618,16 @@ def parse_trusted_keys(value: str, name: str = TRUSTED_KEYS_VAR) -> tuple[tuple[
         if ":" not in item:
             raise ValueError(f"invalid {name}: {item[:80]!r} is not NAME:BASE64")
         key_name, b64 = (p.strip() for p in item.split(":", 1))
-        check_key_name(key_name, name)
-        if any(n == key_name for n, _ in keys):
-            raise ValueError(f"invalid {name}: key name {key_name!r} is given twice")
         keys.append((key_name, _key_bytes(b64, f"public key of {key_name!r}", name)))
     if not keys:
         raise ValueError(f"invalid {name} {value!r}: no keys in it")
+    _keys_the_core_takes(_core.check_trusted_keys, keys, "trusted_keys", name)
     return tuple(keys)
 
 
 def _local_path(value: str, name: str) -> str:
     path = _path(value, name)
-    if "://" in path:
+    if is_url(path):
         # Not quoted: a URL may carry a credential.
         raise ValueError(f"invalid {name}: a local directory, not a URL")
     return path
@@ -645,8 +650,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "lock_mode": lambda v, n: _choice(v, n, LOCK_MODES),
     "read_mode": lambda v, n: _choice(v, n, READ_MODES),
     "evict_trace": _path,
-    "test_hooks": _path,
-    "hash_impl": _text,
     "disabled": parse_bool,
     "torch_xla_shared_path": _path,
     "torch_xla_local_dir": _path,
@@ -687,8 +690,6 @@ class Settings:
     lock_mode: LockMode = "auto"
     read_mode: ReadMode = "auto"
     evict_trace: str | None = None
-    test_hooks: str | None = None
-    hash_impl: str = "auto"
     disabled: bool = False
     torch_xla_shared_path: str | None = None
     torch_xla_local_dir: str | None = None
@@ -727,7 +728,7 @@ class Settings:
         values: dict[str, Any] = {}
         for var in VARIABLES:
             raw = environ.get(var.name)
-            if raw is None or raw.strip() == "":
+            if var.field is None or raw is None or raw.strip() == "":
                 continue
             values[var.field] = _PARSERS[var.field](raw, var.name)
         return cls(**values)

@@ -13,8 +13,8 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]?)(?:I?B)?\s*$", re.
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
 
-# The store keeps sizes in signed 64-bit fields; a budget of 8 EiB is unbounded in practice.
-MAX_SIZE = (1 << 63) - 1
+# The core's bound (2^63-1: a budget of 8 EiB is unbounded in practice), read from it.
+MAX_SIZE: int = _core.MAX_SIZE
 # The store's own bound (about 31 years: longer than any timeout, grace period or age anyone
 # means, and far below what its clocks and deadlines can hold), read from the core.
 MAX_DURATION_S: float = _core.MAX_DURATION_S

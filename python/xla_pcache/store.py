@@ -1,18 +1,20 @@
 """``Store``: the Rust store, with budgets accepted as size strings, defaults from
-``Settings`` and an optional tier (a remote cache) behind the directory."""
+``Settings`` and an optional chain of remote tiers behind the directory; and ``settle``, the
+one rule of what a store is opened with."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack, cast
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
-from xla_pcache.config import REMOTE_VAR, Settings
+from xla_pcache._url import is_url
+from xla_pcache.config import REMOTE_VAR, LockMode, ReadMode, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
@@ -20,45 +22,166 @@ if TYPE_CHECKING:
 
     from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
-    from xla_pcache.tiers import Chain, Spooled
+    from xla_pcache.tiers import Chain, Spooled, TierURL
 
 log = package_logger("xla_pcache")
+
+
+class StoreArgs(TypedDict, total=False):
+    """The options a caller may give a store (``Store()``, ``xla_pcache.open_store``), as
+    people write them: sizes as ``"50G"``, durations as ``"7d"``; None or absent is "not
+    given". ``settle`` turns them into ``StoreOptions``."""
+
+    max_size: int | str | None
+    read_only: bool | None
+    durable: bool
+    lock_mode: Literal["auto", "fcntl", "lease"] | None
+    read_mode: Literal["auto", "mmap", "pread"] | None
+    lock_timeout: float | str | None
+    lease_time: float | str | None
+    hit_interval: float | str | None
+    trash_grace: float | str | None
+    tmp_grace: float | str | None
+    claim_lease: float | str | None
+    remote: str | None
+    signing_key: tuple[str, bytes] | None
+    trusted_keys: Sequence[tuple[str, bytes]] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreOptions:
+    """What a store is opened with, settled (``settle``): every value final, sizes in bytes,
+    durations in seconds; the core holds them to its bounds. ``settings`` is what the store
+    reads later (the wait of ``claim()``, the tiers' timeout and largest value); ``chain``
+    the remote tiers behind the directory, each URL parsed once (``chain_text`` as given,
+    for what the store shows of them)."""
+
+    settings: Settings
+    max_size: int | None = None
+    read_only: bool = False
+    durable: bool = False
+    lock_mode: LockMode = "auto"
+    read_mode: ReadMode = "auto"
+    # None: the core's default (_core.STORE_DEFAULTS), written only there.
+    lock_timeout: float | None = None
+    lease_time: float | None = None
+    hit_interval: float | None = None
+    trash_grace: float | None = None
+    tmp_grace: float | None = None
+    claim_lease: float | None = None
+    evict_trace: str | None = None
+    signing_key: tuple[str, bytes] | None = None
+    trusted_keys: list[tuple[str, bytes]] | None = None
+    chain: tuple[TierURL, ...] = ()
+    chain_text: str | None = None
+
+    def replace(self, **changes: Any) -> StoreOptions:
+        return dataclasses.replace(self, **changes)
+
+
+def settle(settings: Settings | None, **given: Unpack[StoreArgs]) -> StoreOptions:
+    """The one rule of what a store is opened with: an argument given (not None) wins over
+    ``settings``; ``settings`` wins over the environment, which is read only when no
+    ``settings`` is given (``Settings.from_env()``), and then for all but the budget and
+    ``read_only``: those variables are the framework cache's at ``XLA_PERSISTENT_CACHE_PATH``,
+    so a store opened without settings is unbounded and writable unless told otherwise.
+    Sizes and durations are parsed here (``ValueError`` / ``TypeError`` naming the
+    argument); their bounds are the core's, which it keeps when the store opens. A chain of
+    remote tiers is checked now and opened at its first use."""
+    unknown = sorted(set(given) - StoreArgs.__annotations__.keys())
+    if unknown:
+        # As a function's own signature would: a misspelt option is never silently dropped.
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+    if settings is not None and not isinstance(settings, Settings):
+        raise TypeError(
+            f"settings must be an xla_pcache.Settings (or None), not {type(settings).__name__}"
+        )
+    cfg = (
+        Settings.from_env().replace(max_size=None, read_only=False)
+        if settings is None
+        else settings
+    )
+
+    def pick(name: str, default: Any, parse: Any = None) -> Any:
+        value = given.get(name)
+        if value is None:
+            return default
+        return value if parse is None else parse(value, name=name)
+
+    remote = given.get("remote")
+    chain_text = (remote if remote is not None else cfg.remote) or None
+    chain: tuple[TierURL, ...] = ()
+    if chain_text is not None:
+        from xla_pcache.tiers import check_chain
+
+        # Checked now, opened later: a value that names no URL is the caller's error at once.
+        chain = check_chain(chain_text, "remote" if remote is not None else REMOTE_VAR)
+    signing = given.get("signing_key")
+    if signing is None and cfg.signing_key is not None:
+        signing = (cfg.signing_key.name, cfg.signing_key.private)
+    trusted = given.get("trusted_keys")
+    if trusted is None:
+        trusted = cfg.trusted_keys
+    return StoreOptions(
+        settings=cfg,
+        max_size=pick("max_size", cfg.max_size, parse_size),
+        # As given: the binding refuses what is not a bool, naming the argument.
+        read_only=pick("read_only", cfg.read_only),
+        durable=given.get("durable", False),
+        lock_mode=pick("lock_mode", cfg.lock_mode),
+        read_mode=pick("read_mode", cfg.read_mode),
+        lock_timeout=pick("lock_timeout", None, parse_duration),
+        lease_time=pick("lease_time", None, parse_duration),
+        hit_interval=pick("hit_interval", None, parse_duration),
+        trash_grace=pick("trash_grace", None, parse_duration),
+        tmp_grace=pick("tmp_grace", None, parse_duration),
+        claim_lease=pick("claim_lease", cfg.claim_lease, parse_duration),
+        evict_trace=cfg.evict_trace,
+        signing_key=signing,
+        trusted_keys=None if trusted is None else list(trusted),
+        chain=chain,
+        chain_text=chain_text,
+    )
+
 
 # Set while ``Store.replace`` puts on this thread.
 _replacing = threading.local()
 
-# ``scheme://``: a path written as a URL.
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
 
 class Store(_core.Store):
-    """A persistent key -> blob store rooted at ``path`` (see ``xla_pcache._core.Store``).
+    """A persistent key -> blob store rooted at the directory ``path`` (see
+    ``xla_pcache._core.Store``); ``xla_pcache.open_store`` opens one for any cache path, a
+    bucket's included.
 
     ``max_size`` may be a byte count or a string such as ``"500M"``, ``"50G"``, ``"1.5T"``;
     durations are seconds or strings such as ``"30s"``, ``"7d"``. A size or duration that is
     negative, NaN, infinite, empty or out of range is a ``ValueError`` naming the argument.
 
-    What is not passed comes from ``settings``: the budget (``max_size``; pass
-    ``settings.replace(max_size=None)`` for none), ``read_only``, the lock and read modes, the
-    eviction trace, ``claim_lease`` (how long a compile claim may go without a heartbeat before
-    waiters take it over), the wait of ``claim()`` and the remote tier, and the signing and
-    trusted keys. An argument passed wins over ``settings``; ``settings`` wins over the
-    environment, which is read only when no ``settings`` is given (``Settings.from_env()``),
-    and then for all but the budget and ``read_only``: those variables are the framework
-    cache's at ``XLA_PERSISTENT_CACHE_PATH``, so a store opened without settings is unbounded
-    and writable unless told otherwise.
+    What is not passed comes from ``settings`` (``settle`` is the rule): the budget
+    (``max_size``; pass ``settings.replace(max_size=None)`` for none), ``read_only``, the lock
+    and read modes (``lock_mode``, ``read_mode``), the eviction trace, ``claim_lease`` (how
+    long a compile claim may go without a heartbeat before waiters take it over), the wait
+    of ``claim()`` and the remote tiers, and the signing and trusted keys. An argument
+    passed wins over ``settings``; ``settings`` wins over the environment, which is read
+    only when no ``settings`` is given (``Settings.from_env()``), and then for all but the
+    budget and ``read_only``: those variables are the framework cache's at
+    ``XLA_PERSISTENT_CACHE_PATH``, so a store opened without settings is unbounded and
+    writable unless told otherwise. ``durable`` syncs each entry before it is published;
+    ``lock_timeout``, ``lease_time``, ``hit_interval``, ``trash_grace`` and ``tmp_grace``
+    default to the core's (``_core.STORE_DEFAULTS``).
     ``signing_key`` ((name, 32-byte private key)) signs every put; ``trusted_keys`` ((name,
     32-byte public key) pairs) makes the store serve only entries one of them signed
     (docs/reliability.md, "Trusted writers"). ``own_root_fd``: a descriptor of ``path``
     checked as a directory of this user's own (``_owndir``; a bucket path's host-local
     store): the store works beneath it and never resolves ``path`` again. ``remote`` (a URL such as
-    ``"redis://host:6379/0"``) puts a tier behind the directory: a local miss asks it, a put
-    this process published is copied to it (docs/remote.md). The tier's client and threads
-    start on the first miss or put.
+    ``"redis://host:6379/0"``, or a comma-separated chain of them) puts remote tiers behind
+    the directory: a local miss asks them, a put this process published is copied to them
+    (docs/remote.md). The tiers' clients and threads start on the first miss or put.
     """
 
     _settings: Settings
     _tier_url: str | None
+    _tier_urls: tuple[TierURL, ...]
     _tier: Chain | None
     _tier_failed: bool
     _tier_lock: threading.Lock
@@ -67,79 +190,51 @@ class Store(_core.Store):
         cls,
         path: str | os.PathLike[str],
         *,
-        max_size: int | str | None = None,
-        read_only: bool | None = None,
-        durable: bool = False,
-        lock_mode: Literal["auto", "fcntl", "lease"] | None = None,
-        read_mode: Literal["auto", "mmap", "pread"] | None = None,
-        lock_timeout: float | str | None = None,
-        lease_time: float | str | None = None,
-        hit_interval: float | str | None = None,
-        trash_grace: float | str | None = None,
-        tmp_grace: float | str | None = None,
-        claim_lease: float | str | None = None,
-        remote: str | None = None,
         settings: Settings | None = None,
-        signing_key: tuple[str, bytes] | None = None,
-        trusted_keys: Sequence[tuple[str, bytes]] | None = None,
         own_root_fd: int | None = None,
+        **given: Unpack[StoreArgs],
     ) -> Self:
-        if settings is not None and not isinstance(settings, Settings):
-            raise TypeError(
-                f"settings must be an xla_pcache.Settings (or None), not {type(settings).__name__}"
-            )
-        if isinstance(path, str) and _URL.match(path.strip()):
+        if is_url(path):
             # A URL is never a directory: a bucket path is served by a host-local store
             # (xla_pcache.bucket), and nothing is created under a name made of the URL.
             from xla_pcache.tiers import redact
 
             raise ValueError(
                 f"path {redact(path)!r} is a URL, not a directory: open a bucket path "
-                "with xla_pcache.bucket.open_path"
+                "with xla_pcache.open_store"
             )
-        cfg = Settings.from_env() if settings is None else settings
-        url = (remote if remote is not None else cfg.remote) or None
-        if url is not None:
-            from xla_pcache.tiers import check_url
+        return cls._open(path, settle(settings, **given), own_root_fd=own_root_fd)
 
-            # Checked now, opened later: a wrong URL is the caller's error at once.
-            check_url(url, name="remote" if remote is not None else REMOTE_VAR)
+    @classmethod
+    def _open(
+        cls, path: str | os.PathLike[str], opts: StoreOptions, *, own_root_fd: int | None = None
+    ) -> Self:
+        """The store at the directory ``path``, opened with settled options (``settle``):
+        what ``Store()`` and ``xla_pcache.open_store`` end in."""
         self = super().__new__(
             cls,
             path,
-            max_size=parse_size(max_size, name="max_size")
-            if max_size is not None
-            else (settings.max_size if settings is not None else None),
-            read_only=read_only
-            if read_only is not None
-            else (settings.read_only if settings is not None else False),
-            durable=durable,
-            lock_mode=cfg.lock_mode if lock_mode is None else lock_mode,
-            read_mode=cfg.read_mode if read_mode is None else read_mode,
-            # None: the core's default (_core.STORE_DEFAULTS), written only there.
-            lock_timeout=_seconds(lock_timeout, "lock_timeout"),
-            lease_time=_seconds(lease_time, "lease_time"),
-            hit_interval=_seconds(hit_interval, "hit_interval"),
-            trash_grace=_seconds(trash_grace, "trash_grace"),
-            tmp_grace=_seconds(tmp_grace, "tmp_grace"),
-            claim_lease=cfg.claim_lease
-            if claim_lease is None
-            else parse_duration(claim_lease, name="claim_lease"),
-            evict_trace=cfg.evict_trace,
-            signing_key=signing_key
-            if signing_key is not None
-            else (cfg.signing_key.name, cfg.signing_key.private)
-            if cfg.signing_key is not None
-            else None,
-            trusted_keys=list(trusted_keys if trusted_keys is not None else cfg.trusted_keys or ())
-            if trusted_keys is not None or cfg.trusted_keys is not None
-            else None,
+            max_size=opts.max_size,
+            read_only=opts.read_only,
+            durable=opts.durable,
+            lock_mode=opts.lock_mode,
+            read_mode=opts.read_mode,
+            lock_timeout=opts.lock_timeout,
+            lease_time=opts.lease_time,
+            hit_interval=opts.hit_interval,
+            trash_grace=opts.trash_grace,
+            tmp_grace=opts.tmp_grace,
+            claim_lease=opts.claim_lease,
+            evict_trace=opts.evict_trace,
+            signing_key=opts.signing_key,
+            trusted_keys=opts.trusted_keys,
             own_root_fd=own_root_fd,
         )
         if self.signing_key_name is not None and self.trusted_key_names is None:
             _warn_signing_without_trust(self.signing_key_name)
-        self._settings = cfg
-        self._tier_url = url
+        self._settings = opts.settings
+        self._tier_url = opts.chain_text
+        self._tier_urls = opts.chain
         self._tier = None
         self._tier_failed = False
         self._tier_lock = threading.Lock()
@@ -173,11 +268,11 @@ class Store(_core.Store):
             return self._tier
         with self._tier_lock:
             if self._tier is None and not self._tier_failed:
-                from xla_pcache.tiers import hide_chain_secrets, open_tier, redact_chain
+                from xla_pcache.tiers import hide_chain_secrets, open_chain, redact_chain
 
                 try:
-                    tier = open_tier(
-                        self._tier_url,
+                    tier = open_chain(
+                        self._tier_urls,
                         self._settings,
                         trusting=bool(self.trusted_key_names),
                         # Its counters also go to this store's journal, summed across
@@ -244,7 +339,7 @@ class Store(_core.Store):
         redacted) and, once it was used, its counters (``remote_hits``, ...)."""
         out = super().stats()
         if self._tier_url is not None:
-            from xla_pcache.tiers import redact, redact_chain, split_urls
+            from xla_pcache.tiers import redact, redact_chain
 
             extra = cast(dict[str, Any], out)
             if self._tier is not None:
@@ -254,8 +349,8 @@ class Store(_core.Store):
             else:
                 # Not opened (and not opened for this: no client just to report): the tiers
                 # as configured, by number, as the chain names them.
-                for i, url in enumerate(split_urls(self._tier_url), 1):
-                    extra[f"tier{i}"] = redact(url)
+                for i, url in enumerate(self._tier_urls, 1):
+                    extra[f"tier{i}"] = redact(url.text)
             # Before the chain is opened, the tiers as configured; then the tiers in use.
             extra.setdefault("remote", redact_chain(self._tier_url))
         return out
@@ -350,10 +445,6 @@ def _warn_signing_without_trust(signer: str) -> None:
         TRUSTED_KEYS_VAR,
         TRUSTED_KEYS_VAR,
     )
-
-
-def _seconds(value: float | str | None, name: str) -> float | None:
-    return None if value is None else parse_duration(value, name=name)
 
 
 def _tier_hooks(store: Store) -> tuple[Any, Any]:

@@ -130,18 +130,20 @@ SIN_COS_PROGRAM = textwrap.dedent(
 )
 
 
-def run_program(code: str, *args: str, env: dict[str, str]) -> tuple[float, int, str]:
+def run_python(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A Python program (``argv`` after the interpreter; ``env`` all of its environment) in a
+    fresh process, which must exit with 0: what it wrote."""
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def run_program(
+    code: str, *args: str, env: dict[str, str], python: str = sys.executable
+) -> tuple[float, int, str]:
     """A program printing its value and JAX's hit count (``ACTIVATION_PROGRAM``,
-    ``SIN_COS_PROGRAM``) in a fresh process: those two, and its stderr."""
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    ``SIN_COS_PROGRAM``) in a fresh process of ``python``: those two, and its stderr."""
+    proc = run_python([python, "-c", code, *args], env)
     value, count = proc.stdout.split()
     return float(value), int(count), proc.stderr
 

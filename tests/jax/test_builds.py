@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from xla_pcache import Store, builds
 from xla_pcache.jax import _build as jax_build
 
 from tests.helpers import clean_env, cli_out, explain_json, is_plan
-from tests.jax.helpers import SIN_COS_PROGRAM
+from tests.jax.helpers import SIN_COS_PROGRAM, run_program
 from tests.rebuild import build_id_span, second_build
 
 EXPECTED = 3 * sum(math.sin(i) for i in range(8))
@@ -48,19 +47,10 @@ def _run(python: Path, cache: Path, xdg: Path) -> int:
         XLA_PERSISTENT_CACHE_PATH=str(cache),
         XDG_CACHE_HOME=str(xdg),
     )
-    proc = subprocess.run(
-        [str(python), "-c", SIN_COS_PROGRAM, "sin"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    value, count = proc.stdout.split()
-    assert float(value) == pytest.approx(EXPECTED, rel=1e-6)
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return int(count)
+    value, count, stderr = run_program(SIN_COS_PROGRAM, "sin", env=env, python=str(python))
+    assert value == pytest.approx(EXPECTED, rel=1e-6)
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return count
 
 
 def _stats(cache: Path) -> dict[str, int]:

@@ -30,7 +30,7 @@ from xla_pcache.config import Settings, read_signing_key
 from xla_pcache.jax import _plan
 
 from tests.helpers import cli_out, hooks_env, is_plan, keygen
-from tests.jax.helpers import jax_keys, worker_env
+from tests.jax.helpers import jax_keys, run_python, worker_env
 
 pytestmark = [
     pytest.mark.jax,
@@ -75,15 +75,7 @@ N = 6
 def run(script: Path, cache: Path, **env: str) -> tuple[dict[str, Any], str]:
     """The program in a fresh process: its report and its stderr."""
     full = worker_env({"XLA_PERSISTENT_CACHE_PATH": str(cache), "TEST_PREFETCH_REPORT": "1", **env})
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_python([sys.executable, str(script)], full)
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return report, proc.stderr
 

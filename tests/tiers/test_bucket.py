@@ -21,7 +21,7 @@ from typing import Any
 import obstore
 import pytest
 from typer.testing import CliRunner
-from xla_pcache import Store, bucket, entry_name
+from xla_pcache import Store, bucket, entry_name, open_store
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
@@ -282,7 +282,7 @@ def test_a_bucket_without_its_extra_is_one_warning_and_no_directory(
 
 def _store(url: str, home: Path, **changes: Any) -> bucket.BucketStore:
     settings = Settings.from_env().replace(xdg_cache_home=str(home), **changes)
-    store = bucket.open_store(url, settings=settings)
+    store = open_store(url, settings=settings)
     assert isinstance(store, bucket.BucketStore)
     return store
 

@@ -16,7 +16,7 @@ import obstore
 import pytest
 import redis
 from typer.testing import CliRunner
-from xla_pcache import Store, bucket, entry_name
+from xla_pcache import Store, bucket, entry_name, open_store
 from xla_pcache._names import EntryName
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
@@ -440,11 +440,11 @@ def test_planted_markers_cost_a_torch_xla_start_bounded_requests(
     time.sleep(1.1)  # the real marker newer (whole seconds), so it comes first
     home = tmp_path / "h"
     settings = Settings.from_env().replace(xdg_cache_home=str(home))
-    writer = bucket.open_store(url, settings=settings)
+    writer = open_store(url, settings=settings)
     assert writer.put("torch_xla/7", b"graph" * 100)
     writer.mark_torch_xla("torch_xla/7", "7")
     writer.close()
-    host = bucket.open_store(url, settings=settings.replace(xdg_cache_home=str(tmp_path / "n")))
+    host = open_store(url, settings=settings.replace(xdg_cache_home=str(tmp_path / "n")))
     relay.take()
     assert host.pull_torch_xla(lambda g: f"torch_xla/{g}") == 1
     wire = relay.take()

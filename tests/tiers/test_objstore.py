@@ -17,7 +17,7 @@ from typing import Any
 import obstore
 import pytest
 import redis
-from xla_pcache import Store, bucket, entry_name
+from xla_pcache import Store, entry_name, open_store
 from xla_pcache._reports import tier_counters
 from xla_pcache.config import Settings
 from xla_pcache.tiers.chain import open_chain, redact
@@ -323,7 +323,7 @@ def test_a_bucket_hosts_replace_goes_through_its_own_store(tmp_path: Path, s3: S
 
     def host(name: str, path: str = url) -> Any:
         settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / name))
-        return bucket.open_store(path, settings=settings)
+        return open_store(path, settings=settings)
 
     with host("a") as a:
         assert a.put("plan", b"first" * 100)

@@ -14,7 +14,7 @@ from typing import Any
 import obstore
 import pytest
 from typer.testing import CliRunner
-from xla_pcache import Store, _core, bucket
+from xla_pcache import Store, _core, open_store
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers import upkeep
@@ -47,7 +47,7 @@ def filled(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> tup
         for k, v in s3_server.env().items():
             m.setenv(k, v)
         settings = Settings.from_env().replace(xdg_cache_home=str(home))
-        with bucket.open_store(url, settings=settings) as w:
+        with open_store(url, settings=settings) as w:
             for i in range(4):
                 assert w.put(f"k{i}", bytes(20_000))
             w.mark_torch_xla("torch_xla/123", "123")
@@ -124,7 +124,7 @@ def test_a_read_only_bucket_store_writes_nothing(
         monkeypatch.setenv(k, v)
     before = _objects(s3, prefix)
     settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path))
-    store = bucket.open_store(url + query, settings=settings, read_only=True if flag else None)
+    store = open_store(url + query, settings=settings, read_only=True if flag else None)
     assert store.get("k1") is not None  # served from the bucket
     assert store.put("new", bytes(1000))  # kept by this host
     assert store.replace("k2", bytes(500))  # this host's copy replaced, the bucket's kept

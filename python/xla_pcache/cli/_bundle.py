@@ -4,14 +4,19 @@ file (``xla_pcache.bundle``), and ``import --from-jax``: adopting what JAX's own
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from xla_pcache import _core
 from xla_pcache._text import shown
+from xla_pcache.cache_path import open_store
 from xla_pcache.cli._common import (
     PathOption,
+    directory_path,
     fail,
     interruptible,
     open_cache,
@@ -19,9 +24,13 @@ from xla_pcache.cli._common import (
     progress_bar,
     reported,
 )
-from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, Settings
+from xla_pcache.config import READ_ONLY_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
-from xla_pcache.store import Store
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from xla_pcache.store import Store
 
 
 class Framework(StrEnum):
@@ -109,14 +118,8 @@ def import_cmd(
         if os.path.isdir(bundle):
             fail(f"{bundle}: is a directory, not a bundle file")
         console = plain_console()
-        bar = progress_bar(console)
-        with (
-            interruptible("import"),
-            Store(root, settings=settings) as store,
-            bar,
-        ):
-            # Entries are counted as they stream in: a bundle does not say how many it holds.
-            task = bar.add_task("importing entries", total=None)
+        # Entries are counted as they stream in: a bundle does not say how many it holds.
+        with _importing(root, settings, console, "importing entries") as (store, bar, task):
             report = import_bundle(
                 store, bundle, progress=lambda _n: bar.advance(task), max_entry_bytes=entry_cap
             )
@@ -137,17 +140,28 @@ def import_cmd(
         raise typer.Exit(1)
 
 
+@contextmanager
+def _importing(
+    root: str, settings: Settings, console: Console, what: str
+) -> Iterator[tuple[Store, Any, Any]]:
+    """The store an import writes into, a progress bar and its task showing ``what``; an
+    interrupt stops the import between entries."""
+    with interruptible("import"), open_store(root, settings) as store, progress_bar(console) as bar:
+        yield store, bar, bar.add_task(what, total=None)
+
+
 def _import_target(
     path: str | None, max_entry_size: str | None
 ) -> tuple[int | None, Settings, str]:
     """What an import writes into: the entry size cap, the settings and a writable root."""
     entry_cap = parse_size(max_entry_size, name="--max-entry-size")
-    if entry_cap == 0:
-        fail("--max-entry-size must be positive")
+    if entry_cap is not None:
+        try:
+            entry_cap = _core.check_size("--max-entry-size", entry_cap)
+        except ValueError:
+            fail("--max-entry-size must be positive")
     settings = Settings.from_env()
-    root = os.path.expanduser(path) if path else settings.path
-    if not root:
-        fail(f"no cache directory: pass --path or set {PATH_VAR}")
+    root = directory_path(path, settings)
     if settings.read_only:
         fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
     return entry_cap, settings, root
@@ -186,13 +200,8 @@ def _import_from_jax(source_dir: str, path: str | None, max_entry_size: str | No
                 "program asks for; nothing was moved. Run the import where the programs run"
             )
         console = plain_console()
-        bar = progress_bar(console)
-        with (
-            interruptible("import"),
-            Store(root, max_size=settings.max_size, settings=settings) as store,
-            bar,
-        ):
-            task = bar.add_task(f"adopting JAX's entries from {source_dir}", total=None)
+        what = f"adopting JAX's entries from {source_dir}"
+        with _importing(root, settings, console, what) as (store, bar, task):
             counts = _adopt.import_directory(
                 store,
                 JaxCacheDir(source_dir),

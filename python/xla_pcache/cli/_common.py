@@ -19,8 +19,10 @@ from rich.console import Console
 from xla_pcache import _core, bucket
 from xla_pcache._core import CacheError
 from xla_pcache._text import raw_stream, shown
+from xla_pcache._url import is_url
+from xla_pcache.cache_path import open_store, route
 from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, TRUSTED_KEYS_VAR, Settings
-from xla_pcache.store import Store
+from xla_pcache.store import Store, settle
 
 PathOption = Annotated[
     str | None,
@@ -146,12 +148,14 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _resolve_path(path: str | None, settings: Settings) -> str:
+def directory_path(path: str | None, settings: Settings) -> str:
+    """The cache directory ``--path`` (else ``XLA_PERSISTENT_CACHE_PATH``) names; a URL,
+    which these commands do not take, fails here naming what does."""
     root = os.path.expanduser(path) if path else settings.path
     if not root:
         fail(f"no cache directory: pass --path or set {PATH_VAR}")
-    if bucket.is_url(root):
-        where = bucket.route(root)
+    if is_url(root):
+        where = route(root)
         local = (
             f"; this host's copy of it is the directory {bucket.local_path(root, settings)}"
             if where.kind == "bucket"
@@ -161,6 +165,12 @@ def _resolve_path(path: str | None, settings: Settings) -> str:
             f"{redact(root)} is a URL: stats, prune and config take a bucket, this command "
             f"a directory{local}"
         )
+    return root
+
+
+def _existing_cache(root: str) -> None:
+    """Fails unless ``root`` is a cache directory (a FORMAT file in it): these commands never
+    create one."""
     if not os.path.exists(root):
         fail(f"{root}: no such directory")
     if not os.path.isdir(root):
@@ -176,7 +186,6 @@ def _resolve_path(path: str | None, settings: Settings) -> str:
         fail(f"{root}: cannot read the FORMAT file: {exc.strerror or exc}")
     if not stat.S_ISREG(mode):
         fail(f"{root}: not an xla_pcache cache (FORMAT is {_file_kind(mode)}, not a file)")
-    return root
 
 
 def open_cache(path: str | None, *, read_only: bool, write: bool = False) -> Store:
@@ -187,15 +196,17 @@ def open_cache(path: str | None, *, read_only: bool, write: bool = False) -> Sto
     """
     # Read even when only looking, so that a malformed value is reported by every command.
     settings = Settings.from_env()
-    root = _resolve_path(path, settings)
-    read_only = settings.read_only or read_only
-    store = Store(root, read_only=True, settings=settings)
+    root = directory_path(path, settings)
+    _existing_cache(root)
+    # The flag adds to the variable: it can only ask for read-only.
+    opts = settle(settings, read_only=read_only or None)
+    store = open_store(root, opts.replace(read_only=True))
     if not write:
         return store
     store.close()
-    if read_only:
+    if opts.read_only:
         fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
-    return Store(root, read_only=False, settings=settings)
+    return open_store(root, opts)
 
 
 def redact(url: str) -> str:
@@ -209,9 +220,9 @@ def bucket_url(path: str | None) -> str | None:
     """The bucket ``--path`` (else ``XLA_PERSISTENT_CACHE_PATH``) names, or None for a
     directory; a URL that is no bucket xla_pcache serves fails here."""
     raw = path if path else Settings.from_env().path
-    if not raw or not bucket.is_url(raw):
+    if not raw or not is_url(raw):
         return None
-    where = bucket.route(raw)
+    where = route(raw)
     if where.kind != "bucket":
         fail(f"{redact(raw)} cannot be served: {where.reason}")
     return where.path
@@ -220,14 +231,14 @@ def bucket_url(path: str | None) -> str | None:
 @contextmanager
 def open_bucket(url: str, *, read_only: bool = False) -> Iterator[Any]:
     """The upkeep of the bucket at ``url``, read-only by the one rule of a bucket path
-    (``bucket.bucket_read_only``: ``read_only``, ``XLA_PERSISTENT_CACHE_READ_ONLY``, the
-    URL's ``?ro=1``); its service's errors are one line, exit 2."""
+    (``read_only`` over ``XLA_PERSISTENT_CACHE_READ_ONLY``, as ``store.settle`` decides, and
+    the URL's ``?ro=1`` whatever they say); its service's errors are one line, exit 2."""
     from xla_pcache.tiers.objstore import scrub
     from xla_pcache.tiers.upkeep import Bucket, BusyError
 
     settings = Settings.from_env()
-    # The flag adds to the variable; neither can take back the URL's ?ro=1.
-    ro = bucket.bucket_read_only(url, settings, read_only or None)
+    # The flag adds to the variable; neither can take back the URL's ?ro=1 (``Bucket``).
+    ro = settle(settings, read_only=read_only or None).read_only
     try:
         yield Bucket(url, timeout=max(settings.remote_timeout, 30.0), read_only=ro)
     except (Failure, typer.Exit, BusyError):

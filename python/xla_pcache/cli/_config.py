@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from xla_pcache import _core
 from xla_pcache.cli._common import (
     JsonOption,
     PathOption,
@@ -97,14 +98,20 @@ def config(
 
 
 def _parsed_settings(max_size: str | None, max_age: str | None) -> tuple[int | None, float | None]:
+    """The budget and max age the options ask for (None: unset), held to the core's bounds
+    (``_core.check_size``, ``_core.check_max_age``) with the options' own words."""
     new_size = new_age = None
     if max_size is not None and max_size.strip().lower() not in _UNSET:
-        new_size = parse_size(max_size, name="--max-size")
-        if not new_size:
+        size = parse_size(max_size, name="--max-size") or 0
+        try:
+            new_size = _core.check_size("--max-size", size)
+        except ValueError:
             fail(f"--max-size must be positive ('none' unsets it), got {max_size!r}")
     if max_age is not None and max_age.strip().lower() not in _UNSET:
-        new_age = parse_duration(max_age, name="--max-age")
-        if new_age < 1:
+        age = parse_duration(max_age, name="--max-age")
+        try:
+            new_age = _core.check_max_age("--max-age", age)
+        except ValueError:
             fail(f"--max-age must be at least 1 second, got {max_age!r}")
     return new_size, new_age
 

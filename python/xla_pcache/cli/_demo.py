@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -186,19 +185,19 @@ def _run_child(path: str, nonce: str) -> dict[str, Any]:
 
 
 def _resolve_path(path: str | None) -> str:
+    from xla_pcache.cache_path import route
     from xla_pcache.config import Settings
 
     settings = Settings.from_env()
-    return os.path.abspath(
-        os.path.expanduser(path or settings.path or settings.default_cache_path())
-    )
+    # A directory made absolute; a bucket's URL as it is (never a directory named after it).
+    return route(path or settings.path or settings.default_cache_path()).path
 
 
 def _remove_demo_entries(path: str, nonce: str, plans: set[str]) -> tuple[int, int]:
     """Removes the demo's executables and its processes' plans: how many of each."""
-    from xla_pcache.store import Store
+    from xla_pcache.cache_path import open_store
 
-    with Store(path) as store:
+    with open_store(path) as store:
         every = store.keys()  # a list, not a dict view
         mine = [k for k in every if str(k).startswith(f"jit_{DEMO_PREFIX}{nonce}")]
         return sum(1 for k in mine if store.delete(k)), sum(1 for k in plans if store.delete(k))
@@ -222,7 +221,7 @@ def main(path: str | None = None, keep: bool = False) -> int:
             "[red]The demo needs JAX.[/] Install it with: [bold]pip install 'xla-pcache\\[jax]'[/]"
         )
         return 1
-    from xla_pcache.store import Store
+    from xla_pcache.cache_path import open_store
 
     root = _resolve_path(path)
     nonce = secrets.token_hex(4)
@@ -259,7 +258,7 @@ def main(path: str | None = None, keep: bool = False) -> int:
         f"[bold]{speedup:.1f}x[/] faster (jax {cold['jax']}, {cold['backend']})"
     )
 
-    with Store(root, read_only=True) as store:
+    with open_store(root, read_only=True) as store:
         stats = store.stats()
     console.print(
         f"Compile time saved: {human_duration(float(warm.get('saved_s', 0.0)))} by the warm "

@@ -386,9 +386,10 @@ def _configuration(
     if url is not None:
         # A bucket: served by a host-local store (xla_pcache.bucket), reported as the path.
         from xla_pcache import bucket
+        from xla_pcache.cache_path import route
         from xla_pcache.tiers import redact
 
-        where = bucket.route(url)
+        where = route(url)
         config["bucket"] = redact(url)
         if where.kind == "bucket":
             config["path"] = bucket.local_path(url, settings or Settings())
@@ -437,7 +438,7 @@ def _trust(settings: Settings) -> dict[str, Any]:
 
 def _bucket_path(path: str) -> str | None:
     """``path`` if it is written as a URL (a bucket path), else None."""
-    from xla_pcache.bucket import is_url
+    from xla_pcache._url import is_url
 
     return path.strip() if is_url(path) else None
 
@@ -447,17 +448,15 @@ def _open_store(
 ) -> tuple[Any, dict[str, Any], list[str]]:
     """The store ``config`` names (for a bucket path ``url``, its host-local store with
     the bucket behind it), what it reports, and the problems found."""
-    from xla_pcache.store import Store
+    from xla_pcache.cache_path import open_store
 
     info: dict[str, Any] = {}
     try:
         # The budget and read-only mode the report shows are the settings' own.
         if url is not None:
-            from xla_pcache.bucket import open_store
-
-            store: Store = open_store(url, settings=settings or _settings())
+            store = open_store(url, settings or _settings())
         else:
-            store = Store(config["path"], settings=settings)
+            store = open_store(config["path"], settings)
     except Exception as exc:
         return None, info, [f"cannot open the cache at {config['path']}: {exc}"]
     info["filesystem"] = store.filesystem

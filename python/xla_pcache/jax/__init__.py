@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from xla_pcache import bucket, builds, metrics
+from xla_pcache import builds, cache_path, metrics
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
@@ -26,7 +26,7 @@ from xla_pcache.jax import _adopt, _build, _prefetch, _single_flight
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._store_cache import _StoreCacheImpl
 from xla_pcache.sizes import parse_duration, parse_size
-from xla_pcache.store import Store
+from xla_pcache.store import Store, StoreOptions, settle
 
 # ``StoreCache`` is also public; see __getattr__ below.
 __all__ = [
@@ -159,8 +159,9 @@ def __getattr__(name: str) -> Any:
 class _Installation:
     hooks: _Hooks
     path: str
-    max_size: int | None
-    read_only: bool
+    # What every store of this installation is opened with (install()'s arguments over the
+    # settings, JAX's own budget below the variable's).
+    options: StoreOptions
     original_factory: Callable[[str], Any]
     previous_cache_dir: str | None
     previous_xla_caches: str | None
@@ -178,8 +179,8 @@ class _Installation:
     # Stores opened by _factory for other directories (after set_cache_dir); closed on
     # uninstall.
     others: list[Store] = dataclasses.field(default_factory=list)
-    # The bucket URL the path named (the store is its host-local store), or None.
-    url: str | None = None
+    # The bucket the path named (the store is its host-local store): its location, or None.
+    bucket: str | None = None
     # An unserved URL named by the path: JAX runs uncached (the factory returns None).
     uncached: bool = False
     # Unserved URLs already warned about by the factory.
@@ -223,22 +224,16 @@ def _backend_platform(hooks: _Hooks) -> str | None:
         return None
 
 
-def _open_store(
-    path: str, max_size: int | None, read_only: bool, *, bucket_url: str | None = None
-) -> Store | None:
-    """The store at the directory ``path``, or, for ``bucket_url``, the bucket's host-local
-    store (``xla_pcache.bucket``); None, with one warning, when it cannot be opened."""
+def _open_store(where: cache_path.Route, options: StoreOptions) -> Store | None:
+    """The store of the directory or bucket ``where`` names (``xla_pcache.open_store``);
+    None, with one warning, when it cannot be opened."""
     try:
-        if bucket_url is not None:
-            return bucket.open_store(
-                bucket_url, settings=Settings.from_env(), max_size=max_size, read_only=read_only
-            )
-        return Store(path, max_size=max_size, read_only=read_only)
+        return cache_path.open_store(where, options)
     except Exception as exc:
         logger.warning(
             "xla_pcache: cannot open the cache at %s (%s: %s); JAX will compile without a "
             "persistent cache",
-            bucket.shown_path(bucket_url or path),
+            cache_path.shown_path(where.path),
             type(exc).__name__,
             exc,
         )
@@ -252,10 +247,6 @@ def _jax_dir_source(value: str | None) -> str:
     return _CACHE_DIR_OPTION if value else "the default path"
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
 def _factory(path: str) -> tuple[Any, str] | None:
     """Stands in for ``compilation_cache.get_file_cache``; JAX calls it, lazily, with the
     value of ``jax_compilation_cache_dir`` when it first needs its cache."""
@@ -264,13 +255,13 @@ def _factory(path: str) -> tuple[Any, str] | None:
     if inst is None:  # pragma: no cover - uninstall() restores the original first
         return None
     path = str(path)
-    where = bucket.route(path)
+    where = cache_path.route(path)
     if where.kind == "unserved":
         # A gs://, s3:// or az:// path without obstore is JAX's own business, as before; any
         # other URL is uncached (JAX's own cache would make a directory of it).
         if where.path not in inst.warned:
             inst.warned.add(where.path)
-            bucket.warn_unserved(
+            cache_path.warn_unserved(
                 where,
                 _CACHE_DIR_OPTION,
                 "JAX uses its own cache there"
@@ -281,23 +272,23 @@ def _factory(path: str) -> tuple[Any, str] | None:
             return None
         result: tuple[Any, str] | None = inst.original_factory(path)
         return result
-    url = where.path if where.kind == "bucket" else None
+    loc = where.location if where.kind == "bucket" else None
     with _state_lock:
         same_dir = (
-            bucket.location(url) == bucket.location(inst.url)
-            if url is not None and inst.url is not None
-            else url is None and where.path == inst.path
+            loc == inst.bucket
+            if loc is not None and inst.bucket is not None
+            else loc is None and where.path == inst.path
         )
         adopter = inst.adopter
         if same_dir:
             # install() already tried this directory (and warned if it failed).
             store = inst.store
         else:
-            store = _open_store(where.path, inst.max_size, inst.read_only, bucket_url=url)
+            store = _open_store(where, inst.options)
             if store is not None:
                 inst.others.append(store)
-                if url is None:
-                    sources = _adopt.sources(store, os.path.abspath(path), None, local=_is_local)
+                if loc is None:
+                    sources = _adopt.sources(store, os.path.abspath(path), None)
                     adopter = _adopt.Adopter(sources, inst.hooks.cc) if sources else None
                 else:
                     adopter = None
@@ -370,18 +361,9 @@ def _runtime_build() -> builds.Build | None:
     over a running program), or the files could not be read. JAX then compiles without a
     persistent cache: an entry filed under the wrong build is the one thing not to write."""
     global _warned_build
-    try:
-        build = _build.build()
-    except Exception as exc:
-        why = f"its runtime's build could not be identified ({type(exc).__name__}: {exc})"
-    else:
-        if not build.replaced:
-            return build
-        why = (
-            "this process runs binaries replaced on disk since it loaded them ("
-            + ", ".join(build.replaced[:3])
-            + "): its executables are of a build nothing names"
-        )
+    build, why = builds.usable(_build.build)
+    if build is not None:
+        return build
     if not _warned_build:
         _warned_build = True
         logger.warning("xla_pcache: %s; JAX compiles without a persistent cache", why)
@@ -428,7 +410,7 @@ def install(
     are asked for (docs/jax.md, "Adopting JAX's own cache").
 
     A bucket (``gs://``, ``s3://``, ``az://``) as the path is served by a host-local store with
-    the bucket behind it (``xla_pcache.bucket``; JAX's option then names that local store);
+    the bucket behind it (``xla_pcache.open_store``; JAX's option then names that local store);
     a URL that cannot be served is one warning, and JAX runs on its own cache (a bucket URL
     without obstore) or uncached (any other URL), never in a directory named after it.
 
@@ -440,14 +422,15 @@ def install(
     hooks = _hooks()
     jax_config = hooks.jax.config
     settings = Settings.from_env()
-    resolved_size = parse_size(max_size, name="max_size")
-    if resolved_size is None:
-        resolved_size = settings.max_size
-    if resolved_size is None:
+    if settings.max_size is None:
+        # JAX's own budget, below the variable's and the argument's.
         jax_max = jax_config.values.get("jax_compilation_cache_max_size", -1)
         if isinstance(jax_max, int) and jax_max > 0:
-            resolved_size = jax_max
-    resolved_ro = settings.read_only if read_only is None else bool(read_only)
+            settings = settings.replace(max_size=jax_max)
+    # Settled now: a malformed argument is the caller's error, raised here.
+    options = settle(
+        settings, max_size=max_size, read_only=None if read_only is None else bool(read_only)
+    )
     resolved_wait = (
         settings.compile_wait
         if compile_wait is None
@@ -470,21 +453,21 @@ def install(
         else:
             resolved_path = previous_dir or settings.default_cache_path()
             source = _jax_dir_source(previous_dir)
-        where = bucket.route(os.path.expanduser(str(resolved_path)))
-        url = where.path if where.kind == "bucket" else None
+        where = cache_path.route(os.path.expanduser(str(resolved_path)))
+        loc = where.location if where.kind == "bucket" else None
         if where.kind == "unserved":
             if where.own_cache:
                 # gs://, s3://, az:// without obstore: JAX's own cache, as without xla_pcache
                 # (which reads such a URL through etils and gcsfs or s3fs).
-                bucket.warn_unserved(where, source, "JAX uses its own cache there")
+                cache_path.warn_unserved(where, source, "JAX uses its own cache there")
                 jax_config.update(_CACHE_DIR_OPTION, where.path)
                 return None
-            bucket.warn_unserved(where, source, "JAX compiles without a persistent cache")
+            cache_path.warn_unserved(where, source, "JAX compiles without a persistent cache")
         store = None
         if where.kind != "unserved":
-            store = _open_store(where.path, resolved_size, resolved_ro, bucket_url=url)
+            store = _open_store(where, options)
         # What JAX's option names: the directory, or a bucket's host-local store.
-        resolved_path = store.path if url is not None and store is not None else where.path
+        resolved_path = store.path if loc is not None and store is not None else where.path
         if store is not None:
             metrics.log_exit_summary(store)
         previous_xla_caches: str | None = None
@@ -503,8 +486,7 @@ def install(
         inst = _Installation(
             hooks=hooks,
             path=resolved_path,
-            max_size=resolved_size,
-            read_only=resolved_ro,
+            options=options,
             original_factory=hooks.cc.get_file_cache,
             previous_cache_dir=previous_dir,
             previous_xla_caches=previous_xla_caches,
@@ -512,7 +494,7 @@ def install(
             meta=_producer_meta(hooks),
             compile_wait=resolved_wait,
             on_miss=settings.on_miss,
-            url=url,
+            bucket=loc,
             uncached=where.kind == "unserved",
         )
         _installed = inst
@@ -531,8 +513,8 @@ def install(
         if wants_prefetch and store is not None and _prefetch.install_hook(hooks.cc):
             form = _prefetch.read_form(hooks.cc)
             _installed.prefetch_form = form if isinstance(form, int) else None
-        if store is not None and url is None and _is_local(resolved_path):
-            sources = _adopt.sources(store, resolved_path, previous_dir, local=_is_local)
+        if store is not None and loc is None and where.kind == "local":
+            sources = _adopt.sources(store, resolved_path, previous_dir)
             if sources:
                 _installed.adopter = _adopt.Adopter(sources, hooks.cc)
                 logger.info(
@@ -552,8 +534,8 @@ def install(
         logger.debug(
             "xla_pcache: JAX compilation cache at %s (max_size=%s, read_only=%s)",
             resolved_path,
-            resolved_size,
-            resolved_ro,
+            options.max_size,
+            options.read_only,
         )
         return store
 

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
+from xla_pcache._url import names_directory
 from xla_pcache.builds import Build
 from xla_pcache.jax import _cache_dir as jcd
 from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode, module_name
@@ -363,8 +364,6 @@ def sources(
     store: _core.Store,
     store_path: str,
     previous_dir: str | None,
-    *,
-    local: Callable[[str], bool],
 ) -> list[jcd.JaxCacheDir]:
     """The directories JAX's own cache may have filled for this process and ``store``
     (opened at the absolute ``store_path``): its own root (JAX_COMPILATION_CACHE_DIR or
@@ -374,7 +373,7 @@ def sources(
     some)."""
     candidates: list[tuple[str, str]] = []
     prev = str(previous_dir) if previous_dir else None
-    if prev is not None and local(prev):
+    if prev is not None and names_directory(prev):
         prev = prev.removeprefix("file://")
         prev_abs = os.path.abspath(os.path.expanduser(prev))
         candidates.append((store_path, prev if prev_abs == store_path else store_path))

@@ -42,7 +42,7 @@ names a key its plan did not (a new program, or no plan yet), writes the plan ag
 variant of its arguments (``Store.replace``: every tier's copy too). A try that finds no
 newly stored key to add (a program still compiling) writes nothing; ``FRUITLESS_WRITES`` such
 tries in a row leave it to the exit. A read-only process writes none, nor does a bucket
-path's host that writes nothing to the bucket (``bucket.bucket_read_only``): the plan is
+path's host that writes nothing to the bucket (``BucketStore.bucket_ro``): the plan is
 the writers' record of the workload, and one kept only in that host's local store would
 stand in front of theirs there.
 
@@ -60,7 +60,6 @@ import enum
 import hashlib
 import importlib
 import inspect
-import logging
 import os
 import threading
 import time
@@ -69,7 +68,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xla_pcache import _testhook, builds
-from xla_pcache._text import package_logger
+from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _plan
 from xla_pcache.store import Store
 
@@ -254,28 +253,6 @@ class _Slot:
         self.loaded_at = 0.0
 
 
-class _Warner:
-    """The first failure of each kind at WARNING, the rest at DEBUG."""
-
-    def __init__(self) -> None:
-        self._seen: set[tuple[str, type[BaseException]]] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, what: str, key: str, exc: BaseException) -> None:
-        with self._lock:
-            first = (what, type(exc)) not in self._seen
-            self._seen.add((what, type(exc)))
-        logger.log(
-            logging.WARNING if first else logging.DEBUG,
-            "xla_pcache: loading %r ahead failed (%s), it is read as before: %s: %s%s",
-            key,
-            what,
-            type(exc).__name__,
-            exc,
-            " (further failures of this kind are logged at debug level)" if first else "",
-        )
-
-
 _sessions: weakref.WeakSet[Prefetch] = weakref.WeakSet()
 _sessions_lock = threading.Lock()
 _exit_registered = False
@@ -320,7 +297,9 @@ class Prefetch:
         self._pid = os.getpid()
         self._digest_options = _options_digester()
         self._cond = threading.Condition()
-        self._warn = _Warner()
+        self._warn = FirstWarning(
+            logger, "loading {key} ahead failed ({what}), it is read as before"
+        )
         self._started = False
         self._closed = False
         self._backend: Any = None

@@ -3,7 +3,6 @@ with JAX's interface as a second base (``xla_pcache.jax`` builds it on first use
 
 from __future__ import annotations
 
-import logging
 import pathlib
 import threading
 from collections.abc import Callable
@@ -11,37 +10,11 @@ from typing import Any
 
 from xla_pcache import builds, explain
 from xla_pcache import on_miss as _on_miss
-from xla_pcache._text import package_logger
+from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _adopt, _build, _keyparts, _plan, _prefetch, _single_flight
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
-
-
-class _Warner:
-    """Logs the first failure of each kind as a warning and the rest at debug level.
-
-    A broken cache fails on every compilation; one warning says so without flooding a
-    training log.
-    """
-
-    def __init__(self) -> None:
-        self._seen: set[tuple[str, type[BaseException]]] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, what: str, key: str, exc: BaseException) -> None:
-        with self._lock:
-            first = (what, type(exc)) not in self._seen
-            self._seen.add((what, type(exc)))
-        logger.log(
-            logging.WARNING if first else logging.DEBUG,
-            "xla_pcache: %s of %r failed, treating it as a miss: %s: %s%s",
-            what,
-            key,
-            type(exc).__name__,
-            exc,
-            " (further failures of this kind are logged at debug level)" if first else "",
-        )
 
 
 class _StoreCacheImpl:
@@ -93,7 +66,7 @@ class _StoreCacheImpl:
         # use the value (decompression or deserialization failed), so that put replaces it.
         self._served: set[str] = set()
         self._lock = threading.Lock()
-        self._warn = _Warner()
+        self._warn = FirstWarning(logger, "{what} of {key} failed, treating it as a miss")
 
     @property
     def store(self) -> Store:

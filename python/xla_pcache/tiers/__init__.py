@@ -15,24 +15,24 @@ stats``) starts no client, thread or exit hook.
 
 from __future__ import annotations
 
-from xla_pcache.tiers.base import Spooled, Tier, redact
+from xla_pcache.tiers.base import Spooled, Tier, TierURL, redact, split_chain
 from xla_pcache.tiers.chain import (
     Chain,
-    check_url,
+    check_chain,
     hide_chain_secrets,
-    open_tier,
+    open_chain,
     redact_chain,
-    split_urls,
 )
 
 __all__ = [
     "Chain",
     "Spooled",
     "Tier",
-    "check_url",
+    "TierURL",
+    "check_chain",
     "hide_chain_secrets",
-    "open_tier",
+    "open_chain",
     "redact",
     "redact_chain",
-    "split_urls",
+    "split_chain",
 ]

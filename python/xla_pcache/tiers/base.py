@@ -1,6 +1,7 @@
 """What every kind of remote tier shares: the interface the chain asks of a tier (``Tier``),
-the one parser of a tier URL's mode options (``?ro=``, ``?trust=``), redaction, spooling, and
-the bookkeeping each kind keeps the same way (``TierBase``).
+the one parser of a tier URL's mode options (``?ro=``, ``?trust=``: ``parse_tier_url``, a
+``TierURL``), redaction, spooling, and the bookkeeping each kind keeps the same way
+(``TierBase``).
 
 The bookkeeping: counters, warnings logged once per kind, the back-off after a failure (the
 tier is left alone for ``retry_after`` seconds, so a dead server costs at most one timeout
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import re
 import threading
@@ -22,6 +24,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xla_pcache._names import EntryName, entry_name_or_none
@@ -218,29 +221,71 @@ def hide_url_secrets(text: str, url: str) -> str:
     return text
 
 
-def split_mode(url: str) -> tuple[str, bool, bool]:
-    """(``url`` without its mode options, read-only, trust required): the one parser of
-    ``?ro=`` / ``?read_only=`` (a boolean; empty is true) and ``?trust=required`` for every
-    kind of tier. The other options stay in the URL for the kind to take or refuse.
-    ``ValueError`` naming the option for a value it does not take."""
+@dataclass(frozen=True)
+class TierURL:
+    """A tier's URL, parsed once (``parse_tier_url``): ``text`` as given (blanks stripped),
+    ``bare`` without its mode options, and the mode they set. ``error`` says why its
+    options cannot be read (a value ``?ro=`` or ``?trust=`` does not take, a URL that does
+    not split): such a tier is dropped with a warning when the chain opens, and nothing of
+    it is used before."""
+
+    text: str
+    bare: str
+    scheme: str = ""
+    read_only: bool = False
+    trust_required: bool = False
+    error: str | None = None
+
+    def checked(self) -> TierURL:
+        """Itself, or ``ValueError`` with ``error``."""
+        if self.error is not None:
+            raise ValueError(self.error)
+        return self
+
+    def as_read_only(self) -> TierURL:
+        """The same tier marked read-only: ``?ro=1`` in place of any read-only option it
+        had (what a read-only process makes of every tier of a bucket path's chain)."""
+        if self.error is not None:
+            return self
+        parts = urllib.parse.urlsplit(self.text)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        query = [(k, v) for k, v in query if k not in RO_OPTIONS] + [("ro", "1")]
+        text = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+        return dataclasses.replace(self, text=text, read_only=True)
+
+
+def parse_tier_url(url: str) -> TierURL:
+    """The one parser of a tier URL's mode options, for every kind of tier: ``?ro=`` /
+    ``?read_only=`` (a boolean; empty is true) and ``?trust=required``. The other options
+    stay in ``bare`` for the kind to take or refuse. Never raises: what cannot be read is
+    ``TierURL.error``, naming the option."""
     from xla_pcache.config import parse_bool
 
-    parts = urllib.parse.urlsplit(url)
-    read_only = trust = False
-    rest = []
-    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if k in RO_OPTIONS:
-            read_only = parse_bool(v or "1", k)
-        elif k == TRUST_OPTION:
-            if v != TRUST_REQUIRED:
-                raise ValueError(
-                    f"invalid option {TRUST_OPTION}={v!r}: the one value is {TRUST_REQUIRED!r}"
-                )
-            trust = True
-        else:
-            rest.append((k, v))
-    bare = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest)))
-    return bare, read_only, trust
+    text = url.strip()
+    try:
+        parts = urllib.parse.urlsplit(text)
+        read_only = trust = False
+        rest = []
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+            if k in RO_OPTIONS:
+                read_only = parse_bool(v or "1", k)
+            elif k == TRUST_OPTION:
+                if v != TRUST_REQUIRED:
+                    raise ValueError(
+                        f"invalid option {TRUST_OPTION}={v!r}: the one value is {TRUST_REQUIRED!r}"
+                    )
+                trust = True
+            else:
+                rest.append((k, v))
+        bare = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest)))
+    except ValueError as e:
+        return TierURL(text, text, error=str(e))
+    return TierURL(text, bare, parts.scheme.lower(), read_only, trust)
+
+
+def split_chain(raw: str) -> list[str]:
+    """The URLs of a comma-separated chain, blanks stripped, empty ones left out."""
+    return [u.strip() for u in raw.split(",") if u.strip()]
 
 
 class TierBase:

@@ -51,8 +51,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xla_pcache import _core
 from xla_pcache._text import package_logger
-from xla_pcache.sizes import MAX_DURATION_S, MAX_SIZE
+from xla_pcache.sizes import MAX_SIZE
 
 log = package_logger("xla_pcache")
 
@@ -97,27 +98,35 @@ def list_requests_bound(objects: int, refused: int) -> int:
 
 # ------------------------------------------------------------------------------ numbers
 def checked_size(value: object, *, zero: bool = False) -> int | None:
-    """``value`` as a byte count when it is an int from 1 (0 with ``zero``) to
-    ``sizes.MAX_SIZE``, else None."""
+    """``value`` as a byte size when it is an int from 1 to ``sizes.MAX_SIZE`` (the core's
+    rule of a budget, ``_core.check_size``), or with ``zero`` a count of bytes from 0; else
+    None."""
+    if zero:
+        return checked_count(value)
     if isinstance(value, bool) or not isinstance(value, int):
         return None
-    return value if (0 if zero else 1) <= value <= MAX_SIZE else None
+    try:
+        return _core.check_size("size", value)
+    except (ValueError, OverflowError):
+        return None
 
 
 def checked_count(value: object) -> int | None:
-    """A count of objects or uses: an int from 0 to ``sizes.MAX_SIZE``, else None."""
-    return checked_size(value, zero=True)
+    """A count of objects, bytes or uses: an int from 0 to ``sizes.MAX_SIZE``, else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_SIZE else None
 
 
 def checked_age(value: object) -> float | None:
-    """A max age in seconds: a number from 1 to ``sizes.MAX_DURATION_S``, else None."""
+    """A max age in seconds: a number the core takes as one (``_core.check_max_age``: from
+    1 to ``sizes.MAX_DURATION_S``), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
-        seconds = float(value)
-    except OverflowError:
+        return _core.check_max_age("max_age", float(value))
+    except (ValueError, OverflowError):
         return None
-    return seconds if 1 <= seconds <= MAX_DURATION_S else None
 
 
 def checked_time(value: object, now: float | None = None) -> float | None:

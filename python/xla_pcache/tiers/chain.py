@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache._text import package_logger
+from xla_pcache._url import BUCKET_SCHEMES
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
 from xla_pcache.tiers import objstore, redis
 from xla_pcache.tiers.base import (
@@ -55,8 +56,10 @@ from xla_pcache.tiers.base import (
     TRUST_REQUIRED,
     Spooled,
     Tier,
+    TierURL,
     hide_url_secrets,
-    split_mode,
+    parse_tier_url,
+    split_chain,
 )
 from xla_pcache.tiers.base import redact as redact
 
@@ -86,7 +89,7 @@ _PERSISTED = {
 }
 # The kind of tier each scheme is: the name under which the store keeps each total of
 # _PERSISTED per tier too (``remote_<kind>_hits``, ...).
-TIER_KINDS = {s: "redis" for s in redis.SCHEMES} | {s: s for s in objstore.SCHEMES}
+TIER_KINDS = {s: "redis" for s in redis.SCHEMES} | {s: s for s in BUCKET_SCHEMES}
 # Counters a tier keeps that are failures of any kind.
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
 
@@ -99,32 +102,31 @@ def _size(data: Buffer | list[Buffer] | Spooled) -> int:
     return len(memoryview(data))
 
 
-def split_urls(raw: str) -> list[str]:
-    return [u.strip() for u in raw.split(",") if u.strip()]
-
-
 def redact_chain(raw: str) -> str:
     """A comma-separated chain, each URL redacted (a password holding a comma cuts its URL
     in two, and each half is redacted as a URL: neither shows any of it)."""
-    return ",".join(redact(u) for u in split_urls(raw))
+    return ",".join(redact(u) for u in split_chain(raw))
 
 
 def hide_chain_secrets(text: str, raw: str) -> str:
     """``text`` without any part of the chain's URLs that redaction would not show
     (``hide_url_secrets`` of each)."""
-    for url in split_urls(raw):
+    for url in split_chain(raw):
         text = hide_url_secrets(text, url)
     return text
 
 
-def check_chain(raw: object, name: str) -> None:
-    """What is wrong with a chain before any tier is opened: not a string, or no URL in it
-    (``TypeError`` / ``ValueError`` naming ``name``). A URL no tier can use is not an error
-    here: that tier is dropped with a warning when the chain is opened, the rest goes on."""
+def check_chain(raw: object, name: str) -> tuple[TierURL, ...]:
+    """A chain's URLs, each parsed once (``parse_tier_url``), before any tier is opened;
+    ``TypeError`` / ``ValueError`` naming ``name`` for what is not a string or holds no URL.
+    A URL no tier can use is not an error here: that tier is dropped with a warning when
+    the chain is opened, and the local directory and the other tiers go on."""
     if not isinstance(raw, str):
         raise TypeError(f"{name} must be a string of comma-separated URLs")
-    if not split_urls(raw):
+    urls = tuple(parse_tier_url(u) for u in split_chain(raw))
+    if not urls:
         raise ValueError(f"invalid {name} {raw!r}: no URL in it")
+    return urls
 
 
 class _Slot:
@@ -411,24 +413,29 @@ class Chain:
 
 
 def open_chain(
-    raw: str,
+    urls: str | Sequence[TierURL],
     settings: Settings | None = None,
     *,
     environ: Mapping[str, str] = os.environ,
     trusting: bool = False,
+    counters: Any = None,
 ) -> Chain:
-    """The chain for a comma-separated URL list. A URL that cannot be used is dropped with
-    one warning naming it (redacted) and why; a malformed timeout or size is a ValueError
-    naming its variable, as for every other setting. ``trusting``: the store has trusted
-    keys; without them a ``?trust=required`` tier is dropped (it could serve nothing)."""
+    """The chain of the tiers ``urls`` names (a comma-separated list, or its URLs as
+    ``check_chain`` parsed them), configured from ``settings`` (timeout, largest value). A
+    URL that cannot be used is dropped with one warning naming it (redacted) and why; a
+    malformed timeout or size is a ValueError naming its variable, as for every other
+    setting. ``trusting``: the store has trusted keys; without them a ``?trust=required``
+    tier is dropped (it could serve nothing). ``counters``: the store that also keeps the
+    tiers' counters (``Store.add_tier_counters``, summed across processes), held weakly."""
     cfg = Settings.from_env(environ) if settings is None else settings
+    specs = [parse_tier_url(u) for u in split_chain(urls)] if isinstance(urls, str) else urls
     slots: list[_Slot] = []
     dropped: list[str] = []
-    for url in split_urls(raw):
-        shown = redact(url)
+    for spec in specs:
+        shown = redact(spec.text)
         try:
-            bare, ro, required = split_mode(url)
-            if required and not trusting:
+            spec.checked()
+            if spec.trust_required and not trusting:
                 from xla_pcache.config import TRUSTED_KEYS_VAR
 
                 dropped.append(shown)
@@ -440,8 +447,8 @@ def open_chain(
                     TRUSTED_KEYS_VAR,
                 )
                 continue
-            tier = _open_one(url, bare, shown, cfg, environ)
-            slots.append(_Slot(tier, ro, required))
+            tier = _open_one(spec, shown, cfg, environ)
+            slots.append(_Slot(tier, spec.read_only, spec.trust_required))
         except Exception as e:
             dropped.append(shown)
             log.warning(
@@ -449,25 +456,28 @@ def open_chain(
                 "local cache go on",
                 shown,
                 type(e).__name__,
-                hide_url_secrets(objstore.scrub(str(e), environ), url),
+                hide_url_secrets(objstore.scrub(str(e), environ), spec.text),
             )
-    return Chain(slots, dropped=dropped)
+    chain = Chain(slots, dropped=dropped)
+    if counters is not None:
+        chain.persist_counters(counters)
+    return chain
 
 
-def _open_one(url: str, bare: str, shown: str, cfg: Settings, environ: Mapping[str, str]) -> Tier:
-    """The tier of the kind ``url``'s scheme names (``bare``: without its mode options)."""
-    scheme = urllib.parse.urlsplit(url).scheme.lower()
+def _open_one(spec: TierURL, shown: str, cfg: Settings, environ: Mapping[str, str]) -> Tier:
+    """The tier of the kind ``spec``'s scheme names."""
     cap = cfg.remote_max_bytes
-    if scheme in redis.SCHEMES:
+    if spec.scheme in redis.SCHEMES:
         tier = redis.RedisTier(
-            bare, timeout=cfg.remote_timeout, max_value_bytes=cap or DEFAULT_REMOTE_MAX_BYTES
+            spec.bare, timeout=cfg.remote_timeout, max_value_bytes=cap or DEFAULT_REMOTE_MAX_BYTES
         )
         tier.url = shown.split("?")[0]
         return tier
-    if scheme not in objstore.SCHEMES:
-        known = ", ".join(f"{s}://" for s in (*redis.SCHEMES[:2], *objstore.SCHEMES))
+    if spec.scheme not in BUCKET_SCHEMES:
+        known = ", ".join(f"{s}://" for s in (*redis.SCHEMES[:2], *BUCKET_SCHEMES))
+        scheme = spec.scheme
         raise ValueError(f"unknown scheme {scheme + '://' if scheme else '(none)'}: use {known}")
-    location, _ = objstore.parse_object_url(url)
+    location, _ = objstore.parse_object_url(spec)
     return objstore.ObjectTier(
         location,
         display_url=location,
@@ -475,29 +485,3 @@ def _open_one(url: str, bare: str, shown: str, cfg: Settings, environ: Mapping[s
         max_value_bytes=cap or objstore.DEFAULT_MAX_VALUE,
         environ=environ,
     )
-
-
-# The store reaches the tiers through these two (checked at construction, opened at first
-# use), which ``xla_pcache.tiers`` exports; no tier module imports the chain.
-def check_url(url: str, name: str) -> None:
-    """Refuse, without connecting, a value that names no URL at all (``ValueError`` naming
-    ``name``). A URL no tier can use is not refused here: the chain drops that tier with one
-    warning when it opens, and the local directory and the other tiers go on."""
-    check_chain(url, name)
-
-
-def open_tier(
-    url: str,
-    settings: Settings,
-    *,
-    trusting: bool = False,
-    counters: Any = None,
-) -> Chain:
-    """The tiers ``url`` names (a comma-separated chain), configured from ``settings``
-    (timeout, largest value); ``trusting``: the store has trusted keys; ``counters``: the
-    store that also keeps their counters (``Store.add_tier_counters``, summed across
-    processes), held weakly."""
-    chain = open_chain(url, settings, trusting=trusting)
-    if counters is not None:
-        chain.persist_counters(counters)
-    return chain

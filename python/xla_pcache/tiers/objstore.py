@@ -40,14 +40,14 @@ from xla_pcache import _testhook
 from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
-from xla_pcache.tiers.base import Spooled, TierBase, split_mode
+from xla_pcache._url import BUCKET_SCHEMES
+from xla_pcache.tiers.base import Spooled, TierBase, TierURL, parse_tier_url
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 log = package_logger("xla_pcache")
 
-SCHEMES = ("s3", "gs", "az")
 # An object store takes a single PUT of up to 5 GiB (Redis: config.DEFAULT_REMOTE_MAX_BYTES).
 DEFAULT_MAX_VALUE = 5 << 30
 # Where entries and claims live below the URL's prefix; the digit is the entry format.
@@ -123,7 +123,7 @@ def _classify(e: BaseException) -> str:
 _obstore_pid: int | None = None
 
 
-def open_store(
+def open_client(
     url: str, *, timeout: float, environ: Mapping[str, str] = os.environ, for_writes: bool = False
 ) -> Any:
     """The obstore store for ``url`` (scheme, bucket and prefix; no query), credentials and
@@ -175,8 +175,8 @@ class ObjectTier(TierBase):
         self.url = display_url
         self.timeout = timeout
         self.max_value_bytes = max_value_bytes
-        self._store = open_store(url, timeout=timeout, environ=environ)
-        self._put_store = open_store(url, timeout=timeout, environ=environ, for_writes=True)
+        self._store = open_client(url, timeout=timeout, environ=environ)
+        self._put_store = open_client(url, timeout=timeout, environ=environ, for_writes=True)
         self._pid = os.getpid()
         self._readers: ThreadPoolExecutor | None = None
         super().__init__(retry_after=retry_after, thread_name="xla_pcache-objstore")
@@ -575,13 +575,16 @@ class ObjectClaims:
         self.release_all()
 
 
-def parse_object_url(url: str) -> tuple[str, bool]:
-    """(the URL for obstore: scheme, bucket, prefix; whether read-only). ``ValueError``
-    for what is not an object-store URL or carries options no object store takes (the
-    mode options are ``base.split_mode``'s)."""
-    bare, read_only, _ = split_mode(url)
-    parts = urllib.parse.urlsplit(bare)
-    if parts.scheme not in SCHEMES:
+def parse_object_url(url: str | TierURL) -> tuple[str, bool]:
+    """(the bucket (or container) and prefix ``url`` names, as obstore takes it; whether
+    read-only). The location is the one identity of a bucket path: the scheme and the
+    bucket's name lower-cased, no options, no slashes at the prefix's ends, so that two
+    spellings of one cache have the same. ``ValueError`` for what is not an object-store
+    URL or carries options no object store takes (the mode options are
+    ``base.parse_tier_url``'s; a ``TierURL`` it made is not parsed again)."""
+    spec = (url if isinstance(url, TierURL) else parse_tier_url(url)).checked()
+    parts = urllib.parse.urlsplit(spec.bare)
+    if parts.scheme not in BUCKET_SCHEMES:
         raise ValueError(f"not an object-store URL (scheme {parts.scheme!r})")
     if not parts.hostname:
         raise ValueError("no bucket or container in the URL")
@@ -594,4 +597,4 @@ def parse_object_url(url: str) -> tuple[str, bool]:
         raise ValueError("a '#' part, which a bucket URL has none of (not shown)")
     prefix = parts.path.strip("/")
     base = f"{parts.scheme}://{parts.hostname}"
-    return (f"{base}/{prefix}" if prefix else base), read_only
+    return (f"{base}/{prefix}" if prefix else base), spec.read_only

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from xla_pcache import _core
 from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S
@@ -52,9 +53,13 @@ class RedisTier(TierBase):
         seconds = parse_duration(timeout, name="timeout")
         if seconds <= 0:
             raise ValueError(f"invalid timeout {timeout!r}: must be positive")
-        value_cap = parse_size(max_value_bytes, name="max_value_bytes")
-        if not value_cap:
-            raise ValueError(f"invalid max_value_bytes {max_value_bytes!r}: must be positive")
+        value_cap = parse_size(max_value_bytes, name="max_value_bytes") or 0
+        try:
+            value_cap = _core.check_size("max_value_bytes", value_cap)
+        except ValueError:
+            raise ValueError(
+                f"invalid max_value_bytes {max_value_bytes!r}: must be positive"
+            ) from None
         retry = parse_duration(retry_after, name="retry_after")
         self.url = redact(url)
         self.max_value_bytes = value_cap

@@ -271,7 +271,7 @@ class Bucket:
         self.read_only = read_only or url_read_only
         # ``timeout`` bounds connecting; a request (a page of a listing, a batch of deletes)
         # gets at least a minute, as the tiers' writes do.
-        self._store = objstore.open_store(
+        self._store = objstore.open_client(
             location, timeout=timeout, environ=environ, for_writes=True
         )
         self.requests: Counter[str] = Counter()

@@ -20,12 +20,13 @@ import threading
 import time
 from typing import Any
 
-from xla_pcache import bucket, builds, explain, misslog
+from xla_pcache import builds, cache_path, explain, misslog
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
+from xla_pcache._url import is_url
+from xla_pcache.cache_path import shown_path
 from xla_pcache.config import LOCAL_DIR_VAR, PATH_VAR, READ_ONLY_VAR, SHARED_PATH_VAR, Settings
-from xla_pcache.sizes import parse_size
-from xla_pcache.store import Store
+from xla_pcache.store import Store, StoreOptions, settle
 from xla_pcache.tiers import redact
 from xla_pcache.torch_xla import _build as _txbuild
 from xla_pcache.torch_xla import _keyparts as _txkeys
@@ -240,54 +241,41 @@ def _runtime_build() -> builds.Build | None:
     """This process's torch_xla runtime build (``torch_xla/_build.py``), or None, with one
     warning, when it cannot be named (a binary loaded here was replaced on disk since, or
     the files could not be read): torch_xla then runs with no persistent cache."""
-    try:
-        build = _txbuild.build()
-    except Exception as exc:
-        why = f"its runtime's build could not be identified ({type(exc).__name__}: {exc})"
-    else:
-        if not build.replaced:
-            return build
-        why = (
-            "this process runs binaries replaced on disk since it loaded them ("
-            + ", ".join(build.replaced[:3])
-            + "): its executables are of a build nothing names"
-        )
+    build, why = builds.usable(_txbuild.build)
+    if build is not None:
+        return build
     logger.warning("xla_pcache: %s; torch_xla runs with no persistent cache", why)
     return None
 
 
 def _open_store(
     resolved: str,
-    size: int | None,
-    ro: bool,
+    options: StoreOptions,
     instead: str = "torch_xla runs with no persistent cache in this process",
     build: builds.Build | None = None,
 ) -> Store | None:
-    """The store at ``resolved``, or None (one warning, ending with ``instead``) when it
-    cannot be used."""
-    where = bucket.route(resolved)
+    """The store at ``resolved`` (``xla_pcache.open_store``), or None (one warning, ending
+    with ``instead``) when it cannot be used."""
+    where = cache_path.route(resolved)
     if where.kind == "unserved":
-        bucket.warn_unserved(where, _source(resolved), instead)
+        cache_path.warn_unserved(where, _source(resolved), instead)
         return None
     try:
-        if where.kind == "bucket":
-            # The bucket's host-local store, the bucket behind it; torch_xla's own
-            # directory stays the host-local view below, as for any store.
-            store: Store = bucket.open_store(
-                where.path, settings=Settings.from_env(), max_size=size, read_only=ro
-            )
-            _pull_from_bucket(store, build)
-            return store
-        store = Store(resolved, max_size=size, read_only=ro)
+        # A bucket: its host-local store, the bucket behind it; torch_xla's own directory
+        # stays the host-local view below, as for any store.
+        store = cache_path.open_store(where, options)
     except Exception as exc:
         logger.warning(
             "xla_pcache: cannot open the cache at %s (%s: %s); %s",
-            bucket.shown_path(resolved),
+            shown_path(resolved),
             type(exc).__name__,
             exc,
             instead,
         )
         return None
+    if where.kind == "bucket":
+        _pull_from_bucket(store, build)
+        return store
     found = _foreign_files(resolved)
     if found:
         # They were written in place, with no lock: any of them may be torn, and a store
@@ -312,7 +300,7 @@ def _resolve(path: str | os.PathLike[str] | None, settings: Settings) -> str:
             raise CacheError(
                 f"xla_pcache.torch_xla.install(): no cache path; pass one or set {PATH_VAR}"
             )
-    where = bucket.route(os.fspath(path))
+    where = cache_path.route(os.fspath(path))
     return where.path
 
 
@@ -327,7 +315,7 @@ def _source(resolved: str) -> str:
     settings_path = (
         os.environ.get(PATH_VAR, "").strip() or os.environ.get(SHARED_PATH_VAR, "").strip()
     )
-    if settings_path and bucket.route(settings_path).path == resolved:
+    if settings_path and cache_path.route(settings_path).path == resolved:
         return PATH_VAR
     return "torch_xla's cache path"
 
@@ -393,10 +381,10 @@ def install(
     _patch_initialize_cache()
     settings = Settings.from_env()
     resolved = _resolve(path, settings)
-    size = parse_size(max_size, name="max_size")
-    if size is None:
-        size = settings.max_size
-    ro = settings.read_only if read_only is None else bool(read_only)
+    options = settle(
+        settings, max_size=max_size, read_only=None if read_only is None else bool(read_only)
+    )
+    ro = options.read_only
     with _state_lock:
         if _installed is not None and _installed.pid == os.getpid():
             same = (_identity(_installed.store), _installed.read_only) == (resolved, ro)
@@ -410,7 +398,7 @@ def install(
             )
             raise CacheError(
                 "xla_pcache.torch_xla.install() was already called in this process with "
-                f"other settings ({bucket.shown_path(_identity(_installed.store))}){how}; "
+                f"other settings ({shown_path(_identity(_installed.store))}){how}; "
                 "torch_xla fixes its cache once"
             )
         if xlac._xla_computation_cache_is_initialized():
@@ -424,7 +412,7 @@ def install(
         # A root the user named is never changed (see _host_mirror).
         named = local_dir is not None or settings.torch_xla_local_dir is not None
         build = _runtime_build()
-        store = None if build is None else _open_store(resolved, size, ro, build=build)
+        store = None if build is None else _open_store(resolved, options, build=build)
         if store is None or build is None:
             _start_without_cache(xlac, resolved, ro)
             return None
@@ -453,8 +441,8 @@ def install(
             return None
         _start_cache(xlac, mirror.torch_path(), ro)
         _hide_from_children(resolved)
-        inst = TorchXlaCache(store, mirror, ro, sync_interval)
-        inst.max_size = size
+        inst = TorchXlaCache(store, mirror, ro, sync_interval, options=options)
+        inst.max_size = options.max_size
         inst._torch_read_only = ro
         inst.on_miss = settings.on_miss
         if settings.on_miss != "compile":
@@ -522,14 +510,13 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
             "started torch_xla's cache read-only (%s=1): torch_xla fixes that once, so %s is "
             "served read-only in this process",
             READ_ONLY_VAR,
-            bucket.shown_path(resolved),
+            shown_path(resolved),
         )
         ro = True
     build = inst.mirror.build
     store = _open_store(
         resolved,
-        inst.max_size,
-        ro,
+        inst.options.replace(read_only=ro),
         instead=f"torch_xla.runtime.initialize_cache keeps the cache at {inst.store.path}",
         build=build,
     )
@@ -577,7 +564,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     ``install(path, read_only=readonly)`` would make it. It never raises because activation
     created torch_xla's cache first; after the first execution a different path is refused
     as torch_xla refuses it."""
-    resolved = bucket.route(os.fspath(path)).path
+    resolved = cache_path.route(os.fspath(path)).path
     ro = bool(readonly)
     inst = _installed
     if inst is not None and inst.pid == os.getpid() and not inst._closed:
@@ -588,7 +575,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
             raise AssertionError(
                 "Computation cache has already been initialized (xla_pcache serves "
                 f"{inst.store.path}; torch_xla fixes its cache at the first execution, so "
-                f"initialize_cache({bucket.shown_path(path)!r}) must come before it)"
+                f"initialize_cache({shown_path(path)!r}) must come before it)"
             )
         before = _identity(inst.store)
         if _retarget(inst, resolved, ro):
@@ -596,9 +583,9 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
             logger.info(
                 "xla_pcache: torch_xla.runtime.initialize_cache(%r, readonly=%s) replaces "
                 "%s, set up by %s: before the first execution the call wins",
-                bucket.shown_path(path),
+                shown_path(path),
                 ro,
-                bucket.shown_path(before),
+                shown_path(before),
                 inst.via,
             )
             inst.via = "torch_xla.runtime.initialize_cache"
@@ -608,7 +595,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
             "xla_pcache: torch_xla.runtime.initialize_cache(%r) ignored: torch_xla's cache "
             "was already created with no persistent cache after xla_pcache could not use "
             "its directory",
-            bucket.shown_path(path),
+            shown_path(path),
         )
         return
     try:
@@ -625,7 +612,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
         logger.warning(
             "xla_pcache: torch_xla.runtime.initialize_cache(%r) could not go through "
             "xla_pcache (%s: %s); torch_xla runs with no persistent cache",
-            bucket.shown_path(path),
+            shown_path(path),
             type(exc).__name__,
             exc,
         )
@@ -652,7 +639,7 @@ def _initialize_unsupported(path: str, resolved: str, ro: bool, exc: Exception) 
     """initialize_cache on a torch_xla the adapter cannot serve: torch_xla's own in-place
     cache, except in a directory that is an xla_pcache store or a URL (torch_xla would make a
     directory named after it)."""
-    if bucket.is_url(resolved):
+    if is_url(resolved):
         logger.warning(
             "xla_pcache: %s; torch_xla.runtime.initialize_cache(%r) names a URL, which "
             "torch_xla's own cache would take for a directory: torch_xla runs with no "
@@ -727,7 +714,7 @@ def _leave_without_cache() -> None:
     only xla_pcache reads, so they try again."""
     raw = os.environ.pop(PATH_VAR, "").strip()
     if raw:
-        os.environ[SHARED_PATH_VAR] = bucket.route(raw).path
+        os.environ[SHARED_PATH_VAR] = cache_path.route(raw).path
 
 
 def activation() -> str | None:

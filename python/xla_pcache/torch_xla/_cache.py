@@ -14,7 +14,7 @@ from typing import Any
 from xla_pcache import explain, metrics
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import package_logger
-from xla_pcache.store import Store
+from xla_pcache.store import Store, StoreOptions
 from xla_pcache.torch_xla import _keyparts as _txkeys
 from xla_pcache.torch_xla._host_mirror import HostMirror, describe
 
@@ -40,6 +40,8 @@ class TorchXlaCache:
     mirror: HostMirror
     read_only: bool
     sync_interval: float | None
+    # What its store was opened with (``store.settle``), for one opened in its place.
+    options: StoreOptions
     pid: int = field(default_factory=os.getpid)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)

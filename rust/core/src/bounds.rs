@@ -1,11 +1,16 @@
-//! The bounds of the numbers a caller gives the cache, each written once: a size is at
-//! least one byte, a duration at most `MAX_DURATION`, a max age from `MIN_MAX_AGE` to
-//! `MAX_DURATION`. The store's options (`Store::open`) and its stored settings (CONFIG,
+//! The bounds of the numbers a caller gives the cache, each written once: a size is from
+//! one byte to `MAX_SIZE`, a duration at most `MAX_DURATION`, a max age from `MIN_MAX_AGE`
+//! to `MAX_DURATION`. The store's options (`Store::open`) and its stored settings (CONFIG,
 //! written and read by `settings.rs`) keep them; the binding hands Python's numbers to them
 //! as they are, so that a value refused here is refused the same way from every caller.
 
 use crate::error::StoreError;
 use std::time::Duration;
+
+/// The largest byte size (a budget) anyone may give: 2^63-1, what a signed 64-bit field
+/// holds, so that every reader of a budget (the binding's arguments, a bucket's budget
+/// object in JSON, Python's parsers) holds it as it is; 8 EiB is unbounded in practice.
+pub const MAX_SIZE: u64 = i64::MAX as u64;
 
 /// The longest duration an option may hold (about 31 years): longer is a mistake, and
 /// deadlines computed from it would overflow.
@@ -17,13 +22,21 @@ pub const MAX_DURATION: Duration = Duration::from_secs(1_000_000_000);
 pub const MIN_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// A byte size given as `n` (a budget): at least one byte, since a budget of none would
-/// evict every entry as soon as it is written (no limit is `None`, not 0). Signed, so
-/// that a caller's negative number is refused here too; `Invalid` names `name`.
+/// evict every entry as soon as it is written (no limit is `None`, not 0), and at most
+/// `MAX_SIZE`. Signed, so that a caller's negative number is refused here too; `Invalid`
+/// names `name`.
 pub fn positive_size(name: &str, n: i128) -> Result<u64, StoreError> {
+    if n < 1 {
+        return Err(StoreError::Invalid(format!(
+            "{name} must be positive (or None), got {n}"
+        )));
+    }
     u64::try_from(n)
         .ok()
-        .filter(|&size| size > 0)
-        .ok_or_else(|| StoreError::Invalid(format!("{name} must be positive (or None), got {n}")))
+        .filter(|&size| size <= MAX_SIZE)
+        .ok_or_else(|| {
+            StoreError::Invalid(format!("{name} must be at most {MAX_SIZE} bytes, got {n}"))
+        })
 }
 
 /// A duration option: at most `MAX_DURATION`.
@@ -90,12 +103,22 @@ mod tests {
     }
 
     #[test]
-    fn a_size_is_at_least_one_byte_and_fits_in_64_bits() {
+    fn a_size_is_from_one_byte_to_the_maximum() {
         assert_eq!(positive_size("max_size", 1).unwrap(), 1);
-        assert_eq!(positive_size("m", u64::MAX.into()).unwrap(), u64::MAX);
-        for bad in [0, -1, i128::from(u64::MAX) + 1] {
+        assert_eq!(positive_size("m", MAX_SIZE.into()).unwrap(), MAX_SIZE);
+        assert_eq!(MAX_SIZE, (1 << 63) - 1);
+        for bad in [0, -1] {
             let msg = invalid(positive_size("max_size", bad));
             assert!(msg.starts_with("max_size must be positive"), "{msg}");
+            assert!(msg.ends_with(&format!("got {bad}")), "{msg}");
+        }
+        for bad in [
+            i128::from(MAX_SIZE) + 1,
+            u64::MAX.into(),
+            i128::from(u64::MAX) + 1,
+        ] {
+            let msg = invalid(positive_size("max_size", bad));
+            assert!(msg.starts_with("max_size must be at most"), "{msg}");
             assert!(msg.ends_with(&format!("got {bad}")), "{msg}");
         }
     }

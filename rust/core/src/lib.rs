@@ -44,7 +44,7 @@ pub(crate) mod view;
 pub use blob::Blob;
 pub use bounds::{
     check_duration, check_max_age, duration_secs, max_age_secs, positive_size, MAX_DURATION,
-    MIN_MAX_AGE,
+    MAX_SIZE, MIN_MAX_AGE,
 };
 pub use build_id::{
     default_dir as default_build_record_dir, mapped_objects, BuildIdRecord, FileId, IdKind, Loaded,

@@ -5,7 +5,7 @@
 use crate::errors::to_py;
 use pyo3::prelude::*;
 
-/// `value` as a byte size (a budget): at least one byte.
+/// `value` as a byte size (a budget): from one byte to `MAX_SIZE`.
 #[pyfunction]
 pub fn check_size(name: &str, value: i128) -> PyResult<u64> {
     xla_pcache_core::positive_size(name, value).map_err(to_py)

@@ -21,10 +21,10 @@ pub(crate) fn seconds(name: &str, v: f64) -> PyResult<Duration> {
     xla_pcache_core::duration_secs(name, v).map_err(to_py)
 }
 
-/// A byte size argument (a budget), by the core's bounds (`positive_size`: at least one
-/// byte), else a `ValueError` naming the argument.
-pub(crate) fn positive_size(name: &str, v: Option<i64>) -> PyResult<Option<u64>> {
-    v.map(|n| xla_pcache_core::positive_size(name, n.into()))
+/// A byte size argument (a budget), by the core's bounds (`positive_size`: from one byte
+/// to `MAX_SIZE`), else a `ValueError` naming the argument.
+pub(crate) fn positive_size(name: &str, v: Option<i128>) -> PyResult<Option<u64>> {
+    v.map(|n| xla_pcache_core::positive_size(name, n))
         .transpose()
         .map_err(to_py)
 }

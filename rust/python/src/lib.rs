@@ -38,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "MAX_DURATION_S",
         xla_pcache_core::MAX_DURATION.as_secs_f64(),
     )?;
+    m.add("MAX_SIZE", xla_pcache_core::MAX_SIZE)?;
     m.add("STORE_DEFAULTS", convert::store_defaults(m.py())?)?;
     m.add(
         "TIER_COUNTERS",

@@ -123,7 +123,7 @@ impl PyStore {
     fn new(
         py: Python<'_>,
         path: &Bound<'_, PyAny>,
-        max_size: Option<i64>,
+        max_size: Option<i128>,
         #[pyo3(from_py_with = read_only_arg)] read_only: bool,
         #[pyo3(from_py_with = durable_arg)] durable: bool,
         lock_mode: Option<String>,
@@ -218,7 +218,7 @@ impl PyStore {
     fn write_cache_settings(
         &self,
         py: Python<'_>,
-        max_size: Option<i64>,
+        max_size: Option<i128>,
         max_age: Option<f64>,
     ) -> PyResult<()> {
         // The core's bounds (`CacheSettings::check`), each refusal a ValueError naming its

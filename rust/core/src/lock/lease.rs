@@ -473,10 +473,19 @@ impl Drop for RemoveOnDrop<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::tests::{lease_content, leftovers, lock_dir};
+    use crate::lock::tests::{assert_no_leftovers, lease_content, lock_dir};
     use crate::lock::LockMode;
     use std::fs;
     use std::thread;
+
+    /// A lock directory and two holders of its leases (`lease_ms` each), the second
+    /// waiting 50 ms for one.
+    fn two_holders(lease_ms: u64) -> (tempfile::TempDir, LockDir, LockDir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = lock_dir(tmp.path(), LockMode::Lease, 0, lease_ms);
+        let b = lock_dir(tmp.path(), LockMode::Lease, 50, lease_ms);
+        (tmp, a, b)
+    }
 
     #[test]
     fn peek_sees_a_lease_without_taking_it_and_judges_staleness() {
@@ -501,7 +510,7 @@ mod tests {
         };
         assert!(!stale, "a heartbeat is a new content");
         // Peeking never creates files (it is what read-only waiters do).
-        assert!(leftovers(tmp.path()).is_empty());
+        assert_no_leftovers(tmp.path());
         drop(g);
         assert_eq!(b.peek("claim").unwrap(), LeaseView::Free);
         assert!(b.peek("../x").is_err(), "names are validated");
@@ -542,14 +551,12 @@ mod tests {
         g3.retire().unwrap();
         drop(g3);
         assert!(lease_content(tmp.path(), "claim").is_none());
-        assert!(leftovers(tmp.path()).is_empty());
+        assert_no_leftovers(tmp.path());
     }
 
     #[test]
     fn lease_excludes_and_releases_on_drop() {
-        let tmp = tempfile::tempdir().unwrap();
-        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
-        let b = lock_dir(tmp.path(), LockMode::Lease, 50, 60_000);
+        let (tmp, a, b) = two_holders(60_000);
         let g = a.try_lock("evict").unwrap().expect("first lease");
         assert_eq!(g.kind(), "lease");
         let content = lease_content(tmp.path(), "evict").unwrap();
@@ -561,11 +568,7 @@ mod tests {
         assert!(content.ends_with('\n'));
         assert!(b.try_lock("evict").unwrap().is_none());
         assert!(a.try_lock("evict").unwrap().is_none(), "same LockDir again");
-        assert!(
-            leftovers(tmp.path()).is_empty(),
-            "{:?}",
-            leftovers(tmp.path())
-        );
+        assert_no_leftovers(tmp.path());
         drop(g);
         assert!(
             lease_content(tmp.path(), "evict").is_none(),
@@ -574,14 +577,12 @@ mod tests {
         let g = b.try_lock("evict").unwrap().expect("free after drop");
         g.release().unwrap();
         assert!(lease_content(tmp.path(), "evict").is_none());
-        assert!(leftovers(tmp.path()).is_empty());
+        assert_no_leftovers(tmp.path());
     }
 
     #[test]
     fn stale_lease_taken_over_after_lease_time() {
-        let tmp = tempfile::tempdir().unwrap();
-        let a = lock_dir(tmp.path(), LockMode::Lease, 0, 200);
-        let b = lock_dir(tmp.path(), LockMode::Lease, 50, 200);
+        let (tmp, a, b) = two_holders(200);
         let ga = a.try_lock("evict").unwrap().unwrap();
         let theirs = lease_content(tmp.path(), "evict").unwrap();
         // First observation is never stale, even of an old file.
@@ -591,11 +592,7 @@ mod tests {
         let gb = b.try_lock("evict").unwrap().expect("takeover");
         let ours = lease_content(tmp.path(), "evict").unwrap();
         assert_ne!(ours, theirs);
-        assert!(
-            leftovers(tmp.path()).is_empty(),
-            "{:?}",
-            leftovers(tmp.path())
-        );
+        assert_no_leftovers(tmp.path());
         // The old holder learns it lost the lease, and its release leaves ours alone.
         let mut ga = ga;
         assert!(matches!(ga.heartbeat(), Err(LockError::LeaseLost { .. })));
@@ -633,11 +630,7 @@ mod tests {
         let g = beating.join().unwrap();
         let content = lease_content(tmp.path(), "evict").unwrap();
         assert!(content.ends_with(" 18\n"), "{content:?}");
-        assert!(
-            leftovers(tmp.path()).is_empty(),
-            "{:?}",
-            leftovers(tmp.path())
-        );
+        assert_no_leftovers(tmp.path());
         drop(g);
         assert!(lease_content(tmp.path(), "evict").is_none());
     }
@@ -701,10 +694,6 @@ mod tests {
         assert!(matches!(r, TakeOver::Won));
         assert_eq!(fs::read_to_string(&lease).unwrap(), id.content(0));
         fs::remove_file(&tmpfile).unwrap();
-        assert!(
-            leftovers(tmp.path()).is_empty(),
-            "{:?}",
-            leftovers(tmp.path())
-        );
+        assert_no_leftovers(tmp.path());
     }
 }

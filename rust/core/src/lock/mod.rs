@@ -536,8 +536,14 @@ mod tests {
         fs::read_to_string(root.join("locks").join(format!("{name}.lease"))).ok()
     }
 
+    /// Asserts that no temp or aside file is left beside the leases, naming any that are.
+    pub(super) fn assert_no_leftovers(root: &Path) {
+        let left = leftovers(root);
+        assert!(left.is_empty(), "{left:?}");
+    }
+
     /// Only the lease (and no temp or aside files) remain in the directory.
-    pub(super) fn leftovers(root: &Path) -> Vec<String> {
+    fn leftovers(root: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(root.join("locks"))
             .map(|rd| {
                 rd.filter_map(|e| e.ok())

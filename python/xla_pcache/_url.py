@@ -1,0 +1,36 @@
+"""A path written as a URL: the one test of whether a cache path is one (``is_url``), its
+scheme, and the schemes of the buckets a cache path may name.
+
+A URL is never a directory: every place that takes a cache path (the store, the adapters,
+the command, ``XLA_PCACHE_LOCAL_PATH``) asks here, so that nothing is ever created under a
+name made of a URL, and ``file://`` is the one URL that names a directory.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ``scheme://``, the scheme as RFC 3986 spells one.
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+# The object stores a cache path (and a remote tier) may name: S3, GCS, Azure Blob.
+BUCKET_SCHEMES = ("s3", "gs", "az")
+
+
+def url_scheme(path: object) -> str | None:
+    """The scheme of ``path`` written as a URL (``scheme://...``, surrounding blanks
+    ignored), lower-cased; None for anything else (a directory name, a path object)."""
+    if not isinstance(path, str):
+        return None
+    m = _URL.match(path.strip())
+    return None if m is None else m.group(1).lower()
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` is written as a URL (``scheme://...``), never a directory name."""
+    return url_scheme(path) is not None
+
+
+def names_directory(path: object) -> bool:
+    """Whether ``path`` names a directory: not a URL, or a ``file://`` one."""
+    return url_scheme(path) in (None, "file")
