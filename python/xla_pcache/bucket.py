@@ -323,6 +323,25 @@ def _names(key: _core.Key, signer: str | None) -> list[str]:
     return names
 
 
+def __getattr__(name: str) -> Any:
+    # The names an earlier release had here for opening a cache path, kept for code that
+    # imported them: both are now the one door, ``xla_pcache.open_store``, taken from the
+    # package (whole by the time this module's attributes are asked for; the door imports
+    # this module).
+    if name in ("open_path", "open_store"):
+        import sys
+        import warnings
+
+        open_store: Any = sys.modules["xla_pcache"].open_store
+        warnings.warn(
+            f"xla_pcache.bucket.{name} is xla_pcache.open_store now",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return open_store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BucketStore",
     "chain_for",

@@ -226,8 +226,11 @@ def test_an_earlier_releases_host_dir_is_repaired_and_serves_at_once(
     ((name, digest),) = two_runs["first"]["view_after"].items()
     home = tmp_path / "home"
     local = home / "xla_pcache" / "torch_xla"
+    from xla_pcache.torch_xla import _build
+
+    # The process's host directory is its store's and its runtime build's.
     with Store(store, read_only=True) as s:
-        host = HostMirror(s, str(local))
+        host = HostMirror(s, str(local), build=_build.build())
     dirs = [local, Path(host.root), Path(host.pool), Path(host.views)]
     for d in dirs:
         d.mkdir(parents=True)
