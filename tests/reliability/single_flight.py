@@ -37,6 +37,7 @@ CLAIM_COUNTERS = (
     "claim_wait_ms",
     "claim_wait_timeouts",
     "puts",
+    "prefetch_plans_written",
     "put_exists",
     "hits",
 )

@@ -719,11 +719,17 @@ class Prefetch:
                     # quiet spells, and the one at exit.
                     self._fruitless += 1
                 return
-            plan = _plan.merged(self._fetch_plan(again=True), variant)
-            data = _plan.encode(plan)
-            meta = {"kind": _plan.META_KIND, "framework": "jax", "workload": self._workload}
-            if store.replace(self._key, data, meta=meta):
-                self._count([("plans_written", 1)])
+            current = self._fetch_plan(again=True)
+            same = current is not None and any(
+                v.args == variant.args and v.entries == variant.entries for v in current.variants
+            )
+            # A fleet that starts one job at once reads the same programs in every process:
+            # the first to write says it for all, the others write nothing.
+            if not same:
+                data = _plan.encode(_plan.merged(current, variant))
+                meta = {"kind": _plan.META_KIND, "framework": "jax", "workload": self._workload}
+                if store.replace(self._key, data, meta=meta):
+                    self._count([("plans_written", 1)])
             with self._cond:
                 self._planned = keys
                 self._fruitless = 0
