@@ -62,6 +62,7 @@ LEVELS = {
     "jax._store_cache": 4,
     "jax._plan": 4,
     "jax._prefetch": 4,
+    "jax._patch": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
     "torch_xla._build": 4,
