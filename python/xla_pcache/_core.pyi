@@ -315,7 +315,7 @@ class Store:
     @property
     def filesystem(self) -> str:
         """Name of the filesystem the root is on (ext4, nfs, fuse.sshfs, tmpfs, ...)."""
-    def _set_tier(
+    def _set_chain(
         self,
         fetch: Callable[[list[str], int | None, Accept], object],
         on_publish: Callable[[list[str], bytes], object],

@@ -3,13 +3,13 @@
 
 use crate::blob::PyBlob;
 use crate::buffer::{gathered, HeldBuffer, KeyArg};
+use crate::chain::ChainHooks;
 use crate::claim::PyClaim;
 use crate::convert::{
     bad_arg, bool_arg, choice, counters_into, durable_arg, entry_dict, evict_report, key_object,
     path_arg, positive_size, read_only_arg, seconds, sign_arg, verify_report,
 };
 use crate::errors::{no_panic, on_cache_error, to_py, CacheError};
-use crate::tier::TierHooks;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
@@ -77,7 +77,7 @@ fn interruptible<T: Send>(
 pub struct PyStore {
     inner: Arc<Store>,
     closed: Arc<AtomicBool>,
-    tier: OnceLock<TierHooks>,
+    chain: OnceLock<ChainHooks>,
 }
 
 impl PyStore {
@@ -177,7 +177,7 @@ impl PyStore {
         Ok(Self {
             inner: Arc::new(store),
             closed: Arc::new(AtomicBool::new(false)),
-            tier: OnceLock::new(),
+            chain: OnceLock::new(),
         })
     }
 
@@ -244,15 +244,16 @@ impl PyStore {
         no_panic("filesystem", || Ok(self.inner.filesystem().name.clone()))
     }
 
-    /// Puts a tier behind the directory: `fetch(names, max_bytes, accept)` is called after
-    /// each local miss (the names to ask for in the core's order, the budget, and an `Accept`
-    /// whose first taken value `get` returns); `on_publish(names, data)` after each put that
-    /// published (the entry file as written, and the names a tier keeps it under). Once per
-    /// store (xla_pcache.store.Store calls it when a tier is configured).
-    fn _set_tier(&self, fetch: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
-        self.tier
-            .set(TierHooks { fetch, on_publish })
-            .map_err(|_| PyValueError::new_err("this store already has a tier"))
+    /// Puts a chain of remote tiers behind the directory: `fetch(names, max_bytes, accept)`
+    /// is called after each local miss (the names to ask for in the core's order, the
+    /// budget, and an `Accept` whose first taken value `get` returns); `on_publish(names,
+    /// data)` after each put that published (the entry file as written, and the names a tier
+    /// keeps it under). Once per store (xla_pcache.store.Store calls it when a chain is
+    /// configured).
+    fn _set_chain(&self, fetch: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
+        self.chain
+            .set(ChainHooks { fetch, on_publish })
+            .map_err(|_| PyValueError::new_err("this store already has a chain"))
     }
 
     #[pyo3(signature = (key, value, *, meta=None, sign=true))]
@@ -286,10 +287,10 @@ impl PyStore {
         });
         let published = on_cache_error(py, res, None, Some("not cached"))?;
         let stored = published.is_some();
-        if let (Some(published), Some(tier)) = (published, self.tier.get()) {
+        if let (Some(published), Some(chain)) = (published, self.chain.get()) {
             // The bytes just written go to the tiers, copied once from the caller's buffer
             // and the head the put encoded: the file is not read back.
-            tier.published(py, published, buf.as_slice());
+            chain.published(py, published, buf.as_slice());
         }
         drop(buf);
         Ok(stored)
@@ -314,10 +315,10 @@ impl PyStore {
         if let Some(inner) = local {
             return Ok(Py::new(py, PyBlob { inner })?.into_any());
         }
-        let Some(tier) = self.tier.get() else {
+        let Some(chain) = self.chain.get() else {
             return Ok(py.None());
         };
-        let found = tier.fetch(py, &self.inner, &self.closed, key)?;
+        let found = chain.fetch(py, &self.inner, &self.closed, key)?;
         Ok(match found {
             Some(blob) => Py::new(py, blob)?.into_any(),
             None => py.None(),
@@ -326,12 +327,12 @@ impl PyStore {
 
     /// Asks the tiers for `key` as a local miss does, without looking in the directory or
     /// counting a miss: their verified entry (published here unless read-only), or None,
-    /// also when the store has no tier.
+    /// also when the store has no chain.
     fn _fetch(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyBlob>> {
         let key = KeyArg::extract(key)?;
         self.store()?;
-        match self.tier.get() {
-            Some(tier) => tier.fetch(py, &self.inner, &self.closed, key),
+        match self.chain.get() {
+            Some(chain) => chain.fetch(py, &self.inner, &self.closed, key),
             None => Ok(None),
         }
     }
