@@ -1,4 +1,4 @@
-"""``xla-pcache config``: a cache's stored settings (budget, max age), in its directory or
+"""``xla-pcache config``: a cache's stored budget (size, max age), in its directory or
 beside a bucket's entries."""
 
 from __future__ import annotations

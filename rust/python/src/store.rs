@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    CacheSettings, EntrySummary, Key, LockMode, ReadMode, Store, StoreError, StoreOptions,
+    EntrySummary, Key, LockMode, ReadMode, Store, StoreError, StoreOptions, StoredBudget,
 };
 
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
@@ -203,17 +203,18 @@ impl PyStore {
         })
     }
 
-    /// The cache's stored settings (its CONFIG file) as this handle last read them.
+    /// The cache's stored budget (its CONFIG file) as this handle last read it. The name
+    /// is the Python API's, kept.
     fn cache_settings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;
-        let s = no_panic("cache_settings", || Ok(store.stored_settings()))?;
+        let s = no_panic("cache_settings", || Ok(store.stored_budget()))?;
         let d = PyDict::new(py);
         d.set_item("max_size", s.max_size)?;
         d.set_item("max_age_s", s.max_age.map(|a| a.as_secs_f64()))?;
         Ok(d)
     }
 
-    /// Replaces the cache's stored settings; None unsets one.
+    /// Replaces the cache's stored budget; None unsets a field.
     #[pyo3(signature = (*, max_size=None, max_age=None))]
     fn write_cache_settings(
         &self,
@@ -221,9 +222,9 @@ impl PyStore {
         max_size: Option<i128>,
         max_age: Option<f64>,
     ) -> PyResult<()> {
-        // The core's bounds (`CacheSettings::check`), each refusal a ValueError naming its
+        // The core's bounds (`StoredBudget::check`), each refusal a ValueError naming its
         // argument.
-        let s = CacheSettings {
+        let s = StoredBudget {
             max_size: positive_size("max_size", max_size)?,
             max_age: max_age
                 .map(|a| xla_pcache_core::max_age_secs("max_age", a))
@@ -231,7 +232,7 @@ impl PyStore {
                 .map_err(to_py)?,
         };
         let store = self.store()?;
-        py.detach(|| no_panic("write_cache_settings", || store.write_settings(&s)))
+        py.detach(|| no_panic("write_cache_settings", || store.write_stored_budget(&s)))
     }
 
     #[getter]

@@ -192,8 +192,8 @@ struct State {
     put_rate: admission::PutRate,
     /// When the cache's CONFIG was last read, and why it was not used if it was not (each
     /// new reason is warned about once).
-    settings_read: Option<Instant>,
-    settings_problem: Option<String>,
+    stored_budget_read: Option<Instant>,
+    stored_budget_problem: Option<String>,
 }
 
 impl State {
@@ -210,8 +210,8 @@ impl State {
             last_sweep: None,
             last_freshen: None,
             put_rate: admission::PutRate::default(),
-            settings_read: None,
-            settings_problem: None,
+            stored_budget_read: None,
+            stored_budget_problem: None,
         }
     }
 }
@@ -239,7 +239,7 @@ pub struct Store {
     /// running is nobody's, and must not stop the next one at once.
     walks: std::sync::atomic::AtomicUsize,
     /// The cache's CONFIG as last read (`budget.rs`).
-    stored: budget::Stored,
+    stored: budget::LastReadBudget,
 }
 
 /// A walk running (see `Store::walks`); when the last one ends, a request to stop that
@@ -412,10 +412,10 @@ impl Store {
             warned: ForkMutex::new(HashMap::new()),
             interrupt: std::sync::atomic::AtomicBool::new(false),
             walks: std::sync::atomic::AtomicUsize::new(0),
-            stored: budget::Stored::default(),
+            stored: budget::LastReadBudget::default(),
         })
         // The cache's stored settings bound the first put already.
-        .inspect(|s| s.reload_settings(&mut s.state()))
+        .inspect(|s| s.reload_stored_budget(&mut s.state()))
     }
 
     pub fn root(&self) -> &Path {
