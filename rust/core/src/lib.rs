@@ -2,7 +2,7 @@
 //! executables. No Python here: the pyo3 binding lives in its own crate.
 //!
 //! The modules are private to the crate; what the binding and the integration tests use is
-//! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
+//! re-exported below. They form three levels (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `view`, `entries`,
 //! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`,
 //! `stored_budget`, `bounds`, `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`,
