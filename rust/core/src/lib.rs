@@ -73,4 +73,4 @@ pub use testhook::{
     reached as test_hook_reached, released as test_hook_released, COMPILED as TEST_HOOKS,
     VAR as TEST_HOOKS_VAR,
 };
-pub use verified::{default_dir as default_verified_record_dir, VerifiedRecord};
+pub use verified::{default_dir as default_verification_record_dir, VerificationRecord};

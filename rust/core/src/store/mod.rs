@@ -42,7 +42,7 @@ use crate::error::{io_err, StoreError};
 use crate::forksafe::ForkMutex;
 use crate::fsinfo::{self, FsInfo};
 use crate::hash::MAX_KEY_LEN;
-use crate::journal::{JournalWriter, Record};
+use crate::journal::{JournalRecord, JournalWriter};
 use crate::layout::{Layout, ENTRIES, LOCKS};
 use crate::lock::{LockDir, LockMode, LockOptions};
 use crate::sign::{Signer, TrustSet};
@@ -181,7 +181,7 @@ struct State {
     last_refresh: Option<Instant>,
     last_stats: Instant,
     /// Hit records not yet written.
-    pending: Vec<Record>,
+    pending: Vec<JournalRecord>,
     /// Target of an eviction that ran out of its time slice and is not finished.
     evict_backlog: Option<u64>,
     /// When an eviction from a put last swept tmp/ and trash/.
@@ -538,7 +538,7 @@ impl Store {
         self.counters.reset();
     }
 
-    fn append(&self, recs: &[Record]) {
+    fn append(&self, recs: &[JournalRecord]) {
         if self.opts.read_only {
             return;
         }
@@ -547,7 +547,7 @@ impl Store {
     }
 
     /// Appends the buffered hit records and `recs` to this process's journal, in one write.
-    fn append_locked(&self, st: &mut State, recs: &[Record]) {
+    fn append_locked(&self, st: &mut State, recs: &[JournalRecord]) {
         if self.opts.read_only || (recs.is_empty() && st.pending.is_empty()) {
             return;
         }

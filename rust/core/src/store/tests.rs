@@ -109,14 +109,14 @@ fn compaction_folds_journals_of_dead_processes() {
     for i in 0..70u64 {
         let name = journal::file_name(crate::clock::hostname(), dead, i);
         let mut buf = Vec::new();
-        Record::Touch {
+        JournalRecord::Touch {
             name: i as u128 + 1,
             disk_bytes: 4096,
             t: i,
             put: true,
         }
         .encode(&mut buf);
-        Record::Stats {
+        JournalRecord::Stats {
             counters: vec![1, 0, 1],
         }
         .encode(&mut buf);
