@@ -320,7 +320,7 @@ class Store:
         fetch: Callable[[list[str], int | None, Accept], object],
         on_publish: Callable[[list[str], bytes], object],
     ) -> None:
-        """Put a tier behind the directory (once): after a local miss ``get`` calls
+        """Put a chain of tiers behind the directory (once): after a local miss ``get`` calls
         ``fetch(names, max_bytes, accept)`` (the names to ask the tiers for, in the core's
         order; the budget; an ``Accept``) and returns the value ``accept`` took; after a put
         published, ``put`` calls ``on_publish(names, data)`` (the names a tier keeps the
@@ -329,7 +329,7 @@ class Store:
     def _fetch(self, key: Key) -> Blob | None:
         """Ask the tiers for ``key`` as a local miss does, without looking in the directory
         or counting a miss: their verified entry (published here unless read-only), or
-        None, also without a tier."""
+        None, also without a chain."""
     def put(
         self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None, sign: bool = True
     ) -> bool:
