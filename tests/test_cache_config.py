@@ -87,7 +87,7 @@ def test_config_refuses_bad_values(cache: Path, args: list[str], needle: str) ->
         ("max_age", 1e12, "max_age must be a number of seconds"),
     ],
 )
-def test_stored_settings_keep_the_cores_bounds(
+def test_a_stored_budget_keeps_the_cores_bounds(
     cache: Path, name: str, value: float, needle: str
 ) -> None:
     # A max age under a second would be stored as none, and the whole file then ignored by

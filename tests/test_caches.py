@@ -200,30 +200,41 @@ def test_memory_bad_capacity(capacity: int) -> None:
         MemoryCache(capacity)
 
 
-def test_memory_thread_safety() -> None:
-    cache: MemoryCache[int] = MemoryCache(50)
+def _on_threads(n: int, work: Callable[[int], None]) -> None:
+    """``work(t)`` for each ``t`` below ``n``, each on a thread of its own, all let go at
+    once; the first failure of any is raised here."""
     errors: list[BaseException] = []
-    barrier = threading.Barrier(8)
+    barrier = threading.Barrier(n)
 
-    def work(t: int) -> None:
+    def run(t: int) -> None:
         try:
             barrier.wait()
-            for i in range(2000):
-                key = f"k{(t * 7 + i) % 120}"
-                cache.add(key, i)
-                cache.get(key)
-                if i % 13 == 0:
-                    cache.erase(key)
-                assert len(cache) <= 50
+            work(t)
         except BaseException as exc:  # collected and re-raised in the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(n)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert not errors
+    if errors:
+        raise errors[0]
+
+
+def test_memory_thread_safety() -> None:
+    cache: MemoryCache[int] = MemoryCache(50)
+
+    def work(t: int) -> None:
+        for i in range(2000):
+            key = f"k{(t * 7 + i) % 120}"
+            cache.add(key, i)
+            cache.get(key)
+            if i % 13 == 0:
+                cache.erase(key)
+            assert len(cache) <= 50
+
+    _on_threads(8, work)
     stats = cache.stats()
     assert stats["adds"] == 8 * 2000
     assert stats["hits"] + stats["misses"] == 8 * 2000  # type: ignore[operator]
@@ -390,25 +401,16 @@ def test_persistent_stats_include_store_counters(root: Path) -> None:
 
 
 def test_persistent_thread_safety(root: Path) -> None:
-    errors: list[BaseException] = []
     with pickled(root, memory_capacity=16) as cache:
 
         def work(t: int) -> None:
-            try:
-                for i in range(100):
-                    key = f"t{t}-{i % 40}"
-                    cache.add(key, (t, i % 40))
-                    value = cache.get(key)
-                    assert value == (t, i % 40)
-            except BaseException as exc:  # collected and re-raised in the main thread
-                errors.append(exc)
+            for i in range(100):
+                key = f"t{t}-{i % 40}"
+                cache.add(key, (t, i % 40))
+                value = cache.get(key)
+                assert value == (t, i % 40)
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors
+        _on_threads(6, work)
         assert len(cache) <= 16
         assert len(cache.store) == 6 * 40
 

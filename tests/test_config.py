@@ -430,7 +430,7 @@ _OPTIONS: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[str, str], Any]]
         {"remote": "redis://127.0.0.1:1/0"},
         {"remote": "redis://127.0.0.1:2/0"},
         ("XLA_PCACHE_REMOTE", "redis://127.0.0.1:3/0"),
-        lambda s: s._tier_url,
+        lambda s: s._chain_text,
     ),
     "signing_key": (
         {"signing_key": _SIGNING},

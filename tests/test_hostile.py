@@ -63,6 +63,26 @@ def expect_ok(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stdout
 
 
+def open_in_child(
+    cache_dir: Path, error: type[Exception], env: dict[str, str] | None = None
+) -> str:
+    """What a fresh interpreter (``run_child``) prints opening a store at ``cache_dir``:
+    "refused: <message>" when the open raised ``error``."""
+    return expect_ok(
+        run_child(
+            f"""
+            from xla_pcache import Store
+            from {error.__module__} import {error.__name__}
+            try:
+                Store({str(cache_dir)!r})
+            except {error.__name__} as e:
+                print("refused:", e)
+            """,
+            env=env,
+        )
+    )
+
+
 def shard_of(key: str) -> str:
     return _core.entry_name(key)[:2]
 
@@ -185,17 +205,7 @@ def test_a_linked_shard_is_neither_written_nor_evicted_through(
 def test_a_fifo_as_format_is_refused_without_hanging(cache_dir: Path) -> None:
     cache_dir.mkdir()
     os.mkfifo(cache_dir / "FORMAT")
-    out = expect_ok(
-        run_child(
-            f"""
-            from xla_pcache import Store, FormatError
-            try:
-                Store({str(cache_dir)!r})
-            except FormatError as e:
-                print("refused:", e)
-            """
-        )
-    )
+    out = open_in_child(cache_dir, FormatError)
     assert "refused" in out and "FIFO" in out
 
 
@@ -337,18 +347,7 @@ def test_durations_of_calls_are_validated(cache_dir: Path, value: float) -> None
 
 
 def test_a_huge_claim_lease_variable_is_a_value_error(cache_dir: Path) -> None:
-    out = expect_ok(
-        run_child(
-            f"""
-            from xla_pcache import Store
-            try:
-                Store({str(cache_dir)!r})
-            except ValueError as e:
-                print("refused:", e)
-            """,
-            env={"XLA_PCACHE_CLAIM_LEASE": "9" * 20},
-        )
-    )
+    out = open_in_child(cache_dir, ValueError, env={"XLA_PCACHE_CLAIM_LEASE": "9" * 20})
     assert "refused" in out and "XLA_PCACHE_CLAIM_LEASE" in out
 
 

@@ -33,6 +33,8 @@ LEVELS = {
     "builds": 0,
     # Host-local directories of this user's own, as handles.
     "_owndir": 0,
+    # What a `with` block does with an object that closes.
+    "_closing": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
     "tiers.redis": 1,
@@ -62,6 +64,7 @@ LEVELS = {
     "jax._store_cache": 4,
     "jax._plan": 4,
     "jax._prefetch": 4,
+    "jax._patch": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
     "torch_xla._build": 4,

@@ -532,9 +532,9 @@ def test_a_configured_tier_starts_nothing_until_used(cache_dir: Path) -> None:
         store = Store(sys.argv[1])
         store.stats(), len(store), "k" in store, store.entries()
         after = (threading.active_count(), atexit._ncallbacks())
-        print("redis" in sys.modules, before == after, store._tier is None)
+        print("redis" in sys.modules, before == after, store._chain is None)
         assert store.get("k") is None  # a miss asks the tier (refused connection: a miss)
-        print("redis" in sys.modules, store._tier is not None)
+        print("redis" in sys.modules, store._chain is not None)
         store.close()
     """
     out = run_python(code, str(cache_dir), env={"XLA_PCACHE_REMOTE": "redis://127.0.0.1:9/0"})
@@ -550,7 +550,7 @@ def test_a_tierless_store_serves_gets_from_the_binding(cache_dir: Path) -> None:
         assert store.put("k", b"v")
         blob = store.get("k")
         assert blob is not None and bytes(blob) == b"v"
-        assert store._tier_url is None
+        assert store._chain_text is None
 
 
 def test_a_remote_value_naming_no_url_names_its_source(

@@ -80,9 +80,9 @@ def test_every_report_matches_its_typeddict(tmp_path: Path) -> None:
     assert evicted["removed"] > 0
     assert _mismatches(dict(evicted), _reports.EvictReport) == []
     assert _mismatches(dict(store.evict(older_than=0)), _reports.EvictReport) == []
-    assert _mismatches(dict(store.cache_settings()), _reports.CacheSettings) == []
+    assert _mismatches(dict(store.cache_settings()), _reports.StoredBudget) == []
     store.write_cache_settings(max_size=1 << 20, max_age=3600.0)
-    assert _mismatches(dict(store.cache_settings()), _reports.CacheSettings) == []
+    assert _mismatches(dict(store.cache_settings()), _reports.StoredBudget) == []
     # The plain-dict reports: their declared types hold for every item.
     assert _conforms(store.process_stats(), dict[str, int])
     assert _conforms(store.trashed_keys(list(evicted["names"])), dict[str, _reports.Key])
@@ -145,7 +145,7 @@ def test_the_checker_catches_drift() -> None:
     assert _mismatches({"a": True, "b": "x"}, Small) == ["a: True is not <class 'int'>"]
 
 
-@pytest.mark.parametrize("name", ["Stats", "Entry", "EvictReport", "VerifyReport", "CacheSettings"])
+@pytest.mark.parametrize("name", ["Stats", "Entry", "EvictReport", "VerifyReport", "StoredBudget"])
 def test_the_stub_uses_the_checked_typeddicts(name: str) -> None:
     # _core.pyi must not grow a second, unchecked copy of a report type.
     stub = (Path(_core.__file__).parent / "_core.pyi").read_text()

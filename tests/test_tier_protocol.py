@@ -40,7 +40,7 @@ class _Recording:
 def _with_tiers(store: Store, *tiers: _Recording, read_only: bool = False) -> Chain:
     chain = Chain([_Slot(t, read_only) for t in tiers])  # type: ignore[arg-type]
     chain.persist_counters(store)
-    store._tier = chain
+    store._chain = chain
     return chain
 
 
@@ -72,11 +72,11 @@ def test_a_fetch_takes_the_first_whole_entry_and_backfills_the_tiers_before(
     back = _Recording({name: good})
     store = Store(tmp_path / "r", remote="redis://unused:1/0")
     _with_tiers(store, front, ro, back)
-    store._tier._slots[1].read_only = True  # type: ignore[union-attr]
+    store._chain._slots[1].read_only = True  # type: ignore[union-attr]
     blob = store.get("k")
     assert blob is not None and bytes(blob) == b"payload"
     assert "k" in store  # published locally
-    store._tier.flush()  # type: ignore[union-attr]
+    store._chain.flush()  # type: ignore[union-attr]
     assert front.puts == [(name, good, False)] and ro.puts == []  # backfilled, ro untouched
     st = store.stats()
     assert st["remote_hits"] == 1 and st["remote_rejected"] == 1, st

@@ -11,7 +11,7 @@ from typing_extensions import Buffer, disjoint_base
 
 # The reports the methods return are plain dicts at run time; their TypedDicts live in a real
 # module, so that a test compares them with what the runtime returns (tests/test_stubs.py).
-from xla_pcache._reports import CacheSettings, Entry, EvictReport, Stats, VerifyReport
+from xla_pcache._reports import Entry, EvictReport, Stats, StoredBudget, VerifyReport
 
 __version__: str
 FORMAT_VERSION: int
@@ -140,11 +140,11 @@ def check_trusted_keys(keys: Sequence[tuple[str, bytes]]) -> None:
 
 def check_size(name: str, value: int) -> int:
     """``value`` as a byte size (a budget): from one byte to ``MAX_SIZE``; ValueError naming
-    ``name`` otherwise. The core's one rule, which ``Store(max_size=)`` and the stored settings
+    ``name`` otherwise. The core's one rule, which ``Store(max_size=)`` and the stored budget
     keep."""
 
 def check_max_age(name: str, seconds: float) -> float:
-    """``seconds`` as a max age: from 1 second (a cache's stored settings hold whole seconds)
+    """``seconds`` as a max age: from 1 second (a cache's stored budget holds whole seconds)
     to ``MAX_DURATION_S``; ValueError naming ``name`` otherwise. The core's one rule, which
     ``Store.write_cache_settings`` keeps."""
 
@@ -291,13 +291,13 @@ class Store:
     @property
     def max_age(self) -> float | None:
         """The cache's stored max age in seconds: entries unused longer are evicted."""
-    def cache_settings(self) -> CacheSettings:
-        """The cache's stored settings (its CONFIG file), as this handle last read them (at
+    def cache_settings(self) -> StoredBudget:
+        """The cache's stored budget (its CONFIG file), as this handle last read it (at
         most the refresh interval ago)."""
     def write_cache_settings(
         self, *, max_size: int | None = None, max_age: float | None = None
     ) -> None:
-        """Replace the cache's stored settings (written to a temp file, then renamed into
+        """Replace the cache's stored budget (written to a temp file, then renamed into
         place); None unsets one. ``ReadOnlyError`` on a read-only handle."""
     def count_adopted(self, nbytes: int, compile_time_s: float | None = None) -> None:
         """Count a lookup served from another program's cache files (an adopted JAX entry of
@@ -315,12 +315,12 @@ class Store:
     @property
     def filesystem(self) -> str:
         """Name of the filesystem the root is on (ext4, nfs, fuse.sshfs, tmpfs, ...)."""
-    def _set_tier(
+    def _set_chain(
         self,
         fetch: Callable[[list[str], int | None, Accept], object],
         on_publish: Callable[[list[str], bytes], object],
     ) -> None:
-        """Put a tier behind the directory (once): after a local miss ``get`` calls
+        """Put a chain of tiers behind the directory (once): after a local miss ``get`` calls
         ``fetch(names, max_bytes, accept)`` (the names to ask the tiers for, in the core's
         order; the budget; an ``Accept``) and returns the value ``accept`` took; after a put
         published, ``put`` calls ``on_publish(names, data)`` (the names a tier keeps the
@@ -329,7 +329,7 @@ class Store:
     def _fetch(self, key: Key) -> Blob | None:
         """Ask the tiers for ``key`` as a local miss does, without looking in the directory
         or counting a miss: their verified entry (published here unless read-only), or
-        None, also without a tier."""
+        None, also without a chain."""
     def put(
         self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None, sign: bool = True
     ) -> bool:

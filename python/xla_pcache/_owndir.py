@@ -17,10 +17,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from types import TracebackType
-from typing import Literal, Self
+from typing import Literal
 
 from xla_pcache import _core
+from xla_pcache._closing import Closing
 from xla_pcache._text import package_logger
 
 logger = package_logger("xla_pcache")
@@ -39,7 +39,7 @@ def _first_time(what: str) -> bool:
         return True
 
 
-class OwnDir:
+class OwnDir(Closing):
     """A checked directory: ``fd`` (opened for reading, closed by ``close``) and ``path``
     (for messages). ``repaired``: it was made 0700 and emptied when opened."""
 
@@ -53,17 +53,6 @@ class OwnDir:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        t: type[BaseException] | None,
-        e: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit, os may be gone

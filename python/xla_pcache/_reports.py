@@ -108,9 +108,9 @@ class Stats(TypedDict):
     mmap_reads: bool
 
 
-class CacheSettings(TypedDict):
-    """The cache's stored settings: ``max_size`` in bytes, ``max_age_s`` in seconds; None
-    where not set."""
+class StoredBudget(TypedDict):
+    """The cache's stored budget (its CONFIG file; ``Store.cache_settings()``): ``max_size``
+    in bytes, ``max_age_s`` in seconds; None where not set."""
 
     max_size: int | None
     max_age_s: float | None

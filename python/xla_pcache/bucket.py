@@ -165,8 +165,8 @@ class BucketStore(Store):
             key, signer = blob.key, blob.signer
             recorder.note(key, lambda: _names(key, signer))
 
-    def _tier_put(self, names: list[str], data: bytes) -> None:
-        super()._tier_put(names, data)
+    def _chain_put(self, names: list[str], data: bytes) -> None:
+        super()._chain_put(names, data)
         if self._recorder is not None:
             self._bucket_tier()  # found now, while the chain is open, for the record's counts
             self._recorder.wrote()

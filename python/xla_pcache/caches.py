@@ -15,9 +15,9 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from xla_pcache._closing import Closing
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.cache_path import open_store, route, warn_unserved
@@ -25,8 +25,6 @@ from xla_pcache.config import PATH_VAR, Settings, parse_capacity
 from xla_pcache.store import Store
 
 if TYPE_CHECKING:
-    from typing import Self
-
     from typing_extensions import Buffer
 
     from xla_pcache._core import Blob
@@ -162,7 +160,7 @@ class MemoryCache(ComputationCache[T]):
             }
 
 
-class PersistentCache(ComputationCache[T]):
+class PersistentCache(ComputationCache[T], Closing):
     """Objects in memory over a persistent ``Store`` at ``path`` (torch_xla's ``PersistentCache``).
 
     ``get`` looks in memory, then in the store, and deserializes what it finds. ``deserialize``
@@ -318,17 +316,6 @@ class PersistentCache(ComputationCache[T]):
 
     def close(self) -> None:
         self._store.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _identity(value: Any) -> Any:

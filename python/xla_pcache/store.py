@@ -180,11 +180,11 @@ class Store(_core.Store):
     """
 
     _settings: Settings
-    _tier_url: str | None
-    _tier_urls: tuple[TierURL, ...]
-    _tier: Chain | None
-    _tier_failed: bool
-    _tier_lock: threading.Lock
+    _chain_text: str | None
+    _chain_urls: tuple[TierURL, ...]
+    _chain: Chain | None
+    _chain_failed: bool
+    _chain_lock: threading.Lock
 
     def __new__(
         cls,
@@ -233,17 +233,17 @@ class Store(_core.Store):
         if self.signing_key_name is not None and self.trusted_key_names is None:
             _warn_signing_without_trust(self.signing_key_name)
         self._settings = opts.settings
-        self._tier_url = opts.chain_text
-        self._tier_urls = opts.chain
-        self._tier = None
-        self._tier_failed = False
-        self._tier_lock = threading.Lock()
-        if self._tier_url is not None:
+        self._chain_text = opts.chain_text
+        self._chain_urls = opts.chain
+        self._chain = None
+        self._chain_failed = False
+        self._chain_lock = threading.Lock()
+        if self._chain_text is not None:
             # Only then does the Rust get/put call back into Python (on a miss, after a
-            # publish); a store without a tier serves hits with no Python frame in between.
+            # publish); a store without a chain serves hits with no Python frame in between.
             # The hooks hold the store weakly: a strong reference would be a cycle through
             # the Rust object, which the garbage collector cannot see.
-            self._set_tier(*_tier_hooks(self))
+            self._set_chain(*_chain_hooks(self))
         _track_for_fork(self)
         return self
 
@@ -260,60 +260,61 @@ class Store(_core.Store):
 
     @property
     def remote(self) -> Chain | None:
-        """The tier behind the directory (opened now if it was not yet), or None."""
-        return self._open_tier()
+        """The chain of remote tiers behind the directory (opened now if it was not yet), or
+        None."""
+        return self._open_chain()
 
-    def _open_tier(self) -> Chain | None:
-        if self._tier is not None or self._tier_url is None or self._tier_failed:
-            return self._tier
-        with self._tier_lock:
-            if self._tier is None and not self._tier_failed:
+    def _open_chain(self) -> Chain | None:
+        if self._chain is not None or self._chain_text is None or self._chain_failed:
+            return self._chain
+        with self._chain_lock:
+            if self._chain is None and not self._chain_failed:
                 from xla_pcache.tiers import hide_chain_secrets, open_chain, redact_chain
 
                 try:
-                    tier = open_chain(
-                        self._tier_urls,
+                    chain = open_chain(
+                        self._chain_urls,
                         self._settings,
                         trusting=bool(self.trusted_key_names),
                         # Its counters also go to this store's journal, summed across
                         # processes.
                         counters=self,
                     )
-                    self._tier = tier
+                    self._chain = chain
                 except Exception as e:  # never the caller's: the local cache still works
-                    self._tier_failed = True
+                    self._chain_failed = True
                     log.warning(
                         "xla_pcache: cannot open the remote cache %s (%s: %s); local cache only",
-                        redact_chain(self._tier_url),
+                        redact_chain(self._chain_text),
                         type(e).__name__,
-                        hide_chain_secrets(str(e), self._tier_url),
+                        hide_chain_secrets(str(e), self._chain_text),
                     )
-        return self._tier
+        return self._chain
 
-    def _tier_fetch(self, names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
+    def _chain_fetch(self, names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
         """After a local miss: the tiers' values for ``names`` (the core's candidate names
         for the key, in its order: an object squatting the plain name hides no trusted
         entry), each handed to ``accept``, the core's gate, which verifies it, publishes the
         first it takes (unless read-only) and hands it to ``get``."""
-        tier = self._open_tier()
-        if tier is not None:
+        chain = self._open_chain()
+        if chain is not None:
             # What a tier holds is untrusted: never accepted past this store's budget
             # (``max_bytes``), and a large one is streamed to an unnamed file the core opens
             # under this cache's tmp/ (beneath the root, no link followed).
-            tier.fetch(names, accept, max_bytes=max_bytes, spool=self._spool)
+            chain.fetch(names, accept, max_bytes=max_bytes, spool=self._spool)
 
     def _spool(self) -> Spooled:
         from xla_pcache.tiers import Spooled
 
         return Spooled(self._spool_fd())
 
-    def _tier_put(self, names: list[str], data: bytes) -> None:
+    def _chain_put(self, names: list[str], data: bytes) -> None:
         """After a put this process published: the entry file it wrote, to the tiers under
         ``names`` (a signed entry's signer's own name after the plain one: no squatting,
         docs/remote.md)."""
-        tier = self._open_tier()
-        if tier is not None:
-            tier.put_async(names, data, replace=getattr(_replacing, "active", False))
+        chain = self._open_chain()
+        if chain is not None:
+            chain.put_async(names, data, replace=getattr(_replacing, "active", False))
 
     def replace(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
         """Put ``value`` under ``key`` in place of the entry there: for a small record that
@@ -326,7 +327,7 @@ class Store(_core.Store):
         if self.read_only:
             return False
         self.delete(key)
-        # The put's copy to the tiers (``_tier_put``, called from within it on this thread)
+        # The put's copy to the tiers (``_chain_put``, called from within it on this thread)
         # overwrites.
         _replacing.active = True
         try:
@@ -335,32 +336,32 @@ class Store(_core.Store):
             _replacing.active = False
 
     def stats(self) -> Stats:
-        """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password
+        """As ``_core.Store.stats``; with a chain, also ``remote`` (its URL, password
         redacted) and, once it was used, its counters (``remote_hits``, ...)."""
         out = super().stats()
-        if self._tier_url is not None:
+        if self._chain_text is not None:
             from xla_pcache.tiers import redact, redact_chain
 
             extra = cast(dict[str, Any], out)
-            if self._tier is not None:
+            if self._chain is not None:
                 # The totals the store keeps across processes win over this process's own.
-                for k, v in self._tier.stats().items():
+                for k, v in self._chain.stats().items():
                     extra.setdefault(k, v)
             else:
                 # Not opened (and not opened for this: no client just to report): the tiers
                 # as configured, by number, as the chain names them.
-                for i, url in enumerate(self._tier_urls, 1):
+                for i, url in enumerate(self._chain_urls, 1):
                     extra[f"tier{i}"] = redact(url.text)
             # Before the chain is opened, the tiers as configured; then the tiers in use.
-            extra.setdefault("remote", redact_chain(self._tier_url))
+            extra.setdefault("remote", redact_chain(self._chain_text))
         return out
 
     def close(self) -> None:
-        """As ``_core.Store.close``; also finishes the tier's queued writes."""
+        """As ``_core.Store.close``; also finishes the chain's queued writes."""
         super().close()
-        tier, self._tier = self._tier, None
-        if tier is not None:
-            tier.close()
+        chain, self._chain = self._chain, None
+        if chain is not None:
+            chain.close()
 
     def __enter__(self) -> Self:
         return self
@@ -447,22 +448,22 @@ def _warn_signing_without_trust(signer: str) -> None:
     )
 
 
-def _tier_hooks(store: Store) -> tuple[Any, Any]:
+def _chain_hooks(store: Store) -> tuple[Any, Any]:
     """What the binding calls after a local miss and after a put that published (its
-    ``_set_tier``), holding the store weakly."""
+    ``_set_chain``), holding the store weakly."""
     ref = weakref.ref(store)
 
-    def fetch_from_tiers(names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
+    def fetch_from_chain(names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
         s = ref()
         if s is not None:
-            s._tier_fetch(names, max_bytes, accept)
+            s._chain_fetch(names, max_bytes, accept)
 
     def on_publish(names: list[str], data: bytes) -> None:
         s = ref()
         if s is not None:
-            s._tier_put(names, data)
+            s._chain_put(names, data)
 
-    return fetch_from_tiers, on_publish
+    return fetch_from_chain, on_publish
 
 
 # Fork safety. A child forked while another thread was inside a store (PyTorch's DataLoader
@@ -489,10 +490,10 @@ def _after_fork_in_child() -> None:
         if store is not None:
             store._after_fork_child()
             if isinstance(store, Store):
-                # The tier's writer thread did not come across the fork: a fresh one is
+                # The chain's writer threads did not come across the fork: a fresh chain is
                 # opened on the child's first miss or put.
-                store._tier = None
-                store._tier_lock = threading.Lock()
+                store._chain = None
+                store._chain_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

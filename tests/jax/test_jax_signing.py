@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import struct
 from pathlib import Path
 
 import pytest
-import xxhash
 from xla_pcache import Store
 from xla_pcache.config import Settings
 
 from tests.helpers import cli, executables, keygen
 from tests.jax.helpers import scratch_programs, value_and_hits
+from tests.trust_matrix import with_payload
 
 pytestmark = [
     pytest.mark.jax,
@@ -147,18 +146,6 @@ def test_rotation_two_trusted_keys_then_one_revoked(
     assert value_and_hits("sin", **revoked, **ro) == (programs["sin"][2], 1)
 
 
-def _resigned_file(entry: bytes, payload: bytes) -> bytes:
-    """``entry`` (a whole entry file) with its payload replaced and its xxh3 checksums made
-    right again, its signature fields kept: what an attacker who copies a signature onto
-    other bytes writes (format in ARCHITECTURE.md, "On disk")."""
-    header_len = struct.unpack_from("<I", entry, 8)[0]
-    header = bytearray(entry[:header_len])
-    struct.pack_into("<QQ", header, 24, len(payload), xxhash.xxh3_64_intdigest(payload))
-    digest = xxhash.xxh3_64_intdigest(bytes(header[:56]) + bytes(header[64:]))
-    struct.pack_into("<Q", header, 56, digest)
-    return bytes(header) + payload
-
-
 def test_a_signature_copied_onto_other_bytes_is_refused(
     tmp_path: Path, keys: dict[str, tuple[str, str]], programs: dict[str, tuple[str, bytes, float]]
 ) -> None:
@@ -170,7 +157,8 @@ def test_a_signature_copied_onto_other_bytes_is_refused(
         (entry,) = executables(s)
         assert entry["signer"] == "ci-1"
         f = cache / "entries" / entry["name"][:2] / entry["name"]
-    forged = _resigned_file(f.read_bytes(), programs["cos"][1])
+    # What an attacker who copies a signature onto other bytes writes.
+    forged = with_payload(f.read_bytes(), programs["cos"][1])
     f.chmod(0o644)
     f.write_bytes(forged)
     # The xxh3 layer alone is fooled: an untrusting reader runs the other program.

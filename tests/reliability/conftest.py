@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import pytest
 
@@ -21,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import scenarios
 import testbed
 
+T = TypeVar("T")
+
 
 def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
@@ -28,19 +31,25 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(f"reliability test bed unavailable: {reason}")
 
 
+def _set_up(make: Callable[[], AbstractContextManager[T]]) -> Iterator[T]:
+    """For a fixture to ``yield from``: the bed ``make()`` builds, entered, and torn down
+    after the test even when it fails; a bed that cannot be built is ``unavailable``."""
+    try:
+        bed = make()
+        value = bed.__enter__()
+    except testbed.TestbedUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield value
+    finally:
+        bed.__exit__(None, None, None)
+
+
 def _two_hosts(
     tmp_path_factory: pytest.TempPathFactory, cache_timeout: int | None
 ) -> Iterator[testbed.TwoHosts]:
     base = tmp_path_factory.mktemp("two-hosts")
-    try:
-        bed = testbed.two_hosts(base, cache_timeout=cache_timeout)
-        hosts = bed.__enter__()
-    except testbed.TestbedUnavailable as exc:
-        unavailable(str(exc))
-    try:
-        yield hosts
-    finally:
-        bed.__exit__(None, None, None)
+    yield from _set_up(lambda: testbed.two_hosts(base, cache_timeout=cache_timeout))
 
 
 @pytest.fixture(scope="module")
@@ -70,26 +79,10 @@ def two_hosts_60s_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[te
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 MB tmpfs mount point."""
-    try:
-        bed = testbed.tmpfs(tmp_path / "full", size="16m")
-        mount = bed.__enter__()
-    except testbed.TestbedUnavailable as exc:
-        unavailable(str(exc))
-    try:
-        yield mount
-    finally:
-        bed.__exit__(None, None, None)
+    yield from _set_up(lambda: testbed.tmpfs(tmp_path / "full", size="16m"))
 
 
 @pytest.fixture
 def readonly_cache(tmp_path: Path) -> Iterator[scenarios.ReadOnlyCache]:
     """A populated cache behind a read-only bind mount."""
-    try:
-        bed = scenarios.readonly_cache(tmp_path)
-        cache = bed.__enter__()
-    except testbed.TestbedUnavailable as exc:
-        unavailable(str(exc))
-    try:
-        yield cache
-    finally:
-        bed.__exit__(None, None, None)
+    yield from _set_up(lambda: scenarios.readonly_cache(tmp_path))

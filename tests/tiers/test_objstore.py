@@ -21,7 +21,7 @@ from xla_pcache import Store, entry_name, open_store
 from xla_pcache._reports import tier_counters
 from xla_pcache.config import Settings
 from xla_pcache.tiers.chain import open_chain, redact
-from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
+from xla_pcache.tiers.objstore import ENTRY_DIR, ObjectClaim, ObjectClaims, parse_object_url
 
 from tests.helpers import cli_out, hooks_env
 from tests.jax.helpers import (
@@ -575,6 +575,19 @@ def test_remote_counters_are_summed_across_processes(
     assert report["tier1"] == redis_server.url and report["tier2"].startswith("s3://"), report
 
 
+def _claimed(tmp_path: Path, url: str) -> tuple[Store, Store, ObjectClaims, ObjectClaim]:
+    """Two hosts' stores on the bucket at ``url``, a holder and a waiter, and the holder's
+    claim of "k": (holder, waiter, the waiter's claims, the holder's claim)."""
+    holder = Store(tmp_path / "a", remote=url)
+    waiter = Store(tmp_path / "b", remote=url)
+    assert holder.remote is not None and waiter.remote is not None
+    hc, wc = holder.remote.claims(), waiter.remote.claims()
+    assert hc is not None and wc is not None
+    mine = hc.claim(entry_name("k"), wait=5, lease=30)
+    assert mine.state == "claimed" and mine.held
+    return holder, waiter, wc, mine
+
+
 def test_bucket_claims_single_flight_and_takeover(
     tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -585,14 +598,8 @@ def test_bucket_claims_single_flight_and_takeover(
     # take longer than the default 2 s, and a failed upload rightly makes the waiter compile.
     monkeypatch.setenv("XLA_PCACHE_REMOTE_TIMEOUT", "20")
     url = s3.url(fresh_prefix())
-    holder = Store(tmp_path / "a", remote=url)
-    waiter = Store(tmp_path / "b", remote=url)
-    assert holder.remote is not None and waiter.remote is not None
-    hc, wc = holder.remote.claims(), waiter.remote.claims()
-    assert hc is not None and wc is not None
+    holder, waiter, wc, mine = _claimed(tmp_path, url)
     name = entry_name("k")
-    mine = hc.claim(name, wait=5, lease=30)
-    assert mine.state == "claimed" and mine.held
     assert wc.claim(name, wait=0.3, lease=30).state == "timed_out"
     assert holder.put("k", b"compiled")
     mine.release()  # queued after the upload
@@ -631,14 +638,8 @@ def test_a_claim_released_between_the_two_looks_is_seen_published(
     a claim and compile what was just published. The interleaving is made, not waited for:
     the waiter's first look at the entry answers as it would have a moment earlier."""
     url = s3.url(fresh_prefix())
-    holder = Store(tmp_path / "a", remote=url)
-    waiter = Store(tmp_path / "b", remote=url)
-    assert holder.remote is not None and waiter.remote is not None
-    hc, wc = holder.remote.claims(), waiter.remote.claims()
-    assert hc is not None and wc is not None
+    holder, waiter, wc, mine = _claimed(tmp_path, url)
     name = entry_name("k")
-    mine = hc.claim(name, wait=5, lease=30)
-    assert mine.held
     tier = wc._tier
     real_exists = tier.exists
     looks: list[bool] = []

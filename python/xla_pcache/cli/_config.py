@@ -1,4 +1,4 @@
-"""``xla-pcache config``: a cache's stored settings (budget, max age), in its directory or
+"""``xla-pcache config``: a cache's stored budget (size, max age), in its directory or
 beside a bucket's entries."""
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from xla_pcache.sizes import format_size, parse_duration, parse_size
 _UNSET = ("none", "off", "unset")
 
 
-def _settings_text(settings: dict[str, Any]) -> list[str]:
+def _stored_budget_text(budget: dict[str, Any]) -> list[str]:
     from xla_pcache.metrics import human_duration
 
-    size, age = settings.get("max_size"), settings.get("max_age_s")
+    size, age = budget.get("max_size"), budget.get("max_age_s")
     return [
         "max size: " + (f"{format_size(size)} ({size:,} B)" if size else "not set (unbounded)"),
         "max age: " + (human_duration(age) if age else "not set (entries never age out)"),
@@ -73,7 +73,7 @@ def config(
                 current = store.cache_settings()
                 effective = {"max_size": store.max_size, "max_age_s": store.max_age}
         else:
-            new_size, new_age = _parsed_settings(max_size, max_age)
+            new_size, new_age = _parsed_budget(max_size, max_age)
             with open_cache(path, read_only=False, write=True) as store:
                 current = store.cache_settings()
                 if max_size is not None:
@@ -88,7 +88,7 @@ def config(
     if as_json:
         emit_json({"stored": current, "effective": effective})
         return
-    for line in _settings_text(dict(current)):
+    for line in _stored_budget_text(dict(current)):
         typer.echo(line)
     if effective["max_size"] != current["max_size"]:
         typer.echo(
@@ -97,7 +97,7 @@ def config(
         )
 
 
-def _parsed_settings(max_size: str | None, max_age: str | None) -> tuple[int | None, float | None]:
+def _parsed_budget(max_size: str | None, max_age: str | None) -> tuple[int | None, float | None]:
     """The budget and max age the options ask for (None: unset), held to the core's bounds
     (``_core.check_size``, ``_core.check_max_age``) with the options' own words."""
     new_size = new_age = None
@@ -119,7 +119,7 @@ def _parsed_settings(max_size: str | None, max_age: str | None) -> tuple[int | N
 def _config_bucket(url: str, max_size: str | None, max_age: str | None, as_json: bool) -> None:
     from xla_pcache.tiers.upkeep import Budget
 
-    new_size, new_age = _parsed_settings(max_size, max_age)
+    new_size, new_age = _parsed_budget(max_size, max_age)
     with open_bucket(url) as b:
         current = b.read_budget()
         if max_size is not None or max_age is not None:
@@ -134,5 +134,5 @@ def _config_bucket(url: str, max_size: str | None, max_age: str | None, as_json:
     if as_json:
         emit_json({"stored": stored, "effective": stored})
         return
-    for line in _settings_text(stored):
+    for line in _stored_budget_text(stored):
         typer.echo(line)

@@ -466,8 +466,8 @@ def _open_store(
         info.update(
             entries=stats.get("entries"), bytes=stats.get("bytes"), max_size=stats.get("max_size")
         )
-        # The cache's own settings (`xla-pcache config`); max_size above is the stricter of
-        # the stored budget and this environment's.
+        # The cache's stored budget (`xla-pcache config`; the JSON key keeps its older name);
+        # max_size above is the stricter of the stored budget and this environment's.
         info["stored_settings"] = dict(store.cache_settings())
         info["max_age_s"] = stats.get("max_age_s")
         # Loading ahead, summed over every process (docs/jax.md, "Loading ahead").

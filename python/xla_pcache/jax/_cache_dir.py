@@ -105,12 +105,18 @@ def decodable_formats() -> frozenset[str]:
 
 class _Check:
     """Decompresses a value piece by piece as JAX would before deserializing it, keeping
-    nothing: each call's output is capped and counted against ``limit``."""
+    nothing: each call's output is capped and counted against ``limit``. A subclass makes
+    the decompressor ``_d`` (zlib's or the standard library's zstd, alike in ``eof``,
+    ``unused_data`` and ``decompress(data, max_length)``), names what it reads (``what``)
+    and says what to feed it next (``_rest``)."""
+
+    what = ""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.produced = 0
         self.head = b""  # the first decompressed bytes: JAX's compile time
+        self._d: Any = None
 
     def _out(self, chunk: bytes | memoryview) -> None:
         if len(self.head) < _TIME_BYTES:
@@ -119,45 +125,50 @@ class _Check:
         if self.produced > self.limit:
             raise Rejected("decompresses to more than the bound")
 
-    def feed(self, piece: bytes) -> None:
+    def _rest(self, out: bytes) -> bytes | None:
+        """What to decompress next after a call that gave ``out`` without reaching the
+        end; None when the decompressor wants the next piece."""
         raise NotImplementedError
 
+    def feed(self, piece: bytes) -> None:
+        d = self._d
+        if d.eof:
+            raise Rejected(f"bytes after the end of the {self.what}")
+        data: bytes | None = piece
+        while data is not None:
+            out = d.decompress(data, _OUT_CAP)
+            self._out(out)
+            if d.eof:
+                if d.unused_data:
+                    raise Rejected(f"bytes after the end of the {self.what}")
+                return
+            data = self._rest(out)
+
     def finish(self) -> None:
-        raise NotImplementedError
+        if not self._d.eof:
+            raise Rejected(f"{self.what} ends early (truncated, or still being written)")
 
 
 class _Zlib(_Check):
+    what = "zlib stream"
+
     def __init__(self, head: bytes, limit: int) -> None:
         super().__init__(limit)
         if len(head) < 2 or head[0] & 0x0F != 8 or (head[0] << 8 | head[1]) % 31:
             raise Rejected("not a zlib stream")
         self._d = zlib.decompressobj()
 
-    def feed(self, piece: bytes) -> None:
-        d = self._d
-        if d.eof:
-            raise Rejected("bytes after the end of the zlib stream")
-        data: bytes = piece
-        while True:
-            out = d.decompress(data, _OUT_CAP)
-            self._out(out)
-            if d.eof:
-                if d.unused_data:
-                    raise Rejected("bytes after the end of the zlib stream")
-                return
-            data = d.unconsumed_tail
-            # A full output may leave more to come from input already taken.
-            if not data and len(out) < _OUT_CAP:
-                return
-
-    def finish(self) -> None:
-        if not self._d.eof:
-            raise Rejected("zlib stream ends early (truncated, or still being written)")
+    def _rest(self, out: bytes) -> bytes | None:
+        data: bytes = self._d.unconsumed_tail
+        # A full output may leave more to come from input already taken.
+        return data if data or len(out) >= _OUT_CAP else None
 
 
 class _StdlibZstd(_Check):
     """``compression.zstd`` (Python 3.14): JAX's ``zstd.decompress`` reads a frame with or
     without a declared size."""
+
+    what = "zstd frame"
 
     def __init__(self, mod: Any, head: bytes, limit: int) -> None:
         super().__init__(limit)
@@ -171,24 +182,9 @@ class _StdlibZstd(_Check):
         param = mod.DecompressionParameter.window_log_max
         self._d = mod.ZstdDecompressor(options={param: _ZSTD_WINDOW_LOG_MAX})
 
-    def feed(self, piece: bytes) -> None:
-        d = self._d
-        if d.eof:
-            raise Rejected("bytes after the end of the zstd frame")
-        data: bytes = piece
-        while True:
-            self._out(d.decompress(data, _OUT_CAP))
-            data = b""
-            if d.eof:
-                if d.unused_data:
-                    raise Rejected("bytes after the end of the zstd frame")
-                return
-            if d.needs_input:
-                return
-
-    def finish(self) -> None:
-        if not self._d.eof:
-            raise Rejected("zstd frame ends early (truncated, or still being written)")
+    def _rest(self, out: bytes) -> bytes | None:
+        # The decompressor keeps what it has not given out yet: ask again with nothing new.
+        return None if self._d.needs_input else b""
 
 
 def _zstandard_header(mod: Any, head: bytes, limit: int) -> int:

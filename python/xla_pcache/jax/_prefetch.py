@@ -70,6 +70,7 @@ from typing import Any
 from xla_pcache import _testhook, builds
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _plan
+from xla_pcache.jax._patch import restore
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
@@ -171,10 +172,7 @@ def install_hook(cc: Any) -> bool:
 
 def uninstall_hook(cc: Any) -> None:
     """Put JAX's own function back if ours is in place."""
-    current = getattr(cc, _TARGET, None)
-    original = getattr(current, _WRAPPED, None)
-    if original is not None:
-        setattr(cc, _TARGET, original)
+    restore(cc, _TARGET, _WRAPPED)
 
 
 def _wrap(original: Callable[..., Any], form: int, cc: Any) -> Callable[..., Any]:

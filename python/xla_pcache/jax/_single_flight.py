@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from xla_pcache._core import Blob, Claim, entry_name
 from xla_pcache._text import package_logger
+from xla_pcache.jax._patch import restore
 from xla_pcache.store import Store
 
 logger = package_logger(__name__)
@@ -122,10 +123,7 @@ def install_hook(compiler: Any) -> bool:
 
 def uninstall_hook(compiler: Any) -> None:
     """Put the original ``compile_or_get_cached`` back if ours is in place."""
-    current = getattr(compiler, _TARGET, None)
-    original = getattr(current, _WRAPPED, None)
-    if original is not None:
-        setattr(compiler, _TARGET, original)
+    restore(compiler, _TARGET, _WRAPPED)
 
 
 class SingleFlight:

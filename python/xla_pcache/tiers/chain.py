@@ -239,8 +239,8 @@ class Chain:
         return len(self._slots)
 
     def __bool__(self) -> bool:
-        # A chain whose tiers were all dropped is still the store's tier (``if store.remote``
-        # must not read it as no tier).
+        # A chain whose tiers were all dropped is still the store's chain (``if store.remote``
+        # must not read it as no chain).
         return True
 
     @property

@@ -135,6 +135,17 @@ class _Seen:
     ino: int
 
 
+class _InHostDir:
+    """The path of ``name`` in a mirror's host directory, read from its ``root`` at each use:
+    the root moves once, when ``check_dirs`` opens it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, mirror: HostMirror, owner: type[HostMirror] | None = None) -> str:
+        return os.path.join(mirror.root, self.name)
+
+
 @dataclass
 class HostMirror:
     """Keeps a host's pool and this process's view in step with ``store``.
@@ -162,6 +173,11 @@ class HostMirror:
     # ``install(local_dir=)``): never changed, and when others can write it, this user's own
     # directory beneath it is used (see the module's docstring).
     named_root: bool = False
+
+    pool = _InHostDir(POOL)
+    trusted_pools = _InHostDir(TRUSTED_POOLS)
+    views = _InHostDir(VIEWS)
+    manifest_path = _InHostDir(MANIFEST)
 
     def __post_init__(self) -> None:
         real = os.path.realpath(self.store.path)
@@ -199,22 +215,6 @@ class HostMirror:
             return ""
         name = key[len(KEY_PREFIX) : len(key) - len(suffix)]
         return name if is_torch_xla_name(name) else ""
-
-    @property
-    def pool(self) -> str:
-        return os.path.join(self.root, POOL)
-
-    @property
-    def trusted_pools(self) -> str:
-        return os.path.join(self.root, TRUSTED_POOLS)
-
-    @property
-    def views(self) -> str:
-        return os.path.join(self.root, VIEWS)
-
-    @property
-    def manifest_path(self) -> str:
-        return os.path.join(self.root, MANIFEST)
 
     # -- failures ----------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 //! The bounds of the numbers a caller gives the cache, each written once: a size is from
 //! one byte to `MAX_SIZE`, a duration at most `MAX_DURATION`, a max age from `MIN_MAX_AGE`
-//! to `MAX_DURATION`. The store's options (`Store::open`) and its stored settings (CONFIG,
-//! written and read by `settings.rs`) keep them; the binding hands Python's numbers to them
+//! to `MAX_DURATION`. The store's options (`Store::open`) and its stored budget (CONFIG,
+//! written and read by `stored_budget.rs`) keep them; the binding hands Python's numbers to them
 //! as they are, so that a value refused here is refused the same way from every caller.
 
 use crate::error::StoreError;

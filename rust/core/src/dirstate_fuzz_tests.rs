@@ -2,7 +2,7 @@
 //! of real operations (put, get, evict, verify with and without repair, several store
 //! instances putting at once so that the index is compacted) with hostile state planted
 //! between them, written by the crate's own encoders (`snapshot::Writer`,
-//! `snapshot::encode_v1`, `journal::Record::encode`) with random fields: version 1 and 2
+//! `snapshot::encode_v1`, `journal::JournalRecord::encode`) with random fields: version 1 and 2
 //! snapshots whose journal names lead out of the cache (`../`, absolute paths, a planted
 //! directory to traverse), whose counts lie and whose totals reach 2^100 and more; journals
 //! of random names and records; links into a sibling tree, FIFOs and sparse files of
@@ -18,7 +18,7 @@
 //! `tests/dirstate_fuzz.py` drives the CLI and the tiers the same way.
 
 use crate::hash::{checksum, entry_name};
-use crate::journal::{self, Record};
+use crate::journal::{self, JournalRecord};
 use crate::lru::Lru;
 use crate::snapshot::{self, JournalMark, Meta};
 use crate::store::{Key, Store, StoreOptions};
@@ -538,15 +538,15 @@ impl World {
                         *n
                     };
                     let rec = match kind {
-                        0 | 1 => Record::Touch {
+                        0 | 1 => JournalRecord::Touch {
                             name,
                             disk_bytes: *a,
                             t: *t,
                             put: *kind == 0,
                         },
-                        2 => Record::Delete { name, t: *t },
-                        3 => Record::Clear { t: *t },
-                        4 => Record::Stats {
+                        2 => JournalRecord::Delete { name, t: *t },
+                        3 => JournalRecord::Clear { t: *t },
+                        4 => JournalRecord::Stats {
                             counters: vec![*a; (*t % 200) as usize],
                         },
                         _ => {

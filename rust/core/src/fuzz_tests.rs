@@ -9,7 +9,7 @@
 
 use crate::entry;
 use crate::hash::checksum;
-use crate::journal::{self, Record};
+use crate::journal::{self, JournalRecord};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
@@ -227,14 +227,14 @@ proptest! {
         (any::<u128>(), any::<u64>(), any::<u64>(), 0u8..5, prop::collection::vec(any::<u64>(), 0..130)),
         0..30,
     )) {
-        let recs: Vec<Record> = recs
+        let recs: Vec<JournalRecord> = recs
             .into_iter()
             .map(|(name, a, t, kind, counters)| match kind {
-                0 => Record::Touch { name, disk_bytes: a, t, put: true },
-                1 => Record::Touch { name, disk_bytes: a, t, put: false },
-                2 => Record::Delete { name, t },
-                3 => Record::Clear { t },
-                _ => Record::Stats { counters: counters.into_iter().take(128).collect() },
+                0 => JournalRecord::Touch { name, disk_bytes: a, t, put: true },
+                1 => JournalRecord::Touch { name, disk_bytes: a, t, put: false },
+                2 => JournalRecord::Delete { name, t },
+                3 => JournalRecord::Clear { t },
+                _ => JournalRecord::Stats { counters: counters.into_iter().take(128).collect() },
             })
             .collect();
         let mut buf = Vec::new();

@@ -18,7 +18,7 @@ const MAGIC: u8 = 0xA5;
 const MAX_BODY: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
+pub enum JournalRecord {
     /// An entry was published (`put`) or used (`hit`): it exists with this size on disk.
     Touch {
         name: u128,
@@ -44,12 +44,12 @@ const K_CLEAR: u8 = 4;
 const K_STATS: u8 = 5;
 const K_TIER_STATS: u8 = 6;
 
-impl Record {
+impl JournalRecord {
     pub fn encode(&self, out: &mut Vec<u8>) {
         let start = out.len();
         let mut body = Vec::with_capacity(32);
         let kind = match self {
-            Record::Touch {
+            JournalRecord::Touch {
                 name,
                 disk_bytes,
                 t,
@@ -64,22 +64,22 @@ impl Record {
                     K_HIT
                 }
             }
-            Record::Delete { name, t } => {
+            JournalRecord::Delete { name, t } => {
                 body.extend_from_slice(&name.to_le_bytes());
                 body.extend_from_slice(&t.to_le_bytes());
                 K_DEL
             }
-            Record::Clear { t } => {
+            JournalRecord::Clear { t } => {
                 body.extend_from_slice(&t.to_le_bytes());
                 K_CLEAR
             }
-            Record::Stats { counters } => {
+            JournalRecord::Stats { counters } => {
                 for c in counters.iter().take(MAX_BODY / 8) {
                     body.extend_from_slice(&c.to_le_bytes());
                 }
                 K_STATS
             }
-            Record::TierStats { tier, counters } => {
+            JournalRecord::TierStats { tier, counters } => {
                 // Names are at most MAX_TIER_NAME bytes (stats::valid_tier_name).
                 let name = &tier.as_bytes()[..tier.len().min(u8::MAX as usize)];
                 body.push(name.len() as u8);
@@ -113,7 +113,7 @@ fn u128_at(b: &[u8], at: usize) -> u128 {
 
 /// A `TierStats` body: name length, name, counters. A name the core would not keep itself
 /// (`stats::valid_tier_name`) makes the record unreadable: it is skipped like an unknown one.
-fn tier_stats(body: &[u8]) -> Option<Record> {
+fn tier_stats(body: &[u8]) -> Option<JournalRecord> {
     let len = body[0] as usize;
     let rest = body.len().checked_sub(1 + len)?;
     if rest % 8 != 0 {
@@ -126,7 +126,7 @@ fn tier_stats(body: &[u8]) -> Option<Record> {
     let counters = (0..rest / 8)
         .map(|i| u64_at(body, 1 + len + i * 8))
         .collect();
-    Some(Record::TierStats {
+    Some(JournalRecord::TierStats {
         tier: tier.to_string(),
         counters,
     })
@@ -135,7 +135,7 @@ fn tier_stats(body: &[u8]) -> Option<Record> {
 /// Decodes records from `buf`; returns them and how many bytes they used. Stops at the
 /// first incomplete or invalid record. Unknown kinds with a valid checksum are skipped, so
 /// older readers can follow newer writers.
-pub fn decode(buf: &[u8]) -> (Vec<Record>, usize) {
+pub fn decode(buf: &[u8]) -> (Vec<JournalRecord>, usize) {
     let mut out = Vec::new();
     let mut at = 0;
     while buf.len() - at >= 4 {
@@ -150,18 +150,18 @@ pub fn decode(buf: &[u8]) -> (Vec<Record>, usize) {
         }
         let body = &buf[at + 4..end];
         let rec = match (kind, len) {
-            (K_PUT | K_HIT, 32) => Some(Record::Touch {
+            (K_PUT | K_HIT, 32) => Some(JournalRecord::Touch {
                 name: u128_at(body, 0),
                 disk_bytes: u64_at(body, 16),
                 t: u64_at(body, 24),
                 put: kind == K_PUT,
             }),
-            (K_DEL, 24) => Some(Record::Delete {
+            (K_DEL, 24) => Some(JournalRecord::Delete {
                 name: u128_at(body, 0),
                 t: u64_at(body, 16),
             }),
-            (K_CLEAR, 8) => Some(Record::Clear { t: u64_at(body, 0) }),
-            (K_STATS, n) if n % 8 == 0 => Some(Record::Stats {
+            (K_CLEAR, 8) => Some(JournalRecord::Clear { t: u64_at(body, 0) }),
+            (K_STATS, n) if n % 8 == 0 => Some(JournalRecord::Stats {
                 counters: (0..n / 8).map(|i| u64_at(body, i * 8)).collect(),
             }),
             (K_TIER_STATS, n) if n > 0 => tier_stats(body),
@@ -183,7 +183,7 @@ const READ_CHUNK: usize = 256 << 10;
 /// caller saw it). Returns the records and the offset just past the last whole record.
 /// Reads in chunks, and stops at the first bytes that cannot be a record or the start of
 /// one: a journal extended with zeros or garbage (`truncate -s 1T`) costs one chunk.
-pub fn read_from(f: &File, offset: u64, len: u64) -> io::Result<(Vec<Record>, u64)> {
+pub fn read_from(f: &File, offset: u64, len: u64) -> io::Result<(Vec<JournalRecord>, u64)> {
     use std::os::unix::fs::FileExt;
     let mut out = Vec::new();
     if len <= offset {
@@ -293,7 +293,7 @@ impl JournalWriter {
 
     /// Appends records with one write. On failure the journal is dropped and the next
     /// append starts a new file, so a stale NFS handle does not poison the process.
-    pub fn append(&mut self, recs: &[Record]) -> io::Result<()> {
+    pub fn append(&mut self, recs: &[JournalRecord]) -> io::Result<()> {
         self.buf.clear();
         for r in recs {
             r.encode(&mut self.buf);
@@ -356,26 +356,26 @@ mod tests {
     use super::*;
     use std::fs;
 
-    fn sample() -> Vec<Record> {
+    fn sample() -> Vec<JournalRecord> {
         vec![
-            Record::Touch {
+            JournalRecord::Touch {
                 name: 7,
                 disk_bytes: 4096,
                 t: 1,
                 put: true,
             },
-            Record::Touch {
+            JournalRecord::Touch {
                 name: u128::MAX,
                 disk_bytes: 1,
                 t: 2,
                 put: false,
             },
-            Record::Delete { name: 7, t: 3 },
-            Record::Clear { t: 4 },
-            Record::Stats {
+            JournalRecord::Delete { name: 7, t: 3 },
+            JournalRecord::Clear { t: 4 },
+            JournalRecord::Stats {
                 counters: vec![1, 2, 3],
             },
-            Record::TierStats {
+            JournalRecord::TierStats {
                 tier: "s3".into(),
                 counters: vec![4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
             },
@@ -386,15 +386,15 @@ mod tests {
     fn tier_stats_with_a_name_the_core_would_not_keep_are_skipped() {
         let mut buf = Vec::new();
         for tier in ["S3", "a/b", ""] {
-            Record::TierStats {
+            JournalRecord::TierStats {
                 tier: tier.into(),
                 counters: vec![1],
             }
             .encode(&mut buf);
         }
-        Record::Clear { t: 9 }.encode(&mut buf);
+        JournalRecord::Clear { t: 9 }.encode(&mut buf);
         let (recs, used) = decode(&buf);
-        assert_eq!(recs, vec![Record::Clear { t: 9 }]);
+        assert_eq!(recs, vec![JournalRecord::Clear { t: 9 }]);
         assert_eq!(used, buf.len());
     }
 
@@ -416,7 +416,7 @@ mod tests {
             r.encode(&mut buf);
         }
         let whole = buf.len();
-        Record::Touch {
+        JournalRecord::Touch {
             name: 9,
             disk_bytes: 1,
             t: 5,
@@ -440,7 +440,7 @@ mod tests {
         (d, r)
     }
 
-    fn read_path(p: &std::path::Path, offset: u64) -> (Vec<Record>, u64) {
+    fn read_path(p: &std::path::Path, offset: u64) -> (Vec<JournalRecord>, u64) {
         let f = File::open(p).unwrap();
         let len = f.metadata().unwrap().len();
         read_from(&f, offset, len).unwrap()
@@ -481,8 +481,8 @@ mod tests {
     fn records_across_chunk_boundaries_are_read() {
         let (_d, r) = root();
         let mut w = JournalWriter::new(r, "h".into());
-        let many: Vec<Record> = (0..20_000u64)
-            .map(|i| Record::Touch {
+        let many: Vec<JournalRecord> = (0..20_000u64)
+            .map(|i| JournalRecord::Touch {
                 name: i as u128,
                 disk_bytes: i,
                 t: i,

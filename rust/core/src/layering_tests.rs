@@ -1,4 +1,4 @@
-//! The modules' layering (ARCHITECTURE.md, "Layering"): no module names one in a tier above
+//! The modules' layering (ARCHITECTURE.md, "Layering"): no module names one in a level above
 //! its own, and no modules use each other in a circle, in the core or in the binding.
 //! Checked on the sources, so a new upward or circular `use crate::...` fails here rather
 //! than in a review.
@@ -7,20 +7,34 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 
-/// Top to bottom. A module may use those of its own tier and the tiers below.
-const TIERS: &[&[&str]] = &[
+/// Top to bottom. A module may use those of its own level and the levels below.
+const LEVELS: &[&[&str]] = &[
     &["store"],
     &[
         "view", "entries", "journal", "snapshot", "entry", "sign", "blob", "lock",
     ],
     &[
-        "dir", "layout", "settings", "bounds", "publish", "fsinfo", "lru", "stats", "forksafe",
-        "hash", "clock", "error", "owndir", "testhook", "verified", "build_id",
+        "dir",
+        "layout",
+        "stored_budget",
+        "bounds",
+        "publish",
+        "fsinfo",
+        "lru",
+        "stats",
+        "forksafe",
+        "hash",
+        "clock",
+        "error",
+        "owndir",
+        "testhook",
+        "verified",
+        "build_id",
     ],
 ];
 
-fn tier(module: &str) -> Option<usize> {
-    TIERS.iter().position(|t| t.contains(&module))
+fn level(module: &str) -> Option<usize> {
+    LEVELS.iter().position(|t| t.contains(&module))
 }
 
 /// Every `.rs` file under `dir`, with the top-level module it belongs to.
@@ -54,7 +68,7 @@ fn no_module_imports_one_above_it() {
         if module == "lib" || module.ends_with("tests") {
             continue;
         }
-        let Some(own) = tier(module) else {
+        let Some(own) = level(module) else {
             unplaced.push(path.clone());
             continue;
         };
@@ -64,13 +78,13 @@ fn no_module_imports_one_above_it() {
                     .chars()
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                     .collect();
-                if tier(&name).is_some_and(|t| t < own) {
+                if level(&name).is_some_and(|t| t < own) {
                     upward.push(format!("{path}:{}: {module} uses {name}", i + 1));
                 }
             }
         }
     }
-    assert!(unplaced.is_empty(), "modules in no tier: {unplaced:?}");
+    assert!(unplaced.is_empty(), "modules in no level: {unplaced:?}");
     assert!(upward.is_empty(), "upward imports:\n{}", upward.join("\n"));
     assert!(files.len() > 20, "found only {} sources", files.len());
 }

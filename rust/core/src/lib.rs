@@ -2,12 +2,12 @@
 //! executables. No Python here: the pyo3 binding lives in its own crate.
 //!
 //! The modules are private to the crate; what the binding and the integration tests use is
-//! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
+//! re-exported below. They form three levels (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `view`, `entries`,
-//! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`, `bounds`,
-//! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `owndir`,
-//! `testhook`, `verified`, `build_id`. A module uses only its own tier and those below, and
-//! no modules use each other in a circle.
+//! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`,
+//! `stored_budget`, `bounds`, `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`,
+//! `clock`, `error`, `owndir`, `testhook`, `verified`, `build_id`. A module uses only its own
+//! level and those below, and no modules use each other in a circle.
 
 pub(crate) mod blob;
 pub(crate) mod bounds;
@@ -32,11 +32,11 @@ pub(crate) mod lock;
 pub(crate) mod lru;
 pub(crate) mod owndir;
 pub(crate) mod publish;
-pub(crate) mod settings;
 pub(crate) mod sign;
 pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub(crate) mod store;
+pub(crate) mod stored_budget;
 pub(crate) mod testhook;
 pub(crate) mod verified;
 pub(crate) mod view;
@@ -56,7 +56,6 @@ pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, Has
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
 pub use owndir::{open_own_fd, Found as OwnFound, Opened as OwnOpened, Rule as OwnRule};
-pub use settings::CacheSettings;
 pub use sign::{
     check_key_name, digest as blake3_digest, generate_seed, public_key, signed_name, SigFields,
     Signer, TrustSet, Untrusted,
@@ -69,8 +68,9 @@ pub use store::{
     entry_file_len, tier_names, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key,
     Published, ReadMode, Stats, Store, StoreOptions, VerifyReport,
 };
+pub use stored_budget::StoredBudget;
 pub use testhook::{
     reached as test_hook_reached, released as test_hook_released, COMPILED as TEST_HOOKS,
     VAR as TEST_HOOKS_VAR,
 };
-pub use verified::{default_dir as default_verified_record_dir, VerifiedRecord};
+pub use verified::{default_dir as default_verification_record_dir, VerificationRecord};

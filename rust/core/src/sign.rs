@@ -19,7 +19,7 @@ use crate::entry::{self, hex, EntryError, Header};
 pub use crate::entry::{
     fields_signer, SigFields, META_DIGEST, META_PREFIX, META_SIGNATURE, META_SIGNER,
 };
-use crate::verified::{self, VerifiedRecord};
+use crate::verified::{self, VerificationRecord};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -265,7 +265,7 @@ pub struct TrustSet {
     keys: Vec<(String, VerifyingKey)>,
     verified: Mutex<HashSet<[u8; 32]>>,
     /// The signatures this user's processes verified before (`verified.rs`).
-    record: Option<Arc<VerifiedRecord>>,
+    record: Option<Arc<VerificationRecord>>,
 }
 
 impl std::fmt::Debug for TrustSet {
@@ -300,7 +300,7 @@ impl TrustSet {
 
     /// This set, looking signatures up in `record` before verifying them, and adding to it
     /// those it verifies.
-    pub fn with_record(mut self, record: Option<Arc<VerifiedRecord>>) -> TrustSet {
+    pub fn with_record(mut self, record: Option<Arc<VerificationRecord>>) -> TrustSet {
         self.record = record;
         self
     }
@@ -563,7 +563,7 @@ mod tests {
 
     /// A trust set with a record in `dir`, as a new process would open it.
     fn recording(signers: &[&Signer], dir: &std::path::Path) -> TrustSet {
-        trust(signers).with_record(Some(Arc::new(VerifiedRecord::at(dir.to_path_buf()))))
+        trust(signers).with_record(Some(Arc::new(VerificationRecord::at(dir.to_path_buf()))))
     }
 
     #[test]
@@ -580,7 +580,7 @@ mod tests {
         let sig = h.signature.clone().unwrap();
         let m = message(b"k", true, 7, &sig.digest.unwrap(), &h.meta, "ci-1").unwrap();
         let id = verified::id(&ci.public_key(), &sig.signature.unwrap(), &m);
-        assert!(VerifiedRecord::at(rec.clone()).contains(&id));
+        assert!(VerificationRecord::at(rec.clone()).contains(&id));
 
         // The same name, another key: what its trust set recorded does not vouch for an
         // entry of that key before a set trusting the real one.
@@ -602,7 +602,7 @@ mod tests {
         let fs = h.signature.clone().unwrap();
         let m = message(b"k", true, 7, &fs.digest.unwrap(), &h.meta, "ci-1").unwrap();
         let planted = verified::id(&ci.public_key(), &fs.signature.unwrap(), &m);
-        VerifiedRecord::at(rec.clone()).add(planted);
+        VerificationRecord::at(rec.clone()).add(planted);
         assert!(matches!(
             verify_entry(&forged, &recording(&[&ci], &rec)).unwrap(),
             Verdict::Trusted(_)

@@ -93,7 +93,7 @@ enum Refused {
 }
 
 /// The record of one directory, opened on first use.
-pub struct VerifiedRecord {
+pub struct VerificationRecord {
     dir: PathBuf,
     /// `try_lock` only: a lock held by another thread (or by a thread of the parent at a
     /// fork) means one more verification, never a wait.
@@ -101,9 +101,9 @@ pub struct VerifiedRecord {
     problems: AtomicU64,
 }
 
-impl std::fmt::Debug for VerifiedRecord {
+impl std::fmt::Debug for VerificationRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VerifiedRecord({})", self.dir.display())
+        write!(f, "VerificationRecord({})", self.dir.display())
     }
 }
 
@@ -135,10 +135,10 @@ struct Loaded {
     scratch: Vec<u8>,
 }
 
-impl VerifiedRecord {
+impl VerificationRecord {
     /// The record in `dir` (created, mode 0700, when the first id is recorded).
-    pub fn at(dir: PathBuf) -> VerifiedRecord {
-        VerifiedRecord {
+    pub fn at(dir: PathBuf) -> VerificationRecord {
+        VerificationRecord {
             dir,
             state: Mutex::new(State::Unopened),
             problems: AtomicU64::new(0),
@@ -479,7 +479,7 @@ mod tests {
     /// A record dir with `ids` recorded through the API, and its path.
     fn filled(root: &Path, ids: &[Id]) -> PathBuf {
         let dir = root.join("rec");
-        let r = VerifiedRecord::at(dir.clone());
+        let r = VerificationRecord::at(dir.clone());
         for i in ids {
             r.add(*i);
         }
@@ -498,7 +498,7 @@ mod tests {
 
     /// What a new process sees: (how many of `ids` it finds, problems counted).
     fn seen(dir: &Path, ids: &[Id]) -> (usize, u64) {
-        let r = VerifiedRecord::at(dir.to_path_buf());
+        let r = VerificationRecord::at(dir.to_path_buf());
         let n = ids.iter().filter(|i| r.contains(i)).count();
         (n, r.take_problems())
     }
@@ -517,8 +517,8 @@ mod tests {
         let len = std::fs::metadata(dir.join("record")).unwrap().len() as usize;
         assert!(len >= HEADER + ID * mine.len(), "{len}");
         // One process's handle and another's, interleaved: each appends to the current file.
-        let a = VerifiedRecord::at(dir.clone());
-        let b = VerifiedRecord::at(dir.clone());
+        let a = VerificationRecord::at(dir.clone());
+        let b = VerificationRecord::at(dir.clone());
         let more = ids(2 * TAIL_MAX, 3);
         for pair in more.chunks(2) {
             a.add(pair[0]);
@@ -537,7 +537,7 @@ mod tests {
         assert_eq!(seen(&t.path().join("none"), &ids(3, 1)), (0, 0));
         // A parent that is a file: nothing made, nothing warned.
         std::fs::write(t.path().join("f"), b"x").unwrap();
-        let r = VerifiedRecord::at(t.path().join("f/rec"));
+        let r = VerificationRecord::at(t.path().join("f/rec"));
         r.add(ids(1, 1)[0]);
         assert!(!r.contains(&ids(1, 1)[0]));
     }
@@ -578,7 +578,7 @@ mod tests {
             assert_eq!(seen(&dir, &mine), (0, 1), "{what}");
             // A process that verifies and records: a garbled record of ours is replaced by
             // one that holds the new id; a hostile one is left as it is, and not trusted.
-            let r = VerifiedRecord::at(dir.clone());
+            let r = VerificationRecord::at(dir.clone());
             let new = ids(1, 8)[0];
             assert!(!r.contains(&new));
             r.add(new);
@@ -621,7 +621,7 @@ mod tests {
         // The torn id is not an id; the whole ones are read.
         assert_eq!(seen(&dir, &mine), (5, 0));
         let new = ids(1, 9)[0];
-        VerifiedRecord::at(dir.clone()).add(new);
+        VerificationRecord::at(dir.clone()).add(new);
         assert_eq!(seen(&dir, &mine), (5, 0));
         assert_eq!(seen(&dir, &[new]), (1, 0));
         assert_eq!(
@@ -638,7 +638,7 @@ mod tests {
         many.sort_unstable();
         assert_eq!(seen(&dir, &many[..100]), (100, 0));
         let extra = ids(TAIL_MAX + 1, 2);
-        let r = VerifiedRecord::at(dir.clone());
+        let r = VerificationRecord::at(dir.clone());
         for i in &extra {
             r.add(*i);
         }

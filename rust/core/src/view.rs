@@ -7,7 +7,7 @@
 
 use crate::dir::{Dir, Name, Rel, Root};
 use crate::entries::Entries;
-use crate::journal::{self, Record};
+use crate::journal::{self, JournalRecord};
 use crate::layout::{JOURNAL, TMP};
 use crate::snapshot::{self, Base, JournalMark, Meta, Opened};
 use crate::stats::{add_into, add_tiers_into, tier_values, TierCounters, N_COUNTERS};
@@ -150,9 +150,9 @@ impl View {
     /// come from the writers' clocks: a republish on another host within the clock skew
     /// of the delete may be missed (the file is then unindexed until an explicit evict or
     /// `verify --repair` finds it), the price of never counting a deleted file.
-    pub fn apply(&mut self, rec: Record) {
+    pub fn apply(&mut self, rec: JournalRecord) {
         match rec {
-            Record::Touch {
+            JournalRecord::Touch {
                 name,
                 disk_bytes,
                 t,
@@ -176,15 +176,15 @@ impl View {
                     self.entries.hit(name, disk_bytes, t)
                 }
             }
-            Record::Delete { name, t } => {
+            JournalRecord::Delete { name, t } => {
                 self.entries.remove_if_older(name, t);
                 self.tombstone(name, t);
             }
-            Record::Clear { t } => {
+            JournalRecord::Clear { t } => {
                 self.entries.clear_up_to(t);
                 self.cleared_at = self.cleared_at.max(t);
             }
-            Record::Stats { .. } | Record::TierStats { .. } => {}
+            JournalRecord::Stats { .. } | JournalRecord::TierStats { .. } => {}
         }
     }
 
@@ -350,7 +350,9 @@ impl View {
             let mut names: Vec<u128> = recs
                 .iter()
                 .filter_map(|r| match r {
-                    Record::Touch { name, .. } | Record::Delete { name, .. } => Some(*name),
+                    JournalRecord::Touch { name, .. } | JournalRecord::Delete { name, .. } => {
+                        Some(*name)
+                    }
                     _ => None,
                 })
                 .collect();
@@ -358,7 +360,7 @@ impl View {
             let mut counters = None;
             let mut tiers = TierCounters::new();
             for r in recs {
-                if let Record::Touch { disk_bytes, .. } = &r {
+                if let JournalRecord::Touch { disk_bytes, .. } = &r {
                     let room = *self
                         .room
                         .get_or_insert_with(|| crate::snapshot::filesystem_bytes(&jdir));
@@ -368,13 +370,13 @@ impl View {
                     }
                 }
                 match r {
-                    Record::Stats { counters: c } => counters = Some(c),
+                    JournalRecord::Stats { counters: c } => counters = Some(c),
                     // Cumulative: the latest record of a tier replaces the one before.
-                    Record::TierStats { tier, counters: c } => {
+                    JournalRecord::TierStats { tier, counters: c } => {
                         tiers.remove(&tier);
                         add_tiers_into(&mut tiers, &TierCounters::from([(tier, tier_values(&c))]));
                     }
-                    Record::Touch {
+                    JournalRecord::Touch {
                         disk_bytes,
                         put: true,
                         ..
@@ -651,19 +653,19 @@ mod tests {
         let (_d, l) = layout();
         let mut w = JournalWriter::new(l.clone(), "h".into());
         w.append(&[
-            Record::Touch {
+            JournalRecord::Touch {
                 name: 1,
                 disk_bytes: 100,
                 t: 1,
                 put: true,
             },
-            Record::Touch {
+            JournalRecord::Touch {
                 name: 2,
                 disk_bytes: 200,
                 t: 2,
                 put: true,
             },
-            Record::Stats {
+            JournalRecord::Stats {
                 counters: vec![5, 6],
             },
         ])
@@ -672,7 +674,8 @@ mod tests {
         v.refresh(&l, true, false).unwrap();
         assert_eq!(v.entries.total_bytes(), 300);
         assert_eq!(v.counters()[..2], [5, 6]);
-        w.append(&[Record::Delete { name: 1, t: 3 }]).unwrap();
+        w.append(&[JournalRecord::Delete { name: 1, t: 3 }])
+            .unwrap();
         v.refresh(&l, true, false).unwrap();
         assert_eq!(v.entries.len(), 1);
 
@@ -696,8 +699,8 @@ mod tests {
         assert_eq!(v.counters()[..2], [5, 6]);
     }
 
-    fn touch(name: u128, t: u64, put: bool) -> Record {
-        Record::Touch {
+    fn touch(name: u128, t: u64, put: bool) -> JournalRecord {
+        JournalRecord::Touch {
             name,
             disk_bytes: 4096,
             t,
@@ -731,7 +734,7 @@ mod tests {
             "snapshot + journal tail"
         );
         assert_eq!(fresh.entries.get(2).unwrap().hits, 1);
-        w.append(&[Record::Delete { name: 1, t: 8 }, touch(1, 9, true)])
+        w.append(&[JournalRecord::Delete { name: 1, t: 8 }, touch(1, 9, true)])
             .unwrap();
         fresh.refresh(&l, true, false).unwrap();
         assert_eq!(
@@ -782,7 +785,7 @@ mod tests {
         let (_d, l) = layout();
         let mut w = JournalWriter::new(l.clone(), "w".into());
         let n = 5000u128;
-        let recs: Vec<Record> = (0..n).map(|i| put(i * 1_000_003, i as u64)).collect();
+        let recs: Vec<JournalRecord> = (0..n).map(|i| put(i * 1_000_003, i as u64)).collect();
         w.append(&recs).unwrap();
         let mut v = View::default();
         v.refresh(&l, true, false).unwrap();
@@ -795,7 +798,7 @@ mod tests {
         // A new process: totals from the header, journal tail looked up by block.
         w.append(&[
             put(7, 9_000_000),
-            Record::Delete {
+            JournalRecord::Delete {
                 name: 0,
                 t: 9_000_001,
             },
@@ -854,14 +857,14 @@ mod tests {
         let (_d, l) = layout();
         let mut w = JournalWriter::new(l.clone(), "h".into());
         w.append(&[
-            Record::Touch {
+            JournalRecord::Touch {
                 name: 1,
                 disk_bytes: 1,
                 t: 1,
                 put: true,
             },
-            Record::Clear { t: 5 },
-            Record::Touch {
+            JournalRecord::Clear { t: 5 },
+            JournalRecord::Touch {
                 name: 2,
                 disk_bytes: 1,
                 t: 6,
@@ -875,7 +878,7 @@ mod tests {
         assert!(v.entries.get(2).is_some());
     }
 
-    fn put(name: u128, t: u64) -> Record {
+    fn put(name: u128, t: u64) -> JournalRecord {
         touch(name, t, true)
     }
 
@@ -887,7 +890,7 @@ mod tests {
         let mut deleter = JournalWriter::new(l.clone(), "a".into());
         let mut putter = JournalWriter::new(l.clone(), "b".into());
         deleter
-            .append(&[Record::Delete { name: 1, t: 20 }])
+            .append(&[JournalRecord::Delete { name: 1, t: 20 }])
             .unwrap();
         putter
             .append(&[put(1, 10), touch(1, 15, false), put(2, 11)])
@@ -935,7 +938,7 @@ mod tests {
         let (_d, l) = layout();
         let mut a = JournalWriter::new(l.clone(), "a".into());
         let mut b = JournalWriter::new(l.clone(), "b".into());
-        a.append(&[Record::Clear { t: 50 }]).unwrap();
+        a.append(&[JournalRecord::Clear { t: 50 }]).unwrap();
         b.append(&[put(1, 40), put(2, 60)]).unwrap();
         let mut v = View::default();
         v.refresh(&l, true, false).unwrap();

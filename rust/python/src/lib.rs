@@ -8,13 +8,14 @@
 //! put that fails for cache reasons is a miss or a skipped write, logged, and no panic gets
 //! out (`errors.rs`); a walk (`verify`, `evict`) runs on a thread of its own so that Ctrl-C
 //! stops it (`store.rs`); the remote tiers are Python objects it calls back after a local
-//! miss or a publish (`tier.rs`); a report shows the remote counters only once a tier
+//! miss or a publish (`chain.rs`); a report shows the remote counters only once a tier
 //! counted (`convert.rs`).
 
 mod blob;
 mod bounds;
 mod buffer;
 mod builds;
+mod chain;
 mod claim;
 mod convert;
 mod errors;
@@ -24,7 +25,6 @@ mod owndir;
 mod signing;
 mod store;
 mod testhook;
-mod tier;
 
 use pyo3::prelude::*;
 
@@ -56,7 +56,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<blob::PyBlob>()?;
     m.add_class::<claim::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
-    m.add_class::<tier::PyAccept>()?;
+    m.add_class::<chain::PyAccept>()?;
     m.add_class::<owndir::PyOwnDir>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;

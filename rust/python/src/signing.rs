@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
-use xla_pcache_core::{default_verified_record_dir, Signer, TrustSet, VerifiedRecord};
+use xla_pcache_core::{default_verification_record_dir, Signer, TrustSet, VerificationRecord};
 
 /// 32 random bytes from the operating system: a new Ed25519 private key.
 #[pyfunction]
@@ -64,7 +64,7 @@ pub fn signer(arg: Option<(String, Vec<u8>)>) -> PyResult<Option<Arc<Signer>>> {
 /// verified are kept in this user's record (`$XDG_CACHE_HOME/xla_pcache-verified`).
 pub fn trust(arg: Option<Vec<(String, Vec<u8>)>>) -> PyResult<Option<Arc<TrustSet>>> {
     arg.map(|keys| {
-        let record = default_verified_record_dir().map(|d| Arc::new(VerifiedRecord::at(d)));
+        let record = default_verification_record_dir().map(|d| Arc::new(VerificationRecord::at(d)));
         trusted_set(&keys).map(|t| Arc::new(t.with_record(record)))
     })
     .transpose()

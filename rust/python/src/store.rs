@@ -3,13 +3,13 @@
 
 use crate::blob::PyBlob;
 use crate::buffer::{gathered, HeldBuffer, KeyArg};
+use crate::chain::ChainHooks;
 use crate::claim::PyClaim;
 use crate::convert::{
     bad_arg, bool_arg, choice, counters_into, durable_arg, entry_dict, evict_report, key_object,
     path_arg, positive_size, read_only_arg, seconds, sign_arg, verify_report,
 };
 use crate::errors::{no_panic, on_cache_error, to_py, CacheError};
-use crate::tier::TierHooks;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    CacheSettings, EntrySummary, Key, LockMode, ReadMode, Store, StoreError, StoreOptions,
+    EntrySummary, Key, LockMode, ReadMode, Store, StoreError, StoreOptions, StoredBudget,
 };
 
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
@@ -77,7 +77,7 @@ fn interruptible<T: Send>(
 pub struct PyStore {
     inner: Arc<Store>,
     closed: Arc<AtomicBool>,
-    tier: OnceLock<TierHooks>,
+    chain: OnceLock<ChainHooks>,
 }
 
 impl PyStore {
@@ -177,7 +177,7 @@ impl PyStore {
         Ok(Self {
             inner: Arc::new(store),
             closed: Arc::new(AtomicBool::new(false)),
-            tier: OnceLock::new(),
+            chain: OnceLock::new(),
         })
     }
 
@@ -203,17 +203,18 @@ impl PyStore {
         })
     }
 
-    /// The cache's stored settings (its CONFIG file) as this handle last read them.
+    /// The cache's stored budget (its CONFIG file) as this handle last read it. The name
+    /// is the Python API's, kept.
     fn cache_settings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;
-        let s = no_panic("cache_settings", || Ok(store.stored_settings()))?;
+        let s = no_panic("cache_settings", || Ok(store.stored_budget()))?;
         let d = PyDict::new(py);
         d.set_item("max_size", s.max_size)?;
         d.set_item("max_age_s", s.max_age.map(|a| a.as_secs_f64()))?;
         Ok(d)
     }
 
-    /// Replaces the cache's stored settings; None unsets one.
+    /// Replaces the cache's stored budget; None unsets a field.
     #[pyo3(signature = (*, max_size=None, max_age=None))]
     fn write_cache_settings(
         &self,
@@ -221,9 +222,9 @@ impl PyStore {
         max_size: Option<i128>,
         max_age: Option<f64>,
     ) -> PyResult<()> {
-        // The core's bounds (`CacheSettings::check`), each refusal a ValueError naming its
+        // The core's bounds (`StoredBudget::check`), each refusal a ValueError naming its
         // argument.
-        let s = CacheSettings {
+        let s = StoredBudget {
             max_size: positive_size("max_size", max_size)?,
             max_age: max_age
                 .map(|a| xla_pcache_core::max_age_secs("max_age", a))
@@ -231,7 +232,7 @@ impl PyStore {
                 .map_err(to_py)?,
         };
         let store = self.store()?;
-        py.detach(|| no_panic("write_cache_settings", || store.write_settings(&s)))
+        py.detach(|| no_panic("write_cache_settings", || store.write_stored_budget(&s)))
     }
 
     #[getter]
@@ -244,15 +245,16 @@ impl PyStore {
         no_panic("filesystem", || Ok(self.inner.filesystem().name.clone()))
     }
 
-    /// Puts a tier behind the directory: `fetch(names, max_bytes, accept)` is called after
-    /// each local miss (the names to ask for in the core's order, the budget, and an `Accept`
-    /// whose first taken value `get` returns); `on_publish(names, data)` after each put that
-    /// published (the entry file as written, and the names a tier keeps it under). Once per
-    /// store (xla_pcache.store.Store calls it when a tier is configured).
-    fn _set_tier(&self, fetch: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
-        self.tier
-            .set(TierHooks { fetch, on_publish })
-            .map_err(|_| PyValueError::new_err("this store already has a tier"))
+    /// Puts a chain of remote tiers behind the directory: `fetch(names, max_bytes, accept)`
+    /// is called after each local miss (the names to ask for in the core's order, the
+    /// budget, and an `Accept` whose first taken value `get` returns); `on_publish(names,
+    /// data)` after each put that published (the entry file as written, and the names a tier
+    /// keeps it under). Once per store (xla_pcache.store.Store calls it when a chain is
+    /// configured).
+    fn _set_chain(&self, fetch: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
+        self.chain
+            .set(ChainHooks { fetch, on_publish })
+            .map_err(|_| PyValueError::new_err("this store already has a chain"))
     }
 
     #[pyo3(signature = (key, value, *, meta=None, sign=true))]
@@ -286,10 +288,10 @@ impl PyStore {
         });
         let published = on_cache_error(py, res, None, Some("not cached"))?;
         let stored = published.is_some();
-        if let (Some(published), Some(tier)) = (published, self.tier.get()) {
+        if let (Some(published), Some(chain)) = (published, self.chain.get()) {
             // The bytes just written go to the tiers, copied once from the caller's buffer
             // and the head the put encoded: the file is not read back.
-            tier.published(py, published, buf.as_slice());
+            chain.published(py, published, buf.as_slice());
         }
         drop(buf);
         Ok(stored)
@@ -314,10 +316,10 @@ impl PyStore {
         if let Some(inner) = local {
             return Ok(Py::new(py, PyBlob { inner })?.into_any());
         }
-        let Some(tier) = self.tier.get() else {
+        let Some(chain) = self.chain.get() else {
             return Ok(py.None());
         };
-        let found = tier.fetch(py, &self.inner, &self.closed, key)?;
+        let found = chain.fetch(py, &self.inner, &self.closed, key)?;
         Ok(match found {
             Some(blob) => Py::new(py, blob)?.into_any(),
             None => py.None(),
@@ -326,12 +328,12 @@ impl PyStore {
 
     /// Asks the tiers for `key` as a local miss does, without looking in the directory or
     /// counting a miss: their verified entry (published here unless read-only), or None,
-    /// also when the store has no tier.
+    /// also when the store has no chain.
     fn _fetch(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyBlob>> {
         let key = KeyArg::extract(key)?;
         self.store()?;
-        match self.tier.get() {
-            Some(tier) => tier.fetch(py, &self.inner, &self.closed, key),
+        match self.chain.get() {
+            Some(chain) => chain.fetch(py, &self.inner, &self.closed, key),
             None => Ok(None),
         }
     }

@@ -1,33 +1,33 @@
-//! The budget a process obeys: the cache's stored settings (CONFIG, `settings.rs`) with
+//! The budget a process obeys: the cache's stored budget (CONFIG, `stored_budget.rs`) with
 //! this process's own options, the stricter of the two, re-read at the refresh interval so
 //! a change made by `xla-pcache config` reaches running processes.
 
 use super::{State, Store};
 use crate::error::StoreError;
-use crate::settings::{self, CacheSettings};
 use crate::stats::Counter;
+use crate::stored_budget::{self, StoredBudget};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The stored settings as last read; 0 is "not set". Atomics, so the put path reads the
+/// The stored budget as last read; 0 is "not set". Atomics, so the put path reads the
 /// budget without the state lock.
 #[derive(Debug, Default)]
-pub(super) struct Stored {
+pub(super) struct LastReadBudget {
     max_size: AtomicU64,
     max_age_s: AtomicU64,
 }
 
-impl Stored {
-    fn set(&self, s: &CacheSettings) {
+impl LastReadBudget {
+    fn set(&self, s: &StoredBudget) {
         self.max_size
             .store(s.max_size.unwrap_or(0), Ordering::Relaxed);
         self.max_age_s
             .store(s.max_age.map_or(0, |a| a.as_secs()), Ordering::Relaxed);
     }
-    fn get(&self) -> CacheSettings {
+    fn get(&self) -> StoredBudget {
         let size = self.max_size.load(Ordering::Relaxed);
         let age = self.max_age_s.load(Ordering::Relaxed);
-        CacheSettings {
+        StoredBudget {
             max_size: (size > 0).then_some(size),
             max_age: (age > 0).then(|| Duration::from_secs(age)),
         }
@@ -54,54 +54,54 @@ impl Store {
         self.stored.get().max_age
     }
 
-    /// The cache's stored settings as this process last read them (read again at the
+    /// The cache's stored budget as this process last read it (read again at the
     /// refresh interval, and by every explicit call that reads the index).
-    pub fn stored_settings(&self) -> CacheSettings {
+    pub fn stored_budget(&self) -> StoredBudget {
         self.stored.get()
     }
 
-    /// Replaces the cache's stored settings (all of them: a field left None is unset).
-    /// `Invalid` for settings out of their bounds (`CacheSettings::check`: a budget of no
+    /// Replaces the cache's stored budget (all of it: a field left None is unset).
+    /// `Invalid` for a budget out of its bounds (`StoredBudget::check`: a budget of no
     /// bytes, a max age under a second), which would be stored as a file nobody uses.
-    pub fn write_settings(&self, s: &CacheSettings) -> Result<(), StoreError> {
+    pub fn write_stored_budget(&self, s: &StoredBudget) -> Result<(), StoreError> {
         if self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
-        // Held to the bounds CONFIG is read under (`CacheSettings::check`), in `write`.
-        settings::write(&self.root, s, self.opts.durable)?;
-        self.reload_settings(&mut self.state());
+        // Held to the bounds CONFIG is read under (`StoredBudget::check`), in `write`.
+        stored_budget::write(&self.root, s, self.opts.durable)?;
+        self.reload_stored_budget(&mut self.state());
         Ok(())
     }
 
     /// Reads CONFIG if the refresh interval has passed since it was last read.
-    pub(super) fn reload_settings_if_due(&self, st: &mut State) {
+    pub(super) fn reload_stored_budget_if_due(&self, st: &mut State) {
         if st
-            .settings_read
+            .stored_budget_read
             .is_none_or(|t| t.elapsed() >= self.opts.refresh_interval)
         {
-            self.reload_settings(st);
+            self.reload_stored_budget(st);
         }
     }
 
     /// Reads CONFIG now. A file that cannot be used is as none: counted and warned about
     /// once per reason, and today's behaviour (the process's own options) goes on.
-    pub(super) fn reload_settings(&self, st: &mut State) {
-        st.settings_read = Some(Instant::now());
-        match settings::read(&self.root) {
+    pub(super) fn reload_stored_budget(&self, st: &mut State) {
+        st.stored_budget_read = Some(Instant::now());
+        match stored_budget::read(&self.root) {
             Ok(s) => {
                 self.stored.set(&s.unwrap_or_default());
-                st.settings_problem = None;
+                st.stored_budget_problem = None;
             }
             Err(why) => {
-                self.stored.set(&CacheSettings::default());
-                if st.settings_problem.as_deref() != Some(why.as_str()) {
+                self.stored.set(&StoredBudget::default());
+                if st.stored_budget_problem.as_deref() != Some(why.as_str()) {
                     self.counters.inc(Counter::UnsafePaths);
                     log::warn!(
                         "xla_pcache: ignoring {}: {why} (the cache's stored settings are not \
                          used; rewrite them with `xla-pcache config`)",
-                        self.layout.root.join(settings::CONFIG_FILE).display()
+                        self.layout.root.join(stored_budget::CONFIG_FILE).display()
                     );
-                    st.settings_problem = Some(why);
+                    st.stored_budget_problem = Some(why);
                 }
             }
         }

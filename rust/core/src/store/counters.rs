@@ -4,7 +4,7 @@
 
 use super::{State, Store};
 use crate::error::StoreError;
-use crate::journal::Record;
+use crate::journal::JournalRecord;
 use crate::stats::{
     add_into, Counter, Counters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME, N_COUNTERS,
     PREFETCH_COUNTER_NAMES, TIER_COUNTER_NAMES,
@@ -164,18 +164,15 @@ impl Store {
             return;
         }
         st.journal.check_alive();
-        let mut recs = vec![Record::Stats {
+        let mut recs = vec![JournalRecord::Stats {
             counters: self.counters.snapshot().to_vec(),
         }];
-        recs.extend(
-            self.counters
-                .tiers()
-                .into_iter()
-                .map(|(tier, values)| Record::TierStats {
-                    tier,
-                    counters: values.to_vec(),
-                }),
-        );
+        recs.extend(self.counters.tiers().into_iter().map(|(tier, values)| {
+            JournalRecord::TierStats {
+                tier,
+                counters: values.to_vec(),
+            }
+        }));
         self.append_locked(st, &recs);
     }
 

@@ -6,7 +6,7 @@ use super::{check_key, Key, Store};
 use crate::clock::unique_suffix;
 use crate::dir::{self as cdir, Kind, Name};
 use crate::error::{io_err, StoreError};
-use crate::journal::Record;
+use crate::journal::JournalRecord;
 use crate::layout::{Layout, ENTRIES, TRASH};
 use crate::stats::Counter;
 use std::io;
@@ -48,7 +48,7 @@ impl Store {
             .map_err(|e| io_err("delete", &self.layout.trash(), e))?;
         match shard.rename(&file, &trash, &aside) {
             Ok(()) => {
-                self.append(&[Record::Delete { name, t }]);
+                self.append(&[JournalRecord::Delete { name, t }]);
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -94,7 +94,7 @@ impl Store {
                 let _ = entries.mkdir(&Name::shard(shard), 0o777);
             }
         }
-        self.append(&[Record::Clear { t }]);
+        self.append(&[JournalRecord::Clear { t }]);
         let mut st = self.state();
         st.view.entries.clear_up_to(t);
         Ok(n)

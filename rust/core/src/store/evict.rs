@@ -6,7 +6,7 @@ use super::{claim, disk_bytes, errno, State, Store};
 use crate::clock::unique_suffix;
 use crate::dir::{self as cdir, Kind, Name, Stat};
 use crate::error::{io_err, StoreError};
-use crate::journal::{self, Record};
+use crate::journal::{self, JournalRecord};
 use crate::layout::{Layout, JOURNAL, LOCKS, TMP, TRASH};
 use crate::lock::LockGuard;
 use crate::stats::Counter;
@@ -396,7 +396,7 @@ impl Store {
                 }
             }
             st.view.forget(name, now);
-            records.push(Record::Delete { name, t: now });
+            records.push(JournalRecord::Delete { name, t: now });
             if !beat.beat(guard, self) {
                 done = false;
                 break;

@@ -42,7 +42,7 @@ use crate::error::{io_err, StoreError};
 use crate::forksafe::ForkMutex;
 use crate::fsinfo::{self, FsInfo};
 use crate::hash::MAX_KEY_LEN;
-use crate::journal::{JournalWriter, Record};
+use crate::journal::{JournalRecord, JournalWriter};
 use crate::layout::{Layout, ENTRIES, LOCKS};
 use crate::lock::{LockDir, LockMode, LockOptions};
 use crate::sign::{Signer, TrustSet};
@@ -181,7 +181,7 @@ struct State {
     last_refresh: Option<Instant>,
     last_stats: Instant,
     /// Hit records not yet written.
-    pending: Vec<Record>,
+    pending: Vec<JournalRecord>,
     /// Target of an eviction that ran out of its time slice and is not finished.
     evict_backlog: Option<u64>,
     /// When an eviction from a put last swept tmp/ and trash/.
@@ -192,8 +192,8 @@ struct State {
     put_rate: admission::PutRate,
     /// When the cache's CONFIG was last read, and why it was not used if it was not (each
     /// new reason is warned about once).
-    settings_read: Option<Instant>,
-    settings_problem: Option<String>,
+    stored_budget_read: Option<Instant>,
+    stored_budget_problem: Option<String>,
 }
 
 impl State {
@@ -210,8 +210,8 @@ impl State {
             last_sweep: None,
             last_freshen: None,
             put_rate: admission::PutRate::default(),
-            settings_read: None,
-            settings_problem: None,
+            stored_budget_read: None,
+            stored_budget_problem: None,
         }
     }
 }
@@ -239,7 +239,7 @@ pub struct Store {
     /// running is nobody's, and must not stop the next one at once.
     walks: std::sync::atomic::AtomicUsize,
     /// The cache's CONFIG as last read (`budget.rs`).
-    stored: budget::Stored,
+    stored: budget::LastReadBudget,
 }
 
 /// A walk running (see `Store::walks`); when the last one ends, a request to stop that
@@ -412,10 +412,10 @@ impl Store {
             warned: ForkMutex::new(HashMap::new()),
             interrupt: std::sync::atomic::AtomicBool::new(false),
             walks: std::sync::atomic::AtomicUsize::new(0),
-            stored: budget::Stored::default(),
+            stored: budget::LastReadBudget::default(),
         })
         // The cache's stored settings bound the first put already.
-        .inspect(|s| s.reload_settings(&mut s.state()))
+        .inspect(|s| s.reload_stored_budget(&mut s.state()))
     }
 
     pub fn root(&self) -> &Path {
@@ -538,7 +538,7 @@ impl Store {
         self.counters.reset();
     }
 
-    fn append(&self, recs: &[Record]) {
+    fn append(&self, recs: &[JournalRecord]) {
         if self.opts.read_only {
             return;
         }
@@ -547,7 +547,7 @@ impl Store {
     }
 
     /// Appends the buffered hit records and `recs` to this process's journal, in one write.
-    fn append_locked(&self, st: &mut State, recs: &[Record]) {
+    fn append_locked(&self, st: &mut State, recs: &[JournalRecord]) {
         if self.opts.read_only || (recs.is_empty() && st.pending.is_empty()) {
             return;
         }

@@ -8,7 +8,7 @@ use crate::dir::{self as cdir, Kind, Name, Rel, Stat};
 use crate::entry::{self, EntryError};
 use crate::error::StoreError;
 use crate::hash::entry_name;
-use crate::journal::Record;
+use crate::journal::JournalRecord;
 use crate::layout::{Layout, ENTRIES, TRASH};
 use crate::publish::publish_no_replace;
 use crate::sign::TrustSet;
@@ -368,7 +368,7 @@ impl Store {
             }
             Ok(m) if ino == 0 || m.ino() == ino => {
                 let _ = trash.unlink(&aside);
-                self.append(&[Record::Delete { name, t }]);
+                self.append(&[JournalRecord::Delete { name, t }]);
             }
             _ => {
                 let _ = publish_no_replace(&trash, &aside, &shard, &file);
@@ -396,7 +396,7 @@ impl Store {
             let disk = file_len.div_ceil(4096) * 4096;
             // Buffered, not written: a hit costs no journal write (nor, for the first hit of
             // a process, a journal creation). It goes out with the next put or counters flush.
-            st.pending.push(Record::Touch {
+            st.pending.push(JournalRecord::Touch {
                 name,
                 disk_bytes: disk,
                 t: crate::clock::unix_ns(),

@@ -12,7 +12,7 @@ use super::evict::{EvictReport, Heartbeat};
 use super::{disk_bytes, State, Store};
 use crate::dir::{self as cdir, Kind, Name};
 use crate::hash::parse_name_hex;
-use crate::journal::Record;
+use crate::journal::JournalRecord;
 use crate::layout::{freshen_dir, ENTRIES};
 use crate::lock::LockGuard;
 use std::io;
@@ -154,13 +154,13 @@ impl Store {
         let mut records = Vec::new();
         for name in gone {
             st.view.forget(name, t0);
-            records.push(Record::Delete { name, t: t0 });
+            records.push(JournalRecord::Delete { name, t: t0 });
             report.dropped += 1;
         }
         for (name, disk, t) in changed {
             st.view.found(name, disk, t);
             // A publish record: being found is not a use, so it counts no hit.
-            records.push(Record::Touch {
+            records.push(JournalRecord::Touch {
                 name,
                 disk_bytes: disk,
                 t,

@@ -18,7 +18,7 @@ impl Store {
     /// Brings the view up to date for an explicit call (stats, evict, len...): through a
     /// fresh listing of the journals on a network filesystem.
     pub(super) fn refresh(&self, st: &mut State) -> io::Result<()> {
-        self.reload_settings(st);
+        self.reload_stored_budget(st);
         self.refresh_view(st, true)
     }
 
@@ -60,7 +60,7 @@ impl Store {
         self.append_locked(st, &[]);
         // The cache's stored settings, re-read at the refresh interval (an explicit call
         // reads them first, in `refresh`).
-        self.reload_settings_if_due(st);
+        self.reload_stored_budget_if_due(st);
         // A network client serves journal lengths from its attribute cache (20 s on sshfs):
         // without a fresh listing this process would not see the other hosts' puts for that
         // long, and each host would fill the budget on its own.

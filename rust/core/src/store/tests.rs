@@ -109,14 +109,14 @@ fn compaction_folds_journals_of_dead_processes() {
     for i in 0..70u64 {
         let name = journal::file_name(crate::clock::hostname(), dead, i);
         let mut buf = Vec::new();
-        Record::Touch {
+        JournalRecord::Touch {
             name: i as u128 + 1,
             disk_bytes: 4096,
             t: i,
             put: true,
         }
         .encode(&mut buf);
-        Record::Stats {
+        JournalRecord::Stats {
             counters: vec![1, 0, 1],
         }
         .encode(&mut buf);
@@ -590,17 +590,17 @@ fn the_stored_budget_bounds_every_process_which_may_only_lower_it() {
     let smaller = Store::open(d.path(), opts_refresh(Some(50_000), false)).unwrap();
     let ro = Store::open(d.path(), opts_refresh(None, true)).unwrap();
     assert_eq!(unbounded.max_size(), None);
-    let stored = crate::settings::CacheSettings {
+    let stored = crate::stored_budget::StoredBudget {
         max_size: Some(100_000),
         max_age: None,
     };
-    unbounded.write_settings(&stored).unwrap();
+    unbounded.write_stored_budget(&stored).unwrap();
     // Running processes take the change within the refresh interval.
     std::thread::sleep(Duration::from_millis(60));
     for s in [&unbounded, &larger, &ro] {
         s.stats().unwrap();
         assert_eq!(s.max_size(), Some(100_000));
-        assert_eq!(s.stored_settings(), stored);
+        assert_eq!(s.stored_budget(), stored);
     }
     assert_eq!(smaller.max_size(), Some(50_000));
     // Processes with no budget of their own, or a larger one, keep the cache within the
@@ -612,12 +612,12 @@ fn the_stored_budget_bounds_every_process_which_may_only_lower_it() {
     larger.evict(None, None).unwrap();
     assert!(unbounded.stats().unwrap().bytes <= 100_000);
     assert!(matches!(
-        ro.write_settings(&stored),
+        ro.write_stored_budget(&stored),
         Err(StoreError::ReadOnly(_))
     ));
     // Unset: today's behaviour again.
     unbounded
-        .write_settings(&crate::settings::CacheSettings::default())
+        .write_stored_budget(&crate::stored_budget::StoredBudget::default())
         .unwrap();
     assert_eq!(unbounded.max_size(), None);
     assert_eq!(larger.max_size(), Some(100_000));
@@ -633,40 +633,40 @@ fn the_stored_budget_bounds_every_process_which_may_only_lower_it() {
 fn settings_out_of_bounds_are_refused_and_the_stored_ones_kept() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open(d.path(), opts_refresh(None, false)).unwrap();
-    let stored = crate::settings::CacheSettings {
+    let stored = crate::stored_budget::StoredBudget {
         max_size: Some(100_000),
         max_age: Some(Duration::from_secs(3600)),
     };
-    s.write_settings(&stored).unwrap();
+    s.write_stored_budget(&stored).unwrap();
     for (bad, field) in [
         (
-            crate::settings::CacheSettings {
+            crate::stored_budget::StoredBudget {
                 max_age: Some(Duration::from_millis(500)),
                 ..stored
             },
             "max_age",
         ),
         (
-            crate::settings::CacheSettings {
+            crate::stored_budget::StoredBudget {
                 max_age: Some(Duration::ZERO),
                 ..stored
             },
             "max_age",
         ),
         (
-            crate::settings::CacheSettings {
+            crate::stored_budget::StoredBudget {
                 max_size: Some(0),
                 ..stored
             },
             "max_size",
         ),
     ] {
-        match s.write_settings(&bad) {
+        match s.write_stored_budget(&bad) {
             Err(StoreError::Invalid(msg)) => assert!(msg.starts_with(field), "{msg}"),
             other => panic!("{bad:?} not refused: {other:?}"),
         }
         let fresh = Store::open(d.path(), opts_refresh(None, false)).unwrap();
-        assert_eq!(fresh.stored_settings(), stored, "{bad:?}");
+        assert_eq!(fresh.stored_budget(), stored, "{bad:?}");
         assert_eq!(fresh.counters.get(Counter::UnsafePaths), 0, "{bad:?}");
     }
 }
@@ -692,7 +692,7 @@ fn entries_unused_past_the_stored_max_age_are_evicted_by_puts() {
     let s = Store::open(d.path(), opts_refresh(None, false)).unwrap();
     s.put(key("old"), b"v", &[]).unwrap();
     s.put(key("used"), b"v", &[]).unwrap();
-    s.write_settings(&crate::settings::CacheSettings {
+    s.write_stored_budget(&crate::stored_budget::StoredBudget {
         max_size: None,
         max_age: Some(Duration::from_secs(1)),
     })

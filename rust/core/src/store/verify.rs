@@ -8,7 +8,7 @@ use super::write::squatter_kind;
 use super::{disk_bytes, gate, Store};
 use crate::error::StoreError;
 use crate::hash::parse_name_hex;
-use crate::journal::Record;
+use crate::journal::JournalRecord;
 use crate::layout::Layout;
 use std::collections::HashMap;
 
@@ -113,7 +113,7 @@ impl Store {
                     report.corrupt.push(display);
                     if repair {
                         let _ = self.dir(&dir_rel).and_then(|d| d.unlink(file));
-                        fix.push(Record::Delete {
+                        fix.push(JournalRecord::Delete {
                             name,
                             t: crate::clock::unix_ns(),
                         });
@@ -148,7 +148,7 @@ impl Store {
                 _ => {
                     report.unindexed += u64::from(indexed.is_none());
                     // Recorded as a publish: reindexing is not a use, so it counts no hit.
-                    fix.push(Record::Touch {
+                    fix.push(JournalRecord::Touch {
                         name,
                         disk_bytes: disk,
                         t: now,
@@ -171,10 +171,10 @@ impl Store {
         if repair {
             for name in dangling {
                 st.view.entries.remove(name);
-                fix.push(Record::Delete { name, t: now });
+                fix.push(JournalRecord::Delete { name, t: now });
             }
             for r in &fix {
-                if let Record::Touch {
+                if let JournalRecord::Touch {
                     name,
                     disk_bytes,
                     t,

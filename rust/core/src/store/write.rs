@@ -9,7 +9,7 @@ use crate::dir::{self as cdir, Dir, Kind, Name, Stat};
 use crate::entry::{self, EntryError};
 use crate::error::StoreError;
 use crate::hash::{entry_name, name_hex};
-use crate::journal::Record;
+use crate::journal::JournalRecord;
 use crate::layout::{Layout, ENTRIES, TMP, TRASH};
 use crate::publish::publish_no_replace;
 use crate::sign::{self, TrustSet};
@@ -190,7 +190,7 @@ impl Store {
                 self.counters.inc(Counter::Puts);
                 self.counters.add(Counter::BytesWritten, total);
                 let mut st = self.state();
-                let rec = Record::Touch {
+                let rec = JournalRecord::Touch {
                     name,
                     disk_bytes: disk,
                     t: crate::clock::unix_ns(),

@@ -1,4 +1,4 @@
-//! The cache's own settings, kept in the file CONFIG at the cache root (`xla-pcache config`):
+//! The cache's stored budget, kept in the file CONFIG at the cache root (`xla-pcache config`):
 //! a byte budget and an age past which unused entries go. Every process that opens the cache
 //! honours them; its own options may only be stricter.
 //!
@@ -14,7 +14,7 @@
 //! careful as for every other file of the cache: no link followed, no FIFO waited on, a few
 //! KiB at most, and a file that is not exactly this shape is not used at all (the caller
 //! warns once and goes on as if there were none). What is written is held to the same
-//! bounds as what is read (`CacheSettings::check`, `bounds.rs`), so a file this version
+//! bounds as what is read (`StoredBudget::check`, `bounds.rs`), so a file this version
 //! writes is one it reads.
 
 use crate::bounds::{check_max_age, positive_size};
@@ -33,12 +33,12 @@ const CONFIG_TAG: &str = "xla_pcache-config";
 const MAX_CONFIG_LEN: u64 = 4096;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheSettings {
+pub struct StoredBudget {
     pub max_size: Option<u64>,
     pub max_age: Option<Duration>,
 }
 
-impl CacheSettings {
+impl StoredBudget {
     pub fn is_empty(&self) -> bool {
         self.max_size.is_none() && self.max_age.is_none()
     }
@@ -68,7 +68,7 @@ impl CacheSettings {
     }
 
     /// Parses the file's text; `Err` says why it is not used.
-    pub fn parse(bytes: &[u8]) -> Result<CacheSettings, String> {
+    pub fn parse(bytes: &[u8]) -> Result<StoredBudget, String> {
         let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_string())?;
         let mut lines = text.lines();
         let first = lines.next().unwrap_or("");
@@ -87,7 +87,7 @@ impl CacheSettings {
             }
             _ => return Err("its first line is not an xla_pcache config header".into()),
         }
-        let mut out = CacheSettings::default();
+        let mut out = StoredBudget::default();
         for line in lines {
             let line = line.trim();
             if line.is_empty() {
@@ -117,7 +117,7 @@ impl CacheSettings {
 
 /// Reads CONFIG. `Ok(None)` when there is none; `Err` (with why, for a warning) when there is
 /// something there that is not a config file this version reads.
-pub fn read(root: &Root) -> Result<Option<CacheSettings>, String> {
+pub fn read(root: &Root) -> Result<Option<StoredBudget>, String> {
     let f = match root.open_file(&CONFIG_REL, libc::O_RDONLY, 0) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -138,13 +138,13 @@ pub fn read(root: &Root) -> Result<Option<CacheSettings>, String> {
     if bytes.len() as u64 > MAX_CONFIG_LEN {
         return Err(format!("it is larger than {MAX_CONFIG_LEN} bytes"));
     }
-    CacheSettings::parse(&bytes).map(Some)
+    StoredBudget::parse(&bytes).map(Some)
 }
 
 /// Writes CONFIG: the whole file to a temp file in `tmp/`, then renamed over the old one, so
 /// a reader sees the old settings or the new, never a part. Settings with nothing set remove
 /// the file.
-pub fn write(root: &Root, settings: &CacheSettings, durable: bool) -> Result<(), StoreError> {
+pub fn write(root: &Root, settings: &StoredBudget, durable: bool) -> Result<(), StoreError> {
     settings.check()?;
     let path = root.path().join(CONFIG_FILE);
     let top = root.dir().map_err(|e| io_err("open", root.path(), e))?;
@@ -198,19 +198,19 @@ mod tests {
     fn round_trips_and_an_empty_one_removes_the_file() {
         let (d, r) = root();
         assert_eq!(read(&r), Ok(None));
-        let s = CacheSettings {
+        let s = StoredBudget {
             max_size: Some(1 << 30),
             max_age: Some(Duration::from_secs(3600)),
         };
         write(&r, &s, false).unwrap();
         assert_eq!(read(&r), Ok(Some(s)));
-        let only_size = CacheSettings {
+        let only_size = StoredBudget {
             max_size: Some(5),
             max_age: None,
         };
         write(&r, &only_size, false).unwrap();
         assert_eq!(read(&r), Ok(Some(only_size)));
-        write(&r, &CacheSettings::default(), false).unwrap();
+        write(&r, &StoredBudget::default(), false).unwrap();
         assert_eq!(read(&r), Ok(None));
         assert!(!d.path().join(CONFIG_FILE).exists());
         // No temp file left behind.
@@ -232,7 +232,7 @@ mod tests {
             b"xla_pcache-config 1\nmax-size 5 6\n",
             b"xla_pcache-config 1\n\xff\n",
         ] {
-            assert!(CacheSettings::parse(bad).is_err(), "{bad:?}");
+            assert!(StoredBudget::parse(bad).is_err(), "{bad:?}");
         }
     }
 
@@ -256,7 +256,7 @@ mod tests {
         // Writing does not remove a directory someone put there.
         assert!(write(
             &r,
-            &CacheSettings {
+            &StoredBudget {
                 max_size: Some(5),
                 max_age: None
             },

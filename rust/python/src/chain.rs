@@ -1,4 +1,4 @@
-//! The remote tiers behind a store, as the binding sees them: two Python hooks (a fetch after a
+//! The chain of remote tiers behind a store, as the binding sees it: two Python hooks (a fetch after a
 //! local miss, a copy after a publish) and `Accept`, which the fetch hands each remote value
 //! to. A remote hit crosses into Python once (the fetch) and back once per value (`Accept`):
 //! the names, the budget and the bytes just written travel as arguments rather than being
@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use xla_pcache_core::{name_hex, tier_names, Blob, Published, Store};
 
-/// What a tier behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
+/// What the chain behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
 /// `fetch(names, max_bytes, accept)` after a local miss, `on_publish(names, data)` after a
-/// put this process published. A store without a tier has none, so its hits and misses run
+/// put this process published. A store without a chain has none, so its hits and misses run
 /// no Python code.
-pub struct TierHooks {
+pub struct ChainHooks {
     pub fetch: Py<PyAny>,
     pub on_publish: Py<PyAny>,
 }
@@ -27,7 +27,7 @@ fn hex(names: Vec<u128>) -> Vec<String> {
     names.into_iter().map(name_hex).collect()
 }
 
-impl TierHooks {
+impl ChainHooks {
     /// After a local miss of `key`: the tiers' entry, verified by `Accept` (and published
     /// unless the store is read-only), or None. A failure of the hook is logged and a miss.
     pub fn fetch(
