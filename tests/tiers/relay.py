@@ -3,7 +3,8 @@ GCS or Azure bucket can hold and SeaweedFS cannot: keys with ``//`` or a ``.``/`
 segment, which SeaweedFS collapses when they are written and a real S3 keeps.
 
 ``S3Relay(port)`` forwards every request unchanged (headers included, so the client's
-signature still holds) and the answer back, counting requests by kind (``take()``); keys
+signature still holds) and the answer back, counting requests by kind (``take()``; an
+answer of 5xx, which the client may retry once, is counted under ``5xx`` as well); keys
 ``plant``-ed on it are added to the listings that pass through it, where the service would
 list them: in key order, in the page whose range holds them (the page's ``start-after`` or
 continuation point up to its last key, or to the end on the last page), rolled into a
@@ -11,7 +12,10 @@ common prefix under a delimiter. Nothing else about them exists: a GET, HEAD or 
 such a key reaches the server, which has no such object (and a client that cannot parse
 the key never asks), and ``unplant`` stands for removing one with the cloud's own tool. A
 key is written into the XML as ElementTree writes it (a control character raw, which XML
-1.0 does not allow). The tests of hostile buckets and the bucket-state fuzzer use it."""
+1.0 does not allow). ``S3Relay(port, planted_from=other)`` lists what ``other`` has planted
+(one set for both) and counts its own requests: the bucket-state fuzzer gives each process
+its own relay, so that each one's requests are its own. The tests of hostile buckets and the
+bucket-state fuzzer use it."""
 
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ import contextlib
 import http.client
 import http.server
 import threading
+import time
 import urllib.parse
 import xml.etree.ElementTree as ET
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,11 +56,17 @@ def request_kind(method: str, target: str) -> str:
 class S3Relay:
     """Requests to ``port`` (the server's) through ``self.port``; see the module's text."""
 
-    def __init__(self, upstream: int) -> None:
+    def __init__(self, upstream: int, *, planted_from: S3Relay | None = None) -> None:
         self.upstream = upstream
         self.counts: Counter[str] = Counter()
-        self.planted: dict[str, Planted] = {}
-        self._lock = threading.Lock()
+        self.planted: dict[str, Planted] = {} if planted_from is None else planted_from.planted
+        self._lock: threading.Lock = (
+            threading.Lock() if planted_from is None else planted_from._lock
+        )
+        # The latest requests (method, target, status), for a report of what was asked, and
+        # when the last one came (time.monotonic()).
+        self.trace: deque[tuple[str, str, int]] = deque(maxlen=4000)
+        self.last_request = 0.0
         # Where each continuation token the relay passed on resumes (the page's last key).
         self._resume: dict[str, str] = {}
         relay = self
@@ -108,6 +119,7 @@ class S3Relay:
         body = h.rfile.read(length) if length else b""
         with self._lock:
             self.counts[request_kind(h.command, h.path)] += 1
+            self.last_request = time.monotonic()
         conn = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=120)
         try:
             conn.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
@@ -123,6 +135,10 @@ class S3Relay:
                 (k, v) for k, v in resp.getheaders() if k.lower() not in _HOP or k.lower() in keep
             ]
             status, reason = resp.status, resp.reason
+            with self._lock:
+                self.trace.append((h.command, h.path, status))
+                if status >= 500:
+                    self.counts["5xx"] += 1
         except OSError:
             h.close_connection = True
             with contextlib.suppress(OSError):
