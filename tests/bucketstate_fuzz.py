@@ -1357,13 +1357,21 @@ class Harness:
         if procs and all(p.read_only for p in procs):
             after = self.census()
             if after.objects != before.objects:
-                changed = sorted(
-                    k
-                    for k in set(after.objects) | set(before.objects)
+                changed = {
+                    k: (before.objects.get(k), after.objects.get(k))
+                    for k in sorted(set(after.objects) | set(before.objects))
                     if after.objects.get(k) != before.objects.get(k)
-                )
+                }
+                asked = [
+                    f"{m} {urllib.parse.unquote(t)[:160]} {st}"
+                    for p in procs
+                    for m, t, st in p.relay.trace
+                ]
                 self._fail(
-                    "read_only", ",".join(p.op for p in procs), f"objects changed: {changed[:6]}"
+                    "read_only",
+                    ",".join(p.op for p in procs),
+                    f"objects changed (before, after): {dict(list(changed.items())[:6])}; "
+                    f"asked: {asked[-40:]}",
                 )
 
     def _hung(self, p: Proc) -> bool:
