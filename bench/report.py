@@ -643,7 +643,7 @@ def write(res: dict, docs: Path, notes: list[str]) -> list[Path]:
     ws = res.get("warm_start")
     if ws is None or ws.get("status") == "missing":
         md += [
-            "*Placeholder.* `bench/jax_warm_start.py` did not exist when this "
+            "*Placeholder.* `bench/warm_start.py` did not exist when this "
             "report was generated; `bench/run.py` runs it and puts its table here as soon as "
             "it does.",
             "",

@@ -44,7 +44,7 @@ from bench.common import (  # noqa: E402
 )
 
 STAGES = ["checksum", "roundtrip", "eviction", "concurrency", "memory", "warmstart"]
-WARM_START = ROOT / "bench" / "jax_warm_start.py"
+WARM_START = ROOT / "bench" / "warm_start.py"
 
 
 def log(msg: str) -> None:
@@ -303,7 +303,7 @@ def main() -> None:
             log("== peak memory of a large read")
             res["memory"] = workloads_memory.run(scratch, cfg["mem_bytes"], log=log)
         if "warmstart" in stages:
-            log("== JAX warm start (bench/jax_warm_start.py)")
+            log("== JAX warm start (bench/warm_start.py)")
             res["warm_start"] = warm_start(cfg["warm_args"], timeout=900)
             log(f"  {res['warm_start']['status']}")
     finally:

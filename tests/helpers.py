@@ -16,6 +16,25 @@ from pathlib import Path
 from typing import Any
 
 
+def is_plan(key: object) -> bool:
+    """Whether ``key`` is a JAX prefetch plan's: an entry of the store beside the executables
+    (docs/jax.md, "Loading ahead"), which tests counting executables leave out."""
+    from xla_pcache.jax._plan import KEY_PREFIX
+
+    return str(key).startswith(KEY_PREFIX)
+
+
+def executable_keys(store: Any) -> list[Any]:
+    """``store.keys()`` without prefetch plans."""
+    keys = store.keys()
+    return [k for k in keys if not is_plan(k)]
+
+
+def executables(store: Any) -> list[Any]:
+    """``store.entries()`` without prefetch plans."""
+    return [e for e in store.entries() if not is_plan(e["key"])]
+
+
 def clean_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
     """The environment for a child process: this one's, less every variable ``Settings``
     reads (already unset in a test by conftest.py's fixture; cleared here too for scripts

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from xla_pcache import Store
+from xla_pcache import Store, _core
 
 from tests.helpers import clean_env, cli
 
@@ -73,6 +73,37 @@ def test_config_refuses_bad_values(cache: Path, args: list[str], needle: str) ->
     assert result.returncode == 2, result
     assert needle in result.stderr
     assert not (cache / "CONFIG").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("max_size", 0, "max_size must be positive"),
+        ("max_size", -1, "max_size must be positive"),
+        ("max_age", 0.5, "max_age must be at least 1 second"),
+        ("max_age", 0.0, "max_age must be at least 1 second"),
+        ("max_age", -1.0, "max_age must be at least 1 second"),
+        ("max_age", float("nan"), "max_age must be a number of seconds"),
+        ("max_age", 1e12, "max_age must be a number of seconds"),
+    ],
+)
+def test_stored_settings_keep_the_cores_bounds(
+    cache: Path, name: str, value: float, needle: str
+) -> None:
+    # A max age under a second would be stored as none, and the whole file then ignored by
+    # every process: refused by the core, whoever writes it. Python's own parsers get the
+    # same rule through _core.check_size / check_max_age.
+    stored = {"max_size": 1 << 20, "max_age": 3600.0}
+    with Store(cache) as store:
+        store.write_cache_settings(**stored)
+        with pytest.raises(ValueError, match=needle):
+            store.write_cache_settings(**{**stored, name: value})
+        assert store.cache_settings() == {"max_size": 1 << 20, "max_age_s": 3600.0}
+    check = _core.check_size if name == "max_size" else _core.check_max_age
+    with pytest.raises(ValueError, match=needle):
+        check(name, value)
+    assert _core.check_size("max_size", 1) == 1
+    assert _core.check_max_age("max_age", 1.5) == 1.5
 
 
 def test_config_on_a_read_only_cache_is_refused(cache: Path) -> None:

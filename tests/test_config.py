@@ -243,6 +243,23 @@ def test_compile_wait_and_claim_lease() -> None:
             Settings.from_env({name: value})
 
 
+def test_prefetch_settings_parse_and_refuse() -> None:
+    default = Settings.from_env({})
+    assert default.prefetch is True and default.prefetch_name is None
+    assert 1 <= default.prefetch_thread_count() <= 8
+    assert default.prefetch_memory == 1 << 30
+    assert Settings.from_env({"XLA_PCACHE_PREFETCH": "0"}).prefetch is False
+    for name, value in (
+        ("XLA_PCACHE_PREFETCH", "maybe"),
+        ("XLA_PCACHE_PREFETCH_THREADS", "0"),
+        ("XLA_PCACHE_PREFETCH_THREADS", "many"),
+        ("XLA_PCACHE_PREFETCH_MEMORY", "0"),
+        ("XLA_PCACHE_PREFETCH_MEMORY", "-1G"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            Settings.from_env({name: value})
+
+
 # the table of variables ------------------------------------------------------------------------
 
 
@@ -281,6 +298,10 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_LOCAL_PATH": str(tmp_path / "bucket-local"),
         "XLA_PCACHE_BUCKET_RECORD_INTERVAL": "1h",
         "XLA_PCACHE_BUCKET_AUTO_PRUNE": "0",
+        "XLA_PCACHE_PREFETCH": "off",
+        "XLA_PCACHE_PREFETCH_THREADS": "3",
+        "XLA_PCACHE_PREFETCH_MEMORY": "256M",
+        "XLA_PCACHE_PREFETCH_NAME": "lm-train",
     }
     assert set(values) == VARIABLE_NAMES
     settings = Settings.from_env(values)
@@ -291,6 +312,8 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
     assert settings.read_mode == "pread" and settings.lock_mode == "lease"
     assert settings.torch_xla_local_root() == str(tmp_path / "local")
     assert (settings.bucket_record_interval, settings.bucket_auto_prune) == (3600.0, False)
+    assert (settings.prefetch, settings.prefetch_thread_count()) == (False, 3)
+    assert (settings.prefetch_memory, settings.prefetch_name) == (256 << 20, "lm-train")
 
 
 def _key_file(tmp_path: Path) -> str:

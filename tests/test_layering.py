@@ -29,6 +29,8 @@ LEVELS = {
     "_testhook": 0,
     # Which build of a framework's runtime made an entry, over the extension's identities.
     "builds": 0,
+    # Host-local directories of this user's own, as handles.
+    "_owndir": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
     "tiers.redis": 1,
@@ -54,6 +56,8 @@ LEVELS = {
     "jax._adopt": 4,
     "jax._single_flight": 4,
     "jax._store_cache": 4,
+    "jax._plan": 4,
+    "jax._prefetch": 4,
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
     "torch_xla._build": 4,

@@ -26,7 +26,7 @@ from xla_pcache.bundle import export_bundle
 from xla_pcache.config import Settings, read_signing_key
 from xla_pcache.jax import _build as jax_build
 
-from tests.helpers import clean_env, keygen, run_worker
+from tests.helpers import clean_env, executables, keygen, run_worker
 from tests.jax.helpers import value_and_hits
 
 requires_jax = pytest.mark.skipif(
@@ -164,7 +164,7 @@ def test_a_trusting_process_never_serves_nor_adopts_a_jax_file(
     assert value_and_hits("sin", **ci) == (planted["sin"], 0)
     assert planted_file.read_bytes() == planted["cos_bytes"]
     with Store(cache, settings=Settings(), read_only=True) as s:
-        (entry,) = s.entries()
+        (entry,) = executables(s)
         assert entry["signer"] == "ci-1"
         assert entry["meta"].get("adopted_from") is None
         key = entry["key"]
@@ -190,7 +190,7 @@ def test_a_signer_without_trusted_keys_adopts_a_jax_file_unsigned(
     assert value_and_hits("sin", **signer_only) == (planted["cos"], 1)
     assert not (jax_dir / str(planted["file"])).exists()
     with Store(cache, settings=Settings(), read_only=True) as s:
-        (entry,) = s.entries()
+        (entry,) = executables(s)
         assert entry["signer"] is None and entry["meta"]["adopted_from"] == "jax_cache"
         stats = s.stats()
     assert (stats["hits"], stats["adopted"], stats["misses"]) == (1, 1, 0), stats

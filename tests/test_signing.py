@@ -67,6 +67,28 @@ def test_a_readable_or_malformed_key_file_is_an_error_naming_the_variable(
     assert base64.b64encode(s.signing_key.private).decode() not in repr(s)
 
 
+def test_the_cores_key_checks_are_the_ones_a_store_applies(tmp_path: Path) -> None:
+    # Exposed for Python's parsers of key files and lists: what they refuse, a store refuses
+    # with the same words, since it is the same rule.
+    key = pair(keygen(tmp_path, "ci-1")[0])
+    good = [public(keygen(tmp_path, "ci-2")[1])]
+    _core.check_signing_key(key)
+    _core.check_trusted_keys(good)
+    for bad_key in [("ci", key[1]), ("ci-1", key[1][:31]), ("ci-1/x", key[1])]:
+        with pytest.raises(ValueError, match="signing_key") as checked:
+            _core.check_signing_key(bad_key)
+        with pytest.raises(ValueError, match="signing_key") as opened:
+            _core.Store(tmp_path / "c", signing_key=bad_key)
+        assert str(checked.value) == str(opened.value)
+    for bad_set in [[("ci", good[0][1])], good + good, [("ci-3", good[0][1][:31])]]:
+        with pytest.raises(ValueError, match="trusted_keys") as checked:
+            _core.check_trusted_keys(bad_set)
+        with pytest.raises(ValueError, match="trusted_keys") as opened:
+            _core.Store(tmp_path / "c", trusted_keys=bad_set)
+        assert str(checked.value) == str(opened.value)
+    assert not (tmp_path / "c").exists()
+
+
 def test_trusted_keys_from_the_variable_or_a_file(tmp_path: Path) -> None:
     _, a = keygen(tmp_path, "ci-1")
     _, b = keygen(tmp_path, "ci-2")

@@ -116,6 +116,23 @@ def test_the_python_store_reports_match_too(tmp_path: Path) -> None:
         assert _mismatches(dict(store.evict(max_size=0)), _reports.EvictReport) == []
 
 
+def test_the_stats_docstring_names_every_figure(tmp_path: Path) -> None:
+    # The stub's prose is not checked by stubtest: a counter the core gains must be named in
+    # it too (a store without tiers reports no remote_* figure, which the prose names as a
+    # pattern).
+    import ast
+    import re
+
+    stub = ast.parse((Path(_core.__file__).parent / "_core.pyi").read_text())
+    cls = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Store")
+    stats = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "stats")
+    named = set(re.findall(r"\w+", ast.get_docstring(stats) or ""))
+    with _core.Store(tmp_path / "cache") as store:
+        figures = set(store.stats())
+    assert {"other_build", "prefetch_used", "prefetch_plans_refused"} <= figures
+    assert sorted(figures - named) == []
+
+
 def test_the_checker_catches_drift() -> None:
     # A test that cannot fail is a defect: the comparison itself, shown failing.
     class Small(typing.TypedDict):

@@ -24,6 +24,8 @@ TIER_COUNTERS: list[str]
 # ``test-hooks``: the test suite's build, never the wheel users install).
 TEST_HOOKS_VAR: str
 TEST_HOOKS: bool
+# The counters of loading ahead (``stats()`` names each ``prefetch_<counter>``), in order.
+PREFETCH_COUNTERS: list[str]
 
 class CacheError(Exception):
     """Base class of every error the cache raises on purpose."""
@@ -125,10 +127,63 @@ def signing_public_key(private: bytes) -> bytes:
 def check_key_name(name: str) -> None:
     """Raise ValueError unless ``name`` is a valid key name (ending in a version: ``ci-1``)."""
 
-def own_directory(path: str | os.PathLike[str]) -> None:
-    """Make ``path`` (mode 0700, missing parents too) unless it exists, and check that it is
-    a directory of this user's own: not a link, owned by the effective user, writable by no
-    one else. ``CacheError`` naming it and why otherwise."""
+def check_signing_key(key: tuple[str, bytes]) -> None:
+    """Raise ValueError unless ``key`` (name, 32-byte private key) is a signing key a store
+    takes (``Store(signing_key=)``): the key name's rule and the key's length."""
+
+def check_trusted_keys(keys: Sequence[tuple[str, bytes]]) -> None:
+    """Raise ValueError unless ``keys`` ((name, 32-byte public key) pairs) is a trusted set
+    a store takes (``Store(trusted_keys=)``): each name's rule, no name given twice, each key
+    32 bytes and an Ed25519 public key."""
+
+def check_size(name: str, value: int) -> int:
+    """``value`` as a byte size (a budget): at least one byte; ValueError naming ``name``
+    otherwise. The core's one rule, which ``Store(max_size=)`` and the stored settings
+    keep."""
+
+def check_max_age(name: str, seconds: float) -> float:
+    """``seconds`` as a max age: from 1 second (a cache's stored settings hold whole seconds)
+    to ``MAX_DURATION_S``; ValueError naming ``name`` otherwise. The core's one rule, which
+    ``Store.write_cache_settings`` keeps."""
+
+@final
+class OwnDir:
+    """A directory ``own_directory`` checked."""
+
+    @property
+    def fd(self) -> int:
+        """A descriptor of the directory, opened for reading: the caller's, to use for
+        everything in it and to close."""
+    @property
+    def path(self) -> str:
+        """Where it is (for messages)."""
+    @property
+    def found(self) -> Literal["own", "made", "repaired"]:
+        """How it was found."""
+    @property
+    def mode(self) -> int | None:
+        """Repaired: the mode it had."""
+    @property
+    def discarded(self) -> int:
+        """Repaired: how many names it held, discarded."""
+    @property
+    def open_root(self) -> int | None:
+        """Under rule "named": the mode of the named root when others can write it (the
+        directory is then the one beneath it); None otherwise."""
+
+def own_directory(
+    path: str | os.PathLike[str],
+    *,
+    dir_fd: int | None = None,
+    rule: Literal["refuse", "repair", "named"] = "refuse",
+) -> OwnDir:
+    """Opens ``path`` (with ``dir_fd``, its last component beneath that descriptor of its
+    parent), making it mode 0700 (missing parents too) when absent, and checks that it is a
+    directory of this user's own: not a link, owned by the effective user, writable by no
+    one else. ``rule`` says what becomes of one of this user's that others can write:
+    "refuse", "repair" (made 0700 and emptied) or "named" (a root the user named: left as
+    it is, and our own directory beneath it used). ``CacheError`` naming it and why when it
+    is refused."""
 
 def test_hook_reached(point: str) -> bool:
     """Mark ``point`` as reached (``<dir>/<point>.<pid>``, created exclusively, no link
@@ -206,6 +261,7 @@ class Store:
         evict_trace: str | os.PathLike[str] | None = None,
         signing_key: tuple[str, bytes] | None = None,
         trusted_keys: Iterable[tuple[str, bytes]] | None = None,
+        own_root_fd: int | None = None,
     ) -> _S: ...
     @property
     def trusted_keys(self) -> list[tuple[str, bytes]] | None:
@@ -280,8 +336,20 @@ class Store:
         (failures are logged and counted, never raised). The store's signing key, if any,
         signs it; ``sign=False`` for bytes this process did not produce (a file adopted from
         another program's cache): written unsigned, whatever key the store holds."""
-    def get(self, key: Key) -> Blob | None:
-        """The verified entry, or None (a miss; corrupt entries are counted and removed)."""
+    def get(self, key: Key, *, count: bool = True) -> Blob | None:
+        """The verified entry, or None (a miss; corrupt entries are counted and removed).
+        With ``count=False`` the lookup counts nothing (no hit, miss, bytes read, compile
+        time saved or untrusted entry) and records no use of the entry: a read ahead of the
+        lookup it may serve, which ``count_hit`` counts when it does."""
+    def count_hit(self, blob: Blob) -> None:
+        """Count a lookup served by ``blob``, an entry read earlier with ``get(count=False)``:
+        a hit, its payload bytes, its recorded compile time and a use of its entry, as
+        ``get`` would have."""
+    def add_prefetch_counters(self, counts: Sequence[tuple[str, int]]) -> None:
+        """For each ``(counter, n)``: add ``n`` to the prefetch counter ``counter`` (one of
+        ``PREFETCH_COUNTERS``), reported by ``stats`` as ``prefetch_<counter>`` and summed
+        across processes. ``ValueError`` naming the first unknown counter, before any is
+        added."""
     def get_entry_file(self, key: Key) -> bytes | None:
         """The verified entry file (header, key, metadata, payload) as bytes, or None."""
     def entry_names(self, key: Key) -> list[str]:
@@ -306,6 +374,10 @@ class Store:
         buffer (the only copy), verified once (header, length, checksum, key), published when
         ``publish`` (what is published is what was verified), and its payload returned as a
         Blob; None if it does not verify (nothing written)."""
+    def _root_fd(self) -> int:
+        """A new descriptor of the cache's directory (``O_PATH``: a base for the ``*at``
+        calls), the caller's to close: the directory the store works in, which for a store
+        opened on ``own_root_fd`` is that one, whatever was renamed since."""
     def _spool_fd(self) -> int:
         """A new unnamed file under the cache's tmp/, opened beneath the root with no link
         followed in any component, as a descriptor the caller owns: where a tier streams a
@@ -352,9 +424,16 @@ class Store:
         claim_wait_timeouts, puts_refused, unsafe_paths (paths refused because a component was
         not a real directory inside the cache, or a directory stood where an entry file
         belongs, and verification records a trusting reader would not use), unreadable
-        (index files skipped because they could not be read),
-        compile_saved_ms (compile time the hits saved: each hit adds its entry's
-        ``compile_time_s`` metadata); plus hit_rate, entries, bytes (on disk), max_size,
+        (index files skipped because they could not be read), compile_saved_ms (compile time
+        the hits saved: each hit adds its entry's ``compile_time_s`` metadata), untrusted
+        (entries a store with trusted keys would not serve, each a miss and never loaded,
+        and what a trusting import rejected), adopted (lookups served from JAX's own cache
+        files, each also a hit: ``count_adopted``) and other_build (misses of a key another
+        build of the framework's runtime has an entry for, each also a miss:
+        ``count_other_build``), and loading ahead's (``add_prefetch_counters``):
+        prefetch_planned, prefetch_loaded, prefetch_used (each also a hit, ``count_hit``),
+        prefetch_wasted, prefetch_errors, prefetch_saved_ms, prefetch_plans_written and
+        prefetch_plans_refused; plus hit_rate, entries, bytes (on disk), max_size, max_age_s,
         processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
         journal folded longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and

@@ -82,6 +82,17 @@ class Stats(TypedDict):
     # Misses of a key another build of the framework's runtime has an entry for (each also
     # a miss; xla_pcache.builds).
     other_build: int
+    # Loading ahead (the JAX adapter): entries plans named, loaded ahead, taken by a read
+    # (each also a hit), loaded and never taken, failed, the time the reads saved, plans
+    # written and refused.
+    prefetch_planned: int
+    prefetch_loaded: int
+    prefetch_used: int
+    prefetch_wasted: int
+    prefetch_errors: int
+    prefetch_saved_ms: int
+    prefetch_plans_written: int
+    prefetch_plans_refused: int
     hit_rate: float | None
     entries: int
     bytes: int

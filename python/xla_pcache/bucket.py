@@ -9,9 +9,14 @@ flight goes through claims on the bucket, ``?trust=required`` and the trusted ke
 to any tier, and ``XLA_PERSISTENT_CACHE_READ_ONLY`` makes every tier read-only (nothing is
 written to the bucket; the local store still keeps what this host fetched and compiled).
 Nothing is created anywhere else: a URL is never a directory. The host-local store is
-this user's own (``own_local_store``): made mode 0700, and refused when another user owns it
-or anyone else can write it, since whoever can write it chooses what this host's processes
-load.
+this user's own (``own_local_store``): made mode 0700, and refused when another user owns
+it or it is a link, since whoever can write it chooses what this host's processes load.
+One of this user's that others can write (an earlier release made it under ``umask 002``)
+is repaired: made 0700 and emptied (a planted entry with a valid checksum would be served
+to a host that trusts no key, so nothing in it is kept; the bucket still has its entries).
+An ``XLA_PCACHE_LOCAL_PATH`` others can write is left as it is, and this user's own
+``xla_pcache-<uid>`` beneath it holds the store. The store then works through the handle
+that was checked (``Store(own_root_fd=)``), never through the path again.
 
 A URL that cannot be served (an unknown scheme, a malformed bucket URL, obstore not installed)
 is one warning naming the variable it came from and what to install; the caller then runs
@@ -35,6 +40,7 @@ from typing import Any, Literal
 
 from xla_pcache import _core
 from xla_pcache._names import EntryName
+from xla_pcache._owndir import OwnDir, open_own
 from xla_pcache._text import package_logger
 from xla_pcache.config import LOCAL_PATH_VAR, Settings
 from xla_pcache.store import Store
@@ -154,19 +160,30 @@ def local_path(url: str, settings: Settings) -> str:
     return os.path.join(settings.remote_store_root(), local_name(url))
 
 
-def own_local_store(path: str, settings: Settings) -> None:
-    """Makes the host-local store's directory ``path`` (mode 0700) unless it exists, and
-    checks it, and under the default root that root too, with the core's rule
-    (``_core.own_directory``): owned by this user, writable by no one else, not a link.
-    ``CacheError`` naming the directory otherwise."""
+# Said when a host-local store an earlier release left open to the group is emptied.
+_REFETCHED = (
+    "this host fetches the bucket's entries again; what it compiled that did not reach the "
+    "bucket is compiled again"
+)
+
+
+def own_local_store(url: str, settings: Settings) -> OwnDir:
+    """Opens the host-local store's directory of the bucket path ``url`` as a directory of
+    this user's own (``_owndir``), made mode 0700 when absent: the default one and its root
+    repaired when an earlier release left them open to the group, ``XLA_PCACHE_LOCAL_PATH``
+    never changed (when others can write it, this user's own directory beneath it is the
+    store). The handle is the caller's to open the store on and close. ``CacheError`` naming
+    a directory another user owns, or a link."""
     try:
-        if not settings.local_path:
-            _core.own_directory(settings.remote_store_root())
-        _core.own_directory(path)
+        if settings.local_path:
+            named = os.path.abspath(settings.local_path)
+            return open_own(named, rule="named", refetched=_REFETCHED)
+        with open_own(settings.remote_store_root(), rule="repair", refetched=_REFETCHED) as top:
+            return open_own(local_name(url), rule="repair", parent=top, refetched=_REFETCHED)
     except _core.CacheError as e:
         raise _core.CacheError(
-            f"{e}: a bucket path's host-local store must be this user's own and writable by "
-            f"no one else (set {LOCAL_PATH_VAR} to a directory of your own)"
+            f"{e}: a bucket path's host-local store must be this user's own (set "
+            f"{LOCAL_PATH_VAR} to a directory of your own)"
         ) from None
 
 
@@ -211,13 +228,23 @@ class BucketStore(Store):
     # Guards the lazy making of the bucket's upkeep client (shared: it is only that).
     _bucket_lock = threading.Lock()
 
-    def get(self, key: _core.Key) -> _core.Blob | None:
-        blob = super().get(key)
-        recorder = self._recorder
-        if blob is not None and recorder is not None:
-            signer = blob.signer
-            recorder.note(key, lambda: _names(key, signer))
+    def get(self, key: _core.Key, *, count: bool = True) -> _core.Blob | None:
+        blob = super().get(key, count=count)
+        if blob is not None and count:
+            self._note(blob)
         return blob
+
+    def count_hit(self, blob: _core.Blob) -> None:
+        super().count_hit(blob)
+        self._note(blob)
+
+    def _note(self, blob: _core.Blob) -> None:
+        """A use of ``blob``'s entry, for the bucket's pruning (a read ahead is not one
+        until it serves a lookup: ``count_hit``)."""
+        recorder = self._recorder
+        if recorder is not None:
+            key, signer = blob.key, blob.signer
+            recorder.note(key, lambda: _names(key, signer))
 
     def _tier_put(self, names: list[str], data: bytes) -> None:
         super()._tier_put(names, data)
@@ -367,18 +394,18 @@ def open_store(
     """The host-local store of the bucket path ``url``, the bucket as its tier; what is not
     passed comes from ``settings`` (``read_only`` too: a read-only host writes nothing to
     the bucket). Raises what ``Store`` raises for a local directory that cannot be used."""
-    path = local_path(url, settings)
-    own_local_store(path, settings)
     if read_only is None:
         read_only = settings.read_only
     bucket_ro = bucket_read_only(url, settings, read_only)
-    store = BucketStore(
-        path,
-        max_size=max_size,
-        read_only=False,
-        remote=chain_for(url, settings, read_only),
-        settings=settings,
-    )
+    with own_local_store(url, settings) as own:
+        store = BucketStore(
+            own.path,
+            max_size=max_size,
+            read_only=False,
+            remote=chain_for(url, settings, read_only),
+            settings=settings,
+            own_root_fd=own.fd,
+        )
     store.bucket_url = url.strip()
     store.bucket_ro = bucket_ro
     store._recorder = None
@@ -386,7 +413,7 @@ def open_store(
         from xla_pcache.tiers.records import HitRecorder
 
         store._recorder = HitRecorder(
-            store.path,
+            store.root_fd(),
             store.bucket,
             store._written,
             interval=settings.bucket_record_interval,

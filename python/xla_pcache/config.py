@@ -54,6 +54,10 @@ ON_MISS_VAR = "XLA_PCACHE_ON_MISS"
 LOCAL_PATH_VAR = "XLA_PCACHE_LOCAL_PATH"
 BUCKET_RECORD_INTERVAL_VAR = "XLA_PCACHE_BUCKET_RECORD_INTERVAL"
 BUCKET_AUTO_PRUNE_VAR = "XLA_PCACHE_BUCKET_AUTO_PRUNE"
+PREFETCH_VAR = "XLA_PCACHE_PREFETCH"
+PREFETCH_THREADS_VAR = "XLA_PCACHE_PREFETCH_THREADS"
+PREFETCH_MEMORY_VAR = "XLA_PCACHE_PREFETCH_MEMORY"
+PREFETCH_NAME_VAR = "XLA_PCACHE_PREFETCH_NAME"
 
 # Single flight: how long a process that misses waits for another one compiling the same
 # program, at most (longer than most compiles, short enough that a stuck holder costs a
@@ -79,6 +83,11 @@ DEFAULT_MIN_COMPILE_TIME_S = 0.0
 # entry at most once per interval); writers check the bucket's budget as often, after a put.
 DEFAULT_BUCKET_RECORD_INTERVAL_S = 600.0
 DEFAULT_MIN_ENTRY_SIZE = 0
+# Loading ahead (JAX): the threads that deserialize a plan's executables (XLA's deserialize
+# releases the GIL: 22 TPU executables took 2.0 s one after another, 0.3 s on 8 threads), and
+# how many bytes of executables loaded ahead and not yet asked for a process holds at most.
+DEFAULT_PREFETCH_THREADS = 8
+DEFAULT_PREFETCH_MEMORY = 1 << 30
 
 LockMode = Literal["auto", "fcntl", "lease"]
 ReadMode = Literal["auto", "mmap", "pread"]
@@ -226,7 +235,8 @@ VARIABLES: tuple[Variable, ...] = (
         "`$XDG_CACHE_HOME/xla_pcache/torch_xla`",
         "The host-local directory torch_xla writes to after `xla_pcache.torch_xla.install()`"
         " (see docs/torch_xla.md). Made mode 0700; refused (torch_xla uncached, one warning) "
-        "when another user owns it or others can write it.",
+        "when another user owns it; one of yours others can write is left as it is, with "
+        "`xla_pcache-<uid>` (0700) beneath it used.",
     ),
     Variable(
         REMOTE_VAR,
@@ -330,7 +340,8 @@ VARIABLES: tuple[Variable, ...] = (
         "When the cache path is a bucket (`gs://`, `s3://`, `az://`), the host-local store in "
         "front of it, where this host keeps what it fetched and compiled; the bucket is its "
         "remote tier. Put it on a local disk. Made mode 0700; refused (uncached, one warning) "
-        "when another user owns it or others can write it.",
+        "when another user owns it; one of yours others can write is left as it is, with "
+        "`xla_pcache-<uid>` (0700) beneath it as the store.",
     ),
     Variable(
         BUCKET_RECORD_INTERVAL_VAR,
@@ -350,6 +361,41 @@ VARIABLES: tuple[Variable, ...] = (
         "When the cache path is a bucket with a budget (`xla-pcache config --path "
         "s3://...`): a host that wrote entries prunes the bucket once it estimates it past "
         "the budget, one host at a time. `0` leaves pruning to `xla-pcache prune` (cron).",
+    ),
+    # Loading ahead (docs/jax.md, "Loading ahead").
+    Variable(
+        PREFETCH_VAR,
+        "prefetch",
+        "bool",
+        "1",
+        "JAX: load ahead. A process records which executables it read from the cache (a plan, "
+        "kept in the store); the next process of the same program loads them all on a thread "
+        "pool as soon as its first read comes, and its reads take them from there. `0` turns "
+        "it off.",
+    ),
+    Variable(
+        PREFETCH_THREADS_VAR,
+        "prefetch_threads",
+        "count",
+        "8 (at most the CPUs less one)",
+        "Threads that read, decompress and load a plan's executables ahead (at least 1).",
+    ),
+    Variable(
+        PREFETCH_MEMORY_VAR,
+        "prefetch_memory",
+        "size",
+        "1G",
+        "Executables loaded ahead and not yet asked for, at most (their serialized bytes); "
+        "loading waits past it. Bytes or `K/M/G/T/P`.",
+    ),
+    Variable(
+        PREFETCH_NAME_VAR,
+        "prefetch_name",
+        "text",
+        "the main module or script",
+        "The name of this workload's plan: processes of one name share it (each set of "
+        "command-line arguments keeps its own variant). Set it where the entry point says "
+        "little (a notebook, a launcher running many programs).",
     ),
 )
 
@@ -381,6 +427,13 @@ def parse_capacity(value: str | int, name: str) -> int:
             ) from None
     if count < 0:
         raise ValueError(f"invalid {name} {value!r}: must not be negative")
+    return count
+
+
+def _positive_count(value: str, name: str) -> int:
+    count = parse_capacity(value, name)
+    if count < 1:
+        raise ValueError(f"invalid {name} {value!r}: must be at least 1")
     return count
 
 
@@ -609,6 +662,10 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "local_path": _local_path,
     "bucket_record_interval": _duration(zero_ok=True),
     "bucket_auto_prune": parse_bool,
+    "prefetch": parse_bool,
+    "prefetch_threads": lambda v, n: _positive_count(v, n),
+    "prefetch_memory": _positive_size,
+    "prefetch_name": _text,
 }
 
 
@@ -654,6 +711,13 @@ class Settings:
     local_path: str | None = None
     bucket_record_interval: float = DEFAULT_BUCKET_RECORD_INTERVAL_S
     bucket_auto_prune: bool = True
+    # Loading ahead (JAX): on; threads (None: DEFAULT_PREFETCH_THREADS, at most the CPUs less
+    # one); bytes loaded ahead and not yet taken, at most; the plan's name (None: the entry
+    # point).
+    prefetch: bool = True
+    prefetch_threads: int | None = None
+    prefetch_memory: int = DEFAULT_PREFETCH_MEMORY
+    prefetch_name: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -688,6 +752,17 @@ class Settings:
     def remote_store_root(self) -> str:
         """``$XDG_CACHE_HOME/xla_pcache/remote``: the host-local stores of bucket paths."""
         return os.path.join(self.default_cache_path(), "remote")
+
+    def prefetch_thread_count(self) -> int:
+        """``XLA_PCACHE_PREFETCH_THREADS``, else 8, or fewer to leave one of the CPUs this
+        process may use to the thread JAX traces and compiles on (at least 1)."""
+        if self.prefetch_threads is not None:
+            return self.prefetch_threads
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        return max(1, min(DEFAULT_PREFETCH_THREADS, cpus - 1))
 
     def torch_xla_local_root(self) -> str:
         """``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``, else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``."""

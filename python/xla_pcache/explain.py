@@ -34,6 +34,7 @@ from xla_pcache.misslog import (
 from xla_pcache.misslog import (
     MAX_META_CHARS,
     META_COMPONENTS,
+    Root,
     append_miss,
     bounded_json,
     miss_record,
@@ -83,7 +84,7 @@ def record_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: s
     try:
         record = miss_record(key, parts, framework)
         if not store.read_only:
-            append_miss(store.path, record)
+            append_miss(_root(store), record)
         elif logger.isEnabledFor(logging.INFO):
             result = explain_records([record], _recent_entries(store))[0]
             logger.info("xla_pcache: read-only cache missed: %s", one_line(result))
@@ -320,12 +321,18 @@ def _options_follow_flags(
     return isinstance(a, dict) and isinstance(b, dict) and a.get("rest") == b.get("rest")
 
 
+def _root(store: Any) -> Root:
+    """Where the store's miss log is: beneath the directory it works in."""
+    root_fd = getattr(store, "root_fd", None)
+    return root_fd if callable(root_fd) else str(store.path)
+
+
 def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str, Any]]:
     """Explain the ``last`` most recent distinct misses of the store, or ``key`` (a missed
     key, or the key of an entry, compared with the other entries of its program). Raises
     ``NotRecorded`` (a KeyError) when ``key`` is neither."""
     entries = _entries(store)
-    misses = read_misses(store.path)
+    misses = read_misses(_root(store))
     if key is not None:
         found = [m for m in misses if m["key"] == key]
         if found:

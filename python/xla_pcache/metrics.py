@@ -57,6 +57,24 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("claim_wait_timeouts", "claim_wait_timeouts", "Waits that ran out.", 1),
     ("unsafe_paths", "unsafe_paths", "Paths skipped: not a real directory in the cache.", 1),
     ("unreadable", "unreadable_files", "Index files skipped: could not be read.", 1),
+    ("prefetch_planned", "prefetch_planned", "Executables a plan named to load ahead (JAX).", 1),
+    ("prefetch_loaded", "prefetch_loaded", "Executables loaded ahead of their read.", 1),
+    ("prefetch_used", "prefetch_used", "Reads served by an executable loaded ahead.", 1),
+    ("prefetch_wasted", "prefetch_wasted", "Executables loaded ahead and never read.", 1),
+    (
+        "prefetch_errors",
+        "prefetch_errors",
+        "Loads ahead that failed (each then read as before).",
+        1,
+    ),
+    (
+        "prefetch_saved_ms",
+        "prefetch_saved_seconds",
+        "Time the reads served from loading ahead saved.",
+        1000,
+    ),
+    ("prefetch_plans_written", "prefetch_plans_written", "Prefetch plans written.", 1),
+    ("prefetch_plans_refused", "prefetch_plans_refused", "Prefetch plans refused as malformed.", 1),
 )
 
 # The remote tiers' counters (xla_pcache.tiers.chain) under the local names where they match.

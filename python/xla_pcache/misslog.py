@@ -27,6 +27,7 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 from xla_pcache._text import package_logger
@@ -100,7 +101,19 @@ def valid_time(t: Any) -> bool:
 _O_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _open_dir(root: str) -> int:
+# A cache's directory: its path, or what gives a new descriptor of it (``Store.root_fd``:
+# the directory the store works in, whatever was renamed since).
+Root = str | Callable[[], int]
+
+
+def _open_dir(root: Root) -> int:
+    if callable(root):
+        try:
+            return root()
+        except OSError:
+            raise
+        except Exception as exc:  # the store's CacheError (closed, or its directory gone)
+            raise OSError(str(exc)) from exc
     # The configured root may itself be reached through a link (the user's own setting);
     # inside it nothing is followed.
     real = os.path.realpath(root)
@@ -128,7 +141,7 @@ def _open_regular(name: str, flags: int, dir_fd: int) -> int | None:
     return fd
 
 
-def append_miss(root: str, record: dict[str, Any]) -> bool:
+def append_miss(root: Root, record: dict[str, Any]) -> bool:
     """Append one record to the miss log of the cache at ``root``; False when it could
     not be written (logged at debug level: the log is a diagnostic, never a failure)."""
     line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
@@ -141,7 +154,8 @@ def append_miss(root: str, record: dict[str, Any]) -> bool:
     try:
         dfd = _open_dir(root)
     except OSError as exc:
-        logger.debug("xla_pcache: cannot open %s for the miss log: %s", root, exc)
+        shown = root if isinstance(root, str) else "the cache's directory"
+        logger.debug("xla_pcache: cannot open %s for the miss log: %s", shown, exc)
         return False
     try:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -205,12 +219,13 @@ def valid_components(parts: Any) -> bool:
     )
 
 
-def read_misses(root: str) -> list[dict[str, Any]]:
+def read_misses(root: Root) -> list[dict[str, Any]]:
     """The recorded misses, oldest first (both log files)."""
     try:
         dfd = _open_dir(root)
     except OSError as exc:
-        raise OSError(f"cannot open {root}: {exc.strerror or exc}") from exc
+        shown = root if isinstance(root, str) else "the cache's directory"
+        raise OSError(f"cannot open {shown}: {exc.strerror or exc}") from exc
     out: list[dict[str, Any]] = []
     try:
         for name in (MISS_LOG_OLD, MISS_LOG):

@@ -16,11 +16,16 @@ from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
     from xla_pcache.tiers import Chain, Spooled
 
 log = package_logger("xla_pcache")
+
+# Set while ``Store.replace`` puts on this thread.
+_replacing = threading.local()
 
 # ``scheme://``: a path written as a URL.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -44,7 +49,9 @@ class Store(_core.Store):
     and writable unless told otherwise.
     ``signing_key`` ((name, 32-byte private key)) signs every put; ``trusted_keys`` ((name,
     32-byte public key) pairs) makes the store serve only entries one of them signed
-    (docs/reliability.md, "Trusted writers"). ``remote`` (a URL such as
+    (docs/reliability.md, "Trusted writers"). ``own_root_fd``: a descriptor of ``path``
+    checked as a directory of this user's own (``_owndir``; a bucket path's host-local
+    store): the store works beneath it and never resolves ``path`` again. ``remote`` (a URL such as
     ``"redis://host:6379/0"``) puts a tier behind the directory: a local miss asks it, a put
     this process published is copied to it (docs/remote.md). The tier's client and threads
     start on the first miss or put.
@@ -75,6 +82,7 @@ class Store(_core.Store):
         settings: Settings | None = None,
         signing_key: tuple[str, bytes] | None = None,
         trusted_keys: Sequence[tuple[str, bytes]] | None = None,
+        own_root_fd: int | None = None,
     ) -> Self:
         if settings is not None and not isinstance(settings, Settings):
             raise TypeError(
@@ -126,6 +134,7 @@ class Store(_core.Store):
             trusted_keys=list(trusted_keys if trusted_keys is not None else cfg.trusted_keys or ())
             if trusted_keys is not None or cfg.trusted_keys is not None
             else None,
+            own_root_fd=own_root_fd,
         )
         if self.signing_key_name is not None and self.trusted_key_names is None:
             _warn_signing_without_trust(self.signing_key_name)
@@ -147,6 +156,12 @@ class Store(_core.Store):
     def settings(self) -> Settings:
         """The settings this store was opened with."""
         return self._settings
+
+    def root_fd(self) -> int:
+        """A new descriptor of the directory this store works in (``O_PATH``: a base for
+        ``dir_fd=``), the caller's to close; for files beside the store's own (the miss log,
+        a bucket's spool of hit records), so that they land where its entries do."""
+        return self._root_fd()
 
     @property
     def remote(self) -> Chain | None:
@@ -203,7 +218,26 @@ class Store(_core.Store):
         docs/remote.md)."""
         tier = self._open_tier()
         if tier is not None:
-            tier.put_async(names, data)
+            tier.put_async(names, data, replace=getattr(_replacing, "active", False))
+
+    def replace(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
+        """Put ``value`` under ``key`` in place of the entry there: for a small record that
+        changes (a prefetch plan), never an executable, which is first-writer-wins
+        everywhere. The entry is deleted, then put, so a reader meanwhile sees the old
+        entry, a miss or the new one, always whole; and each writable remote tier's copy is
+        overwritten (a put only creates there). False when nothing was written: read-only,
+        another process's put came between (its value stays), over budget, or a failure
+        (logged)."""
+        if self.read_only:
+            return False
+        self.delete(key)
+        # The put's copy to the tiers (``_tier_put``, called from within it on this thread)
+        # overwrites.
+        _replacing.active = True
+        try:
+            return self.put(key, value, meta=meta)
+        finally:
+            _replacing.active = False
 
     def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a tier, also ``remote`` (its URL, password

@@ -35,7 +35,7 @@ def test_demo_warm_run_hits_the_cache(tmp_path: Path) -> None:
         if line.startswith("│ cold") or line.startswith("│ warm")
     }
     assert "miss" in rows["cold"] and "hit" in rows["warm"], proc.stdout
-    # Which run was faster is the bench's business (bench/jax_warm_start.py): here, that the
+    # Which run was faster is the bench's business (bench/warm_start.py): here, that the
     # warm run was served by the cache.
     assert "hits=1" in proc.stdout
     with Store(root, read_only=True) as store:

@@ -4,6 +4,7 @@ run in fresh processes. The test process itself never imports jax."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -13,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store
+from xla_pcache import Store, entry_name
 from xla_pcache.config import Settings
+from xla_pcache.jax import _build as jax_build
+from xla_pcache.jax import _plan
 
-from tests.helpers import clean_env, finish_worker, start_worker
+from tests.helpers import clean_env, executable_keys, executables, finish_worker, start_worker
 
 WORKER = Path(__file__).with_name("jax_worker.py")
 # The README's set-up: nothing about what is cached; the tests that check a threshold set
@@ -58,6 +61,15 @@ def open_barrier(procs: list[subprocess.Popen[str]], ready: list[Path], go: Path
     go.touch()
 
 
+def worker_plan_name() -> str:
+    """The entry name of the prefetch plan the worker's processes keep (the worker's script,
+    this JAX, on CPU, one device, process 0, under this JAX's runtime build): a bucket lists
+    it among the entries."""
+    version = importlib.metadata.version("jax")
+    key = _plan.plan_key(_plan.workload(f"script {WORKER}", version, "cpu", 1, 0))
+    return entry_name(jax_build.build().store_key(key))
+
+
 def runs(*programs: int, layers: int = 2) -> list[dict[str, Any]]:
     return [{"op": "run", "program": p, "layers": layers} for p in programs]
 
@@ -71,8 +83,18 @@ def results(report: dict[str, Any]) -> dict[int, list[float]]:
 
 
 def store_keys(root: Path) -> set[str]:
+    """The keys of the executables in the store at ``root`` (its prefetch plans left out)."""
     with Store(root, read_only=True) as store:
-        return set(map(str, store.keys()))
+        return set(map(str, executable_keys(store)))
+
+
+def jax_keys(root: Path) -> set[str]:
+    """JAX's keys of the executables in the store at ``root``, each checked to be of this
+    JAX's runtime build (what a plan names: an entry's key less its build)."""
+    suffix = jax_build.build().suffix
+    keys = store_keys(root)
+    assert all(k.endswith(suffix) for k in keys), keys
+    return {k.removesuffix(suffix) for k in keys}
 
 
 # Knows nothing of xla_pcache: counts JAX's own persistent-cache hit events.
@@ -142,7 +164,7 @@ def scratch_programs(factory: pytest.TempPathFactory) -> dict[str, tuple[str, by
         scratch = factory.mktemp(name)
         value, _ = value_and_hits(name, XLA_PERSISTENT_CACHE_PATH=str(scratch))
         with Store(scratch, settings=Settings()) as s:
-            (entry,) = s.entries()
+            (entry,) = executables(s)
             blob = s.get(entry["key"])
             assert blob is not None
             out[name] = (str(entry["key"]), bytes(blob), value)

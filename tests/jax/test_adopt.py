@@ -35,7 +35,7 @@ from xla_pcache.jax import _adopt
 from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _cache_dir as jcd
 
-from tests.helpers import clean_env, cli, run_worker
+from tests.helpers import clean_env, cli, executable_keys, run_worker
 from tests.jax.helpers import WORKER, results, runs, store_keys
 
 requires_jax = pytest.mark.skipif(
@@ -476,7 +476,7 @@ def test_jax_cache_is_served_from_the_first_run_and_kept_once(
     # Adopted entries are entries like any other: the key's components (for explain) and
     # JAX's compile time, computed under the adapter's key.
     with Store(ours, read_only=True) as store:
-        keys = store.keys()
+        keys = executable_keys(store)
         metas = [store.get(k).meta for k in keys]  # type: ignore[union-attr]
     known_ms = 0
     for meta in metas:

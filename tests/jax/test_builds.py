@@ -1,6 +1,7 @@
 """Two builds of jaxlib on one cache: each hits only its own entries, neither loads the
-other's, and the alternation alone evicts nothing; entries of an earlier release (no build
-in their key) are never loaded, and say why.
+other's, and the alternation alone evicts nothing; with loading ahead on (the default) each
+build keeps a plan of its own and loads ahead only its own entries; entries of an earlier
+release (no build in their key) are never loaded, and say why.
 
 The second build is a venv beside this one whose ``libjax_common.so`` (``xla_extension.so``
 before 0.5) differs only in bytes appended after the ELF image (``tests/rebuild.py``); a
@@ -21,7 +22,7 @@ import pytest
 from xla_pcache import Store, builds
 from xla_pcache.jax import _build as jax_build
 
-from tests.helpers import clean_env, cli_out, explain_json
+from tests.helpers import clean_env, cli_out, explain_json, is_plan
 from tests.jax.helpers import SIN_COS_PROGRAM
 from tests.rebuild import build_id_span, second_build
 
@@ -67,10 +68,16 @@ def _stats(cache: Path) -> dict[str, int]:
         return dict(store.stats())  # type: ignore[arg-type]
 
 
-def _keys(cache: Path) -> dict[str, tuple[str, str | None]]:
+def _keys(cache: Path, plans: bool = False) -> dict[str, tuple[str, str | None]]:
+    """The executables' keys (``plans``: the prefetch plans' instead), each split into the
+    framework's key and the build."""
     with Store(cache, read_only=True) as store:
         keys = store.keys()
-    return {str(k): builds.split_key(str(k)) for k in keys}
+    return {str(k): builds.split_key(str(k)) for k in keys if is_plan(k) == plans}
+
+
+def _prefetch(cache: Path) -> dict[str, int]:
+    return {k: v for k, v in _stats(cache).items() if k.startswith("prefetch_")}
 
 
 def test_two_jaxlib_builds_alternate_on_one_cache(tmp_path: Path) -> None:
@@ -85,19 +92,34 @@ def test_two_jaxlib_builds_alternate_on_one_cache(tmp_path: Path) -> None:
     (key_a,) = _keys(cache)
     jax_key, digest_a = builds.split_key(key_a)
     assert digest_a == jax_build.build().digest
+    # A's plan: of A's build, naming JAX's key.
+    ((_, (_, plan_digest_a)),) = _keys(cache, plans=True).items()
+    assert plan_digest_a == digest_a
     assert _run(python_b, cache, xdg) == 0, "B loaded A's entry"
     keys = _keys(cache)
     assert len(keys) == 2 and {k for k, _ in keys.values()} == {jax_key}
     (key_b,) = set(keys) - {key_a}
+    digest_b = keys[key_b][1]
+    # B found no plan of its own build (A's is A's): nothing was planned or loaded ahead.
+    assert _prefetch(cache)["prefetch_planned"] == 0
+    plans = _keys(cache, plans=True)
+    assert len(plans) == 2 and {d for _, d in plans.values()} == {digest_a, digest_b}
+    assert len({k for k, _ in plans.values()}) == 1, "one workload, a plan per build"
     assert _run(python_a, cache, xdg) == 1
     assert _run(python_b, cache, xdg) == 1
     with Store(cache, read_only=True) as store:
-        hits = {str(e["key"]): e["hits"] for e in store.entries()}
+        hits = {str(e["key"]): e["hits"] for e in store.entries() if not is_plan(e["key"])}
         stats = dict(store.stats())
-    # Each entry served once, to its own build's second run; both kept.
+    # Each entry served once, to its own build's second run, loaded ahead from its own
+    # build's plan; both kept, and the plans written once each.
     assert hits == {key_a: 1, key_b: 1}
-    assert (stats["misses"], stats["hits"], stats["puts"]) == (2, 2, 2)
-    assert (stats["evictions"], stats["entries"]) == (0, 2)
+    assert (stats["misses"], stats["hits"], stats["puts"]) == (2, 2, 4)
+    assert (stats["evictions"], stats["entries"]) == (0, 4)
+    prefetch = _prefetch(cache)
+    assert (prefetch["prefetch_planned"], prefetch["prefetch_loaded"]) == (2, 2)
+    assert (prefetch["prefetch_used"], prefetch["prefetch_plans_written"]) == (2, 2)
+    assert (prefetch["prefetch_wasted"], prefetch["prefetch_errors"]) == (0, 0)
+
     # B's first miss had A's entry there: counted, and explained with both binaries.
     assert stats["other_build"] == 1
     (b_miss,) = [r for r in explain_json(cache) if r["key"] == key_b]
@@ -109,6 +131,19 @@ def test_two_jaxlib_builds_alternate_on_one_cache(tmp_path: Path) -> None:
     assert "built by another jaxlib binary" in text and " here, blake3 " in text
     prom = cli_out("stats", "--path", str(cache), "--format", "prometheus")
     assert re.search(r"^xla_pcache_other_build_misses_total\{[^}]*\} 1(\.0)?$", prom, re.M), prom
+
+    # B's plan names the key, but only A's entry is there: B loads nothing ahead (its own
+    # build's key is missing), never A's executable, and compiles.
+    with Store(cache) as store:
+        assert store.delete(key_b)
+    assert _run(python_b, cache, xdg) == 0
+    after = _prefetch(cache)
+    assert after["prefetch_planned"] == 3
+    assert (after["prefetch_loaded"], after["prefetch_used"]) == (2, 2)
+    assert after["prefetch_errors"] == 0
+    with Store(cache, read_only=True) as store:
+        assert {str(e["key"]): e["hits"] for e in store.entries()}[key_a] == 1
+    assert _stats(cache)["other_build"] == 2
 
     # An entry of an earlier release (JAX's key alone) with A's bytes: never loaded.
     with Store(cache) as store:
@@ -123,7 +158,7 @@ def test_two_jaxlib_builds_alternate_on_one_cache(tmp_path: Path) -> None:
         assert store.delete(key_a) and store.delete(key_b)
     assert _run(python_a, cache, xdg) == 0
     stats = _stats(cache)
-    assert stats["other_build"] == 2 and stats["evictions"] == 0
+    assert stats["other_build"] == 3 and stats["evictions"] == 0
     explained = explain_json(cache)
     assert explained[0]["key"] == key_a and explained[0]["nearest"] == jax_key
     assert explained[0]["answer"].startswith("the nearest entry names no runtime build")

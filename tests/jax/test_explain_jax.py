@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store
 
-from tests.helpers import cli_out, explain_json
+from tests.helpers import cli_out, executables, explain_json
 from tests.jax.helpers import hits, run_jax, runs, store_keys
 
 pytestmark = [
@@ -30,7 +30,7 @@ def test_flags_and_compiler_options_are_explained(tmp_path: Path) -> None:
     assert hits(first) == [0]
     (key_a,) = store_keys(root)
     with Store(root, read_only=True) as store:
-        (meta,) = [e["meta"] for e in store.entries()]
+        (meta,) = [e["meta"] for e in executables(store)]
     parts = json.loads(meta["key_components"])
     assert parts["module"] == "jit_step" and parts["verified"] is True
     names = [p["name"] for p in parts["components"]]
@@ -105,6 +105,7 @@ def test_compile_time_saved(tmp_path: Path) -> None:
     }
     assert samples[("xla_pcache_compile_time_saved_seconds_total", "local")] == saved / 1000
     assert samples[("xla_pcache_hits_total", "local")] == 1
-    assert samples[("xla_pcache_entries", None)] == 1
+    # The program's entry, and the prefetch plan its process wrote.
+    assert samples[("xla_pcache_entries", None)] == 2
     table = cli_out("stats", "--path", str(root))
     assert "compile time saved" in table

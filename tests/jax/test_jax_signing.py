@@ -19,7 +19,7 @@ import xxhash
 from xla_pcache import Store
 from xla_pcache.config import Settings
 
-from tests.helpers import cli, keygen
+from tests.helpers import cli, executables, keygen
 from tests.jax.helpers import scratch_programs, value_and_hits
 
 pytestmark = [
@@ -167,7 +167,7 @@ def test_a_signature_copied_onto_other_bytes_is_refused(
     sin_key, _, sin_value = programs["sin"]
     value_and_hits("sin", **path, XLA_PCACHE_SIGNING_KEY=keys["ci-1"][0])
     with Store(cache, settings=Settings()) as s:
-        (entry,) = s.entries()
+        (entry,) = executables(s)
         assert entry["signer"] == "ci-1"
         f = cache / "entries" / entry["name"][:2] / entry["name"]
     forged = _resigned_file(f.read_bytes(), programs["cos"][1])

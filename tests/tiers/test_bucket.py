@@ -24,9 +24,20 @@ from typer.testing import CliRunner
 from xla_pcache import Store, bucket, entry_name
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
+from xla_pcache.jax import _build as jax_build
+from xla_pcache.jax import _plan
 from xla_pcache.tiers import upkeep
 
-from tests.jax.helpers import finish_jax, hits, open_barrier, results, runs, start_jax
+from tests.helpers import executables
+from tests.jax.helpers import (
+    finish_jax,
+    hits,
+    open_barrier,
+    results,
+    runs,
+    start_jax,
+    worker_plan_name,
+)
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
 
 
@@ -40,6 +51,11 @@ def _objects(server: S3Server, prefix: str) -> dict[str, tuple[int, str | None]]
 
 def _under(objects: dict[str, Any], folder: str) -> list[str]:
     return sorted(p for p in objects if p.startswith(f"xla_pcache-1/{folder}/"))
+
+
+def _executables(objects: dict[str, Any]) -> list[str]:
+    """The entries, less the worker processes' prefetch plan."""
+    return [p for p in _under(objects, "entries") if not p.endswith(worker_plan_name())]
 
 
 def cli(*args: str) -> Any:
@@ -104,17 +120,22 @@ def test_a_cold_host_fills_the_bucket_and_makes_nothing_elsewhere(
     report = cold["report"]
     assert hits(report) == [0] * 5
     objects = _objects(s3_server, fleet["prefix"])
-    assert len(_under(objects, "entries")) == 2 and not _under(objects, "claims"), objects
-    # Its exit record: no use (every get missed), 2 entries written.
+    assert len(_executables(objects)) == 2 and not _under(objects, "claims"), objects
+    # Its exit record: no use (every get missed), 3 entries written (2 programs, its plan).
     (record,) = _under(objects, "records")
-    assert record.split("-")[-2] == "2", record
+    assert record.split("-")[-2] == "3", record
     # JAX's option names the host-local store; that and the other buckets' are all there is.
     local = cold["home"] / "xla_pcache" / "remote" / bucket.local_name(fleet["url"])
     assert report["inspect"][0]["cache_dir"] == str(local)
     assert sorted(p.name for p in local.parent.iterdir()) == sorted(
         bucket.local_name(u) for u in (fleet["url"], "gs://no-such-bkt/jax", "az://ctr/jax")
     )
-    assert sorted(p.name for p in cold["home"].iterdir()) == ["work", "xla_pcache"]
+    # Beside it, only the user's own record of the runtime's binaries (outside every cache).
+    assert sorted(p.name for p in cold["home"].iterdir()) == [
+        "work",
+        "xla_pcache",
+        "xla_pcache-builds",
+    ]
     (hdfs,) = [w for w in warnings_of(report) if "hdfs" in w]
     assert "install(path)=hdfs://nn/jax cannot be served" in hdfs
     assert "without a persistent cache" in hdfs
@@ -161,7 +182,7 @@ def test_four_hosts_warm_start_and_compile_each_new_program_once(
     assert sorted(hits(r)[2] for r in four) == [0, 1, 1, 1], [hits(r) for r in four]
     assert len({str(results(r)[4]) for r in four}) == 1
     objects = _objects(s3_server, fleet["prefix"])
-    assert len(_under(objects, "entries")) == 3 and not _under(objects, "claims"), objects
+    assert len(_executables(objects)) == 3 and not _under(objects, "claims"), objects
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +200,32 @@ def read_only(fleet: dict[str, Any], reader: dict[str, Any], s3_server: S3Server
 
 
 @pytest.mark.jax
-def test_a_read_only_host_writes_nothing_to_the_bucket(read_only: Any) -> None:
+def test_a_read_only_host_writes_nothing_to_the_bucket(
+    fleet: dict[str, Any], read_only: Any
+) -> None:
     before, report, after = read_only
     assert hits(report) == [1, 0]  # served from the bucket; a new program compiled
     assert after == before  # no entry, claim or record: every object as it was
+    # Nor a plan of its own in its host-local store, where the new program's entry is kept:
+    # the fleet's plan it fetched, as the bucket has it.
+    local = fleet["tmp"] / "c" / "xla_pcache" / "remote" / bucket.local_name(fleet["url"])
+    with Store(local, read_only=True, settings=Settings()) as store:
+        assert len(executables(store)) > len(_executables(before))
+        (plan,) = [e["key"] for e in store.entries() if e["name"] == worker_plan_name()]
+        blob = store.get(plan)
+        assert blob is not None
+        variants = _plan.decode(bytes(blob)).variants
+        stats = store.stats()
+    build = jax_build.build()
+    assert str(plan).endswith(build.suffix)
+    named = {
+        f"xla_pcache-1/entries/{entry_name(build.store_key(e.key))}"
+        for v in variants
+        for e in v.entries
+    }
+    assert named
+    assert named <= set(_executables(before)), "the plan names the new program"
+    assert stats["prefetch_plans_written"] == 0
 
 
 @pytest.mark.jax
@@ -191,10 +234,11 @@ def test_prune_keeps_the_bucket_within_budget_and_what_was_read_last(
 ) -> None:
     assert hits(reader) == [1]
     url, prefix = fleet["url"], fleet["prefix"]
-    # The entry E read: the one its host-local store holds.
-    (local,) = (fleet["tmp"] / "e" / "xla_pcache" / "remote").iterdir()
+    # The entry E read: program 0, the first host A wrote (E's plan loaded the fleet's other
+    # programs ahead too, unused: no use of them is recorded for the bucket).
+    local = fleet["tmp"] / "a" / "xla_pcache" / "remote" / bucket.local_name(url)
     with Store(local, read_only=True) as store:
-        (key,) = store.keys()
+        key = min(executables(store), key=lambda e: e["created"])["key"]
     first = entry_name(key)
     sizes = {p.rpartition("/")[2]: s for p, (s, _) in _objects(s3, prefix).items()}
     # Room for program 0's entry only: prune goes to 90 % of the stored budget.
@@ -202,12 +246,14 @@ def test_prune_keeps_the_bucket_within_budget_and_what_was_read_last(
     out = cli("config", "--path", url, "--max-size", str(budget))
     assert out.exit_code == 0, out.output
     stats = json.loads(cli("stats", "--path", url, "--json").output)
-    assert (stats["entries"], stats["max_size"], stats["records_pending"]) == (3, budget, 6)
+    # Three programs and the fleet's prefetch plan (an entry too, last written by the four
+    # hosts, before E's read).
+    assert (stats["entries"], stats["max_size"], stats["records_pending"]) == (4, budget, 6)
     assert stats["fill"] > 1
     out = cli("prune", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
-    assert (report["removed"], report["entries"]) == (2, 1), report
+    assert (report["removed"], report["entries"]) == (3, 1), report
     objects = _objects(s3, prefix)
     assert _under(objects, "entries") == [f"xla_pcache-1/entries/{first}"]
     assert not _under(objects, "records")  # folded into usage

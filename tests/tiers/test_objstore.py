@@ -17,13 +17,23 @@ from typing import Any
 import obstore
 import pytest
 import redis
-from xla_pcache import Store, entry_name
+from xla_pcache import Store, bucket, entry_name
 from xla_pcache._reports import tier_counters
+from xla_pcache.config import Settings
 from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, parse_object_url
 
 from tests.helpers import cli_out, hooks_env
-from tests.jax.helpers import finish_jax, hits, open_barrier, results, run_jax, runs, start_jax
+from tests.jax.helpers import (
+    finish_jax,
+    hits,
+    open_barrier,
+    results,
+    run_jax,
+    runs,
+    start_jax,
+    worker_plan_name,
+)
 from tests.tiers.servers import (
     S3_BUCKET,
     S3_SECRET_KEY,
@@ -280,6 +290,54 @@ def test_redis_s3_chain_backfills_redis(
     assert bytes(c.get("k") or b"") == b"payload" * 1000
 
 
+def test_a_replaced_record_is_replaced_in_every_tier(
+    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+) -> None:
+    """``Store.replace`` (a prefetch plan): the last writer's value, locally and in each
+    writable tier, where a put's first writer wins; a read-only store replaces nothing."""
+    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
+    a = Store(tmp_path / "a", remote=chain)
+    assert a.put("plan", b"first" * 100)
+    assert not a.put("plan", b"second" * 100), "a put creates only"
+    assert a.replace("plan", b"second" * 100, meta={"kind": "plan"})
+    _flush(a)
+    assert bytes(a.get("plan") or b"") == b"second" * 100
+    client = redis.Redis.from_url(redis_server.url)
+    # A host that has neither: from Redis, then from the bucket alone.
+    b = Store(tmp_path / "b", remote=chain)
+    blob = b.get("plan")
+    assert blob is not None and bytes(blob) == b"second" * 100 and blob.meta["kind"] == "plan"
+    client.flushall()
+    c = Store(tmp_path / "c", remote=chain)
+    assert bytes(c.get("plan") or b"") == b"second" * 100
+    ro = Store(tmp_path / "c", remote=chain, read_only=True)
+    assert not ro.replace("plan", b"third")
+    assert bytes(c.get("plan") or b"") == b"second" * 100
+
+
+def test_a_bucket_hosts_replace_goes_through_its_own_store(tmp_path: Path, s3: S3Server) -> None:
+    """``Store.replace`` on a bucket path's host-local store, which works beneath the handle
+    it was opened on: the bucket's copy is the last writer's, and a fresh host reads it; a
+    read-only host (``?ro=1``) replaces its own copy only, never the bucket's."""
+    url = s3.url(fresh_prefix())
+
+    def host(name: str, path: str = url) -> Any:
+        settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / name))
+        return bucket.open_store(path, settings=settings)
+
+    with host("a") as a:
+        assert a.put("plan", b"first" * 100)
+        assert a.replace("plan", b"second" * 100, meta={"kind": "plan"})
+        assert bytes(a.get("plan") or b"") == b"second" * 100
+    with host("b") as b:
+        assert bytes(b.get("plan") or b"") == b"second" * 100
+    with host("c", f"{url}?ro=1") as c:
+        assert c.replace("plan", b"third" * 100)
+        assert bytes(c.get("plan") or b"") == b"third" * 100
+    with host("d") as d:
+        assert bytes(d.get("plan") or b"") == b"second" * 100
+
+
 def test_read_only_tier_and_read_only_store_write_nothing(
     tmp_path: Path, s3: S3Server, redis_server: RedisServer
 ) -> None:
@@ -407,8 +465,8 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     got = [hits(r)[0] for r in reports]
     assert sorted(got) == [0, 1, 1, 1, 1, 1], got
     assert len({str(results(r)[5]) for r in reports}) == 1
-    # The claim is gone from the bucket once the entry is there.
-    names = _objects(s3_server, prefix)
+    # The claim is gone from the bucket once the entry is there (beside the processes' plan).
+    names = [n for n in _objects(s3_server, prefix) if not n.endswith(worker_plan_name())]
     assert [n.split("/")[1] for n in names] == ["entries"], names
 
 

@@ -116,7 +116,8 @@ def test_a_read_only_bucket_store_writes_nothing(
     source: str,
 ) -> None:
     """The store every adapter opens for a bucket path: a hit (a record), a put (an entry),
-    torch_xla's marker of what it published, the writers' prune and the budget."""
+    a replace (a prefetch plan's write), torch_xla's marker of what it published, the
+    writers' prune and the budget."""
     prefix, url = filled
     query, env, flag = BUCKET_SOURCES[source]
     for k, v in env.items():
@@ -126,6 +127,7 @@ def test_a_read_only_bucket_store_writes_nothing(
     store = bucket.open_store(url + query, settings=settings, read_only=True if flag else None)
     assert store.get("k1") is not None  # served from the bucket
     assert store.put("new", bytes(1000))  # kept by this host
+    assert store.replace("k2", bytes(500))  # this host's copy replaced, the bucket's kept
     store.mark_torch_xla("torch_xla/456", "456")
     with pytest.raises(_core.ReadOnlyError):
         store.bucket().prune()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -182,7 +183,7 @@ def test_late_install_is_refused(tmp_path: Path) -> None:
 @pytest.mark.torch_xla
 def test_a_host_local_dir_someone_else_made_is_refused(tmp_path: Path) -> None:
     """torch_xla's host-local directory on a scratch disk, made first by another user (as
-    root: handed to uid 4242; otherwise left writable by others) with a pool of its own in
+    root: handed to uid 4242; otherwise a link in its place) with a pool of its own in
     it: install() refuses it with one warning naming it, and the program runs, uncached,
     with nothing read from or written to that directory."""
     store = tmp_path / "store"
@@ -194,8 +195,10 @@ def test_a_host_local_dir_someone_else_made_is_refused(tmp_path: Path) -> None:
             os.chown(p, 4242, 4242)
         why = "belongs to"
     else:
-        os.chmod(scratch, 0o777)
-        why = "writable by others"
+        # Not root: a link in its place, refused the same way.
+        scratch.rename(tmp_path / "elsewhere")
+        scratch.symlink_to(tmp_path / "elsewhere")
+        why = "is not a directory that can be opened without following a link"
     before = tree(scratch)
     report = run_torch_xla(
         {"install": {"path": str(store), "local_dir": str(scratch)}, "graphs": ["add"]}
@@ -208,6 +211,45 @@ def test_a_host_local_dir_someone_else_made_is_refused(tmp_path: Path) -> None:
     assert report["counters"].get("PersistentCacheHit", 0) == 0
     assert tree(scratch) == before
     assert not store.exists() or torch_xla_entries(Store(store, read_only=True)) == {}
+
+
+@pytest.mark.torch_xla
+def test_an_earlier_releases_host_dir_is_repaired_and_serves_at_once(
+    two_runs: dict[str, Any], tmp_path: Path
+) -> None:
+    """The default host-local directory as an earlier release left it under ``umask 002``
+    (every directory 0775), with a group member's file in the pool under the graph's name.
+    main refused it, and torch_xla ran uncached at every start until someone ran chmod. Now
+    it is made 0700 and emptied with one warning naming it, and torch_xla, given its view
+    as ``/proc/self/fd/<n>``, loads the graph from the store in the same process."""
+    store = two_runs["store"]
+    ((name, digest),) = two_runs["first"]["view_after"].items()
+    home = tmp_path / "home"
+    local = home / "xla_pcache" / "torch_xla"
+    with Store(store, read_only=True) as s:
+        host = HostMirror(s, str(local))
+    dirs = [local, Path(host.root), Path(host.pool), Path(host.views)]
+    for d in dirs:
+        d.mkdir(parents=True)
+        os.chmod(d, 0o775)
+    (Path(host.pool) / name).write_bytes(b"the group member's executable")
+    report = run_torch_xla(
+        {"install": {"path": str(store), "read_only": True}, "graphs": ["add"]},
+        {"XDG_CACHE_HOME": str(home)},
+    )
+    assert report["results"]["add"] == [0.0, 2.0, 4.0, 6.0]
+    counters = report["counters"]
+    assert counters["PersistentCacheHit"] >= 1, counters
+    assert counters["PersistentCacheMiss"] == 0, counters
+    assert counters["PersistentCacheDeserializeFailure"] == 0, counters
+    repaired = [line for line in report["stderr"].splitlines() if "was this user's" in line]
+    assert len(repaired) == 1 and f"{local} was this user's" in repaired[0], report["stderr"]
+    assert report["sync"]["repaired"] == 1
+    assert {stat.S_IMODE(d.stat().st_mode) for d in dirs} == {0o700}
+    import hashlib
+
+    copy = (Path(host.pool) / name).read_bytes()
+    assert hashlib.sha256(copy).hexdigest() == digest
 
 
 @pytest.mark.torch_xla

@@ -51,7 +51,7 @@ def build_model(name: str) -> tuple[Any, tuple[Any, ...]]:
     """The demo's jitted train step, named ``name``, and its arguments (imports jax).
 
     Parameters and data come from numpy, not jax.random, so the train step is the only
-    program compiled. Shared with ``bench/jax_warm_start.py``.
+    program compiled.
     """
     import jax
     import jax.numpy as jnp
@@ -156,6 +156,9 @@ def _child(path: str, nonce: str) -> int:
         # What this process's hits saved, as the cache counts it (the compile time the
         # cold run recorded in the entry).
         "saved_s": _saved_seconds(xj.installed_store()),
+        # The loading-ahead plan the demo's processes share (docs/jax.md), removed with
+        # the demo's entries.
+        "plan_key": (xj.prefetch_report() or {}).get("plan_key"),
     }
     print(json.dumps(report))
     return 0
@@ -191,13 +194,14 @@ def _resolve_path(path: str | None) -> str:
     )
 
 
-def _remove_demo_entries(path: str, nonce: str) -> int:
+def _remove_demo_entries(path: str, nonce: str, plans: set[str]) -> tuple[int, int]:
+    """Removes the demo's executables and its processes' plans: how many of each."""
     from xla_pcache.store import Store
 
     with Store(path) as store:
         every = store.keys()  # a list, not a dict view
         mine = [k for k in every if str(k).startswith(f"jit_{DEMO_PREFIX}{nonce}")]
-        return sum(1 for k in mine if store.delete(k))
+        return sum(1 for k in mine if store.delete(k)), sum(1 for k in plans if store.delete(k))
 
 
 # The closing summary's fixed part; other counters show only when not zero.
@@ -279,9 +283,11 @@ def main(path: str | None = None, keep: bool = False) -> int:
     }
     console.print("Cache stats: " + ", ".join(f"{k}={v}" for k, v in listed.items()), markup=False)
     if not keep:
-        removed = _remove_demo_entries(root, nonce)
+        plans = {str(r["plan_key"]) for r in reports if r.get("plan_key")}
+        removed, planned = _remove_demo_entries(root, nonce, plans)
         noun = "entry" if removed == 1 else "entries"
-        console.print(f"Removed the demo's {removed} {noun} (--keep keeps them).")
+        also = " and its loading-ahead plan" if planned else ""
+        console.print(f"Removed the demo's {removed} {noun}{also} (--keep keeps them).")
 
     ok = bool(warm["hit"]) and not cold["hit"] and warm["loss"] == cold["loss"]
     if not ok:

@@ -118,6 +118,13 @@ _JAX_PROBE = textwrap.dedent(
         out["adapter"] = "ok"
     except Exception as exc:
         out["adapter"] = f"{type(exc).__name__}: {exc}"
+    try:
+        from jax._src import compilation_cache as cc
+        from xla_pcache.jax import _prefetch
+        form = _prefetch.read_form(cc)
+        out["prefetch"] = "ok" if isinstance(form, int) else form
+    except Exception as exc:
+        out["prefetch"] = f"{type(exc).__name__}: {exc}"
     x = np.arange(16, dtype=np.float32)
     compiled = jax.jit(lambda x: jnp.cumsum(jnp.sin(x) * 2.0)).lower(x).compile()
     expected = np.asarray(compiled(x))
@@ -280,6 +287,7 @@ _PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "serialize": bool,
     "load": bool,
     "adapter": str,
+    "prefetch": str,
     "detail": str,
     "bytes": int,
 }
@@ -463,6 +471,10 @@ def _open_store(
         # the stored budget and this environment's.
         info["stored_settings"] = dict(store.cache_settings())
         info["max_age_s"] = stats.get("max_age_s")
+        # Loading ahead, summed over every process (docs/jax.md, "Loading ahead").
+        info["prefetch"] = {
+            k.removeprefix("prefetch_"): v for k, v in stats.items() if k.startswith("prefetch_")
+        }
     except Exception as exc:
         info["stats_error"] = f"{type(exc).__name__}: {exc}"
     problems: list[str] = []
@@ -587,7 +599,20 @@ def collect(path: str | None) -> dict[str, Any]:
         "frameworks": frameworks,
         "activation": _activation(settings),
         "jax_caching": _jax_caching(settings),
+        "prefetch": _prefetch_settings(settings),
         "problems": problems,
+    }
+
+
+def _prefetch_settings(settings: Settings) -> dict[str, Any]:
+    """How JAX processes started with this environment load ahead."""
+    from xla_pcache.config import PREFETCH_VAR
+
+    return {
+        "state": "on" if settings.prefetch else f"off ({PREFETCH_VAR}=0)",
+        "threads": settings.prefetch_thread_count(),
+        "memory": settings.prefetch_memory,
+        "name": settings.prefetch_name,
     }
 
 
@@ -669,6 +694,7 @@ def _render(console: Console, report: dict[str, Any]) -> None:
         )
     for option, setting in caching.items():
         console.print(f"  {_e(option)} = {_e(setting['value'])} (from {_e(setting['source'])})")
+    _render_prefetch(console, report)
     table = Table(title="Frameworks")
     for column in ("framework", "versions", "backend", "serialize", "load", "note"):
         table.add_column(column)
@@ -735,6 +761,35 @@ def _render_builds(console: Console, frameworks: dict[str, Any]) -> None:
                 "    [red]the record of identities was refused[/] (see the warning): every "
                 "process hashes the binaries"
             )
+
+
+def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
+    from xla_pcache.metrics import human_duration
+    from xla_pcache.sizes import format_size
+
+    pf = report.get("prefetch")
+    jax = report["frameworks"].get("jax")
+    if not pf or jax is None:
+        return
+    line = f"Loading ahead (JAX): {_e(pf['state'])}"
+    if pf["state"] == "on":
+        hook = jax.get("prefetch")
+        line += (
+            f", {pf['threads']} threads, up to {format_size(pf['memory'])} loaded and not yet "
+            f"used; plans named by {_e(pf['name'] or 'the main module or script')}"
+        )
+        if hook is not None and hook != "ok":
+            line += f"; [red]off in this JAX[/]: {_e(hook)}"
+    console.print(line)
+    counts = report["cache"].get("prefetch")
+    if counts:
+        console.print(
+            f"  so far: {counts.get('planned', 0)} planned, {counts.get('loaded', 0)} loaded "
+            f"ahead, {counts.get('used', 0)} used, {counts.get('wasted', 0)} wasted, "
+            f"{counts.get('errors', 0)} failed, time saved "
+            f"{human_duration(counts.get('saved_ms', 0) / 1000)}; plans written "
+            f"{counts.get('plans_written', 0)}, refused {counts.get('plans_refused', 0)}"
+        )
 
 
 def _console() -> Console:

@@ -54,6 +54,15 @@ _STAT_ROWS = (
     ("claim_wait_timeouts", "waits that ran out"),
     ("claim_takeovers", "claims taken over (holder gone)"),
     ("claims_abandoned", "claims given up unpublished"),
+    # Loading ahead (JAX): see docs/jax.md.
+    ("prefetch_planned", "executables planned to load ahead"),
+    ("prefetch_loaded", "loaded ahead"),
+    ("prefetch_used", "loaded ahead and used (each also a hit)"),
+    ("prefetch_wasted", "loaded ahead, never used"),
+    ("prefetch_errors", "failed to load ahead"),
+    ("prefetch_saved_ms", "time loading ahead saved"),
+    ("prefetch_plans_written", "plans written"),
+    ("prefetch_plans_refused", "plans refused"),
 )
 
 
@@ -87,7 +96,7 @@ def _stat_text(name: str, value: object) -> str:
         return f"{format_size(value)} ({value:,} B)"
     if name == "claim_wait_ms" and isinstance(value, int):
         return f"{value / 1000:,.1f} s"
-    if name == "compile_saved_ms" and isinstance(value, int):
+    if name in ("compile_saved_ms", "prefetch_saved_ms") and isinstance(value, int):
         from xla_pcache.metrics import human_duration
 
         return human_duration(value / 1000)

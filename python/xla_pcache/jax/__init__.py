@@ -22,7 +22,7 @@ from xla_pcache import bucket, builds, metrics
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
-from xla_pcache.jax import _adopt, _build, _single_flight
+from xla_pcache.jax import _adopt, _build, _prefetch, _single_flight
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._store_cache import _StoreCacheImpl
 from xla_pcache.sizes import parse_duration, parse_size
@@ -34,6 +34,7 @@ __all__ = [
     "activation",
     "install",
     "installed_store",
+    "prefetch_report",
     "thresholds",
     "uninstall",
 ]
@@ -187,6 +188,11 @@ class _Installation:
     adopter: _adopt.Adopter | None = None
     # JAX's get_cache_key, when _adopt.KeyAliases stands in for it.
     original_get_cache_key: Callable[..., str] | None = None
+    # Loading ahead: the form of JAX's cache read the wrapper stands in for (None: off), the
+    # settings it runs with, and the session of the cache JAX uses now.
+    prefetch_form: int | None = None
+    settings: Settings = dataclasses.field(default_factory=Settings)
+    session: _prefetch.Prefetch | None = None
 
 
 _state_lock = threading.RLock()
@@ -325,6 +331,31 @@ def _factory(path: str) -> tuple[Any, str] | None:
         on_miss=inst.on_miss,
         build=build,
     )
+    # The verification wrapper forces a compile at the first read of every key: nothing
+    # loaded ahead would be used, so there is no session under it.
+    session = None
+    if inst.prefetch_form is not None and not verify:
+        settings = inst.settings
+        session = _prefetch.Prefetch(
+            store,
+            hooks.cc,
+            threads=settings.prefetch_thread_count(),
+            memory=settings.prefetch_memory,
+            name=settings.prefetch_name,
+            jax_version=str(hooks.jax.__version__),
+            form=inst.prefetch_form,
+            build=build,
+            # A read-only process, and a bucket path's host that writes nothing to the
+            # bucket, load from the plan the writers keep and write none.
+            write_plans=not (store.read_only or getattr(store, "bucket_ro", False)),
+        )
+    cache.prefetch = session
+    with _state_lock:
+        # JAX builds a new cache after reset_cache or a new directory: the last one's
+        # session ends (its plan written, what it loaded released).
+        previous, inst.session = inst.session, session
+    if previous is not None:
+        previous.close()
     if verify:
         cache = hooks.verification_cache(cache)
     return cache, path
@@ -365,6 +396,7 @@ def install(
     compile_wait: float | None = None,
     min_compile_time: float | str | None = None,
     min_entry_size: int | str | None = None,
+    prefetch: bool | None = None,
 ) -> Store | None:
     """Make every JAX compilation in this process read and write an xla_pcache store.
 
@@ -378,7 +410,9 @@ def install(
     compiling the same program (single flight, see docs/jax.md; 0 turns it off);
     ``min_compile_time`` (seconds) and ``min_entry_size`` (bytes) from
     ``XLA_PCACHE_MIN_COMPILE_TIME`` / ``XLA_PCACHE_MIN_ENTRY_SIZE``, else 0: what is worth
-    caching.
+    caching; ``prefetch`` from ``XLA_PCACHE_PREFETCH``, else on: load the executables this
+    program's earlier runs read ahead, on a thread pool, from its first cache read on
+    (docs/jax.md, "Loading ahead").
 
     Sets ``jax_compilation_cache_dir`` to the path (JAX only consults a cache when it is
     set) and ``jax_persistent_cache_enable_xla_caches`` to ``"none"``, which makes keys
@@ -492,6 +526,11 @@ def install(
             jax_config.update(_RAISE_ERRORS_OPTION, True)
         if resolved_wait > 0 and hooks.compiler is not None:
             _single_flight.install_hook(hooks.compiler)
+        _installed.settings = settings
+        wants_prefetch = settings.prefetch if prefetch is None else bool(prefetch)
+        if wants_prefetch and store is not None and _prefetch.install_hook(hooks.cc):
+            form = _prefetch.read_form(hooks.cc)
+            _installed.prefetch_form = form if isinstance(form, int) else None
         if store is not None and url is None and _is_local(resolved_path):
             sources = _adopt.sources(store, resolved_path, previous_dir, local=_is_local)
             if sources:
@@ -536,6 +575,10 @@ def uninstall() -> None:
             cc.get_cache_key = inst.original_get_cache_key
         if inst.hooks.compiler is not None:
             _single_flight.uninstall_hook(inst.hooks.compiler)
+        _prefetch.uninstall_hook(cc)
+        if inst.session is not None:
+            inst.session.close()
+            inst.session = None
         config = inst.hooks.jax.config
         config.update(_CACHE_DIR_OPTION, inst.previous_cache_dir)
         for decision in inst.thresholds:
@@ -626,3 +669,21 @@ def installed_store() -> Store | None:
     """The store ``install()`` opened, or None when not installed (or it failed to open)."""
     with _state_lock:
         return None if _installed is None else _installed.store
+
+
+def prefetch_report() -> dict[str, Any] | None:
+    """What loading ahead did in this process so far: the workload its plan is named for,
+    the plan's key, how many executables the plan named and what became of each (``taken``
+    by a read, ``loaded`` and not yet asked for, ``skipped``, ``missing`` from the store,
+    ``failed``, ``released`` unused), and this process's ``prefetch_*`` counters. None when
+    loading ahead is off (or JAX has not built its cache yet)."""
+    with _state_lock:
+        session = None if _installed is None else _installed.session
+        store = None if _installed is None else _installed.store
+    if session is None:
+        return None
+    report = session.report()
+    if store is not None:
+        counters = store.process_stats()
+        report["counters"] = {k: v for k, v in counters.items() if k.startswith("prefetch_")}
+    return report

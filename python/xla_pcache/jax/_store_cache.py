@@ -12,7 +12,7 @@ from typing import Any
 from xla_pcache import builds, explain
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import package_logger
-from xla_pcache.jax import _adopt, _build, _keyparts, _single_flight
+from xla_pcache.jax import _adopt, _build, _keyparts, _plan, _prefetch, _single_flight
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
@@ -57,6 +57,9 @@ class _StoreCacheImpl:
     """
 
     _path: pathlib.Path
+    # Loading ahead for this cache (``_prefetch``): what the wrapped
+    # ``get_executable_and_time`` looks for on JAX's cache; None: reads go JAX's way.
+    prefetch: _prefetch.Prefetch | None = None
 
     def __init__(
         self,
@@ -177,7 +180,13 @@ class _StoreCacheImpl:
                     skey,
                 )
                 self._store.delete(skey)
-            self._store.put(skey, value, meta=self._put_meta(key, value))
+            meta = self._put_meta(key, value)
+            # What loading ahead checks a plan against: the options and devices of this
+            # process's read of the key, which missed.
+            digest = self.prefetch.load_digest(key) if self.prefetch is not None else None
+            if digest is not None:
+                meta[_plan.META_LOAD_DIGEST] = digest
+            self._store.put(skey, value, meta=meta)
         except Exception as exc:
             self._warn("write", key, exc)
 

@@ -163,9 +163,9 @@ def _takes(slot: _Slot, names: Sequence[str]) -> bool:
     return not slot.read_only and (len(names) > 1 or not slot.trust_required)
 
 
-def _write(slot: _Slot, names: Sequence[str], data: Buffer) -> None:
+def _write(slot: _Slot, names: Sequence[str], data: Buffer, replace: bool = False) -> None:
     plain, *own = names
-    slot.tier.put_async(plain, data)
+    slot.tier.put_async(plain, data, replace=replace)
     for name in own:
         # The signer's own object: what a trusting reader finds there even when the plain
         # one holds an entry it would not trust (planted before or after this one).
@@ -323,13 +323,15 @@ class Chain:
                 slot.backfills += 1
             self._persist("remote_backfills", 1, slot)
 
-    def put_async(self, names: Sequence[str], data: Buffer) -> None:
+    def put_async(self, names: Sequence[str], data: Buffer, *, replace: bool = False) -> None:
         """Writes the entry file ``data`` (as a put just wrote it) to every writable tier
         under ``names``: the key's plain name and, for a signed entry, its signer's own name
-        for the key. A tier with ``?trust=required`` takes only a signed entry."""
+        for the key. A tier with ``?trust=required`` takes only a signed entry. With
+        ``replace`` the plain name's object is overwritten too (``Store.replace``: a record
+        that changes); otherwise the first writer wins there."""
         for slot in self._slots:
             if _takes(slot, names):
-                _write(slot, names, data)
+                _write(slot, names, data, replace)
 
     def flush(self) -> None:
         for slot in self._slots:

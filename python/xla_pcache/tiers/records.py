@@ -62,21 +62,24 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class HitRecorder:
     """Records this host's uses of a bucket's entries, and prunes it from writers.
 
-    ``root``: the host-local store's directory (the spool lives beneath it);
+    ``root_fd``: a descriptor of the host-local store's directory (``Store.root_fd``: the
+    spool lives beneath the directory the store works in), the recorder's from then on,
+    closed by ``close`` (the store closes first: its last writes count in the record);
     ``open_bucket``: makes the bucket's ``upkeep.Bucket`` (on first upload);
     ``written``: this process's cumulative (entries, bytes) written to the bucket;
     ``interval``: seconds between uploads, and between two notes of one entry."""
 
     def __init__(
         self,
-        root: str,
+        root_fd: int,
         open_bucket: Callable[[], upkeep.Bucket],
         written: Callable[[], tuple[int, int]],
         *,
         interval: float,
         auto_prune: bool,
     ) -> None:
-        self.root = root
+        self._root_fd = root_fd
+        self._root_lock = threading.Lock()
         self.interval = interval
         self.auto_prune = auto_prune
         self._open_bucket = open_bucket
@@ -149,6 +152,11 @@ class HitRecorder:
         if self._used and not self._closed:
             self._closed = True
             self.flush(final=True)
+        with self._root_lock:
+            root, self._root_fd = self._root_fd, -1
+        if root >= 0:
+            with contextlib.suppress(OSError):
+                os.close(root)
 
     # ---------------------------------------------------------------- the spool
     def _warn(self, what: str, e: BaseException) -> None:
@@ -162,13 +170,12 @@ class HitRecorder:
             )
 
     def _spool_fd(self) -> int:
-        root = os.open(self.root, _DIR_FLAGS)
-        try:
+        with self._root_lock:
+            if self._root_fd < 0:
+                raise OSError(errno.EBADF, "the recorder is closed")
             with contextlib.suppress(FileExistsError):
-                os.mkdir(SPOOL_DIR, 0o700, dir_fd=root)
-            return os.open(SPOOL_DIR, _DIR_FLAGS, dir_fd=root)
-        finally:
-            os.close(root)
+                os.mkdir(SPOOL_DIR, 0o700, dir_fd=self._root_fd)
+            return os.open(SPOOL_DIR, _DIR_FLAGS, dir_fd=self._root_fd)
 
     def flush(self, final: bool = False) -> None:
         """Spools what this process noted and wrote since the last call, then uploads the

@@ -421,13 +421,20 @@ def install(
                 "before any tensor is moved to or computed on the XLA device."
             )
         root = os.fspath(local_dir) if local_dir is not None else settings.torch_xla_local_root()
+        # A root the user named is never changed (see _host_mirror).
+        named = local_dir is not None or settings.torch_xla_local_dir is not None
         build = _runtime_build()
         store = None if build is None else _open_store(resolved, size, ro, build=build)
         if store is None or build is None:
             _start_without_cache(xlac, resolved, ro)
             return None
         mirror = HostMirror(
-            store, root, meta=_producer_meta, compile_time=_compile_times, build=build
+            store,
+            root,
+            meta=_producer_meta,
+            compile_time=_compile_times,
+            build=build,
+            named_root=named,
         )
         if not _own_dirs(mirror, "torch_xla runs with no persistent cache in this process"):
             store.close()
@@ -437,14 +444,14 @@ def install(
             mirror.on_publish = functools.partial(_on_publish, store, builds.OtherBuilds(build))
         mirror.refresh_pool()
         try:
-            view = mirror.open_view()
+            mirror.open_view()
         except Exception as exc:
             mirror.warn(f"creating a host-local cache directory under {root}", exc)
             mirror.close_view()
             store.close()
             _start_without_cache(xlac, resolved, ro)
             return None
-        _start_cache(xlac, view, ro)
+        _start_cache(xlac, mirror.torch_path(), ro)
         _hide_from_children(resolved)
         inst = TorchXlaCache(store, mirror, ro, sync_interval)
         inst.max_size = size
@@ -466,6 +473,7 @@ def _own_dirs(mirror: HostMirror, instead: str) -> bool:
     try:
         mirror.check_dirs()
     except (CacheError, OSError) as exc:
+        mirror.close_dirs()
         logger.warning(
             "xla_pcache: torch_xla's host-local directory is refused: %s; %s (make it this "
             "user's own and writable by no one else, or set %s to a directory of your own)",
@@ -533,6 +541,7 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
         meta=_producer_meta,
         compile_time=_compile_times,
         build=build,
+        named_root=inst.mirror.named_root,
     )
     if not _own_dirs(
         mirror, f"torch_xla.runtime.initialize_cache keeps the cache at {inst.store.path}"

@@ -20,13 +20,22 @@ writing them in place. This module keeps such directories in step with a shared 
     ``views/<id>.lock``  fcntl-locked for the life of the process, so others can tell a view
                          whose owner died and remove it.
 
-Every directory here is this user's own (``_core.own_directory``, the verification record's
-rule): made mode 0700 whatever the umask, and used only when it is owned by this user and
-writable by nobody else. torch_xla loads what its view holds, so whoever else could write a
-pool (a group member under ``umask 002``, the user who made a scratch disk's directory
-first) would choose what this process runs: such a directory is refused (``check_dirs``)
-and torch_xla runs without a persistent cache, with one warning naming it. A pool file is
-linked only when it is a regular file of this user's.
+Every directory here is this user's own (``_owndir``, the verification record's rule):
+made mode 0700 whatever the umask, and used only when it is owned by this user and writable
+by nobody else. torch_xla loads what its view holds, so whoever else could write a pool (a
+group member under ``umask 002``, the user who made a scratch disk's directory first) would
+choose what this process runs. One another user owns, or a link, is refused
+(``check_dirs``) and torch_xla runs without a persistent cache, with one warning naming
+it. One of this user's that others can write (an earlier release made it under ``umask
+002``) is repaired: made 0700, and everything in it discarded, since others could have put
+anything there (the copies are made again from the store). A local root the user named
+(``named_root``) is never changed: when others can write it, this user's own directory
+``xla_pcache-<uid>`` beneath it holds the host's directory instead. Each directory is
+checked on the handle it is used through: the host's directory is opened once and kept, and
+everything beneath it is reached through it (``dir_fd=``), so a directory renamed into the
+local root's place later, by whoever can write its parent, is never used; torch_xla is given
+its view as ``/proc/self/fd/<n>`` (``torch_path``), a path no rename redirects. A pool file
+is linked only when it is a regular file of this user's.
 
 Why a view per process rather than pointing torch_xla at the pool: torch_xla checks that a
 file is absent and then opens it with truncation, with no lock between the two. In a
@@ -53,7 +62,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xla_pcache._core import FORMAT_VERSION, hash_key, own_directory
+from xla_pcache._core import FORMAT_VERSION, CacheError, hash_key
+from xla_pcache._owndir import OwnDir, Rule, open_own, pinned_path
 from xla_pcache._text import package_logger
 from xla_pcache.builds import Build
 from xla_pcache.misslog import META_COMPILE_TIME
@@ -70,6 +80,12 @@ MANIFEST_VERSION = 1
 # is free: its owner may be between creating the file and locking it.
 VIEW_GRACE_S = 60.0
 _TMP_PREFIX = ".tmp-"
+POOL = "pool"
+VIEWS = "views"
+MANIFEST = "manifest.json"
+# Said when a directory an earlier release left open to the group is emptied.
+_REFETCHED = "torch_xla's host copies are made again from the store"
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def is_torch_xla_name(name: str) -> bool:
@@ -103,6 +119,8 @@ class Counters:
     linked: int = 0
     header_scans: int = 0
     errors: int = 0
+    # Host directories an earlier release left open to the group, made 0700 and emptied.
+    repaired: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -123,7 +141,8 @@ class HostMirror:
 
     ``meta`` is called at publish time for the producer metadata. Every public method
     turns failures into logged warnings and counters, except ``open_view`` which raises
-    ``OSError`` so the caller can fall back to no persistent cache at all.
+    ``OSError`` (``CacheError`` for a refused directory) so the caller can fall back to no
+    persistent cache at all.
     """
 
     store: Store
@@ -139,6 +158,10 @@ class HostMirror:
     # (``store_key``), and its host directory is its own, so no process of another build
     # ever links a copy in.
     build: Build | None = None
+    # ``local_root`` was named by the user (``XLA_PCACHE_TORCH_XLA_LOCAL_DIR``,
+    # ``install(local_dir=)``): never changed, and when others can write it, this user's own
+    # directory beneath it is used (see the module's docstring).
+    named_root: bool = False
 
     def __post_init__(self) -> None:
         real = os.path.realpath(self.store.path)
@@ -146,12 +169,16 @@ class HostMirror:
         # directory; the hash keeps two stores, and two builds of one store, apart.
         host = socket.gethostname().split(".")[0] or "host"
         ident = real if self.build is None else f"{real}\0{self.build.digest}"
-        self.root = os.path.join(self.local_root, f"{host}-{hash_key(ident)[:16]}")
-        self.pool = os.path.join(self.root, "pool")
-        self.trusted_pools = os.path.join(self.root, TRUSTED_POOLS)
-        self.views = os.path.join(self.root, "views")
-        self.manifest_path = os.path.join(self.root, "manifest.json")
+        self.host_name = f"{host}-{hash_key(ident)[:16]}"
+        # Where the host's directory is; under a named root others can write, one level
+        # deeper, once ``check_dirs`` has opened it.
+        self.root = os.path.join(self.local_root, self.host_name)
         self.view: str | None = None
+        self._host: OwnDir | None = None
+        # The views' directory and this process's view, open while the view lives.
+        self._views: OwnDir | None = None
+        self._view_fd: int | None = None
+        self._handed_out = False
         self._lock_fd: int | None = None
         self._watch_fd: int | None = None
         # name -> (dev, ino) of the pool file linked into the view at open: not torch_xla's.
@@ -173,6 +200,22 @@ class HostMirror:
         name = key[len(KEY_PREFIX) : len(key) - len(suffix)]
         return name if is_torch_xla_name(name) else ""
 
+    @property
+    def pool(self) -> str:
+        return os.path.join(self.root, POOL)
+
+    @property
+    def trusted_pools(self) -> str:
+        return os.path.join(self.root, TRUSTED_POOLS)
+
+    @property
+    def views(self) -> str:
+        return os.path.join(self.root, VIEWS)
+
+    @property
+    def manifest_path(self) -> str:
+        return os.path.join(self.root, MANIFEST)
+
     # -- failures ----------------------------------------------------------------------
 
     def warn(self, what: str, exc: BaseException) -> None:
@@ -192,18 +235,61 @@ class HostMirror:
     # -- the host's own directories ----------------------------------------------------
 
     def check_dirs(self) -> None:
-        """Make (mode 0700) and check every directory this process will use: the local root,
-        the host's directory, the pools it may link from and the views' directory, each
-        this user's own and writable by nobody else. ``CacheError`` naming the first that
-        is not (the caller then runs torch_xla without this mirror)."""
-        for path in (self.local_root, self.root, *self._pool_dirs(), self.views):
-            own_directory(path)
+        """Open (each absent one made 0700) and check every directory this process will use:
+        the local root, the host's directory, the pools it may link from and the views'
+        directory, each this user's own and writable by nobody else (one an earlier release
+        left open to the group is repaired: made 0700 and emptied). ``CacheError`` naming
+        the first that is refused (the caller then runs torch_xla without this mirror)."""
+        for rel in (VIEWS, *self._pool_rels()):
+            self._sub(rel).close()
 
-    def _pool_dirs(self) -> list[str]:
-        """The pools this process may link from, and the directory above them if not the
-        host's."""
-        pools = self.pools()
-        return [self.trusted_pools, *pools] if self.store.trusted_keys is not None else pools
+    def _host_dir(self) -> OwnDir:
+        """The host's directory, opened (and the local root checked) at the first call and
+        kept: everything beneath it is reached through this handle."""
+        if self._host is None:
+            rule: Rule = "named" if self.named_root else "repair"
+            with open_own(self.local_root, rule=rule, refetched=_REFETCHED) as local:
+                self._note(local)
+                host = open_own(self.host_name, rule="repair", parent=local, refetched=_REFETCHED)
+            self._note(host)
+            self.root = host.path
+            self._host = host
+        return self._host
+
+    def _sub(self, rel: str) -> OwnDir:
+        """The directory ``rel`` (``pool``, ``views``, ``trusted/<key pool>``) beneath the
+        host's, each component opened beneath the last and checked; the caller closes it."""
+        d = self._host_dir()
+        opened: list[OwnDir] = []
+        try:
+            for part in rel.split("/"):
+                d = open_own(part, rule="repair", parent=d, refetched=_REFETCHED)
+                opened.append(d)
+                self._note(d)
+        except BaseException:
+            for o in opened:
+                o.close()
+            raise
+        for o in opened[:-1]:
+            o.close()
+        return d
+
+    def _note(self, d: OwnDir) -> None:
+        if d.repaired:
+            self.counters.repaired += 1
+
+    def close_dirs(self) -> None:
+        """Let go of the host's directory (the view, if any, keeps its own handles)."""
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+
+    def _pool_rels(self) -> list[str]:
+        """The pools this process may link from, beneath the host's directory (``pools``)."""
+        keys = self.store.trusted_keys
+        if keys is None:
+            return [POOL]
+        return [f"{TRUSTED_POOLS}/{key_pool_name(n, pub)}" for n, pub in keys]
 
     # -- store -> pool -------------------------------------------------------------------
 
@@ -211,29 +297,47 @@ class HostMirror:
         """Hex names of the store's entry files, by reading directories only.
 
         Relies on the store's format-1 layout (``entries/<2 hex>/<32 hex>``); on any other
-        format returns None and the caller reads entry headers instead.
+        format returns None and the caller reads entry headers instead. Read beneath the
+        directory the store itself works in (``Store.root_fd``).
         """
         if FORMAT_VERSION != 1:
             return None
-        top = os.path.join(self.store.path, "entries")
         names: set[str] = set()
         try:
-            shards = list(os.scandir(top))
-        except FileNotFoundError:
-            return names
-        for shard in shards:
-            if len(shard.name) != 2 or not shard.is_dir(follow_symlinks=False):
-                continue
+            root = self.store.root_fd()
+        except (OSError, CacheError):
+            return None  # its directory is gone: the entries' headers say what is left
+        try:
             try:
-                with os.scandir(shard.path) as it:
-                    names.update(e.name for e in it if len(e.name) == 32)
+                top = os.open("entries", _O_DIR, dir_fd=root)
             except FileNotFoundError:
-                continue
+                return names
+            except OSError:
+                return None  # not a real directory: the store's own walk says what is there
+        finally:
+            os.close(root)
+        try:
+            with os.scandir(top) as it:
+                shards = [e.name for e in it if len(e.name) == 2]
+            for shard in shards:
+                try:
+                    fd = os.open(shard, _O_DIR, dir_fd=top)
+                except OSError:
+                    continue  # gone, or not a real directory (a link): holds no entry
+                try:
+                    with os.scandir(fd) as it:
+                        names.update(e.name for e in it if len(e.name) == 32)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(top)
         return names
 
     def _load_manifest(self) -> dict[str, str]:
         try:
-            with open(self.manifest_path, encoding="utf-8") as f:
+            host = self._host_dir().fd
+            fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=host)
+            with open(fd, encoding="utf-8") as f:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
@@ -248,17 +352,20 @@ class HostMirror:
         return {str(k): str(v) for k, v in names.items()}
 
     def _save_manifest(self, names: dict[str, str]) -> None:
-        tmp = f"{self.manifest_path}.{os.getpid()}.{secrets.token_hex(4)}"
+        host = self._host_dir().fd
+        tmp = f"{MANIFEST}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=host
+            )
             with open(fd, "w", encoding="utf-8") as f:
                 json.dump(
                     {"version": MANIFEST_VERSION, "store": self.store.path, "names": names}, f
                 )
-            os.replace(tmp, self.manifest_path)
+            os.replace(tmp, MANIFEST, src_dir_fd=host, dst_dir_fd=host)
         except OSError as exc:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=host)
             self.warn("writing the host manifest", exc)
 
     def _scan_headers(self) -> tuple[dict[str, str], list[tuple[float, str, int]]]:
@@ -298,25 +405,33 @@ class HostMirror:
         call: with trusted keys, the directory of each key it trusts now, in the set's order
         (a copy verified against a key the set no longer holds is never linked); without,
         the pool of unverified copies."""
-        keys = self.store.trusted_keys
-        if keys is None:
-            return [self.pool]
-        return [os.path.join(self.trusted_pools, key_pool_name(n, pub)) for n, pub in keys]
+        return [os.path.join(self.root, rel) for rel in self._pool_rels()]
 
     def _pool_for(self, signer: str | None) -> str | None:
-        """Where a copy the store verified goes: the pool of the trusted key that signed it
-        (None if the store trusts no such key), or the unverified pool."""
+        """Where a copy the store verified goes (beneath the host's directory): the pool of
+        the trusted key that signed it (None if the store trusts no such key), or the
+        unverified pool."""
         keys = self.store.trusted_keys
         if keys is None:
-            return self.pool
+            return POOL
         for n, pub in keys:
             if n == signer:
-                return os.path.join(self.trusted_pools, key_pool_name(n, pub))
+                return f"{TRUSTED_POOLS}/{key_pool_name(n, pub)}"
         return None
 
     def _refresh_pool(self) -> None:
-        pools = self.pools()
+        rels = self._pool_rels()
         self.check_dirs()
+        pools: dict[str, OwnDir] = {}
+        try:
+            for rel in rels:
+                pools[rel] = self._sub(rel)
+            self._refresh_pools(pools)
+        finally:
+            for d in pools.values():
+                d.close()
+
+    def _refresh_pools(self, pools: dict[str, OwnDir]) -> None:
         started_ns = time.time_ns()
         listing = self._store_listing()
         manifest = self._load_manifest()
@@ -327,14 +442,14 @@ class HostMirror:
             names = {h: manifest[h] for h in listing}
         wanted = {tx for tx in names.values() if tx}
         held: dict[str, int] = {}
-        for pool in pools:
+        for pool in pools.values():
             found = self._pool_files(pool)
             for tx in found.keys() - wanted:
                 # Only files older than this scan: one another process just published may
                 # not have been in the listing yet.
                 if found[tx].st_ctime_ns < started_ns:
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(pool, tx))
+                        os.unlink(tx, dir_fd=pool.fd)
                         self.counters.removed_from_pool += 1
                 del found[tx]
             for tx, st in found.items():
@@ -349,30 +464,32 @@ class HostMirror:
             for _, tx, _size in sorted(order, reverse=True):
                 if tx not in missing:
                     continue
-                added = self._materialize(tx, budget, used)
+                added = self._materialize(tx, budget, used, pools)
                 if added is None:
                     break
                 used += added
         if names != manifest:
             self._save_manifest(names)
 
-    def _pool_files(self, pool: str) -> dict[str, os.stat_result]:
+    def _pool_files(self, pool: OwnDir) -> dict[str, os.stat_result]:
         out: dict[str, os.stat_result] = {}
-        with os.scandir(pool) as it:
+        with os.scandir(pool.fd) as it:
             for e in it:
                 if is_torch_xla_name(e.name):
                     with contextlib.suppress(FileNotFoundError):
                         out[e.name] = e.stat(follow_symlinks=False)
                 elif e.name.startswith(_TMP_PREFIX):
-                    self._sweep_tmp(e)
+                    self._sweep_tmp(e, pool)
         return out
 
-    def _sweep_tmp(self, e: os.DirEntry[str]) -> None:
+    def _sweep_tmp(self, e: os.DirEntry[str], pool: OwnDir) -> None:
         with contextlib.suppress(OSError):
             if time.time() - e.stat(follow_symlinks=False).st_mtime > 3600:
-                os.unlink(e.path)
+                os.unlink(e.name, dir_fd=pool.fd)
 
-    def _materialize(self, tx: str, budget: int | None, used: int) -> int | None:
+    def _materialize(
+        self, tx: str, budget: int | None, used: int, pools: dict[str, OwnDir]
+    ) -> int | None:
         """Copy one verified entry into the pool; its size, 0 if gone, None if over budget.
 
         Read without counting a use: filling the host's copy is no hit; torch_xla's load of
@@ -383,15 +500,17 @@ class HostMirror:
         if blob is None:
             return 0
         # Filed by the key it was verified against: only processes trusting that key link it.
-        pool = self._pool_for(blob.signer)
+        rel = self._pool_for(blob.signer)
+        pool = None if rel is None else pools.get(rel)
         if pool is None:
             return 0
         size = len(blob)
         if budget is not None and used + size > budget:
             return None
-        tmp = os.path.join(pool, f"{_TMP_PREFIX}{tx}.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = f"{_TMP_PREFIX}{tx}.{os.getpid()}.{secrets.token_hex(4)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+            fd = os.open(tmp, flags, 0o444, dir_fd=pool.fd)
             try:
                 with memoryview(blob) as view:
                     written = 0
@@ -401,10 +520,10 @@ class HostMirror:
                 os.close(fd)
             # Whole file or nothing under the final name; another host process doing the
             # same replaces an equal copy.
-            os.replace(tmp, os.path.join(pool, tx))
+            os.replace(tmp, tx, src_dir_fd=pool.fd, dst_dir_fd=pool.fd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=pool.fd)
             raise
         self.counters.materialized += 1
         return size
@@ -412,55 +531,94 @@ class HostMirror:
     # -- views -----------------------------------------------------------------------
 
     def open_view(self) -> str:
-        """Create this process's torch_xla directory, linked to every pool file."""
+        """Create this process's torch_xla directory, linked to every pool file; its path
+        (``torch_path`` is the one to give torch_xla)."""
         self.check_dirs()
-        self._sweep_views()
-        ident = f"{os.getpid()}-{secrets.token_hex(4)}"
-        lock_path = os.path.join(self.views, f"{ident}.lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        # Where locks fail the view is still ours; sweepers just cannot tell it is alive.
-        with contextlib.suppress(OSError):
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._lock_fd = fd
-        view = os.path.join(self.views, ident)
-        os.mkdir(view, 0o700)
-        self.view = view
+        views = self._sub(VIEWS)
+        try:
+            self._sweep_views(views)
+            ident = f"{os.getpid()}-{secrets.token_hex(4)}"
+            fd = os.open(
+                f"{ident}.lock",
+                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=views.fd,
+            )
+            # Where locks fail the view is still ours; sweepers just cannot tell it is alive.
+            with contextlib.suppress(OSError):
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock_fd = fd
+            os.mkdir(ident, 0o700, dir_fd=views.fd)
+            self._view_fd = os.open(ident, _O_DIR, dir_fd=views.fd)
+        except BaseException:
+            views.close()
+            raise
+        self._views = views
+        self.view = os.path.join(views.path, ident)
         self._link_pool()
         self._watch_view()
-        return view
+        return self.view
+
+    def torch_path(self) -> str | None:
+        """The path to give torch_xla for the view: ``/proc/self/fd/<n>`` of the handle it
+        was made through, so that no directory renamed into the local root's place later
+        is ever read or written (the path itself where there is no ``/proc``). The handle
+        then stays open for the life of the process (``close_view`` removes the view but
+        keeps it): torch_xla keeps the path, and a number closed could come back for
+        another directory."""
+        if self._view_fd is None or self.view is None:
+            return None
+        self._handed_out = True
+        return pinned_path(self._view_fd, self.view)
 
     def _link_pool(self) -> None:
         """Links every copy of the pools this process may use now (``pools()``: the keys
-        it trusts at this moment) into its view; the first pool holding a name wins. The
-        caller checked the directories (``check_dirs``)."""
-        assert self.view is not None
-        for pool in self.pools():
-            with os.scandir(pool) as it:
+        it trusts at this moment) into its view; the first pool holding a name wins."""
+        assert self._view_fd is not None
+        for rel in self._pool_rels():
+            with self._sub(rel) as pool, os.scandir(pool.fd) as it:
                 for e in it:
                     if not is_torch_xla_name(e.name) or e.name in self._linked:
                         continue
-                    self._link_one(e)
+                    self._link_one(e, pool)
 
-    def _link_one(self, e: os.DirEntry[str]) -> None:
-        assert self.view is not None
-        dst = os.path.join(self.view, e.name)
+    def _link_one(self, e: os.DirEntry[str], pool: OwnDir) -> None:
+        view = self._view_fd
+        assert view is not None
         try:
             st = e.stat(follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 # Not a copy this user made (the pool is its own): never torch_xla's to load.
                 self.counters.errors += 1
-                logger.debug("xla_pcache.torch_xla: %s is not this user's copy", e.path)
+                logger.debug(
+                    "xla_pcache.torch_xla: %s is not this user's copy",
+                    os.path.join(pool.path, e.name),
+                )
                 return
-            os.link(e.path, dst, follow_symlinks=False)
+            os.link(e.name, e.name, src_dir_fd=pool.fd, dst_dir_fd=view, follow_symlinks=False)
         except FileNotFoundError:
             return  # dropped from the pool meanwhile
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
                 raise
-            shutil.copyfile(e.path, dst)  # no hard links here: a private copy
-        st = os.stat(dst)
+            self._copy_into_view(e.name, pool)  # no hard links here: a private copy
+        st = os.stat(e.name, dir_fd=view, follow_symlinks=False)
         self._linked[e.name] = (st.st_dev, st.st_ino)
         self.counters.linked += 1
+
+    def _copy_into_view(self, name: str, pool: OwnDir) -> None:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pool.fd)
+        try:
+            dst = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=self._view_fd,
+            )
+            with open(src, "rb", closefd=False) as fin, open(dst, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+        finally:
+            os.close(src)
 
     def adopt_view(self, other: HostMirror) -> None:
         """Take over ``other``'s view (the directory torch_xla already reads) for this
@@ -469,13 +627,16 @@ class HostMirror:
         assert other.view is not None and self.view is None
         other._unwatch()
         self.view, self._lock_fd = other.view, other._lock_fd
-        other.view, other._lock_fd = None, None
+        self._views, self._view_fd = other._views, other._view_fd
+        self._handed_out = other._handed_out
+        other.view, other._lock_fd, other._views, other._view_fd = None, None, None, None
+        other.close_dirs()
+        assert self._view_fd is not None
         for name, ident in other._linked.items():
-            path = os.path.join(self.view, name)
             with contextlib.suppress(FileNotFoundError):
-                st = os.stat(path)
+                st = os.stat(name, dir_fd=self._view_fd, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == ident:
-                    os.unlink(path)
+                    os.unlink(name, dir_fd=self._view_fd)
         other._linked.clear()
         self._link_pool()
         self._watch_view()
@@ -486,8 +647,8 @@ class HostMirror:
         """Watch the view for opens: torch_xla opens a linked file only to load it, so the
         names it opens are the store's entries it used, to be counted as hits (the pool
         served them, the store never saw a read). Linux only; elsewhere nothing is counted."""
-        if self.view is not None:
-            self._watch_fd = watch_opens(self.view)
+        if self.view is not None and self._view_fd is not None:
+            self._watch_fd = watch_opens(pinned_path(self._view_fd, self.view))
 
     def _unwatch(self) -> None:
         if self._watch_fd is not None:
@@ -497,10 +658,10 @@ class HostMirror:
 
     def written_names(self) -> set[str]:
         """Names of the files torch_xla wrote into the view itself (graphs it compiled)."""
-        if self.view is None:
+        if self._view_fd is None:
             return set()
         out: set[str] = set()
-        with contextlib.suppress(OSError), os.scandir(self.view) as it:
+        with contextlib.suppress(OSError), os.scandir(self._view_fd) as it:
             for e in it:
                 if not is_torch_xla_name(e.name):
                     continue
@@ -516,22 +677,22 @@ class HostMirror:
             return set()
         return {name for name in opened_names(self._watch_fd) if name in self._linked}
 
-    def _sweep_views(self) -> None:
+    def _sweep_views(self, views: OwnDir) -> None:
         """Remove views whose owner died (its lock is free). Their new files are dropped,
         not published: a process killed mid-write leaves a file nobody can vouch for."""
         try:
-            names = os.listdir(self.views)
+            names = os.listdir(views.fd)
         except OSError:
             return
         now = time.time()
         for name in names:
             if not name.endswith(".lock"):
                 continue
-            lock_path = os.path.join(self.views, name)
             try:
-                if now - os.stat(lock_path).st_mtime < VIEW_GRACE_S:
+                st = os.stat(name, dir_fd=views.fd, follow_symlinks=False)
+                if now - st.st_mtime < VIEW_GRACE_S:
                     continue
-                fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+                fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=views.fd)
             except OSError:
                 continue
             try:
@@ -540,8 +701,8 @@ class HostMirror:
                 os.close(fd)
                 continue  # alive, or locks do not work here
             try:
-                shutil.rmtree(lock_path[: -len(".lock")], ignore_errors=True)
-                os.unlink(lock_path)
+                shutil.rmtree(name[: -len(".lock")], ignore_errors=True, dir_fd=views.fd)
+                os.unlink(name, dir_fd=views.fd)
             except OSError:
                 pass
             finally:
@@ -549,22 +710,32 @@ class HostMirror:
 
     def close_view(self) -> None:
         """Remove the view (after the last publish)."""
-        if self.view is not None:
-            shutil.rmtree(self.view, ignore_errors=True)
+        if self.view is not None and self._views is not None:
+            name = os.path.basename(self.view)
+            shutil.rmtree(name, ignore_errors=True, dir_fd=self._views.fd)
             with contextlib.suppress(OSError):
-                os.unlink(f"{self.view}.lock")
-            self.view = None
+                os.unlink(f"{name}.lock", dir_fd=self._views.fd)
+        self.view = None
+        if self._views is not None:
+            self._views.close()
+            self._views = None
+        if self._view_fd is not None and not self._handed_out:
+            # One torch_xla was given stays open (``torch_path``), on a removed directory.
+            with contextlib.suppress(OSError):
+                os.close(self._view_fd)
+        self._view_fd = None
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
         self._unwatch()
+        self.close_dirs()
 
     # -- view -> store ------------------------------------------------------------------
 
     def publish(self, *, final: bool = False) -> None:
         """Publish every complete file torch_xla wrote into the view since the last call."""
-        if self.view is None or self.store.read_only:
+        if self._view_fd is None or self.store.read_only:
             return
         try:
             self._publish(final)
@@ -572,8 +743,8 @@ class HostMirror:
             self.warn("publishing torch_xla's new cache files", exc)
 
     def _candidates(self) -> Iterable[tuple[str, os.stat_result]]:
-        assert self.view is not None
-        with os.scandir(self.view) as it:
+        assert self._view_fd is not None
+        with os.scandir(self._view_fd) as it:
             for e in it:
                 if not is_torch_xla_name(e.name):
                     continue
@@ -616,7 +787,7 @@ class HostMirror:
                 self._handled.add(ident)
                 self.counters.already_stored += 1
                 continue
-            data = self._read_whole(os.path.join(self.view or "", name), st)
+            data = self._read_whole(name, st)
             if data is None:
                 continue
             if meta is None:
@@ -643,11 +814,11 @@ class HostMirror:
         self._seen[name] = now
         return before == now
 
-    def _read_whole(self, path: str, st: os.stat_result) -> bytes | None:
-        """The file's bytes if it is the inode we judged complete and did not change while
-        we read it; None otherwise (looked at again on the next pass)."""
+    def _read_whole(self, name: str, st: os.stat_result) -> bytes | None:
+        """The view file's bytes if it is the inode we judged complete and did not change
+        while we read it; None otherwise (looked at again on the next pass)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._view_fd)
         except FileNotFoundError:
             return None
         try:
@@ -676,12 +847,12 @@ class HostMirror:
         existing file again, it only creates new ones. Only into the unverified pool: a
         process with trusted keys leaves its pools to copies the store verified (the next
         refresh makes one)."""
-        assert self.view is not None
+        assert self._view_fd is not None
         if self.store.trusted_keys is not None:
             return
-        with contextlib.suppress(FileExistsError, FileNotFoundError):
+        with self._sub(POOL) as pool, contextlib.suppress(FileExistsError, FileNotFoundError):
             try:
-                os.link(os.path.join(self.view, name), os.path.join(self.pool, name))
+                os.link(name, name, src_dir_fd=self._view_fd, dst_dir_fd=pool.fd)
             except OSError as exc:
                 if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
                     return  # the next refresh copies it from the store

@@ -15,6 +15,9 @@ enum Data {
 pub struct Blob {
     data: Data,
     pub header: Header,
+    /// The entry file it was read from, when a read ahead kept it (`Store::get_uncounted`)
+    /// for the use `Store::count_hit` records later.
+    name: Option<u128>,
 }
 
 impl Blob {
@@ -22,13 +25,22 @@ impl Blob {
         Self {
             data: Data::Mapped(map),
             header,
+            name: None,
         }
     }
     pub(crate) fn owned(buf: Vec<u8>, header: Header) -> Self {
         Self {
             data: Data::Owned(buf),
             header,
+            name: None,
         }
+    }
+    pub(crate) fn named(mut self, name: u128) -> Self {
+        self.name = Some(name);
+        self
+    }
+    pub(crate) fn name(&self) -> Option<u128> {
+        self.name
     }
     fn file(&self) -> &[u8] {
         match &self.data {

@@ -24,10 +24,10 @@
 //! u64, the kind (u8), the id's length (u8), 6 bytes of padding, the id in 64 bytes), then
 //! the xxh3-64 of everything before it. At most `MAX_SLOTS`; the oldest go first.
 
-use crate::dir::{self, Dir, Kind, Name};
+use crate::dir::{self, Dir, Name};
 use crate::owndir;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,6 +125,20 @@ struct Slot {
     key: StatKey,
     kind: IdKind,
     id: Vec<u8>,
+}
+
+impl Slot {
+    /// The identity this slot remembers, for the file it was found for (`key`, its stat).
+    fn remembered(&self, key: &StatKey, loaded: Loaded) -> FileId {
+        FileId {
+            kind: self.kind,
+            id: self.id.clone(),
+            changed_ns: key[4],
+            size: key[2],
+            computed: false,
+            loaded,
+        }
+    }
 }
 
 /// Where the record lives unless told otherwise: beside the verification record.
@@ -380,15 +394,7 @@ fn identify_one(
         Some((key, slot))
     });
     if let Some((key, s)) = known {
-        let id = FileId {
-            kind: s.kind,
-            id: s.id.clone(),
-            changed_ns: key[4],
-            size: key[2],
-            computed: false,
-            loaded: loaded(path, &key, mapped),
-        };
-        return Ok((id, None));
+        return Ok((s.remembered(&key, loaded(path, &key, mapped)), None));
     }
     // Not blocking on a FIFO; a non-file is an error.
     let f = std::fs::OpenOptions::new()
@@ -405,15 +411,7 @@ fn identify_one(
     let key: StatKey = [st.dev(), st.ino(), st.len(), st.mtime_ns(), st.ctime_ns()];
     let loaded = loaded(path, &key, mapped);
     if let Some(s) = slots.iter().find(|s| s.key == key) {
-        let id = FileId {
-            kind: s.kind,
-            id: s.id.clone(),
-            changed_ns: key[4],
-            size: key[2],
-            computed: false,
-            loaded,
-        };
-        return Ok((id, None));
+        return Ok((s.remembered(&key, loaded), None));
     }
     let (kind, id) = match build_id(&f) {
         Some(id) => (IdKind::BuildId, id),
@@ -615,27 +613,10 @@ fn check_file(dir: &Dir) -> Result<(), Refused> {
 /// The record's file, checked to be a regular file of ours that only we may write; None
 /// when there is none.
 fn open_record(dir: &Dir) -> Result<Option<(File, u64)>, Refused> {
-    let path = || dir.display(FILE.as_str());
-    let f = match dir.open_file(&FILE, libc::O_RDONLY, 0) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(Refused::Hostile(format!("{} is a symbolic link", path())))
-        }
-        Err(e) => {
-            return Err(Refused::Hostile(format!(
-                "{} cannot be opened ({e})",
-                path()
-            )))
-        }
-    };
-    let st = dir::fstat(&f).map_err(|e| Refused::Hostile(format!("{}: {e}", path())))?;
-    if !st.is_file() {
-        return Err(Refused::Hostile(format!("{} is {}", path(), st.kind())));
-    }
-    crate::owndir::owned_by_us(st.uid(), st.mode())
-        .map_err(|why| Refused::Hostile(format!("{} {why}", path())))?;
-    Ok(Some((f, st.len())))
+    let opened = dir.open_file(&FILE, libc::O_RDONLY, 0);
+    Ok(owndir::record_file(dir, &FILE, opened)
+        .map_err(Refused::Hostile)?
+        .map(|(f, st)| (f, st.len())))
 }
 
 /// The slots of the record in `dir`: empty when there is none.
@@ -715,23 +696,13 @@ fn encode(slots: &[Slot]) -> Vec<u8> {
 /// Writes the record beside the old one and renames it over: readers see one or the
 /// other, whole.
 fn write(dir: &Dir, slots: &[Slot]) -> io::Result<()> {
-    let tmp = Name::checked(
-        Kind::Made,
-        &format!("record.{}.tmp", crate::clock::unique_suffix()),
-    )?;
-    let f = dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
-    let written = (&f)
-        .write_all(&encode(slots))
-        .and_then(|_| dir.rename(&tmp, dir, &FILE));
-    if written.is_err() {
-        let _ = dir.unlink(&tmp);
-    }
-    written
+    owndir::replace_record(dir, &FILE, &encode(slots))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::owndir::spoiled;
     use std::os::unix::fs::PermissionsExt;
 
     /// A little-endian ELF64 file with a PT_NOTE segment holding `notes`, then `tail`.
@@ -888,85 +859,19 @@ mod tests {
     /// record claims), counted once; a garbled one of ours is rebuilt, a hostile one left.
     #[test]
     fn hostile_or_garbled_records_are_refused_counted_and_never_trusted() {
-        type Spoil = fn(&Path);
-        let cases: Vec<(&str, Spoil, bool)> = vec![
-            (
-                "a link to a good record",
-                |d| {
-                    std::fs::rename(d.join("record"), d.join("elsewhere")).unwrap();
-                    std::os::unix::fs::symlink(d.join("elsewhere"), d.join("record")).unwrap();
-                },
-                false,
-            ),
-            (
-                "a FIFO",
-                |d| {
-                    std::fs::remove_file(d.join("record")).unwrap();
-                    let c = std::ffi::CString::new(d.join("record").as_os_str().as_encoded_bytes())
-                        .unwrap();
-                    // SAFETY: a NUL-terminated path.
-                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-                },
-                false,
-            ),
-            (
-                "a group-writable file",
-                |d| {
-                    let p = d.join("record");
-                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
-                },
-                false,
-            ),
-            (
-                "a group-writable directory",
-                |d| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o770)).unwrap(),
-                false,
-            ),
-            (
-                "a directory that is a link",
-                |d| {
-                    let real = d.with_file_name("real");
-                    std::fs::rename(d, &real).unwrap();
-                    std::os::unix::fs::symlink(&real, d).unwrap();
-                },
-                false,
-            ),
+        let mut cases = spoiled::records();
+        cases.extend([
             (
                 "truncated",
-                |d| {
-                    let f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(d.join("record"));
-                    f.unwrap().set_len(40).unwrap();
-                },
-                true,
-            ),
-            (
-                "huge (sparse)",
-                |d| {
-                    let f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(d.join("record"));
-                    f.unwrap().set_len(1 << 40).unwrap();
-                },
-                true,
-            ),
-            (
-                "garbage",
-                |d| std::fs::write(d.join("record"), vec![0xa5u8; 5000]).unwrap(),
+                (|d| spoiled::set_len(d, 40)) as spoiled::Spoil,
                 true,
             ),
             (
                 "a slot changed under its checksum",
-                |d| {
-                    let p = d.join("record");
-                    let mut b = std::fs::read(&p).unwrap();
-                    b[HEAD + 48] ^= 0xff;
-                    std::fs::write(&p, b).unwrap();
-                },
+                |d| spoiled::patch(d, |b| b[HEAD + 48] ^= 0xff),
                 true,
             ),
-        ];
+        ]);
         for (what, spoil, rebuilt) in cases {
             let t = tempfile::tempdir().unwrap();
             let rec_dir = t.path().join("rec");

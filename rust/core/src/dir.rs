@@ -759,6 +759,83 @@ impl Dir {
         })
     }
 
+    /// Renames every name in this directory but `keep` into `to`, under the same name, as
+    /// the directory lists it (a name that is not UTF-8 too), never following a link; a name
+    /// gone meanwhile is skipped. Returns how many it moved.
+    pub fn move_all(&self, to: &Dir, keep: &Name) -> io::Result<u64> {
+        let mut moved = 0;
+        for raw in self.list_raw()? {
+            if raw.as_os_str() == OsStr::new(keep.as_str()) {
+                continue;
+            }
+            let c = cstr(&raw)?;
+            // SAFETY: valid descriptors and a NUL-terminated name.
+            let rc = unsafe {
+                libc::renameat(
+                    self.fd.as_raw_fd(),
+                    c.as_ptr(),
+                    to.fd.as_raw_fd(),
+                    c.as_ptr(),
+                )
+            };
+            match check(rc) {
+                Ok(()) => moved += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// `fchmod` of the directory itself, through the handle.
+    pub fn chmod(&self, mode: libc::mode_t) -> io::Result<()> {
+        let f = self.readable()?;
+        // SAFETY: valid descriptor.
+        check(unsafe { libc::fchmod(f.as_raw_fd(), mode) })
+    }
+
+    /// An exclusive `flock` on the directory, held until the handle returned is dropped
+    /// (None where the filesystem has no such locks: the caller goes on without).
+    pub fn lock_exclusive(&self) -> Option<OwnedFd> {
+        let f = self.readable().ok()?;
+        loop {
+            // SAFETY: valid descriptor.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Some(f);
+            }
+            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return None;
+            }
+        }
+    }
+
+    /// Another handle on the same directory (`F_DUPFD_CLOEXEC`).
+    pub fn try_clone(&self) -> io::Result<Dir> {
+        Ok(Dir {
+            fd: self.fd.try_clone()?,
+            path: self.path.clone(),
+        })
+    }
+
+    /// A handle on the directory `fd` refers to (the caller's descriptor stays the
+    /// caller's: it is duplicated), `path` for messages only.
+    pub fn from_borrowed(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> io::Result<Dir> {
+        Ok(Dir {
+            fd: fd.try_clone_to_owned()?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The handle itself, for a caller outside the crate.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
+    /// The directory opened for reading (a new descriptor, the caller's).
+    pub fn reopen_readable(&self) -> io::Result<OwnedFd> {
+        self.readable()
+    }
+
     /// fsync of the directory, so a rename in it survives power loss.
     pub fn sync(&self) -> io::Result<()> {
         let f = self.readable()?;
@@ -876,10 +953,15 @@ impl Dir {
 /// the root by path and one `openat(O_NOFOLLOW)` per component below it), and works through
 /// the handles it opened, so a swap after the open cannot redirect it. A root moved away or
 /// deleted reads as gone, and a directory put in its place is used.
+///
+/// A root opened on a handle (`Root::pinned`: a directory of this user's own, whose parent
+/// others may write) is never resolved by path again: everything is opened beneath that
+/// handle, so a directory renamed into its place is never used.
 #[derive(Debug)]
 pub struct Root {
     path: PathBuf,
     real: PathBuf,
+    pinned: Option<Dir>,
 }
 
 impl Root {
@@ -890,7 +972,17 @@ impl Root {
         Ok(Root {
             path: path.to_path_buf(),
             real,
+            pinned: None,
         })
+    }
+
+    /// The root `dir`, a handle already opened and checked (`path` for messages).
+    pub fn pinned(path: &Path, dir: Dir) -> Root {
+        Root {
+            path: path.to_path_buf(),
+            real: path.to_path_buf(),
+            pinned: Some(dir),
+        }
     }
 
     /// The path the store was given (for messages).
@@ -903,6 +995,12 @@ impl Root {
         if rel.starts_with('/') || rel.split('/').any(|p| p == "..") {
             // Never outside the root.
             return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        }
+        if let Some(dir) = &self.pinned {
+            if top {
+                return Ok(std::os::fd::IntoRawFd::into_raw_fd(dir.fd.try_clone()?));
+            }
+            return open_beneath(dir.fd.as_raw_fd(), rel, flags, mode);
         }
         if OPENAT2.load(Ordering::Relaxed) != 2 {
             let full = if top {

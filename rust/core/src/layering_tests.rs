@@ -14,8 +14,8 @@ const TIERS: &[&[&str]] = &[
         "view", "entries", "journal", "snapshot", "entry", "sign", "blob", "lock",
     ],
     &[
-        "dir", "layout", "settings", "publish", "fsinfo", "lru", "stats", "forksafe", "hash",
-        "clock", "error", "owndir", "testhook", "verified", "build_id",
+        "dir", "layout", "settings", "bounds", "publish", "fsinfo", "lru", "stats", "forksafe",
+        "hash", "clock", "error", "owndir", "testhook", "verified", "build_id",
     ],
 ];
 
@@ -173,6 +173,30 @@ fn the_circle_check_sees_a_circle() {
     .map(|(m, used)| (m.to_string(), used.into_iter().map(String::from).collect()))
     .collect();
     assert_eq!(circles(&graph), vec![vec!["a", "b", "c"]]);
+}
+
+/// Every module outside the tests names what it takes from its parent (`use super::{...}`),
+/// never all of it (`use super::*`), so that a reader of a file sees where each name comes
+/// from: the store's parts, in the core, are followed by their names.
+#[test]
+fn no_module_takes_all_of_its_parent() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut files = Vec::new();
+    for src in [here.join("src"), here.join("../python/src")] {
+        sources(&src, None, &mut files);
+    }
+    for (_module, path, text) in &files {
+        if path.ends_with("tests.rs") {
+            continue;
+        }
+        // A test module inside a file is indented: only the file's own imports count.
+        if text.lines().any(|l| l.trim_end() == "use super::*;") {
+            found.push(path.clone());
+        }
+    }
+    assert!(files.len() > 40, "found only {} sources", files.len());
+    assert!(found.is_empty(), "`use super::*` outside tests: {found:?}");
 }
 
 /// ARCHITECTURE.md's file tree names every file of the core, the binding and the Python

@@ -4,12 +4,13 @@
 //! The modules are private to the crate; what the binding and the integration tests use is
 //! re-exported below. They form three tiers (ARCHITECTURE.md, "Layering"; checked by
 //! `layering_tests.rs`): `store` (with admission and claims); then `view`, `entries`,
-//! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`,
+//! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`, `settings`, `bounds`,
 //! `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`, `clock`, `error`, `owndir`,
 //! `testhook`, `verified`, `build_id`. A module uses only its own tier and those below, and
 //! no modules use each other in a circle.
 
 pub(crate) mod blob;
+pub(crate) mod bounds;
 pub(crate) mod build_id;
 pub(crate) mod clock;
 pub(crate) mod dir;
@@ -41,6 +42,10 @@ pub(crate) mod verified;
 pub(crate) mod view;
 
 pub use blob::Blob;
+pub use bounds::{
+    check_duration, check_max_age, duration_secs, max_age_secs, positive_size, MAX_DURATION,
+    MIN_MAX_AGE,
+};
 pub use build_id::{
     default_dir as default_build_record_dir, mapped_objects, BuildIdRecord, FileId, IdKind, Loaded,
     Mapped,
@@ -50,7 +55,7 @@ pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
-pub use owndir::make as make_own_dir;
+pub use owndir::{open_own_fd, Found as OwnFound, Opened as OwnOpened, Rule as OwnRule};
 pub use settings::CacheSettings;
 pub use sign::{
     check_key_name, digest as blake3_digest, generate_seed, public_key, signed_name, SigFields,
@@ -58,11 +63,11 @@ pub use sign::{
 };
 pub use stats::{
     valid_tier_name, Counter, Counters, TierCounters, COUNTER_NAMES, MAX_TIERS, MAX_TIER_NAME,
-    TIER_COUNTER_NAMES,
+    PREFETCH_COUNTER_NAMES, TIER_COUNTER_NAMES,
 };
 pub use store::{
     entry_file_len, tier_names, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key,
-    Published, ReadMode, Stats, Store, StoreOptions, VerifyReport, MAX_DURATION,
+    Published, ReadMode, Stats, Store, StoreOptions, VerifyReport,
 };
 pub use testhook::{
     reached as test_hook_reached, released as test_hook_released, COMPILED as TEST_HOOKS,

@@ -13,8 +13,11 @@
 //! Anyone with write access to the directory can put anything there, so reading is as
 //! careful as for every other file of the cache: no link followed, no FIFO waited on, a few
 //! KiB at most, and a file that is not exactly this shape is not used at all (the caller
-//! warns once and goes on as if there were none).
+//! warns once and goes on as if there were none). What is written is held to the same
+//! bounds as what is read (`CacheSettings::check`, `bounds.rs`), so a file this version
+//! writes is one it reads.
 
+use crate::bounds::{check_max_age, positive_size};
 use crate::dir::{self, Dir, Kind, Name, Rel, Root};
 use crate::error::{io_err, StoreError};
 use std::io::{self, Write};
@@ -28,8 +31,6 @@ pub const CONFIG_VERSION: u32 = 1;
 const CONFIG_TAG: &str = "xla_pcache-config";
 /// A few short lines; never read more than this of it.
 const MAX_CONFIG_LEN: u64 = 4096;
-/// The longest age the file may hold (about 31 years, as for every duration option).
-const MAX_AGE_SECS: u64 = 1_000_000_000;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheSettings {
@@ -40,6 +41,19 @@ pub struct CacheSettings {
 impl CacheSettings {
     pub fn is_empty(&self) -> bool {
         self.max_size.is_none() && self.max_age.is_none()
+    }
+
+    /// Whether these settings may be stored (`bounds.rs`): a budget of at least one byte, a
+    /// max age from one second (the file holds whole seconds) to `MAX_DURATION`. `Invalid`
+    /// names the field.
+    pub fn check(&self) -> Result<(), StoreError> {
+        if let Some(size) = self.max_size {
+            positive_size("max_size", size.into())?;
+        }
+        if let Some(age) = self.max_age {
+            check_max_age("max_age", age)?;
+        }
+        Ok(())
     }
 
     fn encode(&self) -> String {
@@ -86,15 +100,15 @@ impl CacheSettings {
             let n: u64 = value
                 .parse()
                 .map_err(|_| format!("{key} is not a whole number"))?;
-            match key {
-                "max-size" if out.max_size.is_none() && n > 0 => out.max_size = Some(n),
-                "max-age-seconds" if out.max_age.is_none() && n > 0 && n <= MAX_AGE_SECS => {
-                    out.max_age = Some(Duration::from_secs(n))
-                }
-                "max-size" | "max-age-seconds" => {
-                    return Err(format!("{key} is repeated or out of range"))
-                }
+            let repeated = match key {
+                "max-size" => out.max_size.replace(n).is_some(),
+                "max-age-seconds" => out.max_age.replace(Duration::from_secs(n)).is_some(),
                 _ => return Err("it holds a key this version does not know".into()),
+            };
+            // The bounds a writer keeps (`check`): a file out of them was not written by
+            // this version, and is not used.
+            if repeated || out.check().is_err() {
+                return Err(format!("{key} is repeated or out of range"));
             }
         }
         Ok(out)
@@ -131,6 +145,7 @@ pub fn read(root: &Root) -> Result<Option<CacheSettings>, String> {
 /// a reader sees the old settings or the new, never a part. Settings with nothing set remove
 /// the file.
 pub fn write(root: &Root, settings: &CacheSettings, durable: bool) -> Result<(), StoreError> {
+    settings.check()?;
     let path = root.path().join(CONFIG_FILE);
     let top = root.dir().map_err(|e| io_err("open", root.path(), e))?;
     if settings.is_empty() {

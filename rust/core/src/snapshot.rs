@@ -462,10 +462,9 @@ fn fixed(v: &[u64]) -> impl Iterator<Item = u64> + '_ {
     (0..N_COUNTERS).map(|i| v.get(i).copied().unwrap_or(0))
 }
 
-fn encode_meta(meta: &Meta) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&(meta.journals.len() as u32).to_le_bytes());
-    b.extend_from_slice(&(N_COUNTERS as u32).to_le_bytes());
+/// Each journal's name, folded offset and counters, then the counters of the journals folded
+/// and removed: the same in both versions of the snapshot.
+fn encode_journals(b: &mut Vec<u8>, meta: &Meta) {
     for j in &meta.journals {
         b.extend_from_slice(&(j.name.as_str().len() as u16).to_le_bytes());
         b.extend_from_slice(j.name.as_str().as_bytes());
@@ -477,6 +476,13 @@ fn encode_meta(meta: &Meta) -> Vec<u8> {
     for c in fixed(&meta.base_counters) {
         b.extend_from_slice(&c.to_le_bytes());
     }
+}
+
+fn encode_meta(meta: &Meta) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&(meta.journals.len() as u32).to_le_bytes());
+    b.extend_from_slice(&(N_COUNTERS as u32).to_le_bytes());
+    encode_journals(&mut b, meta);
     // The counters per tier name, after what readers of versions before them read (they
     // stop at the base counters): each journal's, in the order above, then the base's.
     b.extend_from_slice(TIERS_TAG);
@@ -683,17 +689,7 @@ pub fn encode_v1(lru: &Lru, meta: &Meta, with_hits: bool) -> Vec<u8> {
         b.extend_from_slice(&info.disk_bytes.to_le_bytes());
         b.extend_from_slice(&info.last_use.to_le_bytes());
     }
-    for j in &meta.journals {
-        b.extend_from_slice(&(j.name.as_str().len() as u16).to_le_bytes());
-        b.extend_from_slice(j.name.as_str().as_bytes());
-        b.extend_from_slice(&j.offset.to_le_bytes());
-        for c in fixed(&j.counters) {
-            b.extend_from_slice(&c.to_le_bytes());
-        }
-    }
-    for c in fixed(&meta.base_counters) {
-        b.extend_from_slice(&c.to_le_bytes());
-    }
+    encode_journals(&mut b, meta);
     if with_hits {
         let hits: Vec<(u128, u32)> = lru
             .iter()

@@ -76,19 +76,35 @@ pub enum Counter {
     Adopted,
     /// Misses of a key that has an entry made by another build of the framework's runtime
     /// (another jaxlib or torch_xla binary, or a PJRT plugin), or by a release that did not
-    /// record builds: each also counted a miss (`Store::count_other_build`). Appended last.
+    /// record builds: each also counted a miss (`Store::count_other_build`). Appended after
+    /// `Adopted`.
     OtherBuild,
+    /// Loading ahead (the JAX adapter's prefetch, counted through `Store::add_prefetch`):
+    /// entries a plan named, loaded ahead, taken by a read, loaded and never taken, failed
+    /// in the background, the time the reads saved (ms), plans written, plans refused.
+    /// Appended last, after `OtherBuild` (journals that end at `other_build` read them as
+    /// 0), in `PREFETCH_COUNTER_NAMES` order.
+    PrefetchPlanned,
+    PrefetchLoaded,
+    PrefetchUsed,
+    PrefetchWasted,
+    PrefetchErrors,
+    PrefetchSavedMs,
+    PrefetchPlansWritten,
+    PrefetchPlansRefused,
 }
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
 const FIRST_REMOTE: usize = Counter::RemoteHits as usize;
+/// The first of the prefetch counters, in `PREFETCH_COUNTER_NAMES` order.
+const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 
 // Journals written before the core counted tiers by name held 40 more counters after these
 // (per kind of tier, by position). A record of more counters than `N_COUNTERS` adds only the
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
 
-pub const COUNTER_NAMES: [&str; 34] = [
+pub const COUNTER_NAMES: [&str; 42] = [
     "hits",
     "misses",
     "puts",
@@ -123,6 +139,14 @@ pub const COUNTER_NAMES: [&str; 34] = [
     "untrusted",
     "adopted",
     "other_build",
+    "prefetch_planned",
+    "prefetch_loaded",
+    "prefetch_used",
+    "prefetch_wasted",
+    "prefetch_errors",
+    "prefetch_saved_ms",
+    "prefetch_plans_written",
+    "prefetch_plans_refused",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -140,6 +164,29 @@ pub const TIER_COUNTER_NAMES: [&str; N_TIER_COUNTERS] = [
     "backfills",
 ];
 pub const N_TIER_COUNTERS: usize = 10;
+/// The counters a caller outside the core keeps of its loading ahead (`Store::add_prefetch`),
+/// without their `prefetch_` prefix: the core knows them by name only.
+pub const PREFETCH_COUNTER_NAMES: [&str; N_PREFETCH_COUNTERS] = [
+    "planned",
+    "loaded",
+    "used",
+    "wasted",
+    "errors",
+    "saved_ms",
+    "plans_written",
+    "plans_refused",
+];
+pub const N_PREFETCH_COUNTERS: usize = 8;
+
+/// The index among the counters of the prefetch counter `counter` (a name of
+/// `PREFETCH_COUNTER_NAMES`).
+pub fn prefetch_counter(counter: &str) -> Option<usize> {
+    PREFETCH_COUNTER_NAMES
+        .iter()
+        .position(|n| *n == counter)
+        .map(|i| FIRST_PREFETCH + i)
+}
+
 /// Tiers counted at most, in one process and in the sum over every journal: a journal is
 /// untrusted, and one naming thousands of tiers must not grow every reader's view.
 pub const MAX_TIERS: usize = 32;
@@ -325,6 +372,23 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_counters_are_the_last_in_order() {
+        assert_eq!(FIRST_PREFETCH, Counter::OtherBuild as usize + 1);
+        assert_eq!(COUNTER_NAMES[Counter::OtherBuild as usize], "other_build");
+        assert_eq!(FIRST_PREFETCH + N_PREFETCH_COUNTERS, N_COUNTERS);
+        for (i, counter) in PREFETCH_COUNTER_NAMES.iter().enumerate() {
+            assert_eq!(
+                COUNTER_NAMES[FIRST_PREFETCH + i],
+                format!("prefetch_{counter}")
+            );
+            assert_eq!(prefetch_counter(counter), Some(FIRST_PREFETCH + i));
+        }
+        for bad in ["", "hits", "prefetch_used", "Used", "used "] {
+            assert_eq!(prefetch_counter(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn counting_by_tier_name_adds_to_the_tier_and_the_total() {
         let c = Counters::default();
         assert!(c.add_tier("s3", tier_counter("hits").unwrap(), 2));
@@ -380,6 +444,12 @@ mod tests {
         add_into(&mut acc, &[1; PER_KIND_RECORD]);
         assert_eq!(acc[Counter::RemoteBackfills as usize], 1);
         assert_eq!(acc[Counter::Untrusted as usize], 0);
+        // A record that ends at `other_build` (before loading ahead was counted) keeps it
+        // where it was and reads the prefetch counters as 0.
+        let mut acc = [0u64; N_COUNTERS];
+        add_into(&mut acc, &[1; Counter::OtherBuild as usize + 1]);
+        assert_eq!(acc[Counter::OtherBuild as usize], 1);
+        assert!(acc[FIRST_PREFETCH..].iter().all(|v| *v == 0));
         assert_eq!(tier_values(&[1, 2]), [1, 2, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(tier_values(&[7; 12]), [7; N_TIER_COUNTERS]);
     }

@@ -27,8 +27,8 @@
 //! Appends lost to a concurrent rewrite cost a verification later, nothing else. Past
 //! `MAX_IDS` the record starts over from the ids appended last.
 
-use crate::dir::{self, Dir, Kind, Name};
-use crate::owndir::{self, owned_by_us};
+use crate::dir::{self, Dir, Name};
+use crate::owndir;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -294,19 +294,7 @@ fn rewrite(dir: &Dir, mut ids: Vec<Id>, sorted: usize, id: Id) -> io::Result<()>
         ids.drain(..sorted.min(ids.len()));
     }
     ids.push(id);
-    let bytes = encode(ids);
-    let tmp = Name::checked(
-        Kind::Made,
-        &format!("record.{}.tmp", crate::clock::unique_suffix()),
-    )?;
-    let f = dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
-    let written = (&f)
-        .write_all(&bytes)
-        .and_then(|_| dir.rename(&tmp, dir, &FILE));
-    if written.is_err() {
-        let _ = dir.unlink(&tmp);
-    }
-    written
+    owndir::replace_record(dir, &FILE, &encode(ids))
 }
 
 impl Loaded {
@@ -366,31 +354,18 @@ impl Loaded {
 fn load(dir: &Dir) -> Result<Option<Loaded>, Refused> {
     let path = || dir.display(FILE.as_str());
     // Read-write to append; read-only where this user may not write (a read-only home).
+    let mut writable = true;
     let opened = match dir.open_file(&FILE, libc::O_RDWR | libc::O_APPEND, 0) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
-            dir.open_file(&FILE, libc::O_RDONLY, 0).map(|f| (f, false))
+            writable = false;
+            dir.open_file(&FILE, libc::O_RDONLY, 0)
         }
-        other => other.map(|f| (f, true)),
+        other => other,
     };
-    let (file, writable) = match opened {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(Refused::Hostile(format!("{} is a symbolic link", path())))
-        }
-        Err(e) => {
-            return Err(Refused::Hostile(format!(
-                "{} cannot be opened ({e})",
-                path()
-            )))
-        }
+    let Some((file, st)) = owndir::record_file(dir, &FILE, opened).map_err(Refused::Hostile)?
+    else {
+        return Ok(None);
     };
-    let st = dir::fstat(&file).map_err(|e| Refused::Hostile(format!("{}: {e}", path())))?;
-    if !st.is_file() {
-        return Err(Refused::Hostile(format!("{} is {}", path(), st.kind())));
-    }
-    owned_by_us(st.uid(), st.mode())
-        .map_err(|why| Refused::Hostile(format!("{} {why}", path())))?;
     let garbled = |why: &str| Refused::Garbled(format!("{} {why}", path()));
     let len = st.len();
     if len > MAX_LEN {
@@ -492,6 +467,7 @@ fn encode(mut ids: Vec<Id>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::owndir::spoiled;
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
     fn ids(n: usize, seed: u8) -> Vec<Id> {
@@ -571,105 +547,29 @@ mod tests {
     #[test]
     fn hostile_or_garbled_records_are_ignored_warned_and_counted() {
         let mine = ids(20, 7);
-        type Spoil = fn(&Path);
-        let cases: Vec<(&str, Spoil, bool)> = vec![
-            (
-                "a link to a good record",
-                |d| {
-                    std::fs::rename(d.join("record"), d.join("elsewhere")).unwrap();
-                    std::os::unix::fs::symlink(d.join("elsewhere"), d.join("record")).unwrap();
-                },
-                false,
-            ),
-            (
-                "a FIFO",
-                |d| {
-                    std::fs::remove_file(d.join("record")).unwrap();
-                    let c = std::ffi::CString::new(d.join("record").as_os_str().as_encoded_bytes())
-                        .unwrap();
-                    // SAFETY: a NUL-terminated path.
-                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-                },
-                false,
-            ),
-            (
-                "a group-writable file",
-                |d| {
-                    let p = d.join("record");
-                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
-                },
-                false,
-            ),
-            (
-                "a group-writable directory",
-                |d| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o770)).unwrap(),
-                false,
-            ),
-            (
-                "a directory that is a link",
-                |d| {
-                    let real = d.with_file_name("real");
-                    std::fs::rename(d, &real).unwrap();
-                    std::os::unix::fs::symlink(&real, d).unwrap();
-                },
-                false,
-            ),
+        let mut cases = spoiled::records();
+        cases.extend([
             (
                 "truncated",
-                |d| {
-                    let f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(d.join("record"));
-                    f.unwrap().set_len((HEADER + ID) as u64).unwrap();
-                },
+                (|d| spoiled::set_len(d, (HEADER + ID) as u64)) as spoiled::Spoil,
                 true,
             ),
             (
                 "truncated inside the header",
-                |d| {
-                    let f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(d.join("record"));
-                    f.unwrap().set_len(100).unwrap();
-                },
-                true,
-            ),
-            (
-                "huge (sparse)",
-                |d| {
-                    let f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(d.join("record"));
-                    f.unwrap().set_len(1 << 40).unwrap();
-                },
-                true,
-            ),
-            (
-                "garbage",
-                |d| std::fs::write(d.join("record"), vec![0xa5u8; 5000]).unwrap(),
+                |d| spoiled::set_len(d, 100),
                 true,
             ),
             (
                 "an inconsistent index",
                 |d| {
-                    let p = d.join("record");
-                    let mut b = std::fs::read(&p).unwrap();
-                    b[FIXED..FIXED + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-                    std::fs::write(&p, b).unwrap();
+                    spoiled::patch(d, |b| {
+                        b[FIXED..FIXED + 4].copy_from_slice(&u32::MAX.to_le_bytes())
+                    })
                 },
                 true,
             ),
-            (
-                "another version",
-                |d| {
-                    let p = d.join("record");
-                    let mut b = std::fs::read(&p).unwrap();
-                    b[8] = 9;
-                    std::fs::write(&p, b).unwrap();
-                },
-                true,
-            ),
-        ];
+            ("another version", |d| spoiled::patch(d, |b| b[8] = 9), true),
+        ]);
         for (what, spoil, replaced) in cases {
             let t = tempfile::tempdir().unwrap();
             let dir = written(t.path(), &mine);
@@ -694,13 +594,9 @@ mod tests {
 
     #[test]
     fn another_owner_is_refused() {
+        // The rule itself is owndir's, tested there (`the_rule`); here, the record keeps it.
         // SAFETY: geteuid cannot fail.
         let me = unsafe { libc::geteuid() };
-        assert!(owned_by_us(me, 0o100600).is_ok());
-        assert!(owned_by_us(me, 0o100644).is_ok());
-        assert!(owned_by_us(me.wrapping_add(1), 0o100600).is_err());
-        assert!(owned_by_us(me, 0o100602).is_err());
-        assert!(owned_by_us(me, 0o40770).is_err());
         if me == 0 {
             // Root can hand the file to someone else: the real check on a real file.
             let t = tempfile::tempdir().unwrap();

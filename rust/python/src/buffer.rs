@@ -49,6 +49,21 @@ impl HeldBuffer {
     }
 }
 
+/// The bytes of `pieces`, in order, in one buffer (the only copy): None when they do not
+/// fit in memory, which the allocation says rather than aborting (an object larger than
+/// memory allows is a miss).
+pub fn gathered(pieces: &[HeldBuffer]) -> Option<Vec<u8>> {
+    let total = pieces
+        .iter()
+        .try_fold(0usize, |n, b| n.checked_add(b.as_slice().len()))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(total).ok()?;
+    for b in pieces {
+        out.extend_from_slice(b.as_slice());
+    }
+    Some(out)
+}
+
 impl Drop for HeldBuffer {
     fn drop(&mut self) {
         Python::attach(|_| {

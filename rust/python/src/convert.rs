@@ -2,6 +2,7 @@
 //! `Blob` (blob.rs): arguments in, each error naming its argument; results out, as the
 //! dicts and values the stubs (`_core.pyi`) describe.
 
+use crate::errors::to_py;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
@@ -14,19 +15,18 @@ use xla_pcache_core::{
 
 // ---- arguments in
 
-/// A duration argument in seconds: finite, non-negative and at most `MAX_DURATION` (about
-/// 31 years: anything longer is a mistake, and would overflow a deadline), else a
-/// `ValueError` naming the argument.
+/// A duration argument in seconds, by the core's bounds (`duration_secs`: finite, not
+/// negative, at most `MAX_DURATION`), else a `ValueError` naming the argument.
 pub(crate) fn seconds(name: &str, v: f64) -> PyResult<Duration> {
-    let max = xla_pcache_core::MAX_DURATION;
-    if !v.is_finite() || v < 0.0 || v > max.as_secs_f64() {
-        return Err(PyValueError::new_err(format!(
-            "{name} must be a number of seconds from 0 to {} (about 31 years), got {v}",
-            max.as_secs()
-        )));
-    }
-    Duration::try_from_secs_f64(v)
-        .map_err(|e| PyValueError::new_err(format!("{name}: {e} (got {v})")))
+    xla_pcache_core::duration_secs(name, v).map_err(to_py)
+}
+
+/// A byte size argument (a budget), by the core's bounds (`positive_size`: at least one
+/// byte), else a `ValueError` naming the argument.
+pub(crate) fn positive_size(name: &str, v: Option<i64>) -> PyResult<Option<u64>> {
+    v.map(|n| xla_pcache_core::positive_size(name, n.into()))
+        .transpose()
+        .map_err(to_py)
 }
 
 /// A choice argument (`lock_mode`, `read_mode`): parsed by the core, the error naming the

@@ -42,6 +42,27 @@ pub fn to_py(e: StoreError) -> PyErr {
     }
 }
 
+/// A call that failed for cache reasons (a `CacheError`: the directory or what is in it,
+/// never the caller's arguments) as `instead`, a miss or a skipped write, so that the
+/// cache never breaks the caller's program; logged with `became` (what the failure
+/// became) when given. Any other error (a bad argument) is raised.
+pub fn on_cache_error<T>(
+    py: Python<'_>,
+    res: PyResult<T>,
+    instead: T,
+    became: Option<&str>,
+) -> PyResult<T> {
+    match res {
+        Err(e) if e.is_instance_of::<CacheError>(py) => {
+            if let Some(became) = became {
+                log::error!("xla_pcache: {e}; {became}");
+            }
+            Ok(instead)
+        }
+        other => other,
+    }
+}
+
 /// Runs core code so that a panic never unwinds into Python: it becomes a `CacheError`.
 pub fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T, StoreError>) -> PyResult<T> {
     match catch_unwind(AssertUnwindSafe(f)) {

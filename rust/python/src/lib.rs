@@ -1,7 +1,18 @@
-//! The pyo3 binding of xla_pcache_core, built by maturin as `xla_pcache._core`. Type
-//! conversion, GIL release and error mapping only: every decision lives in the core.
+//! The pyo3 binding of xla_pcache_core, built by maturin as `xla_pcache._core`: type
+//! conversion, GIL release and error mapping. Every rule about the cache lives in the core:
+//! its files and entries, trust and keys, the budget, the bounds of sizes, durations and
+//! ages (`bounds.rs` there: the binding hands Python's numbers to it as they are), tier
+//! names and counters. The binding checks only what a conversion needs (an argument's
+//! type, a path with no NUL byte and not empty, a compile time in seconds turned into
+//! milliseconds: `convert.rs`, `store.rs`), and decides how the core meets Python: a get or
+//! put that fails for cache reasons is a miss or a skipped write, logged, and no panic gets
+//! out (`errors.rs`); a walk (`verify`, `evict`) runs on a thread of its own so that Ctrl-C
+//! stops it (`store.rs`); the remote tiers are Python objects it calls back after a local
+//! miss or a publish (`tier.rs`); a report shows the remote counters only once a tier
+//! counted (`convert.rs`).
 
 mod blob;
+mod bounds;
 mod buffer;
 mod builds;
 mod claim;
@@ -35,12 +46,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The test hooks' variable, and whether this build honours it (a test build only).
     m.add("TEST_HOOKS_VAR", xla_pcache_core::TEST_HOOKS_VAR)?;
     m.add("TEST_HOOKS", xla_pcache_core::TEST_HOOKS)?;
+    m.add(
+        "PREFETCH_COUNTERS",
+        xla_pcache_core::PREFETCH_COUNTER_NAMES.to_vec(),
+    )?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<blob::PyBlob>()?;
     m.add_class::<claim::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
     m.add_class::<tier::PyAccept>()?;
+    m.add_class::<owndir::PyOwnDir>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_file_len, m)?)?;
@@ -50,6 +66,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signing::generate_signing_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::signing_public_key, m)?)?;
     m.add_function(wrap_pyfunction!(signing::check_key_name, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::check_signing_key, m)?)?;
+    m.add_function(wrap_pyfunction!(signing::check_trusted_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds::check_size, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds::check_max_age, m)?)?;
     m.add_function(wrap_pyfunction!(owndir::own_directory, m)?)?;
     m.add_function(wrap_pyfunction!(testhook::test_hook_reached, m)?)?;
     m.add_function(wrap_pyfunction!(testhook::test_hook_released, m)?)?;

@@ -1,5 +1,7 @@
-//! Key pairs for signed entries: generation and the public half of a private key. The
-//! cryptography is the core's (`ed25519-dalek`); this is conversion only.
+//! Key pairs for signed entries: generation, the public half of a private key, and the
+//! core's checks of keys as a store takes them (for Python's parsers of key files and
+//! lists). The cryptography and the rules are the core's (`sign.rs`); this is conversion
+//! only.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -28,6 +30,26 @@ pub fn check_key_name(name: &str) -> PyResult<()> {
     xla_pcache_core::check_key_name(name).map_err(PyValueError::new_err)
 }
 
+/// Raises ValueError unless `key` (name, 32-byte private key) is a signing key the core
+/// takes (`Signer::new`: the name's rule, the key's length): what `Store(signing_key=)`
+/// checks, for a caller that reads a key file.
+#[pyfunction]
+pub fn check_signing_key(key: (String, Vec<u8>)) -> PyResult<()> {
+    signer(Some(key)).map(drop)
+}
+
+/// Raises ValueError unless `keys` ((name, 32-byte public key) pairs) is a trusted set the
+/// core takes (`TrustSet::new`: each name's rule, no name twice, each key 32 bytes and an
+/// Ed25519 key): what `Store(trusted_keys=)` checks, for a caller that parses a list.
+#[pyfunction]
+pub fn check_trusted_keys(keys: Vec<(String, Vec<u8>)>) -> PyResult<()> {
+    trusted_set(&keys).map(drop)
+}
+
+fn trusted_set(keys: &[(String, Vec<u8>)]) -> PyResult<TrustSet> {
+    TrustSet::new(keys).map_err(|e| PyValueError::new_err(format!("trusted_keys: {e}")))
+}
+
 /// The `signing_key` argument of Store: (name, 32-byte private key).
 pub fn signer(arg: Option<(String, Vec<u8>)>) -> PyResult<Option<Arc<Signer>>> {
     arg.map(|(name, seed)| {
@@ -43,9 +65,7 @@ pub fn signer(arg: Option<(String, Vec<u8>)>) -> PyResult<Option<Arc<Signer>>> {
 pub fn trust(arg: Option<Vec<(String, Vec<u8>)>>) -> PyResult<Option<Arc<TrustSet>>> {
     arg.map(|keys| {
         let record = default_verified_record_dir().map(|d| Arc::new(VerifiedRecord::at(d)));
-        TrustSet::new(&keys)
-            .map(|t| Arc::new(t.with_record(record)))
-            .map_err(|e| PyValueError::new_err(format!("trusted_keys: {e}")))
+        trusted_set(&keys).map(|t| Arc::new(t.with_record(record)))
     })
     .transpose()
 }

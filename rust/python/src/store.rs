@@ -2,13 +2,13 @@
 //! conversions of its arguments and results in convert.rs).
 
 use crate::blob::PyBlob;
-use crate::buffer::{HeldBuffer, KeyArg};
+use crate::buffer::{gathered, HeldBuffer, KeyArg};
 use crate::claim::PyClaim;
 use crate::convert::{
     bad_arg, bool_arg, choice, counters_into, durable_arg, entry_dict, evict_report, key_object,
-    path_arg, read_only_arg, seconds, sign_arg, verify_report,
+    path_arg, positive_size, read_only_arg, seconds, sign_arg, verify_report,
 };
-use crate::errors::{no_panic, CacheError};
+use crate::errors::{no_panic, on_cache_error, to_py, CacheError};
 use crate::tier::TierHooks;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -17,8 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use xla_pcache_core::{
-    CacheSettings, EntrySummary, LockMode, ReadMode, Store, StoreOptions, MAX_TIERS, MAX_TIER_NAME,
-    TIER_COUNTER_NAMES,
+    CacheSettings, EntrySummary, Key, LockMode, ReadMode, Store, StoreError, StoreOptions,
 };
 
 /// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
@@ -91,6 +90,24 @@ impl PyStore {
         }
         Ok(&self.inner)
     }
+
+    /// `f` of this store, `key` and the bytes of the whole entry file `data` (borrowed, not
+    /// copied), run without the GIL: what the methods that take an entry file share.
+    fn with_entry_file<T: Send>(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        f: impl FnOnce(&Store, Key<'_>, &[u8]) -> Result<T, StoreError> + Send,
+    ) -> PyResult<T> {
+        let key = KeyArg::extract(key)?;
+        let buf = HeldBuffer::get(data, "data")?;
+        let store = self.store()?;
+        let res = py.detach(|| no_panic(what, || f(store, key.key(), buf.as_slice())));
+        drop(buf);
+        res
+    }
 }
 
 #[pymethods]
@@ -100,7 +117,8 @@ impl PyStore {
     // `STORE_DEFAULTS` for Python): written once.
     #[pyo3(signature = (path, *, max_size=None, read_only=false, durable=false, lock_mode=None,
         lock_timeout=None, lease_time=None, hit_interval=None, trash_grace=None, tmp_grace=None,
-        claim_lease=None, read_mode=None, evict_trace=None, signing_key=None, trusted_keys=None))]
+        claim_lease=None, read_mode=None, evict_trace=None, signing_key=None, trusted_keys=None,
+        own_root_fd=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -119,21 +137,14 @@ impl PyStore {
         evict_trace: Option<&Bound<'_, PyAny>>,
         signing_key: Option<(String, Vec<u8>)>,
         trusted_keys: Option<Vec<(String, Vec<u8>)>>,
+        own_root_fd: Option<i32>,
     ) -> PyResult<Self> {
         let path = path_arg("path", path)?;
         let evict_trace = match evict_trace {
             Some(v) if !v.is_none() => Some(path_arg("evict_trace", v)?),
             _ => None,
         };
-        let max_size = match max_size {
-            None => None,
-            Some(n) if n > 0 => Some(n as u64),
-            Some(n) => {
-                return Err(PyValueError::new_err(format!(
-                    "max_size must be positive (or None), got {n}"
-                )))
-            }
-        };
+        let max_size = positive_size("max_size", max_size)?;
         let lock_mode = choice::<LockMode>("lock_mode", lock_mode)?.unwrap_or(LockMode::Auto);
         let read_mode = choice::<ReadMode>("read_mode", read_mode)?.unwrap_or(ReadMode::Auto);
         if path.as_os_str().is_empty() {
@@ -159,6 +170,7 @@ impl PyStore {
             evict_trace,
             signer: crate::signing::signer(signing_key)?,
             trust: crate::signing::trust(trusted_keys)?,
+            own_root: own_root(own_root_fd)?,
             ..d
         };
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
@@ -209,23 +221,15 @@ impl PyStore {
         max_size: Option<i64>,
         max_age: Option<f64>,
     ) -> PyResult<()> {
-        let max_size = match max_size {
-            Some(n) if n <= 0 => {
-                return Err(PyValueError::new_err(format!(
-                    "max_size must be positive (or None), got {n}"
-                )))
-            }
-            n => n.map(|n| n as u64),
+        // The core's bounds (`CacheSettings::check`), each refusal a ValueError naming its
+        // argument.
+        let s = CacheSettings {
+            max_size: positive_size("max_size", max_size)?,
+            max_age: max_age
+                .map(|a| xla_pcache_core::max_age_secs("max_age", a))
+                .transpose()
+                .map_err(to_py)?,
         };
-        let max_age = match max_age {
-            Some(a) if a.is_finite() && a < 1.0 => {
-                return Err(PyValueError::new_err(format!(
-                    "max_age must be at least 1 second (or None), got {a}"
-                )))
-            }
-            a => a.map(|a| seconds("max_age", a)).transpose()?,
-        };
-        let s = CacheSettings { max_size, max_age };
         let store = self.store()?;
         py.detach(|| no_panic("write_cache_settings", || store.write_settings(&s)))
     }
@@ -280,13 +284,7 @@ impl PyStore {
                 store.put_published(key.key(), buf.as_slice(), &pairs, sign)
             })
         });
-        let published = match res {
-            Err(e) if e.is_instance_of::<CacheError>(py) => {
-                log::error!("xla_pcache: {e}; not cached");
-                None
-            }
-            other => other?,
-        };
+        let published = on_cache_error(py, res, None, Some("not cached"))?;
         let stored = published.is_some();
         if let (Some(published), Some(tier)) = (published, self.tier.get()) {
             // The bytes just written go to the tiers, copied once from the caller's buffer
@@ -297,17 +295,22 @@ impl PyStore {
         Ok(stored)
     }
 
-    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    /// The verified entry, or None. With `count=False` the lookup counts nothing and records
+    /// no use (a read ahead of the lookup it may serve: `count_hit` counts it when it does).
+    #[pyo3(signature = (key, *, count=true))]
+    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>, count: bool) -> PyResult<Py<PyAny>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        let local = match py.detach(|| no_panic("get", || store.get(key.key()))) {
-            Ok(b) => b,
-            Err(e) if e.is_instance_of::<CacheError>(py) => {
-                log::error!("xla_pcache: {e}; treated as a miss");
-                None
-            }
-            Err(e) => return Err(e),
-        };
+        let res = py.detach(|| {
+            no_panic("get", || {
+                if count {
+                    store.get(key.key())
+                } else {
+                    store.get_uncounted(key.key())
+                }
+            })
+        });
+        let local = on_cache_error(py, res, None, Some("treated as a miss"))?;
         if let Some(inner) = local {
             return Ok(Py::new(py, PyBlob { inner })?.into_any());
         }
@@ -341,11 +344,8 @@ impl PyStore {
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        match py.detach(|| no_panic("get_entry_file", || store.get_entry_file(key.key()))) {
-            Ok(v) => Ok(v.map(|b| PyBytes::new(py, &b))),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let res = py.detach(|| no_panic("get_entry_file", || store.get_entry_file(key.key())));
+        Ok(on_cache_error(py, res, None, None)?.map(|b| PyBytes::new(py, &b)))
     }
 
     /// The names (32 hex digits) an entry of `key` may be under for this store's reads, in
@@ -367,15 +367,12 @@ impl PyStore {
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;
-        match py.detach(|| {
+        let res = py.detach(|| {
             no_panic("entry_file_named", || {
                 store.entry_file_named(key.key(), name)
             })
-        }) {
-            Ok(v) => Ok(v.map(|b| PyBytes::new(py, &b))),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        });
+        Ok(on_cache_error(py, res, None, None)?.map(|b| PyBytes::new(py, &b)))
     }
 
     /// Why this store would not take the whole entry file `data` for `key`, as (kind, why),
@@ -386,11 +383,7 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(String, String)>> {
-        let key = KeyArg::extract(key)?;
-        let buf = HeldBuffer::get(data, "data")?;
-        let store = self.store()?;
-        let res = py.detach(|| no_panic("refusal", || store.refusal(key.key(), buf.as_slice())));
-        drop(buf);
+        let res = self.with_entry_file(py, "refusal", key, data, |s, k, b| s.refusal(k, b));
         Ok(res?.map(|(kind, why)| (kind.to_string(), why)))
     }
 
@@ -402,20 +395,10 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<PyBlob>> {
-        let key = KeyArg::extract(key)?;
-        let buf = HeldBuffer::get(data, "data")?;
-        let store = self.store()?;
-        let res = py.detach(|| {
-            no_panic("verify_entry_file", || {
-                store.verify_entry_file(key.key(), buf.as_slice().to_vec())
-            })
+        let res = self.with_entry_file(py, "verify_entry_file", key, data, |s, k, b| {
+            s.verify_entry_file(k, b.to_vec())
         });
-        drop(buf);
-        match res {
-            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(on_cache_error(py, res, None, None)?.map(|inner| PyBlob { inner }))
     }
 
     /// A whole entry file received in `pieces` (buffers, in order): gathered into one
@@ -439,27 +422,13 @@ impl PyStore {
         }
         let store = self.store()?;
         let res = py.detach(|| {
-            no_panic("take_entry_file", || {
-                let total = held
-                    .iter()
-                    .try_fold(0usize, |n, b| n.checked_add(b.as_slice().len()));
-                // Fallible: an object larger than memory allows is a miss, not an abort.
-                let mut file = Vec::new();
-                if total.is_none_or(|n| file.try_reserve_exact(n).is_err()) {
-                    return Ok(None);
-                }
-                for b in &held {
-                    file.extend_from_slice(b.as_slice());
-                }
-                store.take_entry_file(key.key(), file, publish)
+            no_panic("take_entry_file", || match gathered(&held) {
+                Some(file) => store.take_entry_file(key.key(), file, publish),
+                None => Ok(None),
             })
         });
         drop(held);
-        match res {
-            Ok(b) => Ok(b.map(|inner| PyBlob { inner })),
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(on_cache_error(py, res, None, None)?.map(|inner| PyBlob { inner }))
     }
 
     /// A new unnamed file under the cache's tmp/, reached with no link followed, as a file
@@ -472,6 +441,16 @@ impl PyStore {
         Ok(file.into_raw_fd())
     }
 
+    /// A new descriptor of the cache's directory (`O_PATH`: a base for the `*at` calls), the
+    /// caller's to close: the directory the store works in, which for a store opened on
+    /// `own_root_fd` is that one, whatever was renamed since.
+    fn _root_fd(&self, py: Python<'_>) -> PyResult<i32> {
+        use std::os::fd::IntoRawFd;
+        let store = self.store()?;
+        let fd = py.detach(|| no_panic("root_fd", || store.root_fd()))?;
+        Ok(fd.into_raw_fd())
+    }
+
     /// Publishes a whole entry file after verifying it; None if it does not verify.
     fn put_entry_file(
         &self,
@@ -479,19 +458,10 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<bool>> {
-        let key = KeyArg::extract(key)?;
-        let buf = HeldBuffer::get(data, "data")?;
-        let store = self.store()?;
-        let res = py.detach(|| {
-            no_panic("put_entry_file", || {
-                store.put_entry_file(key.key(), buf.as_slice())
-            })
+        let res = self.with_entry_file(py, "put_entry_file", key, data, |s, k, b| {
+            s.put_entry_file(k, b)
         });
-        drop(buf);
-        match res {
-            Err(e) if e.is_instance_of::<CacheError>(py) => Ok(Some(false)),
-            r => r,
-        }
+        on_cache_error(py, res, Some(false), None)
     }
 
     /// Claims `key` for compiling, or waits up to `wait` seconds for another process's
@@ -668,13 +638,7 @@ impl PyStore {
         let s = py.detach(|| no_panic("stats", || store.stats()))?;
         let d = PyDict::new(py);
         counters_into(&d, &s.counters, &s.tiers)?;
-        let (hits, misses) = (s.counters[0], s.counters[1]);
-        let rate = if hits + misses > 0 {
-            Some(hits as f64 / (hits + misses) as f64)
-        } else {
-            None
-        };
-        d.set_item("hit_rate", rate)?;
+        d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("entries", s.entries)?;
         d.set_item("bytes", s.bytes)?;
         d.set_item("max_size", store.max_size())?;
@@ -695,22 +659,7 @@ impl PyStore {
     /// first that is not valid): a remote hit's counts cross from Python in one call.
     fn add_tier_counters(&self, counts: Vec<(String, String, u64)>) -> PyResult<()> {
         let store = self.store()?;
-        if let Some((tier, counter, _)) = counts.iter().find(|(t, c, _)| {
-            !(xla_pcache_core::valid_tier_name(t) && TIER_COUNTER_NAMES.contains(&c.as_str()))
-        }) {
-            return Err(PyValueError::new_err(format!(
-                "invalid tier {tier:?} or counter {counter:?}: a tier name is 1 to \
-                 {MAX_TIER_NAME} of a-z 0-9 _ - . (at most {MAX_TIERS} tiers), a counter \
-                 one of {TIER_COUNTER_NAMES:?}"
-            )));
-        }
-        no_panic("add_tier_counters", || {
-            for (tier, counter, n) in &counts {
-                // Past MAX_TIERS a new name is not counted (as each tier's own counters).
-                store.add_tier(tier, counter, *n);
-            }
-            Ok(())
-        })
+        no_panic("add_tier_counters", || store.add_tier_counts(&counts))
     }
 
     /// Counts a lookup served from another program's cache files (an adopted JAX entry of
@@ -743,6 +692,26 @@ impl PyStore {
         no_panic("count_other_build", || {
             store.count_other_build();
             Ok(())
+        })
+    }
+
+    /// Counts a lookup served by `blob`, an entry read earlier with `get(count=False)`: a
+    /// hit, its bytes, its recorded compile time and a use of its entry, as `get` would.
+    fn count_hit(&self, blob: PyRef<'_, PyBlob>) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("count_hit", || {
+            store.count_hit(&blob.inner);
+            Ok(())
+        })
+    }
+
+    /// Adds each `(counter, n)` of `counts` to the prefetch counter `counter` (one of
+    /// `PREFETCH_COUNTERS`; `stats` names it `prefetch_<counter>`). All are checked before
+    /// any is added (ValueError naming the first that is not one).
+    fn add_prefetch_counters(&self, counts: Vec<(String, u64)>) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("add_prefetch_counters", || {
+            store.add_prefetch_counts(&counts)
         })
     }
 
@@ -875,4 +844,22 @@ impl PyStore {
             if o.read_only { " read_only" } else { "" }
         )
     }
+}
+
+/// The store's `own_root`: a duplicate of the caller's descriptor (which stays the caller's).
+fn own_root(fd: Option<i32>) -> PyResult<Option<Arc<std::os::fd::OwnedFd>>> {
+    let Some(raw) = fd else {
+        return Ok(None);
+    };
+    if raw < 0 {
+        return Err(PyValueError::new_err(format!(
+            "own_root_fd must be an open descriptor, not {raw}"
+        )));
+    }
+    // SAFETY: the caller's descriptor, borrowed only to duplicate it.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    let owned = fd
+        .try_clone_to_owned()
+        .map_err(|e| PyValueError::new_err(format!("own_root_fd {raw}: {e}")))?;
+    Ok(Some(Arc::new(owned)))
 }

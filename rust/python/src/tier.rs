@@ -5,8 +5,8 @@
 //! asked for.
 
 use crate::blob::PyBlob;
-use crate::buffer::{HeldBuffer, KeyArg};
-use crate::errors::{no_panic, CacheError};
+use crate::buffer::{gathered, HeldBuffer, KeyArg};
+use crate::errors::{no_panic, on_cache_error, CacheError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -128,19 +128,9 @@ impl PyAccept {
                 held.push(HeldBuffer::get(&piece?, "value")?);
             }
             let res = py.detach(|| {
-                no_panic("Accept", || {
-                    let total = held
-                        .iter()
-                        .try_fold(0usize, |n, b| n.checked_add(b.as_slice().len()));
-                    // Fallible: an object larger than memory allows is a miss, not an abort.
-                    let mut file = Vec::new();
-                    if total.is_none_or(|n| file.try_reserve_exact(n).is_err()) {
-                        return Ok(None);
-                    }
-                    for b in &held {
-                        file.extend_from_slice(b.as_slice());
-                    }
-                    store.take_entry_file(key, file, publish)
+                no_panic("Accept", || match gathered(&held) {
+                    Some(file) => store.take_entry_file(key, file, publish),
+                    None => Ok(None),
                 })
             });
             drop(held);
@@ -166,12 +156,7 @@ impl PyAccept {
             let file = borrowed_file(fd)?;
             py.detach(|| no_panic("Accept", || store.take_entry_from_file(key, &file, publish)))
         };
-        let blob = match res {
-            Ok(b) => b,
-            Err(e) if e.is_instance_of::<CacheError>(py) => None,
-            Err(e) => return Err(e),
-        };
-        let Some(blob) = blob else {
+        let Some(blob) = on_cache_error(py, res, None, None)? else {
             return Ok(None);
         };
         let names = if publish {

@@ -2,8 +2,15 @@
 //! `<dir>/<name>.lock`, polled until the timeout. The lock file stays when the lock is
 //! released: removing it would let two processes lock two different inodes of one name.
 
-use super::*;
+use super::{
+    made, remove_foreign, sleep_until_next_poll, GuardInner, LockDir, LockError, LockGuard,
+};
+use crate::dir::Dir;
+use std::fs::File;
+use std::io;
 use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::time::Instant;
 
 impl LockDir {
     pub(super) fn try_fcntl(
@@ -113,7 +120,11 @@ fn is_unavailable(e: &io::Error) -> bool {
 mod tests {
     use super::*;
     use crate::lock::tests::lock_dir;
+    use crate::lock::LockMode;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
+    use std::thread;
+    use std::time::Duration;
 
     #[test]
     fn fcntl_excludes_second_lockdir_and_releases_on_drop() {

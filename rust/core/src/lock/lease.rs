@@ -7,10 +7,18 @@
 //! which any process takes over at once. A stale lease is taken over by moving it aside
 //! and checking that what was moved is what was judged stale.
 
-use super::*;
+use super::{
+    link_exclusive, made, new_nonce, remove_foreign, sleep_until_next_poll, validate_name,
+    GuardInner, LockDir, LockError, LockGuard,
+};
 use crate::dir::{open_regular, read_capped};
+use crate::dir::{Dir, Name};
+use std::io;
 use std::io::Write;
 use std::os::unix::io::IntoRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Last word of the content of a retired lease (see [`LockGuard::retire`]).
 const RETIRED: &str = "retired";
@@ -466,7 +474,9 @@ impl Drop for RemoveOnDrop<'_> {
 mod tests {
     use super::*;
     use crate::lock::tests::{lease_content, leftovers, lock_dir};
+    use crate::lock::LockMode;
     use std::fs;
+    use std::thread;
 
     #[test]
     fn peek_sees_a_lease_without_taking_it_and_judges_staleness() {

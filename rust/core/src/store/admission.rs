@@ -15,7 +15,8 @@
 //! need as arguments and never read a clock, so their tests run on injected instants. The
 //! `Store` methods below only gather those values and do the I/O.
 
-use super::*;
+use super::{State, Store};
+use std::time::{Duration, Instant};
 
 /// How long after a process checks the budget its put becomes visible to the others (the
 /// link, then its journal record): the others' puts in that window are unseen by both.

@@ -2,9 +2,12 @@
 //! this process's own options, the stricter of the two, re-read at the refresh interval so
 //! a change made by `xla-pcache config` reaches running processes.
 
-use super::*;
+use super::{State, Store};
+use crate::error::StoreError;
 use crate::settings::{self, CacheSettings};
+use crate::stats::Counter;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// The stored settings as last read; 0 is "not set". Atomics, so the put path reads the
 /// budget without the state lock.
@@ -58,21 +61,13 @@ impl Store {
     }
 
     /// Replaces the cache's stored settings (all of them: a field left None is unset).
+    /// `Invalid` for settings out of their bounds (`CacheSettings::check`: a budget of no
+    /// bytes, a max age under a second), which would be stored as a file nobody uses.
     pub fn write_settings(&self, s: &CacheSettings) -> Result<(), StoreError> {
         if self.opts.read_only {
             return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
-        if s.max_size == Some(0) || s.max_age == Some(Duration::ZERO) {
-            return Err(StoreError::Invalid(
-                "max_size and max_age must be positive (or None to unset)".into(),
-            ));
-        }
-        if s.max_age.is_some_and(|a| a > MAX_DURATION) {
-            return Err(StoreError::Invalid(format!(
-                "max_age must be at most {} seconds",
-                MAX_DURATION.as_secs()
-            )));
-        }
+        // Held to the bounds CONFIG is read under (`CacheSettings::check`), in `write`.
         settings::write(&self.root, s, self.opts.durable)?;
         self.reload_settings(&mut self.state());
         Ok(())

@@ -27,11 +27,18 @@
 //! once, counted, and answered with [`ClaimState::Unclaimed`]: compile as if there were
 //! no single flight.
 
-use super::*;
+use super::{check_key, Key, Store};
+use crate::dir::{Rel, Root};
+use crate::error::StoreError;
 use crate::forksafe::ForkMutex;
-use crate::lock::{LeaseView, LockError};
-use std::sync::{Arc, Condvar};
+use crate::hash::{entry_name, name_hex};
+use crate::layout::Layout;
+use crate::lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
+use crate::stats::Counter;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, MutexGuard};
 use std::thread;
+use std::time::{Duration, Instant};
 
 /// First pause between two polls of a waiter.
 const POLL_FIRST: Duration = Duration::from_millis(25);

@@ -1,6 +1,8 @@
 //! Unit tests of compile claims (single flight): claim, wait, publish, abandon, takeover.
 
+use super::claim::CLAIM_DIR;
 use super::*;
+use crate::hash::{entry_name, name_hex};
 use std::sync::Arc;
 use std::thread;
 

@@ -1,24 +1,28 @@
 //! Whole entry files as bytes: what a remote tier or a bundle carries between caches.
 
 use super::write::Signing;
-use super::*;
+use super::{check_key, gate, read, Key, Store};
+use crate::blob::Blob;
+use crate::dir as cdir;
+use crate::entry;
+use crate::error::{io_err, StoreError};
+use crate::hash::parse_name_hex;
+use crate::layout::{Layout, TMP};
 use crate::sign;
+use crate::stats::Counter;
+use std::fs::File;
+use std::io;
 
 /// The length of the whole entry file whose first bytes are `head`, when they hold its
 /// whole header, that header verifies and its key is filed under `name` (32 hex digits):
-/// the key's plain name, or for a signed entry its signer's own name for the key
-/// (`sign::signed_name`, where a tier keeps a signer's copy); None otherwise. Lets a tier
+/// the key's plain name, or for a signed entry its signer's own name for the key (where a
+/// tier keeps a signer's copy: `gate::filed_under`); None otherwise. Lets a tier
 /// refuse a foreign, garbage or oversized object after its first bytes, before it reads
 /// the rest.
 pub fn entry_file_len(head: &[u8], name: &str) -> Option<u64> {
     let h = entry::decode_header(head).ok()?;
-    let plain = name_hex(entry_name(&h.key)) == name;
-    let own = || {
-        h.signature
-            .as_ref()
-            .is_some_and(|s| name_hex(sign::signed_name(&h.key, &s.signer)) == name)
-    };
-    (plain || own()).then(|| h.file_len())
+    let at = parse_name_hex(name)?;
+    gate::filed_under(&h, at).then(|| h.file_len())
 }
 
 impl Store {
@@ -51,7 +55,7 @@ impl Store {
         name: &str,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         check_key(&key)?;
-        let Some(at) = crate::hash::parse_name_hex(name) else {
+        let Some(at) = parse_name_hex(name) else {
             return Err(StoreError::Invalid(format!(
                 "name {name:?} is not an entry name (32 hex digits)"
             )));
@@ -208,9 +212,7 @@ impl Store {
         };
         let vouched = match (self.opts.trust.as_deref(), self.write_trust.as_ref()) {
             (Some(_), _) | (None, None) => true,
-            (None, Some(own)) => {
-                matches!(sign::verify_entry(file, own), Ok(sign::Verdict::Trusted(_)))
-            }
+            (None, Some(own)) => gate::judge(file, Some(own)).is_ok(),
         };
         if vouched {
             Signing::Carried(fields)
@@ -223,6 +225,10 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::{entry_name, name_hex};
+    use crate::store::StoreOptions;
+    use std::path::Path;
+    use std::sync::Arc;
 
     fn key(s: &str) -> Key<'_> {
         Key {

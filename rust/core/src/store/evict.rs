@@ -1,15 +1,52 @@
-//! Eviction: refreshing the view, evicting under the lock, compaction, sweeping.
+//! Eviction: an explicit `evict()`, and the time slices a put runs when the cache is over
+//! its budget or holds entries past their max age, under the evictor lock; compaction of the
+//! journals into the snapshot; sweeping tmp/, trash/ and leftover leases.
 
-use super::*;
-use crate::layout::freshen_dir;
+use super::{claim, disk_bytes, errno, State, Store};
+use crate::clock::unique_suffix;
+use crate::dir::{self as cdir, Kind, Name, Stat};
+use crate::error::{io_err, StoreError};
+use crate::journal::{self, Record};
+use crate::layout::{Layout, JOURNAL, LOCKS, TMP, TRASH};
+use crate::lock::LockGuard;
+use crate::stats::Counter;
 use std::collections::HashSet;
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// An explicit eviction re-reads the journals after its pass and goes on if what arrived
 /// meanwhile put the view over the target again, at most this many passes in all.
 const EXPLICIT_ROUNDS: u32 = 4;
-/// The put path makes the journal listing fresh (network filesystems) at most this often;
-/// the processes of one host share their client's cache, so each benefits from the others.
-const FRESHEN_EVERY: Duration = Duration::from_millis(50);
+
+pub(super) const EVICT_LOCK: &str = "evict";
+
+/// Journals untouched this long whose owner cannot be checked (another host) are folded
+/// and removed by compaction.
+const REMOTE_JOURNAL_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// What `evict` did.
+#[derive(Debug, Default, Clone)]
+pub struct EvictReport {
+    pub removed: u64,
+    /// Bytes freed: the `st_blocks` of the files moved to trash.
+    pub bytes: u64,
+    /// Index records dropped because their file was already gone (removed by a process
+    /// whose records this view had not read yet): they counted toward the budget, freed
+    /// nothing.
+    pub dropped: u64,
+    /// Files the index did not know, found on disk by an explicit `evict()` and indexed.
+    pub added: u64,
+    /// File names (hex) of the evicted entries.
+    pub names: Vec<String>,
+    pub skipped: Option<String>,
+    /// Stopped early by `interrupt`.
+    pub interrupted: bool,
+    /// Files and directories it could not use and went on without: index files it could
+    /// not read, directories that were not real directories inside the cache.
+    pub skipped_files: Vec<String>,
+}
 
 /// Renews the evictor's lease every quarter lease while a long job holds it.
 pub(super) struct Heartbeat {
@@ -41,88 +78,36 @@ impl Heartbeat {
 }
 
 impl Store {
-    /// Brings the view up to date for an explicit call (stats, evict, len...): through a
-    /// fresh listing of the journals on a network filesystem.
-    pub(super) fn refresh(&self, st: &mut State) -> io::Result<()> {
-        self.reload_settings(st);
-        self.refresh_view(st, true)
-    }
-
-    /// `refresh` for the put path: the journal listing is made fresh at most every
-    /// `FRESHEN_EVERY` (two metadata round trips on a network filesystem).
-    fn refresh_for_put(&self, st: &mut State) -> io::Result<()> {
-        let due = st.last_freshen.is_none_or(|t| t.elapsed() >= FRESHEN_EVERY);
-        self.refresh_view(st, due)
-    }
-
-    /// Before a put publishes into a bounded cache on a network filesystem: a view whose
-    /// journal listing is older than `FRESHEN_EVERY` is read again through a fresh one.
-    /// Otherwise a view is re-read only once the measured put rate says it may be full,
-    /// and that rate is itself measured at refreshes: when a fleet starts putting together
-    /// (an idle fleet's first compiles), nobody's view would move for up to
-    /// `refresh_interval` while each admits its puts into the same free space. Rare puts
-    /// (a compile cache's) pay nothing more: the refresh after the put is then not due.
-    /// True if it read the view just now.
-    pub(super) fn refresh_before_publish(&self, st: &mut State) -> bool {
-        if self.fs.local || st.last_freshen.is_some_and(|t| t.elapsed() < FRESHEN_EVERY) {
-            return false;
+    /// Evicts now: down to `max_size` bytes (default: the budget's low watermark, or nothing
+    /// if unbounded) and every entry unused for `older_than`.
+    pub fn evict(
+        &self,
+        max_size: Option<u64>,
+        older_than: Option<Duration>,
+    ) -> Result<EvictReport, StoreError> {
+        if self.opts.read_only {
+            return Err(StoreError::ReadOnly(self.layout.root.clone()));
         }
-        let res = self.refresh_for_put(st);
-        self.refresh_ok(res)
-    }
-
-    /// Every way of re-reading the journals ends here (`refresh`, `refresh_for_put`,
-    /// `refresh_before_publish`, `refresh_or_warn`): `freshen` makes the journal listing
-    /// fresh first on a network filesystem.
-    fn refresh_view(&self, st: &mut State, freshen: bool) -> io::Result<()> {
-        // Our own buffered hits belong in the view too.
-        self.append_locked(st, &[]);
-        // The cache's stored settings, re-read at the refresh interval (an explicit call
-        // reads them first, in `refresh`).
-        self.reload_settings_if_due(st);
-        // A network client serves journal lengths from its attribute cache (20 s on sshfs):
-        // without a fresh listing this process would not see the other hosts' puts for that
-        // long, and each host would fill the budget on its own.
-        let (fresh, from_server) = if self.fs.local {
-            (true, false)
-        } else if freshen && !self.opts.read_only {
-            st.last_freshen = Some(Instant::now());
-            let fresh = self.dir(&JOURNAL).is_ok_and(|d| freshen_dir(&d));
-            (fresh, true)
-        } else {
-            (st.view.fresh && st.last_freshen.is_some(), false)
+        let _walk = self.walk();
+        let target = max_size.or(self.max_size().map(|m| self.low_water(m)));
+        // The cache's stored max-age applies to an explicit eviction too, unless the caller
+        // named its own.
+        let older_than = older_than.or(self.max_age());
+        let guard = self
+            .locks
+            .try_lock_for(EVICT_LOCK, self.opts.lock_timeout)?;
+        let Some(guard) = guard else {
+            return Ok(EvictReport {
+                skipped: Some("another process holds the evictor lock".into()),
+                ..Default::default()
+            });
         };
-        // The put rate counts the other processes' journals only (this one's may have been
-        // reopened under a new name).
-        let own = st.journal.name();
-        if st.view.own_journal.as_ref() != own {
-            st.view.own_journal = own.cloned();
-        }
-        let res = st.view.refresh(&self.root, fresh, from_server);
-        self.note_unreadable(st);
-        if let Err(e) = res {
-            if cdir::is_unsafe(&e) {
-                self.unsafe_path("journal or index", &e);
-            }
-            return Err(e);
-        }
-        st.pending_bytes = 0;
-        st.last_refresh = Some(Instant::now());
-        st.note_put_rate();
-        Ok(())
-    }
-
-    /// Whether a refresh from the put path worked; a failure is counted and logged (the
-    /// put goes on with the view it has).
-    pub(super) fn refresh_ok(&self, res: io::Result<()>) -> bool {
-        match res {
-            Ok(()) => true,
-            Err(e) => {
-                self.counters.inc(Counter::Errors);
-                self.warn("index", || format!("cannot read the cache index: {e}"));
-                false
-            }
-        }
+        let mut st = self.state();
+        let mut report = self
+            .evict_locked(&mut st, guard, target, older_than, None)
+            .map_err(|e| io_err("evict in", &self.layout.root, e))?;
+        report.skipped_files = self.unreadable_files(&st);
+        Ok(report)
     }
 
     /// After a put: re-read the journals when due; evict when over budget and compact when
@@ -423,11 +408,6 @@ impl Store {
         done
     }
 
-    fn sweep_due(&self, st: &State) -> bool {
-        let every = self.opts.trash_grace.min(self.opts.tmp_grace) / 10;
-        st.last_sweep.is_none_or(|t| t.elapsed() >= every)
-    }
-
     pub(super) fn compact_locked(&self, st: &mut State) {
         // Read our own latest records too, so the snapshot is as fresh as it can be.
         if self.refresh(st).is_err() {
@@ -462,6 +442,11 @@ impl Store {
                 format!("cannot write the cache index snapshot: {e}")
             });
         }
+    }
+
+    fn sweep_due(&self, st: &State) -> bool {
+        let every = self.opts.trash_grace.min(self.opts.tmp_grace) / 10;
+        st.last_sweep.is_none_or(|t| t.elapsed() >= every)
     }
 
     /// Removes temp files, trash and lease leftovers older than their grace periods; returns
@@ -521,38 +506,6 @@ impl Store {
         }
         counts
     }
-
-    /// Evicts now: down to `max_size` bytes (default: the budget's low watermark, or nothing
-    /// if unbounded) and every entry unused for `older_than`.
-    pub fn evict(
-        &self,
-        max_size: Option<u64>,
-        older_than: Option<Duration>,
-    ) -> Result<EvictReport, StoreError> {
-        if self.opts.read_only {
-            return Err(StoreError::ReadOnly(self.layout.root.clone()));
-        }
-        let _walk = self.walk();
-        let target = max_size.or(self.max_size().map(|m| self.low_water(m)));
-        // The cache's stored max-age applies to an explicit eviction too, unless the caller
-        // named its own.
-        let older_than = older_than.or(self.max_age());
-        let guard = self
-            .locks
-            .try_lock_for(EVICT_LOCK, self.opts.lock_timeout)?;
-        let Some(guard) = guard else {
-            return Ok(EvictReport {
-                skipped: Some("another process holds the evictor lock".into()),
-                ..Default::default()
-            });
-        };
-        let mut st = self.state();
-        let mut report = self
-            .evict_locked(&mut st, guard, target, older_than, None)
-            .map_err(|e| io_err("evict in", &self.layout.root, e))?;
-        report.skipped_files = self.unreadable_files(&st);
-        Ok(report)
-    }
 }
 
 /// Appends `line` to the evict trace at `path`: opened without following a link or waiting
@@ -574,4 +527,8 @@ fn append_trace(path: &Path, line: &[u8]) -> io::Result<()> {
         ));
     }
     f.write_all(line)
+}
+
+fn age(m: &Stat, now_ns: u64) -> Duration {
+    Duration::from_nanos(now_ns.saturating_sub(m.ctime_ns().max(m.mtime_ns())))
 }

@@ -2,14 +2,20 @@
 //! names, in the order they are tried) and the verdict on a whole entry file found there or
 //! received (a tier, a bundle).
 //!
-//! Every path that hands executable bytes to a caller goes through here: the store's get
-//! (`read.rs`), `get_entry_file` and the received files (`raw.rs`: tiers, backfill, bundles),
-//! `contains` and `delete` (`admin.rs`), and, through the binding, the tiers' names
-//! (`Store::entry_names`) and the torch_xla host pool. Nothing else writes the order of the
-//! names or decides on a signature.
+//! Every path that hands executable bytes to a caller, or decides what stands for an entry,
+//! goes through here: the store's get and `contains` (`read.rs`), `delete` (`delete.rs`),
+//! `get_entry_file` and the received files (`entry_file.rs`: tiers, backfill, bundles, and
+//! whether a received signature is kept), a signed put's look at what its names hold
+//! (`write.rs`), `verify` and `untrusted_entries` (`verify.rs`), and, through the binding,
+//! the tiers' names (`Store::entry_names`, `tier_names`) and the torch_xla host pool. Nothing
+//! else writes the order of the names a reader tries or decides on a signature: `sign.rs`
+//! verifies one when `judge` asks it to.
 
-use super::*;
-use crate::sign::{self, Untrusted, Verdict};
+use super::{check_key, Key, Store};
+use crate::entry::{self, EntryError};
+use crate::error::StoreError;
+use crate::hash::entry_name;
+use crate::sign::{self, TrustSet, Untrusted, Verdict};
 
 /// The names an entry of `key` may be under, in the order a reader tries them, each with the
 /// signer whose own name it is: the plain name (None), then, with a trusted set, each trusted

@@ -4,70 +4,65 @@
 //! written in place; a reader verifies header and checksum before exposing a byte; any
 //! failure inside `get` or `put` is a miss or a `false`, logged and counted, never an error;
 //! a read-only store writes nothing at all.
+//!
+//! Each part of the store is a module named for what it holds: this one the options,
+//! opening a cache, the state a handle keeps and the journal appends every part shares;
+//! `read.rs` the read path (get, contains), `write.rs` the write path (put), `evict.rs`
+//! eviction, compaction and sweeping, `admission.rs` whether a put may go on in a bounded
+//! cache, `budget.rs` the budget a process keeps, `refresh.rs` the view brought up to date,
+//! `reconcile.rs` the view checked against the files, `gate.rs` the one gate for what may be
+//! loaded, `entry_file.rs` whole entry files as bytes (tiers, bundles), `claim.rs` compile
+//! claims, `delete.rs` delete and clear, `listing.rs` the entries listed, `verify.rs` every
+//! file checked, `counters.rs` the counters and the cache's figures (stats, len).
 
-mod admin;
 mod admission;
 mod budget;
 mod claim;
 #[cfg(test)]
 mod claim_tests;
+mod counters;
+mod delete;
 mod entry_file;
 mod evict;
 mod gate;
+mod listing;
 mod read;
 mod reconcile;
+mod refresh;
 #[cfg(test)]
 mod sign_tests;
 #[cfg(test)]
 mod tests;
+mod verify;
 mod write;
 
-use crate::blob::Blob;
-use crate::clock::unique_suffix;
-use crate::dir::{self as cdir, Dir, Kind, Name, Rel, Root, Stat};
-use crate::entry::{self, EntryError};
+use crate::bounds::{check_duration, positive_size};
+use crate::dir::{self as cdir, Dir, Name, Rel, Root, Stat};
 use crate::error::{io_err, StoreError};
 use crate::forksafe::ForkMutex;
 use crate::fsinfo::{self, FsInfo};
-use crate::hash::{entry_name, name_hex, parse_name_hex, MAX_KEY_LEN};
-use crate::journal::{self, JournalWriter, Record};
-use crate::layout::{Layout, ENTRIES, JOURNAL, LOCKS, TMP, TRASH};
-use crate::lock::{LockDir, LockGuard, LockMode, LockOptions};
-use crate::publish::publish_no_replace;
+use crate::hash::MAX_KEY_LEN;
+use crate::journal::{JournalWriter, Record};
+use crate::layout::{Layout, ENTRIES, LOCKS};
+use crate::lock::{LockDir, LockMode, LockOptions};
 use crate::sign::{Signer, TrustSet};
-use crate::stats::{add_into, Counter, Counters, COUNTER_NAMES, N_COUNTERS};
+use crate::stats::{Counter, Counters};
 use crate::view::View;
-use memmap2::MmapOptions;
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-#[cfg(test)]
-use claim::CLAIM_DIR;
 pub use claim::{Claim, ClaimOutcome, ClaimState};
+pub use counters::Stats;
 pub use entry_file::entry_file_len;
+pub use evict::EvictReport;
 pub use gate::tier_names;
+pub use listing::EntrySummary;
+pub use verify::VerifyReport;
 pub use write::Published;
-
-/// Below this size a file is read into memory rather than mapped. It is glibc's default
-/// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so a
-/// read into it faults in every page, and the first get of an entry in a process pays for
-/// that, while a mapping takes the page-cache pages as they are (a few faults with the
-/// kernel's fault-around). Below it malloc reuses warm memory, where a read stays a little
-/// cheaper than a mapping. Mappings are not pre-faulted: MAP_POPULATE was no faster, and
-/// slower for large entries. Figures: docs/benchmarks.md, "Measurements behind the code".
-const MMAP_MIN_BYTES: u64 = 128 * 1024;
-/// Journals untouched this long whose owner cannot be checked (another host) are folded
-/// and removed by compaction.
-const REMOTE_JOURNAL_AGE: Duration = Duration::from_secs(24 * 3600);
-const EVICT_LOCK: &str = "evict";
-
-/// The longest duration an option may hold (about 31 years): longer is a mistake, and
-/// deadlines computed from it would overflow.
-pub const MAX_DURATION: Duration = Duration::from_secs(1_000_000_000);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadMode {
@@ -124,6 +119,11 @@ pub struct StoreOptions {
     /// When set, only entries signed by one of these keys are served; any other is a miss,
     /// counted `untrusted`, its payload never read. None: every verified entry is served.
     pub trust: Option<Arc<TrustSet>>,
+    /// A handle on `root` that the caller opened and checked as a directory of this user's
+    /// own (`owndir`: a bucket path's host-local store): the store works beneath it and
+    /// never resolves `root` again, so a directory renamed into its place is never used.
+    /// Checked once more when the store opens; `root` must exist.
+    pub own_root: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Default for StoreOptions {
@@ -147,6 +147,7 @@ impl Default for StoreOptions {
             claim_lease: Duration::from_secs(30),
             signer: None,
             trust: None,
+            own_root: None,
         }
     }
 }
@@ -169,94 +170,6 @@ fn check_key(key: &Key<'_>) -> Result<(), StoreError> {
         )));
     }
     Ok(())
-}
-
-/// What `evict` did.
-#[derive(Debug, Default, Clone)]
-pub struct EvictReport {
-    pub removed: u64,
-    /// Bytes freed: the `st_blocks` of the files moved to trash.
-    pub bytes: u64,
-    /// Index records dropped because their file was already gone (removed by a process
-    /// whose records this view had not read yet): they counted toward the budget, freed
-    /// nothing.
-    pub dropped: u64,
-    /// Files the index did not know, found on disk by an explicit `evict()` and indexed.
-    pub added: u64,
-    /// File names (hex) of the evicted entries.
-    pub names: Vec<String>,
-    pub skipped: Option<String>,
-    /// Stopped early by `interrupt`.
-    pub interrupted: bool,
-    /// Files and directories it could not use and went on without: index files it could
-    /// not read, directories that were not real directories inside the cache.
-    pub skipped_files: Vec<String>,
-}
-
-/// What `verify` found (and repaired when asked).
-#[derive(Debug, Default, Clone)]
-pub struct VerifyReport {
-    pub entries: u64,
-    pub bytes: u64,
-    pub corrupt: Vec<String>,
-    pub foreign: Vec<String>,
-    pub unindexed: u64,
-    pub dangling: u64,
-    pub stale_tmp: u64,
-    pub stale_trash: u64,
-    pub repaired: bool,
-    /// Stopped early by `interrupt`: the counts cover the files checked until then, and
-    /// the index was neither reconciled nor repaired.
-    pub interrupted: bool,
-    /// What it could not look at and went on without (unreadable entries or index files,
-    /// directories that are not real directories inside the cache), with why.
-    pub skipped_files: Vec<String>,
-}
-
-impl VerifyReport {
-    /// Problems: corrupt or foreign files, and entries the index does not know (they would
-    /// escape the budget). Index records of files that are gone ("dangling") are not counted:
-    /// races between a delete and a hit can leave them by design, they only make eviction
-    /// err toward removing more, and eviction drops them when it meets them. Stale temp and
-    /// trash files are housekeeping, not faults.
-    pub fn problems(&self) -> u64 {
-        (self.corrupt.len() + self.foreign.len()) as u64 + self.unindexed
-    }
-}
-
-/// One entry as `entries()` lists it.
-#[derive(Debug, Clone)]
-pub struct EntrySummary {
-    pub name: String,
-    pub key: Vec<u8>,
-    pub key_is_text: bool,
-    pub size: u64,
-    pub disk_bytes: u64,
-    pub created_ns: u64,
-    pub last_use_ns: Option<u64>,
-    /// Hits recorded, at most one per process per hit interval: a lower bound on uses.
-    pub hits: u32,
-    /// The signer's key name (signed entries), as the entry says: not a verdict on it.
-    pub signer: Option<String>,
-    pub meta: Vec<(String, String)>,
-}
-
-/// Aggregated statistics.
-#[derive(Debug, Clone)]
-pub struct Stats {
-    pub counters: [u64; N_COUNTERS],
-    /// Counters per remote tier name (empty when no process ever counted a tier).
-    pub tiers: crate::stats::TierCounters,
-    pub entries: u64,
-    pub bytes: u64,
-    pub journals: u64,
-    /// How long ago the journal read longest ago was last read to its end (None: not
-    /// known, e.g. the index could not be read).
-    pub view_age: Option<Duration>,
-    /// Whether those reads went through a listing known to be fresh: false for a
-    /// read-only store on a network filesystem, whose view may lag by however long the
-    /// client caches file lengths (20 s on sshfs, up to 60 s on NFS) on top of `view_age`.
-    pub view_fresh: bool,
 }
 
 struct State {
@@ -342,17 +255,6 @@ impl Drop for Walk<'_> {
     }
 }
 
-enum ReadError {
-    Missing,
-    Corrupt(EntryError, u64),
-    Io(io::Error),
-    /// The entry's shard is not a real directory, or a directory stands where the entry
-    /// file belongs: skipped, never followed nor moved.
-    Unsafe(String),
-    /// A whole, verified file a trusting reader will not serve (its payload unread).
-    Untrusted(crate::sign::Untrusted),
-}
-
 fn errno(e: &io::Error) -> Option<i32> {
     e.raw_os_error()
 }
@@ -366,17 +268,36 @@ fn disk_bytes(m: &Stat) -> u64 {
     }
 }
 
-fn age(m: &Stat, now_ns: u64) -> Duration {
-    Duration::from_nanos(now_ns.saturating_sub(m.ctime_ns().max(m.mtime_ns())))
+fn make_shards(r: &Root, layout: &Layout) -> Result<(), StoreError> {
+    let entries = r
+        .sub(&ENTRIES)
+        .map_err(|e| io_err("open", &layout.entries(), e))?;
+    for shard in 0..=255u8 {
+        match entries.mkdir(&Name::shard(shard), 0o777) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("create directory", &layout.shard(shard), e)),
+        }
+    }
+    Ok(())
+}
+
+impl Store {
+    /// A new handle on the cache's directory (`O_PATH`, the caller's to close): the one the
+    /// store works in now, for files beside the store's own (a miss log, a spool).
+    pub fn root_fd(&self) -> Result<std::os::fd::OwnedFd, StoreError> {
+        self.root
+            .dir()
+            .map(Dir::into_fd)
+            .map_err(|e| io_err("open", &self.layout.root, e))
+    }
 }
 
 impl Store {
     /// Opens the cache at `root`, creating it unless read-only.
     pub fn open(root: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        if opts.max_size == Some(0) {
-            return Err(StoreError::Invalid(
-                "max_size must be positive (or None for no limit)".into(),
-            ));
+        if let Some(size) = opts.max_size {
+            positive_size("max_size", size.into())?;
         }
         for (what, d) in [
             ("lock_timeout", opts.lock_timeout),
@@ -389,12 +310,7 @@ impl Store {
             ("stats_interval", opts.stats_interval),
             ("claim_lease", opts.claim_lease),
         ] {
-            if d > MAX_DURATION {
-                return Err(StoreError::Invalid(format!(
-                    "{what} must be at most {} seconds, got {d:?}",
-                    MAX_DURATION.as_secs()
-                )));
-            }
+            check_duration(what, d)?;
         }
         if !(0.0..=1.0).contains(&opts.low_watermark) {
             return Err(StoreError::Invalid(
@@ -411,7 +327,21 @@ impl Store {
         let layout = Layout::new(root.clone());
         let not_a_dir =
             |root: &Path| StoreError::Format(format!("{} is not a directory", root.display()));
-        let root_dir = if opts.read_only {
+        let root_dir = if let Some(fd) = &opts.own_root {
+            use std::os::fd::AsFd;
+            crate::owndir::check_fd(fd.as_fd())
+                .map_err(|why| StoreError::Invalid(format!("{} {why}", root.display())))?;
+            let dir =
+                Dir::from_borrowed(fd.as_fd(), &root).map_err(|e| io_err("open", &root, e))?;
+            let r = Root::pinned(&root, dir);
+            if opts.read_only {
+                layout.read_format(&r)?;
+            } else {
+                layout.create(&r)?;
+                make_shards(&r, &layout)?;
+            }
+            r
+        } else if opts.read_only {
             let r = match Root::open(&root) {
                 Ok(r) => r,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -431,16 +361,7 @@ impl Store {
                 Err(e) => return Err(io_err("open", &root, e)),
             };
             layout.create(&r)?;
-            let entries = r
-                .sub(&ENTRIES)
-                .map_err(|e| io_err("open", &layout.entries(), e))?;
-            for shard in 0..=255u8 {
-                match entries.mkdir(&Name::shard(shard), 0o777) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(io_err("create directory", &layout.shard(shard), e)),
-                }
-            }
+            make_shards(&r, &layout)?;
             r
         };
         let root_dir = Arc::new(root_dir);
@@ -500,15 +421,19 @@ impl Store {
     pub fn root(&self) -> &Path {
         &self.layout.root
     }
+
     pub fn options(&self) -> &StoreOptions {
         &self.opts
     }
+
     pub fn filesystem(&self) -> &FsInfo {
         &self.fs
     }
+
     pub fn mmap_reads(&self) -> bool {
         self.mmap
     }
+
     /// Asks the running `verify` or explicit `evict` (or the next one) to stop after the
     /// entry it is at: each step leaves a valid cache, so stopping between two is clean.
     /// Safe from any thread (a signal handler's, while another thread runs the call).
@@ -536,17 +461,6 @@ impl Store {
     /// Whether `interrupt` was called, leaving the request for `interrupted` to consume.
     fn interrupt_pending(&self) -> bool {
         self.interrupt.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn counters(&self) -> &Counters {
-        &self.counters
-    }
-    /// Adds `n` to the counter `counter` (one of `stats::TIER_COUNTER_NAMES`) of the remote
-    /// tier its caller names `tier`, and to the `remote_*` total; false, counting nothing,
-    /// for a name `stats::valid_tier_name` refuses, an unknown counter, or a tier past
-    /// `stats::MAX_TIERS`. Written to the journal, summed across processes by `stats`.
-    pub fn add_tier(&self, tier: &str, counter: &str, n: u64) -> bool {
-        crate::stats::tier_counter(counter).is_some_and(|c| self.counters.add_tier(tier, c, n))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -603,60 +517,6 @@ impl Store {
         });
     }
 
-    /// Takes the view's count of index files newly found unreadable into the counters.
-    fn note_unreadable(&self, st: &mut State) {
-        let n = std::mem::take(&mut st.view.newly_unreadable);
-        if n > 0 {
-            self.counters.add(Counter::Unreadable, n);
-        }
-        // Journal names that are not a journal's (in journal/ or a snapshot's list): paths
-        // the store refused to follow.
-        let bad = std::mem::take(&mut st.view.newly_bad_names);
-        if bad > 0 {
-            self.counters.add(Counter::UnsafePaths, bad);
-            self.warn("journal-names", || {
-                format!(
-                    "skipped {bad} journal name(s) in {} or its index snapshot that are not \
-                     a journal's (never opened or removed)",
-                    self.layout.journal_dir().display()
-                )
-            });
-        }
-        let sizes = std::mem::take(&mut st.view.newly_bad_sizes);
-        if sizes > 0 {
-            self.counters.add(Counter::UnsafePaths, sizes);
-            self.warn("journal-sizes", || {
-                format!(
-                    "skipped {sizes} record(s) in the journals of {} claiming an entry larger \
-                     than the filesystem (not counted against the budget)",
-                    self.layout.journal_dir().display()
-                )
-            });
-        }
-    }
-
-    /// The index files this view skipped because it could not read them, for reports.
-    fn unreadable_files(&self, st: &State) -> Vec<String> {
-        let mut v: Vec<String> = st
-            .view
-            .unreadable
-            .iter()
-            .map(|(name, owner)| {
-                let dir = if name.ends_with(".log") {
-                    "journal"
-                } else {
-                    "index"
-                };
-                format!(
-                    "{} (unreadable, owner {owner})",
-                    self.layout.root.join(dir).join(name).display()
-                )
-            })
-            .collect();
-        v.sort();
-        v
-    }
-
     /// Resets what a forked child must not inherit: the parent's journal (one writer per
     /// journal: the child opens its own on its first write), its buffered records, held
     /// claims and their heartbeat thread, lease observations, counters, and every mutex
@@ -677,8 +537,6 @@ impl Store {
         }
         self.counters.reset();
     }
-
-    // ---------------------------------------------------------------- journal & counters
 
     fn append(&self, recs: &[Record]) {
         if self.opts.read_only {
@@ -704,60 +562,6 @@ impl Store {
                 )
             });
         }
-    }
-
-    fn maybe_flush_stats(&self, force: bool) {
-        // Claims released through their own handle count here (they cannot reach us).
-        self.note_abandoned();
-        if self.opts.read_only {
-            return;
-        }
-        // The guard is bound first: one held inside a poisoned `Err` would live on into an
-        // `else` branch that locks again, and the thread would wait on itself for ever.
-        let busy = self.try_state();
-        match busy {
-            Some(mut st) => self.flush_stats_locked(&mut st, force),
-            None if force => self.flush_stats_locked(&mut self.state(), force),
-            None => {}
-        }
-    }
-
-    fn flush_stats_locked(&self, st: &mut State, force: bool) {
-        if self.opts.read_only {
-            return;
-        }
-        if !force && st.last_stats.elapsed() < self.opts.stats_interval {
-            return;
-        }
-        st.last_stats = Instant::now();
-        // Unchanged counters are not written again (so dropping a closed store writes nothing).
-        if !self.counters.take_dirty() {
-            self.append_locked(st, &[]);
-            return;
-        }
-        st.journal.check_alive();
-        let mut recs = vec![Record::Stats {
-            counters: self.counters.snapshot().to_vec(),
-        }];
-        recs.extend(
-            self.counters
-                .tiers()
-                .into_iter()
-                .map(|(tier, values)| Record::TierStats {
-                    tier,
-                    counters: values.to_vec(),
-                }),
-        );
-        self.append_locked(st, &recs);
-    }
-
-    /// Writes this process's counters to its journal now.
-    pub fn flush(&self) {
-        self.maybe_flush_stats(true);
-    }
-
-    pub fn counter_names() -> &'static [&'static str] {
-        &COUNTER_NAMES
     }
 }
 

@@ -1,17 +1,64 @@
-//! Reading: get, verification before a byte is exposed, removal of corrupt files, hit records.
+//! The read path: get, the entry file verified before a byte is exposed, corrupt files
+//! removed, hit records; contains; an entry's header alone (listings, reports).
 
-use super::*;
-use crate::stats::compile_ms;
+use super::{check_key, errno, gate, Key, Store};
+use crate::blob::Blob;
+use crate::clock::unique_suffix;
+use crate::dir::{self as cdir, Kind, Name, Rel, Stat};
+use crate::entry::{self, EntryError};
+use crate::error::StoreError;
+use crate::hash::entry_name;
+use crate::journal::Record;
+use crate::layout::{Layout, ENTRIES, TRASH};
+use crate::publish::publish_no_replace;
+use crate::sign::TrustSet;
+use crate::stats::{compile_ms, Counter};
+use memmap2::MmapOptions;
+use std::fs::File;
+use std::io::{self, Read};
+use std::time::Instant;
+
+/// Below this size a file is read into memory rather than mapped. It is glibc's default
+/// malloc mmap threshold: a buffer this large is usually a fresh anonymous mapping, so a
+/// read into it faults in every page, and the first get of an entry in a process pays for
+/// that, while a mapping takes the page-cache pages as they are (a few faults with the
+/// kernel's fault-around). Below it malloc reuses warm memory, where a read stays a little
+/// cheaper than a mapping. Mappings are not pre-faulted: MAP_POPULATE was no faster, and
+/// slower for large entries. Figures: docs/benchmarks.md, "Measurements behind the code".
+const MMAP_MIN_BYTES: u64 = 128 * 1024;
+
+pub(super) enum ReadError {
+    Missing,
+    Corrupt(EntryError, u64),
+    Io(io::Error),
+    /// The entry's shard is not a real directory, or a directory stands where the entry
+    /// file belongs: skipped, never followed nor moved.
+    Unsafe(String),
+    /// A whole, verified file a trusting reader will not serve (its payload unread).
+    Untrusted(crate::sign::Untrusted),
+}
 
 impl Store {
     /// The verified entry for `key`, or None. Never fails for cache reasons.
     pub fn get(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
+        self.read(key, true)
+    }
+
+    /// `get` that counts no lookup (hit, miss, bytes read, compile time saved, an untrusted
+    /// entry refused) and records no use of the entry: a read ahead of the lookup it may
+    /// serve, which counts itself then (`count_hit`) or, not served, goes through `get` as
+    /// if this read had not been. Damage found is still counted (and removed).
+    pub fn get_uncounted(&self, key: Key<'_>) -> Result<Option<Blob>, StoreError> {
+        self.read(key, false)
+    }
+
+    fn read(&self, key: Key<'_>, count: bool) -> Result<Option<Blob>, StoreError> {
         check_key(&key)?;
         let name = entry_name(key.bytes);
         let result = match self.opts.trust.as_deref() {
             None => self.lookup(key, name, None, None).ok().flatten(),
             Some(trust) => {
-                let hit = self.get_trusted(key, name, trust);
+                let hit = self.get_trusted(key, name, trust, count);
                 // The verification record refused (warned about in `verified.rs`): counted
                 // with the other paths refused.
                 let refused = trust.take_record_problems();
@@ -21,27 +68,37 @@ impl Store {
                 hit
             }
         };
-        match &result {
-            Some((b, at)) => {
+        match result {
+            Some((b, at)) if count => {
                 self.counters.inc(Counter::Hits);
                 self.counters.add(Counter::BytesRead, b.header.payload_len);
                 self.counters
                     .add(Counter::CompileSavedMs, compile_ms(&b.header.meta));
-                self.note_hit(*at, b.header.file_len());
+                self.note_hit(at, b.header.file_len());
+                Ok(Some(b))
             }
+            Some((b, at)) => Ok(Some(b.named(at))),
             None => {
-                self.counters.inc(Counter::Misses);
-                self.maybe_flush_stats(false);
+                if count {
+                    self.counters.inc(Counter::Misses);
+                    self.maybe_flush_stats(false);
+                }
+                Ok(None)
             }
         }
-        Ok(result.map(|(b, _)| b))
     }
 
     /// A trusting reader's get: the first of the key's candidate names (`gate::candidates`:
     /// the plain file, then each trusted key's own file for this key) holding an entry the
     /// gate admits. An entry that is not trusted is counted, once per get, and its payload
     /// never read.
-    fn get_trusted(&self, key: Key<'_>, name: u128, trust: &TrustSet) -> Option<(Blob, u128)> {
+    fn get_trusted(
+        &self,
+        key: Key<'_>,
+        name: u128,
+        trust: &TrustSet,
+        count: bool,
+    ) -> Option<(Blob, u128)> {
         let mut refused = false;
         for (at, signer) in gate::candidates(key.bytes, Some(trust)) {
             debug_assert!(signer.is_some() || at == name);
@@ -57,7 +114,7 @@ impl Store {
                 }
             }
         }
-        if refused {
+        if refused && count {
             self.counters.inc(Counter::Untrusted);
         }
         None
@@ -149,34 +206,37 @@ impl Store {
         }
     }
 
-    /// Counts `n` misses of lookups made outside the store: a framework that looks in a
-    /// copy the store filled (torch_xla reads a host-local copy, never the store itself)
-    /// reports its misses here, so that `stats` counts them with the rest.
-    pub fn count_misses(&self, n: u64) {
-        if n > 0 {
-            self.counters.add(Counter::Misses, n);
-            self.maybe_flush_stats(false);
-        }
+    pub fn contains(&self, key: Key<'_>) -> Result<bool, StoreError> {
+        check_key(&key)?;
+        Ok(self.names_of(key).any(|n| self.entry_exists(n)))
     }
 
-    /// Counts a lookup the store missed but served from another program's cache files (an
-    /// adopted JAX entry of `bytes` payload bytes): a hit, and adopted. `compile_ms`: the
-    /// compile time it saved when that program recorded one; None (unknown) adds nothing
-    /// to the time saved. Its caller asked the store nothing before (no miss was counted).
-    pub fn count_adopted(&self, bytes: u64, compile_ms: Option<u64>) {
+    /// The files an entry of `key` may be under (`gate::candidates`): the plain name, and
+    /// with trusted keys (or a signer) each trusted signer's own name.
+    pub(super) fn names_of<'a>(&'a self, key: Key<'a>) -> impl Iterator<Item = u128> + 'a {
+        let trust = self.opts.trust.as_deref().or(self.write_trust.as_ref());
+        gate::candidates(key.bytes, trust).map(|(n, _)| n)
+    }
+
+    /// Whether a file stands under `name`'s entry name (in a real shard directory).
+    pub(super) fn entry_exists(&self, name: u128) -> bool {
+        self.dir(&Layout::shard_rel(name))
+            .and_then(|d| d.stat(&Name::entry(name)))
+            .is_ok()
+    }
+
+    /// Counts a lookup served by `blob`, an entry read earlier with `get_uncounted` (a read
+    /// ahead): a hit, its payload bytes and the compile time its producer recorded, and a
+    /// use of its entry file, as `get` would have.
+    pub fn count_hit(&self, blob: &Blob) {
+        if let Some(at) = blob.name() {
+            self.note_hit(at, blob.header.file_len());
+        }
         self.counters.inc(Counter::Hits);
-        self.counters.inc(Counter::Adopted);
-        self.counters.add(Counter::BytesRead, bytes);
-        if let Some(ms) = compile_ms {
-            self.counters.add(Counter::CompileSavedMs, ms);
-        }
-        self.maybe_flush_stats(false);
-    }
-
-    /// Counts a miss (already counted by the `get` that missed) that another build of the
-    /// framework's runtime has an entry for: the caller found it under that build's key.
-    pub fn count_other_build(&self) {
-        self.counters.inc(Counter::OtherBuild);
+        self.counters
+            .add(Counter::BytesRead, blob.header.payload_len);
+        self.counters
+            .add(Counter::CompileSavedMs, compile_ms(&blob.header.meta));
         self.maybe_flush_stats(false);
     }
 
@@ -239,6 +299,38 @@ impl Store {
             Err(e) if cdir::is_unsafe(&e) => ReadError::Unsafe(e.to_string()),
             _ => ReadError::Unsafe(e.to_string()),
         }
+    }
+
+    pub(super) fn read_header(&self, rel: &Rel) -> Result<(entry::Header, Stat), ReadError> {
+        let mut f = match self.root.open_file(rel, libc::O_RDONLY, 0) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Missing),
+            Err(e) if cdir::is_unsafe(&e) => return Err(ReadError::Unsafe(e.to_string())),
+            Err(e) => return Err(ReadError::Io(e)),
+        };
+        let m = cdir::fstat(&f).map_err(ReadError::Io)?;
+        if !m.is_file() {
+            return Err(ReadError::Corrupt(EntryError::BadMagic, m.ino()));
+        }
+        let mut fixed = [0u8; entry::FIXED_HEADER];
+        f.read_exact(&mut fixed)
+            .map_err(|_| ReadError::Corrupt(EntryError::TooShort(m.len()), m.ino()))?;
+        let hl = entry::header_len(&fixed).map_err(|e| ReadError::Corrupt(e, m.ino()))?;
+        let mut h = fixed.to_vec();
+        h.resize(hl, 0);
+        f.read_exact(&mut h[entry::FIXED_HEADER..])
+            .map_err(|_| ReadError::Corrupt(EntryError::TooShort(m.len()), m.ino()))?;
+        let header = entry::decode_header(&h).map_err(|e| ReadError::Corrupt(e, m.ino()))?;
+        if header.file_len() != m.len() {
+            return Err(ReadError::Corrupt(
+                EntryError::BadLength {
+                    expected: header.file_len(),
+                    actual: m.len(),
+                },
+                m.ino(),
+            ));
+        }
+        Ok((header, m))
     }
 
     /// Removes a corrupt file, taking care not to remove a good entry that replaced it since

@@ -8,9 +8,14 @@
 //! Its memory does not: one batch of shards' listing at a time, walked against the view in
 //! name order, and what differs.
 
-use super::evict::Heartbeat;
-use super::*;
-use crate::layout::freshen_dir;
+use super::evict::{EvictReport, Heartbeat};
+use super::{disk_bytes, State, Store};
+use crate::dir::{self as cdir, Kind, Name};
+use crate::hash::parse_name_hex;
+use crate::journal::Record;
+use crate::layout::{freshen_dir, ENTRIES};
+use crate::lock::LockGuard;
+use std::io;
 
 /// Threads listing shards at once on a network filesystem, and shards listed between two
 /// heartbeats of the evictor's lease.

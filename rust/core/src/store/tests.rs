@@ -1,12 +1,24 @@
 //! Unit tests of the store.
 
+use super::evict::EVICT_LOCK;
 use super::*;
+use crate::hash::entry_name;
+use crate::journal;
+use crate::lock::LockGuard;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 fn key(s: &str) -> Key<'_> {
     Key {
         bytes: s.as_bytes(),
         is_text: true,
+    }
+}
+
+/// Puts `value` under `n` keys: `<prefix>0`, `<prefix>1`, ...
+fn put_many(s: &Store, prefix: &str, n: usize, value: &[u8]) {
+    for i in 0..n {
+        s.put(key(&format!("{prefix}{i}")), value, &[]).unwrap();
     }
 }
 
@@ -133,11 +145,7 @@ fn compaction_folds_journals_of_dead_processes() {
 fn eviction_cut_short_goes_on_with_the_next_puts() {
     let d = tempfile::tempdir().unwrap();
     let unbounded = open(d.path(), None);
-    for i in 0..60 {
-        unbounded
-            .put(key(&format!("big{i}")), &[0u8; 16_000], &[])
-            .unwrap();
-    }
+    put_many(&unbounded, "big", 60, &[0u8; 16_000]);
     drop(unbounded);
     let max = 400_000;
     let s = Store::open(
@@ -241,9 +249,7 @@ fn read_whole_reads_to_the_end_whatever_size_fstat_gave() {
 fn eviction_drops_records_of_vanished_files_and_goes_on_to_the_target() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), None);
-    for i in 0..10 {
-        s.put(key(&format!("k{i}")), &[7u8; 10_000], &[]).unwrap();
-    }
+    put_many(&s, "k", 10, &[7u8; 10_000]);
     let per = s.stats().unwrap().bytes / 10;
     // Another host removed the five oldest files; this view has not heard of it.
     for i in 0..5 {
@@ -274,9 +280,7 @@ fn eviction_drops_records_of_vanished_files_and_goes_on_to_the_target() {
 fn explicit_evict_reconciles_with_the_directory() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), Some(1 << 20));
-    for i in 0..6 {
-        s.put(key(&format!("k{i}")), &[7u8; 10_000], &[]).unwrap();
-    }
+    put_many(&s, "k", 6, &[7u8; 10_000]);
     // Another writer's file the view does not know (its put record unread), and a record
     // whose file is gone.
     let other = open(d.path(), None);
@@ -305,13 +309,7 @@ fn puts_are_refused_far_over_budget_while_another_evicts() {
         .try_lock_for(EVICT_LOCK, Duration::ZERO)
         .unwrap()
         .unwrap();
-    for i in 0..20 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-    }
-    other.flush();
-    s.stats().unwrap(); // this process's view now knows
+    fill_over_budget(&other, &s);
     assert!(!s.put(key("k"), &[1u8; 10_000], &[]).unwrap());
     assert_eq!(s.counters.get(Counter::PutsRefused), 1);
     drop(_held);
@@ -323,11 +321,7 @@ fn puts_are_refused_far_over_budget_while_another_evicts() {
 
 /// `other` fills the cache to twice the 100 kB budget of `s`, whose view then knows it.
 fn fill_over_budget(other: &Store, s: &Store) {
-    for i in 0..20 {
-        other
-            .put(key(&format!("o{i}")), &[1u8; 10_000], &[])
-            .unwrap();
-    }
+    put_many(other, "o", 20, &[1u8; 10_000]);
     other.flush();
     s.stats().unwrap();
 }
@@ -557,9 +551,7 @@ fn explicit_evict_reconciles_every_shard_batch_over_a_snapshot() {
     // a batch of shards at a time against the view in name order.
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), None);
-    for i in 0..400 {
-        s.put(key(&format!("k{i}")), &[7u8; 100], &[]).unwrap();
-    }
+    put_many(&s, "k", 400, &[7u8; 100]);
     {
         let mut st = s.state();
         s.compact_locked(&mut st);
@@ -569,9 +561,7 @@ fn explicit_evict_reconciles_every_shard_batch_over_a_snapshot() {
         fs::remove_file(s.layout.entry_path(entry_name(format!("k{i}").as_bytes()))).unwrap();
     }
     let other = open(d.path(), None);
-    for i in 0..30 {
-        other.put(key(&format!("x{i}")), &[1u8; 100], &[]).unwrap();
-    }
+    put_many(&other, "x", 30, &[1u8; 100]);
     let theirs = other.state().journal.path().unwrap().to_path_buf();
     fs::remove_file(theirs).unwrap();
     let r = s.evict(None, None).unwrap();
@@ -636,6 +626,51 @@ fn the_stored_budget_bounds_every_process_which_may_only_lower_it() {
     assert_eq!(larger.max_size(), Some(10_000_000));
 }
 
+/// Settings the file cannot hold are refused when written, by any caller: a max age under a
+/// second would be stored as none, and a file holding none is ignored by every process, its
+/// budget with it.
+#[test]
+fn settings_out_of_bounds_are_refused_and_the_stored_ones_kept() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+    let stored = crate::settings::CacheSettings {
+        max_size: Some(100_000),
+        max_age: Some(Duration::from_secs(3600)),
+    };
+    s.write_settings(&stored).unwrap();
+    for (bad, field) in [
+        (
+            crate::settings::CacheSettings {
+                max_age: Some(Duration::from_millis(500)),
+                ..stored
+            },
+            "max_age",
+        ),
+        (
+            crate::settings::CacheSettings {
+                max_age: Some(Duration::ZERO),
+                ..stored
+            },
+            "max_age",
+        ),
+        (
+            crate::settings::CacheSettings {
+                max_size: Some(0),
+                ..stored
+            },
+            "max_size",
+        ),
+    ] {
+        match s.write_settings(&bad) {
+            Err(StoreError::Invalid(msg)) => assert!(msg.starts_with(field), "{msg}"),
+            other => panic!("{bad:?} not refused: {other:?}"),
+        }
+        let fresh = Store::open(d.path(), opts_refresh(None, false)).unwrap();
+        assert_eq!(fresh.stored_settings(), stored, "{bad:?}");
+        assert_eq!(fresh.counters.get(Counter::UnsafePaths), 0, "{bad:?}");
+    }
+}
+
 #[test]
 fn a_hostile_config_is_ignored_with_one_warning_and_a_count() {
     let d = tempfile::tempdir().unwrap();
@@ -677,6 +712,59 @@ fn entries_unused_past_the_stored_max_age_are_evicted_by_puts() {
 }
 
 #[test]
+fn an_uncounted_read_counts_no_lookup_until_count_hit() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    let meta = vec![("compile_time_s".to_string(), "1.5".to_string())];
+    assert!(s.put(key("k"), b"payload", &meta).unwrap());
+    let c = |k: Counter| s.counters.get(k);
+    let blob = s.get_uncounted(key("k")).unwrap().unwrap();
+    assert!(s.get_uncounted(key("absent")).unwrap().is_none());
+    assert_eq!((c(Counter::Hits), c(Counter::Misses)), (0, 0));
+    assert_eq!((c(Counter::BytesRead), c(Counter::CompileSavedMs)), (0, 0));
+    // Nor a use of the entry (what eviction goes by): a read ahead may never be used.
+    s.flush();
+    let hits = |s: &Store| s.entries().unwrap()[0].hits;
+    assert_eq!(hits(&open(d.path(), None)), 0);
+    // Served later: counted as the get it stands for, its use with it.
+    s.count_hit(&blob);
+    assert_eq!((c(Counter::Hits), c(Counter::BytesRead)), (1, 7));
+    assert_eq!(c(Counter::CompileSavedMs), 1500);
+    s.flush();
+    assert_eq!(hits(&open(d.path(), None)), 1);
+    s.get(key("k")).unwrap().unwrap();
+    assert_eq!((c(Counter::Hits), c(Counter::BytesRead)), (2, 14));
+    // Damage is still found and counted (and removed) by an uncounted read.
+    let path = s.layout.entry_path(entry_name(b"k"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(s.get_uncounted(key("k")).unwrap().is_none());
+    assert_eq!(c(Counter::Corrupt), 1);
+    assert_eq!(c(Counter::Misses), 0);
+    assert!(!path.exists());
+}
+
+#[test]
+fn prefetch_counters_by_name_reach_the_journal() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    assert!(s.add_prefetch("used", 3));
+    assert!(s.add_prefetch("saved_ms", 1200));
+    assert!(!s.add_prefetch("hits", 1), "not a prefetch counter");
+    assert!(
+        !s.add_prefetch("prefetch_used", 1),
+        "named without the prefix"
+    );
+    assert_eq!(s.counters.get(Counter::Hits), 0);
+    s.flush();
+    let st = open(d.path(), None).stats().unwrap();
+    assert_eq!(st.counters[Counter::PrefetchUsed as usize], 3);
+    assert_eq!(st.counters[Counter::PrefetchSavedMs as usize], 1200);
+}
+
+#[test]
 fn an_adopted_lookup_is_a_hit_that_saved_only_what_is_known() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), None);
@@ -692,4 +780,44 @@ fn an_adopted_lookup_is_a_hit_that_saved_only_what_is_known() {
     let st = open(d.path(), None).stats().unwrap();
     assert_eq!(st.counters[Counter::Adopted as usize], 2);
     assert_eq!(st.counters[Counter::Hits as usize], 2);
+}
+
+#[test]
+fn a_store_on_its_own_handle_never_follows_a_swap() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("local");
+    std::fs::create_dir(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let fd: std::os::fd::OwnedFd = std::fs::File::open(&path).unwrap().into();
+    let opts = || StoreOptions {
+        own_root: Some(Arc::new(fd.try_clone().unwrap())),
+        ..Default::default()
+    };
+    let s = Store::open(&path, opts()).unwrap();
+    assert!(s.put(key("k"), b"ours", &[]).unwrap());
+    // Someone who can write the parent renames it away and puts a store of theirs in place.
+    std::fs::rename(&path, d.path().join("moved")).unwrap();
+    let theirs = open(&path, None);
+    assert!(theirs.put(key("planted"), b"theirs", &[]).unwrap());
+    assert!(theirs.put(key("k"), b"theirs", &[]).unwrap());
+    assert_eq!(s.get(key("k")).unwrap().unwrap().payload(), b"ours");
+    assert!(s.get(key("planted")).unwrap().is_none());
+    assert!(s.put(key("new"), b"ours too", &[]).unwrap());
+    assert!(theirs.get(key("new")).unwrap().is_none());
+    let moved = open(&d.path().join("moved"), None);
+    assert_eq!(
+        moved.get(key("new")).unwrap().unwrap().payload(),
+        b"ours too"
+    );
+    // A handle on a directory others can write is refused when the store opens.
+    std::fs::set_permissions(
+        d.path().join("moved"),
+        std::fs::Permissions::from_mode(0o770),
+    )
+    .unwrap();
+    assert!(matches!(
+        Store::open(&path, opts()),
+        Err(StoreError::Invalid(m)) if m.contains("writable by others")
+    ));
 }

@@ -1,12 +1,26 @@
-//! Writing: put, through a temp file published without replacing anything.
+//! The write path: put, through a temp file (payload hashed as it is written) published
+//! without replacing anything, after admission (`admission.rs`); where a put goes when a
+//! name is squatted; an emptied cache laid out again.
 
 use super::admission::Refusal;
-use super::*;
-use crate::sign;
+use super::{check_key, disk_bytes, gate, Key, Store};
+use crate::clock::unique_suffix;
+use crate::dir::{self as cdir, Dir, Kind, Name, Stat};
+use crate::entry::{self, EntryError};
+use crate::error::StoreError;
+use crate::hash::{entry_name, name_hex};
+use crate::journal::Record;
+use crate::layout::{Layout, ENTRIES, TMP, TRASH};
+use crate::publish::publish_no_replace;
+use crate::sign::{self, TrustSet};
+use crate::stats::Counter;
+use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
 
 /// Write (and hash) the payload in pieces that stay in the CPU cache.
 const WRITE_CHUNK: usize = 256 << 10;
+
 /// A put refused by admission (`admission.rs`) after its file was written: why no eviction
 /// made room for it.
 #[derive(Debug)]
@@ -276,7 +290,7 @@ impl Store {
     /// (`unsafe_paths`) and warned once. Whether an entry file stands there now (Some(false):
     /// the name is free), or None when it could not be cleared (the put is skipped).
     pub(super) fn clear_squatter(&self, shard: &Dir, name: u128, found: &Stat) -> Option<bool> {
-        let what = admin::squatter_kind(found);
+        let what = squatter_kind(found);
         self.counters.inc(Counter::UnsafePaths);
         self.warn("squatted-name", || {
             format!(
@@ -340,13 +354,6 @@ impl Store {
             ),
         });
         self.maybe_flush_stats(false);
-    }
-
-    /// Re-reads the journals through a fresh listing; false (logged, counted) if they
-    /// cannot be read.
-    pub(super) fn refresh_or_warn(&self, st: &mut State) -> bool {
-        let res = self.refresh(st);
-        self.refresh_ok(res)
     }
 
     /// Writes a temp file and links it into place. Ok(Some(disk bytes)) if published,
@@ -467,4 +474,15 @@ fn close_checked(f: File) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// What stands at an entry's name when it is no regular file.
+pub(super) fn squatter_kind(m: &Stat) -> &'static str {
+    match m.file_type() {
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFSOCK => "a socket",
+        _ => "a device",
+    }
 }

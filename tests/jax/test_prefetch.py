@@ -1,0 +1,372 @@
+"""Loading ahead with real JAX: an unmodified program of six jitted functions, each run a fresh
+process configured by the environment alone (``XLA_PERSISTENT_CACHE_PATH``; loading ahead is
+on by default). The program prints its results and JAX's own persistent-cache hit count; asked
+to (``TEST_PREFETCH_REPORT=1``) it also prints ``xla_pcache.jax.prefetch_report()``, what
+loading ahead did in it, since a read-only process leaves no counters behind.
+
+What is checked: a run records its plan and the next one takes every executable from the
+threads that loaded it ahead (counted), computing what a run without loading ahead computes;
+a changed program falls back for what changed and rewrites the plan; read-only workers use
+plans and write none; a plan trusted by ``XLA_PCACHE_TRUSTED_KEYS`` that names untrusted
+entries loads none of them; hostile plans are refused or load nothing a read takes; a JAX
+whose cache read takes other arguments runs as before, with one warning.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from xla_pcache import Store
+from xla_pcache.config import Settings, read_signing_key
+from xla_pcache.jax import _plan
+
+from tests.helpers import cli_out, hooks_env, is_plan, keygen
+from tests.jax.helpers import jax_keys, worker_env
+
+pytestmark = [
+    pytest.mark.jax,
+    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
+]
+
+# Knows nothing of xla_pcache but the report it prints when asked. TEST_CHANGE=1 changes
+# programs 3 to 5 (another constant baked in); TEST_FUTURE_JAX=1 replaces JAX's cache read by
+# one of another signature, as a JAX release that changed it would have.
+PROGRAM = """
+import json, os
+import numpy as np
+import jax, jax.numpy as jnp
+from jax._src import monitoring
+
+hits = []
+monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event)
+    if event == "/jax/compilation_cache/cache_hits" else None)
+if os.environ.get("TEST_FUTURE_JAX") == "1":
+    from jax._src import compilation_cache as cc
+    real = cc.get_executable_and_time
+    def get_executable_and_time(cache_key, compile_options, backend, *devices, trace=None):
+        return real(cache_key, compile_options, backend, *devices)
+    cc.get_executable_and_time = get_executable_and_time
+change = os.environ.get("TEST_CHANGE") == "1"
+x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+out = []
+for k in range(6):
+    c = k + 1 + (100 if change and k >= 3 else 0)
+    f = jax.jit(lambda a, c=c: jnp.tanh(a @ a.T * c).sum(axis=0) + c)
+    out.append(np.asarray(f(x)).tolist())
+report = {"out": out, "hits": len(hits)}
+if os.environ.get("TEST_PREFETCH_REPORT") == "1":
+    import xla_pcache.jax as xj
+    report["prefetch"] = xj.prefetch_report()
+print(json.dumps(report))
+"""
+N = 6
+
+
+def run(script: Path, cache: Path, **env: str) -> tuple[dict[str, Any], str]:
+    """The program in a fresh process: its report and its stderr."""
+    full = worker_env({"XLA_PERSISTENT_CACHE_PATH": str(cache), "TEST_PREFETCH_REPORT": "1", **env})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report, proc.stderr
+
+
+def counters(cache: Path) -> dict[str, int]:
+    """The cache's counters over every process that wrote any."""
+    with Store(cache, read_only=True) as store:
+        return {k: v for k, v in store.stats().items() if isinstance(v, int)}
+
+
+def plan_of(cache: Path) -> tuple[str, bytes]:
+    """The one plan in the store: its key and bytes."""
+    with Store(cache, read_only=True, settings=Settings()) as store:
+        keys = store.keys()
+        (key,) = [k for k in keys if is_plan(k)]
+        blob = store.get(key)
+        assert blob is not None
+        return str(key), bytes(blob)
+
+
+def states(report: dict[str, Any]) -> dict[str, int]:
+    prefetch = report["prefetch"]
+    assert prefetch is not None
+    result: dict[str, int] = prefetch["states"]
+    return result
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
+    """The program's script, a cache its first (cold) run filled, that run's report."""
+    d = tmp_path_factory.mktemp("prefetch")
+    script = d / "workload.py"
+    script.write_text(PROGRAM)
+    cache = d / "cache"
+    cold, _ = run(script, cache)
+    return script, cache, cold
+
+
+def copy(filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> Path:
+    dst = tmp_path / "cache"
+    shutil.copytree(filled[1], dst, symlinks=True)
+    return dst
+
+
+def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updates_the_plan(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    assert cold["hits"] == 0 and cold["prefetch"]["planned"] == 0
+    # The cold run recorded what it read: one plan, of the six executables it put, in order.
+    executables = jax_keys(cache)
+    assert len(executables) == N
+    key, data = plan_of(cache)
+    assert key == cold["prefetch"]["plan_key"]
+    (variant,) = _plan.decode(data).variants
+    assert {e.key for e in variant.entries} == executables and len(variant.entries) == N
+    assert counters(cache)["prefetch_plans_written"] == 1
+
+    warm, _ = run(script, cache)
+    assert states(warm) == {"taken": N}
+    assert warm["prefetch"]["counters"] == {
+        "prefetch_planned": N,
+        "prefetch_loaded": N,
+        "prefetch_used": N,
+        "prefetch_wasted": 0,
+        "prefetch_errors": 0,
+        "prefetch_saved_ms": warm["prefetch"]["counters"]["prefetch_saved_ms"],
+        "prefetch_plans_written": 0,
+        "prefetch_plans_refused": 0,
+    }
+    plain, _ = run(script, cache, XLA_PCACHE_PREFETCH="0")
+    assert plain["prefetch"] is None
+    # The same hits as a run without loading ahead, and the same results (as the cold run's).
+    assert warm["hits"] == plain["hits"] == N
+    assert warm["out"] == plain["out"] == cold["out"]
+    stats = counters(cache)
+    assert (stats["hits"], stats["prefetch_used"]) == (2 * N, N)
+    assert plan_of(cache) == (key, data), "a run that read what its plan named leaves it"
+
+    # Programs 3 to 5 changed: 0 to 2 come from the plan, the new ones compile, the three old
+    # ones were loaded for nothing (wasted at exit), and the plan is the new run's.
+    changed, _ = run(script, cache, TEST_CHANGE="1")
+    assert changed["hits"] == 3
+    assert changed["out"][:3] == cold["out"][:3] and changed["out"][3:] != cold["out"][3:]
+    after = counters(cache)
+    assert after["prefetch_used"] - stats["prefetch_used"] == 3
+    assert after["prefetch_wasted"] - stats["prefetch_wasted"] == 3
+    assert after["prefetch_plans_written"] == 2
+    (new,) = _plan.decode(plan_of(cache)[1]).variants
+    assert {e.key for e in new.entries} == jax_keys(cache) - executables | {
+        e.key for e in variant.entries[:3]
+    }
+    again, _ = run(script, cache, TEST_CHANGE="1")
+    assert states(again) == {"taken": N} and again["hits"] == N
+    assert again["out"] == changed["out"]
+
+    # What the commands report: stats (JSON, Prometheus) and doctor, across the processes.
+    final = counters(cache)
+    used, wasted = final["prefetch_used"], final["prefetch_wasted"]
+    assert (used, wasted, final["prefetch_plans_written"]) == (2 * N + 3, 3, 2)
+    text = cli_out("stats", "--path", str(cache), "--format", "prometheus")
+    assert f'xla_pcache_prefetch_used_total{{cache="{cache}",tier="local"}} {used}.0' in text
+    assert f'xla_pcache_prefetch_wasted_total{{cache="{cache}",tier="local"}} {wasted}.0' in text
+    assert "xla_pcache_prefetch_saved_seconds_total" in text
+    table = cli_out("stats", "--path", str(cache))
+    assert "loaded ahead and used (each also a hit)" in table
+    doctor = json.loads(cli_out("doctor", "--path", str(cache), "--json"))
+    assert doctor["prefetch"]["state"] == "on"
+    assert doctor["cache"]["prefetch"]["used"] == used
+    assert doctor["frameworks"]["jax"]["prefetch"] == "ok"
+
+
+def test_a_compile_that_outlasts_the_quiet_time_is_still_planned(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The plan is written after reads go quiet; a changed program still compiling then
+    (held here at its compile claim) is not stored yet: the tries in the quiet spells write
+    nothing (no plan of what is already planned), and the plan is written at exit, with the
+    new programs, once."""
+    script, _, _ = filled
+    cache, hooks = copy(filled, tmp_path), tmp_path / "hooks"
+    hooks.mkdir()
+    before = counters(cache)["prefetch_plans_written"]
+    env = worker_env(
+        {
+            "XLA_PERSISTENT_CACHE_PATH": str(cache),
+            "TEST_PREFETCH_REPORT": "1",
+            "TEST_CHANGE": "1",
+            **hooks_env(hooks),
+        }
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        # The first changed program holds at its claim, before compiling; the session's
+        # quiet-time try comes meanwhile.
+        deadline = time.monotonic() + 120
+        while not list(hooks.glob("plan-write.*")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no try to write the plan"
+            time.sleep(0.05)
+        assert list(hooks.glob("claimed.*")) and proc.poll() is None
+        (hooks / "claimed.go").touch()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["hits"] == 3 and states(report)["taken"] == 3
+    (variant,) = _plan.decode(plan_of(cache)[1]).variants
+    assert len(variant.entries) == N
+    assert {e.key for e in variant.entries[3:]} == jax_keys(cache) - jax_keys(filled[1])
+    assert counters(cache)["prefetch_plans_written"] - before == 1
+
+
+def test_read_only_processes_use_plans_and_write_none(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    ro = {"XLA_PERSISTENT_CACHE_READ_ONLY": "1"}
+    used, _ = run(script, cache, **ro)
+    assert states(used) == {"taken": N} and used["out"] == cold["out"]
+    # Without a plan a read-only worker has every reason to write one, and writes none.
+    key, _ = plan_of(cache)
+    with Store(cache) as store:
+        assert store.delete(key)
+    before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    unplanned, _ = run(script, cache, **ro)
+    assert unplanned["prefetch"]["planned"] == 0 and unplanned["hits"] == N
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
+    with Store(cache, read_only=True) as store:
+        assert store.get(key) is None
+
+
+def test_a_trusted_plan_naming_untrusted_entries_loads_none_of_them(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    private, public = keygen(tmp_path, "ci-1")
+    name, raw = public.split(":", 1)
+    trusted = [(name, base64.b64decode(raw))]
+    key, data = plan_of(cache)
+    # The plan as a writer of the directory left it, unsigned: a trusting store never serves
+    # it. Signed by the trusted key, it is served; the executables it names are unsigned.
+    with Store(cache, settings=Settings(), trusted_keys=trusted) as store:
+        assert store.get(key) is None
+    signer = read_signing_key(private)
+    with Store(cache, settings=Settings(), signing_key=(signer.name, signer.private)) as store:
+        assert store.replace(key, data, meta={"kind": _plan.META_KIND})
+    trusting, _ = run(
+        script,
+        cache,
+        XLA_PCACHE_TRUSTED_KEYS=public,
+        XLA_PERSISTENT_CACHE_READ_ONLY="1",
+    )
+    assert trusting["prefetch"]["planned"] == N
+    assert states(trusting) == {"missing": N}, "each refused by the store's gate"
+    assert trusting["prefetch"]["counters"]["prefetch_loaded"] == 0
+    assert trusting["hits"] == 0 and trusting["out"] == cold["out"]
+
+
+def _hostile_entries(own: list[_plan.Entry], other: list[_plan.Entry]) -> list[_plan.Entry]:
+    """Other programs' entries as their own plan names them; keys of nothing; the
+    workload's own keys with other compile options (a field appended: parameters passed as
+    a tuple, which XLA's CPU client aborts on if it ever loads an executable with them)."""
+    nothing = [_plan.Entry(f"jit_other_{i}-" + f"{i:064x}", own[0].options, (0,)) for i in (1, 2)]
+    altered = [_plan.Entry(e.key, e.options + b"\x10\x01", e.devices) for e in own]
+    return other + nothing + altered
+
+
+def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    key, data = plan_of(cache)
+    (own,) = _plan.decode(data).variants
+
+    def plant(body: bytes) -> None:
+        with Store(cache, settings=Settings()) as store:
+            assert store.replace(key, body, meta={"kind": _plan.META_KIND})
+
+    # Thousands of keys: refused whole, with one warning, before anything is read.
+    many = {
+        "format": _plan.FORMAT,
+        "version": 1,
+        "variants": [
+            {
+                "args": own.args,
+                "written": 1.0,
+                "options": [],
+                "devices": [[0]],
+                "entries": [[f"jit_f{i}-" + f"{i:064x}", 0, 0] for i in range(5000)],
+            }
+        ],
+    }
+    plant(json.dumps(many).encode())
+    refused, err = run(script, cache)
+    assert err.count("prefetch plan") == 1 and "is refused" in err, err
+    assert refused["prefetch"]["planned"] == 0 and refused["out"] == cold["out"]
+    assert refused["prefetch"]["counters"]["prefetch_plans_refused"] == 1
+    # The run wrote its own plan in its place.
+    (rewritten,) = _plan.decode(plan_of(cache)[1]).variants
+    assert [e.key for e in rewritten.entries] == [e.key for e in own.entries]
+
+    # Well-formed, naming other programs' entries and the workload's keys under other
+    # options: an entry is loaded only with the options and devices it was compiled for
+    # (its load digest), and nothing loaded is handed to a read it was not read for.
+    run(script, cache, TEST_CHANGE="1")
+    (changed,) = _plan.decode(plan_of(cache)[1]).variants
+    other = [e for e in changed.entries if e.key not in {o.key for o in own.entries}]
+    assert len(other) == 3
+    hostile = _plan.Variant(own.args, 2.0, tuple(_hostile_entries(list(own.entries), other)))
+    plant(_plan.encode(_plan.Plan((hostile,))))
+    before = counters(cache)
+    tricked, err = run(script, cache)
+    assert tricked["out"] == cold["out"] and tricked["hits"] == N
+    assert states(tricked) == {"loaded": 3, "failed": N, "missing": 2}
+    assert err.count("compiled for") == 1, err  # one warning for the kind, not one each
+    after = counters(cache)
+    delta = {k: after[k] - before[k] for k in after if k.startswith("prefetch_") or k == "hits"}
+    assert delta["hits"] == N and delta["prefetch_used"] == 0
+    assert (delta["prefetch_loaded"], delta["prefetch_wasted"]) == (3, 3)
+    assert delta["prefetch_errors"] == N
+
+
+def test_a_jax_whose_cache_read_changed_runs_as_before(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    plan = plan_of(cache)
+    future, err = run(script, cache, TEST_FUTURE_JAX="1")
+    assert future["prefetch"] is None
+    assert future["hits"] == N and future["out"] == cold["out"]
+    (line,) = [line for line in err.splitlines() if "loading ahead is off" in line]
+    assert "get_executable_and_time" in line
+    assert plan_of(cache) == plan
