@@ -78,7 +78,7 @@ def main() -> int:
         total.merge(h.figures)
     if a.seeds > 1:
         print(f"\nall {a.seeds} seeds from {a.seed}:")
-        print(bz.summary(total, a.seed, failures))
+        print(bz.summary(total, f"{a.seed} to {a.seed + a.seeds - 1}", failures))
     print(f"wall time {time.monotonic() - start:.0f} s")
     return 1 if failures else 0
 

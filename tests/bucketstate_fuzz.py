@@ -247,13 +247,13 @@ def writer_bound(c: Census, puts: int, marks: int, gets: int, extra: int) -> Cou
     return out
 
 
-def start_bound(c: Census) -> Counter[str]:
+def start_bound(c: Census, extra: int = 0) -> Counter[str]:
     """A torch_xla host start (``BucketStore.pull_torch_xla``): one listing of at most
     ``bucket.PULL_MARKERS`` objects under ``torch_xla/`` and at most ``bucket.PULL_FETCHES``
-    fetches."""
-    marked = min(c.listed["torch_xla"], xbucket.PULL_MARKERS)
+    fetches. ``extra``: the markers writers beside it may add meanwhile."""
+    marked = min(c.listed["torch_xla"] + extra, xbucket.PULL_MARKERS)
     return Counter(
-        list=c.lists("torch_xla", limit=xbucket.PULL_MARKERS),
+        list=c.lists("torch_xla", extra, limit=xbucket.PULL_MARKERS),
         head=br.HEADS_PER_REFUSED * c.refused["torch_xla"],
         get=min(marked, xbucket.PULL_FETCHES) * fetches(c),
     )
@@ -331,6 +331,9 @@ class Figures:
     base_kib: int = 0
     # Prunes writers made on their own (the bucket past its budget), as they reported.
     writer_prunes: int = 0
+    # Processes that ended (or were killed) with a request still on its way to the server,
+    # which the step then waited for.
+    late: int = 0
     final: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def merge(self, other: Figures) -> None:
@@ -339,6 +342,7 @@ class Figures:
         self.processes += other.processes
         self.plants += other.plants
         self.writer_prunes += other.writer_prunes
+        self.late += other.late
         self.failures.update(other.failures)
         self.plants_by_kind.update(other.plants_by_kind)
         self.base_kib = max(self.base_kib, other.base_kib)
@@ -1223,7 +1227,8 @@ class Harness:
                 op, {"url": url, "keys": keys}, host, slot, bound, env=env, read_only=ro
             )
         if base == "torch_xla_start":
-            return self._api(op, {"url": url}, host, slot, start_bound(c), env=env, read_only=ro)
+            bound = start_bound(c, extra)
+            return self._api(op, {"url": url}, host, slot, bound, env=env, read_only=ro)
         if base == "cli_stats":
             args = ["stats", "--path", url, *(["--json"] if r.random() < 0.5 else [])]
             return self._cli(op, args, host, slot, stats_bound(c), env=env, read_only=ro)
@@ -1254,8 +1259,12 @@ class Harness:
             if untrusted:
                 args = ["prune", "--untrusted", "--path", url, *flags]
                 bound = untrusted_bound(c)
-                # 1: keys the client cannot remove are left, each named.
-                exits = {0: (), 1: (b"cannot be listed or removed by this client",)}
+                # 1: keys the client cannot remove are left, each named (with --json, in
+                # the report's "unlistable").
+                exits = {
+                    0: (),
+                    1: (b"cannot be listed or removed by this client", b'"unlistable": [\n'),
+                }
             else:
                 size = r.choice(["", "", "0", "10K", "500K", "10M"])
                 args = ["prune", "--path", url, *flags, *(["--max-size", size] if size else [])]
@@ -1353,6 +1362,11 @@ class Harness:
                 p.popen.wait()
                 p.out.close()
                 p.err.close()
+        # A step ends when the server has answered every request its processes made: one a
+        # client gave up on (its timeout, or a process killed) still reaches the server, and
+        # a write landing later would be taken for the next step's.
+        for p in procs:
+            p.relay.settle()
         # Read-only hosts run alone (a writer beside them would change what they see).
         if procs and all(p.read_only for p in procs):
             after = self.census()
@@ -1394,6 +1408,7 @@ class Harness:
         p.output = both.decode("utf-8", "backslashreplace")
         rc = p.rc = p.popen.returncode
         wire = p.relay.take()
+        self.figures.late += p.relay.in_flight > 0
         self.figures.ops += 1
         fig = self.figures.by_op.setdefault(p.op, OpFigures())
         failed_before = len(self.failures)
@@ -1607,13 +1622,14 @@ def _last_json(output: str) -> dict[str, Any]:
 # --- reports --------------------------------------------------------------------------------
 
 
-def summary(f: Figures, seed: int, failures: list[Failure]) -> str:
+def summary(f: Figures, seed: int | str, failures: list[Failure]) -> str:
+    """The figures of a run (``seed``: its seed, or the label of several runs merged)."""
     lines = [
         f"seed {seed}: {f.steps} steps, {f.ops} operations ({f.processes} processes), "
         f"{f.plants} plants",
         "failures: " + ", ".join(f"{label} {f.failures[k]}" for k, label in KINDS.items()),
         f"a process doing nothing: {f.base_kib / 1024:.0f} MiB; writers' own prunes: "
-        f"{f.writer_prunes}",
+        f"{f.writer_prunes}; ended with a request at the server: {f.late}",
         "planted: " + ", ".join(f"{k} {v}" for k, v in sorted(f.plants_by_kind.items())),
         table(f),
     ]

@@ -33,6 +33,8 @@ from typing import Any
 _NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 # Hop-by-hop headers: the relay answers with a whole body and its length.
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+# How long the relay waits for the server's answer to one request.
+UPSTREAM_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class S3Relay:
         # when the last one came (time.monotonic()).
         self.trace: deque[tuple[str, str, int]] = deque(maxlen=4000)
         self.last_request = 0.0
+        # Requests passed on and not yet answered by the server: one a client gave up on
+        # (its timeout, or its process ended) still reaches the server and may change the
+        # bucket after its process is gone.
+        self.in_flight = 0
         # Where each continuation token the relay passed on resumes (the page's last key).
         self._resume: dict[str, str] = {}
         relay = self
@@ -109,6 +115,18 @@ class S3Relay:
             out, self.counts = dict(self.counts), Counter()
         return out
 
+    def settle(self, timeout: float = UPSTREAM_TIMEOUT_S + 10) -> bool:
+        """Waits until every request passed on has been answered by the server (or
+        ``timeout``); whether none is left."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self.in_flight == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -120,7 +138,8 @@ class S3Relay:
         with self._lock:
             self.counts[request_kind(h.command, h.path)] += 1
             self.last_request = time.monotonic()
-        conn = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=120)
+            self.in_flight += 1
+        conn = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=UPSTREAM_TIMEOUT_S)
         try:
             conn.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
             for name, value in h.headers.items():
@@ -146,6 +165,8 @@ class S3Relay:
             return
         finally:
             conn.close()
+            with self._lock:
+                self.in_flight -= 1
         if h.command == "GET" and status == 200 and request_kind("GET", h.path) == "list":
             data = self._listing(h.path, data)
         h.send_response(status, reason)
