@@ -19,9 +19,8 @@ it plants, with random fields:
 After every step: no file of the sibling tree (the targets of the planted links and ``../``
 names) changed; no operation ran past its deadline, died of a signal, panicked or printed a
 Python traceback; no raw ESC or C1 CSI reached its output; its peak RSS stayed under the
-bound. The peak is the operation's own: each child reports it as it exits (``_PEAK``), since
-``os.wait4``'s ``ru_maxrss`` of a child keeps the high-water mark of the address space it
-was spawned from, which is the harness's (it holds the planted states in memory).
+bound. The peak is the operation's own, as each child reports it when it exits
+(``tests/fuzz_children.py`` says why).
 
 The snapshot and journal bytes are written here by a small encoder of the formats that
 ``rust/core/src/snapshot.rs`` and ``journal.rs`` define (ARCHITECTURE.md, "On disk", "Index at
@@ -59,7 +58,10 @@ from typing import Any
 
 import xxhash
 
-ESC_MARKERS = (b"\x1b", b"\xc2\x9b")  # ESC, and CSI as a C1 control in UTF-8
+from tests.fuzz_children import CLI_CHILD as _CLI_CHILD
+from tests.fuzz_children import ESC_MARKERS, PEAK_FILE_VAR, reported_peak, vm_hwm_kib
+from tests.fuzz_children import PEAK_PRELUDE as _PEAK
+
 TOP_PEAKS = 5
 # The largest version-1 snapshot a reader decodes (MAX_V1_LEN of rust/core/src/snapshot.rs).
 MAX_V1_LEN = 16 << 20
@@ -271,41 +273,6 @@ class Figures:
 
 # --- child processes --------------------------------------------------------------------------
 
-# Prepended to every child's code: as it exits (atexit, registered first so it runs last), the
-# child writes its own peak to $FUZZ_PEAK_FILE: VmHWM (the high-water mark of its own address
-# space, which exec started afresh) and the largest ru_maxrss of the children it waited for
-# (a doctor probe, say; what they inherited from it is its own). A child killed by a signal
-# reports nothing; one past its deadline is read from /proc before it is killed.
-PEAK_FILE_VAR = "FUZZ_PEAK_FILE"
-_PEAK = r"""
-import atexit as _fz_atexit
-def _fz_report_peak():
-    import os, resource
-    try:
-        with open("/proc/self/status") as f:
-            hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
-        kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        with open(os.environ["FUZZ_PEAK_FILE"], "w") as f:
-            f.write(f"{hwm} {kids}")
-    except Exception:
-        pass
-_fz_atexit.register(_fz_report_peak)
-del _fz_atexit
-"""
-
-
-def vm_hwm_kib(pid: int) -> int | None:
-    """A live process's own peak resident set (KiB), or None."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 _API_CHILD = r"""
 import json, os, random, sys, logging, resource
 args = json.loads(sys.argv[1])
@@ -380,18 +347,6 @@ class Proc:
     peak_file: Path
     # What was planted when it ran (for the report of the largest peaks).
     planted: str = ""
-
-
-# The CLI as `xla-pcache` runs it, under an address-space limit set in the child itself
-# (a preexec hook would run between fork and exec of a process with threads).
-_CLI_CHILD = (
-    "import resource, runpy, sys\n"
-    "lim = int(sys.argv.pop(1))\n"
-    "resource.setrlimit(resource.RLIMIT_AS, (lim, lim))\n"
-    "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-    "sys.argv[0] = 'xla-pcache'\n"
-    "runpy.run_module('xla_pcache', run_name='__main__', alter_sys=True)\n"
-)
 
 
 # --- the harness ------------------------------------------------------------------------------
@@ -1058,13 +1013,7 @@ class Harness:
     @staticmethod
     def _reported_peak(p: Proc) -> int | None:
         """The peak (KiB) the child wrote as it exited, or None."""
-        try:
-            hwm, kids = p.peak_file.read_text().split()
-            return max(int(hwm), int(kids))
-        except (OSError, ValueError):
-            return None
-        finally:
-            p.peak_file.unlink(missing_ok=True)
+        return reported_peak(p.peak_file)
 
     def _note_peak(self, p: Proc, maxrss: int) -> None:
         f = self.figures

@@ -3,7 +3,8 @@ GCS or Azure bucket can hold and SeaweedFS cannot: keys with ``//`` or a ``.``/`
 segment, which SeaweedFS collapses when they are written and a real S3 keeps.
 
 ``S3Relay(port)`` forwards every request unchanged (headers included, so the client's
-signature still holds) and the answer back, counting requests by kind (``take()``); keys
+signature still holds) and the answer back, counting requests by kind (``take()``; an
+answer of 5xx, which the client may retry once, is counted under ``5xx`` as well); keys
 ``plant``-ed on it are added to the listings that pass through it, where the service would
 list them: in key order, in the page whose range holds them (the page's ``start-after`` or
 continuation point up to its last key, or to the end on the last page), rolled into a
@@ -11,7 +12,10 @@ common prefix under a delimiter. Nothing else about them exists: a GET, HEAD or 
 such a key reaches the server, which has no such object (and a client that cannot parse
 the key never asks), and ``unplant`` stands for removing one with the cloud's own tool. A
 key is written into the XML as ElementTree writes it (a control character raw, which XML
-1.0 does not allow). The tests of hostile buckets and the bucket-state fuzzer use it."""
+1.0 does not allow). ``S3Relay(port, planted_from=other)`` lists what ``other`` has planted
+(one set for both) and counts its own requests: the bucket-state fuzzer gives each process
+its own relay, so that each one's requests are its own. The tests of hostile buckets and the
+bucket-state fuzzer use it."""
 
 from __future__ import annotations
 
@@ -19,15 +23,18 @@ import contextlib
 import http.client
 import http.server
 import threading
+import time
 import urllib.parse
 import xml.etree.ElementTree as ET
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
 _NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 # Hop-by-hop headers: the relay answers with a whole body and its length.
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+# How long the relay waits for the server's answer to one request.
+UPSTREAM_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,21 @@ def request_kind(method: str, target: str) -> str:
 class S3Relay:
     """Requests to ``port`` (the server's) through ``self.port``; see the module's text."""
 
-    def __init__(self, upstream: int) -> None:
+    def __init__(self, upstream: int, *, planted_from: S3Relay | None = None) -> None:
         self.upstream = upstream
         self.counts: Counter[str] = Counter()
-        self.planted: dict[str, Planted] = {}
-        self._lock = threading.Lock()
+        self.planted: dict[str, Planted] = {} if planted_from is None else planted_from.planted
+        self._lock: threading.Lock = (
+            threading.Lock() if planted_from is None else planted_from._lock
+        )
+        # The latest requests (method, target, status), for a report of what was asked, and
+        # when the last one came (time.monotonic()).
+        self.trace: deque[tuple[str, str, int]] = deque(maxlen=4000)
+        self.last_request = 0.0
+        # Requests passed on and not yet answered by the server: one a client gave up on
+        # (its timeout, or its process ended) still reaches the server and may change the
+        # bucket after its process is gone.
+        self.in_flight = 0
         # Where each continuation token the relay passed on resumes (the page's last key).
         self._resume: dict[str, str] = {}
         relay = self
@@ -98,6 +115,18 @@ class S3Relay:
             out, self.counts = dict(self.counts), Counter()
         return out
 
+    def settle(self, timeout: float = UPSTREAM_TIMEOUT_S + 10) -> bool:
+        """Waits until every request passed on has been answered by the server (or
+        ``timeout``); whether none is left."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self.in_flight == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -108,7 +137,9 @@ class S3Relay:
         body = h.rfile.read(length) if length else b""
         with self._lock:
             self.counts[request_kind(h.command, h.path)] += 1
-        conn = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=120)
+            self.last_request = time.monotonic()
+            self.in_flight += 1
+        conn = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=UPSTREAM_TIMEOUT_S)
         try:
             conn.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
             for name, value in h.headers.items():
@@ -123,6 +154,10 @@ class S3Relay:
                 (k, v) for k, v in resp.getheaders() if k.lower() not in _HOP or k.lower() in keep
             ]
             status, reason = resp.status, resp.reason
+            with self._lock:
+                self.trace.append((h.command, h.path, status))
+                if status >= 500:
+                    self.counts["5xx"] += 1
         except OSError:
             h.close_connection = True
             with contextlib.suppress(OSError):
@@ -130,6 +165,8 @@ class S3Relay:
             return
         finally:
             conn.close()
+            with self._lock:
+                self.in_flight -= 1
         if h.command == "GET" and status == 200 and request_kind("GET", h.path) == "list":
             data = self._listing(h.path, data)
         h.send_response(status, reason)

@@ -354,6 +354,87 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     other.close()
 
 
+def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """Found by the bucket-state fuzzer. On a service with directories an object planted
+    below the lease's name leaves directories behind once it is removed (by whoever
+    planted it), and one deeper than the squat clean-up went (5 levels) left the deepest:
+    they refuse the lease's create, its HEAD is 404 and no listing of objects shows them.
+    Every prune was then refused ("can be neither created nor found") for good, and `prune
+    --untrusted` did not clear them either. Now the directories below the name are walked
+    (a listing with a delimiter names them) and removed children first."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    _plant(client, {f"{ENTRY_DIR}/{entry_name(f'e{i}')}": b"x" * 1000 for i in range(3)})
+    obstore.put(client, f"{upkeep.LEASE}/a/b/c/d/e", b"squat")
+    obstore.delete(client, f"{upkeep.LEASE}/a/b/c/d/e")
+    report = upkeep.Bucket(url).prune(max_size=2500)
+    assert report.removed == 1 and report.entries == 2, report
+    # An object five deep: the prune that removes it removes every directory it made.
+    obstore.put(client, f"{upkeep.LEASE}/p/q/r/s/t", b"squat")
+    report = upkeep.Bucket(url).prune(max_size=1500)
+    assert report.removed == 1 and report.skipped == {"squat": 1}, report
+    out = _cli("prune", "--path", url, "--max-size", "1M")
+    assert out.exit_code == 0, out.output
+    # Left empty below the budget's name: `prune --untrusted` clears it, and the budget is
+    # written again.
+    obstore.put(client, f"{upkeep.CONFIG}/a/b/c/d/e/f", b"squat")
+    obstore.delete(client, f"{upkeep.CONFIG}/a/b/c/d/e/f")
+    out = _cli("prune", "--untrusted", "--path", url)
+    assert out.exit_code == 0, out.output
+    assert obstore.list_with_delimiter(client, upkeep.ROOT)["common_prefixes"] == [ENTRY_DIR]
+    out = _cli("config", "--path", url, "--max-size", "5K")
+    assert out.exit_code == 0, out.output
+    assert upkeep.Bucket(url).read_budget().max_size == 5 << 10
+
+
+def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) -> None:
+    """Found by the bucket-state fuzzer: a ranged GET of an object of no bytes is answered
+    416 (S3, GCS and Azure alike), and every read here is ranged. An empty object planted at
+    an entry's name counted as the tier failing (`remote_get_errors`, and the tier left
+    alone for `retry_after`: the next get of a real entry missed); an empty record,
+    `config`, `state` or `usage` made `stats`, `prune` and a writer's budget check fail
+    (exit 2, "416 Range Not Satisfiable"). Now an empty object is a refused value (a miss
+    counted `remote_rejected`) or an upkeep object skipped as malformed."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    writer = Store(tmp_path / "w", remote=url)
+    assert writer.put("real", b"x" * 100)
+    assert writer.remote is not None
+    writer.remote.flush()
+    obstore.put(client, f"{ENTRY_DIR}/{entry_name('empty')}", b"")
+    reader = Store(tmp_path / "r", remote=url)
+    assert reader.get("empty") is None
+    assert reader.get("real") is not None  # the tier was not left alone
+    assert reader.remote is not None
+    counters = reader.remote.tiers[0].stats()
+    assert counters.get("remote_rejected") == 1, counters
+    assert not [k for k in counters if k.endswith("_errors")], counters
+    _plant(
+        client,
+        {
+            upkeep.CONFIG: b"",
+            upkeep.STATE: b"",
+            upkeep.USAGE: b"",
+            upkeep.new_record_name(1, 1): b"",
+        },
+    )
+    out = _cli("stats", "--path", url, "--json")
+    assert out.exit_code == 0, out.output
+    skipped = json.loads(out.output)["skipped_by_kind"]
+    assert skipped == {"config-malformed": 1, "state-malformed": 1}, skipped
+    out = _cli("prune", "--path", url, "--max-size", "1M", "--json")
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output[out.output.index("{") :])
+    assert report["records_folded"] == 1 and report["entries"] == 2, report
+    assert upkeep.Bucket(url).estimate().records == 0  # folded, and the estimate reads
+    reader.close()
+    writer.close()
+
+
 # A prune in its own process, on the bucket of the first argument: its report and how much
 # its peak RSS grew (VmHWM, its own) while it ran.
 _PRUNER = r"""
@@ -385,10 +466,11 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
     names = [entry_name(f"e{i}") for i in range(20)]
     _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     planted = "".join(os.urandom(16).hex() + "\n" for _ in range(200_000))
+    usage = _gz(b"ab\n" * ((64 << 20) // 3))
     _plant(
         client,
         {
-            upkeep.USAGE: _gz(b"ab\n" * ((64 << 20) // 3)),
+            upkeep.USAGE: usage,
             upkeep.new_record_name(0, 0): _gz((planted + names[3] + "\n").encode()),
         },
     )
@@ -398,7 +480,36 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
     assert out["grew_kib"] < 32 << 10, out
     assert report["records_folded"] == 1 and report["removed"] == 1, report
     assert names[3] not in report["removed_names"]  # the one the record named is kept
-    assert report["skipped"]["usage-lines"] == (64 << 20) // 3, report["skipped"]
+    # Read no further than MAX_INFLATE times its size (not the 64 MiB it inflates to).
+    lines = report["skipped"]["usage-lines"]
+    assert 0 < lines <= upkeep.MAX_INFLATE * len(usage) // 3, report["skipped"]
+    assert report["skipped"]["usage-malformed"] == 1, report["skipped"]
+
+
+def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -> None:
+    """Found by the bucket-state fuzzer: a thousand planted records, each some 33 KB of gzip
+    that inflates to 32 MiB of lines of a record's shape, held `xla-pcache prune` past its
+    two-minute deadline: each was read up to the cap of its kind (MAX_RECORD *
+    MAX_INFLATE), a million lines each matched as entry names. What xla_pcache writes
+    inflates to about twice its size: a record or `usage` is now read no further than
+    MAX_INFLATE times its own size, so what one costs is in proportion to the bytes read
+    (which a prune bounds: Limits.record_bytes), not to what they inflate to."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    client = bucket_client(s3, prefix)
+    name = entry_name("e")
+    bomb = _gz((name + "\n").encode() * (1 << 20))
+    path = upkeep.new_record_name(0, 0)
+    usage = _gz(f"{name} 1 1\n".encode() * (1 << 20))
+    _plant(client, {path: bomb, upkeep.USAGE: usage, f"{ENTRY_DIR}/{name}": b"x"})
+    assert len(bomb) < 256 << 10 and len(usage) < 256 << 10
+    b = upkeep.Bucket(url)
+    got = sum(1 for _ in b.record_names(path))
+    assert 0 < got <= upkeep.MAX_INFLATE * len(bomb) // (len(name) + 1), (got, len(bomb))
+    assert b.reader.skipped == {"record-malformed": 1}, b.reader.skipped
+    # usage the same way: the prune folds a few thousand of its lines, not a million.
+    report = b.prune(max_size=10**6)
+    assert report.skipped == {"usage-malformed": 1, "record-malformed": 1}, report.skipped
 
 
 def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:

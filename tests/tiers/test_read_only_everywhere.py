@@ -68,6 +68,7 @@ BUCKET_SOURCES = {
 BUCKET_COMMANDS = {
     "prune": (["prune", "--max-size", "1"], True),
     "prune by age": (["prune", "--older-than", "1s"], True),
+    "prune --untrusted": (["prune", "--untrusted"], True),
     "config": (["config", "--max-size", "1K"], False),
 }
 

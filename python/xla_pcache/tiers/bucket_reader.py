@@ -6,7 +6,7 @@ One reader, ``BucketReader``, with bounds that hold whatever was planted:
 - **an object** is read only when its size, from the first response, is within the cap its
   kind has; JSON objects are small and parsed whole (nesting and numbers bounded); gzip
   objects of lines (records, usage) are streamed: ``STREAM_CHUNK`` bytes of the object at a
-  time, inflated ``STREAM_CHUNK`` at a time up to a cap on the inflated total, cut into blocks
+  time, inflated ``STREAM_CHUNK`` at a time up to a few times the object's size, cut into blocks
   of whole lines that the regex engine matches line by line (a line that does not match
   makes no object; one longer than ``MAX_LINE`` across two blocks is dropped), so the memory
   a read takes does not depend on the object's shape;
@@ -40,6 +40,7 @@ the key is removed: ``hidden_pages`` counts such pages, and the listing is not
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import re
@@ -417,6 +418,28 @@ class BucketReader:
             f"{delete_hint(self.scheme, self.bucket, key)}",
         )
 
+    def directories(self, prefix: str) -> list[str]:
+        """The "directories" directly below ``prefix`` that a listing with a delimiter
+        names (a request a page). On a service with directories (SeaweedFS, MinIO,
+        hierarchical namespaces) these include empty ones, which no listing of objects
+        shows: what objects planted below one of our names leave once they are gone. A
+        listing the client refuses names none (the refused key is counted as unlistable)."""
+        import obstore
+
+        n = 0
+        try:
+            got = obstore.list_with_delimiter(self._store, prefix)
+            n = len(got["common_prefixes"]) + len(got["objects"])
+            return [str(p).rstrip("/") for p in got["common_prefixes"]]
+        except Exception as e:
+            bad = refused_key(e)
+            if bad is None:
+                raise
+            self._note_unlistable(bad, Listing(prefix))
+            return []
+        finally:
+            self._count("list", max(1, math.ceil(n / LIST_PAGE)))
+
     def _head(self, path: str) -> Meta | None:
         import obstore
 
@@ -483,8 +506,11 @@ class BucketReader:
         try:
             got = obstore.get(self._store, path, options={"range": (0, limit + 1)})
         except Exception as e:
-            if objstore._classify(e) == "missing":
+            kind = objstore._classify(e)
+            if kind == "missing":
                 return None
+            if kind == "empty":  # no bytes (a ranged read of it is refused)
+                return _Empty()
             raise
         size = checked_size(got.meta.get("size"), zero=True)
         if size is None or size > limit:
@@ -520,18 +546,20 @@ class BucketReader:
         return data
 
     def gzip_lines(
-        self, path: str, limit: int, inflated: int, kind: str, line: re.Pattern[bytes]
+        self, path: str, limit: int, ratio: int, kind: str, line: re.Pattern[bytes]
     ) -> Iterator[re.Match[bytes]]:
         """The lines of the gzip object ``path`` (at most ``limit`` bytes, inflating to at
-        most ``inflated``) that match ``line`` whole, streamed: the object is inflated
-        ``STREAM_CHUNK`` at a time and each block of whole lines is searched (by the regex
-        engine: a line that does not match costs no object). Lines that do not match are
-        counted (one warning per kind); one over ``MAX_LINE`` bytes that spans two blocks
-        is dropped whole. What is not gzip, or inflates past the cap, ends the lines
-        there (skipped, counted)."""
+        most ``ratio`` times its size) that match ``line`` whole, streamed: the object is
+        inflated ``STREAM_CHUNK`` at a time and each block of whole lines is searched (by
+        the regex engine: a line that does not match costs no object). Lines that do not
+        match are counted (one warning per kind); one over ``MAX_LINE`` bytes that spans
+        two blocks is dropped whole. What is not gzip, or inflates past the cap, ends the
+        lines there (skipped, counted): the cap is on the object's own size, so that what
+        reading one costs is in proportion to the bytes read, whatever they inflate to."""
         got = self._open(path, limit, kind)
         if got is None:
             return
+        inflated = max(STREAM_CHUNK, ratio * int(got.meta["size"]))
         d = zlib.decompressobj(wbits=31)
         total = 0
         bad = 0
@@ -558,7 +586,7 @@ class BucketReader:
                     if total > inflated:
                         self.skip(
                             f"{kind}-malformed",
-                            f"{path} inflates past {inflated} bytes: read that far",
+                            f"{path} inflates past {ratio} times its size: read that far",
                         )
                         return
                     block = blocks.feed(out)
@@ -579,6 +607,19 @@ class BucketReader:
             bad += blocks.dropped
             if bad:
                 self.skip(f"{kind}-lines", f"{path} has lines xla_pcache does not write", bad)
+
+
+class _Empty:
+    """What ``_open`` gives for an object of no bytes, as obstore's result would be."""
+
+    def __init__(self) -> None:
+        self.meta: Meta = {"size": 0}
+
+    def bytes(self) -> builtins.bytes:
+        return b""
+
+    def stream(self, min_chunk_size: int = 0) -> Iterator[builtins.bytes]:
+        return iter(())
 
 
 class _Blocks:

@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -106,7 +107,10 @@ def _allow_http(environ: Mapping[str, str]) -> bool:
 
 
 def _classify(e: BaseException) -> str:
-    """``missing``, ``exists``, ``precondition`` or ``error`` for an obstore exception."""
+    """``missing``, ``exists``, ``precondition``, ``empty`` or ``error`` for an obstore
+    exception. ``empty``: a ranged read from the first byte refused as unsatisfiable (416),
+    which S3, GCS and Azure answer only for an object of no bytes (object_store has no kind
+    for it: the status is in its message)."""
     import obstore.exceptions as ox
 
     if isinstance(e, FileNotFoundError | ox.NotFoundError):
@@ -115,7 +119,12 @@ def _classify(e: BaseException) -> str:
         return "exists"
     if isinstance(e, ox.PreconditionError):
         return "precondition"
+    if isinstance(e, ox.GenericError) and _UNSATISFIABLE.search(str(e)):
+        return "empty"
     return "error"
+
+
+_UNSATISFIABLE = re.compile(r"status code: 416\b")
 
 
 # The process that first used obstore: its runtime's threads exist there only, so a process
@@ -257,8 +266,11 @@ class ObjectTier(TierBase):
                 return self._spool_rest(path, head, size, spooled)
             return self._get_rest(path, head, size)
         except Exception as e:
-            if _classify(e) == "missing":
+            kind = _classify(e)
+            if kind == "missing":
                 self.count("remote_misses")
+            elif kind == "empty":
+                self.reject("rejected", f"the object for {name} is not a whole entry file")
             else:
                 self.fail("get", e)
             return None

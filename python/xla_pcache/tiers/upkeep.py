@@ -84,6 +84,8 @@ TORCH_XLA_DIR = f"{ROOT}/torch_xla"
 # 2.5 MB at 100k entries). Both are streamed: the bounds are on time, not memory.
 MAX_RECORD = 8 << 20
 MAX_USAGE = 64 << 20
+# What xla_pcache writes there inflates to about twice its size: a record or usage is read
+# no further than this many times its own size (a gzip bomb costs what its bytes cost).
 MAX_INFLATE = 4
 DELETE_BATCH = 1000
 # The prune lease: rewritten every third of it while a prune runs; taken over when it has not
@@ -102,6 +104,9 @@ ESTIMATE_RECORDS = 10 * LIST_PAGE
 SQUAT_DEPTH = 4
 # What a squat check lists below one of our names.
 SQUAT_LIST = 100
+# The directories a squat check walks below one of our fixed names, emptied or left empty
+# (a key is at most 1,024 bytes, so no chain of them is deeper than 512).
+SQUAT_DIRS = 520
 # The least name of ours in a directory (``Listing.floor``): entries, claims and markers
 # begin with an entry name, records with "r-".
 _FLOOR = "0" * 32
@@ -477,9 +482,7 @@ class Bucket:
     def _record_lines(self, path: str) -> Iterator[str]:
         # The line's shape is an entry name's: no EntryName made for each (a million of
         # them in a planted record cost seconds), only for the few that are entries.
-        for m in self.reader.gzip_lines(
-            path, MAX_RECORD, MAX_RECORD * MAX_INFLATE, "record", _RECORD_LINE
-        ):
+        for m in self.reader.gzip_lines(path, MAX_RECORD, MAX_INFLATE, "record", _RECORD_LINE):
             yield m.group(1).decode("ascii")
 
     def read_state(self) -> dict[str, float] | None:
@@ -530,9 +533,9 @@ class Bucket:
 
     # ---------------------------------------------------------------- the prune lease
     def _clear_squat(self, name: str) -> list[str]:
-        """Objects planted below ``name`` (one of the upkeep's own names) as a prefix:
-        removed, with the directories they made, and ``name`` itself when it is no object
-        (a directory). The keys removed (empty when there were none)."""
+        """Objects planted below ``name`` (one of the upkeep's own names, which is no
+        object) as a prefix: removed, with every directory below ``name`` and ``name``
+        itself (``_clear_dirs``). The keys removed (empty when there were none)."""
         found = [str(m["path"]) for m in self.reader.listing(name, limit=SQUAT_LIST)]
         if found:
             self._remove_junk(found)
@@ -542,7 +545,40 @@ class Bucket:
                 f"{' and more' if len(found) > 1 else ''}) made it a directory: removed",
                 len(found),
             )
+        if self._clear_dirs(name) and not found:
+            self.reader.skip(
+                "squat",
+                f"directories left below {name} by objects planted there and removed since "
+                "(they refuse its create): removed",
+            )
         return found
+
+    def _clear_dirs(self, name: str) -> int:
+        """Removes the directories below ``name`` that hold no object, children before
+        their parent, then ``name`` when a HEAD finds no object there: on a service with
+        directories (SeaweedFS, MinIO, hierarchical namespaces), what objects planted below
+        it leave once they are gone, or leave deeper than ``_remove_junk`` goes. Such
+        directories refuse the create of ``name`` and no listing of objects shows them; a
+        listing with a delimiter does. At most ``SQUAT_DIRS`` directories are taken (a
+        listing of each, and a request to remove each: the service refuses to remove one
+        that still holds something); the rest wait for the next time. How many were
+        taken."""
+        taken = 0
+        stack: list[tuple[str, bool]] = [(name, False)]
+        while stack:
+            d, done = stack.pop()
+            if done:
+                if d != name:
+                    self.delete([d])
+                elif self._head(name) is None:
+                    self.delete([name])
+                continue
+            stack.append((d, True))
+            below = [sub for sub in self.reader.directories(d) if sub.startswith(d + "/")]
+            below = below[: SQUAT_DIRS - taken]
+            taken += len(below)
+            stack.extend((sub, False) for sub in below)
+        return taken
 
     def _take_lease(self, stale_after: float, body: bytes) -> str | None:
         meta: Mapping[str, Any] | None = None
@@ -792,9 +828,7 @@ class Bucket:
         nothing)."""
         bad = 0
         now = time.time()
-        for m in self.reader.gzip_lines(
-            USAGE, MAX_USAGE, MAX_USAGE * MAX_INFLATE, "usage", _USAGE_LINE
-        ):
+        for m in self.reader.gzip_lines(USAGE, MAX_USAGE, MAX_INFLATE, "usage", _USAGE_LINE):
             entry = entries.get(m.group(1).decode("ascii"))
             if entry is None:
                 continue
@@ -896,7 +930,7 @@ class Bucket:
         # Directories left at names of ours by a squat whose objects are gone already.
         for name in (LEASE, CONFIG, USAGE, STATE):
             if self._head(name) is None:
-                self.delete([name])
+                self._clear_dirs(name)
         report.removed, report.removed_names = tally.removed, tally.names
         report.unlistable = list(self.reader.unlistable)
         report.hints = [
