@@ -629,7 +629,7 @@ class Harness:
         parts = rel.split("/")
         if top == "entries":
             c.biggest = max(c.biggest, size)
-        if top == "records" and len(parts) == 3 and upkeep._RECORD.fullmatch(parts[2]):
+        if top == "records" and len(parts) == 3 and upkeep.RECORD_NAME.fullmatch(parts[2]):
             c.records += 1
         if top in FIXED or (top in ("entries", "claims") and len(parts) > 3):
             c.squats += 1
