@@ -45,7 +45,7 @@ LEVELS = {
     # prune lease, what a prune reads and the prune, under the one door, ``upkeep.Bucket``.
     "tiers.bucket_layout": 1,
     "tiers.bucket_objects": 1,
-    "tiers.bucket_budget": 1,
+    "tiers.bucket_stored_budget": 1,
     "tiers.hit_record": 1,
     "tiers.prune_lease": 1,
     "tiers.prune_fold": 1,

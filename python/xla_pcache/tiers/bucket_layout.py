@@ -13,7 +13,7 @@ CONFIG = f"{ROOT}/config"
 USAGE = f"{ROOT}/usage"
 STATE = f"{ROOT}/state"
 LEASE = f"{ROOT}/prune.lease"
-RECORD_DIR = f"{ROOT}/records"
+HIT_RECORD_DIR = f"{ROOT}/records"
 TORCH_XLA_DIR = f"{ROOT}/torch_xla"
 # What xla_pcache writes there inflates to about twice its size: a record or usage is read
 # no further than this many times its own size (a gzip bomb costs what its bytes cost).
@@ -22,7 +22,7 @@ MAX_INFLATE = 4
 # begin with an entry name, records with "r-".
 FLOOR = "0" * 32
 
-RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
+HIT_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
 MARKER_NAME = re.compile(r"([0-9a-f]{32})-([0-9]{1,40})")
 _FIXED = frozenset(("config", "usage", "state", "prune.lease"))
 _NAMED_DIRS = {"entries": re.compile(r"[0-9a-f]{32}"), "claims": re.compile(r"[0-9a-f]{32}")}
@@ -63,7 +63,7 @@ def ours(path: str) -> bool:
     if kind in _NAMED_DIRS:
         return _NAMED_DIRS[kind].fullmatch(name) is not None
     if kind == "records":
-        return RECORD_NAME.fullmatch(name) is not None
+        return HIT_RECORD_NAME.fullmatch(name) is not None
     if kind == "torch_xla":
         return MARKER_NAME.fullmatch(name) is not None
     return False

@@ -14,7 +14,6 @@ from typing import Any
 
 from xla_pcache._text import package_logger
 from xla_pcache.tiers import objstore, prune_lease
-from xla_pcache.tiers.bucket_budget import read_budget
 from xla_pcache.tiers.bucket_layout import (
     FLOOR,
     MARKER_NAME,
@@ -26,14 +25,15 @@ from xla_pcache.tiers.bucket_layout import (
 )
 from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
 from xla_pcache.tiers.bucket_reader import Listing
+from xla_pcache.tiers.bucket_stored_budget import read_stored_budget
 from xla_pcache.tiers.prune_fold import (
     Deadline,
     Limits,
     check,
     entry_table,
-    fold_record,
+    fold_hit_record,
     fold_usage,
-    records_to_fold,
+    hit_records_to_fold,
     usage_body,
 )
 
@@ -125,7 +125,7 @@ def _prune(
     tally: Tally,
 ) -> None:
     reader = objects.reader
-    budget = read_budget(objects)
+    budget = read_stored_budget(objects)
     report.max_age_s = older_than if older_than is not None else budget.max_age_s
     target = max_size
     if target is None and budget.max_size is not None:
@@ -133,7 +133,7 @@ def _prune(
     report.max_size = max_size if max_size is not None else budget.max_size
     # Records first, then entries: an entry a folded record names was written before
     # that record, so it is in the listing below (docs/remote.md).
-    records, junk_records, report.records_left = records_to_fold(reader, limits, deadline)
+    records, junk_records, report.records_left = hit_records_to_fold(reader, limits, deadline)
     listing = Listing(objstore.ENTRY_DIR, limits.entries, FLOOR)
     entries = entry_table(objects, listing, deadline, tally)
     report.listing_complete = listing.complete
@@ -150,7 +150,7 @@ def _prune(
     folded: list[str] = []
     for record in records:
         check(deadline)
-        fold_record(reader, record, entries)
+        fold_hit_record(reader, record, entries)
         folded.append(record.path)
     report.records_folded = len(folded)
     report.entries_before = len(entries)

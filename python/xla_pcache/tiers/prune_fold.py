@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from xla_pcache._names import entry_name_or_none
 from xla_pcache.tiers import objstore
-from xla_pcache.tiers.bucket_layout import MAX_INFLATE, RECORD_DIR, USAGE, epoch
+from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, MAX_INFLATE, USAGE, epoch
 from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
 from xla_pcache.tiers.bucket_reader import (
     LIST_PAGE,
@@ -23,7 +23,12 @@ from xla_pcache.tiers.bucket_reader import (
     checked_size,
     checked_time,
 )
-from xla_pcache.tiers.hit_record import MAX_RECORD, Record, parse_record, record_lines
+from xla_pcache.tiers.hit_record import (
+    MAX_HIT_RECORD,
+    HitRecord,
+    hit_record_lines,
+    parse_hit_record,
+)
 
 # The usage index holds every entry with a use (about 50 bytes each, gzip halves it: 2.5 MB
 # at 100k entries): read no further than this. Streamed: the bound is on time, not memory.
@@ -104,25 +109,27 @@ def entry_table(
     return out
 
 
-def records_to_fold(
+def hit_records_to_fold(
     reader: BucketReader, limits: Limits, deadline: float | None
-) -> tuple[list[Record], list[str], int]:
+) -> tuple[list[HitRecord], list[str], int]:
     """The records a prune folds (the first ``limits.records``, within
     ``limits.record_bytes`` in all), the objects under ``records/`` that are no record
     or too large to read (removed), and how many records wait for the next prune."""
-    records: list[Record] = []
+    records: list[HitRecord] = []
     junk: list[str] = []
     left = 0
     total = 0
-    for i, meta in enumerate(reader.listing(RECORD_DIR, floor="r-")):
+    for i, meta in enumerate(reader.listing(HIT_RECORD_DIR, floor="r-")):
         if i % LIST_PAGE == 0:
             check(deadline)
-        r = parse_record(meta)
-        if r is None or r.size > MAX_RECORD:
+        r = parse_hit_record(meta)
+        if r is None or r.size > MAX_HIT_RECORD:
             if len(junk) < limits.records:
                 junk.append(str(meta["path"]))
                 if r is not None:
-                    reader.skip("record-oversized", f"{r.path} is over {MAX_RECORD} bytes: removed")
+                    reader.skip(
+                        "record-oversized", f"{r.path} is over {MAX_HIT_RECORD} bytes: removed"
+                    )
             else:
                 left += 1
             continue
@@ -160,11 +167,11 @@ def fold_usage(reader: BucketReader, entries: Mapping[str, Entry]) -> None:
         reader.skip("usage-lines", f"{USAGE} has lines prune does not write: skipped", bad)
 
 
-def fold_record(reader: BucketReader, record: Record, entries: Mapping[str, Entry]) -> None:
+def fold_hit_record(reader: BucketReader, record: HitRecord, entries: Mapping[str, Entry]) -> None:
     """One record, streamed into ``entries``: each entry it names used once more, at its
     time (a name it repeats counts once; names of no entry cost nothing)."""
     seen: set[str] = set()
-    for name in record_lines(reader, record.path):
+    for name in hit_record_lines(reader, record.path):
         entry = entries.get(name)
         if entry is None or name in seen:
             continue

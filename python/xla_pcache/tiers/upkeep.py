@@ -3,7 +3,7 @@ bucket"): its budget, kept as an object beside the entries; the records of which
 hosts used; pruning, least recently used first; its totals; and the markers that let a
 torch_xla host find the bucket's torch_xla entries. ``Bucket`` is the one door to them;
 the parts live in modules of their own: the objects' names (``bucket_layout.py``), the
-requests (``bucket_objects.py``), the budget (``bucket_budget.py``), a record
+requests (``bucket_objects.py``), the stored budget (``bucket_stored_budget.py``), a record
 (``hit_record.py``), the prune lease (``prune_lease.py``), what a prune reads and its limits
 (``prune_fold.py``) and the prune (``bucket_prune.py``).
 
@@ -49,16 +49,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xla_pcache._names import EntryName, entry_name_or_none
-from xla_pcache.tiers import bucket_budget, bucket_prune, objstore, prune_lease
-from xla_pcache.tiers.bucket_budget import Budget
+from xla_pcache.tiers import bucket_prune, bucket_stored_budget, objstore, prune_lease
 from xla_pcache.tiers.bucket_layout import (
     CONFIG,
     FLOOR,
+    HIT_RECORD_DIR,
+    HIT_RECORD_NAME,
     LEASE,
     MARKER_NAME,
     MAX_INFLATE,
-    RECORD_DIR,
-    RECORD_NAME,
     ROOT,
     STATE,
     TORCH_XLA_DIR,
@@ -83,13 +82,14 @@ from xla_pcache.tiers.bucket_reader import (
     checked_time,
     delete_hint,
 )
+from xla_pcache.tiers.bucket_stored_budget import BucketStoredBudget
 from xla_pcache.tiers.hit_record import (
-    MAX_RECORD,
-    Record,
-    new_record_name,
-    parse_record,
-    record_body,
-    record_lines,
+    MAX_HIT_RECORD,
+    HitRecord,
+    hit_record_body,
+    hit_record_lines,
+    new_hit_record_name,
+    parse_hit_record,
 )
 from xla_pcache.tiers.prune_fold import (
     MAX_USAGE,
@@ -106,15 +106,15 @@ __all__ = [
     "CONFIG",
     "DELETE_BATCH",
     "ESTIMATE_RECORDS",
+    "HIT_RECORD_DIR",
+    "HIT_RECORD_NAME",
     "LEASE",
     "LEASE_S",
     "LOW_WATERMARK",
+    "MAX_HIT_RECORD",
     "MAX_INFLATE",
-    "MAX_RECORD",
     "MAX_USAGE",
     "PRUNE_LIMITS",
-    "RECORD_DIR",
-    "RECORD_NAME",
     "ROOT",
     "SQUAT_DEPTH",
     "SQUAT_DIRS",
@@ -127,16 +127,16 @@ __all__ = [
     "WRITER_LIMITS",
     "BlockedError",
     "Bucket",
-    "Budget",
+    "BucketStoredBudget",
     "BusyError",
     "Entry",
     "Estimate",
+    "HitRecord",
     "Limits",
     "PruneReport",
-    "Record",
     "UntrustedReport",
-    "new_record_name",
-    "record_body",
+    "hit_record_body",
+    "new_hit_record_name",
 ]
 
 # A writer's budget check lists at most this many records: more means a prune is due.
@@ -216,11 +216,11 @@ class Bucket:
         self.objects.delete(paths)
 
     # ---------------------------------------------------------------- the budget
-    def read_budget(self) -> Budget:
-        return bucket_budget.read_budget(self.objects)
+    def read_stored_budget(self) -> BucketStoredBudget:
+        return bucket_stored_budget.read_stored_budget(self.objects)
 
-    def write_budget(self, budget: Budget) -> None:
-        bucket_budget.write_budget(self.objects, budget)
+    def write_stored_budget(self, budget: BucketStoredBudget) -> None:
+        bucket_stored_budget.write_stored_budget(self.objects, budget)
 
     # ---------------------------------------------------------------- what is there
     def entries(self) -> dict[str, Entry]:
@@ -229,21 +229,21 @@ class Bucket:
         listing = Listing(objstore.ENTRY_DIR, floor=FLOOR)
         return entry_table(self.objects, listing, None, None)
 
-    def records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
+    def hit_records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
         """Each record object: (path, when written, entries and bytes its host wrote);
         objects there that are no record count as records that say nothing."""
         out = []
-        for meta in self.reader.listing(RECORD_DIR, limit=limit, floor="r-"):
-            r = parse_record(meta)
+        for meta in self.reader.listing(HIT_RECORD_DIR, limit=limit, floor="r-"):
+            r = parse_hit_record(meta)
             if r is None:
                 out.append((str(meta["path"]), epoch(meta), 0, 0))
             else:
                 out.append((r.path, r.when, r.puts, r.put_bytes))
         return out
 
-    def record_names(self, path: str) -> Iterator[EntryName]:
+    def hit_record_names(self, path: str) -> Iterator[EntryName]:
         """The entry names a record holds, streamed (lines that are none skipped)."""
-        return map(EntryName, record_lines(self.reader, path))
+        return map(EntryName, hit_record_lines(self.reader, path))
 
     def read_state(self) -> dict[str, float] | None:
         data = self.reader.json_object(STATE, "state")
@@ -264,11 +264,11 @@ class Bucket:
         writes hosts recorded since (one GET and a listing of ``records/``, at most
         ``ESTIMATE_RECORDS`` of them: more means a prune is due)."""
         state = self.read_state()
-        listing = Listing(RECORD_DIR, ESTIMATE_RECORDS, "r-")
+        listing = Listing(HIT_RECORD_DIR, ESTIMATE_RECORDS, "r-")
         puts = put_bytes = n = 0
         for meta in self.reader.listing_of(listing):
             n += 1
-            r = parse_record(meta)
+            r = parse_hit_record(meta)
             if r is not None:
                 puts += r.puts
                 put_bytes += r.put_bytes
@@ -363,7 +363,7 @@ class Bucket:
         the last prune's time, what was skipped as untrusted, and the requests this took."""
         self.objects.begin()
         started = time.monotonic()
-        budget = self.read_budget()
+        budget = self.read_stored_budget()
         count = total = junk = 0
         listing = Listing(objstore.ENTRY_DIR, floor=FLOOR)
         start = f"{objstore.ENTRY_DIR}/"
@@ -375,9 +375,9 @@ class Bucket:
                 count += 1
                 total += size
         records = pending_bytes = 0
-        for meta in self.reader.listing(RECORD_DIR, floor="r-"):
+        for meta in self.reader.listing(HIT_RECORD_DIR, floor="r-"):
             records += 1
-            r = parse_record(meta)
+            r = parse_hit_record(meta)
             pending_bytes += 0 if r is None else r.put_bytes
         state = self.read_state()
         claims = sum(1 for _ in self.reader.listing(objstore.CLAIM_DIR, floor=FLOOR))

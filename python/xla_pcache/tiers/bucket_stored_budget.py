@@ -13,19 +13,19 @@ from xla_pcache.tiers.bucket_reader import checked_age, checked_size
 
 
 @dataclass(frozen=True)
-class Budget:
+class BucketStoredBudget:
     """The bucket's stored budget: bytes and seconds, None where not set."""
 
     max_size: int | None = None
     max_age_s: float | None = None
 
 
-def read_budget(objects: BucketObjects) -> Budget:
+def read_stored_budget(objects: BucketObjects) -> BucketStoredBudget:
     """The stored budget; an empty one when there is none or it is out of range (skipped,
     with one warning)."""
     data = objects.reader.json_object(CONFIG, "config")
     if data is None:
-        return Budget()
+        return BucketStoredBudget()
     raw_size, raw_age = data.get("max_size"), data.get("max_age_s")
     size = None if raw_size is None else checked_size(raw_size)
     age = None if raw_age is None else checked_age(raw_age)
@@ -35,10 +35,10 @@ def read_budget(objects: BucketObjects) -> Budget:
             f"its budget object ({CONFIG}) holds a max_size or max_age_s out of range "
             "(1 byte to 2^63-1, 1 s to 1e9 s): ignored",
         )
-        return Budget()
-    return Budget(size, age)
+        return BucketStoredBudget()
+    return BucketStoredBudget(size, age)
 
 
-def write_budget(objects: BucketObjects, budget: Budget) -> None:
+def write_stored_budget(objects: BucketObjects, budget: BucketStoredBudget) -> None:
     body = {"max_size": budget.max_size, "max_age_s": budget.max_age_s}
     objects.put(CONFIG, json.dumps(body).encode())
