@@ -150,7 +150,7 @@ def populate(server: Any, prefix: str, objects: int, hosts: int, uses: int) -> l
     records = []
     for h in range(hosts):
         used = names[h * uses % objects :][:uses]
-        records.append((upkeep.new_record_name(0, 0), upkeep.record_body(used)))
+        records.append((upkeep.new_hit_record_name(0, 0), upkeep.hit_record_body(used)))
     asyncio.run(put_all(records))
     return names
 
@@ -293,22 +293,24 @@ def main() -> int:
             bucket = upkeep.Bucket(url)
             rows = []
             # One host's record of `uses` entries: one PUT.
-            body = upkeep.record_body(names[: args.uses])
+            body = upkeep.hit_record_body(names[: args.uses])
             rows.append(
                 measure(
                     relay,
                     f"one host's record upload ({args.uses} entries, {len(body):,} B gzip)",
-                    lambda: bucket.put(upkeep.new_record_name(1, 1000), body),
+                    lambda: bucket.put(upkeep.new_hit_record_name(1, 1000), body),
                 )
             )
-            # Budget: a tenth of the entries over it.
+            # The stored budget: a tenth of the entries over it.
             size = sum(100 for _ in names)
-            bucket.write_budget(upkeep.Budget(max_size=int(size * 0.9 / upkeep.LOW_WATERMARK)))
+            bucket.write_stored_budget(
+                upkeep.BucketStoredBudget(max_size=int(size * 0.9 / upkeep.LOW_WATERMARK))
+            )
             rows.append(
                 measure(
                     relay,
                     "writer's budget check (no prune yet: estimate unknown)",
-                    lambda: (bucket.read_budget(), bucket.estimate()),
+                    lambda: (bucket.read_stored_budget(), bucket.estimate()),
                 )
             )
             rows.append(measure(relay, "stats", bucket.stats))
@@ -317,7 +319,7 @@ def main() -> int:
                 measure(
                     relay,
                     "writer's budget check (after a prune)",
-                    lambda: (bucket.read_budget(), bucket.estimate()),
+                    lambda: (bucket.read_stored_budget(), bucket.estimate()),
                 )
             )
             rows.append(measure(relay, "prune again: nothing to remove", bucket.prune))

@@ -36,7 +36,7 @@ def hwm():
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
 from xla_pcache.tiers.upkeep import Bucket
 b = Bucket(sys.argv[1])
-b.read_budget()  # the client and its runtime, before the baseline
+b.read_stored_budget()  # the client and its runtime, before the baseline
 base = hwm()
 t = time.perf_counter()
 r = b.prune(max_size=10**12)

@@ -41,6 +41,15 @@ LEVELS = {
     "tiers.objstore": 1,
     "tiers.chain": 1,
     "tiers.bucket_reader": 1,
+    # A bucket's upkeep: its objects' names, the requests, the budget, a hit record, the
+    # prune lease, what a prune reads and the prune, under the one door, ``upkeep.Bucket``.
+    "tiers.bucket_layout": 1,
+    "tiers.bucket_objects": 1,
+    "tiers.bucket_stored_budget": 1,
+    "tiers.hit_record": 1,
+    "tiers.prune_lease": 1,
+    "tiers.prune_fold": 1,
+    "tiers.bucket_prune": 1,
     "tiers.upkeep": 1,
     "tiers.records": 1,
     "tiers": 1,

@@ -312,7 +312,7 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     records = _under(_objects(s3, prefix), "records")
     assert len(records) == 3, records  # the writer's (its puts), and the host's two
     b = upkeep.Bucket(url)
-    used = sorted(sorted(b.record_names(p)) for p in records)
+    used = sorted(sorted(b.hit_record_names(p)) for p in records)
     assert used == sorted([[], [entry_name("k0")], sorted([entry_name("k1"), entry_name("k2")])]), (
         used
     )
@@ -354,10 +354,10 @@ def test_budget_stats_and_prune_through_the_command(
     # entries/ is removed by every prune; a record that is not gzip is skipped.
     obstore.put(client, upkeep.CONFIG, b'{"max_size": -1}')
     obstore.put(client, "xla_pcache-1/entries/zz/not-an-entry", b"x" * 10)
-    obstore.put(client, f"{upkeep.RECORD_DIR}/r-1-0000000000000000-9-99", b"not gzip")
+    obstore.put(client, f"{upkeep.HIT_RECORD_DIR}/r-1-0000000000000000-9-99", b"not gzip")
     b = upkeep.Bucket(url)
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
-        assert b.read_budget() == upkeep.Budget()
+        assert b.read_stored_budget() == upkeep.BucketStoredBudget()
         report = b.prune(max_size=size)
     assert caplog.text.count("out of range") == 1 and "is not gzip" in caplog.text
     assert report.junk_names == ["xla_pcache-1/entries/zz/not-an-entry"]
@@ -371,7 +371,7 @@ def test_writers_prune_one_host_at_a_time_when_past_the_budget(
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
-    upkeep.Bucket(url).write_budget(upkeep.Budget(max_size=100_000))
+    upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=100_000))
     one = _store(url, tmp_path / "one")
     for i in range(8):
         assert one.put(f"a{i}", bytes(20_000))

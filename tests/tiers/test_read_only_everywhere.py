@@ -51,7 +51,7 @@ def filled(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> tup
             for i in range(4):
                 assert w.put(f"k{i}", bytes(20_000))
             w.mark_torch_xla("torch_xla/123", "123")
-        upkeep.Bucket(url).write_budget(upkeep.Budget(max_size=30_000))
+        upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=30_000))
     objects = _objects(s3_server, prefix)
     assert [p for p in objects if "/records/" in p] and [p for p in objects if "/torch_xla/" in p]
     return prefix, url
@@ -133,7 +133,7 @@ def test_a_read_only_bucket_store_writes_nothing(
     with pytest.raises(_core.ReadOnlyError):
         store.bucket().prune()
     with pytest.raises(_core.ReadOnlyError):
-        store.bucket().write_budget(upkeep.Budget(max_size=1))
+        store.bucket().write_stored_budget(upkeep.BucketStoredBudget(max_size=1))
     assert store.bucket().stats()["entries"] == 4
     store.close()
     assert _objects(s3, prefix) == before
@@ -148,7 +148,7 @@ def test_the_upkeep_of_a_read_only_url_refuses_every_write(
     b = upkeep.Bucket(f"{url}?ro=1")
     for write in (
         lambda: b.prune(max_size=1),
-        lambda: b.write_budget(upkeep.Budget(max_size=1)),
+        lambda: b.write_stored_budget(upkeep.BucketStoredBudget(max_size=1)),
         lambda: b.mark_torch_xla(_core.entry_name("k0"), "1"),
         lambda: b.put(upkeep.STATE, b"{}"),
         lambda: b.delete([f"{upkeep.ROOT}/entries/x"]),

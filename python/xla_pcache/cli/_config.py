@@ -117,19 +117,19 @@ def _parsed_budget(max_size: str | None, max_age: str | None) -> tuple[int | Non
 
 
 def _config_bucket(url: str, max_size: str | None, max_age: str | None, as_json: bool) -> None:
-    from xla_pcache.tiers.upkeep import Budget
+    from xla_pcache.tiers.upkeep import BucketStoredBudget
 
     new_size, new_age = _parsed_budget(max_size, max_age)
     with open_bucket(url) as b:
-        current = b.read_budget()
+        current = b.read_stored_budget()
         if max_size is not None or max_age is not None:
             refuse_read_only(b, "config --max-size/--max-age")
-            current = Budget(
+            current = BucketStoredBudget(
                 new_size if max_size is not None else current.max_size,
                 new_age if max_age is not None else current.max_age_s,
             )
-            b.write_budget(current)
-            current = b.read_budget()
+            b.write_stored_budget(current)
+            current = b.read_stored_budget()
     stored = {"max_size": current.max_size, "max_age_s": current.max_age_s}
     if as_json:
         emit_json({"stored": stored, "effective": stored})

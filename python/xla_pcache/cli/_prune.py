@@ -122,7 +122,7 @@ def _prune_bucket(
         age = None if older_than is None else parse_duration(older_than, name="--older-than")
         with open_bucket(url, read_only=read_only) as b:
             refuse_read_only(b, "prune")
-            budget = b.read_budget()
+            budget = b.read_stored_budget()
             if target is None and age is None and budget.max_size is None and not budget.max_age_s:
                 fail(
                     "nothing to prune to: pass --max-size or --older-than, or store a budget "

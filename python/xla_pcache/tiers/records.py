@@ -246,7 +246,9 @@ class HitRecorder:
                 return
             bucket = self._bucket_client()
             if names or puts:
-                bucket.put(upkeep.new_record_name(puts, put_bytes), upkeep.record_body(names))
+                bucket.put(
+                    upkeep.new_hit_record_name(puts, put_bytes), upkeep.hit_record_body(names)
+                )
                 self.uploads += 1
             for name in files:
                 with contextlib.suppress(FileNotFoundError):
@@ -337,7 +339,7 @@ class HitRecorder:
             return
         self._checked_at = now
         bucket = self._bucket_client()
-        budget = bucket.read_budget()
+        budget = bucket.read_stored_budget()
         if budget.max_size is None and budget.max_age_s is None:
             return
         estimate = bucket.estimate()

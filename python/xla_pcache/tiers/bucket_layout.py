@@ -1,0 +1,69 @@
+"""What lives below a bucket prefix's ``xla_pcache-1/`` for its upkeep (``upkeep.py`` says
+what each object holds): the objects' names, the shapes of the names xla_pcache writes
+there, and the time a listing gives an object."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+ROOT = "xla_pcache-1"
+CONFIG = f"{ROOT}/config"
+USAGE = f"{ROOT}/usage"
+STATE = f"{ROOT}/state"
+LEASE = f"{ROOT}/prune.lease"
+HIT_RECORD_DIR = f"{ROOT}/records"
+TORCH_XLA_DIR = f"{ROOT}/torch_xla"
+# What xla_pcache writes there inflates to about twice its size: a record or usage is read
+# no further than this many times its own size (a gzip bomb costs what its bytes cost).
+MAX_INFLATE = 4
+# The least name of ours in a directory (``Listing.floor``): entries, claims and markers
+# begin with an entry name, records with "r-".
+FLOOR = "0" * 32
+
+HIT_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
+MARKER_NAME = re.compile(r"([0-9a-f]{32})-([0-9]{1,40})")
+_FIXED = frozenset(("config", "usage", "state", "prune.lease"))
+_NAMED_DIRS = {"entries": re.compile(r"[0-9a-f]{32}"), "claims": re.compile(r"[0-9a-f]{32}")}
+
+
+def epoch(meta: Mapping[str, Any]) -> float:
+    """When a listed object was last written (its ``Last-Modified``), 0 when not given."""
+    lm = meta.get("last_modified")
+    return float(lm.timestamp()) if lm is not None else 0.0
+
+
+def squatted(path: str) -> str | None:
+    """The name xla_pcache creates that ``path`` lies below, if any: an entry's or a
+    claim's (a 32-digit name in ``entries/`` or ``claims/``), or one of the fixed names."""
+    parts = path.split("/")
+    if len(parts) >= 3 and parts[0] == ROOT and parts[1] in _FIXED:
+        return f"{ROOT}/{parts[1]}"
+    if (
+        len(parts) >= 4
+        and parts[0] == ROOT
+        and parts[1] in _NAMED_DIRS
+        and _NAMED_DIRS[parts[1]].fullmatch(parts[2])
+    ):
+        return "/".join(parts[:3])
+    return None
+
+
+def ours(path: str) -> bool:
+    """Whether ``path`` (below the prefix) has the shape of something xla_pcache writes."""
+    parts = path.split("/")
+    if parts[0] != ROOT:
+        return False
+    if len(parts) == 2:
+        return parts[1] in _FIXED
+    if len(parts) != 3:
+        return False
+    kind, name = parts[1], parts[2]
+    if kind in _NAMED_DIRS:
+        return _NAMED_DIRS[kind].fullmatch(name) is not None
+    if kind == "records":
+        return HIT_RECORD_NAME.fullmatch(name) is not None
+    if kind == "torch_xla":
+        return MARKER_NAME.fullmatch(name) is not None
+    return False

@@ -1,0 +1,263 @@
+"""A bucket's prune: under the prune lease, the hosts' records folded into ``usage``, the
+entries unused past the max age removed and then the least recently used until the bucket
+is within its budget, ``state`` written, and what killed hosts and removed entries left
+behind (claims, torch_xla markers) removed, all within ``prune_fold.Limits``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Container
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from xla_pcache._text import package_logger
+from xla_pcache.tiers import objstore, prune_lease
+from xla_pcache.tiers.bucket_layout import (
+    FLOOR,
+    MARKER_NAME,
+    STATE,
+    TORCH_XLA_DIR,
+    USAGE,
+    epoch,
+    ours,
+)
+from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
+from xla_pcache.tiers.bucket_reader import Listing
+from xla_pcache.tiers.bucket_stored_budget import read_stored_budget
+from xla_pcache.tiers.prune_fold import (
+    Deadline,
+    Limits,
+    check,
+    entry_table,
+    fold_hit_record,
+    fold_usage,
+    hit_records_to_fold,
+    usage_body,
+)
+
+log = package_logger("xla_pcache")
+
+# Claims older than this were left by killed hosts (a live one is rewritten every 10 s).
+STALE_CLAIM_S = 86400.0
+# Prune to this fraction of the budget, as the directory does: writers then find room for a
+# while before the next prune.
+LOW_WATERMARK = 0.9
+
+
+@dataclass
+class PruneReport:
+    """What a prune found and did, with the requests it made by kind. ``skipped``: what was
+    read and refused, by kind (``unlistable`` names the keys the client cannot list or
+    remove, with how to remove them); ``junk_removed``: objects under ``entries/``,
+    ``records/`` and ``torch_xla/`` that are nothing xla_pcache writes."""
+
+    url: str
+    pruned: bool = True
+    busy: str | None = None
+    max_size: int | None = None
+    max_age_s: float | None = None
+    entries_before: int = 0
+    bytes_before: int = 0
+    entries: int = 0
+    bytes: int = 0
+    removed: int = 0
+    removed_bytes: int = 0
+    removed_names: list[str] = field(default_factory=list)
+    records_folded: int = 0
+    records_left: int = 0
+    claims_removed: int = 0
+    markers_removed: int = 0
+    junk_removed: int = 0
+    junk_names: list[str] = field(default_factory=list)
+    listing_complete: bool = True
+    skipped: dict[str, int] = field(default_factory=dict)
+    unlistable: list[str] = field(default_factory=list)
+    requests: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prune(
+    objects: BucketObjects,
+    max_size: int | None,
+    older_than: float | None,
+    *,
+    stale_after: float,
+    limits: Limits,
+) -> PruneReport:
+    """``Bucket.prune``: its report, with the requests it made."""
+    objects.writable()
+    started = time.monotonic()
+    deadline = None if limits.seconds is None else started + limits.seconds
+    objects.begin()
+    report = PruneReport(objects.url)
+    tally = Tally()
+    try:
+        with prune_lease.hold(objects, stale_after) as lost:
+            _prune(objects, report, max_size, older_than, limits, deadline, lost, tally)
+    except Deadline:
+        report.pruned = False
+        report.busy = (
+            f"stopped after {limits.seconds:.0f} s, before removing what was left to remove"
+        )
+        objects.reader.warn_once("deadline", f"a prune {report.busy}: prune it from cron")
+    report.junk_removed = tally.removed
+    report.junk_names = tally.names
+    report.skipped = dict(objects.reader.skipped)
+    report.unlistable = list(objects.reader.unlistable)
+    report.requests = dict(objects.requests)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _prune(
+    objects: BucketObjects,
+    report: PruneReport,
+    max_size: int | None,
+    older_than: float | None,
+    limits: Limits,
+    deadline: float | None,
+    lost: threading.Event,
+    tally: Tally,
+) -> None:
+    reader = objects.reader
+    budget = read_stored_budget(objects)
+    report.max_age_s = older_than if older_than is not None else budget.max_age_s
+    target = max_size
+    if target is None and budget.max_size is not None:
+        target = int(budget.max_size * LOW_WATERMARK)
+    report.max_size = max_size if max_size is not None else budget.max_size
+    # Records first, then entries: an entry a folded record names was written before
+    # that record, so it is in the listing below (docs/remote.md).
+    records, junk_records, report.records_left = hit_records_to_fold(reader, limits, deadline)
+    listing = Listing(objstore.ENTRY_DIR, limits.entries, FLOOR)
+    entries = entry_table(objects, listing, deadline, tally)
+    report.listing_complete = listing.complete
+    if listing.capped:
+        report.pruned = False
+        report.busy = (
+            f"more than {limits.entries:,} objects under entries/: not pruned here "
+            "(run `xla-pcache prune` from cron)"
+        )
+        reader.warn_once("too-many", f"holds {report.busy}")
+        return
+    check(deadline)
+    fold_usage(reader, entries)
+    folded: list[str] = []
+    for record in records:
+        check(deadline)
+        fold_hit_record(reader, record, entries)
+        folded.append(record.path)
+    report.records_folded = len(folded)
+    report.entries_before = len(entries)
+    report.bytes_before = total = sum(e.size for e in entries.values())
+    doomed: list[str] = []
+    if report.max_age_s is not None:
+        cutoff = time.time() - report.max_age_s
+        doomed = [n for n, e in entries.items() if e.last_use < cutoff]
+    gone = set(doomed)
+    total -= sum(entries[n].size for n in doomed)
+    if target is not None and total > target:
+        # Least recently used, fewest uses, name: the same order on every host.
+        order = sorted(
+            (n for n in entries if n not in gone),
+            key=lambda n: (entries[n].last_use, entries[n].uses, n),
+        )
+        for victim in order:
+            if total <= target:
+                break
+            doomed.append(victim)
+            total -= entries[victim].size
+    for i in range(0, len(doomed), DELETE_BATCH):
+        if lost.is_set():
+            log.warning(
+                "xla_pcache: bucket %s: the prune lease was taken over; stopping",
+                objects.url,
+            )
+            break
+        check(deadline)
+        batch = doomed[i : i + DELETE_BATCH]
+        objects.delete([f"{objstore.ENTRY_DIR}/{n}" for n in batch])
+        report.removed += len(batch)
+        report.removed_bytes += sum(entries[n].size for n in batch)
+        report.removed_names += batch
+    for n in report.removed_names:
+        entries.pop(n, None)
+    report.entries = len(entries)
+    report.bytes = sum(e.size for e in entries.values())
+    usage_kept = True
+    if folded or report.removed:
+        # Unchanged otherwise: not rewritten (2.5 MB at 100k entries with uses).
+        usage_kept = objects.put_or_warn(USAGE, usage_body(entries))
+    objects.put_or_warn(
+        STATE,
+        json.dumps(
+            {"time": time.time(), "entries": report.entries, "bytes": report.bytes}
+        ).encode(),
+    )
+    # Only after usage holds them: a prune that dies before this folds them again.
+    if usage_kept:
+        objects.delete(folded)
+    if junk_records:
+        objects.remove_junk(junk_records, tally)
+    report.claims_removed = _drop_stale_claims(objects, tally)
+    # A listing that did not see every entry cannot tell which markers are orphans.
+    if listing.complete:
+        report.markers_removed = _drop_markers(objects, entries, tally)
+
+
+def _drop_stale_claims(objects: BucketObjects, tally: Tally) -> int:
+    """Claims a killed host left (over ``STALE_CLAIM_S`` old) and, as junk, whatever
+    under ``claims/`` is no claim, removed a batch at a time as they are listed."""
+    cutoff = time.time() - STALE_CLAIM_S
+    stale: list[str] = []
+    junk: list[str] = []
+    removed = 0
+    for m in objects.reader.listing(objstore.CLAIM_DIR, floor=FLOOR):
+        path = str(m["path"])
+        if not ours(path):
+            junk.append(path)
+        elif epoch(m) < cutoff:
+            stale.append(path)
+        if len(stale) >= DELETE_BATCH:
+            removed += len(stale)
+            objects.delete(stale)
+            stale = []
+        if len(junk) >= DELETE_BATCH:
+            objects.remove_junk(junk, tally)
+            junk = []
+    removed += len(stale)
+    objects.delete(stale)
+    if junk:
+        objects.remove_junk(junk, tally)
+    return removed
+
+
+def _drop_markers(objects: BucketObjects, kept: Container[str], tally: Tally) -> int:
+    """Markers of entries no longer there, and objects under ``torch_xla/`` that are no
+    marker, removed a batch at a time as they are listed."""
+    doomed: list[str] = []
+    junk: list[str] = []
+    removed = 0
+    for meta in objects.reader.listing(TORCH_XLA_DIR, floor=FLOOR):
+        path = str(meta["path"])
+        m = MARKER_NAME.fullmatch(path.rpartition("/")[2])
+        if m is None or path.count("/") != TORCH_XLA_DIR.count("/") + 1:
+            junk.append(path)
+        elif m.group(1) not in kept:
+            doomed.append(path)
+        if len(doomed) >= DELETE_BATCH:
+            removed += len(doomed)
+            objects.delete(doomed)
+            doomed = []
+        if len(junk) >= DELETE_BATCH:
+            objects.remove_junk(junk, tally)
+            junk = []
+    objects.delete(doomed)
+    if junk:
+        objects.remove_junk(junk, tally)
+    return removed + len(doomed)

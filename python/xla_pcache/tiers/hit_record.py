@@ -1,0 +1,78 @@
+"""One record object under a bucket's ``records/``: ``r-<ms>-<tag>-<puts>-<bytes>``, the
+entries one host used since its previous record, one entry name a line, gzip (``records.py``
+uploads them, a prune folds them). The name carries when (the host's clock, in
+milliseconds) and how many entries and bytes that host wrote to the bucket since, so that a
+writer estimates the bucket's size from one listing, without reading a record."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, HIT_RECORD_NAME, MAX_INFLATE, epoch
+from xla_pcache.tiers.bucket_reader import (
+    CLOCK_SLACK_S,
+    BucketReader,
+    checked_count,
+    checked_size,
+)
+
+# A record holds one host's uses of an interval (33 bytes an entry name): read no further
+# than this. Streamed: the bound is on time, not memory.
+MAX_HIT_RECORD = 8 << 20
+
+_HIT_RECORD_LINE = re.compile(rb"[ \t]*([0-9a-f]{32})[ \t]*")
+
+
+@dataclass(frozen=True)
+class HitRecord:
+    """One record object: when it was written (its own time, within the clock slack), what
+    its host wrote since its previous one, and the object's size."""
+
+    path: str
+    when: float
+    puts: int
+    put_bytes: int
+    size: int
+
+
+def parse_hit_record(meta: Mapping[str, Any]) -> HitRecord | None:
+    """A record object's listing, checked: None for a name no host writes."""
+    path = str(meta["path"])
+    m = HIT_RECORD_NAME.fullmatch(path.rpartition("/")[2])
+    size = checked_size(meta.get("size"), zero=True)
+    if m is None or size is None:
+        return None
+    written = epoch(meta)
+    own = int(m.group(1)) / 1000
+    when = own if abs(own - written) <= CLOCK_SLACK_S else written
+    puts, put_bytes = checked_count(int(m.group(3))), checked_size(int(m.group(4)), zero=True)
+    if puts is None or put_bytes is None:
+        return None
+    return HitRecord(path, when, puts, put_bytes, size)
+
+
+def hit_record_lines(reader: BucketReader, path: str) -> Iterator[str]:
+    """The entry names the record at ``path`` holds, streamed (lines that are none
+    skipped)."""
+    # The line's shape is an entry name's: no EntryName made for each (a million of
+    # them in a planted record cost seconds), only for the few that are entries.
+    for m in reader.gzip_lines(path, MAX_HIT_RECORD, MAX_INFLATE, "record", _HIT_RECORD_LINE):
+        yield m.group(1).decode("ascii")
+
+
+def new_hit_record_name(puts: int, put_bytes: int) -> str:
+    """The path of a new record: when (ms), a random tag (unique), and what its host wrote
+    since."""
+    ms = int(time.time() * 1000)
+    return f"{HIT_RECORD_DIR}/r-{ms}-{secrets.token_hex(8)}-{max(0, puts)}-{max(0, put_bytes)}"
+
+
+def hit_record_body(names: Iterable[str]) -> bytes:
+    c = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return c.compress("".join(f"{n}\n" for n in sorted(set(names))).encode()) + c.flush()

@@ -1,0 +1,191 @@
+"""What a bucket's prune reads, and its limits: the entries listed, with what the hosts'
+records and ``usage`` (``<name> <last use> <uses>`` a line, gzip: the records earlier
+prunes folded) say of their use, folded into them as they stream, so that names of no entry
+cost nothing and a prune's memory is that of the entries it lists."""
+
+from __future__ import annotations
+
+import re
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from xla_pcache._names import entry_name_or_none
+from xla_pcache.tiers import objstore
+from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, MAX_INFLATE, USAGE, epoch
+from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
+from xla_pcache.tiers.bucket_reader import (
+    LIST_PAGE,
+    BucketReader,
+    Listing,
+    checked_count,
+    checked_size,
+    checked_time,
+)
+from xla_pcache.tiers.hit_record import (
+    MAX_HIT_RECORD,
+    HitRecord,
+    hit_record_lines,
+    parse_hit_record,
+)
+
+# The usage index holds every entry with a use (about 50 bytes each, gzip halves it: 2.5 MB
+# at 100k entries): read no further than this. Streamed: the bound is on time, not memory.
+MAX_USAGE = 64 << 20
+
+_USAGE_LINE = re.compile(rb"([0-9a-f]{32}) ([0-9]{1,12}(?:\.[0-9]{1,6})?) ([0-9]{1,19})")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one prune reads at most: ``records`` records (by count and ``record_bytes`` in
+    all; the rest wait for the next prune), ``entries`` objects under ``entries/`` (None:
+    all; past it the prune removes nothing and says so), and ``seconds`` from its start
+    (None: no deadline; past it the prune stops where it is and removes nothing more)."""
+
+    records: int = 10_000
+    record_bytes: int = 256 << 20
+    entries: int | None = None
+    seconds: float | None = None
+
+
+# What a prune reads at most unless told otherwise (``xla-pcache prune``).
+PRUNE_LIMITS = Limits()
+# A writer prunes inside the user's program (records.py): its memory is bounded by the
+# entries it may hold (about 320 bytes each as measured, listing included: 80 MB at the cap;
+# docs/remote.md), its time by a deadline, after which the program goes on and cron's
+# `xla-pcache prune` is the way.
+WRITER_LIMITS = Limits(entries=250_000, seconds=120.0)
+
+
+@dataclass(slots=True)
+class Entry:
+    """One entry under ``entries/`` (its object is ``entries/<name>``): its size, when it
+    was written and last used, uses. Small: a prune holds one per entry."""
+
+    size: int
+    written: float
+    last_use: float
+    uses: int = 0
+
+
+class Deadline(Exception):
+    """A prune past its ``Limits.seconds``."""
+
+
+def check(deadline: float | None) -> None:
+    """``Deadline`` once the monotonic clock is past ``deadline``."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise Deadline
+
+
+def entry_table(
+    objects: BucketObjects, listing: Listing, deadline: float | None, tally: Tally | None
+) -> dict[str, Entry]:
+    """The objects under ``entries/`` that are entries, by name. Everything else there
+    (a name no reader asks for) is left out, and with ``tally`` removed as it is found,
+    so that it costs no memory."""
+    out: dict[str, Entry] = {}
+    start = f"{objstore.ENTRY_DIR}/"
+    junk: list[str] = []
+    for meta in objects.reader.listing_of(listing):
+        path = str(meta["path"])
+        name = entry_name_or_none(path.removeprefix(start))
+        size = checked_size(meta.get("size"), zero=True)
+        if name is None or size is None:
+            if tally is not None:
+                junk.append(path)
+                if len(junk) >= DELETE_BATCH:
+                    objects.remove_junk(junk, tally)
+                    junk = []
+        else:
+            written = epoch(meta)
+            out[name] = Entry(size, written, written)
+        if deadline is not None and listing.listed % LIST_PAGE == 0:
+            check(deadline)
+    if junk:
+        objects.remove_junk(junk, tally)
+    return out
+
+
+def hit_records_to_fold(
+    reader: BucketReader, limits: Limits, deadline: float | None
+) -> tuple[list[HitRecord], list[str], int]:
+    """The records a prune folds (the first ``limits.records``, within
+    ``limits.record_bytes`` in all), the objects under ``records/`` that are no record
+    or too large to read (removed), and how many records wait for the next prune."""
+    records: list[HitRecord] = []
+    junk: list[str] = []
+    left = 0
+    total = 0
+    for i, meta in enumerate(reader.listing(HIT_RECORD_DIR, floor="r-")):
+        if i % LIST_PAGE == 0:
+            check(deadline)
+        r = parse_hit_record(meta)
+        if r is None or r.size > MAX_HIT_RECORD:
+            if len(junk) < limits.records:
+                junk.append(str(meta["path"]))
+                if r is not None:
+                    reader.skip(
+                        "record-oversized", f"{r.path} is over {MAX_HIT_RECORD} bytes: removed"
+                    )
+            else:
+                left += 1
+            continue
+        if len(records) >= limits.records or total + r.size > limits.record_bytes:
+            left += 1
+            continue
+        total += r.size
+        records.append(r)
+    if left:
+        reader.warn_once(
+            "records-left",
+            f"{left} records wait for the next prune (a prune folds at most "
+            f"{limits.records:,} records, {limits.record_bytes:,} bytes)",
+        )
+    return records, junk, left
+
+
+def fold_usage(reader: BucketReader, entries: Mapping[str, Entry]) -> None:
+    """What earlier prunes folded, streamed into ``entries`` (names of no entry cost
+    nothing)."""
+    bad = 0
+    now = time.time()
+    for m in reader.gzip_lines(USAGE, MAX_USAGE, MAX_INFLATE, "usage", _USAGE_LINE):
+        entry = entries.get(m.group(1).decode("ascii"))
+        if entry is None:
+            continue
+        when = checked_time(float(m.group(2)), now)
+        uses = checked_count(int(m.group(3)))
+        if when is None or uses is None:
+            bad += 1
+            continue
+        entry.last_use = max(entry.last_use, when)
+        entry.uses = max(entry.uses, uses)
+    if bad:
+        reader.skip("usage-lines", f"{USAGE} has lines prune does not write: skipped", bad)
+
+
+def fold_hit_record(reader: BucketReader, record: HitRecord, entries: Mapping[str, Entry]) -> None:
+    """One record, streamed into ``entries``: each entry it names used once more, at its
+    time (a name it repeats counts once; names of no entry cost nothing)."""
+    seen: set[str] = set()
+    for name in hit_record_lines(reader, record.path):
+        entry = entries.get(name)
+        if entry is None or name in seen:
+            continue
+        seen.add(name)
+        entry.last_use = max(entry.last_use, record.when)
+        entry.uses = min(entry.uses + 1, (1 << 63) - 1)
+
+
+def usage_body(entries: Mapping[str, Entry]) -> bytes:
+    """``usage``: a line per entry with uses, sorted, gzip (made a piece at a time)."""
+    c = zlib.compressobj(6, zlib.DEFLATED, 31)
+    out = [
+        c.compress(f"{n} {e.last_use:.3f} {e.uses}\n".encode())
+        for n, e in sorted((n, e) for n, e in entries.items() if e.uses)
+    ]
+    out.append(c.flush())
+    return b"".join(out)
