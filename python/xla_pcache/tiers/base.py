@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache._text import package_logger
@@ -72,6 +72,13 @@ class Spooled:
             self.fd = -1
 
 
+# What makes the file a large remote entry is streamed to (``Store._spool_fd``).
+Spool: TypeAlias = Callable[[], Spooled]
+# What a tier's ``get`` answers: one buffer, the pieces of one in order, a ``Spooled`` file,
+# or None.
+Fetched: TypeAlias = "Buffer | list[Buffer] | Spooled | None"
+
+
 class Tier(Protocol):
     """What the chain asks of one tier. Whole entry files travel, keyed by entry name; the
     store verifies what comes back. No method raises: a failure is a miss or a skipped
@@ -84,8 +91,8 @@ class Tier(Protocol):
         name: str,
         *,
         max_bytes: int | None = None,
-        spool: Callable[[], Spooled] | None = None,
-    ) -> Buffer | list[Buffer] | Spooled | None:
+        spool: Spool | None = None,
+    ) -> Fetched:
         """The entry file stored under ``name`` (one buffer, its pieces in order, or a file
         it was streamed to, made by ``spool``: ``OSError`` or ``CacheError`` when none can
         be), or None. A value over ``max_bytes``, or whose

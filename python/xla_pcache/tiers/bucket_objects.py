@@ -11,7 +11,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from xla_pcache._core import ReadOnlyError
 from xla_pcache.tiers import objstore
@@ -40,6 +40,15 @@ class Tally:
     def add(self, paths: list[str]) -> None:
         self.removed += len(paths)
         self.names += paths[: max(0, REPORTED - len(self.names))]
+
+
+class ClientOptions(TypedDict, total=False):
+    """How the client is made (``BucketObjects``' keyword arguments, which give their
+    defaults): what a ``Bucket`` is opened with too."""
+
+    timeout: float
+    environ: Mapping[str, str]
+    read_only: bool
 
 
 class BucketObjects:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -214,42 +214,45 @@ def _drop_stale_claims(objects: BucketObjects, tally: Tally) -> int:
     """Claims a killed host left (over ``STALE_CLAIM_S`` old) and, as junk, whatever
     under ``claims/`` is no claim, removed a batch at a time as they are listed."""
     cutoff = time.time() - STALE_CLAIM_S
-    stale: list[str] = []
-    junk: list[str] = []
-    removed = 0
-    for m in objects.reader.listing(objstore.CLAIM_DIR, floor=FLOOR):
-        path = str(m["path"])
-        if not ours(path):
-            junk.append(path)
-        elif epoch(m) < cutoff:
-            stale.append(path)
-        if len(stale) >= DELETE_BATCH:
-            removed += len(stale)
-            objects.delete(stale)
-            stale = []
-        if len(junk) >= DELETE_BATCH:
-            objects.remove_junk(junk, tally)
-            junk = []
-    removed += len(stale)
-    objects.delete(stale)
-    if junk:
-        objects.remove_junk(junk, tally)
-    return removed
+
+    def verdict(meta: Any) -> str | None:
+        if not ours(str(meta["path"])):
+            return "junk"
+        return "doomed" if epoch(meta) < cutoff else None
+
+    return _sweep(objects, objstore.CLAIM_DIR, verdict, tally)
 
 
 def _drop_markers(objects: BucketObjects, kept: Container[str], tally: Tally) -> int:
     """Markers of entries no longer there, and objects under ``torch_xla/`` that are no
     marker, removed a batch at a time as they are listed."""
-    doomed: list[str] = []
-    junk: list[str] = []
-    removed = 0
-    for meta in objects.reader.listing(TORCH_XLA_DIR, floor=FLOOR):
+
+    def verdict(meta: Any) -> str | None:
         path = str(meta["path"])
         m = MARKER_NAME.fullmatch(path.rpartition("/")[2])
         if m is None or path.count("/") != TORCH_XLA_DIR.count("/") + 1:
-            junk.append(path)
-        elif m.group(1) not in kept:
-            doomed.append(path)
+            return "junk"
+        return "doomed" if m.group(1) not in kept else None
+
+    return _sweep(objects, TORCH_XLA_DIR, verdict, tally)
+
+
+def _sweep(
+    objects: BucketObjects, prefix: str, verdict: Callable[[Any], str | None], tally: Tally
+) -> int:
+    """The objects listed under ``prefix`` that ``verdict`` calls ``"doomed"`` deleted, and
+    those it calls ``"junk"`` (nothing xla_pcache writes there) removed as junk, a batch
+    at a time as they are listed, so that what is held does not grow with the listing.
+    How many doomed were deleted."""
+    doomed: list[str] = []
+    junk: list[str] = []
+    removed = 0
+    for meta in objects.reader.listing(prefix, floor=FLOOR):
+        kind = verdict(meta)
+        if kind == "junk":
+            junk.append(str(meta["path"]))
+        elif kind == "doomed":
+            doomed.append(str(meta["path"]))
         if len(doomed) >= DELETE_BATCH:
             removed += len(doomed)
             objects.delete(doomed)
@@ -257,7 +260,8 @@ def _drop_markers(objects: BucketObjects, kept: Container[str], tally: Tally) ->
         if len(junk) >= DELETE_BATCH:
             objects.remove_junk(junk, tally)
             junk = []
+    removed += len(doomed)
     objects.delete(doomed)
     if junk:
         objects.remove_junk(junk, tally)
-    return removed + len(doomed)
+    return removed

@@ -54,6 +54,7 @@ from xla_pcache.tiers import objstore, redis
 from xla_pcache.tiers.base import (
     TRUST_OPTION,
     TRUST_REQUIRED,
+    Spool,
     Spooled,
     Tier,
     TierURL,
@@ -265,7 +266,7 @@ class Chain:
         accept: Accept,
         *,
         max_bytes: int | None = None,
-        spool: Callable[[], Spooled] | None = None,
+        spool: Spool | None = None,
     ) -> bool:
         """Asks each tier in order for each of ``names`` (the core's candidate names for a
         key, in its order) and hands each value found to ``accept`` (a buffer, a list of

@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,7 @@ from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
 from xla_pcache._url import BUCKET_SCHEMES
-from xla_pcache.tiers.base import Spooled, TierBase, TierURL, parse_tier_url
+from xla_pcache.tiers.base import Fetched, Spool, Spooled, TierBase, TierURL, parse_tier_url
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -224,8 +224,8 @@ class ObjectTier(TierBase):
         name: str,
         *,
         max_bytes: int | None = None,
-        spool: Callable[[], Spooled] | None = None,
-    ) -> Buffer | list[Buffer] | Spooled | None:
+        spool: Spool | None = None,
+    ) -> Fetched:
         """The object stored for entry ``name`` (a large one as its ranged pieces, in order,
         not joined: the store gathers them into the one buffer it verifies and keeps; one
         over ``SPOOL_BYTES`` streamed to a file ``spool`` makes), or None (miss or failure,

@@ -23,11 +23,9 @@ from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.tiers.base import HEAD_BYTES, TierBase, hide_url_secrets, redact
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from typing_extensions import Buffer
 
-    from xla_pcache.tiers.base import Spooled
+    from xla_pcache.tiers.base import Spool
 
 SCHEMES = ("redis", "rediss", "unix")
 KEY_PREFIX = "xla_pcache:1:"
@@ -88,7 +86,7 @@ class RedisTier(TierBase):
         name: str,
         *,
         max_bytes: int | None = None,
-        spool: Callable[[], Spooled] | None = None,
+        spool: Spool | None = None,
     ) -> bytes | list[Buffer] | None:
         """The raw value stored for entry ``name``, or None (miss or failure, both counted).
         Its length and header come first, in one round trip; the rest is read only for a

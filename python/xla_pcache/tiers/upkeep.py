@@ -41,12 +41,11 @@ which such a writer could delete anyway; never more.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache.tiers import bucket_prune, bucket_stored_budget, objstore, prune_lease
@@ -71,6 +70,7 @@ from xla_pcache.tiers.bucket_objects import (
     SQUAT_DIRS,
     SQUAT_LIST,
     BucketObjects,
+    ClientOptions,
     Tally,
 )
 from xla_pcache.tiers.bucket_prune import LOW_WATERMARK, STALE_CLAIM_S, PruneReport
@@ -182,15 +182,8 @@ class Bucket:
     no budget, record, marker, usage, state, lease or delete, so no prune either; it only
     reads (stats, listings)."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout: float = 60.0,
-        environ: Mapping[str, str] = os.environ,
-        read_only: bool = False,
-    ) -> None:
-        self.objects = BucketObjects(url, timeout=timeout, environ=environ, read_only=read_only)
+    def __init__(self, url: str, **client: Unpack[ClientOptions]) -> None:
+        self.objects = BucketObjects(url, **client)
         self.location = self.objects.location
         self.url = self.objects.url
         self.requests = self.objects.requests
