@@ -10,7 +10,7 @@ lists it: keys a real S3 accepts and SeaweedFS collapses or refuses (a ``//``, a
 Operations are the hosts', each a fresh process with the environment the tests use (the S3
 variables, ``XDG_CACHE_HOME`` of its host, an empty working directory of its own):
 
-- through ``xla_pcache.bucket.open_path("s3://...")``: puts (a writer's exit record, and its
+- through ``xla_pcache.open_store("s3://...")``: puts (a writer's exit record, and its
   prune when the bucket looks past its budget), gets, torch_xla entries and their markers,
   a torch_xla host start (``BucketStore.pull_torch_xla``, driven directly);
 - the command: ``xla-pcache stats``, ``prune`` (with and without ``--untrusted``) and
@@ -368,10 +368,10 @@ args = json.loads(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (args["rlimit_as"], args["rlimit_as"]))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 logging.basicConfig(level=logging.WARNING)
-from xla_pcache import bucket
+from xla_pcache import open_store
 from xla_pcache.config import Settings
 rng = random.Random(args["seed"])
-s = bucket.open_path(args["url"], settings=Settings.from_env())
+s = open_store(args["url"], Settings.from_env())
 op = args["op"]
 out = {"stored": 0, "hits": 0}
 if op in ("put", "put_torch_xla"):
