@@ -8,13 +8,13 @@ import dataclasses
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack, cast
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
 from xla_pcache._url import is_url
-from xla_pcache.config import REMOTE_VAR, LockMode, ReadMode, Settings
+from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
 if TYPE_CHECKING:
@@ -50,33 +50,36 @@ class StoreArgs(TypedDict, total=False):
 
 @dataclasses.dataclass(frozen=True)
 class StoreOptions:
-    """What a store is opened with, settled (``settle``): every value final, sizes in bytes,
-    durations in seconds; the core holds them to its bounds. ``settings`` is what the store
-    reads later (the wait of ``claim()``, the tiers' timeout and largest value); ``chain``
-    the remote tiers behind the directory, each URL parsed once (``chain_text`` as given,
-    for what the store shows of them)."""
+    """What a store is opened with, settled (``settle``): ``core`` the keyword arguments of
+    the core's store (``_core.Store``), every value final, sizes in bytes, durations in
+    seconds, None for the core's default (``_core.STORE_DEFAULTS``, written only there); the
+    core holds them to its bounds. ``settings`` is what the store reads later (the wait of
+    ``claim()``, the tiers' timeout and largest value); ``chain`` the remote tiers behind
+    the directory, each URL parsed once (``chain_text`` as given, for what the store shows
+    of them)."""
 
     settings: Settings
-    max_size: int | None = None
-    read_only: bool = False
-    durable: bool = False
-    lock_mode: LockMode = "auto"
-    read_mode: ReadMode = "auto"
-    # None: the core's default (_core.STORE_DEFAULTS), written only there.
-    lock_timeout: float | None = None
-    lease_time: float | None = None
-    hit_interval: float | None = None
-    trash_grace: float | None = None
-    tmp_grace: float | None = None
-    claim_lease: float | None = None
-    evict_trace: str | None = None
-    signing_key: tuple[str, bytes] | None = None
-    trusted_keys: list[tuple[str, bytes]] | None = None
+    core: Mapping[str, Any]
     chain: tuple[TierURL, ...] = ()
     chain_text: str | None = None
 
+    @property
+    def read_only(self) -> bool:
+        return bool(self.core["read_only"])
+
+    @property
+    def max_size(self) -> int | None:
+        return cast("int | None", self.core["max_size"])
+
     def replace(self, **changes: Any) -> StoreOptions:
-        return dataclasses.replace(self, **changes)
+        """These options with ``changes``: to the fields by their names, to ``core`` by the
+        core's argument names."""
+        own = {f.name: changes.pop(f.name) for f in dataclasses.fields(self) if f.name in changes}
+        return dataclasses.replace(self, **own, core={**self.core, **changes})
+
+
+# Durations the core defaults when not given (Settings has no variable for them).
+_CORE_DURATIONS = ("lock_timeout", "lease_time", "hit_interval", "trash_grace", "tmp_grace")
 
 
 def settle(settings: Settings | None, **given: Unpack[StoreArgs]) -> StoreOptions:
@@ -124,21 +127,19 @@ def settle(settings: Settings | None, **given: Unpack[StoreArgs]) -> StoreOption
         trusted = cfg.trusted_keys
     return StoreOptions(
         settings=cfg,
-        max_size=pick("max_size", cfg.max_size, parse_size),
-        # As given: the binding refuses what is not a bool, naming the argument.
-        read_only=pick("read_only", cfg.read_only),
-        durable=given.get("durable", False),
-        lock_mode=pick("lock_mode", cfg.lock_mode),
-        read_mode=pick("read_mode", cfg.read_mode),
-        lock_timeout=pick("lock_timeout", None, parse_duration),
-        lease_time=pick("lease_time", None, parse_duration),
-        hit_interval=pick("hit_interval", None, parse_duration),
-        trash_grace=pick("trash_grace", None, parse_duration),
-        tmp_grace=pick("tmp_grace", None, parse_duration),
-        claim_lease=pick("claim_lease", cfg.claim_lease, parse_duration),
-        evict_trace=cfg.evict_trace,
-        signing_key=signing,
-        trusted_keys=None if trusted is None else list(trusted),
+        core={
+            "max_size": pick("max_size", cfg.max_size, parse_size),
+            # As given: the binding refuses what is not a bool, naming the argument.
+            "read_only": pick("read_only", cfg.read_only),
+            "durable": given.get("durable", False),
+            "lock_mode": pick("lock_mode", cfg.lock_mode),
+            "read_mode": pick("read_mode", cfg.read_mode),
+            **{name: pick(name, None, parse_duration) for name in _CORE_DURATIONS},
+            "claim_lease": pick("claim_lease", cfg.claim_lease, parse_duration),
+            "evict_trace": cfg.evict_trace,
+            "signing_key": signing,
+            "trusted_keys": None if trusted is None else list(trusted),
+        },
         chain=chain,
         chain_text=chain_text,
     )
@@ -211,25 +212,7 @@ class Store(_core.Store):
     ) -> Self:
         """The store at the directory ``path``, opened with settled options (``settle``):
         what ``Store()`` and ``xla_pcache.open_store`` end in."""
-        self = super().__new__(
-            cls,
-            path,
-            max_size=opts.max_size,
-            read_only=opts.read_only,
-            durable=opts.durable,
-            lock_mode=opts.lock_mode,
-            read_mode=opts.read_mode,
-            lock_timeout=opts.lock_timeout,
-            lease_time=opts.lease_time,
-            hit_interval=opts.hit_interval,
-            trash_grace=opts.trash_grace,
-            tmp_grace=opts.tmp_grace,
-            claim_lease=opts.claim_lease,
-            evict_trace=opts.evict_trace,
-            signing_key=opts.signing_key,
-            trusted_keys=opts.trusted_keys,
-            own_root_fd=own_root_fd,
-        )
+        self = super().__new__(cls, path, **opts.core, own_root_fd=own_root_fd)
         if self.signing_key_name is not None and self.trusted_key_names is None:
             _warn_signing_without_trust(self.signing_key_name)
         self._settings = opts.settings

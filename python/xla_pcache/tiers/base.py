@@ -86,13 +86,7 @@ class Tier(Protocol):
 
     url: str
 
-    def get(
-        self,
-        name: str,
-        *,
-        max_bytes: int | None = None,
-        spool: Spool | None = None,
-    ) -> Fetched:
+    def get(self, name: str, *, max_bytes: int | None, spool: Spool | None) -> Fetched:
         """The entry file stored under ``name`` (one buffer, its pieces in order, or a file
         it was streamed to, made by ``spool``: ``OSError`` or ``CacheError`` when none can
         be), or None. A value over ``max_bytes``, or whose

@@ -1,6 +1,6 @@
 """What lives below a bucket prefix's ``xla_pcache-1/`` for its upkeep (``upkeep.py`` says
 what each object holds): the objects' names, the shapes of the names xla_pcache writes
-there, and the time a listing gives an object."""
+there and of the lines of its gzip objects, and the time a listing gives an object."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ STATE = f"{ROOT}/state"
 LEASE = f"{ROOT}/prune.lease"
 HIT_RECORD_DIR = f"{ROOT}/records"
 TORCH_XLA_DIR = f"{ROOT}/torch_xla"
-# What xla_pcache writes there inflates to about twice its size: a record or usage is read
-# no further than this many times its own size (a gzip bomb costs what its bytes cost).
-MAX_INFLATE = 4
 # The least name of ours in a directory (``Listing.floor``): entries, claims and markers
 # begin with an entry name, records with "r-".
 FLOOR = "0" * 32
 
 HIT_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
 MARKER_NAME = re.compile(r"([0-9a-f]{32})-([0-9]{1,40})")
+# The lines of the gzip objects: a record's, an entry name; usage's, ``<name> <last use>
+# <uses>``.
+HIT_RECORD_LINE = re.compile(rb"[ \t]*([0-9a-f]{32})[ \t]*")
+USAGE_LINE = re.compile(rb"([0-9a-f]{32}) ([0-9]{1,12}(?:\.[0-9]{1,6})?) ([0-9]{1,19})")
 _FIXED = frozenset(("config", "usage", "state", "prune.lease"))
 _NAMED_DIRS = {"entries": re.compile(r"[0-9a-f]{32}"), "claims": re.compile(r"[0-9a-f]{32}")}
 

@@ -65,6 +65,14 @@ Meta = Mapping[str, Any]
 LIST_PAGE = 1000
 # Objects whose whole content is read: the budget, the last prune's totals, a lease.
 MAX_SMALL = 4096
+# The gzip objects, streamed (the bound is on time, not memory): a hit record holds one
+# host's uses of an interval (33 bytes an entry name), usage every entry with a use (about
+# 50 bytes each, gzip halves it: 2.5 MB at 100k entries).
+MAX_HIT_RECORD = 8 << 20
+MAX_USAGE = 64 << 20
+# What xla_pcache writes there inflates to about twice its size: a record or usage is read
+# no further than this many times its own size (a gzip bomb costs what its bytes cost).
+MAX_INFLATE = 4
 # JSON of a small object: at most this deep (json's own recursion would raise past ~1000).
 MAX_JSON_DEPTH = 8
 # Streamed reads: the piece of the object and of its inflated text handled at a time.
@@ -117,6 +125,12 @@ def checked_count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if 0 <= value <= MAX_SIZE else None
+
+
+def listed_size(meta: Meta) -> int | None:
+    """A listed (or fetched) object's size as the service gives it, checked: a count of bytes,
+    else None."""
+    return checked_count(meta.get("size"))
 
 
 def checked_age(value: object) -> float | None:
@@ -512,7 +526,7 @@ class BucketReader:
             if kind == "empty":  # no bytes (a ranged read of it is refused)
                 return _Empty()
             raise
-        size = checked_size(got.meta.get("size"), zero=True)
+        size = listed_size(got.meta)
         if size is None or size > limit:
             self.skip(
                 f"{kind}-oversized",
@@ -546,10 +560,10 @@ class BucketReader:
         return data
 
     def gzip_lines(
-        self, path: str, limit: int, ratio: int, kind: str, line: re.Pattern[bytes]
+        self, path: str, limit: int, kind: str, line: re.Pattern[bytes]
     ) -> Iterator[re.Match[bytes]]:
         """The lines of the gzip object ``path`` (at most ``limit`` bytes, inflating to at
-        most ``ratio`` times its size) that match ``line`` whole, streamed: the object is
+        most ``MAX_INFLATE`` times its size) that match ``line`` whole, streamed: the object is
         inflated ``STREAM_CHUNK`` at a time and each block of whole lines is searched (by
         the regex engine: a line that does not match costs no object). Lines that do not
         match are counted (one warning per kind); one over ``MAX_LINE`` bytes that spans
@@ -559,7 +573,7 @@ class BucketReader:
         got = self._open(path, limit, kind)
         if got is None:
             return
-        inflated = max(STREAM_CHUNK, ratio * int(got.meta["size"]))
+        inflated = max(STREAM_CHUNK, MAX_INFLATE * int(got.meta["size"]))
         d = zlib.decompressobj(wbits=31)
         total = 0
         bad = 0
@@ -586,7 +600,7 @@ class BucketReader:
                     if total > inflated:
                         self.skip(
                             f"{kind}-malformed",
-                            f"{path} inflates past {ratio} times its size: read that far",
+                            f"{path} inflates past {MAX_INFLATE} times its size: read that far",
                         )
                         return
                     block = blocks.feed(out)

@@ -6,7 +6,6 @@ writer estimates the bucket's size from one listing, without reading a record.""
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 import zlib
@@ -14,19 +13,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, HIT_RECORD_NAME, MAX_INFLATE, epoch
+from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, HIT_RECORD_LINE, HIT_RECORD_NAME, epoch
 from xla_pcache.tiers.bucket_reader import (
     CLOCK_SLACK_S,
+    MAX_HIT_RECORD,
     BucketReader,
     checked_count,
-    checked_size,
+    listed_size,
 )
-
-# A record holds one host's uses of an interval (33 bytes an entry name): read no further
-# than this. Streamed: the bound is on time, not memory.
-MAX_HIT_RECORD = 8 << 20
-
-_HIT_RECORD_LINE = re.compile(rb"[ \t]*([0-9a-f]{32})[ \t]*")
 
 
 @dataclass(frozen=True)
@@ -45,13 +39,13 @@ def parse_hit_record(meta: Mapping[str, Any]) -> HitRecord | None:
     """A record object's listing, checked: None for a name no host writes."""
     path = str(meta["path"])
     m = HIT_RECORD_NAME.fullmatch(path.rpartition("/")[2])
-    size = checked_size(meta.get("size"), zero=True)
+    size = listed_size(meta)
     if m is None or size is None:
         return None
     written = epoch(meta)
     own = int(m.group(1)) / 1000
     when = own if abs(own - written) <= CLOCK_SLACK_S else written
-    puts, put_bytes = checked_count(int(m.group(3))), checked_size(int(m.group(4)), zero=True)
+    puts, put_bytes = checked_count(int(m.group(3))), checked_count(int(m.group(4)))
     if puts is None or put_bytes is None:
         return None
     return HitRecord(path, when, puts, put_bytes, size)
@@ -62,7 +56,7 @@ def hit_record_lines(reader: BucketReader, path: str) -> Iterator[str]:
     skipped)."""
     # The line's shape is an entry name's: no EntryName made for each (a million of
     # them in a planted record cost seconds), only for the few that are entries.
-    for m in reader.gzip_lines(path, MAX_HIT_RECORD, MAX_INFLATE, "record", _HIT_RECORD_LINE):
+    for m in reader.gzip_lines(path, MAX_HIT_RECORD, "record", HIT_RECORD_LINE):
         yield m.group(1).decode("ascii")
 
 

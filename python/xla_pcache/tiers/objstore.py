@@ -219,13 +219,7 @@ class ObjectTier(TierBase):
         return f"{ENTRY_DIR}/{name}"
 
     # ---------------------------------------------------------------- reads
-    def get(
-        self,
-        name: str,
-        *,
-        max_bytes: int | None = None,
-        spool: Spool | None = None,
-    ) -> Fetched:
+    def get(self, name: str, *, max_bytes: int | None, spool: Spool | None) -> Fetched:
         """The object stored for entry ``name`` (a large one as its ranged pieces, in order,
         not joined: the store gathers them into the one buffer it verifies and keeps; one
         over ``SPOOL_BYTES`` streamed to a file ``spool`` makes), or None (miss or failure,

@@ -5,7 +5,6 @@ cost nothing and a prune's memory is that of the entries it lists."""
 
 from __future__ import annotations
 
-import re
 import time
 import zlib
 from collections.abc import Mapping
@@ -13,28 +12,19 @@ from dataclasses import dataclass
 
 from xla_pcache._names import entry_name_or_none
 from xla_pcache.tiers import objstore
-from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, MAX_INFLATE, USAGE, epoch
+from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, USAGE, USAGE_LINE, epoch
 from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
 from xla_pcache.tiers.bucket_reader import (
     LIST_PAGE,
+    MAX_HIT_RECORD,
+    MAX_USAGE,
     BucketReader,
     Listing,
     checked_count,
-    checked_size,
     checked_time,
+    listed_size,
 )
-from xla_pcache.tiers.hit_record import (
-    MAX_HIT_RECORD,
-    HitRecord,
-    hit_record_lines,
-    parse_hit_record,
-)
-
-# The usage index holds every entry with a use (about 50 bytes each, gzip halves it: 2.5 MB
-# at 100k entries): read no further than this. Streamed: the bound is on time, not memory.
-MAX_USAGE = 64 << 20
-
-_USAGE_LINE = re.compile(rb"([0-9a-f]{32}) ([0-9]{1,12}(?:\.[0-9]{1,6})?) ([0-9]{1,19})")
+from xla_pcache.tiers.hit_record import HitRecord, hit_record_lines, parse_hit_record
 
 
 @dataclass(frozen=True)
@@ -92,7 +82,7 @@ def entry_table(
     for meta in objects.reader.listing_of(listing):
         path = str(meta["path"])
         name = entry_name_or_none(path.removeprefix(start))
-        size = checked_size(meta.get("size"), zero=True)
+        size = listed_size(meta)
         if name is None or size is None:
             if tally is not None:
                 junk.append(path)
@@ -152,7 +142,7 @@ def fold_usage(reader: BucketReader, entries: Mapping[str, Entry]) -> None:
     nothing)."""
     bad = 0
     now = time.time()
-    for m in reader.gzip_lines(USAGE, MAX_USAGE, MAX_INFLATE, "usage", _USAGE_LINE):
+    for m in reader.gzip_lines(USAGE, MAX_USAGE, "usage", USAGE_LINE):
         entry = entries.get(m.group(1).decode("ascii"))
         if entry is None:
             continue

@@ -82,11 +82,7 @@ class RedisTier(TierBase):
         super().__init__(retry_after=retry, thread_name="xla_pcache-remote")
 
     def get(
-        self,
-        name: str,
-        *,
-        max_bytes: int | None = None,
-        spool: Spool | None = None,
+        self, name: str, *, max_bytes: int | None, spool: Spool | None
     ) -> bytes | list[Buffer] | None:
         """The raw value stored for entry ``name``, or None (miss or failure, both counted).
         Its length and header come first, in one round trip; the rest is read only for a

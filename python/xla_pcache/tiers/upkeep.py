@@ -56,7 +56,6 @@ from xla_pcache.tiers.bucket_layout import (
     HIT_RECORD_NAME,
     LEASE,
     MARKER_NAME,
-    MAX_INFLATE,
     ROOT,
     STATE,
     TORCH_XLA_DIR,
@@ -76,15 +75,18 @@ from xla_pcache.tiers.bucket_objects import (
 from xla_pcache.tiers.bucket_prune import LOW_WATERMARK, STALE_CLAIM_S, PruneReport
 from xla_pcache.tiers.bucket_reader import (
     LIST_PAGE,
+    MAX_HIT_RECORD,
+    MAX_INFLATE,
+    MAX_USAGE,
     Listing,
     checked_count,
     checked_size,
     checked_time,
     delete_hint,
+    listed_size,
 )
 from xla_pcache.tiers.bucket_stored_budget import BucketStoredBudget
 from xla_pcache.tiers.hit_record import (
-    MAX_HIT_RECORD,
     HitRecord,
     hit_record_body,
     hit_record_lines,
@@ -92,7 +94,6 @@ from xla_pcache.tiers.hit_record import (
     parse_hit_record,
 )
 from xla_pcache.tiers.prune_fold import (
-    MAX_USAGE,
     PRUNE_LIMITS,
     WRITER_LIMITS,
     Entry,
@@ -361,7 +362,7 @@ class Bucket:
         listing = Listing(objstore.ENTRY_DIR, floor=FLOOR)
         start = f"{objstore.ENTRY_DIR}/"
         for meta in self.reader.listing_of(listing):
-            size = checked_size(meta.get("size"), zero=True)
+            size = listed_size(meta)
             if entry_name_or_none(str(meta["path"]).removeprefix(start)) is None or size is None:
                 junk += 1
             else:
