@@ -7,7 +7,9 @@ tests/jax/test_builds.py, the record's own in tests/test_build_record.py.
 
 The victim, throughout, trusts no key unless the test says so: a key-less writer can then
 plant executables too, so what a plan adds is cost (bounded), never a wrong executable for a
-read (``_prefetch`` hands out only what the read's own key, options and devices name)."""
+read (``_prefetch`` hands out only what the read's own key, options and devices name). The
+plan's writer is also held to its promise to a fleet: the processes of one job write its plan
+once."""
 
 from __future__ import annotations
 
@@ -312,3 +314,39 @@ def test_a_planted_plan_of_any_size_costs_a_trusting_reader_its_header(tmp_path:
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["got"] is False
     assert got["grown_kib"] < 16 << 10, got
+
+
+def test_the_processes_of_one_job_write_its_plan_once(tmp_path: Path) -> None:
+    # A fleet starts one job at once: its processes read the same programs and none found a
+    # plan at its start. The first to write says it for all; the others find their variant
+    # there when they read the plan again to write, and write nothing (no put, the plan's
+    # file untouched). Other arguments, or another program read, are another write.
+    root = tmp_path / "cache"
+    seen = [_plan.Entry(_key(i), b"o", (0,)) for i in range(4)]
+    with Store(root) as store:
+        for e in seen:
+            assert store.put(e.key + SUFFIX, b"executable")
+        _session(store, seen[:3])._write_plan()
+        after_first = store.stats()
+        assert after_first["prefetch_plans_written"] == 1
+        inode = _entry_path(root, PLAN_KEY).stat().st_ino
+        late = [_session(store, seen[:3]) for _ in range(3)]
+        for session in late:
+            session._write_plan()
+            assert session._planned == frozenset(e.key for e in seen[:3])
+            assert not session._dirty
+        stats = store.stats()
+        assert stats["prefetch_plans_written"] == 1 and stats["puts"] == after_first["puts"]
+        assert _entry_path(root, PLAN_KEY).stat().st_ino == inode
+        other_args = _session(store, seen[:3])
+        other_args._args = "b" * 32
+        other_args._write_plan()
+        _session(store, seen)._write_plan()
+        assert store.stats()["prefetch_plans_written"] == 3
+        blob = store.get(PLAN_KEY, count=False)
+        assert blob is not None
+        plan = _plan.decode(memoryview(blob))
+    assert sorted((v.args, len(v.entries)) for v in plan.variants) == [
+        ("a" * 32, 4),
+        ("b" * 32, 3),
+    ]
