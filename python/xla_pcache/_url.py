@@ -1,5 +1,5 @@
 """A path written as a URL: the one test of whether a cache path is one (``is_url``), its
-scheme, and the schemes of the buckets a cache path may name.
+scheme, and the schemes a cache path or a remote tier may name.
 
 A URL is never a directory: every place that takes a cache path (the store, the adapters,
 the command, ``XLA_PCACHE_LOCAL_PATH``) asks here, so that nothing is ever created under a
@@ -15,6 +15,8 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 # The object stores a cache path (and a remote tier) may name: S3, GCS, Azure Blob.
 BUCKET_SCHEMES = ("s3", "gs", "az")
+# Redis, a remote tier only; its URLs are the only ones that carry a password.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def url_scheme(path: object) -> str | None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache._text import package_logger
+from xla_pcache._url import REDIS_SCHEMES
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -116,8 +117,6 @@ _HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
 _PORT = re.compile(r"[0-9]{1,5}")
 _PATH = re.compile(r"(/[A-Za-z0-9._~-]*)*")
 _MODE_VALUE = re.compile(r"[A-Za-z0-9_]{0,16}")
-# The schemes whose URLs carry a password (Redis's): no other URL holds credentials.
-PASSWORD_SCHEMES = ("redis", "rediss", "unix")
 UNPARSEABLE_URL = "<unparseable remote URL>"
 HIDDEN_DETAILS = "details hidden: they may quote the URL's credentials"
 
@@ -140,7 +139,7 @@ class _Split:
         # path, a query or a fragment: a token such as `s3://b/p?tok@en`) may end no
         # credentials and start no host: read either way, nothing after the scheme is shown.
         cred, at, after = rest.rpartition("@")
-        if at and scheme.lower() not in PASSWORD_SCHEMES and re.search(r"[/?#]", cred):
+        if at and scheme.lower() not in REDIS_SCHEMES and re.search(r"[/?#]", cred):
             self._hide(rest)
             self.shown = f"{scheme}://***"
             return

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache._text import package_logger
-from xla_pcache._url import BUCKET_SCHEMES
+from xla_pcache._url import BUCKET_SCHEMES, REDIS_SCHEMES
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
 from xla_pcache.tiers import objstore, redis
 from xla_pcache.tiers.base import (
@@ -90,7 +90,7 @@ _PERSISTED = {
 }
 # The kind of tier each scheme is: the name under which the store keeps each total of
 # _PERSISTED per tier too (``remote_<kind>_hits``, ...).
-TIER_KINDS = {s: "redis" for s in redis.SCHEMES} | {s: s for s in BUCKET_SCHEMES}
+TIER_KINDS = {s: "redis" for s in REDIS_SCHEMES} | {s: s for s in BUCKET_SCHEMES}
 # Counters a tier keeps that are failures of any kind.
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
 
@@ -468,14 +468,14 @@ def open_chain(
 def _open_one(spec: TierURL, shown: str, cfg: Settings, environ: Mapping[str, str]) -> Tier:
     """The tier of the kind ``spec``'s scheme names."""
     cap = cfg.remote_max_bytes
-    if spec.scheme in redis.SCHEMES:
+    if spec.scheme in REDIS_SCHEMES:
         tier = redis.RedisTier(
             spec.bare, timeout=cfg.remote_timeout, max_value_bytes=cap or DEFAULT_REMOTE_MAX_BYTES
         )
         tier.url = shown.split("?")[0]
         return tier
     if spec.scheme not in BUCKET_SCHEMES:
-        known = ", ".join(f"{s}://" for s in (*redis.SCHEMES[:2], *BUCKET_SCHEMES))
+        known = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES[:2], *BUCKET_SCHEMES))
         scheme = spec.scheme
         raise ValueError(f"unknown scheme {scheme + '://' if scheme else '(none)'}: use {known}")
     location, _ = objstore.parse_object_url(spec)

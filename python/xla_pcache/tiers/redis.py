@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
     from xla_pcache.tiers.base import Spool
 
-SCHEMES = ("redis", "rediss", "unix")
 KEY_PREFIX = "xla_pcache:1:"
 
 
