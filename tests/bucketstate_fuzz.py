@@ -56,11 +56,9 @@ import math
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import urllib.parse
 import zlib
@@ -75,12 +73,16 @@ from xla_pcache.tiers import bucket_reader as br
 from xla_pcache.tiers import objstore, upkeep
 
 from tests.fuzz_children import (
+    CHILD_PRELUDE,
     CLI_CHILD,
     ESC_MARKERS,
     PEAK_FILE_VAR,
     PEAK_PRELUDE,
+    Failure,
+    first_failures,
+    pick_weighted,
     reported_peak,
-    vm_hwm_kib,
+    wait_children,
 )
 from tests.tiers.relay import S3Relay, request_kind
 from tests.tiers.servers import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, S3Server
@@ -262,14 +264,6 @@ def start_bound(c: Census, extra: int = 0) -> Counter[str]:
 # --- results --------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Failure:
-    step: int
-    kind: str
-    op: str
-    detail: str
-
-
 KINDS = {
     "outside": "outside changes",
     "local": "host files outside the store",
@@ -362,12 +356,10 @@ class Figures:
 
 # A host's process: the bucket path opened as the adapters open it (the environment's
 # settings), its operation, its counters on stdout.
-_HOST_CHILD = r"""
-import json, logging, random, resource, sys
-args = json.loads(sys.argv[1])
-resource.setrlimit(resource.RLIMIT_AS, (args["rlimit_as"], args["rlimit_as"]))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-logging.basicConfig(level=logging.WARNING)
+_HOST_CHILD = (
+    CHILD_PRELUDE
+    + r"""
+import random
 from xla_pcache import open_store
 from xla_pcache.config import Settings
 rng = random.Random(args["seed"])
@@ -394,6 +386,7 @@ if recorder is not None:
     out["prunes"] = recorder.prunes
 print(json.dumps(out))
 """
+)
 
 # Nothing but what every operation pays: the package, the client, one request.
 _BASE_CHILD = r"""
@@ -791,9 +784,8 @@ class Harness:
             ("entries", self.plant_entries, 1.5),
             ("unplant", self.unplant, 2),
         ]
-        names = [k[0] for k in kinds]
-        kind = r.choices(names, weights=[k[2] for k in kinds])[0]
-        what = dict(zip(names, [k[1] for k in kinds], strict=True))[kind]()
+        kind, planter = pick_weighted(r, kinds)
+        what = planter()
         self.figures.plants += 1
         self.figures.plants_by_kind[kind] += 1
         return f"{kind} ({what})" if what else kind
@@ -1336,32 +1328,7 @@ class Harness:
     # ---- waiting and judging -----------------------------------------------------------
 
     def _wait(self, procs: list[Proc], before: Census) -> None:
-        pending = list(procs)
-        try:
-            while pending:
-                for p in list(pending):
-                    pid, status = os.waitpid(p.popen.pid, os.WNOHANG)
-                    if pid:
-                        p.popen.returncode = os.waitstatus_to_exitcode(status)
-                        pending.remove(p)
-                        self._judge(p, reported_peak(p.peak_file), hung=False)
-                    elif self._hung(p):
-                        peak = vm_hwm_kib(p.popen.pid)
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(p.popen.pid, signal.SIGKILL)
-                        _, status = os.waitpid(p.popen.pid, 0)
-                        p.popen.returncode = os.waitstatus_to_exitcode(status)
-                        pending.remove(p)
-                        self._judge(p, peak, hung=True)
-                if pending:
-                    time.sleep(0.01)
-        finally:
-            for p in pending:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.popen.pid, signal.SIGKILL)
-                p.popen.wait()
-                p.out.close()
-                p.err.close()
+        wait_children(list(procs), self._judge, self._hung, poll=0.01)
         # A step ends when the server has answered every request its processes made: one a
         # client gave up on (its timeout, or a process killed) still reaches the server, and
         # a write landing later would be taken for the next step's.
@@ -1635,14 +1602,7 @@ def summary(f: Figures, seed: int | str, failures: list[Failure]) -> str:
     ]
     if f.final:
         lines.append(f"final: {json.dumps(f.final, sort_keys=True)}")
-    seen: set[tuple[str, str]] = set()
-    for fl in failures:
-        if (fl.kind, fl.op) in seen:
-            continue
-        seen.add((fl.kind, fl.op))
-        lines.append(
-            f"  first {fl.kind} in {fl.op} at step {fl.step}: {textwrap.shorten(fl.detail, 600)}"
-        )
+    lines += first_failures(failures, 600)
     return "\n".join(lines)
 
 

@@ -43,14 +43,12 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,8 +56,16 @@ from typing import Any
 
 import xxhash
 
+from tests.fuzz_children import (
+    CHILD_PRELUDE,
+    ESC_MARKERS,
+    PEAK_FILE_VAR,
+    Failure,
+    first_failures,
+    pick_weighted,
+    wait_children,
+)
 from tests.fuzz_children import CLI_CHILD as _CLI_CHILD
-from tests.fuzz_children import ESC_MARKERS, PEAK_FILE_VAR, reported_peak, vm_hwm_kib
 from tests.fuzz_children import PEAK_PRELUDE as _PEAK
 
 TOP_PEAKS = 5
@@ -240,14 +246,6 @@ def make_outside(root: Path) -> None:
 
 
 @dataclasses.dataclass
-class Failure:
-    step: int
-    kind: str  # outside, hang, abort, panic, traceback, escape, rss, error
-    op: str
-    detail: str
-
-
-@dataclasses.dataclass
 class Figures:
     steps: int = 0
     ops: int = 0
@@ -273,12 +271,10 @@ class Figures:
 
 # --- child processes --------------------------------------------------------------------------
 
-_API_CHILD = r"""
-import json, os, random, sys, logging, resource
-args = json.loads(sys.argv[1])
-resource.setrlimit(resource.RLIMIT_AS, (args["rlimit_as"], args["rlimit_as"]))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-logging.basicConfig(level=logging.WARNING)
+_API_CHILD = (
+    CHILD_PRELUDE
+    + r"""
+import os, random
 from xla_pcache import CacheError, Store
 rng = random.Random(args["seed"])
 root = args["root"]
@@ -334,6 +330,7 @@ with s:
             s.put(key, args["value"].encode(), meta={"framework": fw.name, "kind": "doctor-probe"})
 print(json.dumps(out, default=str))
 """
+)
 
 
 @dataclasses.dataclass
@@ -613,10 +610,9 @@ class Harness:
         ]
         if self.s3 is not None:
             kinds.append(("bucket", self.plant_bucket, 1.5))
-        names = [k[0] for k in kinds]
-        kind = r.choices(names, weights=[k[2] for k in kinds])[0]
+        kind, planter = pick_weighted(r, kinds)
         self._planted = ""
-        dict(zip(names, [k[1] for k in kinds], strict=True))[kind]()
+        planter()
         self.recent_plants.append(f"{kind} ({self._planted})" if self._planted else kind)
         self.figures.plants += 1
         self.figures.plants_by_kind[kind] = self.figures.plants_by_kind.get(kind, 0) + 1
@@ -979,41 +975,7 @@ class Harness:
         )
 
     def _wait(self, procs: list[Proc]) -> None:
-        pending = list(procs)
-        try:
-            self._wait_pending(pending)
-        finally:
-            # Interrupted (Ctrl-C, a test's timeout): no child is left running.
-            for p in pending:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.popen.pid, signal.SIGKILL)
-                p.popen.wait()
-                p.out.close()
-                p.err.close()
-
-    def _wait_pending(self, pending: list[Proc]) -> None:
-        while pending:
-            for p in list(pending):
-                pid, status = os.waitpid(p.popen.pid, os.WNOHANG)
-                if pid:
-                    p.popen.returncode = os.waitstatus_to_exitcode(status)
-                    pending.remove(p)
-                    self._judge(p, self._reported_peak(p), hung=False)
-                elif time.monotonic() > p.deadline:
-                    peak = vm_hwm_kib(p.popen.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.popen.pid, signal.SIGKILL)
-                    _, status = os.waitpid(p.popen.pid, 0)
-                    p.popen.returncode = os.waitstatus_to_exitcode(status)
-                    pending.remove(p)
-                    self._judge(p, peak, hung=True)
-            if pending:
-                time.sleep(0.005)
-
-    @staticmethod
-    def _reported_peak(p: Proc) -> int | None:
-        """The peak (KiB) the child wrote as it exited, or None."""
-        return reported_peak(p.peak_file)
+        wait_children(list(procs), self._judge, lambda p: time.monotonic() > p.deadline, poll=0.005)
 
     def _note_peak(self, p: Proc, maxrss: int) -> None:
         f = self.figures
@@ -1367,14 +1329,7 @@ def summary(f: Figures, seed: int, failures: list[Failure]) -> str:
             for kib, op, step, planted in f.top_peaks[:3]
         ),
     ]
-    seen: set[tuple[str, str]] = set()
-    for fl in failures:
-        if (fl.kind, fl.op) in seen:
-            continue
-        seen.add((fl.kind, fl.op))
-        lines.append(
-            f"  first {fl.kind} in {fl.op} at step {fl.step}: {textwrap.shorten(fl.detail, 400)}"
-        )
+    lines += first_failures(failures, 400)
     return "\n".join(lines)
 
 
