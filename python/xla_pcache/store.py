@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import types
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack, cast
@@ -62,6 +63,10 @@ class StoreOptions:
     core: Mapping[str, Any]
     chain: tuple[TierURL, ...] = ()
     chain_text: str | None = None
+
+    def __post_init__(self) -> None:
+        # Frozen as the rest: what settle decided is not changed in place after.
+        object.__setattr__(self, "core", types.MappingProxyType(dict(self.core)))
 
     @property
     def read_only(self) -> bool:
