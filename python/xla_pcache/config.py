@@ -7,7 +7,9 @@ are read where they act instead, and named here for the table only (their rows h
 ``Settings`` field): the Rust core reads ``XLA_PCACHE_HASH_IMPL`` once per process (a speed
 knob) and, in a test build only, ``XLA_PCACHE_TEST_HOOKS``; it also reads ``XDG_CACHE_HOME``
 and ``HOME`` for this user's records beside the caches (the verified signatures', the
-runtime's binaries'), with the rule ``Settings.cache_home`` states. The start-up hook
+runtime's binaries'), with the rule ``Settings.cache_home`` states, and, where those cannot
+be written, ``XDG_RUNTIME_DIR`` and ``TMPDIR`` (absolute values only) for a directory of this
+user's own on this host (rust/core/src/record_place.rs). The start-up hook
 ``_xla_pcache_autoload`` (outside the package, so that a Python process that does not use
 the cache never loads the extension) reads ``XLA_PCACHE_DISABLE`` and the two path
 variables itself, with the same rules.
@@ -283,9 +285,11 @@ VARIABLES: tuple[Variable, ...] = (
         "Where the default caches live when no path is given: `$XDG_CACHE_HOME/xla_pcache` "
         "(JAX, the demo), `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
         "directory) and `$XDG_CACHE_HOME/xla_pcache/remote` (the host-local stores of bucket "
-        "paths); a trusting reader's record of verified signatures is "
-        "`$XDG_CACHE_HOME/xla_pcache-verified`. A relative value is ignored, as the XDG spec "
-        "says.",
+        "paths); this user's records beside the caches (verified signatures, the runtime's "
+        "binaries' identities) are `$XDG_CACHE_HOME/xla_pcache-verified` and "
+        "`-builds`, or, where that cannot be written, directories of this user's own in "
+        "`$XDG_RUNTIME_DIR` or the temp dir (docs/configuration.md). A relative value is "
+        "ignored, as the XDG spec says.",
     ),
     Variable(
         ON_MISS_VAR,

@@ -276,6 +276,14 @@ def _build_report(fw: Framework) -> dict[str, Any]:
         "roles": build.roles(),
         "hashed_now": build.hashed,
         "record_problems": build.record_problems,
+        # Where the user's record of the binaries' identities is, and whether this process
+        # could keep what it hashed (every process hashes again where it cannot).
+        "record": {
+            "dir": build.record_dir,
+            "skipped": list(build.record_skipped),
+            "unkept": build.record_unkept,
+            "hashed_bytes": build.hashed_bytes,
+        },
     }
 
 
@@ -760,6 +768,28 @@ def _render_builds(console: Console, frameworks: dict[str, Any]) -> None:
                 "    [red]the record of identities was refused[/] (see the warning): every "
                 "process hashes the binaries"
             )
+        _render_record(console, build.get("record"))
+
+
+def _render_record(console: Console, record: dict[str, Any] | None) -> None:
+    """Where the identities of the runtime's binaries are remembered: a process start
+    then pays a stat per file; where they cannot be, it hashes them all again."""
+    from xla_pcache.sizes import format_size
+
+    if not record:
+        return
+    if record.get("unkept"):
+        console.print(
+            "    [red]identities remembered nowhere[/] "
+            f"({_e(record['unkept'])}): every process hashes these binaries again "
+            f"({format_size(record.get('hashed_bytes') or 0)}) at its first compile"
+        )
+    elif record.get("dir"):
+        skipped = record.get("skipped") or []
+        console.print(
+            f"    identities remembered in {_e(record['dir'])}"
+            + (f" (not in {_e('; '.join(skipped))})" if skipped else "")
+        )
 
 
 def _render_prefetch(console: Console, report: dict[str, Any]) -> None:

@@ -297,6 +297,7 @@ def _factory(path: str) -> tuple[Any, str] | None:
     build = _runtime_build()
     if build is None:
         return None
+    builds.count_rehash(build, store)
     # A bucket's entries live in its host-local store: what JAX is told (XLA's side
     # caches go there, never into a directory named after the URL).
     path = store.path

@@ -416,6 +416,7 @@ def install(
         if store is None or build is None:
             _start_without_cache(xlac, resolved, ro)
             return None
+        builds.count_rehash(build, store)
         mirror = HostMirror(
             store,
             root,
