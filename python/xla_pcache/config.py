@@ -128,7 +128,10 @@ VARIABLES: tuple[Variable, ...] = (
         "path",
         "unset",
         "The cache directory (torch_xla's variable). `from_env()` gives a `PersistentCache` "
-        "there, else a `MemoryCache`; the adapters and the CLI use it as their default path.",
+        "there, else a `MemoryCache`; the adapters and the CLI use it as their default path. "
+        "A `file:` URL names the directory on this host (`file:///srv/cache`, "
+        "`file://localhost/srv/cache`, percent-decoded; `?ro=1` read-only); one naming no "
+        "directory here is refused with one warning (docs/configuration.md).",
     ),
     Variable(
         READ_ONLY_VAR,
@@ -245,7 +248,8 @@ VARIABLES: tuple[Variable, ...] = (
         "The host-local directory torch_xla writes to after `xla_pcache.torch_xla.install()`"
         " (see docs/torch_xla.md). Made mode 0700; refused (torch_xla uncached, one warning) "
         "when another user owns it; one of yours others can write is left as it is, with "
-        "`xla_pcache-<uid>` (0700) beneath it used.",
+        "`xla_pcache-<uid>` (0700) beneath it used. A directory, never a URL (refused, naming "
+        "this variable).",
     ),
     Variable(
         REMOTE_VAR,
@@ -656,7 +660,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "evict_trace": _path,
     "disabled": parse_bool,
     "torch_xla_shared_path": _path,
-    "torch_xla_local_dir": _path,
+    "torch_xla_local_dir": _local_path,
     "remote": _text,
     "remote_timeout": _duration(zero_ok=False),
     "remote_max_bytes": _positive_size,

@@ -391,17 +391,25 @@ def _configuration(
     env_path = settings.path if settings else None
     resolved = path or env_path or _settings(read).default_cache_path()
     url = _bucket_path(resolved)
+    url_read_only = False
     if url is not None:
         # A bucket: served by a host-local store (xla_pcache.bucket), reported as the path.
+        # A file: URL is its directory.
         from xla_pcache import bucket
+        from xla_pcache._url import names_directory
         from xla_pcache.cache_path import route
         from xla_pcache.tiers import redact
 
         where = route(url)
-        config["bucket"] = redact(url)
-        if where.kind == "bucket":
+        if where.kind == "local":
+            config["path"] = where.path
+            url_read_only = where.read_only
+        elif where.kind == "bucket":
+            config["bucket"] = redact(url)
             config["path"] = bucket.local_path(url, settings or Settings())
         else:
+            if not names_directory(url):
+                config["bucket"] = redact(url)
             config["path"] = redact(url)
             problems.append(f"{redact(url)} cannot be served: {where.reason}")
     else:
@@ -410,7 +418,7 @@ def _configuration(
         "--path" if path else "XLA_PERSISTENT_CACHE_PATH" if env_path else "default"
     )
     if settings is not None:
-        config["read_only"] = settings.read_only
+        config["read_only"] = settings.read_only or url_read_only
         config["max_size"] = settings.max_size
         config["memory_capacity"] = settings.memory_capacity
         if settings.remote is not None:
@@ -445,7 +453,8 @@ def _trust(settings: Settings) -> dict[str, Any]:
 
 
 def _bucket_path(path: str) -> str | None:
-    """``path`` if it is written as a URL (a bucket path), else None."""
+    """``path`` if it is written as a URL (a bucket path, or a ``file:`` URL, which
+    ``open_store`` routes), else None."""
     from xla_pcache._url import is_url
 
     return path.strip() if is_url(path) else None
