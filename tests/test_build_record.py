@@ -34,7 +34,7 @@ def _record(slots: list[tuple[os.stat_result, bytes]]) -> bytes:
 
 def _identify(path: Path, record: Path) -> tuple[str, bool, int]:
     """(hex id, hashed now, refusals) of one file."""
-    (got,), problems = _core.identify_binaries([str(path)], str(record))
+    (got,), problems, _ = _core.identify_binaries([str(path)], str(record))
     assert not isinstance(got, str), got
     kind, hexid, _changed, computed, loaded, size = got
     assert size == path.stat().st_size
@@ -151,7 +151,7 @@ def test_a_record_of_another_owner_is_refused(what: str, lib: Path, tmp_path: Pa
 
 
 def test_a_file_that_cannot_be_read_is_said_not_raised(tmp_path: Path) -> None:
-    (got, missing), problems = _core.identify_binaries(
+    (got, missing), problems, _ = _core.identify_binaries(
         [str(tmp_path), str(tmp_path / "absent.so")], str(tmp_path / "record")
     )
     assert isinstance(got, str) and "not a regular file" in got

@@ -37,6 +37,8 @@ LEVELS = {
     "_closing": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
+    # A file: URL as a cache path: the directory it names (its options parsed as a tier's).
+    "_file_url": 1,
     "tiers.redis": 1,
     "tiers.objstore": 1,
     "tiers.chain": 1,

@@ -251,6 +251,9 @@ def test_trusting_readers_keep_a_per_user_record_and_ignore_one_others_can_write
     without one, warns once and counts the path (`unsafe_paths`)."""
     home = tmp_path / "home"
     monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    # Where a refused record's ids go instead: this test's own, not the host's temp dir.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     seed = _core.generate_signing_key()
     trusted = [("ci-1", _core.signing_public_key(seed))]
     cache = tmp_path / "c"

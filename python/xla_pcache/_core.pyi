@@ -111,14 +111,23 @@ def hash_impl() -> str:
 
 def identify_binaries(
     paths: list[str], record_dir: str | None = None
-) -> tuple[list[tuple[str, str, int, bool, str, int] | str], int]:
+) -> tuple[
+    list[tuple[str, str, int, bool, str, int] | str],
+    int,
+    tuple[str | None, list[str], str | None],
+]:
     """The identity of each file of ``paths``: ``(kind, hex id, ctime ns, computed now,
     loaded, size)`` with kind ``"build-id"`` (its GNU build-id note) or ``"blake3"`` (its
     content's), loaded ``"no"``, ``"same"`` or ``"replaced"`` (mapped in this process, but
-    not the file now at the path), or a message when it cannot be read; and how many times
-    the user's record (``record_dir``, default ``$XDG_CACHE_HOME/xla_pcache-builds``) was
-    refused. Identities are remembered there under each file's device, inode, size, mtime
-    and ctime."""
+    not the file now at the path), or a message when it cannot be read; how many times the
+    user's record was refused; and where that record is: ``(the directory it was read from
+    or written to, or None; the directories before it that could not be used, each with
+    why; why identities computed now are remembered nowhere, or None)``. The record is in
+    ``record_dir`` and nowhere else when given; by default in
+    ``$XDG_CACHE_HOME/xla_pcache-builds``, else, where that cannot be written,
+    ``$XDG_RUNTIME_DIR/xla_pcache-builds-<uid>`` or ``<temp dir>/xla_pcache-builds-<uid>``
+    (each a directory of this user's own). Identities are remembered there under each
+    file's device, inode, size, mtime and ctime."""
 
 def generate_signing_key() -> bytes:
     """A new Ed25519 private key: 32 random bytes from the operating system."""
@@ -306,6 +315,9 @@ class Store:
     def count_other_build(self) -> None:
         """Count a miss (already counted by its ``get``) of a key that another build of the
         framework's runtime has an entry for (``other_build`` in ``stats``)."""
+    def count_build_rehash(self) -> None:
+        """Count a process start that hashed its runtime's binaries with no record to keep
+        their identities in (``build_rehashes`` in ``stats``)."""
     def count_misses(self, n: int) -> None:
         """Count ``n`` misses of lookups a framework made in a copy the store filled
         (torch_xla's host-local copy), so ``stats`` counts them with the store's own."""
@@ -435,9 +447,11 @@ class Store:
         ``count_other_build``), and loading ahead's (``add_prefetch_counters``):
         prefetch_planned, prefetch_loaded, prefetch_used (each also a hit, ``count_hit``),
         prefetch_wasted, prefetch_errors, prefetch_saved_ms, prefetch_plans_written and
-        prefetch_plans_refused; plus hit_rate, entries, bytes (on disk), max_size, max_age_s,
-        processes, path, filesystem, read_only, mmap_reads, view_age_s (seconds since the
-        journal folded longest ago was last read to its end; None if unknown) and view_fresh
+        prefetch_plans_refused; build_rehashes (process starts that hashed the runtime's
+        binaries with no record to keep their identities in: ``count_build_rehash``); plus
+        hit_rate, entries, bytes (on disk), max_size, max_age_s, processes, path,
+        filesystem, read_only, mmap_reads, view_age_s (seconds since the journal folded
+        longest ago was last read to its end; None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and
         bytes may lag by that cache's time too). Once some remote tier counted (in any
         process), also the ``remote_*`` totals and ``remote_<tier>_<counter>`` for each tier

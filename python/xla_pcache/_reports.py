@@ -93,6 +93,9 @@ class Stats(TypedDict):
     prefetch_saved_ms: int
     prefetch_plans_written: int
     prefetch_plans_refused: int
+    # Process starts that hashed the runtime's binaries with no record to keep their
+    # identities in (xla_pcache.builds: every such start pays the hash again).
+    build_rehashes: int
     hit_rate: float | None
     entries: int
     bytes: int

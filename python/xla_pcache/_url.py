@@ -3,7 +3,8 @@ scheme, and the schemes a cache path or a remote tier may name.
 
 A URL is never a directory: every place that takes a cache path (the store, the adapters,
 the command, ``XLA_PCACHE_LOCAL_PATH``) asks here, so that nothing is ever created under a
-name made of a URL, and ``file://`` is the one URL that names a directory.
+name made of a URL. ``file:`` is the one URL that names a directory (``_file_url``: the
+directory it names, or why none), with or without ``//`` (``file:/srv/cache`` is one).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import re
 
 # ``scheme://``, the scheme as RFC 3986 spells one.
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# ``file:`` without ``//`` is a URL too (RFC 8089's ``file:/path``; ``file:cache`` is one it
+# refuses), never a relative directory named ``file:...``.
+_FILE = re.compile(r"^file:", re.IGNORECASE)
+FILE_SCHEME = "file"
 
 # The object stores a cache path (and a remote tier) may name: S3, GCS, Azure Blob.
 BUCKET_SCHEMES = ("s3", "gs", "az")
@@ -20,12 +25,16 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def url_scheme(path: object) -> str | None:
-    """The scheme of ``path`` written as a URL (``scheme://...``, surrounding blanks
-    ignored), lower-cased; None for anything else (a directory name, a path object)."""
+    """The scheme of ``path`` written as a URL (``scheme://...``, or ``file:...``;
+    surrounding blanks ignored), lower-cased; None for anything else (a directory name, a
+    path object)."""
     if not isinstance(path, str):
         return None
-    m = _URL.match(path.strip())
-    return None if m is None else m.group(1).lower()
+    text = path.strip()
+    m = _URL.match(text)
+    if m is not None:
+        return m.group(1).lower()
+    return FILE_SCHEME if _FILE.match(text) else None
 
 
 def is_url(path: object) -> bool:
@@ -34,5 +43,6 @@ def is_url(path: object) -> bool:
 
 
 def names_directory(path: object) -> bool:
-    """Whether ``path`` names a directory: not a URL, or a ``file://`` one."""
-    return url_scheme(path) in (None, "file")
+    """Whether ``path`` names a directory: not a URL, or a ``file:`` one (which may still
+    name none: ``_file_url.directory`` says)."""
+    return url_scheme(path) in (None, FILE_SCHEME)

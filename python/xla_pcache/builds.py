@@ -72,6 +72,13 @@ class Build:
     unreadable: tuple[str, ...] = ()
     # How many times the user's record was refused (hostile or garbled) while reading it.
     record_problems: int = 0
+    # Where the user's record of identities is (read from or written to), or None.
+    record_dir: str | None = None
+    # The directories tried before it that could not be used, each with why.
+    record_skipped: tuple[str, ...] = ()
+    # Why identities this process computed are remembered nowhere (every process then
+    # computes them again), or None.
+    record_unkept: str | None = None
 
     @property
     def suffix(self) -> str:
@@ -97,6 +104,17 @@ class Build:
     def hashed(self) -> int:
         """Files hashed by this process (not found in the user's record)."""
         return sum(1 for f in self.files if f.computed)
+
+    @property
+    def hashed_bytes(self) -> int:
+        """Bytes of the files this process hashed or read for their build-id."""
+        return sum(f.size for f in self.files if f.computed)
+
+    @property
+    def rehashed(self) -> bool:
+        """Whether this process computed identities it could keep nowhere: every process
+        started as this one was pays their hash again."""
+        return self.record_unkept is not None and self.hashed > 0
 
     def roles(self) -> dict[str, dict[str, Any]]:
         """Per role: its main file (the largest) and that file's identity, how many files,
@@ -181,8 +199,12 @@ def unique(wanted: list[Wanted]) -> list[Wanted]:
 def identify(framework: str, wanted: list[Wanted], record_dir: str | None = None) -> Build:
     """The build made of the files ``wanted``. Never raises for what is on disk: a file that
     cannot be read counts as unreadable (a warning). ``record_dir``: the user's record of
-    identities (default ``$XDG_CACHE_HOME/xla_pcache-builds``)."""
-    found, problems = _core.identify_binaries([path for _, path, _ in wanted], record_dir)
+    identities, and no other (default ``$XDG_CACHE_HOME/xla_pcache-builds``, else a
+    directory of this user's own on this host where that cannot be written). Identities
+    computed that can be remembered nowhere are one warning per framework and process."""
+    found, problems, (kept_in, skipped, unkept) = _core.identify_binaries(
+        [path for _, path, _ in wanted], record_dir
+    )
     files: list[FileIdentity] = []
     unreadable: list[str] = []
     for (role, path, name), got in zip(wanted, found, strict=True):
@@ -207,13 +229,56 @@ def identify(framework: str, wanted: list[Wanted], record_dir: str | None = None
             "build that names none (every such installation shares them)",
             framework,
         )
-    return Build(
+    build = Build(
         framework,
         _digest(framework, files, unreadable),
         tuple(files),
         tuple(unreadable),
         int(problems),
+        kept_in,
+        tuple(skipped),
+        unkept,
     )
+    if build.rehashed and not problems:
+        # A refusal warned already (the core's warning names the record and why).
+        _warn_unkept(build)
+    return build
+
+
+_warned_unkept: set[str] = set()
+
+
+def _warn_unkept(build: Build) -> None:
+    """One warning per framework and process: identities were computed and could be kept
+    nowhere, so every process pays this again."""
+    if build.framework in _warned_unkept:
+        return
+    _warned_unkept.add(build.framework)
+    logger.warning(
+        "xla_pcache: %s's runtime binaries (%d files, %.0f MB) were hashed to name its build, "
+        "and their identities cannot be remembered (%s): every process hashes them again at "
+        "its first compile. Set XDG_CACHE_HOME, XDG_RUNTIME_DIR or TMPDIR to a directory "
+        "this user can write (xla-pcache doctor shows where the record is looked for).",
+        build.framework,
+        build.hashed,
+        build.hashed_bytes / 1e6,
+        build.record_unkept,
+    )
+
+
+_counted_rehash: set[str] = set()
+
+
+def count_rehash(build: Build, store: Any) -> None:
+    """Counts ``build_rehashes`` in ``store`` once per framework and process, when this
+    process hashed the runtime with no record to keep it in. Never raises."""
+    if not build.rehashed or build.framework in _counted_rehash:
+        return
+    _counted_rehash.add(build.framework)
+    try:
+        store.count_build_rehash()
+    except Exception as exc:
+        logger.debug("xla_pcache: counting a rehash of the runtime failed: %s", exc)
 
 
 def usable(build: Callable[[], Build]) -> tuple[Build | None, str]:

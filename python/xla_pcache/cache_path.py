@@ -4,11 +4,13 @@ Wherever a cache is named (``XLA_PERSISTENT_CACHE_PATH``, ``JAX_COMPILATION_CACH
 ``install(path)``, torch_xla's ``initialize_cache``, ``PersistentCache(path)``, ``--path`` of
 the command), the path is one of three things (``route``):
 
-- a directory (a local path, or a ``file://`` URL): its ``Store``;
+- a directory (a local path, or a ``file:`` URL naming one on this host, percent-decoded,
+  ``?ro=1`` making it read-only: ``_file_url``): its ``Store``;
 - a bucket (``gs://``, ``s3://``, ``az://``): its host-local store, a ``BucketStore`` with the
   bucket as its last remote tier (``xla_pcache.bucket``);
-- a URL that cannot be served (any other scheme, a malformed bucket URL, obstore not
-  installed): never a directory named after it. The caller says so once
+- a URL that cannot be served (any other scheme, a malformed bucket URL, a ``file:`` URL
+  naming no directory of this host, obstore not installed): never a directory named after
+  it. The caller says so once
   (``warn_unserved``), naming where it came from, and runs uncached or, for a bucket
   without obstore, leaves it to JAX's own cache (``Route.own_cache``).
 
@@ -26,8 +28,9 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Unpack
 
+from xla_pcache._file_url import directory as file_directory
 from xla_pcache._text import package_logger
-from xla_pcache._url import BUCKET_SCHEMES, is_url, url_scheme
+from xla_pcache._url import BUCKET_SCHEMES, FILE_SCHEME, is_url, url_scheme
 from xla_pcache.bucket import BucketStore, chain_for, own_local_store
 from xla_pcache.config import Settings
 from xla_pcache.store import Store, StoreArgs, StoreOptions, settle
@@ -42,30 +45,36 @@ EXTRA = 'pip install "xla-pcache[objstore]"'
 
 @dataclass(frozen=True)
 class Route:
-    """Where a cache path goes: ``local`` (``path``: the directory, absolute), ``bucket``
-    (``path``: the URL as given; ``location``: the bucket and prefix it names, the cache's
-    identity; ``tier``: the URL parsed, once) or ``unserved`` (``path``: the URL;
-    ``reason`` says why, ``own_cache`` whether JAX's own cache can take it instead)."""
+    """Where a cache path goes: ``local`` (``path``: the directory, absolute; ``read_only``:
+    a ``file:`` URL's ``?ro=1``), ``bucket`` (``path``: the URL as given; ``location``: the
+    bucket and prefix it names, the cache's identity; ``tier``: the URL parsed, once) or
+    ``unserved`` (``path``: the URL; ``reason`` says why, ``own_cache`` whether JAX's own
+    cache can take it instead)."""
 
     kind: Literal["local", "bucket", "unserved"]
     path: str
     reason: str = ""
     own_cache: bool = False
+    read_only: bool = False
     location: str = field(default="", compare=False, repr=False)
     tier: TierURL | None = field(default=None, compare=False, repr=False)
 
 
 def route(raw: str | os.PathLike[str] | Route) -> Route:
     """Classifies a cache path (a ``Route`` is its own). A local one comes back absolute
-    (``file://`` taken off, ``~`` expanded)."""
+    (``~`` expanded; a ``file:`` URL's directory decoded, ``_file_url``)."""
     if isinstance(raw, Route):
         return raw
     text = os.fspath(raw).strip() if isinstance(raw, str) else os.fspath(raw)
     scheme = url_scheme(text)
     if scheme is None:
         return Route("local", os.path.abspath(os.path.expanduser(text)))
-    if scheme == "file":
-        return Route("local", os.path.abspath(os.path.expanduser(text[len("file://") :])))
+    if scheme == FILE_SCHEME:
+        try:
+            named = file_directory(text)
+        except ValueError as e:
+            return Route("unserved", text, f"a file: URL that names no directory here: {e}")
+        return Route("local", named.path, read_only=named.read_only)
     if scheme not in BUCKET_SCHEMES:
         return Route(
             "unserved",
@@ -135,8 +144,10 @@ def open_store(
     bucket,
     ``read_only`` (given or from the settings) makes every tier read-only and writes nothing
     to the bucket, as its URL's ``?ro=1`` does; the host-local store still keeps what this
-    host fetched and compiled. A URL that cannot be served is a ``ValueError`` naming
-    ``name``; a directory that cannot be used raises what ``Store`` raises."""
+    host fetched and compiled. A ``file:`` URL's ``?ro=1`` makes its directory's store
+    read-only, whatever ``read_only`` says (it can only add to it, as for a bucket). A URL
+    that cannot be served is a ``ValueError`` naming ``name``; a directory that cannot be
+    used raises what ``Store`` raises."""
     where = route(path)
     if where.kind == "unserved":
         from xla_pcache.tiers import redact
@@ -149,6 +160,8 @@ def open_store(
     else:
         opts = settle(settings, **given)
     if where.kind == "local" or where.tier is None:
+        if where.read_only and not opts.read_only:
+            opts = opts.replace(read_only=True)
         return Store._open(where.path, opts)
     chain = chain_for(where.location, where.tier, opts)
     local = opts.replace(read_only=False, chain=chain, chain_text=",".join(t.text for t in chain))

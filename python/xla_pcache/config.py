@@ -7,7 +7,9 @@ are read where they act instead, and named here for the table only (their rows h
 ``Settings`` field): the Rust core reads ``XLA_PCACHE_HASH_IMPL`` once per process (a speed
 knob) and, in a test build only, ``XLA_PCACHE_TEST_HOOKS``; it also reads ``XDG_CACHE_HOME``
 and ``HOME`` for this user's records beside the caches (the verified signatures', the
-runtime's binaries'), with the rule ``Settings.cache_home`` states. The start-up hook
+runtime's binaries'), with the rule ``Settings.cache_home`` states, and, where those cannot
+be written, ``XDG_RUNTIME_DIR`` and ``TMPDIR`` (absolute values only) for a directory of this
+user's own on this host (rust/core/src/record_place.rs). The start-up hook
 ``_xla_pcache_autoload`` (outside the package, so that a Python process that does not use
 the cache never loads the extension) reads ``XLA_PCACHE_DISABLE`` and the two path
 variables itself, with the same rules.
@@ -126,7 +128,10 @@ VARIABLES: tuple[Variable, ...] = (
         "path",
         "unset",
         "The cache directory (torch_xla's variable). `from_env()` gives a `PersistentCache` "
-        "there, else a `MemoryCache`; the adapters and the CLI use it as their default path.",
+        "there, else a `MemoryCache`; the adapters and the CLI use it as their default path. "
+        "A `file:` URL names the directory on this host (`file:///srv/cache`, "
+        "`file://localhost/srv/cache`, percent-decoded; `?ro=1` read-only); one naming no "
+        "directory here is refused with one warning (docs/configuration.md).",
     ),
     Variable(
         READ_ONLY_VAR,
@@ -243,7 +248,8 @@ VARIABLES: tuple[Variable, ...] = (
         "The host-local directory torch_xla writes to after `xla_pcache.torch_xla.install()`"
         " (see docs/torch_xla.md). Made mode 0700; refused (torch_xla uncached, one warning) "
         "when another user owns it; one of yours others can write is left as it is, with "
-        "`xla_pcache-<uid>` (0700) beneath it used.",
+        "`xla_pcache-<uid>` (0700) beneath it used. A directory, never a URL (refused, naming "
+        "this variable).",
     ),
     Variable(
         REMOTE_VAR,
@@ -283,9 +289,11 @@ VARIABLES: tuple[Variable, ...] = (
         "Where the default caches live when no path is given: `$XDG_CACHE_HOME/xla_pcache` "
         "(JAX, the demo), `$XDG_CACHE_HOME/xla_pcache/torch_xla` (torch_xla's host-local "
         "directory) and `$XDG_CACHE_HOME/xla_pcache/remote` (the host-local stores of bucket "
-        "paths); a trusting reader's record of verified signatures is "
-        "`$XDG_CACHE_HOME/xla_pcache-verified`. A relative value is ignored, as the XDG spec "
-        "says.",
+        "paths); this user's records beside the caches (verified signatures, the runtime's "
+        "binaries' identities) are `$XDG_CACHE_HOME/xla_pcache-verified` and "
+        "`-builds`, or, where that cannot be written, directories of this user's own in "
+        "`$XDG_RUNTIME_DIR` or the temp dir (docs/configuration.md). A relative value is "
+        "ignored, as the XDG spec says.",
     ),
     Variable(
         ON_MISS_VAR,
@@ -652,7 +660,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "evict_trace": _path,
     "disabled": parse_bool,
     "torch_xla_shared_path": _path,
-    "torch_xla_local_dir": _path,
+    "torch_xla_local_dir": _local_path,
     "remote": _text,
     "remote_timeout": _duration(zero_ok=False),
     "remote_max_bytes": _positive_size,

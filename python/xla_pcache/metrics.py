@@ -75,6 +75,12 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ),
     ("prefetch_plans_written", "prefetch_plans_written", "Prefetch plans written.", 1),
     ("prefetch_plans_refused", "prefetch_plans_refused", "Prefetch plans refused as malformed.", 1),
+    (
+        "build_rehashes",
+        "build_rehashes",
+        "Process starts that hashed the runtime's binaries with no record to keep them in.",
+        1,
+    ),
 )
 
 # The remote tiers' counters (xla_pcache.tiers.chain) under the local names where they match.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack, cast
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
-from xla_pcache._url import is_url
+from xla_pcache._url import FILE_SCHEME, url_scheme
 from xla_pcache.config import REMOTE_VAR, Settings
 from xla_pcache.sizes import parse_duration, parse_size
 
@@ -200,7 +200,22 @@ class Store(_core.Store):
         own_root_fd: int | None = None,
         **given: Unpack[StoreArgs],
     ) -> Self:
-        if is_url(path):
+        url_read_only = False
+        scheme = url_scheme(os.fspath(path))
+        if scheme == FILE_SCHEME:
+            # The directory a file: URL names, by the parser cache_path.route uses.
+            from xla_pcache._file_url import directory
+
+            try:
+                named = directory(os.fspath(path))
+            except ValueError as e:
+                from xla_pcache.tiers import redact
+
+                raise ValueError(
+                    f"path {redact(os.fspath(path))!r} names no directory here: {e}"
+                ) from None
+            path, url_read_only = named.path, named.read_only
+        elif scheme is not None:
             # A URL is never a directory: a bucket path is served by a host-local store
             # (xla_pcache.bucket), and nothing is created under a name made of the URL.
             from xla_pcache.tiers import redact
@@ -209,7 +224,10 @@ class Store(_core.Store):
                 f"path {redact(path)!r} is a URL, not a directory: open a bucket path "
                 "with xla_pcache.open_store"
             )
-        return cls._open(path, settle(settings, **given), own_root_fd=own_root_fd)
+        opts = settle(settings, **given)
+        if url_read_only and not opts.read_only:
+            opts = opts.replace(read_only=True)
+        return cls._open(path, opts, own_root_fd=own_root_fd)
 
     @classmethod
     def _open(

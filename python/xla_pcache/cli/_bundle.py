@@ -16,7 +16,7 @@ from xla_pcache._text import shown
 from xla_pcache.cache_path import open_store
 from xla_pcache.cli._common import (
     PathOption,
-    directory_path,
+    directory_route,
     fail,
     interruptible,
     open_cache,
@@ -161,9 +161,10 @@ def _import_target(
         except ValueError:
             fail("--max-entry-size must be positive")
     settings = Settings.from_env()
-    root = directory_path(path, settings)
-    if settings.read_only:
-        fail(f"{root}: the cache is read-only ({READ_ONLY_VAR})")
+    where = directory_route(path, settings)
+    root = where.path
+    if settings.read_only or where.read_only:
+        fail(f"{root}: the cache is read-only ({READ_ONLY_VAR} or the URL's ?ro=1)")
     return entry_cap, settings, root
 
 

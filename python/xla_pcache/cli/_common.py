@@ -19,8 +19,8 @@ from rich.console import Console
 from xla_pcache import _core, bucket
 from xla_pcache._core import CacheError
 from xla_pcache._text import raw_stream, shown
-from xla_pcache._url import is_url
-from xla_pcache.cache_path import open_store, route
+from xla_pcache._url import FILE_SCHEME, is_url, url_scheme
+from xla_pcache.cache_path import Route, open_store, route
 from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, TRUSTED_KEYS_VAR, Settings
 from xla_pcache.store import Store, settle
 
@@ -148,14 +148,20 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def directory_path(path: str | None, settings: Settings) -> str:
-    """The cache directory ``--path`` (else ``XLA_PERSISTENT_CACHE_PATH``) names; a URL,
-    which these commands do not take, fails here naming what does."""
+def directory_route(path: str | None, settings: Settings) -> Route:
+    """The cache directory ``--path`` (else ``XLA_PERSISTENT_CACHE_PATH``) names, routed:
+    a ``file:`` URL's directory decoded, its ``?ro=1`` in ``read_only``. Any other URL,
+    which these commands do not take, fails here naming what does, and a ``file:`` URL
+    that names no directory says why."""
     root = os.path.expanduser(path) if path else settings.path
     if not root:
         fail(f"no cache directory: pass --path or set {PATH_VAR}")
     if is_url(root):
         where = route(root)
+        if where.kind == "local":
+            return where
+        if url_scheme(root) == FILE_SCHEME:
+            fail(f"{redact(root)} cannot be served: {where.reason}")
         local = (
             f"; this host's copy of it is the directory {bucket.local_path(root, settings)}"
             if where.kind == "bucket"
@@ -165,7 +171,7 @@ def directory_path(path: str | None, settings: Settings) -> str:
             f"{redact(root)} is a URL: stats, prune and config take a bucket, this command "
             f"a directory{local}"
         )
-    return root
+    return Route("local", root)
 
 
 def _existing_cache(root: str) -> None:
@@ -196,16 +202,17 @@ def open_cache(path: str | None, *, read_only: bool, write: bool = False) -> Sto
     """
     # Read even when only looking, so that a malformed value is reported by every command.
     settings = Settings.from_env()
-    root = directory_path(path, settings)
+    where = directory_route(path, settings)
+    root = where.path
     _existing_cache(root)
-    # The flag adds to the variable: it can only ask for read-only.
-    opts = settle(settings, read_only=read_only or None)
+    # The flag and a file: URL's ?ro=1 add to the variable: they can only ask for read-only.
+    opts = settle(settings, read_only=read_only or where.read_only or None)
     store = open_store(root, opts.replace(read_only=True))
     if not write:
         return store
     store.close()
     if opts.read_only:
-        fail(f"{root}: the cache is read-only (--read-only or {READ_ONLY_VAR})")
+        fail(f"{root}: the cache is read-only (--read-only, {READ_ONLY_VAR} or the URL's ?ro=1)")
     return open_store(root, opts)
 
 
@@ -223,6 +230,8 @@ def bucket_url(path: str | None) -> str | None:
     if not raw or not is_url(raw):
         return None
     where = route(raw)
+    if where.kind == "local":
+        return None  # a file: URL naming a directory: the directory's commands take it
     if where.kind != "bucket":
         fail(f"{redact(raw)} cannot be served: {where.reason}")
     return where.path

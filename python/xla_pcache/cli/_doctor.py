@@ -276,6 +276,14 @@ def _build_report(fw: Framework) -> dict[str, Any]:
         "roles": build.roles(),
         "hashed_now": build.hashed,
         "record_problems": build.record_problems,
+        # Where the user's record of the binaries' identities is, and whether this process
+        # could keep what it hashed (every process hashes again where it cannot).
+        "record": {
+            "dir": build.record_dir,
+            "skipped": list(build.record_skipped),
+            "unkept": build.record_unkept,
+            "hashed_bytes": build.hashed_bytes,
+        },
     }
 
 
@@ -383,17 +391,25 @@ def _configuration(
     env_path = settings.path if settings else None
     resolved = path or env_path or _settings(read).default_cache_path()
     url = _bucket_path(resolved)
+    url_read_only = False
     if url is not None:
         # A bucket: served by a host-local store (xla_pcache.bucket), reported as the path.
+        # A file: URL is its directory.
         from xla_pcache import bucket
+        from xla_pcache._url import names_directory
         from xla_pcache.cache_path import route
         from xla_pcache.tiers import redact
 
         where = route(url)
-        config["bucket"] = redact(url)
-        if where.kind == "bucket":
+        if where.kind == "local":
+            config["path"] = where.path
+            url_read_only = where.read_only
+        elif where.kind == "bucket":
+            config["bucket"] = redact(url)
             config["path"] = bucket.local_path(url, settings or Settings())
         else:
+            if not names_directory(url):
+                config["bucket"] = redact(url)
             config["path"] = redact(url)
             problems.append(f"{redact(url)} cannot be served: {where.reason}")
     else:
@@ -402,7 +418,7 @@ def _configuration(
         "--path" if path else "XLA_PERSISTENT_CACHE_PATH" if env_path else "default"
     )
     if settings is not None:
-        config["read_only"] = settings.read_only
+        config["read_only"] = settings.read_only or url_read_only
         config["max_size"] = settings.max_size
         config["memory_capacity"] = settings.memory_capacity
         if settings.remote is not None:
@@ -437,7 +453,8 @@ def _trust(settings: Settings) -> dict[str, Any]:
 
 
 def _bucket_path(path: str) -> str | None:
-    """``path`` if it is written as a URL (a bucket path), else None."""
+    """``path`` if it is written as a URL (a bucket path, or a ``file:`` URL, which
+    ``open_store`` routes), else None."""
     from xla_pcache._url import is_url
 
     return path.strip() if is_url(path) else None
@@ -760,6 +777,28 @@ def _render_builds(console: Console, frameworks: dict[str, Any]) -> None:
                 "    [red]the record of identities was refused[/] (see the warning): every "
                 "process hashes the binaries"
             )
+        _render_record(console, build.get("record"))
+
+
+def _render_record(console: Console, record: dict[str, Any] | None) -> None:
+    """Where the identities of the runtime's binaries are remembered: a process start
+    then pays a stat per file; where they cannot be, it hashes them all again."""
+    from xla_pcache.sizes import format_size
+
+    if not record:
+        return
+    if record.get("unkept"):
+        console.print(
+            "    [red]identities remembered nowhere[/] "
+            f"({_e(record['unkept'])}): every process hashes these binaries again "
+            f"({format_size(record.get('hashed_bytes') or 0)}) at its first compile"
+        )
+    elif record.get("dir"):
+        skipped = record.get("skipped") or []
+        console.print(
+            f"    identities remembered in {_e(record['dir'])}"
+            + (f" (not in {_e('; '.join(skipped))})" if skipped else "")
+        )
 
 
 def _render_prefetch(console: Console, report: dict[str, Any]) -> None:

@@ -63,6 +63,8 @@ _STAT_ROWS = (
     ("prefetch_saved_ms", "time loading ahead saved"),
     ("prefetch_plans_written", "plans written"),
     ("prefetch_plans_refused", "plans refused"),
+    # The runtime's build (docs/jax.md): starts that paid its hash for want of a record.
+    ("build_rehashes", "starts that hashed the runtime (no record kept; see doctor)"),
 )
 
 

@@ -297,6 +297,7 @@ def _factory(path: str) -> tuple[Any, str] | None:
     build = _runtime_build()
     if build is None:
         return None
+    builds.count_rehash(build, store)
     # A bucket's entries live in its host-local store: what JAX is told (XLA's side
     # caches go there, never into a directory named after the URL).
     path = store.path
@@ -454,6 +455,9 @@ def install(
             resolved_path = previous_dir or settings.default_cache_path()
             source = _jax_dir_source(previous_dir)
         where = cache_path.route(os.path.expanduser(str(resolved_path)))
+        if where.read_only and not options.read_only:
+            # A file: URL's ?ro=1: read-only as the variable would make it.
+            options = options.replace(read_only=True)
         loc = where.location if where.kind == "bucket" else None
         if where.kind == "unserved":
             if where.own_cache:
@@ -629,7 +633,10 @@ def _auto_install(via: str) -> None:
     with _state_lock:
         if _installed is not None:
             return
-        store = install(Settings.from_env().inherited_path)
+        settings = Settings.from_env()
+        # XLA_PERSISTENT_CACHE_PATH is install()'s own default, named as the source of any
+        # warning about it; a path a torch_xla parent left for its children is passed on.
+        store = install(None if settings.path else settings.inherited_path)
         if store is None:
             # An unserved URL stays installed, uncached: JAX's own cache would make a
             # directory of it.

@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import os
 import pathlib
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -43,6 +42,7 @@ from xla_pcache import _core
 from xla_pcache._text import package_logger
 from xla_pcache._url import names_directory
 from xla_pcache.builds import Build
+from xla_pcache.cache_path import route
 from xla_pcache.jax import _cache_dir as jcd
 from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode, module_name
 
@@ -373,9 +373,11 @@ def sources(
     some)."""
     candidates: list[tuple[str, str]] = []
     prev = str(previous_dir) if previous_dir else None
-    if prev is not None and names_directory(prev):
+    where = route(prev) if prev is not None and names_directory(prev) else None
+    if prev is not None and where is not None and where.kind == "local":
+        # A file: URL's directory as the one routing rule reads it; JAX hashed the text.
         prev = prev.removeprefix("file://")
-        prev_abs = os.path.abspath(os.path.expanduser(prev))
+        prev_abs = where.path
         candidates.append((store_path, prev if prev_abs == store_path else store_path))
         candidates.append((prev_abs, prev))
     else:

@@ -291,9 +291,10 @@ def _open_store(
     return store
 
 
-def _resolve(path: str | os.PathLike[str] | None, settings: Settings) -> str:
-    """The cache's identity: an absolute directory, or a URL as given (a bucket's, served
-    by a host-local store; never a directory named after it)."""
+def _resolve(path: str | os.PathLike[str] | None, settings: Settings) -> tuple[str, bool]:
+    """The cache's identity: an absolute directory (a ``file:`` URL's, decoded), or a URL as
+    given (a bucket's, served by a host-local store; never a directory named after it); and
+    whether the path asks for read-only (a ``file:`` URL's ``?ro=1``)."""
     if path is None:
         path = settings.inherited_path
         if path is None:
@@ -301,7 +302,7 @@ def _resolve(path: str | os.PathLike[str] | None, settings: Settings) -> str:
                 f"xla_pcache.torch_xla.install(): no cache path; pass one or set {PATH_VAR}"
             )
     where = cache_path.route(os.fspath(path))
-    return where.path
+    return where.path, where.read_only
 
 
 def _identity(store: Store) -> str:
@@ -380,10 +381,12 @@ def install(
         _explicit_depth -= 1
     _patch_initialize_cache()
     settings = Settings.from_env()
-    resolved = _resolve(path, settings)
+    resolved, url_read_only = _resolve(path, settings)
     options = settle(
         settings, max_size=max_size, read_only=None if read_only is None else bool(read_only)
     )
+    if url_read_only and not options.read_only:
+        options = options.replace(read_only=True)
     ro = options.read_only
     with _state_lock:
         if _installed is not None and _installed.pid == os.getpid():
@@ -416,6 +419,7 @@ def install(
         if store is None or build is None:
             _start_without_cache(xlac, resolved, ro)
             return None
+        builds.count_rehash(build, store)
         mirror = HostMirror(
             store,
             root,
@@ -564,8 +568,9 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     ``install(path, read_only=readonly)`` would make it. It never raises because activation
     created torch_xla's cache first; after the first execution a different path is refused
     as torch_xla refuses it."""
-    resolved = cache_path.route(os.fspath(path)).path
-    ro = bool(readonly)
+    where = cache_path.route(os.fspath(path))
+    resolved = where.path
+    ro = bool(readonly) or where.read_only
     inst = _installed
     if inst is not None and inst.pid == os.getpid() and not inst._closed:
         if (_identity(inst.store), inst.read_only) == (resolved, ro):

@@ -27,6 +27,7 @@ const LEVELS: &[&[&str]] = &[
         "clock",
         "error",
         "owndir",
+        "record_place",
         "testhook",
         "verified",
         "build_id",

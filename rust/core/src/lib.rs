@@ -6,8 +6,8 @@
 //! `layering_tests.rs`): `store` (with admission and claims); then `view`, `entries`,
 //! `journal`, `snapshot`, `entry`, `sign`, `blob`, `lock`; then `dir`, `layout`,
 //! `stored_budget`, `bounds`, `publish`, `fsinfo`, `lru`, `stats`, `forksafe`, `hash`,
-//! `clock`, `error`, `owndir`, `testhook`, `verified`, `build_id`. A module uses only its own
-//! level and those below, and no modules use each other in a circle.
+//! `clock`, `error`, `owndir`, `record_place`, `testhook`, `verified`, `build_id`. A module
+//! uses only its own level and those below, and no modules use each other in a circle.
 
 pub(crate) mod blob;
 pub(crate) mod bounds;
@@ -32,6 +32,7 @@ pub(crate) mod lock;
 pub(crate) mod lru;
 pub(crate) mod owndir;
 pub(crate) mod publish;
+pub(crate) mod record_place;
 pub(crate) mod sign;
 pub(crate) mod snapshot;
 pub(crate) mod stats;
@@ -47,8 +48,8 @@ pub use bounds::{
     MAX_SIZE, MIN_MAX_AGE,
 };
 pub use build_id::{
-    default_dir as default_build_record_dir, mapped_objects, BuildIdRecord, FileId, IdKind, Loaded,
-    Mapped,
+    default_place as default_build_record_place, mapped_objects, BuildIdRecord, FileId, IdKind,
+    Loaded, Mapped, RecordUse,
 };
 pub use error::StoreError;
 pub use fsinfo::FsInfo;
@@ -56,6 +57,7 @@ pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, Has
 pub use layout::FORMAT_VERSION;
 pub use lock::{LeaseView, LockDir, LockError, LockGuard, LockMode, LockOptions};
 pub use owndir::{open_own_fd, Found as OwnFound, Opened as OwnOpened, Rule as OwnRule};
+pub use record_place::Place as RecordPlace;
 pub use sign::{
     check_key_name, digest as blake3_digest, generate_seed, public_key, signed_name, SigFields,
     Signer, TrustSet, Untrusted,
@@ -73,4 +75,4 @@ pub use testhook::{
     reached as test_hook_reached, released as test_hook_released, COMPILED as TEST_HOOKS,
     VAR as TEST_HOOKS_VAR,
 };
-pub use verified::{default_dir as default_verification_record_dir, VerificationRecord};
+pub use verified::{default_place as default_verification_record_place, VerificationRecord};

@@ -1,4 +1,4 @@
-//! Directories of this user's own: the verification record's, and the host-local ones the
+//! Directories of this user's own: the records' (`record_place`), and the host-local ones the
 //! package keeps (torch_xla's copies and views, the store in front of a bucket path). One
 //! rule for all of them: a real directory, opened without following a link, owned by the
 //! effective user and writable by nobody else (no group or other write bit); made mode 0700
@@ -85,38 +85,6 @@ pub fn replace_record(dir: &Dir, name: &Name, bytes: &[u8]) -> io::Result<()> {
         let _ = dir.unlink(&tmp);
     }
     written
-}
-
-/// Opens `path` as a directory of this user's own. With `create`, an absent one is made
-/// first (missing parents too, each mode 0700). `Ok(None)`: absent (and not made). `Err`:
-/// why it is refused, naming it.
-pub fn open(path: &Path, create: bool) -> Result<Option<Dir>, String> {
-    let mut opened = Dir::open_path(path, true);
-    if create && matches!(&opened, Err(e) if e.kind() == io::ErrorKind::NotFound) {
-        // A failure (a read-only home, a race with another process making it) shows in the
-        // open that follows.
-        let _ = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(path);
-        opened = Dir::open_path(path, true);
-    }
-    let d = match opened {
-        Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(format!(
-                "{} is not a directory that can be opened without following a link ({e})",
-                path.display()
-            ))
-        }
-    };
-    let st = dir::fstat(&d).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !st.is_dir() {
-        return Err(format!("{} is {}", path.display(), st.kind()));
-    }
-    owned_by_us(st.uid(), st.mode()).map_err(|why| format!("{} {why}", path.display()))?;
-    Ok(Some(d))
 }
 
 /// How `open_own` treats a directory of this user's that others can write.
@@ -432,7 +400,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("a/b/c");
         // 0700 whatever the umask: a umask only ever takes bits away.
-        assert!(open(&path, true).unwrap().is_some());
+        assert_eq!(
+            open_own(None, &path, Rule::Refuse).unwrap().found,
+            Found::Made
+        );
         for p in [tmp.path().join("a"), tmp.path().join("a/b"), path.clone()] {
             assert_eq!(
                 fs::metadata(&p).unwrap().mode() & 0o777,
@@ -441,11 +412,8 @@ mod tests {
                 p.display()
             );
         }
-        assert!(open(&tmp.path().join("absent"), false).unwrap().is_none());
-        assert!(!tmp.path().join("absent").exists());
-
         fs::set_permissions(&path, fs::Permissions::from_mode(0o770)).unwrap();
-        let why = open(&path, true).unwrap_err();
+        let why = open_own(None, &path, Rule::Refuse).unwrap_err();
         assert!(
             why.contains("writable by others") && why.contains("a/b/c"),
             "{why}"
@@ -454,12 +422,11 @@ mod tests {
         let link = tmp.path().join("link");
         fs::set_permissions(&path, fs::Permissions::from_mode(0o700)).unwrap();
         symlink(&path, &link).unwrap();
-        let why = open(&link, true).unwrap_err();
+        let why = open_own(None, &link, Rule::Refuse).unwrap_err();
         assert!(why.contains("without following a link"), "{why}");
 
         let file = tmp.path().join("file");
         fs::write(&file, b"").unwrap();
-        assert!(open(&file, true).is_err());
         assert!(open_own(None, &file, Rule::Refuse).is_err());
         let why = open_own(None, &file.join("below"), Rule::Refuse).unwrap_err();
         assert!(why.contains("file/below"), "{why}");

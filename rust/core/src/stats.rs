@@ -92,6 +92,10 @@ pub enum Counter {
     PrefetchSavedMs,
     PrefetchPlansWritten,
     PrefetchPlansRefused,
+    /// Process starts whose runtime build was computed with no record to keep its binaries'
+    /// identities in (`build_id.rs`: neither the home nor a directory of this user's own on
+    /// this host could be written), so every such start hashes them again. Appended last.
+    BuildRehashes,
 }
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
@@ -104,7 +108,7 @@ const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
 
-pub const COUNTER_NAMES: [&str; 42] = [
+pub const COUNTER_NAMES: [&str; 43] = [
     "hits",
     "misses",
     "puts",
@@ -147,6 +151,7 @@ pub const COUNTER_NAMES: [&str; 42] = [
     "prefetch_saved_ms",
     "prefetch_plans_written",
     "prefetch_plans_refused",
+    "build_rehashes",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -372,10 +377,18 @@ mod tests {
     }
 
     #[test]
-    fn prefetch_counters_are_the_last_in_order() {
+    fn prefetch_counters_follow_other_build_in_order() {
         assert_eq!(FIRST_PREFETCH, Counter::OtherBuild as usize + 1);
         assert_eq!(COUNTER_NAMES[Counter::OtherBuild as usize], "other_build");
-        assert_eq!(FIRST_PREFETCH + N_PREFETCH_COUNTERS, N_COUNTERS);
+        assert_eq!(
+            FIRST_PREFETCH + N_PREFETCH_COUNTERS,
+            Counter::BuildRehashes as usize
+        );
+        assert_eq!(Counter::BuildRehashes as usize + 1, N_COUNTERS);
+        assert_eq!(
+            COUNTER_NAMES[Counter::BuildRehashes as usize],
+            "build_rehashes"
+        );
         for (i, counter) in PREFETCH_COUNTER_NAMES.iter().enumerate() {
             assert_eq!(
                 COUNTER_NAMES[FIRST_PREFETCH + i],

@@ -29,11 +29,12 @@
 
 use crate::dir::{self, Dir, Name};
 use crate::owndir;
+use crate::record_place::{Found, Place};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 const MAGIC: &[u8; 8] = b"xpcvrec\0";
@@ -70,17 +71,12 @@ pub fn id(public: &[u8; 32], signature: &[u8; 64], message: &[u8]) -> Id {
 }
 
 /// Where the record lives unless told otherwise: `$XDG_CACHE_HOME/xla_pcache-verified`
-/// (an absolute `XDG_CACHE_HOME` only, as the XDG spec says), else `$HOME/.cache/...`. A
-/// directory of its own, beside the default cache (`$XDG_CACHE_HOME/xla_pcache`), not in
-/// it: that one may be shared.
-pub fn default_dir() -> Option<PathBuf> {
-    let from = |var: &str| {
-        std::env::var_os(var)
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-    };
-    let base = from("XDG_CACHE_HOME").or_else(|| from("HOME").map(|h| h.join(".cache")))?;
-    Some(base.join(DIR_NAME))
+/// (an absolute `XDG_CACHE_HOME` only, as the XDG spec says), else `$HOME/.cache/...`, and
+/// where that cannot be written a directory of this user's own on this host
+/// (`record_place`). A directory of its own, beside the default cache
+/// (`$XDG_CACHE_HOME/xla_pcache`), not in it: that one may be shared.
+pub fn default_place() -> Place {
+    Place::default_for(DIR_NAME)
 }
 
 /// Why a record was not used.
@@ -92,33 +88,42 @@ enum Refused {
     Garbled(String),
 }
 
-/// The record of one directory, opened on first use.
+/// The record of one place, opened on first use.
 pub struct VerificationRecord {
-    dir: PathBuf,
+    place: Place,
     /// `try_lock` only: a lock held by another thread (or by a thread of the parent at a
     /// fork) means one more verification, never a wait.
     state: Mutex<State>,
     problems: AtomicU64,
+    /// A refusal was warned of: a record kept nowhere then goes without another warning.
+    warned: AtomicBool,
 }
 
 impl std::fmt::Debug for VerificationRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VerificationRecord({})", self.dir.display())
+        write!(f, "VerificationRecord({:?})", self.place.candidates())
     }
 }
 
 enum State {
     Unopened,
-    /// Refused (a hostile file or directory): nothing is read or written.
-    Off,
-    Open(Opened),
+    Open(Box<Opened>),
 }
 
 struct Opened {
-    /// None: the directory does not exist yet (the first write makes it).
-    dir: Option<Dir>,
+    /// The record's directory: the first of the place this user can write. None: there is
+    /// none (nothing is recorded; `skipped` says why).
+    dir: Option<Found>,
     /// None: no record yet, or a garbled one that the next write replaces.
     file: Option<Loaded>,
+    /// `file` is a read-only record of ours outside `dir` (an image's): the first write
+    /// carries its ids into `dir`.
+    from_image: bool,
+    /// Directories refused as someone else's (or holding someone else's record): never
+    /// read nor written.
+    refused: Vec<PathBuf>,
+    /// Why each candidate before `dir` could not be used.
+    skipped: Vec<String>,
 }
 
 struct Loaded {
@@ -136,17 +141,24 @@ struct Loaded {
 }
 
 impl VerificationRecord {
-    /// The record in `dir` (created, mode 0700, when the first id is recorded).
+    /// The record in `dir` and nowhere else (created, mode 0700, when the first id is
+    /// recorded).
     pub fn at(dir: PathBuf) -> VerificationRecord {
+        VerificationRecord::in_place(Place::only(dir))
+    }
+
+    /// The record in the first usable directory of `place`.
+    pub fn in_place(place: Place) -> VerificationRecord {
         VerificationRecord {
-            dir,
+            place,
             state: Mutex::new(State::Unopened),
             problems: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
         }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    pub fn place(&self) -> &Place {
+        &self.place
     }
 
     /// How many times a record was refused since the last call.
@@ -169,7 +181,7 @@ impl VerificationRecord {
         };
         self.ensure_open(&mut st);
         match &mut *st {
-            State::Open(Opened { file: Some(l), .. }) => l.contains(id),
+            State::Open(o) => o.file.as_mut().is_some_and(|l| l.contains(id)),
             _ => false,
         }
     }
@@ -187,67 +199,126 @@ impl VerificationRecord {
         match self.add_to(o, id) {
             Ok(()) => {}
             Err(Refused::Hostile(why)) => {
-                self.refused(&why);
-                *st = State::Off;
+                // Planted since it was opened: that directory is left alone from now on.
+                if let Some(found) = o.dir.take() {
+                    self.refused(&found.path, &why);
+                    o.refused.push(found.path);
+                }
+                o.file = None;
             }
             Err(Refused::Garbled(e)) => log::debug!(
-                "xla_pcache: could not add to the verification record in {}: {e}",
-                self.dir.display()
+                "xla_pcache: could not add to the verification record in {:?}: {e}",
+                o.dir.as_ref().map(|d| &d.path)
             ),
         }
     }
 
+    /// The record of the place, in the first directory of it this user can write
+    /// (`Place::open`; a directory or record someone else may control is refused, and the
+    /// next tried). Where that one has no record yet, a read-only one of ours before it (an
+    /// image's) is read instead, and carried over by the first write.
     fn ensure_open(&self, st: &mut State) {
         if !matches!(st, State::Unopened) {
             return;
         }
-        *st = match owndir::open(&self.dir, false) {
-            Err(why) => {
-                self.refused(&why);
-                State::Off
+        let mut o = Opened {
+            dir: None,
+            file: None,
+            from_image: false,
+            refused: Vec::new(),
+            skipped: Vec::new(),
+        };
+        loop {
+            let seen = self.place.open(&o.refused);
+            o.skipped = seen.skipped;
+            for (at, why) in seen.refused {
+                self.refused(&at, &why);
+                o.refused.push(at);
             }
-            Ok(None) => State::Open(Opened {
-                dir: None,
-                file: None,
-            }),
-            Ok(Some(dir)) => match load(&dir) {
-                Ok(file) => State::Open(Opened {
-                    dir: Some(dir),
-                    file,
-                }),
+            let image = seen.read_only.and_then(|i| match load(&i.dir) {
+                Ok(file) => file,
+                Err(Refused::Hostile(why) | Refused::Garbled(why)) => {
+                    self.refused(&i.path, &why);
+                    None
+                }
+            });
+            let Some(found) = seen.found else {
+                o.from_image = image.is_some();
+                o.file = image;
+                break;
+            };
+            match load(&found.dir) {
+                Ok(file) => {
+                    o.from_image = file.is_none() && image.is_some();
+                    o.file = file.or(image);
+                    o.dir = Some(found);
+                    break;
+                }
                 Err(Refused::Hostile(why)) => {
-                    self.refused(&why);
-                    State::Off
+                    self.refused(&found.path, &why);
+                    o.refused.push(found.path);
                 }
                 Err(Refused::Garbled(why)) => {
-                    self.refused(&why);
-                    State::Open(Opened {
-                        dir: Some(dir),
-                        file: None,
-                    })
+                    self.refused(&found.path, &why);
+                    o.dir = Some(found);
+                    break;
                 }
-            },
-        };
+            }
+        }
+        *st = State::Open(Box::new(o));
     }
 
-    fn refused(&self, why: &str) {
+    fn refused(&self, at: &Path, why: &str) {
         self.problems.fetch_add(1, Ordering::Relaxed);
+        self.warned.store(true, Ordering::Relaxed);
+        let mut rest = self.place.candidates().iter().skip_while(|c| *c != at);
+        let what = match rest.nth(1) {
+            Some(next) => format!("the next place is tried ({})", next.display()),
+            None => "signatures are verified as if it were absent".to_string(),
+        };
         log::warn!(
-            "xla_pcache: the verification record in {} is not used: {why}; signatures are \
-             verified as if it were absent",
-            self.dir.display()
+            "xla_pcache: the verification record in {} is not used: {why}; {what}",
+            at.display()
+        );
+    }
+
+    /// No directory of the place can hold the record: one warning per process (none after
+    /// a refusal, which said so).
+    fn kept_nowhere(&self, why: &[String]) {
+        // Once per process: every trusting store of it would say the same.
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if self.warned.load(Ordering::Relaxed) || WARNED.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        log::warn!(
+            "xla_pcache: the signatures this process verifies cannot be remembered ({}): \
+             every process verifies each entry's signature again (xla-pcache doctor says \
+             where the record is looked for)",
+            if why.is_empty() {
+                "every directory it may be kept in was refused".to_string()
+            } else {
+                why.join("; ")
+            }
         );
     }
 
     fn add_to(&self, o: &mut Opened, id: Id) -> Result<(), Refused> {
         let io = |e: io::Error| Refused::Garbled(e.to_string());
-        if o.dir.is_none() {
-            // Made by this user for this user; a failure (a read-only home) leaves no record.
-            o.dir = owndir::open(&self.dir, true).map_err(Refused::Hostile)?;
-        }
-        let Some(dir) = &o.dir else {
+        let Some(Found { dir, .. }) = &o.dir else {
+            self.kept_nowhere(&o.skipped);
             return Ok(());
         };
+        if o.from_image {
+            // An image's record, read-only: carried over into this directory's, unless
+            // another process made one there since.
+            o.from_image = false;
+            if let (Some(l), Err(_)) = (o.file.take(), dir.stat(&FILE)) {
+                let ids = l.all_ids().map_err(io)?;
+                rewrite(dir, ids, 0, id).map_err(io)?;
+                o.file = load(dir).ok().flatten();
+                return Ok(());
+            }
+        }
         // Another process may have rewritten the record since: append to the file at the
         // name now, not to the one this process opened.
         let current = dir.stat(&FILE).ok();
@@ -590,6 +661,46 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    #[test]
+    fn a_home_that_cannot_be_written_keeps_the_record_in_the_next_place() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), b"x").unwrap();
+        let next = t.path().join("tmp/xla_pcache-verified-1");
+        let place = || Place::of(vec![t.path().join("f/rec"), next.clone()]);
+        let mine = ids(5, 3);
+        let r = VerificationRecord::in_place(place());
+        for id in &mine {
+            r.add(*id);
+        }
+        assert!(next.join("record").is_file());
+        let later = VerificationRecord::in_place(place());
+        assert!(mine.iter().all(|id| later.contains(id)));
+        assert_eq!(later.take_problems(), 0);
+    }
+
+    #[test]
+    fn a_hostile_record_in_the_first_place_is_left_and_the_next_used() {
+        let t = tempfile::tempdir().unwrap();
+        let mine = ids(5, 4);
+        let first = written(t.path(), &mine);
+        std::fs::set_permissions(first.join("record"), std::fs::Permissions::from_mode(0o622))
+            .unwrap();
+        let planted = std::fs::read(first.join("record")).unwrap();
+        let second = t.path().join("second");
+        let place = || Place::of(vec![first.clone(), second.clone()]);
+        let r = VerificationRecord::in_place(place());
+        assert!(
+            !r.contains(&mine[0]),
+            "a record others may write is never read"
+        );
+        r.add(mine[1]);
+        assert_eq!(r.take_problems(), 1);
+        assert_eq!(std::fs::read(first.join("record")).unwrap(), planted);
+        let later = VerificationRecord::in_place(place());
+        assert!(later.contains(&mine[1]) && !later.contains(&mine[0]));
+        assert_eq!(later.take_problems(), 1);
     }
 
     #[test]

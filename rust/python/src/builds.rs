@@ -4,28 +4,33 @@
 use crate::errors::no_panic;
 use pyo3::prelude::*;
 use std::path::PathBuf;
-use xla_pcache_core::{default_build_record_dir, mapped_objects, BuildIdRecord, Loaded};
+use xla_pcache_core::{
+    default_build_record_place, mapped_objects, BuildIdRecord, Loaded, RecordPlace, RecordUse,
+};
 
 /// One file's identity as Python sees it: (kind, id hex, changed ns, computed now,
 /// loaded, size), or why it could not be read.
 type Identified = Result<(String, String, u64, bool, String, u64), String>;
 
 /// The identity of each file of `paths` (`("build-id" | "blake3", hex, ctime ns, computed
-/// now, "no" | "same" | "replaced", size)`, or a message when it cannot be read), and how many
-/// times the user's record was refused (one warning each, logged). `record_dir`: the
-/// record's directory, default `$XDG_CACHE_HOME/xla_pcache-builds`. Hashing runs with the
-/// GIL released.
+/// now, "no" | "same" | "replaced", size)`, or a message when it cannot be read), how many
+/// times the user's record was refused (one warning each, logged), and where the record is
+/// (`(directory read from or written to, or None; the directories before it that could not
+/// be used, with why; why identities computed now are remembered nowhere, or None)`).
+/// `record_dir`: the record's directory and no other; by default
+/// `$XDG_CACHE_HOME/xla_pcache-builds`, else a directory of this user's own on this host
+/// where that cannot be written. Hashing runs with the GIL released.
 #[pyfunction]
 #[pyo3(signature = (paths, record_dir=None))]
 pub fn identify_binaries(
     py: Python<'_>,
     paths: Vec<PathBuf>,
     record_dir: Option<PathBuf>,
-) -> PyResult<(Vec<Py<PyAny>>, u64)> {
-    let dir = record_dir.or_else(default_build_record_dir);
-    let (found, problems): (Vec<Identified>, u64) = py.detach(|| {
+) -> PyResult<(Vec<Py<PyAny>>, u64, Placed)> {
+    let place = record_dir.map_or_else(default_build_record_place, RecordPlace::only);
+    let (found, problems, used): (Vec<Identified>, u64, RecordUse) = py.detach(|| {
         no_panic("identify_binaries", || {
-            let record = BuildIdRecord::at(dir);
+            let record = BuildIdRecord::in_place(place);
             let mapped = mapped_objects();
             let out = record
                 .identify(&paths, &mapped)
@@ -48,7 +53,7 @@ pub fn identify_binaries(
                     Err(e) => Err(format!("{}: {e}", p.display())),
                 })
                 .collect();
-            Ok((out, record.take_problems()))
+            Ok((out, record.take_problems(), record.used()))
         })
     })?;
     let out = found
@@ -58,5 +63,14 @@ pub fn identify_binaries(
             Err(m) => Ok(m.into_pyobject(py)?.into_any().unbind()),
         })
         .collect::<PyResult<Vec<_>>>()?;
-    Ok((out, problems))
+    let placed = (
+        used.dir.map(|d| d.display().to_string()),
+        used.skipped,
+        used.unkept,
+    );
+    Ok((out, problems, placed))
 }
+
+/// Where a record is, for Python: (its directory, or None; those before it that could not
+/// be used, with why; why what was computed is kept nowhere, or None).
+type Placed = (Option<String>, Vec<String>, Option<String>);

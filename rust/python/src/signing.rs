@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
-use xla_pcache_core::{default_verification_record_dir, Signer, TrustSet, VerificationRecord};
+use xla_pcache_core::{default_verification_record_place, Signer, TrustSet, VerificationRecord};
 
 /// 32 random bytes from the operating system: a new Ed25519 private key.
 #[pyfunction]
@@ -61,11 +61,14 @@ pub fn signer(arg: Option<(String, Vec<u8>)>) -> PyResult<Option<Arc<Signer>>> {
 }
 
 /// The `trusted_keys` argument of Store: (name, 32-byte public key) pairs. Signatures
-/// verified are kept in this user's record (`$XDG_CACHE_HOME/xla_pcache-verified`).
+/// verified are kept in this user's record (`$XDG_CACHE_HOME/xla_pcache-verified`, else a
+/// directory of this user's own on this host where that cannot be written).
 pub fn trust(arg: Option<Vec<(String, Vec<u8>)>>) -> PyResult<Option<Arc<TrustSet>>> {
     arg.map(|keys| {
-        let record = default_verification_record_dir().map(|d| Arc::new(VerificationRecord::at(d)));
-        trusted_set(&keys).map(|t| Arc::new(t.with_record(record)))
+        let record = Arc::new(VerificationRecord::in_place(
+            default_verification_record_place(),
+        ));
+        trusted_set(&keys).map(|t| Arc::new(t.with_record(Some(record))))
     })
     .transpose()
 }

@@ -697,6 +697,16 @@ impl PyStore {
         })
     }
 
+    /// Counts a process start that hashed its runtime's binaries with no record to keep
+    /// their identities in (`build_rehashes` in `stats`).
+    fn count_build_rehash(&self) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("count_build_rehash", || {
+            store.count_build_rehash();
+            Ok(())
+        })
+    }
+
     /// Counts a lookup served by `blob`, an entry read earlier with `get(count=False)`: a
     /// hit, its bytes, its recorded compile time and a use of its entry, as `get` would.
     fn count_hit(&self, blob: PyRef<'_, PyBlob>) -> PyResult<()> {

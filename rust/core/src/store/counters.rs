@@ -134,6 +134,13 @@ impl Store {
         self.maybe_flush_stats(false);
     }
 
+    /// Counts a process start that computed its runtime build with no record to keep the
+    /// binaries' identities in: every such start hashes them again.
+    pub fn count_build_rehash(&self) {
+        self.counters.inc(Counter::BuildRehashes);
+        self.maybe_flush_stats(false);
+    }
+
     pub(super) fn maybe_flush_stats(&self, force: bool) {
         // Claims released through their own handle count here (they cannot reach us).
         self.note_abandoned();
