@@ -246,3 +246,25 @@ def test_a_host_local_directory_is_never_a_url(var: str, url: str) -> None:
     (on 6b856ec torch_xla's was taken as it was: './file:/srv/x')."""
     with pytest.raises(ValueError, match=f"invalid {var}: a local directory, not a URL"):
         Settings.from_env({var: url})
+
+
+def test_torch_xla_install_refuses_a_url_as_its_local_dir() -> None:
+    """``local_dir`` is a host-local directory: a URL there is refused by name before
+    torch_xla is touched, never made into a directory named after it."""
+    import xla_pcache.torch_xla as xt
+
+    with pytest.raises(ValueError, match="local_dir"):
+        xt.install("/tmp/unused-cache", local_dir="file:///tmp/x")
+
+
+def test_the_demo_refuses_a_read_only_url(tmp_path: Path) -> None:
+    """The demo writes to the cache: a ``?ro=1`` path is one error line, exit status 2."""
+    r = subprocess.run(
+        [sys.executable, "-m", "xla_pcache", "demo", "--path", f"file://{tmp_path}/c?ro=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r
+    assert "?ro=1" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "c").exists()

@@ -172,8 +172,8 @@ def demo(
 ) -> None:
     """Compile a small program twice and show the second run hit the cache."""
     with reported():
-        main_fn = _lazy_main("demo")
-    raise typer.Exit(int(main_fn(path, keep)))
+        code = int(_lazy_main("demo")(path, keep))
+    raise typer.Exit(code)
 
 
 def doctor(path: PathOption = None, as_json: JsonOption = False) -> None:

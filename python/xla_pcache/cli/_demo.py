@@ -190,7 +190,11 @@ def _resolve_path(path: str | None) -> str:
 
     settings = Settings.from_env()
     # A directory made absolute; a bucket's URL as it is (never a directory named after it).
-    return route(path or settings.path or settings.default_cache_path()).path
+    where = route(path or settings.path or settings.default_cache_path())
+    if where.read_only:
+        # The demo's point is a cold process writing and a warm one reading it back.
+        raise ValueError("the demo writes to the cache: give it a path without ?ro=1")
+    return where.path
 
 
 def _remove_demo_entries(path: str, nonce: str, plans: set[str]) -> tuple[int, int]:

@@ -374,6 +374,9 @@ def install(
     Calling it again with the same settings returns the same object.
     """
     global _installed, _explicit_depth
+    if local_dir is not None and is_url(os.fspath(local_dir)):
+        # Never a directory named after a URL; not quoted: a URL may carry a credential.
+        raise ValueError("invalid local_dir: a local directory, not a URL")
     _explicit_depth += 1
     try:
         xlac = _torch_xla()
