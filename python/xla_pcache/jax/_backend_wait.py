@@ -57,6 +57,16 @@ def default_backend() -> Any | None:
     return backend
 
 
+def process_index() -> int:
+    """This process's index before the backend is up: ``jax.distributed.initialize`` comes
+    before the backends start, and the backend's ``process_index()`` then says the same."""
+    try:
+        state = importlib.import_module("jax._src.distributed").global_state
+        return int(getattr(state, "process_id", 0) or 0)
+    except Exception:
+        return 0
+
+
 def supported() -> bool:
     """Whether this JAX keeps its backends where ``default_backend`` looks."""
     try:

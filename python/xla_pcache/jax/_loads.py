@@ -52,6 +52,7 @@ class Slot:
     __slots__ = (
         "blob",
         "cpu_s",
+        "dropped",
         "entry",
         "executable",
         "loaded_at",
@@ -70,6 +71,8 @@ class Slot:
         self.options = b""
         self.state = State.QUEUED
         self.urgent = False
+        # Not wanted any more (its variant is not a candidate): let go once fetched.
+        self.dropped = False
         self.serialized: Any = None
         self.executable: Any = None
         self.time: Any = None

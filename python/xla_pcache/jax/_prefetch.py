@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import importlib
 import os
 import threading
 import time
@@ -46,6 +45,7 @@ from typing import Any
 from xla_pcache import builds
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _loads, _plan
+from xla_pcache.jax._backend_wait import process_index
 from xla_pcache.jax._loads import (
     PENDING,
     CpuShare,
@@ -72,16 +72,6 @@ PLAN_WAIT_S = 2.0
 CLOSE_WAIT_S = 10.0
 # Reads whose options are kept for the put after a miss (JAX puts right after it compiles).
 _RECENT_READS = 256
-
-
-def _process_index() -> int:
-    """This process's index before the backend is up: ``jax.distributed.initialize`` comes
-    before it, and the backend's ``process_index()`` then says the same."""
-    try:
-        state = importlib.import_module("jax._src.distributed").global_state
-        return int(getattr(state, "process_id", 0) or 0)
-    except Exception:
-        return 0
 
 
 _sessions: weakref.WeakSet[Prefetch] = weakref.WeakSet()
@@ -155,6 +145,7 @@ class Prefetch:
         # None until the plan is read; ``_applied`` once the backend is known and applied.
         self._recog: Recognition | None = None
         self._applied = False
+        self._waited = False
         self._slots: dict[str, Slot] = {}
         self._queue: list[Slot] = []
         self._fetched: collections.deque[Slot] = collections.deque()
@@ -172,9 +163,8 @@ class Prefetch:
         self._last_take = time.monotonic()
         self._workers: list[threading.Thread] = []
         self._thread: threading.Thread | None = None
-        # For the report: when the session began, each taken read's position, wait and when
-        # its load ended; the main-thread time the takes spared, and their loads' CPU and
-        # wall time on the workers.
+        # For the report: each taken read's position, wait and load's end; the time spared,
+        # and the loads' CPU and wall time.
         self._t0 = time.perf_counter()
         self._waits: list[tuple[int, float, float]] = []
         self._reads = 0
@@ -200,7 +190,6 @@ class Prefetch:
                 self._begin(backend, wait_backend)
 
     def _begin(self, backend: Any, wait_backend: Any) -> None:
-        """(Under the lock.)"""
         global _exit_registered
         self._began = True
         self._backend = backend
@@ -219,11 +208,15 @@ class Prefetch:
         try:
             build = self._build if isinstance(self._build, builds.Build) else self._build()
             if build is None:
-                return  # no build, no store key: nothing to load or write (JAX's way)
+                # No build, no store key: nothing to load or write (reads go JAX's way).
+                with self._cond:
+                    self._applied = True
+                    self._cond.notify_all()
+                return
             self._suffix = build.suffix
             with self._cond:
                 backend = self._backend
-            self._process = int(backend.process_index()) if backend else _process_index()
+            self._process = int(backend.process_index()) if backend else process_index()
             self._read_plan()
             backend = self._await_backend()
             if backend is None:
@@ -353,8 +346,9 @@ class Prefetch:
 
     def _drop(self, slots: list[Slot]) -> None:
         """Let go of those of ``slots`` not started or only fetched (not counted wasted:
-        never loaded)."""
+        never loaded); one being fetched is let go when it is."""
         for slot in slots:
+            slot.dropped = True
             if slot.state is State.QUEUED:
                 self._queue.remove(slot)
                 slot.state = State.SKIPPED
@@ -446,9 +440,10 @@ class Prefetch:
             self._writer.read(entry)
             if self._writer.dirty and not was_due:
                 self._cond.notify_all()
-            if not self._applied:
+            if not self._applied and not self._waited:
                 # The plan is read first (one local read, or a fetch from the tiers, on the
-                # session's thread), so that this read too can be served by it.
+                # session's thread), so that this read too can be served by it; once.
+                self._waited = True
                 self._cond.wait_for(lambda: self._applied or self._closed, PLAN_WAIT_S)
             if self._recog is None or not self._applied:
                 if self._recog is not None:
@@ -536,7 +531,7 @@ class Prefetch:
                         go = self._applied and self._backend is not None
                         if slot.state is not State.FETCHED:
                             go = False
-                        elif self._ended or self._closed:
+                        elif self._ended or self._closed or slot.dropped:
                             self._release(slot, State.SKIPPED)
                             go = False
                         elif go:
