@@ -93,7 +93,7 @@ class CpuShare:
     spends 4 % of its CPU time in that thread, and about as much process CPU time as it
     takes wall time when the machine is idle). The wall time a step takes on a worker is
     no measure either: it also counts waiting for cores and for the GIL, which the main
-    thread busy tracing holds (measured: 2-3 times the process CPU time). So every step's
+    thread busy tracing holds (measured: 2-7 times the process CPU time). So every step's
     start and end samples the process's CPU time and the main thread's, and what the other
     threads used in between is shared by the steps then in progress. It counts the CPU time
     of whatever else the program runs off its main thread meanwhile (a computation's
