@@ -1,44 +1,54 @@
-"""Warm start of a multi-program JAX workload: xla_pcache loading ahead, xla_pcache reading as
+"""Warm start of multi-program JAX workloads: xla_pcache loading ahead, xla_pcache reading as
 JAX asks (plain), JAX's own cache, and a cold start, side by side in fresh processes.
 
-    python bench/warm_start.py                      # CPU, the small model, 5 repeats
-    python bench/warm_start.py --quick              # 2 repeats
-    python bench/warm_start.py --size 300m --repeats 3 --out DIR   # the TPU run
+    python bench/warm_start.py                           # CPU: every scenario, small sizes
+    python bench/warm_start.py --scenario lm --quick     # one scenario, 2 repeats
+    python bench/warm_start.py --scenario lm --size 300m --repeats 3 --out DIR   # a TPU run
 
-The workload (``workload``) is a transformer language model in plain JAX: embedding,
-``layers`` blocks of attention and MLP, Adam, with a jitted training step, a jitted evaluation
-and a jitted greedy next-token step at each of four sequence lengths, after eager parameter
-and optimizer initialisation: a few dozen executables, most of them small, the training steps
-large. ``--size small`` is for CPUs; ``--size 300m`` (d_model 2048, 5 layers, vocabulary
-32,768: about 319 M parameters) for an accelerator. Layers are a Python loop (unrolled in
-the program), as in most hand-written models; with ``--scan`` they go through ``lax.scan``
-over stacked parameters, as large models are written to keep tracing and compiling short:
-the same executables, each traced in a fraction of the time, so that reading them is a
-larger share of a warm start.
+Scenarios (``--scenario``, default ``all``):
 
-Each row is a fresh process configured by the environment alone, as a user would:
+- ``lm``: one program, a transformer language model in plain JAX (``workload``): embedding,
+  ``layers`` blocks of attention and MLP, Adam, with a jitted training step, a jitted
+  evaluation and a jitted greedy next-token step at each of four sequence lengths, after
+  eager parameter and optimizer initialisation: a few dozen executables, most of them small,
+  the training steps large. ``--size small`` is for CPUs; ``--size 300m`` (d_model 2048, 5
+  layers, vocabulary 32,768: about 319 M parameters) for an accelerator. Layers are a Python
+  loop (unrolled in the program); with ``--scan`` they go through ``lax.scan``.
+- ``alternating``: two programs behind one script, with the same command line, the program
+  chosen by a variable (``BENCH_PROGRAM``), as many training scripts choose a configuration:
+  A is the LM above, B the same model narrower (d_model three quarters, so every program
+  but the tiniest differs). Each warm row runs A then B, ``--repeats`` times.
+- ``suite``: a test suite of many small programs (``--suite-files`` files of 6 tests, each
+  test jitting programs of its own shapes), run by ``python -m pytest`` in its directory.
+  Its measure is the whole run.
+- (The start after the store's entries are removed, and the plan kept, belongs with
+  compiling ahead; it takes its place in ``SCENARIOS``.)
+
+Each row is a fresh process configured by the environment alone, as a user would; the
+command line is the same in every row (what a process is to do comes in ``BENCH_SPEC``):
 
 - ``cold``: an empty xla_pcache store; it fills the store (and its plan) for the warm rows;
 - ``jax``: JAX's own cache (``JAX_COMPILATION_CACHE_DIR``, every program cached, no side
   caches so that its keys are xla_pcache's), with ``XLA_PCACHE_DISABLE=1``; its directory
-  holds the very entries the cold process put in the store, copied as JAX names them
+  holds the very entries the cold processes put in the store, copied as JAX names them
   (``<key>-cache``), so both caches serve the same bytes and no second cold compile is paid;
 - ``plain``: that store with ``XLA_PCACHE_PREFETCH=0``: each read on the main thread when
   JAX asks;
 - ``prefetch``: that store as installed (loading ahead on).
 
-The warm rows run round-robin, ``--repeats`` times, so a change in the machine's load falls
-on each alike. Per process: the first steps (from the backend's being up, model
-initialisation included, until the first training step, evaluation and greedy step at every
-length are done; the ratios are of these), the backend's start before them (``jax.devices()``
-first: seconds on a TPU, the same in every row, when no cache can do anything yet), the same
-from the process's start (Python, importing JAX and bringing the backend up added), the process
-wall time, its CPU time, JAX's own hit events and the time its cache reads took on the main
-thread (its ``cache_retrieval_time_sec`` events), split for the rows that read on the main
-thread into the cache's get and JAX's decompression; with loading ahead, what it loaded, used
-and wasted.
+The warm rows run round-robin, so a change in the machine's load falls on each alike. Per
+LM process: the first steps (from the backend's being up, model initialisation included,
+until the first training step, evaluation and greedy step at every length are done; the
+ratios are of these), the backend's start before them (``jax.devices()`` first: seconds on
+a TPU, the same in every row), the same from the process's start, the process wall time,
+its CPU time, JAX's own hit events and the time its cache reads took on the main thread
+(its ``cache_retrieval_time_sec`` events), split for the rows that read on the main thread
+into the cache's get and JAX's decompression; with loading ahead, what it loaded, used and
+wasted, the plans it wrote, and the main-thread time it counted saved (``prefetch_saved_ms``)
+beside the time measured (plain's reads on the main thread less loading ahead's) and the
+loads' wall time on the workers less the waits (what the counter said before this release).
 Medians, and the ratios of the warm rows to JAX's own cache and to plain. Every row must
-compute the same losses. Results (JSON) and the table (markdown) go to ``--out``.
+compute the same results. Results (JSON) and the tables (markdown) go to ``--out``.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -267,25 +278,121 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
 
         report = xj.prefetch_report()
         if report is not None:
-            out["prefetch"] = {
-                "states": report["states"],
-                **{k: report[k] for k in ("waited", "waited_s", "longest_wait", "last_load_s")},
-                **report.get("counters", {}),
-            }
+            out["prefetch"] = prefetch_fields(report)
     return out
+
+
+def prefetch_fields(report: dict[str, Any]) -> dict[str, Any]:
+    """What the bench keeps of ``xla_pcache.jax.prefetch_report()``."""
+    keys = ("began", "waited", "waited_s", "longest_wait", "last_load_s", "saved_s")
+    keys += ("load_cpu_s", "load_wall_s", "variants", "candidates")
+    return {
+        "states": report["states"],
+        **{k: report.get(k) for k in keys},
+        **report.get("counters", {}),
+    }
+
+
+# ----------------------------------------------------------------------- a test suite
+
+# The suite's conftest: JAX's events counted over the whole run, written at its end with what
+# loading ahead did, to the file BENCH_REPORT names. Knows nothing of the cache otherwise.
+SUITE_CONFTEST = """
+import json, os, time
+import jax
+
+EVENTS = {"hits": 0, "misses": 0, "reads_s": 0.0}
+START = time.perf_counter()
+
+def _event(event, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        EVENTS["hits"] += 1
+    elif event == "/jax/compilation_cache/cache_misses":
+        EVENTS["misses"] += 1
+
+def _duration(event, duration_secs, **_):
+    if event == "/jax/compilation_cache/cache_retrieval_time_sec":
+        EVENTS["reads_s"] += duration_secs
+
+jax.monitoring.register_event_listener(_event)
+jax.monitoring.register_event_duration_secs_listener(_duration)
+
+def pytest_sessionfinish(session, exitstatus):
+    out = dict(EVENTS, run_s=time.perf_counter() - START, failed=session.testsfailed)
+    out["results"] = RESULTS
+    if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
+        import xla_pcache.jax as xj
+        report = xj.prefetch_report()
+        if report is not None:
+            out["prefetch"] = report
+    with open(os.environ["BENCH_REPORT"], "w") as f:
+        json.dump(out, f)
+
+RESULTS = {}
+"""
+
+# One file of the suite: six tests, each jitting programs of its own shapes (a file's index
+# in every shape, so no two files share a program).
+SUITE_FILE = """
+import jax, jax.numpy as jnp
+import numpy as np
+import conftest
+
+N = {n}
+
+def _record(name, value):
+    conftest.RESULTS[f"{{__name__}}.{{name}}"] = float(np.asarray(value).sum())
+
+def test_elementwise():
+    x = jnp.linspace(0, 1, N + 3)
+    _record("elementwise", jax.jit(lambda a: jnp.tanh(a) * jnp.cos(a) + a ** 2)(x))
+
+def test_matmul():
+    x = jnp.ones((N + 2, 8), jnp.float32)
+    _record("matmul", jax.jit(lambda a: jax.nn.relu(a @ a.T).sum(axis=0))(x))
+
+def test_grad():
+    w = jnp.full((N + 4,), 0.5)
+    loss = lambda w: jnp.sum(jnp.sin(w) ** 2)
+    _record("grad", jax.jit(jax.grad(loss))(w))
+
+def test_vmap():
+    x = jnp.arange((N + 1) * 4, dtype=jnp.float32).reshape(N + 1, 4)
+    _record("vmap", jax.jit(jax.vmap(lambda r: jnp.dot(r, r)))(x))
+
+def test_scan():
+    x = jnp.arange(N + 5, dtype=jnp.float32)
+    step = lambda c, v: (c * 0.9 + v, c)
+    _record("scan", jax.jit(lambda xs: jax.lax.scan(step, 0.0, xs)[0])(x))
+
+def test_softmax():
+    x = jnp.linspace(-2, 2, 3 * (N + 2)).reshape(3, N + 2)
+    _record("softmax", jax.jit(lambda a: jax.nn.log_softmax(a, axis=-1))(x))
+"""
+
+
+def make_suite(root: Path, files: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "conftest.py").write_text(SUITE_CONFTEST)
+    for i in range(files):
+        (root / f"test_part_{i:03d}.py").write_text(SUITE_FILE.format(n=i))
 
 
 # ----------------------------------------------------------------------- the processes
 
 
-def _env(case: str, store: Path, jax_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_P"))}
+def _env(
+    case: str, store: Path, jax_dir: Path, spec: dict[str, Any] | None = None
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_P", "BENCH_"))}
     # As installed packages run: from bytecode (pip compiles it at install; the cold row
     # writes it for a source checkout). Without it every process compiles xla_pcache's
     # modules again, about 55 ms on this bench's CPU, while JAX's come compiled from its wheel.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if "JAX_PLATFORMS" in os.environ:
         env["JAX_PLATFORMS"] = os.environ["JAX_PLATFORMS"]
+    if spec is not None:
+        env["BENCH_SPEC"] = json.dumps(spec)
     if case == "jax":
         env.update(
             XLA_PCACHE_DISABLE="1",
@@ -305,30 +412,51 @@ def _env(case: str, store: Path, jax_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_process(
-    case: str, cfg: dict[str, Any], store: Path, jax_dir: Path, timeout: float
-) -> dict[str, Any]:
-    spec = {**cfg, "split_reads": case in ("jax", "plain")}
-    spawned = time.time()
+def _process(
+    case: str, argv: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None
+) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Runs one process: it, its wall time and its CPU time (every thread's)."""
     start = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(spec), "--spawned", repr(spawned)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(case, store, jax_dir),
-        check=False,
+        argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=False
     )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        raise RuntimeError(f"{case} process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{case} process failed ({proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+        )
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc, wall, cpu
+
+
+def run_lm(
+    case: str, cfg: dict[str, Any], store: Path, jax_dir: Path, timeout: float, **env_extra: str
+) -> dict[str, Any]:
+    """One LM process. The command line is the same for every row and program."""
+    spec = {**cfg, "split_reads": case in ("jax", "plain"), "spawned": time.time()}
+    env = {**_env(case, store, jax_dir, spec), **env_extra}
+    proc, wall, cpu = _process(case, [sys.executable, __file__, "--worker"], env, timeout)
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["wall_s"] = wall
-    # CPU time the process used, all its threads (and XLA's) together.
-    result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    result["case"] = case
+    result.update(wall_s=wall, cpu_s=cpu, case=case, **env_extra)
+    return result
+
+
+def run_suite(case: str, suite: Path, store: Path, jax_dir: Path, timeout: float) -> dict[str, Any]:
+    """The test suite in one process: ``python -m pytest`` in its directory."""
+    report = suite.parent / "suite-report.json"
+    report.unlink(missing_ok=True)
+    env = {**_env(case, store, jax_dir), "BENCH_REPORT": str(report)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    proc, wall, cpu = _process(case, argv, env, timeout, cwd=suite)
+    result: dict[str, Any] = json.loads(report.read_text())
+    if result.get("failed"):
+        raise RuntimeError(f"{case}: the suite failed:\n{proc.stdout[-3000:]}")
+    if "prefetch" in result:
+        result["prefetch"] = prefetch_fields(result["prefetch"])
+    result.update(wall_s=wall, cpu_s=cpu, case=case)
     return result
 
 
@@ -337,14 +465,14 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
     (by JAX's key: the store's less its runtime build)."""
     from xla_pcache import Store, builds
     from xla_pcache.config import Settings
-    from xla_pcache.jax._plan import KEY_PREFIX
+    from xla_pcache.jax._plan import ANY_PREFIX
 
     jax_dir.mkdir(parents=True, exist_ok=True)
     n = 0
     with Store(store, read_only=True, settings=Settings()) as s:
         keys = s.keys()
         for key in keys:
-            if not isinstance(key, str) or key.startswith(KEY_PREFIX):
+            if not isinstance(key, str) or key.startswith(ANY_PREFIX):
                 continue
             blob = s.get(key)
             if blob is not None:
@@ -358,10 +486,10 @@ def stored_executables(store: Path) -> tuple[int, int]:
     """How many executables the store holds and their payload bytes (its plan left out)."""
     from xla_pcache import Store
     from xla_pcache.config import Settings
-    from xla_pcache.jax._plan import KEY_PREFIX
+    from xla_pcache.jax._plan import ANY_PREFIX
 
     with Store(store, read_only=True, settings=Settings()) as s:
-        rows = [e for e in s.entries() if not str(e["key"]).startswith(KEY_PREFIX)]
+        rows = [e for e in s.entries() if not str(e["key"]).startswith(ANY_PREFIX)]
     return len(rows), sum(int(e["size"]) for e in rows)
 
 
@@ -372,22 +500,61 @@ def med(rows: list[dict[str, Any]], field: str) -> float:
     return float(statistics.median(float(r[field]) for r in rows))
 
 
-def table(results: dict[str, Any]) -> str:
+def pf_med(rows: list[dict[str, Any]], field: str) -> float:
+    return float(statistics.median(float(r.get("prefetch", {}).get(field) or 0) for r in rows))
+
+
+def header(results: dict[str, Any]) -> str:
+    return (
+        f"{results['model']}; {results['executables']} executables stored "
+        f"({results['stored_mb']:.1f} MB as JAX compresses them); {results['backend']} "
+        f"({results['devices']} device(s)), {results['cpu']}, {results['cpus']} CPUs; "
+        f"jax {results['versions'].get('jax')}; {results['repeats']} warm process(es) per row, "
+        f"medians; load average {results['load_start']} at start, {results['load_end']} at end."
+    )
+
+
+def ahead(rows: list[dict[str, Any]]) -> str:
+    """Loading ahead's used / wasted of planned (medians), and plans written (all rows)."""
+    if not rows or "prefetch" not in rows[0]:
+        return ""
+    used, wasted = pf_med(rows, "prefetch_used"), pf_med(rows, "prefetch_wasted")
+    planned = pf_med(rows, "prefetch_planned")
+    written = sum(int(r.get("prefetch", {}).get("prefetch_plans_written", 0)) for r in rows)
+    return f"{used:.0f} / {wasted:.0f} of {planned:.0f}; {written} written"
+
+
+def saved_line(plain: list[dict[str, Any]], prefetch: list[dict[str, Any]]) -> str:
+    """The main-thread time loading ahead saved: measured, counted, and as counted before."""
+    measured = med(plain, "reads_s") - med(prefetch, "reads_s")
+    counted = pf_med(prefetch, "prefetch_saved_ms") / 1000
+    old = statistics.median(
+        float(r["prefetch"].get("load_wall_s") or 0) - float(r["prefetch"].get("waited_s") or 0)
+        for r in prefetch
+    )
+    return (
+        f"Main-thread time of the reads saved by loading ahead: measured {fmt_time(measured)} "
+        f"(plain's reads on the main thread less loading ahead's), counted "
+        f"{fmt_time(counted)} (`prefetch_saved_ms`, {counted / measured:.2f}x), the loads' "
+        f"wall time on the workers less the waits {fmt_time(old)} ({old / measured:.2f}x: "
+        f"what the counter said before)."
+        if measured > 0
+        else f"No main-thread time measured saved; counted {fmt_time(counted)}."
+    )
+
+
+def table_lm(results: dict[str, Any]) -> str:
     rows: dict[str, list[dict[str, Any]]] = results["rows"]
     # The first steps from the backend's being up: the process's start (Python, importing
     # JAX, bringing the backend up) is the same in every row and is in the other columns.
     jax_steps = med(rows["jax"], "first_calls_s")
     plain_steps = med(rows["plain"], "first_calls_s")
     lines = [
-        f"{results['model']}; {results['executables']} executables stored "
-        f"({results['stored_mb']:.1f} MB as JAX compresses them); {results['backend']} "
-        f"({results['devices']} device(s)), {results['cpu']}, {results['cpus']} CPUs; "
-        f"jax {results['versions'].get('jax')}; {results['repeats']} warm process(es) per row, "
-        f"medians; load average {results['load_start']} at start, {results['load_end']} at end.",
+        header(results),
         "",
         "| row | first steps | backend start | from the process's start | process wall | CPU time "
         "| hits / reads | reads on the main thread (get, decompress) "
-        "| loaded ahead: used / wasted | first steps vs JAX's cache | vs plain |",
+        "| loaded ahead: used / wasted; plans written | first steps vs JAX's cache | vs plain |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for case, label in CASES.items():
@@ -396,20 +563,14 @@ def table(results: dict[str, Any]) -> str:
         reads = fmt_time(med(rs, "reads_s")) if case != "cold" else "(misses)"
         if "get_s" in rs[0] and case != "cold":
             reads += f" ({fmt_time(med(rs, 'get_s'))}, {fmt_time(med(rs, 'decompress_s'))})"
-        pf = rs[0].get("prefetch")
-        ahead = (
-            f"{pf.get('prefetch_used', 0)} / {pf.get('prefetch_wasted', 0)} of "
-            f"{pf.get('prefetch_planned', 0)}"
-            if pf and case == "prefetch"
-            else ""
-        )
         lookups = rs[0]["hits"] + rs[0]["misses"]
         lines.append(
             f"| {label} | {fmt_time(steps)} | {fmt_time(med(rs, 'backend_s'))} "
             f"| {fmt_time(med(rs, 'ready_s'))} "
             f"| {fmt_time(med(rs, 'wall_s'))} | {fmt_time(med(rs, 'cpu_s'))} "
             f"| {rs[0]['hits']} / {lookups} | {reads} "
-            f"| {ahead} | {steps / jax_steps:.2f} | {steps / plain_steps:.2f} |"
+            f"| {ahead(rs) if case == 'prefetch' else ''} "
+            f"| {steps / jax_steps:.2f} | {steps / plain_steps:.2f} |"
         )
     pf_steps = med(rows["prefetch"], "first_calls_s")
     spread = [r["first_calls_s"] for r in rows["plain"]]
@@ -420,18 +581,92 @@ def table(results: dict[str, Any]) -> str:
         f" process wall {med(rows['prefetch'], 'wall_s') / med(rows['jax'], 'wall_s'):.2f}x), "
         f"{pf_steps / plain_steps:.2f}x plain (plain's own spread "
         f"{min(spread) / plain_steps:.2f}-{max(spread) / plain_steps:.2f}x).",
+        "",
+        saved_line(rows["plain"], rows["prefetch"]),
     ]
-    for failure in results["failures"]:
-        lines.append(f"- FAILED: {failure}")
     return "\n".join(lines)
 
 
-def check(results: dict[str, Any]) -> list[str]:
+def table_alternating(results: dict[str, Any]) -> str:
+    rows: dict[str, list[dict[str, Any]]] = results["rows"]
+    lines = [
+        header(results),
+        "",
+        "| program | row | first steps | from the process's start | process wall | hits / reads "
+        "| reads on the main thread | loaded ahead: used / wasted; plans written "
+        "| first steps vs JAX's cache | vs plain |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for prog in ("a", "b"):
+        by = {c: [r for r in rows[c] if r.get("BENCH_PROGRAM") == prog] for c in CASES}
+        jax_steps = med(by["jax"], "first_calls_s")
+        plain_steps = med(by["plain"], "first_calls_s")
+        for case, label in CASES.items():
+            rs = by[case]
+            steps = med(rs, "first_calls_s")
+            lookups = rs[0]["hits"] + rs[0]["misses"]
+            reads = fmt_time(med(rs, "reads_s")) if case != "cold" else "(misses)"
+            lines.append(
+                f"| {prog.upper()} | {label} | {fmt_time(steps)} | {fmt_time(med(rs, 'ready_s'))} "
+                f"| {fmt_time(med(rs, 'wall_s'))} | {rs[0]['hits']} / {lookups} | {reads} "
+                f"| {ahead(rs) if case == 'prefetch' else ''} "
+                f"| {steps / jax_steps:.2f} | {steps / plain_steps:.2f} |"
+            )
+    warm = rows["prefetch"]
+
+    def total(rs: list[dict[str, Any]], counter: str) -> int:
+        return sum(int(r.get("prefetch", {}).get(counter, 0)) for r in rs)
+
+    lines += [
+        "",
+        f"Plans written by the {len(warm)} warm starts with loading ahead: "
+        f"{total(warm, 'prefetch_plans_written')} (the two cold starts wrote "
+        f"{total(rows['cold'], 'prefetch_plans_written')}); loaded and never used: "
+        f"{total(warm, 'prefetch_wasted')}.",
+        "",
+        saved_line(rows["plain"], rows["prefetch"]),
+    ]
+    return "\n".join(lines)
+
+
+def table_suite(results: dict[str, Any]) -> str:
+    rows: dict[str, list[dict[str, Any]]] = results["rows"]
+    jax_run = med(rows["jax"], "wall_s")
+    plain_run = med(rows["plain"], "wall_s")
+    lines = [
+        header(results),
+        "",
+        "| row | suite's process wall | tests' run (import to end) | CPU time | hits / reads "
+        "| reads on the main thread | loaded ahead: used / wasted; plans written "
+        "| wall vs JAX's cache | vs plain |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for case, label in CASES.items():
+        rs = rows[case]
+        wall = med(rs, "wall_s")
+        lookups = rs[0]["hits"] + rs[0]["misses"]
+        reads = fmt_time(med(rs, "reads_s")) if case != "cold" else "(misses)"
+        lines.append(
+            f"| {label} | {fmt_time(wall)} | {fmt_time(med(rs, 'run_s'))} "
+            f"| {fmt_time(med(rs, 'cpu_s'))} | {rs[0]['hits']} / {lookups} | {reads} "
+            f"| {ahead(rs) if case == 'prefetch' else ''} "
+            f"| {wall / jax_run:.2f} | {wall / plain_run:.2f} |"
+        )
+    lines += ["", saved_line(rows["plain"], rows["prefetch"])]
+    return "\n".join(lines)
+
+
+def check(results: dict[str, Any], field: str) -> list[str]:
     rows = results["rows"]
     failures = []
-    losses = {json.dumps(r["losses"]) for rs in rows.values() for r in rs}
-    if len(losses) != 1:
-        failures.append("the rows computed different losses")
+    if field == "results":
+        outs = {json.dumps(r["results"], sort_keys=True) for rs in rows.values() for r in rs}
+    else:
+        outs = {
+            json.dumps([r.get("BENCH_PROGRAM"), r["losses"]]) for rs in rows.values() for r in rs
+        }
+    if len(outs) != (2 if results["scenario"] == "alternating" else 1):
+        failures.append("the rows computed different results")
     for case in WARM:
         if any(r["misses"] for r in rows[case]):
             failures.append(f"{case}: a warm process compiled")
@@ -440,8 +675,90 @@ def check(results: dict[str, Any]) -> list[str]:
     return failures
 
 
+# ----------------------------------------------------------------------- the scenarios
+
+
+def _warm_rounds(repeats: int, run: Callable[[str], None]) -> None:
+    for i in range(repeats):
+        # Round-robin, each round in another order: no row always follows the same one.
+        for case in WARM[i % 3 :] + WARM[: i % 3]:
+            run(case)
+
+
+def scenario_lm(a: argparse.Namespace, cfg: dict[str, Any], scratch: Path, note: Any) -> dict:
+    store, jax_dir = scratch / "store", scratch / "jax"
+    rows: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+    rows["cold"].append(note(run_lm("cold", cfg, store, jax_dir, a.timeout)))
+    fill_jax_dir(store, jax_dir)
+    _warm_rounds(
+        a.repeats,
+        lambda case: rows[case].append(note(run_lm(case, cfg, store, jax_dir, a.timeout))),
+    )
+    return {"rows": rows, "store": store, "model": model_text(a, cfg)}
+
+
+def scenario_alternating(
+    a: argparse.Namespace, cfg: dict[str, Any], scratch: Path, note: Any
+) -> dict:
+    store, jax_dir = scratch / "store", scratch / "jax"
+    rows: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+    narrow = {**cfg, "d_model": cfg["d_model"] * 3 // 4}
+    configs = {"a": cfg, "b": narrow}
+    for prog in "ab":
+        rows["cold"].append(
+            note(run_lm("cold", configs[prog], store, jax_dir, a.timeout, BENCH_PROGRAM=prog))
+        )
+    fill_jax_dir(store, jax_dir)
+
+    def both(case: str) -> None:
+        for prog in "ab":
+            result = run_lm(case, configs[prog], store, jax_dir, a.timeout, BENCH_PROGRAM=prog)
+            rows[case].append(note(result))
+
+    _warm_rounds(a.repeats, both)
+    text = f"two programs alternating under one script: A {model_text(a, cfg)}; B the same "
+    text += f"with d_model {narrow['d_model']}"
+    return {"rows": rows, "store": store, "model": text}
+
+
+def scenario_suite(a: argparse.Namespace, cfg: dict[str, Any], scratch: Path, note: Any) -> dict:
+    store, jax_dir, suite = scratch / "store", scratch / "jax", scratch / "suite"
+    make_suite(suite, a.suite_files)
+    rows: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+    rows["cold"].append(note(run_suite("cold", suite, store, jax_dir, a.timeout)))
+    fill_jax_dir(store, jax_dir)
+    _warm_rounds(
+        a.repeats,
+        lambda case: rows[case].append(note(run_suite(case, suite, store, jax_dir, a.timeout))),
+    )
+    text = f"a test suite: {a.suite_files} files of 6 tests, each jitting programs of its own "
+    text += "shapes, run by `python -m pytest`"
+    return {"rows": rows, "store": store, "model": text}
+
+
+def model_text(a: argparse.Namespace, cfg: dict[str, Any]) -> str:
+    params = cfg["d_model"] ** 2 * 12 * cfg["layers"] + cfg["vocab"] * cfg["d_model"]
+    return (
+        f"transformer LM {a.size} (d_model {cfg['d_model']}, {cfg['layers']} layers"
+        f"{' through lax.scan' if a.scan else ', unrolled'}, "
+        f"vocabulary {cfg['vocab']}, about {params / 1e6:.0f} M parameters; batch "
+        f"{cfg['batch']}, lengths {', '.join(map(str, cfg['seqs']))})"
+    )
+
+
+# What each scenario runs, how its table is made, and what its rows must agree on. The start
+# after the store's entries are removed (the plan kept) takes its place here with compiling
+# ahead.
+SCENARIOS: dict[str, tuple[Callable[..., dict], Callable[[dict[str, Any]], str], str]] = {
+    "lm": (scenario_lm, table_lm, "losses"),
+    "alternating": (scenario_alternating, table_alternating, "losses"),
+    "suite": (scenario_suite, table_suite, "results"),
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--quick", action="store_true", help="2 warm processes per row")
     parser.add_argument("--repeats", type=int, default=None, help="warm processes per row")
@@ -451,81 +768,79 @@ def main() -> int:
         action="store_true",
         help="the layers through lax.scan (stacked parameters), as large models are written",
     )
+    parser.add_argument("--suite-files", type=int, default=40, help="the suite's test files")
     parser.add_argument("--dir", default=None, help="where the scratch caches go")
     parser.add_argument("--out", default=None, help="write results.json and table.md here")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--spawned", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.worker:
-        print(json.dumps(workload(json.loads(a.worker), a.spawned or time.time())))
+        spec = json.loads(os.environ["BENCH_SPEC"])
+        print(json.dumps(workload(spec, spec.get("spawned") or time.time())))
         return 0
 
     cfg = dict(SIZES[a.size])
     if a.layers:
         cfg["layers"] = a.layers
     cfg["scan"] = a.scan
-    repeats = a.repeats or (2 if a.quick else 5)
+    a.repeats = a.repeats or (2 if a.quick else 5)
     out = Path(a.out) if a.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="xla-pcache-warm-", dir=a.dir))
-    store, jax_dir = scratch / "store", scratch / "jax"
-    load_start = loadavg()
-    rows: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
 
-    def note(row: dict[str, Any]) -> None:
+    def note(row: dict[str, Any]) -> dict[str, Any]:
         print(
-            f"  {row['case']}: first steps {row['ready_s']:.2f} s, wall {row['wall_s']:.2f} s, "
-            f"hits {row['hits']}",
+            f"  {row['case']}{' ' + row['BENCH_PROGRAM'] if 'BENCH_PROGRAM' in row else ''}: "
+            f"wall {row['wall_s']:.2f} s, hits {row['hits']}",
             file=sys.stderr,
             flush=True,
         )
         if out is not None:
-            (out / "rows.jsonl").open("a").write(json.dumps(row) + "\n")
+            with (out / "rows.jsonl").open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        return row
 
-    try:
-        rows["cold"].append(run_process("cold", cfg, store, jax_dir, a.timeout))
-        note(rows["cold"][0])
-        executables, stored = stored_executables(store)
-        fill_jax_dir(store, jax_dir)
-        for i in range(repeats):
-            # Round-robin, each round in another order: no row always follows the same one.
-            order = WARM[i % 3 :] + WARM[: i % 3]
-            for case in order:
-                rows[case].append(run_process(case, cfg, store, jax_dir, a.timeout))
-                note(rows[case][-1])
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    first = rows["cold"][0]
-    params = cfg["d_model"] ** 2 * 12 * cfg["layers"] + cfg["vocab"] * cfg["d_model"]
-    results: dict[str, Any] = {
-        "model": (
-            f"transformer LM {a.size} (d_model {cfg['d_model']}, {cfg['layers']} layers"
-            f"{' through lax.scan' if a.scan else ', unrolled'}, "
-            f"vocabulary {cfg['vocab']}, about {params / 1e6:.0f} M parameters; batch "
-            f"{cfg['batch']}, lengths {', '.join(map(str, cfg['seqs']))})"
-        ),
-        "config": cfg,
-        "executables": executables,
-        "stored_mb": stored / 1e6,
-        "backend": first["backend"],
-        "devices": first["devices"],
-        "cpu": cpu_model(),
-        "cpus": os.cpu_count(),
-        "versions": versions(),
-        "repeats": repeats,
-        "load_start": load_start,
-        "load_end": loadavg(),
-        "rows": rows,
-    }
-    results["failures"] = check(results)
-    text = table(results)
+    names = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
+    texts, everything, failed = [], {}, False
+    for name in names:
+        run, table, agree = SCENARIOS[name]
+        print(f"{name}:", file=sys.stderr, flush=True)
+        scratch = Path(tempfile.mkdtemp(prefix="xla-pcache-warm-", dir=a.dir))
+        load_start = loadavg()
+        try:
+            done = run(a, cfg, scratch, note)
+            executables, stored = stored_executables(done["store"])
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        first = done["rows"]["jax"][0]
+        results: dict[str, Any] = {
+            "scenario": name,
+            "model": done["model"],
+            "config": cfg,
+            "executables": executables,
+            "stored_mb": stored / 1e6,
+            "backend": first.get("backend", "cpu"),
+            "devices": first.get("devices", 1),
+            "cpu": cpu_model(),
+            "cpus": os.cpu_count(),
+            "versions": versions(),
+            "repeats": a.repeats,
+            "load_start": load_start,
+            "load_end": loadavg(),
+            "rows": done["rows"],
+        }
+        results["failures"] = check(results, agree)
+        text = f"### {name}\n\n" + table(results)
+        for failure in results["failures"]:
+            text += f"\n- FAILED: {failure}"
+        failed = failed or bool(results["failures"])
+        texts.append(text)
+        everything[name] = results
+        print(text + "\n", flush=True)
     if out is not None:
-        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-        (out / "table.md").write_text(text + "\n")
-    print(text)
-    return 1 if results["failures"] else 0
+        (out / "results.json").write_text(json.dumps(everything, indent=1) + "\n")
+        (out / "table.md").write_text("\n\n".join(texts) + "\n")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

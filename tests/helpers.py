@@ -19,9 +19,9 @@ from typing import Any
 def is_plan(key: object) -> bool:
     """Whether ``key`` is a JAX prefetch plan's: an entry of the store beside the executables
     (docs/jax.md, "Loading ahead"), which tests counting executables leave out."""
-    from xla_pcache.jax._plan import KEY_PREFIX
+    from xla_pcache.jax._plan import ANY_PREFIX
 
-    return str(key).startswith(KEY_PREFIX)
+    return str(key).startswith(ANY_PREFIX)
 
 
 def executable_keys(store: Any) -> list[Any]:

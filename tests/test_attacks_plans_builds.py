@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store, _core, builds
 from xla_pcache.jax import _plan, _prefetch
+from xla_pcache.jax._plan_writer import PlanWriter
 
 KEY = "jit_step-" + "ab" * 32
 BUILD = builds.Build("jax", "0123456789abcdef" * 2)
@@ -35,13 +36,19 @@ def _key(i: int) -> str:
     return f"jit_step_{i}-" + f"{i:064x}"
 
 
-def _variant(args: str, written: float, keys: range) -> _plan.Variant:
-    return _plan.Variant(args, written, tuple(_plan.Entry(_key(i), b"o", (0,)) for i in keys))
+def _variant(written: float, keys: range) -> _plan.Variant:
+    return _plan.Variant(written, "cpu", 1, tuple(_plan.Entry(_key(i), b"o", (0,)) for i in keys))
 
 
 def _doc(entries: list[list[object]]) -> bytes:
-    variant = {"args": "0" * 32, "written": 1.0, "options": [""], "devices": [[0]]}
-    doc = {"format": _plan.FORMAT, "version": 1, "variants": [{**variant, "entries": entries}]}
+    variant = {
+        "written": 1.0,
+        "platform": "cpu",
+        "device_count": 1,
+        "options": [""],
+        "devices": [[0]],
+    }
+    doc = {"format": _plan.FORMAT, "version": 2, "variants": [{**variant, "entries": entries}]}
     return json.dumps(doc).encode()
 
 
@@ -50,28 +57,29 @@ def _entry_path(root: Path, key: str) -> Path:
     return root / "entries" / name[:2] / name
 
 
-def test_a_variant_dated_in_the_future_is_chosen_once_not_for_ever() -> None:
-    # A writer plants a plan whose only variant is dated a century ahead, under arguments no
-    # run uses. A run of new arguments (an output directory, a timestamp) takes the latest
-    # variant: the planted one, once. It reads its own programs, diverges and writes its
-    # variant; the planted one stays among the others but is never newer than that write, so
-    # the next run of new arguments takes the run's variant, not the planted one again.
+def test_variants_dated_in_the_future_do_not_stay_for_ever() -> None:
+    # A writer plants a plan whose variants are all dated a century ahead: the newest are
+    # the ones a run follows the order of while several are candidates, and the oldest the
+    # ones dropped when the plan is full. A run that writes its variant keeps no other newer
+    # than its own, so the planted ones are the first to go as real programs write theirs.
     future = time.time() + 100 * 365 * 86400
-    planted = _plan.Plan((_variant("f" * 32, future, range(100, 200)),))
+    planted = _plan.Plan(
+        tuple(_variant(future + i, range(100 * i, 100 * i + 5)) for i in range(1, 17))
+    )
     plan = _plan.decode(_plan.encode(planted))
-    assert plan.choose("a" * 32) == plan.variants[0]
-    mine = _variant("a" * 32, time.time(), range(5))
+    mine = _variant(time.time(), range(5))
     rewritten = _plan.decode(_plan.encode(_plan.merged(plan, mine)))
-    assert {v.args for v in rewritten.variants} == {"a" * 32, "f" * 32}
-    latest = rewritten.choose("b" * 32)
-    assert latest is not None and latest.entries == mine.entries
-    assert all(v.written <= latest.written for v in rewritten.variants)
+    assert rewritten.variants[0].entries == mine.entries
+    assert all(v.written <= rewritten.variants[0].written for v in rewritten.variants)
+    for i in range(_plan.MAX_VARIANTS - 1):
+        rewritten = _plan.merged(rewritten, _variant(time.time(), range(5000 + i, 5001 + i)))
+    kept = {e.key for v in rewritten.variants for e in v.entries}
+    assert not kept & {e.key for v in planted.variants for e in v.entries}
     # Written in JSON with its date as the attacker chose it: the same.
     raw = json.loads(_plan.encode(planted))
     raw["variants"][0]["written"] = 1e300
     plan = _plan.decode(json.dumps(raw).encode())
-    chosen = _plan.merged(plan, mine).choose("c" * 32)
-    assert chosen is not None and chosen.entries == mine.entries
+    assert max(v.written for v in _plan.merged(plan, mine).variants) == mine.written
 
 
 # ----------------------------------------------------------------------------- keys a plan names
@@ -134,10 +142,9 @@ def test_a_key_with_a_forged_build_is_an_entry_like_any_other(tmp_path: Path) ->
 # ----------------------------------------------------------------------------- writing a plan
 
 
-def _session(store: Store, seen: list[_plan.Entry]) -> _prefetch.Prefetch:
-    """A session as one would stand after its run read ``seen``, its plan read as none: what
-    its writer (``Prefetch._write_plan``) starts from. No backend: writing a plan uses the
-    store alone (JAX's digester of options, for reads, is not needed)."""
+def _writer(store: Store, seen: list[_plan.Entry]) -> PlanWriter:
+    """The plan writer of a session as it would stand after its run on one CPU read
+    ``seen``, its plan read as none. No backend: writing a plan uses the store alone."""
     session = _prefetch.Prefetch(
         store,
         None,
@@ -148,20 +155,16 @@ def _session(store: Store, seen: list[_plan.Entry]) -> _prefetch.Prefetch:
         form=2,
         build=BUILD,
     )
-    session._workload = "attacked"
-    session._args = "a" * 32
-    session._key = PLAN_KEY
-    session._planned = frozenset()
-    session._seen = {e.key: e for e in seen}
-    session._dirty = True
-    return session
+    writer = session._writer
+    writer.bind(PLAN_KEY, "attacked", SUFFIX, None, "cpu", 1)
+    for entry in seen:
+        writer.read(entry)
+    return writer
 
 
 def _future_plan() -> bytes:
     future = time.time() + 86400 * 365
-    variants = tuple(
-        _variant(f"{i:032x}", future + i, range(100 * i, 100 * i + 50)) for i in (1, 2, 3, 4)
-    )
+    variants = tuple(_variant(future + i, range(100 * i, 100 * i + 50)) for i in (1, 2, 3, 4))
     return _plan.encode(_plan.Plan(variants))
 
 
@@ -212,14 +215,14 @@ def test_a_plan_replaced_during_the_run_is_written_over_with_the_runs_own(
         for e in seen:
             assert store.put(e.key + SUFFIX, b"executable")
         REPLACED[how](store, root)
-        _session(store, seen)._write_plan()
+        _writer(store, seen).write()
         blob = store.get(PLAN_KEY, count=False)
         assert blob is not None
         plan = _plan.decode(memoryview(blob))
     assert victim.read_bytes() == b"precious"
     assert 1 <= len(plan.variants) <= _plan.MAX_VARIANTS
-    latest = plan.choose("b" * 32)
-    assert latest is not None and latest.args == "a" * 32 and latest.entries == tuple(seen)
+    latest = max(plan.variants, key=lambda v: v.written)
+    assert plan.variants[0] is latest and latest.entries == tuple(seen)
 
 
 def test_a_read_only_session_writes_no_plan_whatever_it_read(tmp_path: Path) -> None:
@@ -230,7 +233,7 @@ def test_a_read_only_session_writes_no_plan_whatever_it_read(tmp_path: Path) -> 
         assert store.replace(PLAN_KEY, b"garbage")
     before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
     with Store(root, read_only=True) as store:
-        _session(store, seen)._write_plan()
+        _writer(store, seen).write()
     after = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
     assert after == before
 
@@ -318,35 +321,36 @@ def test_a_planted_plan_of_any_size_costs_a_trusting_reader_its_header(tmp_path:
 
 def test_the_processes_of_one_job_write_its_plan_once(tmp_path: Path) -> None:
     # A fleet starts one job at once: its processes read the same programs and none found a
-    # plan at its start. The first to write says it for all; the others find their variant
-    # there when they read the plan again to write, and write nothing (no put, the plan's
-    # file untouched). Other arguments, or another program read, are another write.
+    # plan at its start. The first to write says it for all; the others find a variant
+    # holding what they read when they read the plan again to write, and write nothing (no
+    # put, the plan's file untouched). A run that read more, or another program, is
+    # another write.
     root = tmp_path / "cache"
     seen = [_plan.Entry(_key(i), b"o", (0,)) for i in range(4)]
+    other = [_plan.Entry(_key(i), b"o", (0,)) for i in range(100, 103)]
     with Store(root) as store:
-        for e in seen:
+        for e in seen + other:
             assert store.put(e.key + SUFFIX, b"executable")
-        _session(store, seen[:3])._write_plan()
+        _writer(store, seen[:3]).write()
         after_first = store.stats()
         assert after_first["prefetch_plans_written"] == 1
         inode = _entry_path(root, PLAN_KEY).stat().st_ino
-        late = [_session(store, seen[:3]) for _ in range(3)]
-        for session in late:
-            session._write_plan()
-            assert session._planned == frozenset(e.key for e in seen[:3])
-            assert not session._dirty
+        late = [_writer(store, seen[:3]) for _ in range(3)]
+        for writer in late:
+            writer.write()
+            assert not writer.dirty
         stats = store.stats()
         assert stats["prefetch_plans_written"] == 1 and stats["puts"] == after_first["puts"]
         assert _entry_path(root, PLAN_KEY).stat().st_ino == inode
-        other_args = _session(store, seen[:3])
-        other_args._args = "b" * 32
-        other_args._write_plan()
-        _session(store, seen)._write_plan()
+        _writer(store, seen).write()
+        _writer(store, other).write()
+        _writer(store, seen[1:3]).write()
         assert store.stats()["prefetch_plans_written"] == 3
         blob = store.get(PLAN_KEY, count=False)
         assert blob is not None
         plan = _plan.decode(memoryview(blob))
-    assert sorted((v.args, len(v.entries)) for v in plan.variants) == [
-        ("a" * 32, 4),
-        ("b" * 32, 3),
+    # The run that read all four replaced the variant of three it holds whole.
+    assert [[e.key for e in v.entries] for v in plan.variants] == [
+        [e.key for e in other],
+        [e.key for e in seen],
     ]

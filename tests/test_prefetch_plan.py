@@ -5,6 +5,7 @@ whole, before it can name a single entry. No JAX needed: these are bytes."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import sys
@@ -19,23 +20,27 @@ def _key(i: int, module: str = "jit_step") -> str:
     return f"{module}_{i}-" + f"{i:064x}"
 
 
-def _variant(n: int, args: str = "0" * 32, written: float = 1.0) -> _plan.Variant:
+def _variant(
+    n: int, written: float = 1.0, start: int = 0, platform: str = "tpu", count: int = 2
+) -> _plan.Variant:
     entries = tuple(
-        _plan.Entry(_key(i), b"options-%d" % (i % 3), (0,) if i % 2 else (0, 1)) for i in range(n)
+        _plan.Entry(_key(i), b"options-%d" % (i % 3), (0,) if i % 2 else (0, 1))
+        for i in range(start, start + n)
     )
-    return _plan.Variant(args, written, entries)
+    return _plan.Variant(written, platform, count, entries)
 
 
 def _doc(**variant: object) -> bytes:
     base: dict[str, object] = {
-        "args": "0" * 32,
         "written": 1.0,
+        "platform": "cpu",
+        "device_count": 1,
         "options": [base64.b64encode(b"opts").decode()],
         "devices": [[0]],
         "entries": [[KEY, 0, 0]],
     }
     base.update(variant)
-    return json.dumps({"format": _plan.FORMAT, "version": 1, "variants": [base]}).encode()
+    return json.dumps({"format": _plan.FORMAT, "version": 2, "variants": [base]}).encode()
 
 
 def test_what_is_written_reads_back_with_options_and_devices_kept_once() -> None:
@@ -47,21 +52,32 @@ def test_what_is_written_reads_back_with_options_and_devices_kept_once() -> None
     assert _plan.decode(memoryview(data)) == plan
 
 
-def test_a_variant_per_argument_set_the_latest_written_when_none_matches() -> None:
-    a, b = "a" * 32, "b" * 32
-    plan = _plan.merged(None, _variant(2, a, written=10.0))
-    plan = _plan.merged(plan, _variant(3, b, written=20.0))
-    assert plan.choose(a) is not None and len(plan.choose(a).entries) == 2  # type: ignore[union-attr]
-    assert len(plan.choose("c" * 32).entries) == 3  # type: ignore[union-attr]
-    # A new run of a's arguments replaces a's variant; at most MAX_VARIANTS, oldest out.
-    plan = _plan.merged(plan, _variant(4, a, written=30.0))
-    assert len(plan.variants) == 2 and len(plan.choose(a).entries) == 4  # type: ignore[union-attr]
-    for i in range(10):
-        plan = _plan.merged(plan, _variant(1, f"{i:032x}", written=100.0 + i))
+def test_a_variant_per_program_a_run_that_read_no_more_writes_nothing() -> None:
+    a, b = _variant(4, written=10.0), _variant(4, written=20.0, start=100)
+    plan = _plan.merged(_plan.merged(None, a), b)
+    assert plan.variants == (b, a)
+    # The same program again, or stopped early, or run with loading ahead off in between:
+    # what it read is held by a variant, there is nothing to write.
+    assert _plan.covers(plan, a) and _plan.covers(plan, b)
+    assert _plan.covers(plan, dataclasses.replace(a, entries=a.entries[:2], written=99.0))
+    # Not on another platform or device count, nor a run that read more.
+    assert not _plan.covers(plan, dataclasses.replace(a, platform="cpu"))
+    assert not _plan.covers(plan, dataclasses.replace(a, device_count=8))
+    assert not _plan.covers(plan, _variant(5, written=30.0))
+    assert not _plan.covers(None, a)
+    # A run that read more than an earlier one of its program replaces it; one of another
+    # platform is kept beside it.
+    longer = _variant(6, written=30.0)
+    elsewhere = dataclasses.replace(a, platform="cpu", written=5.0)
+    plan = _plan.merged(_plan.Plan((*plan.variants, elsewhere)), longer)
+    assert plan.variants == (longer, b, elsewhere)
+    # At most MAX_VARIANTS, the oldest written out.
+    for i in range(20):
+        plan = _plan.merged(plan, _variant(1, written=100.0 + i, start=1000 + i))
     assert len(plan.variants) == _plan.MAX_VARIANTS
-    assert {v.args for v in plan.variants} == {f"{i:032x}" for i in range(6, 10)}
+    assert [v.entries[0].key for v in plan.variants] == [_key(1000 + i) for i in range(19, 3, -1)]
     assert _plan.decode(_plan.encode(plan)) == plan
-    assert _plan.Plan(()).choose(a) is None
+    assert _plan.Plan(()).on("tpu", 2) == ()
 
 
 def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
@@ -70,8 +86,9 @@ def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
     assert kept.entries == big.entries[: _plan.MAX_ENTRIES]
     # Entries no plan may hold are left out (a key of another form, oversized options).
     odd = _plan.Variant(
-        "0" * 32,
         1.0,
+        "cpu",
+        1,
         (
             _plan.Entry("not a key", b"", ()),
             _plan.Entry(KEY, b"x" * (_plan.MAX_OPTION_BYTES + 1), ()),
@@ -82,8 +99,9 @@ def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
     assert [e.key for e in _plan.bounded(odd).entries] == [_key(2)]
     # Whatever is kept fits the byte bound: large options are cut down to it.
     wide = _plan.Variant(
-        "0" * 32,
         1.0,
+        "cpu",
+        1,
         tuple(_plan.Entry(_key(i), bytes([i]) * (200 << 10), ()) for i in range(40)),
     )
     data = _plan.encode(_plan.Plan((wide,)))
@@ -98,13 +116,13 @@ def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
         (b"\xff\xfe garbage", "not JSON"),
         (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
         (b"{}", "not a prefetch plan"),
-        (json.dumps({"format": _plan.FORMAT, "version": 2, "variants": []}).encode(), "version"),
+        (json.dumps({"format": _plan.FORMAT, "version": 1, "variants": []}).encode(), "version"),
         (
-            json.dumps({"format": _plan.FORMAT, "version": 1, "variants": [], "x": 1}).encode(),
+            json.dumps({"format": _plan.FORMAT, "version": 2, "variants": [], "x": 1}).encode(),
             "version",
         ),
         (
-            json.dumps({"format": _plan.FORMAT, "version": 1, "variants": [{}] * 5}).encode(),
+            json.dumps({"format": _plan.FORMAT, "version": 2, "variants": [{}] * 17}).encode(),
             "more than",
         ),
         (_doc(entries=[[_key(i), 0, 0] for i in range(_plan.MAX_ENTRIES + 1)]), "more than"),
@@ -120,7 +138,12 @@ def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
         (_doc(devices=[[-1]]), "device id"),
         (_doc(devices=[[2**40]]), "device id"),
         (_doc(devices=[["0"]]), "device id"),
-        (_doc(args="../x"), "digest"),
+        (_doc(platform="../x"), "platform"),
+        (_doc(platform=""), "platform"),
+        (_doc(platform=7), "platform"),
+        (_doc(device_count=0), "count of devices"),
+        (_doc(device_count=True), "count of devices"),
+        (_doc(device_count=_plan.MAX_DEVICES + 1), "count of devices"),
         (_doc(written=float("nan")), "time"),
         (_doc(written=-5), "time"),
         (_doc(extra=1), "fields"),
@@ -130,13 +153,6 @@ def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
 def test_anything_else_is_refused_whole(data: bytes, why: str) -> None:
     with pytest.raises(_plan.PlanError, match=re.escape(why)):
         _plan.decode(data)
-
-
-def test_two_variants_of_one_argument_set_are_refused() -> None:
-    one = json.loads(_doc())["variants"][0]
-    doc = {"format": _plan.FORMAT, "version": 1, "variants": [one, one]}
-    with pytest.raises(_plan.PlanError, match="two variants"):
-        _plan.decode(json.dumps(doc).encode())
 
 
 def test_valid_keys_are_jax_keys() -> None:
@@ -157,15 +173,50 @@ def test_workload_names_separate_what_makes_a_plan_unusable_elsewhere(
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-c", "print(1)", "x"])
     code, args = _plan.entry_point()
     assert code.startswith("code ") and args == ["x"]
+    # What the backend says (platform, devices) is each variant's, not the name's: the
+    # name is known before the backend starts.
     names = {
-        _plan.workload(None, "0.10.2", "tpu", 8, 0),
-        _plan.workload(None, "0.10.2", "tpu", 4, 0),
-        _plan.workload(None, "0.10.2", "tpu", 8, 1),
-        _plan.workload(None, "0.10.2", "cpu", 8, 0),
-        _plan.workload(None, "0.12.0", "tpu", 8, 0),
-        _plan.workload("lm", "0.10.2", "tpu", 8, 0),
+        _plan.workload(None, "0.10.2", 0),
+        _plan.workload(None, "0.10.2", 1),
+        _plan.workload(None, "0.12.0", 0),
+        _plan.workload("lm", "0.10.2", 0),
     }
-    assert len(names) == 6 and len({_plan.plan_key(n) for n in names}) == 6
+    assert len(names) == 4 and len({_plan.plan_key(n) for n in names}) == 4
     assert all(_plan.plan_key(n).startswith(_plan.KEY_PREFIX) for n in names)
+    assert _plan.KEY_PREFIX.startswith(_plan.ANY_PREFIX)
     assert not _plan.valid_key(_plan.plan_key(next(iter(names))))
-    assert _plan.args_digest(["a", "b"]) != _plan.args_digest(["ab"])
+    assert _plan.valid_platform("tpu", 8) and not _plan.valid_platform("t p u", 8)
+    assert not _plan.valid_platform("cpu", 0)
+
+
+def test_a_run_is_recognised_by_what_it_reads() -> None:
+    from xla_pcache.jax._recognition import Recognition
+
+    # Three programs of one entry point on a TPU of two devices, sharing keys 0 and 1, and
+    # one of another platform; A and B also share 10.
+    def variant(keys: list[int], written: float, platform: str = "tpu") -> _plan.Variant:
+        entries = tuple(_plan.Entry(_key(i), b"o", (0, 1)) for i in keys)
+        return _plan.Variant(written, platform, 2, entries)
+
+    a = variant([0, 1, 10, 11, 12], 3.0)
+    b = variant([1, 0, 10, 20, 21], 2.0)
+    c = variant([0, 1, 30], 1.0)
+    gpu = variant([0, 1, 10, 11, 12, 40], 4.0, "gpu")
+    recog = Recognition([a, b, c, gpu])
+    # Before the backend is up: what every variant holds, in the newest one's order.
+    assert [e.key for e in recog.wanted()] == [_key(0), _key(1)]
+    recog.restrict("tpu", 2)
+    assert recog.candidates == 3 and recog.reference() == a
+    assert not recog.observe(_key(0))  # every candidate holds it
+    assert not recog.observe(_key(99))  # none does: a new program narrows nothing
+    assert recog.observe(_key(10)) and recog.candidates == 2
+    assert [e.key for e in recog.wanted()] == [_key(i) for i in (0, 1, 10)]
+    assert recog.order()[_key(10)] == 2
+    # One left: its whole list, in its own order.
+    assert recog.observe(_key(20)) and recog.candidates == 1
+    assert [e.key for e in recog.wanted()] == [_key(i) for i in (1, 0, 10, 20, 21)]
+    assert not recog.observe(_key(11))  # read after: B is kept
+    # No variant of this platform: nothing is wanted.
+    other = Recognition([a, b])
+    other.restrict("cpu", 1)
+    assert other.wanted() == [] and other.reference() is None and other.order() == {}

@@ -384,9 +384,9 @@ VARIABLES: tuple[Variable, ...] = (
         "bool",
         "1",
         "JAX: load ahead. A process records which executables it read from the cache (a plan, "
-        "kept in the store); the next process of the same program loads them all on a thread "
-        "pool as soon as its first read comes, and its reads take them from there. `0` turns "
-        "it off.",
+        "kept in the store); the next process of the same program loads them on a thread pool "
+        "from the backend's start, and its reads take them from there. `0` turns it off "
+        "(nothing loaded, recorded or written).",
     ),
     Variable(
         PREFETCH_THREADS_VAR,
@@ -408,9 +408,10 @@ VARIABLES: tuple[Variable, ...] = (
         "prefetch_name",
         "text",
         "the main module or script",
-        "The name of this workload's plan: processes of one name share it (each set of "
-        "command-line arguments keeps its own variant). Set it where the entry point says "
-        "little (a notebook, a launcher running many programs).",
+        "The name of this workload's plan: processes of one name share it, each program "
+        "keeping its own variant (up to 16), told apart by what it reads. Set it to keep "
+        "workloads apart that should not share one (more than 16 programs behind one entry "
+        "point).",
     ),
 )
 

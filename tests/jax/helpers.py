@@ -63,10 +63,10 @@ def open_barrier(procs: list[subprocess.Popen[str]], ready: list[Path], go: Path
 
 def worker_plan_name() -> str:
     """The entry name of the prefetch plan the worker's processes keep (the worker's script,
-    this JAX, on CPU, one device, process 0, under this JAX's runtime build): a bucket lists
-    it among the entries."""
+    this JAX, process 0, under this JAX's runtime build): a bucket lists it among the
+    entries."""
     version = importlib.metadata.version("jax")
-    key = _plan.plan_key(_plan.workload(f"script {WORKER}", version, "cpu", 1, 0))
+    key = _plan.plan_key(_plan.workload(f"script {WORKER}", version, 0))
     return entry_name(jax_build.build().store_key(key))
 
 

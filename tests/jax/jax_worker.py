@@ -143,6 +143,21 @@ def main() -> int:
                             "compile_seconds": sum(compiles[compiled:]),
                         }
                     )
+                elif op == "loaded_ahead":
+                    # Before any compilation: the backend up, then what loading ahead did by
+                    # the time it loaded everything it planned (or after 120 s).
+                    import xla_pcache.jax as xj
+
+                    jax.devices()
+                    deadline = time.monotonic() + 120
+                    pending = ("queued", "fetching", "fetched", "loading")
+                    while time.monotonic() < deadline:
+                        ahead = xj.prefetch_report()
+                        states = (ahead or {}).get("states", {})
+                        if ahead and ahead["planned"] and not any(k in states for k in pending):
+                            break
+                        time.sleep(0.01)
+                    report["loaded_ahead"] = ahead
                 elif op == "inspect":
                     cache: Any = cc._cache
                     base = getattr(cache, "_base_cache", cache)

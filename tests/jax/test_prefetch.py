@@ -37,11 +37,15 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
 ]
 
-# Knows nothing of xla_pcache but the report it prints when asked. TEST_CHANGE=1 changes
-# programs 3 to 5 (another constant baked in); TEST_FUTURE_JAX=1 replaces JAX's cache read by
-# one of another signature, as a JAX release that changed it would have.
+# Knows nothing of xla_pcache but the report it prints when asked (and waits on, asked to).
+# TEST_CHANGE=1 changes programs 3 to 5 (another constant baked in); TEST_FUTURE_JAX=1
+# replaces JAX's cache read by one of another signature, as a JAX release that changed it
+# would have; TEST_BEFORE_READS=1 brings the backend up and waits, before any cache read,
+# until loading ahead has loaded what it planned; TEST_SPIN=1 keeps the main thread busy in
+# Python after the first read until loading ahead is done. It reports its main thread's CPU
+# time and the whole process's.
 PROGRAM = """
-import json, os
+import json, os, resource, sys, time
 import numpy as np
 import jax, jax.numpy as jnp
 from jax._src import monitoring
@@ -57,16 +61,42 @@ if os.environ.get("TEST_FUTURE_JAX") == "1":
         return real(cache_key, compile_options, backend, *devices)
     cc.get_executable_and_time = get_executable_and_time
 change = os.environ.get("TEST_CHANGE") == "1"
+if os.environ.get("TEST_SPIN") == "1":
+    # A thread waiting for the GIL gets it from a busy one every 50 ms, not 5.
+    sys.setswitchinterval(0.05)
+
+def loading_done():
+    import xla_pcache.jax as xj
+    r = xj.prefetch_report()
+    pending = ("queued", "fetching", "fetched", "loading")
+    return r is not None and r["planned"] > 0 and not any(s in r["states"] for s in pending)
+
+if os.environ.get("TEST_BEFORE_READS") == "1":
+    # The backend up, and no cache read yet: wait for loading ahead to load the plan.
+    jax.devices()
+    deadline = time.monotonic() + 120
+    while not loading_done():
+        assert time.monotonic() < deadline, "nothing loaded before the first read"
+        time.sleep(0.01)
 x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
 out = []
 for k in range(6):
     c = k + 1 + (100 if change and k >= 3 else 0)
     f = jax.jit(lambda a, c=c: jnp.tanh(a @ a.T * c).sum(axis=0) + c)
     out.append(np.asarray(f(x)).tolist())
+    if k == 0 and os.environ.get("TEST_SPIN") == "1":
+        # After the first read: this thread holds the interpreter, busy, until the rest
+        # is loaded; the other threads get the GIL only when it is taken from it.
+        deadline = time.monotonic() + 120
+        while not loading_done():
+            assert time.monotonic() < deadline, "not loaded"
+            sum(i * i for i in range(20000))
 report = {"out": out, "hits": len(hits)}
 if os.environ.get("TEST_PREFETCH_REPORT") == "1":
     import xla_pcache.jax as xj
     report["prefetch"] = xj.prefetch_report()
+usage = resource.getrusage(resource.RUSAGE_SELF)
+report["cpu_s"] = {"main": time.thread_time(), "process": usage.ru_utime + usage.ru_stime}
 print(json.dumps(report))
 """
 N = 6
@@ -157,7 +187,10 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
     assert plan_of(cache) == (key, data), "a run that read what its plan named leaves it"
 
     # Programs 3 to 5 changed: 0 to 2 come from the plan, the new ones compile, the three old
-    # ones were loaded for nothing (wasted at exit), and the plan is the new run's.
+    # ones were loaded for nothing (wasted at exit), and the new run's variant joins the
+    # plan. The old one stays: a run cannot tell an edited program from another
+    # configuration of the same script, and two configurations that share most programs
+    # would replace each other's variant at every run.
     changed, _ = run(script, cache, TEST_CHANGE="1")
     assert changed["hits"] == 3
     assert changed["out"][:3] == cold["out"][:3] and changed["out"][3:] != cold["out"][3:]
@@ -165,18 +198,22 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
     assert after["prefetch_used"] - stats["prefetch_used"] == 3
     assert after["prefetch_wasted"] - stats["prefetch_wasted"] == 3
     assert after["prefetch_plans_written"] == 2
-    (new,) = _plan.decode(plan_of(cache)[1]).variants
+    new, old = _plan.decode(plan_of(cache)[1]).variants
     assert {e.key for e in new.entries} == jax_keys(cache) - executables | {
         e.key for e in variant.entries[:3]
     }
+    assert old.entries == variant.entries
+    # The next run loads what both variants hold (programs 0 to 2); its first changed
+    # program's read tells it from the other and goes JAX's way, and the rest of its own
+    # variant is loaded from then on. Nothing is wasted, nothing written.
     again, _ = run(script, cache, TEST_CHANGE="1")
-    assert states(again) == {"taken": N} and again["hits"] == N
-    assert again["out"] == changed["out"]
+    assert states(again) == {"taken": N - 1, "skipped": 1} and again["hits"] == N
+    assert again["prefetch"]["candidates"] == 1 and again["out"] == changed["out"]
 
     # What the commands report: stats (JSON, Prometheus) and doctor, across the processes.
     final = counters(cache)
     used, wasted = final["prefetch_used"], final["prefetch_wasted"]
-    assert (used, wasted, final["prefetch_plans_written"]) == (2 * N + 3, 3, 2)
+    assert (used, wasted, final["prefetch_plans_written"]) == (2 * N + 2, 3, 2)
     text = cli_out("stats", "--path", str(cache), "--format", "prometheus")
     assert f'xla_pcache_prefetch_used_total{{cache="{cache}",tier="local"}} {used}.0' in text
     assert f'xla_pcache_prefetch_wasted_total{{cache="{cache}",tier="local"}} {wasted}.0' in text
@@ -231,10 +268,39 @@ def test_a_compile_that_outlasts_the_quiet_time_is_still_planned(
     assert proc.returncode == 0, err[-4000:]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["hits"] == 3 and states(report)["taken"] == 3
-    (variant,) = _plan.decode(plan_of(cache)[1]).variants
+    variant, _ = _plan.decode(plan_of(cache)[1]).variants
     assert len(variant.entries) == N
     assert {e.key for e in variant.entries[3:]} == jax_keys(cache) - jax_keys(filled[1])
     assert counters(cache)["prefetch_plans_written"] - before == 1
+
+
+def test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spared(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    # The backend is up and JAX has read nothing: the plan is loaded already, in full, and
+    # no read waits.
+    early, _ = run(script, cache, TEST_BEFORE_READS="1")
+    prefetch = early["prefetch"]
+    assert prefetch["began"] == "before the first read"
+    assert prefetch["states"] == {"taken": N} and prefetch["waited"] == 0
+    assert early["out"] == cold["out"] and early["hits"] == N
+    # The time counted saved is the main thread's: what each read would have cost it (its
+    # load's CPU time, wherever XLA spends it) less what it waited, never the load's wall
+    # time on a worker, which waiting for the GIL inflates. In the second run the main
+    # thread holds the GIL, busy, while one loading thread loads the rest after the first
+    # read (as loading began there before this release): their wall time is many times their
+    # CPU time. What is counted can never exceed the CPU time of every thread but the main
+    # one.
+    spun, _ = run(script, cache, TEST_SPIN="1", XLA_PCACHE_PREFETCH_THREADS="1")
+    for report in (early, spun):
+        counters = report["prefetch"]["counters"]
+        assert counters["prefetch_used"] == N and report["out"] == cold["out"]
+        others_ms = (report["cpu_s"]["process"] - report["cpu_s"]["main"]) * 1000
+        saved = counters["prefetch_saved_ms"]
+        assert 0 < saved <= others_ms + N, (saved, others_ms, report["prefetch"])
+        assert saved <= report["prefetch"]["load_cpu_s"] * 1000 + N
 
 
 def test_read_only_processes_use_plans_and_write_none(
@@ -309,11 +375,12 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
     # Thousands of keys: refused whole, with one warning, before anything is read.
     many = {
         "format": _plan.FORMAT,
-        "version": 1,
+        "version": 2,
         "variants": [
             {
-                "args": own.args,
                 "written": 1.0,
+                "platform": "cpu",
+                "device_count": 1,
                 "options": [],
                 "devices": [[0]],
                 "entries": [[f"jit_f{i}-" + f"{i:064x}", 0, 0] for i in range(5000)],
@@ -333,10 +400,11 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
     # options: an entry is loaded only with the options and devices it was compiled for
     # (its load digest), and nothing loaded is handed to a read it was not read for.
     run(script, cache, TEST_CHANGE="1")
-    (changed,) = _plan.decode(plan_of(cache)[1]).variants
+    changed = _plan.decode(plan_of(cache)[1]).variants[0]
     other = [e for e in changed.entries if e.key not in {o.key for o in own.entries}]
     assert len(other) == 3
-    hostile = _plan.Variant(own.args, 2.0, tuple(_hostile_entries(list(own.entries), other)))
+    entries = tuple(_hostile_entries(list(own.entries), other))
+    hostile = _plan.Variant(2.0, own.platform, own.device_count, entries)
     plant(_plan.encode(_plan.Plan((hostile,))))
     before = counters(cache)
     tricked, err = run(script, cache)
@@ -349,17 +417,24 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
     assert (delta["prefetch_loaded"], delta["prefetch_wasted"]) == (3, 3)
     assert delta["prefetch_errors"] == N
 
-    # A variant dated a year ahead, under arguments no run uses: the latest, so a run of
-    # other arguments takes it, once. That run writes its own, and the planted one is never
-    # newer than that again (else every later run of new arguments would take it).
-    ahead = _plan.Variant("f" * 32, time.time() + 365 * 86400, tuple(other))
+    # A variant of other programs dated a year ahead, alone in the plan: the one candidate,
+    # so a run loads it, once, for nothing. That run's reads are not in it: it writes its
+    # own beside it, and the planted one is never newer than that again (else it would be
+    # the last dropped and the one whose order runs follow).
+    ahead = _plan.Variant(time.time() + 365 * 86400, own.platform, own.device_count, tuple(other))
     plant(_plan.encode(_plan.Plan((ahead,))))
     once, _ = run(script, cache)
     assert once["out"] == cold["out"] and once["hits"] == N
     assert once["prefetch"]["planned"] == len(other)
-    latest = _plan.decode(plan_of(cache)[1]).choose("0" * 32)
-    assert latest is not None and latest.args == own.args
+    variants = _plan.decode(plan_of(cache)[1]).variants
+    latest = max(variants, key=lambda v: v.written)
+    assert variants[0] is latest and len(variants) == 2
     assert [e.key for e in latest.entries] == [e.key for e in own.entries]
+    # From then on the run is told from the planted variant by its first read: nothing of
+    # the planted one is loaded again.
+    again, _ = run(script, cache)
+    assert again["out"] == cold["out"] and "loaded" not in states(again)
+    assert states(again) == {"taken": N - 1, "skipped": 1}
 
 
 def test_a_jax_whose_cache_read_changed_runs_as_before(

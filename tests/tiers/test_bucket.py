@@ -5,7 +5,8 @@ budget, hit records and pruning through the command and the store.
 
 The JAX hosts run in order, each scenario building on the bucket the previous left (a
 module fixture per step): a cold host fills the bucket; four hosts at once warm-start from
-it and compile each new program once; one host reads an old entry; a read-only host writes
+it (the plan and its entries fetched and loaded from the backend's start) and compile each
+new program once; one host reads an old entry; a read-only host writes
 nothing; prune then keeps the bucket within its budget and the entry read last, though it
 was written first. Every host runs in an empty working directory, which stays empty.
 """
@@ -158,6 +159,7 @@ def four(fleet: dict[str, Any], cold: dict[str, Any]) -> list[dict[str, Any]]:
     procs = [
         start(
             [
+                {"op": "loaded_ahead"},
                 *runs(0, 1, layers=1),
                 # Together at the new program, whose compile outlasts their start-up jitter.
                 {"op": "wait", "ready": str(ready[i]), "file": str(go)},
@@ -180,7 +182,11 @@ def test_four_hosts_warm_start_and_compile_each_new_program_once(
     fleet: dict[str, Any], cold: dict[str, Any], four: list[dict[str, Any]], s3_server: S3Server
 ) -> None:
     for report in four:
-        # Warm start from the bucket with an empty local store: every old program hits.
+        # Warm start from the bucket with an empty local store: the plan and what it names
+        # were fetched from the bucket and loaded from the backend's start, before JAX read
+        # anything; every old program hits.
+        ahead = report["loaded_ahead"]
+        assert ahead["began"] == "before the first read" and ahead["states"] == {"loaded": 2}
         assert hits(report)[:2] == [1, 1], hits(report)
         assert {p: results(report)[p] for p in (0, 1)} == {
             p: results(cold["report"])[p] for p in (0, 1)

@@ -22,7 +22,7 @@ from xla_pcache import builds, cache_path, metrics
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
-from xla_pcache.jax import _adopt, _build, _prefetch, _single_flight
+from xla_pcache.jax import _adopt, _backend_wait, _build, _prefetch, _read_hook, _single_flight
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._store_cache import _StoreCacheImpl
 from xla_pcache.sizes import parse_duration, parse_size
@@ -190,7 +190,8 @@ class _Installation:
     # JAX's get_cache_key, when _adopt.KeyAliases stands in for it.
     original_get_cache_key: Callable[..., str] | None = None
     # Loading ahead: the form of JAX's cache read the wrapper stands in for (None: off), the
-    # settings it runs with, and the session of the cache JAX uses now.
+    # settings it runs with, and the session: begun at installation for the store opened
+    # there, then the one of the cache JAX uses (``attached``).
     prefetch_form: int | None = None
     settings: Settings = dataclasses.field(default_factory=Settings)
     session: _prefetch.Prefetch | None = None
@@ -327,30 +328,66 @@ def _factory(path: str) -> tuple[Any, str] | None:
     # loaded ahead would be used, so there is no session under it.
     session = None
     if inst.prefetch_form is not None and not verify:
-        settings = inst.settings
-        session = _prefetch.Prefetch(
-            store,
-            hooks.cc,
-            threads=settings.prefetch_thread_count(),
-            memory=settings.prefetch_memory,
-            name=settings.prefetch_name,
-            jax_version=str(hooks.jax.__version__),
-            form=inst.prefetch_form,
-            build=build,
-            # A read-only process, and a bucket path's host that writes nothing to the
-            # bucket, load from the plan the writers keep and write none.
-            write_plans=not (store.read_only or getattr(store, "bucket_ro", False)),
-        )
+        with _state_lock:
+            begun = inst.session
+        if begun is not None and not begun.attached and begun.store is store:
+            # The session installation began for this store, loading since the backend's
+            # start: JAX's cache is its own now.
+            session = begun
+        else:
+            session = _session(inst, store, build)
+        session.attached = True
     cache.prefetch = session
     with _state_lock:
         # JAX builds a new cache after reset_cache or a new directory: the last one's
         # session ends (its plan written, what it loaded released).
         previous, inst.session = inst.session, session
-    if previous is not None:
+    if previous is not None and previous is not session:
         previous.close()
     if verify:
         cache = hooks.verification_cache(cache)
     return cache, path
+
+
+def _session(
+    inst: _Installation, store: Store, build: builds.Build | Callable[[], builds.Build | None]
+) -> _prefetch.Prefetch:
+    assert inst.prefetch_form is not None
+    settings = inst.settings
+    return _prefetch.Prefetch(
+        store,
+        inst.hooks.cc,
+        threads=settings.prefetch_thread_count(),
+        memory=settings.prefetch_memory,
+        name=settings.prefetch_name,
+        jax_version=str(inst.hooks.jax.__version__),
+        form=inst.prefetch_form,
+        build=build,
+        # A read-only process, and a bucket path's host that writes nothing to the
+        # bucket, load from the plan the writers keep and write none.
+        write_plans=not (store.read_only or getattr(store, "bucket_ro", False)),
+    )
+
+
+def _begin_loading(inst: _Installation) -> None:
+    """Loading ahead from the backend's start: a session for the store just opened, whose
+    thread reads the plan and fetches what it can now, and deserializes once JAX's default
+    backend is up (``_backend_wait``). Activation runs inside JAX's backend start, before
+    the backend exists; an ``install()`` after it finds the backend up. JAX's cache, built
+    at the first compilation (``_factory``), takes this session; under JAX's verification
+    wrapper, or after the cache moved elsewhere, it is closed there instead."""
+    store = inst.store
+    if inst.prefetch_form is None or store is None or inst.uncached:
+        return
+    verify = bool(
+        inst.hooks.verification_cache is not None
+        and inst.hooks.jax.config.values.get("jax_compilation_cache_check_contents", False)
+    )
+    if verify:
+        return
+    session = _session(inst, store, _runtime_build)
+    inst.session = session
+    session.begin(wait_backend=_backend_wait.wait)
 
 
 _warned_build = False
@@ -394,8 +431,8 @@ def install(
     ``min_compile_time`` (seconds) and ``min_entry_size`` (bytes) from
     ``XLA_PCACHE_MIN_COMPILE_TIME`` / ``XLA_PCACHE_MIN_ENTRY_SIZE``, else 0: what is worth
     caching; ``prefetch`` from ``XLA_PCACHE_PREFETCH``, else on: load the executables this
-    program's earlier runs read ahead, on a thread pool, from its first cache read on
-    (docs/jax.md, "Loading ahead").
+    program's earlier runs read ahead, on a thread pool, from the backend's start (from now,
+    if it is up) on (docs/jax.md, "Loading ahead").
 
     Sets ``jax_compilation_cache_dir`` to the path (JAX only consults a cache when it is
     set) and ``jax_persistent_cache_enable_xla_caches`` to ``"none"``, which makes keys
@@ -514,8 +551,8 @@ def install(
             _single_flight.install_hook(hooks.compiler)
         _installed.settings = settings
         wants_prefetch = settings.prefetch if prefetch is None else bool(prefetch)
-        if wants_prefetch and store is not None and _prefetch.install_hook(hooks.cc):
-            form = _prefetch.read_form(hooks.cc)
+        if wants_prefetch and store is not None and _read_hook.install_hook(hooks.cc):
+            form = _read_hook.read_form(hooks.cc)
             _installed.prefetch_form = form if isinstance(form, int) else None
         if store is not None and loc is None and where.kind == "local":
             sources = _adopt.sources(store, resolved_path, previous_dir)
@@ -535,6 +572,7 @@ def install(
         jax_config.update(_CACHE_DIR_OPTION, None if inst.uncached else resolved_path)
         # Drop a cache JAX may already have built, so the next compilation calls _factory.
         hooks.cc.reset_cache()
+        _begin_loading(inst)
         logger.debug(
             "xla_pcache: JAX compilation cache at %s (max_size=%s, read_only=%s)",
             resolved_path,
@@ -561,7 +599,7 @@ def uninstall() -> None:
             cc.get_cache_key = inst.original_get_cache_key
         if inst.hooks.compiler is not None:
             _single_flight.uninstall_hook(inst.hooks.compiler)
-        _prefetch.uninstall_hook(cc)
+        _read_hook.uninstall_hook(cc)
         if inst.session is not None:
             inst.session.close()
             inst.session = None

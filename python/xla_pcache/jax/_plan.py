@@ -1,16 +1,24 @@
-"""JAX: the warm-start plan, what one workload read from the cache and what loading each
-entry ahead of its read takes, kept as an entry of the store.
+"""JAX: the warm-start plan, what the programs of one workload read from the cache and what
+loading each entry ahead of its read takes, kept as an entry of the store.
 
 A plan is named by its workload (``workload``): the entry point (the main module or script;
-``XLA_PCACHE_PREFETCH_NAME`` instead when set), the JAX version, the platform, the number
-of devices and the process index, hashed into the key ``plan_key``, to which the session adds
-its runtime build's suffix (``builds.Build.suffix``, as on every key the adapter stores): a
-plan per build. Its body holds up to ``MAX_VARIANTS`` variants, one per set of command-line
-arguments (hashed): the variant of this process's arguments is loaded when there is one,
-else the one written last. Each variant is the ordered list of what a process read: JAX's
+``XLA_PCACHE_PREFETCH_NAME`` instead when set), the JAX version and the process index, hashed
+into the key ``plan_key``, to which the session adds its runtime build's suffix
+(``builds.Build.suffix``, as on every key the adapter stores): a plan per build. All of it is
+known before JAX's backend starts, so the plan can be read (and, on a bucket path, fetched)
+while the backend comes up. Its body holds up to ``MAX_VARIANTS`` variants, one per program
+that ran under that name: each the ordered list of what a run of it read, with the platform
+and device count it ran on. Which variant a run is, is told by what it reads
+(``_recognition``), never by its command line: programs sharing a script and its arguments,
+notebooks of one kernel, test suites of one runner each keep their own. Each entry is JAX's
 cache key (an entry's store key is it with the build's suffix), the serialized compile
 options the read passed and the device ids (the devices' place in the options on JAX before
-0.7), with options and device lists kept once each and entries pointing at them.
+0.7), with options and device lists kept once each per variant and entries pointing at them.
+
+A plan is written only when a run read what no variant of its platform holds (``covers``);
+then its variant joins the others (``merged``), replacing those it holds whole, the oldest
+dropped past ``MAX_VARIANTS``: so known programs that alternate, and a program run with
+loading ahead on and off, write nothing.
 
 What is read here is untrusted: whoever can write the cache directory or its bucket can put
 an entry under a plan's key (a trusting store serves only a signed one). ``decode`` takes
@@ -31,15 +39,19 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from xla_pcache._core import hash_key
 
-# The key a plan lives under: never a JAX key (those are ``<module>-<64 hex>``).
-KEY_PREFIX = "xla_pcache-prefetch-plan-1:"
+# The key a plan lives under: never a JAX key (those are ``<module>-<64 hex>``). Version 1
+# (variants per command line, the platform in the name) lived under ``...-plan-1:``: a
+# release of either version never reads the other's, so two releases on one cache do not
+# refuse and rewrite each other's plans; an old plan ages out as any entry.
+KEY_PREFIX = "xla_pcache-prefetch-plan-2:"
+# What every version's plan key starts with (to tell plans from executables).
+ANY_PREFIX = "xla_pcache-prefetch-plan-"
 FORMAT = "xla_pcache-prefetch-plan"
-VERSION = 1
+VERSION = 2
 # The entry's metadata: what it is, for people (``xla-pcache ls``).
 META_KIND = "prefetch-plan"
 # An executable's metadata, written by the process that compiled it: the digest of the
@@ -48,11 +60,13 @@ META_KIND = "prefetch-plan"
 # entry, checked and perhaps signed with it, vouches for them; the plan does not).
 META_LOAD_DIGEST = "load_digest"
 
-# Bounds, each above what a real workload writes: a plan of 1,024 executables of one
-# device assignment is about 120 KB (most of it keys).
+# Bounds, each above what a real workload writes: a variant of 1,024 executables of one
+# device assignment is about 120 KB (most of it keys); a test suite of 793 programs read
+# 1,586. Sixteen programs per entry point (notebooks of one kernel, configurations of one
+# script) settle; more alternate out, the oldest written first.
 MAX_PLAN_BYTES = 4 << 20
-MAX_VARIANTS = 4
-MAX_ENTRIES = 1024
+MAX_VARIANTS = 16
+MAX_ENTRIES = 4096
 MAX_OPTIONS = 256
 MAX_OPTION_BYTES = 256 << 10
 MAX_DEVICE_LISTS = 256
@@ -60,10 +74,11 @@ MAX_DEVICES = 65536
 MAX_DEVICE_ID = (1 << 31) - 1
 MAX_KEY_CHARS = 1024
 MAX_NAME_CHARS = 512
+MAX_PLATFORM_CHARS = 64
 
 # JAX's cache key: the module's name, a dash, a SHA-256 in hex (jax._src.cache_key.get).
 _JAX_KEY = re.compile(rf"[^\x00-\x20\x7f]{{1,{MAX_KEY_CHARS - 65}}}-[0-9a-f]{{64}}")
-_ARGS = re.compile(r"[0-9a-f]{32}")
+_PLATFORM = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_PLATFORM_CHARS}}}")
 
 
 class PlanError(ValueError):
@@ -81,29 +96,55 @@ class Entry:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """What one process of the workload read, in order, under its arguments' digest."""
+    """What one run of a program of the workload read, in order, on ``platform`` with
+    ``device_count`` devices (the backend's: a variant of another is no candidate)."""
 
-    args: str
     written: float
+    platform: str
+    device_count: int
     entries: tuple[Entry, ...]
+
+    def keys(self) -> frozenset[str]:
+        return frozenset(e.key for e in self.entries)
+
+    def runs_on(self, platform: str, device_count: int) -> bool:
+        return self.platform == platform and self.device_count == device_count
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     variants: tuple[Variant, ...]
 
-    def choose(self, args: str) -> Variant | None:
-        """The variant of these arguments, else the one written last, else None."""
-        for variant in self.variants:
-            if variant.args == args:
-                return variant
-        return max(self.variants, key=lambda v: v.written, default=None)
+    def on(self, platform: str, device_count: int) -> tuple[Variant, ...]:
+        """The variants of runs on this platform and device count."""
+        return tuple(v for v in self.variants if v.runs_on(platform, device_count))
+
+
+def covers(plan: Plan | None, variant: Variant) -> bool:
+    """Whether ``plan`` already holds ``variant``: one of its variants of the same platform
+    and device count names every key ``variant`` does. A run that read no more than that
+    (the same program again, with loading ahead on or off, or stopped early) has nothing to
+    write."""
+    if plan is None:
+        return False
+    keys = variant.keys()
+    return any(keys <= v.keys() for v in plan.on(variant.platform, variant.device_count))
 
 
 def load_digest(options: bytes, devices: tuple[int, ...]) -> str:
     """What an executable's ``META_LOAD_DIGEST`` holds: ``options`` is the digest of the
     compile options as JAX's key sees them (``_prefetch``), ``devices`` their ids."""
     return hash_key(options, " ".join(map(str, devices)))
+
+
+def valid_platform(platform: object, device_count: object) -> bool:
+    """Whether a variant of this platform and device count can be written (and read back)."""
+    return (
+        isinstance(platform, str)
+        and bool(_PLATFORM.fullmatch(platform))
+        and type(device_count) is int
+        and 1 <= device_count <= MAX_DEVICES
+    )
 
 
 def valid_key(key: object) -> bool:
@@ -113,8 +154,9 @@ def valid_key(key: object) -> bool:
 
 def entry_point() -> tuple[str, list[str]]:
     """What names this process's workload: the main module (``python -m``), the script's
-    absolute path, the code of ``python -c`` (hashed), or ``interactive``; and the
-    command-line arguments after it."""
+    absolute path, the code of ``python -c`` (hashed), or ``interactive`` (a script read
+    from standard input too); and the command-line arguments after it, which name nothing:
+    the programs behind one entry point are told apart by what they read."""
     argv = list(sys.argv)
     rest = argv[1:]
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
@@ -131,17 +173,12 @@ def entry_point() -> tuple[str, list[str]]:
     return f"script {os.path.abspath(first)}", rest
 
 
-def args_digest(args: Sequence[str]) -> str:
-    return hash_key(*args)
-
-
-def workload(name: str | None, jax_version: str, platform: str, devices: int, process: int) -> str:
+def workload(name: str | None, jax_version: str, process: int) -> str:
     """The text a plan's key is hashed from: ``name`` (``XLA_PCACHE_PREFETCH_NAME``) or the
-    entry point, and what makes another host's plan unusable here."""
+    entry point, the JAX version and the process index: all known before the backend
+    starts (the platform and device count are each variant's)."""
     what = name if name else entry_point()[0]
-    return (
-        f"{what[:MAX_NAME_CHARS]} | jax {jax_version} | {platform} x{devices} | process {process}"
-    )
+    return f"{what[:MAX_NAME_CHARS]} | jax {jax_version} | process {process}"
 
 
 def plan_key(workload_text: str) -> str:
@@ -160,8 +197,9 @@ def _encode_variant(v: Variant) -> dict[str, Any]:
         di = devices.setdefault(e.devices, len(devices))
         entries.append([e.key, oi, di])
     return {
-        "args": v.args,
         "written": round(v.written, 3),
+        "platform": v.platform,
+        "device_count": v.device_count,
         "options": [base64.b64encode(o).decode("ascii") for o in options],
         "devices": [list(d) for d in devices],
         "entries": entries,
@@ -213,14 +251,16 @@ def encode(plan: Plan) -> bytes:
 
 
 def merged(plan: Plan | None, variant: Variant) -> Plan:
-    """``plan`` with ``variant`` in place of the one of its arguments (or of the oldest, at
-    ``MAX_VARIANTS``). No other variant stays newer than ``variant``: a time after this
-    write is a clock that is wrong or a date whoever wrote the plan chose, and left as it
-    was, it would be the latest (``Plan.choose``) for every later run of new arguments."""
+    """``plan`` with ``variant`` added: the variants of its platform whose keys it names
+    all (an earlier, shorter run of the same program) leave, and past ``MAX_VARIANTS`` the
+    oldest written. No other variant stays newer than ``variant``: a time after this write
+    is a clock that is wrong or a date whoever wrote the plan chose, and left as it was, it
+    would never be the one dropped."""
+    keys = variant.keys()
     others = [
         dataclasses.replace(v, written=min(v.written, variant.written))
         for v in (plan.variants if plan else ())
-        if v.args != variant.args
+        if not (v.runs_on(variant.platform, variant.device_count) and v.keys() <= keys)
     ]
     others.sort(key=lambda v: v.written, reverse=True)
     return Plan((variant, *others[: MAX_VARIANTS - 1]))
@@ -250,19 +290,23 @@ def _index(value: object, size: int, what: str) -> int:
 def _variant(raw: object, i: int) -> Variant:
     where = f"variant {i}"
     if not isinstance(raw, dict) or set(raw) != {
-        "args",
         "written",
+        "platform",
+        "device_count",
         "options",
         "devices",
         "entries",
     }:
         raise _fail(f"{where} is not an object of the plan's fields")
-    args = raw["args"]
-    if not isinstance(args, str) or not _ARGS.fullmatch(args):
-        raise _fail(f"{where}: args is not a digest")
     written = raw["written"]
     if type(written) not in (int, float) or not math.isfinite(written) or written < 0:
         raise _fail(f"{where}: written is not a time")
+    platform = raw["platform"]
+    if not isinstance(platform, str) or not _PLATFORM.fullmatch(platform):
+        raise _fail(f"{where}: platform is not a platform's name")
+    count = raw["device_count"]
+    if type(count) is not int or not 1 <= count <= MAX_DEVICES:
+        raise _fail(f"{where}: device_count is not a count of devices")
     options: list[bytes] = []
     for text in _list(raw["options"], f"{where}: options", MAX_OPTIONS):
         if not isinstance(text, str) or len(text) > (MAX_OPTION_BYTES + 2) // 3 * 4:
@@ -291,7 +335,7 @@ def _variant(raw: object, i: int) -> Variant:
         oi = _index(item[1], len(options), f"{where}: an entry's options")
         di = _index(item[2], len(devices), f"{where}: an entry's devices")
         entries.append(Entry(key, options[oi], devices[di]))
-    return Variant(args, float(written), tuple(entries))
+    return Variant(float(written), platform, count, tuple(entries))
 
 
 def decode(data: bytes | memoryview) -> Plan:
@@ -309,7 +353,4 @@ def decode(data: bytes | memoryview) -> Plan:
     if set(doc) != {"format", "version", "variants"} or doc["version"] != VERSION:
         raise _fail(f"not version {VERSION} of the plan's format")
     variants = _list(doc["variants"], "variants", MAX_VARIANTS)
-    out = tuple(_variant(v, i) for i, v in enumerate(variants))
-    if len({v.args for v in out}) != len(out):
-        raise _fail("two variants of the same arguments")
-    return Plan(out)
+    return Plan(tuple(_variant(v, i) for i, v in enumerate(variants)))

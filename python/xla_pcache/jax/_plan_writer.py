@@ -1,0 +1,178 @@
+"""JAX: what a run read, and its plan written when that differs from what is stored.
+
+The session (``_prefetch``) hands over each read (key, serialized compile options, device
+ids) in order; the first ``_plan.MAX_ENTRIES`` keys are kept. Once the plan and the backend
+are known (``bind``), the run is compared with the plan's variants of its platform and
+device count: while one of them holds every key read so far, there is nothing to write, and
+nothing is. Otherwise (a program the plan does not know, a changed one, or no plan yet) the
+plan is written after ``QUIET_S`` without reads and at exit, with only the keys the store
+holds (a miss JAX did not put, below its thresholds, is not worth loading ahead): the run's
+variant joins the others (``_plan.merged``).
+
+Before writing, the plan is read again: a variant another process wrote meanwhile that holds
+this run's keys (the processes of one job read the same programs) leaves nothing to write.
+A try that finds nothing new to write (a program still compiling) writes nothing;
+``FRUITLESS_WRITES`` such tries in a row leave it to the exit. A read-only process writes
+none, nor does a bucket path's host that writes nothing to the bucket (``enabled``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from xla_pcache import _testhook
+from xla_pcache._text import FirstWarning, package_logger
+from xla_pcache.jax import _plan
+from xla_pcache.store import Store
+
+logger = package_logger("xla_pcache.jax")
+
+# Seconds without a read before a changed plan is written (and again at exit); tries in a
+# row that find nothing new to write before only the exit's is left.
+QUIET_S = 5.0
+FRUITLESS_WRITES = 3
+
+
+class PlanWriter:
+    """What one session's run read, and the writing of its plan."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        enabled: bool,
+        warn: FirstWarning,
+        count: Callable[[list[tuple[str, int]]], None],
+    ) -> None:
+        self._store = store
+        self.enabled = enabled
+        self._warn = warn
+        self._count = count
+        self._lock = threading.Lock()
+        # Where the plan lives and what it is for (``bind``).
+        self._key: str | None = None
+        self._workload = ""
+        self._suffix = ""
+        self._platform = ""
+        self._devices = 0
+        # What this process read, in order (its variant).
+        self._seen: dict[str, _plan.Entry] = {}
+        # The stored variants of this platform, as key sets; None until bound. ``_holding``:
+        # those that hold every key read so far.
+        self._known: list[frozenset[str]] | None = None
+        self._holding: list[frozenset[str]] = []
+        self._dirty = False
+        self._last_read = time.monotonic()
+        self._last_write = 0.0
+        self._fruitless = 0
+
+    # -------------------------------------------------------------- what the run read
+
+    def bind(
+        self,
+        key: str,
+        workload: str,
+        suffix: str,
+        plan: _plan.Plan | None,
+        platform: str,
+        device_count: int,
+    ) -> None:
+        """The plan in use (or None) and the backend's platform: from now on a read that no
+        stored variant holds makes the plan due."""
+        with self._lock:
+            self._key, self._workload, self._suffix = key, workload, suffix
+            self._platform, self._devices = platform, device_count
+            self._use(plan)
+
+    def _use(self, plan: _plan.Plan | None) -> None:
+        """Compare the run so far with ``plan`` (under the lock)."""
+        variants = plan.on(self._platform, self._devices) if plan is not None else ()
+        self._known = [v.keys() for v in variants]
+        self._holding = [k for k in self._known if all(s in k for s in self._seen)]
+        self._dirty = self.enabled and bool(self._seen) and not self._holding
+
+    def read(self, entry: _plan.Entry) -> None:
+        with self._lock:
+            self._last_read = time.monotonic()
+            if entry.key in self._seen or len(self._seen) >= _plan.MAX_ENTRIES:
+                return
+            self._seen[entry.key] = entry
+            self._fruitless = 0
+            if self._known is not None:
+                self._holding = [k for k in self._holding if entry.key in k]
+                if not self._holding and self.enabled:
+                    self._dirty = True
+
+    def due(self) -> float | None:
+        """When (``time.monotonic``) the plan is next due to be written, or None."""
+        with self._lock:
+            if not self._dirty or self._key is None or self._fruitless >= FRUITLESS_WRITES:
+                return None
+            return max(self._last_read, self._last_write) + QUIET_S
+
+    @property
+    def dirty(self) -> bool:
+        with self._lock:
+            return self._dirty
+
+    def report(self) -> dict[str, object]:
+        with self._lock:
+            return {"seen": len(self._seen), "plan_due": self._dirty}
+
+    # -------------------------------------------------------------- writing
+
+    def _fetch(self) -> _plan.Plan | None:
+        """The plan as stored now (None: none, or not a plan: it is written over)."""
+        assert self._key is not None
+        blob = self._store.get(self._key, count=False)
+        if blob is None:
+            return None
+        try:
+            return _plan.decode(memoryview(blob))
+        except _plan.PlanError:
+            return None
+
+    def write(self) -> None:
+        """Write what this process read as a variant of the plan, unless a stored variant
+        holds it already."""
+        with self._lock:
+            if not self._dirty or self._key is None:
+                return
+            self._last_write = time.monotonic()
+            seen = list(self._seen.values())
+            platform, devices = self._platform, self._devices
+        _testhook.reached("plan-write")
+        store = self._store
+        try:
+            # Only what the store holds: a miss JAX did not put (below its thresholds) is
+            # not worth loading ahead, and one still compiling is written by a later try.
+            entries = tuple(e for e in seen if e.key + self._suffix in store)
+            variant = _plan.bounded(_plan.Variant(time.time(), platform, devices, entries))
+            current = self._fetch()
+            wrote = False
+            plan = current
+            # A fleet that starts one job at once reads the same programs in every process:
+            # the first to write says it for all, the others write nothing.
+            if (
+                variant.entries
+                and self.enabled
+                and _plan.valid_platform(platform, devices)
+                and not _plan.covers(current, variant)
+            ):
+                plan = _plan.merged(current, variant)
+                data = _plan.encode(plan)
+                meta = {"kind": _plan.META_KIND, "framework": "jax", "workload": self._workload}
+                wrote = store.replace(self._key, data, meta=meta)
+                if wrote:
+                    self._count([("plans_written", 1)])
+                else:
+                    plan = current
+            with self._lock:
+                self._use(plan)
+                # Reads not stored (yet, or ever) keep it due: a few more tries after quiet
+                # spells, and the one at exit.
+                self._fruitless = 0 if wrote else self._fruitless + 1
+        except Exception as exc:
+            self._warn("writing the plan", self._key, exc)
