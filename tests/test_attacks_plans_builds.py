@@ -354,3 +354,27 @@ def test_the_processes_of_one_job_write_its_plan_once(tmp_path: Path) -> None:
         [e.key for e in other],
         [e.key for e in seen],
     ]
+
+
+def test_a_cold_run_writes_its_plan_once_after_its_last_compile(tmp_path: Path) -> None:
+    # A cold run of a large program: each program's compile outlasts the quiet spell after
+    # its read. A write after quiet while a program read is still compiling (its key not
+    # stored yet) waits for it, so the plan is written once with every program, not once
+    # per long compile; the exit's write takes what is stored then.
+    seen = [_plan.Entry(_key(i), b"o", (0,)) for i in range(3)]
+    with Store(tmp_path / "cache") as store:
+        writer = _writer(store, seen)
+        for e in seen[:2]:
+            assert store.put(e.key + SUFFIX, b"executable")
+        writer.write()  # the third still compiling
+        assert store.stats()["prefetch_plans_written"] == 0 and writer.dirty
+        assert store.put(seen[2].key + SUFFIX, b"executable")
+        writer.write()
+        assert store.stats()["prefetch_plans_written"] == 1 and not writer.dirty
+        # At exit, a program still compiling is left out rather than waited for.
+        late = _writer(store, [*seen, _plan.Entry(_key(9), b"o", (0,))])
+        late.write(final=True)
+        blob = store.get(PLAN_KEY, count=False)
+        assert blob is not None
+        keys = [[e.key for e in v.entries] for v in _plan.decode(memoryview(blob)).variants]
+        assert keys == [[e.key for e in seen]]

@@ -9,10 +9,16 @@ plan is written after ``QUIET_S`` without reads and at exit, with only the keys 
 holds (a miss JAX did not put, below its thresholds, is not worth loading ahead): the run's
 variant joins the others (``_plan.merged``).
 
+A run's variant is written whole, once: while a key it read is not stored yet (its program
+is still compiling, which takes far longer than ``QUIET_S`` for a large one), a write after
+quiet waits for it (``PENDING_S`` at most, for a miss JAX never puts: one below its
+thresholds), so that a cold run writes its plan once after its last compile rather than
+once per long compile. The write at exit takes what is stored then.
+
 Before writing, the plan is read again: a variant another process wrote meanwhile that holds
 this run's keys (the processes of one job read the same programs) leaves nothing to write.
-A try that finds nothing new to write (a program still compiling) writes nothing;
-``FRUITLESS_WRITES`` such tries in a row leave it to the exit. A read-only process writes
+A try that finds nothing new to write writes nothing; ``FRUITLESS_WRITES`` such tries in a
+row leave it to the exit. A read-only process writes
 none, nor does a bucket path's host that writes nothing to the bucket (``enabled``).
 """
 
@@ -33,6 +39,8 @@ logger = package_logger("xla_pcache.jax")
 # row that find nothing new to write before only the exit's is left.
 QUIET_S = 5.0
 FRUITLESS_WRITES = 3
+# How long a key read and not stored keeps a write after quiet waiting for its compile.
+PENDING_S = 600.0
 
 
 class PlanWriter:
@@ -59,6 +67,8 @@ class PlanWriter:
         self._devices = 0
         # What this process read, in order (its variant).
         self._seen: dict[str, _plan.Entry] = {}
+        # When each was first read (``time.monotonic``): a miss's compile is under way.
+        self._read_at: dict[str, float] = {}
         # The stored variants of this platform, as key sets; None until bound. ``_holding``:
         # those that hold every key read so far.
         self._known: list[frozenset[str]] | None = None
@@ -66,6 +76,7 @@ class PlanWriter:
         self._dirty = False
         self._last_read = time.monotonic()
         self._last_write = 0.0
+        self._postponed = 0.0
         self._fruitless = 0
 
     # -------------------------------------------------------------- what the run read
@@ -99,6 +110,7 @@ class PlanWriter:
             if entry.key in self._seen or len(self._seen) >= _plan.MAX_ENTRIES:
                 return
             self._seen[entry.key] = entry
+            self._read_at[entry.key] = self._last_read
             self._fruitless = 0
             if self._known is not None:
                 self._holding = [k for k in self._holding if entry.key in k]
@@ -110,7 +122,7 @@ class PlanWriter:
         with self._lock:
             if not self._dirty or self._key is None or self._fruitless >= FRUITLESS_WRITES:
                 return None
-            return max(self._last_read, self._last_write) + QUIET_S
+            return max(self._last_read, self._last_write, self._postponed) + QUIET_S
 
     @property
     def dirty(self) -> bool:
@@ -134,21 +146,30 @@ class PlanWriter:
         except _plan.PlanError:
             return None
 
-    def write(self) -> None:
+    def write(self, *, final: bool = False) -> None:
         """Write what this process read as a variant of the plan, unless a stored variant
-        holds it already."""
+        holds it already. Unless ``final`` (the exit's), a write waits while a program read
+        recently is still compiling."""
         with self._lock:
             if not self._dirty or self._key is None:
                 return
-            self._last_write = time.monotonic()
+            now = time.monotonic()
+            self._last_write = now
             seen = list(self._seen.values())
+            read_at = dict(self._read_at)
             platform, devices = self._platform, self._devices
         _testhook.reached("plan-write")
         store = self._store
         try:
             # Only what the store holds: a miss JAX did not put (below its thresholds) is
-            # not worth loading ahead, and one still compiling is written by a later try.
-            entries = tuple(e for e in seen if e.key + self._suffix in store)
+            # not worth loading ahead.
+            stored = {e.key for e in seen if e.key + self._suffix in store}
+            compiling = any(e.key not in stored and now - read_at[e.key] < PENDING_S for e in seen)
+            if compiling and not final:
+                with self._lock:
+                    self._postponed = now
+                return
+            entries = tuple(e for e in seen if e.key in stored)
             variant = _plan.bounded(_plan.Variant(time.time(), platform, devices, entries))
             current = self._fetch()
             wrote = False

@@ -658,7 +658,7 @@ class Prefetch:
                 self._release(slot)
         self._count([("wasted", len(held))])
         if self._writer.dirty:
-            self._writer.write()
+            self._writer.write(final=True)
         with _sessions_lock:
             _sessions.discard(self)
         try:
