@@ -101,6 +101,8 @@ class HitRecorder:
         self._closed = False
         self.uploads = 0
         self.prunes = 0
+        # Of them, prunes whose listing of entries was cut short.
+        self.prunes_cut_short = 0
         # Before the tier's own exit hook (a tier opens after its store), so run after it:
         # the last record then counts every write the tier finished.
         atexit.register(self.close)
@@ -360,8 +362,13 @@ class HitRecorder:
         except upkeep.BusyError as e:
             log.debug("xla_pcache: bucket %s: not pruning here: %s", bucket.url, e)
             return
-        if not report.pruned:
+        if report.busy:
             return  # a limit stopped it (warned once by the bucket)
+        if report.cut_short:
+            # It removed what the budget required among the entries it listed (warned once
+            # by the bucket's reader); the bucket's state says so, so the next check prunes
+            # again.
+            self.prunes_cut_short += 1
         self.prunes += 1
         log.info(
             "xla_pcache: pruned the bucket %s: removed %d entries (%d bytes), %d left "
