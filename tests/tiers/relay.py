@@ -38,6 +38,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from xml.sax.saxutils import escape
 
 _NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 # Hop-by-hop headers: the relay answers with a whole body and its length.
@@ -366,16 +367,18 @@ class S3Relay:
             after = query.get("start-after", "")
             if token is not None:
                 after = max(after, self._resume.get(token, ""))
-            planted = dict(self.planted)
         delimiter = query.get("delimiter") or None
         max_keys = max(1, min(MAX_KEYS, int(query.get("max-keys") or MAX_KEYS)))
         begin = max(bisect.bisect_right(ordered, after), first)
-        mine = (
-            (k, planted[k].last_modified, planted[k].size, planted[k].e_tag)
-            for k in itertools.takewhile(lambda k: k.startswith(prefix), ordered[begin:])
-            if k in planted
-        )
-        merged = _merge(self._served(bucket, prefix, after), mine)
+
+        def mine() -> Iterator[tuple[str, str, int, str]]:
+            # ``ordered`` is a snapshot (replaced, never changed, when keys are planted).
+            for k in itertools.takewhile(lambda k: k.startswith(prefix), ordered[begin:]):
+                p = self.planted.get(k)
+                if p is not None:
+                    yield k, p.last_modified, p.size, p.e_tag
+
+        merged = _merge(self._served(bucket, prefix, after), mine())
         objects: list[tuple[str, str, int, str]] = []
         commons: list[str] = []
         last = ""
@@ -435,29 +438,25 @@ def _page(
     relay: S3Relay,
     last: str,
 ) -> bytes:
-    ET.register_namespace("", _NS)
-    root = ET.Element(f"{{{_NS}}}ListBucketResult")
-
-    def field(parent: ET.Element, name: str, text: str) -> None:
-        ET.SubElement(parent, f"{{{_NS}}}{name}").text = text
-
-    field(root, "Name", bucket)
-    field(root, "Prefix", prefix)
-    field(root, "KeyCount", str(len(objects) + len(commons)))
-    field(root, "MaxKeys", str(max_keys))
+    """A ListObjectsV2 answer (text escaped as ElementTree escapes it: a control character
+    stays raw)."""
+    out = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<ListBucketResult xmlns="{_NS}">',
+        f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>",
+        f"<KeyCount>{len(objects) + len(commons)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>",
+    ]
     if delimiter:
-        field(root, "Delimiter", delimiter)
-    field(root, "IsTruncated", "true" if truncated else "false")
-    for key, when, size, tag in objects:
-        e = ET.SubElement(root, f"{{{_NS}}}Contents")
-        field(e, "Key", key)
-        field(e, "LastModified", when)
-        field(e, "ETag", tag)
-        field(e, "Size", str(size))
-        field(e, "StorageClass", "STANDARD")
-    for common in commons:
-        e = ET.SubElement(root, f"{{{_NS}}}CommonPrefixes")
-        field(e, "Prefix", common)
+        out.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
+    out.append(f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
+    out += [
+        f"<Contents><Key>{escape(key)}</Key><LastModified>{when}</LastModified>"
+        f"<ETag>{escape(tag)}</ETag><Size>{size}</Size><StorageClass>STANDARD</StorageClass>"
+        "</Contents>"
+        for key, when, size, tag in objects
+    ]
+    out += [f"<CommonPrefixes><Prefix>{escape(c)}</Prefix></CommonPrefixes>" for c in commons]
     if truncated:
-        field(root, "NextContinuationToken", relay._token_for(last))
-    return bytes(ET.tostring(root, encoding="utf-8", xml_declaration=True))
+        out.append(f"<NextContinuationToken>{relay._token_for(last)}</NextContinuationToken>")
+    out.append("</ListBucketResult>")
+    return "".join(out).encode("utf-8", "surrogatepass")
