@@ -143,6 +143,9 @@ class S3Relay:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as two writes: without this a client's delayed ACK
+            # holds the body back some 40 ms an answer.
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

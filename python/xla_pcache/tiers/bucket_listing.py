@@ -21,8 +21,10 @@ So the walk:
 - **gallops past a flood**: after ``GALLOP_AFTER`` refused keys in a row with no name of
   ours between them it leaves the rest of that range for later and goes on from the middle
   of what is left, so that keys planted before (or around) the real entries cost a few
-  probes, not one page each, before the entries after them are listed; the ranges left are
-  listed afterwards, each the same way, while the budget lasts;
+  probes, not one page each, before the entries after them are listed. The range left last
+  is listed first (the one whose end the walk has just reached clean: where the flood ends
+  and the entries begin), each the same way, which is a binary search for the flood's end;
+  the ranges left are listed while the budget lasts;
 - **lists with a delimiter** when the caller may hold a whole listing in memory (``prune``
   and ``stats`` from the command; never a program's own prune or a torch_xla host start,
   whose memory must not grow with what was planted): once ``DELIMIT_AFTER`` refused keys,
@@ -374,7 +376,7 @@ class Walk:
         stopped = False
         try:
             while self.pending:
-                for meta in self._span(self.pending.popleft()):
+                for meta in self._span(self.pending.pop()):
                     if self.yielded is not None:
                         self.yielded.add(str(meta["path"]))
                     yield meta
@@ -469,7 +471,7 @@ class Walk:
                     f"cannot list (the last {bad!r}) and stopped there: what it did not list "
                     "is not taken as absent, and is seen once they are removed",
                 )
-                self.pending.appendleft(_Span(offset, span.upto))
+                self.pending.append(_Span(offset, span.upto))
                 raise _Stop
             yield from self._between(offset, span.upto, ring, bad_path, beyond=False)
             if self.found:
@@ -494,7 +496,7 @@ class Walk:
                     offset = mid
                     flood = 0
             if self._delimited_due(False):
-                self.pending.appendleft(_Span(offset, span.upto))
+                self.pending.append(_Span(offset, span.upto))
                 return
 
     def _skip(self, rel: str) -> tuple[str, bool] | None:
