@@ -10,6 +10,7 @@ markers planted first and fetched none of the real entries. Each test here faile
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import random
@@ -23,6 +24,7 @@ from xla_pcache import bucket, entry_name, open_store
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers import upkeep
+from xla_pcache.tiers.bucket_objects import SQUAT_REMOVALS
 from xla_pcache.tiers.bucket_reader import LIST_PAGE, list_requests_bound
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
@@ -296,3 +298,46 @@ def test_a_flood_under_entries_still_leaves_a_host_its_entries(
     assert wire["list"] <= list_requests_bound(GRAPHS + FLOOD, GRAPHS) + 2 * (
         1 + 100 // LIST_PAGE
     ), wire
+
+
+def _put_all(client: Any, keys: list[str]) -> None:
+    """Empty objects at ``keys``, 64 at a time."""
+
+    async def put_all() -> None:
+        gate = asyncio.Semaphore(64)
+
+        async def one(key: str) -> None:
+            async with gate:
+                await obstore.put_async(client, key, b"")
+
+        await asyncio.gather(*(one(k) for k in keys))
+
+    asyncio.run(put_all())
+
+
+def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
+    relay: S3Relay, s3: S3Server
+) -> None:
+    """Ten thousand objects below the lease's name, on a service that makes a directory of
+    it (which then refuses the lease's create): on main a prune removed a hundred of them
+    and gave up, exit 1, so a hundred prunes in a row did nothing. Now it removes them
+    all (a request per thousand) and takes the lease. Ten thousand objects below entries'
+    names cost a prune a HEAD and a DELETE per directory they made (four each at most) on
+    main: now at most SQUAT_REMOVALS a prune, the rest the next."""
+    prefix, url, _ = _bucket(s3)
+    _put_all(bucket_client(s3, prefix), [f"{upkeep.LEASE}/x{i}" for i in range(FLOOD)])
+    below = [f"{prefix}/{ENTRY_DIR}/{_hex(random.Random(i))}/x" for i in range(FLOOD)]
+    relay.plant_many(below)
+    relay.take()
+    out = _cli("prune", "--path", url, "--max-size", "1M", "--json")
+    wire = relay.take()
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["skipped"]["squat"] == FLOOD, report
+    assert wire["head"] <= SQUAT_REMOVALS + 10 and wire["delete"] <= SQUAT_REMOVALS + 30, wire
+    assert not obstore.list(bucket_client(s3, prefix), upkeep.LEASE).collect()
+    # The objects below entries' names past the first prune's share wait for the next.
+    left = sum(k in relay.planted for k in below)
+    assert FLOOD - SQUAT_REMOVALS <= left < FLOOD, left
+    assert _cli("prune", "--path", url, "--max-size", "1M").exit_code == 0
+    assert sum(k in relay.planted for k in below) <= left - SQUAT_REMOVALS // 2
