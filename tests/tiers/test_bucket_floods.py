@@ -23,8 +23,7 @@ from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
-from xla_pcache.tiers import upkeep
-from xla_pcache.tiers.bucket_objects import SQUAT_REMOVALS
+from xla_pcache.tiers import bucket_objects, upkeep
 from xla_pcache.tiers.bucket_reader import LIST_PAGE, list_requests_bound
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
@@ -334,10 +333,11 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)
     assert report["skipped"]["squat"] == FLOOD, report
-    assert wire["head"] <= SQUAT_REMOVALS + 10 and wire["delete"] <= SQUAT_REMOVALS + 30, wire
+    removals = bucket_objects.SQUAT_REMOVALS
+    assert wire["head"] <= removals + 10 and wire["delete"] <= removals + 30, wire
     assert not obstore.list(bucket_client(s3, prefix), upkeep.LEASE).collect()
     # The objects below entries' names past the first prune's share wait for the next.
     left = sum(k in relay.planted for k in below)
-    assert FLOOD - SQUAT_REMOVALS <= left < FLOOD, left
+    assert FLOOD - removals <= left < FLOOD, left
     assert _cli("prune", "--path", url, "--max-size", "1M").exit_code == 0
-    assert sum(k in relay.planted for k in below) <= left - SQUAT_REMOVALS // 2
+    assert sum(k in relay.planted for k in below) <= left - removals // 2
