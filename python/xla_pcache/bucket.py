@@ -275,8 +275,8 @@ class BucketStore(Store):
         entries to fetch than ``PULL_MISSES`` (a marker of no entry costs a request), it
         follows only markers of entries that exist: it lists ``entries/`` (at most
         ``PULL_ENTRIES`` objects) and then the markers of those entries
-        (``marker_listing.markers_of``). Fetches stop after ``PULL_FETCHES`` attempts or
-        ``PULL_MISSES`` that found no entry."""
+        (``marker_listing.markers_of``). Fetches stop after ``PULL_FETCHES`` attempts, or
+        ``PULL_MISSES`` that found no entry newest first and as many more oldest first."""
         try:
             bucket = self.bucket()
             marked, listing = bucket.torch_xla_markers(limit=PULL_MARKERS)
@@ -295,15 +295,25 @@ class BucketStore(Store):
             return 0
         budget, used, fetched = self.max_size, self.stats()["bytes"], 0
         attempts = misses = 0
-        for key in wanted:
+        # Newest first; after PULL_MISSES fetches that found no entry, oldest first, for as
+        # many more: garbage planted with its markers at one time, newer (or older) than
+        # the real entries, does not stop a start before them.
+        front, back, newest = 0, len(wanted) - 1, True
+        while front <= back:
+            if misses >= PULL_MISSES and newest:
+                newest, misses = False, 0
             if attempts >= PULL_FETCHES or misses >= PULL_MISSES:
                 bucket.reader.skip(
                     "torch_xla-markers",
                     f"a host start fetches at most {PULL_FETCHES} torch_xla entries and "
-                    f"stops after {PULL_MISSES} fetches that found no entry: the rest of the "
-                    "markers were not followed",
+                    f"stops after {PULL_MISSES} fetches that found no entry from each end of "
+                    "the markers, newest and oldest: the rest were not followed",
                 )
                 break
+            if newest:
+                key, front = wanted[front], front + 1
+            else:
+                key, back = wanted[back], back - 1
             attempts += 1
             blob = self._fetch(key)
             if blob is None:

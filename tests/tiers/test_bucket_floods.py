@@ -301,15 +301,20 @@ def test_a_flood_under_entries_still_leaves_a_host_its_entries(
 
 def _put_all(client: Any, keys: list[str]) -> None:
     """Empty objects at ``keys``, 64 at a time."""
+    _put_all_bodies(client, dict.fromkeys(keys, b""))
+
+
+def _put_all_bodies(client: Any, items: dict[str, bytes]) -> None:
+    """``items`` (key -> body) written 64 at a time."""
 
     async def put_all() -> None:
         gate = asyncio.Semaphore(64)
 
-        async def one(key: str) -> None:
+        async def one(key: str, body: bytes) -> None:
             async with gate:
-                await obstore.put_async(client, key, b"")
+                await obstore.put_async(client, key, body)
 
-        await asyncio.gather(*(one(k) for k in keys))
+        await asyncio.gather(*(one(k, b) for k, b in items.items()))
 
     asyncio.run(put_all())
 
@@ -341,3 +346,54 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     assert FLOOD - removals <= left < FLOOD, left
     assert _cli("prune", "--path", url, "--max-size", "1M").exit_code == 0
     assert sum(k in relay.planted for k in below) <= left - removals // 2
+
+
+def test_garbage_planted_with_markers_newer_than_the_real_ones_stops_no_start(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """Found attacking the start's bounds: garbage planted at the entries of 40 made-up
+    graphs, with their markers, newer than the real ones. Each is an entry that exists, so
+    a start fetches it, and refuses it; on main the 32nd such refusal stopped the start
+    before any real entry. Now, after PULL_MISSES refusals newest first, it goes on oldest
+    first: a flood planted at one time does not stop it before the real entries."""
+    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    fakes = [str(10**35 + i) for i in range(40)]
+    client = bucket_client(s3, prefix)
+    _put_all_bodies(client, {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in fakes})
+    relay.plant_many([f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in fakes], when=NEWER)
+    fetched, wire = _start(url, tmp_path / "host", relay)
+    assert fetched == GRAPHS, wire
+    assert wire["get"] <= GRAPHS + 2 * bucket.PULL_MISSES, wire
+
+
+def test_writers_do_not_all_prune_again_after_a_prune_cut_short(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """A prune cut short marks the bucket's state so, and writers take the size as unknown:
+    each would prune at its next check, every writer host of a fleet one after another.
+    One a record interval is enough: a writer leaves it when the last prune, cut short,
+    ran less than an interval ago, and prunes once it is older."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=1000))
+    client = bucket_client(s3, prefix)
+
+    def state(age: float) -> None:
+        t = datetime.datetime.now(datetime.UTC).timestamp() - age
+        body = {"time": t, "entries": 0, "bytes": 0, "complete": False}
+        obstore.put(client, upkeep.STATE, json.dumps(body).encode())
+
+    prunes = []
+    for age in (0.0, 3600.0):
+        state(age)
+        settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / f"w{age}"))
+        store = open_store(url, settings=settings)
+        assert isinstance(store, bucket.BucketStore)
+        for i in range(4):
+            assert store.put(f"k{age}-{i}", bytes(2000))
+        assert store.remote is not None
+        store.remote.flush()
+        store._recorder.flush(final=True)
+        prunes.append(store._recorder.prunes)
+        store.close()
+    assert prunes == [0, 1], prunes

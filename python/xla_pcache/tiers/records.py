@@ -348,6 +348,12 @@ class HitRecorder:
         over = budget.max_size is not None and (
             not estimate.known or estimate.bytes > budget.max_size
         )
+        cut = estimate.cut_short_at
+        if cut is not None and time.time() - cut < self.interval:
+            # The last prune was cut short less than an interval ago (by another host, or
+            # this one): one a check interval does what can be done; the writers of a fleet
+            # do not each prune again.
+            over = False
         aged = False
         if budget.max_age_s is not None and not final:
             state = bucket.read_state()

@@ -173,13 +173,14 @@ class UntrustedReport:
 @dataclass(frozen=True)
 class Estimate:
     """The bucket's size as the last prune left it plus what hosts recorded writing since;
-    ``known`` is False when no prune has run or the records are too many to list here
-    (only a prune can tell)."""
+    ``known`` is False when no prune has run, the last one was cut short (``cut_short_at``:
+    when) or the records are too many to list here (only a prune can tell)."""
 
     bytes: int
     entries: int
     known: bool
     records: int
+    cut_short_at: float | None = None
 
 
 class Bucket:
@@ -283,7 +284,9 @@ class Bucket:
             if r is not None:
                 puts += r.puts
                 put_bytes += r.put_bytes
-        if state is None or not listing.complete or not state["complete"]:
+        if state is not None and not state["complete"]:
+            return Estimate(put_bytes, puts, False, n, state["time"])
+        if state is None or not listing.complete:
             return Estimate(put_bytes, puts, False, n)
         return Estimate(int(state["bytes"]) + put_bytes, int(state["entries"]) + puts, True, n)
 
