@@ -301,7 +301,11 @@ class Listing:
     with a delimiter (``delimited``: it did; ``directories``: the common prefixes it named,
     each a name with objects below it). ``start``: list after this name (below
     ``prefix``). ``budget``: the refused pages it goes past at most; ``recoveries``: the
-    refused pages whose objects it tries to recover at most (``recovered``: it tried)."""
+    refused pages whose objects it tries to recover at most (``recovered``: it tried).
+    ``skip_junk``: a full page that ends in a name that is none of ours resumes where the
+    next one can be, so objects planted before or between names cost a page a run, not a
+    page a thousand (for a caller that wants names of ours only: a prune lists junk to
+    remove it)."""
 
     prefix: str
     limit: int | None = None
@@ -310,6 +314,7 @@ class Listing:
     start: str | None = None
     budget: int = MAX_UNLISTABLE
     recoveries: int = MAX_RECOVERIES
+    skip_junk: bool = False
     complete: bool = True
     capped: bool = False
     listed: int = 0
@@ -432,6 +437,7 @@ class Walk:
                 stream = obstore.list(
                     reader.store, state.prefix, offset=offset, chunk_size=LIST_PAGE
                 )
+                jump = None
                 for chunk in stream:
                     n += len(chunk)
                     for meta in chunk:
@@ -443,7 +449,11 @@ class Walk:
                         if self.names is None or self.names.ours_head(self._rel(path)):
                             flood = 0
                         yield meta
-                return
+                    jump = self._past_junk(chunk)
+                    if jump is not None:
+                        break
+                if jump is None:
+                    return
             except _Stop:
                 raise
             except Exception as e:
@@ -451,6 +461,13 @@ class Walk:
             finally:
                 # A listing is a request a page, the refused one included.
                 reader.count("list", max(1, math.ceil(n / LIST_PAGE) + (failed is not None)))
+            if failed is None:
+                # A run of junk: resume where the next name of ours can be.
+                if jump == "":
+                    return  # none after it
+                offset = jump
+                ring.clear()
+                continue
             bad = refused_key(failed)
             bad_path = None if bad is None else reader.relative(bad)
             if bad is None or bad_path is None:
@@ -498,6 +515,21 @@ class Walk:
             if self._delimited_due(False):
                 self.pending.append(_Span(offset, span.upto))
                 return
+
+    def _past_junk(self, chunk: Any) -> str | None:
+        """With ``skip_junk``, after a full page ending in a name none of ours: the offset
+        to resume from ("" when nothing of ours can follow), else None. The name there
+        itself is asked for when it may be one of ours."""
+        if not self.state.skip_junk or self.names is None or len(chunk) < LIST_PAGE:
+            return None
+        last = self._rel(str(chunk[-1]["path"]))
+        if self.names.ours_head(last):
+            return None
+        skipped = self.names.skip(last)
+        if skipped is None:
+            return ""
+        nxt, ask = skipped
+        return None if ask else self.base + nxt
 
     def _skip(self, rel: str) -> tuple[str, bool] | None:
         if self.names is not None:

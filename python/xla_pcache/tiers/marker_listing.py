@@ -70,6 +70,7 @@ def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKE
             start=start,
             budget=MAX_UNLISTABLE - refused,
             recoveries=MAX_RECOVERIES - recovered,
+            skip_junk=True,
         )
         last = ""
         for meta in reader.listing_of(listing):

@@ -233,8 +233,9 @@ class Bucket:
 
     def listed_entries(self, limit: int | None = None) -> tuple[dict[str, Entry], Listing]:
         """The entry objects among the first ``limit`` objects under ``entries/``, and how
-        that listing went (``Listing.complete``)."""
-        listing = Listing(objstore.ENTRY_DIR, limit, ENTRY_NAMES)
+        that listing went (``Listing.complete``); runs of objects that are no entry are
+        jumped over, not listed (``Listing.skip_junk``)."""
+        listing = Listing(objstore.ENTRY_DIR, limit, ENTRY_NAMES, skip_junk=True)
         return entry_table(self.objects, listing, None, None), listing
 
     def hit_records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
@@ -303,9 +304,10 @@ class Bucket:
         self, limit: int | None = None
     ) -> tuple[list[tuple[EntryName, str, float]], Listing]:
         """``torch_xla_entries``, and how its listing went (``Listing.complete``: false when
-        ``limit`` cut it short, or keys the client cannot list hid part of it)."""
+        ``limit`` cut it short, or keys the client cannot list hid part of it); runs of
+        objects that are no marker are jumped over (``Listing.skip_junk``)."""
         out = []
-        listing = Listing(TORCH_XLA_DIR, limit, MARKER_NAMES)
+        listing = Listing(TORCH_XLA_DIR, limit, MARKER_NAMES, skip_junk=True)
         for meta in self.reader.listing_of(listing):
             m = MARKER_NAME.fullmatch(str(meta["path"]).rpartition("/")[2])
             if m:
