@@ -366,37 +366,48 @@ def test_garbage_planted_with_markers_newer_than_the_real_ones_stops_no_start(
     assert wire["get"] <= GRAPHS + 2 * bucket.PULL_MISSES, wire
 
 
-def test_writers_do_not_all_prune_again_after_a_prune_cut_short(
-    s3: S3Server, tmp_path: Path
+def test_writers_do_not_all_prune_again_when_the_size_cannot_be_told(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
 ) -> None:
-    """A prune cut short marks the bucket's state so, and writers take the size as unknown:
-    each would prune at its next check, every writer host of a fleet one after another.
-    One a record interval is enough: a writer leaves it when the last prune, cut short,
-    ran less than an interval ago, and prunes once it is older."""
+    """A prune cut short marks the bucket's state so, and writers take the size as unknown;
+    so do they when keys the client refuses cut their listing of records short: each would
+    prune at its next check, every writer host of a fleet one after another, each paying
+    the flood. One an interval is enough: a writer leaves it when a prune ran less than an
+    interval ago, and prunes once the last one is older. On main the state's mark was not
+    read (the writer pruned on its stale totals) and a records' flood made every writer
+    prune."""
     prefix = fresh_prefix()
     url = s3.url(prefix)
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=1000))
     client = bucket_client(s3, prefix)
 
-    def state(age: float) -> None:
+    def state(age: float, complete: bool) -> None:
         t = datetime.datetime.now(datetime.UTC).timestamp() - age
-        body = {"time": t, "entries": 0, "bytes": 0, "complete": False}
+        body = {"time": t, "entries": 0, "bytes": 0, "complete": complete}
         obstore.put(client, upkeep.STATE, json.dumps(body).encode())
 
-    prunes = []
-    for age in (0.0, 3600.0):
-        state(age)
-        settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / f"w{age}"))
+    def writer(name: str) -> int:
+        settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / name))
         store = open_store(url, settings=settings)
         assert isinstance(store, bucket.BucketStore)
         for i in range(4):
-            assert store.put(f"k{age}-{i}", bytes(2000))
+            assert store.put(f"{name}-{i}", bytes(2000))
         assert store.remote is not None
         store.remote.flush()
         store._recorder.flush(final=True)
-        prunes.append(store._recorder.prunes)
+        prunes = int(store._recorder.prunes)
         store.close()
-    assert prunes == [0, 1], prunes
+        return prunes
+
+    state(0.0, False)
+    assert writer("after-a-cut-short-prune") == 0
+    state(3600.0, False)
+    assert writer("an-hour-later") == 1
+    # Records the client cannot list, each its own refused page: their listing is cut short.
+    records = f"{prefix}/{upkeep.HIT_RECORD_DIR}"
+    relay.plant_many(f"{records}/r-{i:04d}\x01" for i in range(FLOOD))
+    state(0.0, True)
+    assert writer("records-flooded") == 0
 
 
 def test_objects_planted_before_every_entry_and_marker_crowd_out_no_start(

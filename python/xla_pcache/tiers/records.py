@@ -348,11 +348,12 @@ class HitRecorder:
         over = budget.max_size is not None and (
             not estimate.known or estimate.bytes > budget.max_size
         )
-        cut = estimate.cut_short_at
-        if cut is not None and time.time() - cut < self.interval:
-            # The last prune was cut short less than an interval ago (by another host, or
-            # this one): one a check interval does what can be done; the writers of a fleet
-            # do not each prune again.
+        last = estimate.last_prune
+        if not estimate.known and last is not None and time.time() - last < self.interval:
+            # The size cannot be told (the last prune was cut short, or the records cannot
+            # all be listed), and a prune ran less than an interval ago (another host's, or
+            # this one's): one an interval does what can be done, not every writer host of
+            # the fleet one after another.
             over = False
         aged = False
         if budget.max_age_s is not None and not final:

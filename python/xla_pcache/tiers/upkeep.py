@@ -173,14 +173,15 @@ class UntrustedReport:
 @dataclass(frozen=True)
 class Estimate:
     """The bucket's size as the last prune left it plus what hosts recorded writing since;
-    ``known`` is False when no prune has run, the last one was cut short (``cut_short_at``:
-    when) or the records are too many to list here (only a prune can tell)."""
+    ``known`` is False when no prune has run, the last one was cut short, or the records
+    are too many to list here or their listing was (only a prune can tell).
+    ``last_prune``: when the last prune ran, as its ``state`` says (None: none did)."""
 
     bytes: int
     entries: int
     known: bool
     records: int
-    cut_short_at: float | None = None
+    last_prune: float | None = None
 
 
 class Bucket:
@@ -285,11 +286,12 @@ class Bucket:
             if r is not None:
                 puts += r.puts
                 put_bytes += r.put_bytes
-        if state is not None and not state["complete"]:
-            return Estimate(put_bytes, puts, False, n, state["time"])
-        if state is None or not listing.complete:
+        if state is None:
             return Estimate(put_bytes, puts, False, n)
-        return Estimate(int(state["bytes"]) + put_bytes, int(state["entries"]) + puts, True, n)
+        if not listing.complete or not state["complete"]:
+            return Estimate(put_bytes, puts, False, n, state["time"])
+        total = int(state["bytes"]) + put_bytes
+        return Estimate(total, int(state["entries"]) + puts, True, n, state["time"])
 
     # ---------------------------------------------------------------- torch_xla markers
     def mark_torch_xla(self, name: EntryName, graph: str) -> None:
