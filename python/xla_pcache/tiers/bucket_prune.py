@@ -165,12 +165,13 @@ def _prune(
     if not listing.complete:
         report.pruned = False
         report.cut_short = listing.cut_short()
+        # A program's own prune lists without a delimiter; the command may see further.
+        further = "" if listing.delimit else ", or run `xla-pcache prune`, which sees further"
         reader.skip(
             "cut-short",
             f"this prune's listing was cut short ({report.cut_short}): it removes what the "
             "budget requires among the entries it listed and takes none it did not see as "
-            "absent; remove the keys named, or run `xla-pcache prune` (which lists with a "
-            "delimiter)",
+            f"absent; remove the keys named{further}",
         )
     check(deadline)
     fold_usage(reader, entries)
