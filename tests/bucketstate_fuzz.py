@@ -1544,10 +1544,13 @@ class Harness:
             ops: dict[str, tuple[int, int, int, float, int, int, int]] = {}
             for op in self.FLOOD_OPS:
                 # Each operation meets the whole flood (the one before may have removed
-                # what it could).
+                # what it could), and no prune's state: a writer then prunes (a prune cut
+                # short just before would make it leave that for an interval).
                 with self.relays[0]._lock:
                     self.relays[0].planted.clear()
                 self.relays[0].plant_many(flood, 1, when(kind))
+                with contextlib.suppress(Exception):
+                    obstore.delete(self.client, upkeep.STATE)
                 c = self.census()
                 p = self._flood_op(op, c)
                 self._wait([p], c)
