@@ -4,9 +4,12 @@ Runs `tests/bucketstate_fuzz.py`'s harness (hosts' real operations on a cache wh
 a bucket of a real SeaweedFS server behind the tests' relay, hostile objects planted between
 them) for N steps per seed, then its final phase, and prints the figures: steps, operations,
 processes, plants, the failures by kind, and per operation its largest peak RSS and most
-requests with their bounds. Exit status 1 if any step failed. `--seeds K` runs seeds
-S..S+K-1 one after another (each with its own server); `--failures FILE` writes every
-failure as a JSON line (seed, step, kind, operation, detail) for reproduction with the same
+requests with their bounds; with `--floods N`, the flood table: each kind of flood
+(`tests/floods.py`) planted alone, N keys, and every operation run with it, its exit
+status, requests (bound), time and peak RSS (bound). Exit status 1 if any step failed.
+`--seeds K` runs seeds S..S+K-1 one after another (each with its own server);
+`--failures FILE` writes every failure as a JSON line (seed, step, kind, operation,
+detail) for reproduction with the same
 seed.
 """
 
@@ -39,6 +42,14 @@ def main() -> int:
     ap.add_argument(
         "--no-read-only", action="store_true", help="leave out the read-only hosts' operations"
     )
+    ap.add_argument(
+        "--floods",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the steps, plant each kind of flood alone (N keys) and run every "
+        "operation with it: the flood table",
+    )
     ap.add_argument("--failures", type=Path, help="write failures here as JSON lines")
     ap.add_argument("--keep", action="store_true", help="keep each run's directory (weed.log)")
     ap.add_argument("--quiet", action="store_true")
@@ -61,6 +72,7 @@ def main() -> int:
                 op_limit=a.op_limit,
                 rlimit_as=a.rlimit_as,
                 scale=a.scale,
+                floods=a.floods,
                 read_only_hosts=not a.no_read_only,
                 log=(lambda m: None) if a.quiet else log,
             )

@@ -70,8 +70,10 @@ from typing import Any
 from xla_pcache import bucket as xbucket
 from xla_pcache import entry_name
 from xla_pcache.tiers import bucket_reader as br
-from xla_pcache.tiers import objstore, upkeep
+from xla_pcache.tiers import marker_listing, objstore, upkeep
+from xla_pcache.tiers.bucket_objects import SQUAT_REMOVALS
 
+from tests.floods import FLOODS, Scene, when
 from tests.fuzz_children import (
     CHILD_PRELUDE,
     CLI_CHILD,
@@ -190,18 +192,19 @@ def prune_bound(c: Census, extra: int, limits: upkeep.Limits) -> Counter[str]:
         + c.lists("entries", extra)
         + c.lists("claims")
         + c.lists("torch_xla", extra)
-        + c.lists("prune.lease", limit=upkeep.SQUAT_LIST)
+        + c.lists("prune.lease")
         + 1
         + lease_dirs
     )
     folded = min(c.records + extra, limits.records)
     out["get"] = 1 + 1 + folded + 1
     refused = sum(c.refused[d] for d in (*DIRS, "prune.lease"))
-    squat_dirs = upkeep.SQUAT_DEPTH * c.squats
+    squat_dirs = squat_removals(c)
     out["head"] = br.HEADS_PER_REFUSED * refused + 2 + 1 + squat_dirs + 2
     out["put"] = 2 + 1 + 2
     batches = sum(
-        2 + 2 * math.ceil((c.listed[d] + extra) / upkeep.DELETE_BATCH) for d in DIRS
+        2 + 2 * math.ceil((c.listed[d] + extra) / upkeep.DELETE_BATCH)
+        for d in (*DIRS, "prune.lease")
     ) + math.ceil(folded / upkeep.DELETE_BATCH)
     out["delete"] = batches + squat_dirs + lease_dirs + 1 + 1
     return out
@@ -217,11 +220,17 @@ def untrusted_bound(c: Census) -> Counter[str]:
     n = sum(c.listed[d] for d in (*DIRS, *FIXED, "fixed"))
     refused = sum(c.refused.values())
     dirs = sum(min(c.dirs[f], upkeep.SQUAT_DIRS) for f in FIXED)
-    squat_dirs = upkeep.SQUAT_DEPTH * c.squats
+    squat_dirs = squat_removals(c)
     out["list"] = br.list_requests_bound(n, refused) + len(FIXED) + dirs
     out["head"] = br.HEADS_PER_REFUSED * refused + squat_dirs + 2 * len(FIXED)
     out["delete"] = 1 + math.ceil(n / upkeep.DELETE_BATCH) + squat_dirs + len(FIXED) + dirs
     return out
+
+
+def squat_removals(c: Census) -> int:
+    """The directories objects planted below our names made that one prune removes at
+    most: ``upkeep.SQUAT_DEPTH`` an object, ``SQUAT_REMOVALS`` in all."""
+    return min(upkeep.SQUAT_DEPTH * c.squats, SQUAT_REMOVALS)
 
 
 def stats_bound(c: Census) -> Counter[str]:
@@ -251,12 +260,23 @@ def writer_bound(c: Census, puts: int, marks: int, gets: int, extra: int) -> Cou
 
 def start_bound(c: Census, extra: int = 0) -> Counter[str]:
     """A torch_xla host start (``BucketStore.pull_torch_xla``): one listing of at most
-    ``bucket.PULL_MARKERS`` objects under ``torch_xla/`` and at most ``bucket.PULL_FETCHES``
-    fetches. ``extra``: the markers writers beside it may add meanwhile."""
-    marked = min(c.listed["torch_xla"] + extra, xbucket.PULL_MARKERS)
+    ``bucket.PULL_MARKERS`` objects under ``torch_xla/``; when it cannot follow them blindly,
+    a listing of at most ``bucket.PULL_ENTRIES`` objects under ``entries/`` and at most
+    ``marker_listing.MARKER_PAGES`` pages of the markers of those entries (with the refused
+    keys and recoveries of one listing among them); at most ``bucket.PULL_FETCHES``
+    fetches. ``extra``: the markers and entries writers beside it may add meanwhile."""
+    marked = c.listed["torch_xla"] + extra
+    refused = c.refused["torch_xla"]
+    zigzag = (
+        marker_listing.MARKER_PAGES
+        + min(refused, br.MAX_UNLISTABLE + 1) * br.LISTS_PER_REFUSED
+        + (br.MAX_RECOVERIES * br.RECOVERY_LISTS if refused else 0)
+    )
     return Counter(
-        list=c.lists("torch_xla", extra, limit=xbucket.PULL_MARKERS),
-        head=br.HEADS_PER_REFUSED * c.refused["torch_xla"],
+        list=c.lists("torch_xla", extra, limit=xbucket.PULL_MARKERS)
+        + c.lists("entries", extra, limit=xbucket.PULL_ENTRIES)
+        + zigzag,
+        head=br.HEADS_PER_REFUSED * (2 * refused + c.refused["entries"]),
         get=min(marked, xbucket.PULL_FETCHES) * fetches(c),
     )
 
@@ -329,6 +349,12 @@ class Figures:
     # which the step then waited for.
     late: int = 0
     final: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The flood round (``Harness.floods``): per kind of flood, its keys and, per operation
+    # run with it, (exit status, requests, their bound, seconds, peak KiB, bound KiB,
+    # failures).
+    floods: dict[str, tuple[int, dict[str, tuple[int, int, int, float, int, int, int]]]] = (
+        dataclasses.field(default_factory=dict)
+    )
 
     def merge(self, other: Figures) -> None:
         self.steps += other.steps
@@ -340,6 +366,15 @@ class Figures:
         self.failures.update(other.failures)
         self.plants_by_kind.update(other.plants_by_kind)
         self.base_kib = max(self.base_kib, other.base_kib)
+        for kind, (keys, ops) in other.floods.items():
+            _, mine_ops = self.floods.setdefault(kind, (keys, {}))
+            for op, row in ops.items():
+                old = mine_ops.get(op)
+                # The costliest run of each, failures summed.
+                if old is None or row[1] > old[1]:
+                    mine_ops[op] = (*row[:6], row[6] + (old[6] if old else 0))
+                else:
+                    mine_ops[op] = (*old[:6], old[6] + row[6])
         for op, f in other.by_op.items():
             mine = self.by_op.setdefault(op, OpFigures())
             mine.n += f.n
@@ -419,6 +454,13 @@ class Proc:
     output: str = ""
     stdout: str = ""
     rc: int = 0
+    # Once judged: its requests (by kind, on the wire), their bound in all, its peak RSS,
+    # how long it ran, and the failures found in it.
+    wire: dict[str, int] = dataclasses.field(default_factory=dict)
+    bound_total: int = 0
+    peak: int | None = None
+    seconds: float = 0.0
+    failed: int = 0
 
 
 # --- keys and bodies ------------------------------------------------------------------------
@@ -773,6 +815,7 @@ class Harness:
         kinds: list[tuple[str, Callable[[], str], float]] = [
             ("odd_keys", self.plant_odd_keys, 3),
             ("refused_flood", self.plant_refused_flood, 0.15),
+            ("flood", self.plant_flood, 1.2),
             ("squat", self.plant_squat, 2),
             ("usage", self.plant_usage, 1.5),
             ("records", self.plant_records, 2),
@@ -807,6 +850,19 @@ class Harness:
         for i in range(n):
             self.relays[0].plant(f"{self.prefix}/{ROOT}/{d}/{base}{i:04d}/../x", 1)
         return f"{n} in {d}/"
+
+    def scene(self) -> Scene:
+        """What a flood is planted around: the entries hosts wrote, their graphs."""
+        return Scene(sorted({entry_name(k) for k in self.keys}), list(self.graphs), self.rng)
+
+    def plant_flood(self, kind: str | None = None, n: int | None = None) -> str:
+        """Hundreds to thousands of keys of one kind (``tests/floods.py``), on the relay."""
+        r = self.rng
+        kind = kind or r.choice(sorted(FLOODS))
+        n = n or max(50, int(r.randint(500, 10_000) * self.scale))
+        keys = FLOODS[kind](self.scene(), n)
+        self.relays[0].plant_many([f"{self.prefix}/{k}" for k in keys], 1, when(kind))
+        return f"{kind}: {len(keys)}"
 
     def plant_squat(self) -> str:
         """An object below one of our names, sometimes taken back at once (leaving the
@@ -1120,7 +1176,7 @@ class Harness:
         self, op: str, args: dict[str, Any], host: Path, slot: int, bound: Counter[str], **kw: Any
     ) -> Proc:
         args = {
-            "op": op.removeprefix("ro_").removeprefix("final_"),
+            "op": op.removeprefix("ro_").removeprefix("final_").removeprefix("flood_"),
             "seed": self.rng.getrandbits(32),
             "rlimit_as": self.rlimit_as,
             **args,
@@ -1247,7 +1303,9 @@ class Harness:
             busy: tuple[bytes, ...] = (b"another prune holds", b"took over", b"prune stopped")
             if c.refused["prune.lease"]:
                 busy += (b"can be neither created nor found",)  # below it, none can remove
-            exits = {0: (), 1: busy}
+            # 3: its listing of entries was cut short by keys the client cannot list (it
+            # pruned what it saw, and says so).
+            exits = {0: (), 1: busy, 3: (b"prune cut short",)}
             if untrusted:
                 args = ["prune", "--untrusted", "--path", url, *flags]
                 bound = untrusted_bound(c)
@@ -1429,8 +1487,11 @@ class Harness:
         errors = {k: v for k, v in report.get("tier", {}).items() if k.endswith("_errors") and v}
         if errors and not retried:
             self._fail("tier", p.op, f"the bucket's tier failed: {errors}; {cmd}; {tail[-600:]}")
-        fig.add(rc, peak, p.bound_kib, wire, sum(bound.values()), time.monotonic() - p.started)
-        fig.failures += len(self.failures) - failed_before
+        p.seconds = time.monotonic() - p.started
+        p.wire, p.bound_total, p.peak = wire, sum(bound.values()), peak
+        p.failed = len(self.failures) - failed_before
+        fig.add(rc, peak, p.bound_kib, wire, p.bound_total, p.seconds)
+        fig.failures += p.failed
 
     def _fail(self, kind: str, op: str, detail: str) -> None:
         self.figures.failures[kind] += 1
@@ -1439,7 +1500,9 @@ class Harness:
 
     # ---- the loop ----------------------------------------------------------------------
 
-    def run(self, steps: int) -> Figures:
+    def run(self, steps: int, floods: int = 0) -> Figures:
+        """``steps`` steps, then (with ``floods``) the flood round of that many keys a kind,
+        then the final phase."""
         for _ in range(steps):
             self.step += 1
             try:
@@ -1453,10 +1516,110 @@ class Harness:
                 return self.figures
             self.check_outside(what)
             self.figures.steps += 1
+        if floods:
+            self.floods(floods)
         self.final()
         if self._server_up("final"):
             self.check_outside("final")
         return self.figures
+
+    # The operations the flood round runs with each flood, one at a time.
+    FLOOD_OPS = ("stats", "torch_xla start", "get", "writer", "prune", "prune --untrusted")
+
+    def floods(self, n: int) -> None:
+        """Each kind of flood (``tests/floods.py``) alone, ``n`` keys on the relay, with the
+        bucket past its stored budget, and every operation of ``FLOOD_OPS`` run once with it,
+        judged as every step's (its requests against its bound, its memory, its exit status
+        and output); then taken back. The figures: ``Figures.floods``."""
+        import obstore
+
+        # Past its budget: a writer prunes (an object planted below the name, where the
+        # service has directories, refuses this: then the prune of the round removes it).
+        with contextlib.suppress(Exception):
+            obstore.put(self.client, upkeep.CONFIG, b'{"max_size": 10000, "max_age_s": null}')
+        for kind in sorted(FLOODS):
+            self.step += 1
+            flood = [f"{self.prefix}/{k}" for k in FLOODS[kind](self.scene(), n)]
+            self.log(f"step {self.step}: flood round: {kind}: {len(flood)}")
+            ops: dict[str, tuple[int, int, int, float, int, int, int]] = {}
+            for op in self.FLOOD_OPS:
+                # Each operation meets the whole flood (the one before may have removed
+                # what it could), and no prune's state: a writer then prunes (a prune cut
+                # short just before would make it leave that for an interval).
+                with self.relays[0]._lock:
+                    self.relays[0].planted.clear()
+                self.relays[0].plant_many(flood, 1, when(kind))
+                with contextlib.suppress(Exception):
+                    obstore.delete(self.client, upkeep.STATE)
+                c = self.census()
+                p = self._flood_op(op, c)
+                self._wait([p], c)
+                ops[op] = (
+                    p.rc,
+                    sum(v for k, v in p.wire.items() if k != "5xx"),
+                    p.bound_total,
+                    p.seconds,
+                    p.peak or 0,
+                    p.bound_kib,
+                    p.failed,
+                )
+                if not self._server_up(f"flood round: {kind}"):
+                    return
+            keys = len(flood)
+            self.figures.floods[kind] = (keys, ops)
+            self.check_outside(f"flood round: {kind}")
+        with self.relays[0]._lock:
+            self.relays[0].planted.clear()
+
+    def _flood_op(self, op: str, c: Census) -> Proc:
+        host = self._host(fresh=True)
+        entries = c.listed["entries"]
+        if op == "prune":
+            busy = (b"another prune holds", b"took over", b"prune stopped")
+            return self._cli(
+                "flood_prune",
+                ["prune", "--path", self.url, "--json"],
+                host,
+                0,
+                prune_bound(c, 0, upkeep.Limits()) + Counter(get=1),
+                exits={0: (), 1: busy, 3: (b"prune cut short",)},
+                prunes=True,
+                entries=entries,
+            )
+        if op == "prune --untrusted":
+            return self._cli(
+                "flood_untrusted",
+                ["prune", "--untrusted", "--path", self.url],
+                host,
+                0,
+                untrusted_bound(c),
+                exits={0: (), 1: (b"cannot be listed or removed by this client",)},
+                prunes=True,
+                entries=entries,
+            )
+        if op == "stats":
+            return self._cli("flood_stats", ["stats", "--path", self.url], host, 0, stats_bound(c))
+        if op == "writer":
+            puts = self._puts(4, False)
+            return self._api(
+                "flood_put",
+                {"url": self.url, "puts": puts, "keys": self._get_keys(4)},
+                host,
+                0,
+                writer_bound(c, len(puts), 0, len(puts), len(puts)),
+                prunes=True,
+                entries=entries + len(puts),
+            )
+        if op == "torch_xla start":
+            return self._api("flood_torch_xla_start", {"url": self.url}, host, 0, start_bound(c))
+        keys = self._get_keys(8)
+        return self._api(
+            "flood_get",
+            {"url": self.url, "keys": keys},
+            host,
+            0,
+            Counter(get=8 * fetches(c), put=1),
+        )
 
     def _server_up(self, what: str) -> bool:
         """Whether the server still runs; if not, a failure of the run (not of the package,
@@ -1600,6 +1763,8 @@ def summary(f: Figures, seed: int | str, failures: list[Failure]) -> str:
         "planted: " + ", ".join(f"{k} {v}" for k, v in sorted(f.plants_by_kind.items())),
         table(f),
     ]
+    if f.floods:
+        lines.append(flood_table(f))
     if f.final:
         lines.append(f"final: {json.dumps(f.final, sort_keys=True)}")
     lines += first_failures(failures, 600)
@@ -1623,16 +1788,39 @@ def table(f: Figures) -> str:
     return "\n".join(rows)
 
 
-def run(steps: int, seed: int, base: Path, s3: S3Server | None = None, **kw: Any) -> Harness:
-    """``steps`` steps and the final phase with ``seed``, on ``s3`` (else a server of its
-    own, stopped after)."""
+def flood_table(f: Figures) -> str:
+    """Per kind of flood, each operation run with it: its exit status, requests (their
+    bound), time and peak RSS (its bound); and the failures found."""
+    ops = Harness.FLOOD_OPS
+    rows = [
+        "| flood | keys | " + " | ".join(ops) + " | failures |",
+        "|---|---:|" + "---|" * len(ops) + "---:|",
+    ]
+    for kind, (keys, by_op) in sorted(f.floods.items()):
+        cells = []
+        for op in ops:
+            if op not in by_op:
+                cells.append("-")
+                continue
+            rc, n, bound, secs, peak, bound_kib, _ = by_op[op]
+            cells.append(f"{rc}: {n} ({bound}), {secs:.1f} s, {peak >> 10} MiB ({bound_kib >> 10})")
+        failed = sum(row[6] for row in by_op.values())
+        rows.append(f"| {kind} | {keys:,} | " + " | ".join(cells) + f" | {failed} |")
+    return "\n".join(rows)
+
+
+def run(
+    steps: int, seed: int, base: Path, s3: S3Server | None = None, floods: int = 0, **kw: Any
+) -> Harness:
+    """``steps`` steps, the flood round (``floods`` keys a kind; none with 0) and the final
+    phase with ``seed``, on ``s3`` (else a server of its own, stopped after)."""
     from tests.tiers.servers import start_s3
 
     server = s3 if s3 is not None else start_s3(base / "weed")
     h = None
     try:
         h = Harness(base / f"run-{seed}", seed, server, **kw)
-        h.run(steps)
+        h.run(steps, floods)
         return h
     finally:
         if h is not None:

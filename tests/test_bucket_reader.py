@@ -1,5 +1,6 @@
-"""The bucket's one reader, offline (``xla_pcache.tiers.bucket_reader``): where a listing
-resumes after a key the client refuses, the key read back from the client's error, the
+"""The bucket's one reader, offline (``xla_pcache.tiers.bucket_reader``, its walk
+``bucket_listing``): where a listing resumes after a key the client refuses (past no name
+of ours), the key read back from the client's error, the
 cutting of streamed text into lines, and the bounds every number read from a bucket meets.
 Against a real S3 service: tests/tiers/test_hostile_bucket.py."""
 
@@ -10,6 +11,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 from xla_pcache.sizes import MAX_DURATION_S, MAX_SIZE
+from xla_pcache.tiers import bucket_listing as bl
 from xla_pcache.tiers import bucket_reader as br
 
 # Characters that make a key refused or not, and their neighbours in key order.
@@ -90,3 +92,66 @@ def test_numbers_read_from_a_bucket_meet_the_directorys_bounds() -> None:
     assert br.checked_time(1.0, now=100.0) == 1.0
     for bad in (-1.0, 100.0 + br.CLOCKS_APART_S + 1, math.nan, math.inf, 10**400):
         assert br.checked_time(bad, now=100.0) is None, bad
+
+
+# Names of ours near a refused key: hex heads that share a start with it, and markers.
+_DIGITS = st.sampled_from(list("0179af"))
+_HEXISH = st.one_of(
+    st.lists(_DIGITS, max_size=34), st.lists(_DIGITS, min_size=31, max_size=33)
+).map("".join)
+_TAILS = st.sampled_from(
+    ["", "/", "//x", "/./x", "\x01", "\x01x", " ", "-", "-12", "-1\x01", "g", ":"]
+)
+
+
+def _near(rel: str) -> list[str]:
+    """The 32-hex names around ``rel``: for each place in its run of hex digits, each digit
+    there followed by the least and the greatest digits (the least name after ``rel`` is
+    one of them)."""
+    k = 0
+    while k < min(32, len(rel)) and rel[k] in "0123456789abcdef":
+        k += 1
+    return [
+        rel[:i] + c + fill * (31 - i)
+        for i in range(min(k, 31) + 1)
+        for c in "0123456789abcdef"
+        for fill in "0f"
+    ]
+
+
+@given(_HEXISH, _TAILS)
+def test_a_skip_passes_no_name_of_ours(head: str, tail: str) -> None:
+    """``Names.skip``: the listing resumes at or after the refused key, past no entry name
+    or marker that sorts after it, and asks by name for the offset only when it may be
+    one; ``first_after`` is never past the least name of ours after a key."""
+    rel = head + tail
+    if bl.parseable("d/" + rel):
+        return
+    for names, make in (
+        (bl.Names(hex=True, exact=True), lambda h: [h]),
+        (bl.Names(hex=True, exact=False), lambda h: [f"{h}-0", f"{h}-12", f"{h}-9"]),
+    ):
+        got = names.skip(rel)
+        ours = sorted(n for h in _near(rel) for n in make(h) if n > rel)
+        first = names.first_after(rel)
+        if got is None:
+            assert not ours, (rel, ours)
+            continue
+        offset, ask = got
+        assert offset > rel
+        for n in ours:
+            assert n > offset or (n == offset and ask), (rel, offset, n)
+            assert first is not None and first <= n, (rel, first, n)
+    records = bl.Names(hex=False, lead="r-")
+    got = records.skip(rel)
+    if rel < "r-":
+        assert got is not None and got[0] <= "r-0"
+
+
+def test_the_next_entry_name_after_a_key() -> None:
+    assert bl.head_after("") == "0" * 32
+    assert bl.head_after("ab/x") == "ab" + "0" * 30
+    assert bl.head_after("ab:") == "aba" + "0" * 29
+    assert bl.head_after("abz") == "ac" + "0" * 30
+    assert bl.head_after("f" * 32 + "\x01") is None
+    assert bl.head_after("0" * 31 + "1/x") == "0" * 31 + "2"

@@ -42,6 +42,7 @@ LEVELS = {
     "tiers.redis": 1,
     "tiers.objstore": 1,
     "tiers.chain": 1,
+    "tiers.bucket_listing": 1,
     "tiers.bucket_reader": 1,
     # A bucket's upkeep: its objects' names, the requests, the budget, a hit record, the
     # prune lease, what a prune reads and the prune, under the one door, ``upkeep.Bucket``.
@@ -52,6 +53,7 @@ LEVELS = {
     "tiers.prune_lease": 1,
     "tiers.prune_fold": 1,
     "tiers.bucket_prune": 1,
+    "tiers.marker_listing": 1,
     "tiers.upkeep": 1,
     "tiers.records": 1,
     "tiers": 1,

@@ -39,6 +39,7 @@ from tests.jax.helpers import (
     start_jax,
     worker_plan_name,
 )
+from tests.tiers.relay import S3Relay
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
 
 
@@ -443,8 +444,7 @@ def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server
                 PJRT_DEVICE="CPU",
                 TF_CPP_MIN_LOG_LEVEL="1",
                 XDG_CACHE_HOME=str(home),
-                **s3_server.env(),
-                **env,
+                **{**s3_server.env(), **env},
             ),
         )
         assert "Traceback" not in report["stderr"], report["stderr"][-4000:]
@@ -453,8 +453,18 @@ def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server
 
     first = run({"graphs": ["add"]}, {"XLA_PERSISTENT_CACHE_PATH": url}, "a")
     cold(first)
-    # A fresh host, torch_xla's own API naming the bucket: its copy is filled from the bucket.
-    second = run({"init": [url, False], "graphs": ["add"]}, {}, "b")
+    # A fresh host, torch_xla's own API naming the bucket: its copy is filled from the bucket,
+    # past ten thousand objects planted before every marker (on main its listing stopped
+    # at 10,000 objects in key order and never saw the real marker: it compiled).
+    relay = S3Relay(s3_server.port)
+    try:
+        prefix = url.split("/", 3)[3]
+        relay.plant_many(f"{prefix}/{upkeep.TORCH_XLA_DIR}/!{i:08d}" for i in range(10_000))
+        second = run(
+            {"init": [url, False], "graphs": ["add"]}, {"AWS_ENDPOINT_URL": relay.endpoint}, "b"
+        )
+    finally:
+        relay.close()
     served(second)
     assert first["results"] == second["results"]
     objects = _objects(s3_server, url.split("/", 3)[3])

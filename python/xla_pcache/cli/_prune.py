@@ -4,7 +4,7 @@ untrusted entries, or prune a bucket."""
 from __future__ import annotations
 
 import urllib.parse
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,6 +29,9 @@ from xla_pcache.cli._common import (
 )
 from xla_pcache.config import MAX_SIZE_VAR, TRUSTED_KEYS_VAR
 from xla_pcache.sizes import format_size, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from xla_pcache.tiers.upkeep import PruneReport
 
 
 def prune(
@@ -136,11 +139,10 @@ def _prune_bucket(
                 raise typer.Exit(1) from None
     if as_json:
         emit_json(report.as_dict())
+        _prune_exit(report)
         return
     for name in report.removed_names:
         typer.echo(f"removed {shown(name)}")
-    if not report.pruned:
-        typer.echo(f"xla-pcache: prune stopped: {shown(report.busy)}", err=True)
     typer.echo(
         f"removed {report.removed} entries, {format_size(report.removed_bytes)}; "
         f"{report.entries} left, {format_size(report.bytes)} "
@@ -153,6 +155,29 @@ def _prune_bucket(
     _untrusted_lines(report.skipped, report.unlistable, url)
     requests = ", ".join(f"{n} {k}" for k, n in sorted(report.requests.items()))
     typer.echo(f"{requests} requests in {report.seconds:.2f} s")
+    _prune_exit(report)
+
+
+# A bucket's prune whose listing of entries was cut short: it removed what the budget
+# required among what it listed, and no more can be said of the rest.
+CUT_SHORT_EXIT = 3
+
+
+def _prune_exit(report: PruneReport) -> None:
+    """Says why a bucket's prune did not prune everything, and exits 1 (a limit stopped
+    it) or ``CUT_SHORT_EXIT`` (its listing was cut short)."""
+    if report.busy:
+        typer.echo(f"xla-pcache: prune stopped: {shown(report.busy)}", err=True)
+        raise typer.Exit(1)
+    if report.cut_short:
+        typer.echo(
+            f"xla-pcache: prune cut short: {shown(report.cut_short)}; it removed what the "
+            f"budget required among the {report.entries_before} entries it listed and took "
+            "none it did not see as absent (remove the keys named below, or see "
+            "docs/remote.md)",
+            err=True,
+        )
+        raise typer.Exit(CUT_SHORT_EXIT)
     if not report.pruned:
         raise typer.Exit(1)
 

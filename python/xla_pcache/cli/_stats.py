@@ -190,6 +190,7 @@ _BUCKET_ROWS = (
     ("last_prune", "last prune"),
     ("claims", "compile claims"),
     ("junk", "objects under entries/ that are no entry"),
+    ("directories", "names under entries/ with objects planted below"),
     ("skipped", "objects skipped as untrusted"),
 )
 
@@ -205,6 +206,8 @@ def _bucket_stats(report: dict[str, Any], as_json: bool) -> None:
         value = report.get(name)
         if name == "last_prune":
             text = "never" if value is None else f"{format_ago(time.time() - value)} ago"
+            if report.get("last_prune_complete") is False:
+                text += " (cut short: its totals count what it saw)"
         elif name == "skipped" and value:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(report["skipped_by_kind"].items()))
             text = f"{value:,} ({kinds})"
@@ -226,8 +229,9 @@ def _unlistable_lines(report: dict[str, Any]) -> None:
             err=True,
         )
     if not report.get("listing_complete", True):
+        why = report.get("listing_cut_short") or "too many keys the client cannot list"
         typer.echo(
-            "xla-pcache: the listing of entries stopped early (too many keys the client "
-            "cannot list): the totals count what it saw",
+            f"xla-pcache: the listing of entries was cut short ({shown(why)}): the totals "
+            "count what it saw",
             err=True,
         )

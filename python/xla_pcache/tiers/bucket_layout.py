@@ -8,6 +8,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from xla_pcache.tiers.bucket_listing import Names
+
 ROOT = "xla_pcache-1"
 CONFIG = f"{ROOT}/config"
 USAGE = f"{ROOT}/usage"
@@ -15,9 +17,12 @@ STATE = f"{ROOT}/state"
 LEASE = f"{ROOT}/prune.lease"
 HIT_RECORD_DIR = f"{ROOT}/records"
 TORCH_XLA_DIR = f"{ROOT}/torch_xla"
-# The least name of ours in a directory (``Listing.floor``): entries, claims and markers
-# begin with an entry name, records with "r-".
-FLOOR = "0" * 32
+# What the names of ours in each directory look like, for its listings
+# (``bucket_listing.Names``): entries' and claims' are entry names, markers begin with one,
+# records with "r-".
+ENTRY_NAMES = Names(hex=True, exact=True)
+MARKER_NAMES = Names(hex=True, exact=False)
+RECORD_NAMES = Names(hex=False, lead="r-")
 
 HIT_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
 MARKER_NAME = re.compile(r"([0-9a-f]{32})-([0-9]{1,40})")

@@ -23,8 +23,13 @@ DELETE_BATCH = 1000
 # Below an object planted under one of our names as a prefix, the "directories" a service
 # with directories (SeaweedFS, MinIO, hierarchical namespaces) made: removed up to this deep.
 SQUAT_DEPTH = 4
-# What a squat check lists below one of our names.
+# What a squat check lists below one of our names at a time (a batch of removals).
 SQUAT_LIST = 100
+# The directories objects planted below our names made that one prune (or one removal of
+# what is untrusted) asks about and removes at most, a HEAD and a DELETE each: a flood of
+# such objects costs a prune this many, and the objects past it wait for the next one (with
+# their directories, which no listing of objects would show once they are gone).
+SQUAT_REMOVALS = 1000
 # The directories a squat check walks below one of our fixed names, emptied or left empty
 # (a key is at most 1,024 bytes, so no chain of them is deeper than 512).
 SQUAT_DIRS = 520
@@ -75,6 +80,7 @@ class BucketObjects:
             location, timeout=timeout, environ=environ, for_writes=True
         )
         self.requests: Counter[str] = Counter()
+        self.squat_removals = SQUAT_REMOVALS
         self._lock = threading.Lock()
         parts = urllib.parse.urlsplit(location)
         self.reader = BucketReader(
@@ -94,6 +100,7 @@ class BucketObjects:
         """A new report: its requests and skips counted from here (warnings stay once)."""
         self.requests.clear()
         self.reader.skipped.clear()
+        self.squat_removals = SQUAT_REMOVALS
 
     def listing(self, prefix: str, *, limit: int | None = None) -> Iterator[Mapping[str, Any]]:
         return self.reader.listing(prefix, limit=limit)
@@ -170,18 +177,30 @@ class BucketObjects:
         "directories" on a service that has them (SeaweedFS, MinIO, hierarchical
         namespaces), and an emptied one there still refuses the conditional create of its
         name: those between the name and the object are removed too, deepest first, when a
-        HEAD finds no object there."""
-        self.delete(paths)
-        if tally is not None:
-            tally.add(paths)
+        HEAD finds no object there, up to ``SQUAT_REMOVALS`` a prune; an object below a
+        name past that is left, with its directories, for the next one."""
         dirs: set[str] = set()
+        gone: list[str] = []
         for path in paths:
             name = squatted(path)
-            if name is None:
-                continue
-            rest = path[len(name) + 1 :].split("/")[:-1][: SQUAT_DEPTH - 1]
-            dirs.update(f"{name}/{'/'.join(rest[:d])}" for d in range(1, len(rest) + 1))
-            dirs.add(name)
+            if name is not None:
+                rest = path[len(name) + 1 :].split("/")[:-1][: SQUAT_DEPTH - 1]
+                mine = {f"{name}/{'/'.join(rest[:d])}" for d in range(1, len(rest) + 1)}
+                mine.add(name)
+                new = mine - dirs
+                if len(new) > self.squat_removals:
+                    self.reader.warn_once(
+                        "squat-removals",
+                        f"objects planted below names of ours past the {SQUAT_REMOVALS} "
+                        "directories one prune removes are left for the next prune",
+                    )
+                    continue
+                self.squat_removals -= len(new)
+                dirs |= new
+            gone.append(path)
+        self.delete(gone)
+        if tally is not None:
+            tally.add(gone)
         # One at a time, deepest first: a directory goes only once it is empty.
         for d in sorted(dirs, key=lambda d: -d.count("/")):
             if self.head(d) is None:
@@ -189,16 +208,30 @@ class BucketObjects:
 
     def clear_squat(self, name: str) -> list[str]:
         """Objects planted below ``name`` (one of the upkeep's own names, which is no
-        object) as a prefix: removed, with every directory below ``name`` and ``name``
-        itself (``clear_dirs``). The keys removed (empty when there were none)."""
-        found = [str(m["path"]) for m in self.reader.listing(name, limit=SQUAT_LIST)]
+        object) as a prefix: removed, all of them (a request a thousand, listed and
+        removed a batch at a time), with every directory below ``name`` and ``name``
+        itself (``clear_dirs``). The first ``SQUAT_LIST`` keys removed (empty when there
+        were none)."""
+        found: list[str] = []
+        batch: list[str] = []
+        n = 0
+        for meta in self.reader.listing(name):
+            path = str(meta["path"])
+            n += 1
+            batch.append(path)
+            if len(found) < SQUAT_LIST:
+                found.append(path)
+            if len(batch) >= DELETE_BATCH:
+                self.remove_junk(batch)
+                batch = []
+        if batch:
+            self.remove_junk(batch)
         if found:
-            self.remove_junk(found)
             self.reader.skip(
                 "squat",
                 f"objects planted below {name} ({found[0]!r}"
-                f"{' and more' if len(found) > 1 else ''}) made it a directory: removed",
-                len(found),
+                f"{' and more' if n > 1 else ''}) made it a directory: removed",
+                n,
             )
         if self.clear_dirs(name) and not found:
             self.reader.skip(

@@ -8,15 +8,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xla_pcache._text import package_logger
 from xla_pcache.tiers import objstore, prune_lease
 from xla_pcache.tiers.bucket_layout import (
-    FLOOR,
+    ENTRY_NAMES,
     MARKER_NAME,
+    MARKER_NAMES,
     STATE,
     TORCH_XLA_DIR,
     USAGE,
@@ -24,10 +25,11 @@ from xla_pcache.tiers.bucket_layout import (
     ours,
 )
 from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
-from xla_pcache.tiers.bucket_reader import Listing
+from xla_pcache.tiers.bucket_reader import Listing, Names
 from xla_pcache.tiers.bucket_stored_budget import read_stored_budget
 from xla_pcache.tiers.prune_fold import (
     Deadline,
+    Entry,
     Limits,
     check,
     entry_table,
@@ -41,6 +43,8 @@ log = package_logger("xla_pcache")
 
 # Claims older than this were left by killed hosts (a live one is rewritten every 10 s).
 STALE_CLAIM_S = 86400.0
+# A marker is written after its entry; Last-Modified is whole seconds on some services.
+MARKER_SLACK_S = 1.0
 # Prune to this fraction of the budget, as the directory does: writers then find room for a
 # while before the next prune.
 LOW_WATERMARK = 0.9
@@ -51,7 +55,15 @@ class PruneReport:
     """What a prune found and did, with the requests it made by kind. ``skipped``: what was
     read and refused, by kind (``unlistable`` names the keys the client cannot list or
     remove, with how to remove them); ``junk_removed``: objects under ``entries/``,
-    ``records/`` and ``torch_xla/`` that are nothing xla_pcache writes."""
+    ``records/`` and ``torch_xla/`` that are nothing xla_pcache writes.
+
+    ``pruned`` is False when a limit stopped it (``busy`` says which; nothing more was
+    removed) or when its listing of ``entries/`` was cut short (``cut_short`` says why: keys
+    the client cannot list hid part of it). A cut-short prune still removed what the budget
+    required among the entries it listed (``entries_before``), and what it did not see is not
+    taken as absent: their markers, records and uses are kept for a prune that sees them.
+    ``directories``: names under ``entries/`` with objects below them (planted), which a
+    listing with a delimiter named."""
 
     url: str
     pruned: bool = True
@@ -72,6 +84,8 @@ class PruneReport:
     junk_removed: int = 0
     junk_names: list[str] = field(default_factory=list)
     listing_complete: bool = True
+    cut_short: str | None = None
+    directories: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     unlistable: list[str] = field(default_factory=list)
     requests: dict[str, int] = field(default_factory=dict)
@@ -134,9 +148,12 @@ def _prune(
     # Records first, then entries: an entry a folded record names was written before
     # that record, so it is in the listing below (docs/remote.md).
     records, junk_records, report.records_left = hit_records_to_fold(reader, limits, deadline)
-    listing = Listing(objstore.ENTRY_DIR, limits.entries, FLOOR)
+    listing = Listing(
+        objstore.ENTRY_DIR, limits.entries, ENTRY_NAMES, delimit=limits.entries is None
+    )
     entries = entry_table(objects, listing, deadline, tally)
     report.listing_complete = listing.complete
+    report.directories = listing.directories
     if listing.capped:
         report.pruned = False
         report.busy = (
@@ -145,6 +162,17 @@ def _prune(
         )
         reader.warn_once("too-many", f"holds {report.busy}")
         return
+    if not listing.complete:
+        report.pruned = False
+        report.cut_short = listing.cut_short()
+        # A program's own prune lists without a delimiter; the command may see further.
+        further = "" if listing.delimit else ", or run `xla-pcache prune`, which sees further"
+        reader.skip(
+            "cut-short",
+            f"this prune's listing was cut short ({report.cut_short}): it removes what the "
+            "budget requires among the entries it listed and takes none it did not see as "
+            f"absent; remove the keys named{further}",
+        )
     check(deadline)
     fold_usage(reader, entries)
     folded: list[str] = []
@@ -189,25 +217,22 @@ def _prune(
         entries.pop(n, None)
     report.entries = len(entries)
     report.bytes = sum(e.size for e in entries.values())
-    usage_kept = True
-    if folded or report.removed:
+    # Usage is rewritten from the entries listed: a listing cut short would drop the uses of
+    # those it did not see, and deleting the records would lose theirs. Both wait for a
+    # prune that sees everything; until then each prune folds the same records again.
+    usage_kept = listing.complete
+    if listing.complete and (folded or report.removed):
         # Unchanged otherwise: not rewritten (2.5 MB at 100k entries with uses).
         usage_kept = objects.put_or_warn(USAGE, usage_body(entries))
-    objects.put_or_warn(
-        STATE,
-        json.dumps(
-            {"time": time.time(), "entries": report.entries, "bytes": report.bytes}
-        ).encode(),
-    )
+    totals = {"time": time.time(), "entries": report.entries, "bytes": report.bytes}
+    objects.put_or_warn(STATE, json.dumps({**totals, "complete": listing.complete}).encode())
     # Only after usage holds them: a prune that dies before this folds them again.
     if usage_kept:
         objects.delete(folded)
     if junk_records:
         objects.remove_junk(junk_records, tally)
     report.claims_removed = _drop_stale_claims(objects, tally)
-    # A listing that did not see every entry cannot tell which markers are orphans.
-    if listing.complete:
-        report.markers_removed = _drop_markers(objects, entries, tally)
+    report.markers_removed = _drop_markers(objects, entries, listing.complete, tally)
 
 
 def _drop_stale_claims(objects: BucketObjects, tally: Tally) -> int:
@@ -220,25 +245,63 @@ def _drop_stale_claims(objects: BucketObjects, tally: Tally) -> int:
             return "junk"
         return "doomed" if epoch(meta) < cutoff else None
 
-    return _sweep(objects, objstore.CLAIM_DIR, verdict, tally)
+    return _sweep(objects, objstore.CLAIM_DIR, ENTRY_NAMES, verdict, tally)
 
 
-def _drop_markers(objects: BucketObjects, kept: Container[str], tally: Tally) -> int:
-    """Markers of entries no longer there, and objects under ``torch_xla/`` that are no
-    marker, removed a batch at a time as they are listed."""
-
-    def verdict(meta: Any) -> str | None:
+def _drop_markers(
+    objects: BucketObjects, kept: Mapping[str, Entry], complete: bool, tally: Tally
+) -> int:
+    """Markers that vouch for nothing, removed a batch at a time as they are listed: an
+    entry has one graph, so one marker; its writer writes it after the entry. So of the
+    markers of a listed entry the oldest one not older than the entry stays and the others
+    go (markers planted after it, or before the entry was written); markers of entries no
+    longer there go when the listing saw every entry (``complete``); objects under
+    ``torch_xla/`` that are no marker go as junk. How many markers were removed."""
+    doomed: list[str] = []
+    junk: list[str] = []
+    removed = 0
+    group = ""
+    best: tuple[float, str] | None = None
+    for meta in objects.reader.listing(TORCH_XLA_DIR, names=MARKER_NAMES):
         path = str(meta["path"])
         m = MARKER_NAME.fullmatch(path.rpartition("/")[2])
         if m is None or path.count("/") != TORCH_XLA_DIR.count("/") + 1:
-            return "junk"
-        return "doomed" if m.group(1) not in kept else None
-
-    return _sweep(objects, TORCH_XLA_DIR, verdict, tally)
+            junk.append(path)
+        else:
+            entry = kept.get(m.group(1))
+            when = epoch(meta)
+            if entry is None:
+                if complete:
+                    doomed.append(path)
+            elif when < entry.written - MARKER_SLACK_S:
+                doomed.append(path)
+            elif m.group(1) != group or best is None:
+                group, best = m.group(1), (when, path)
+            elif (when, path) < best:
+                doomed.append(best[1])
+                best = (when, path)
+            else:
+                doomed.append(path)
+        if len(doomed) >= DELETE_BATCH:
+            removed += len(doomed)
+            objects.delete(doomed)
+            doomed = []
+        if len(junk) >= DELETE_BATCH:
+            objects.remove_junk(junk, tally)
+            junk = []
+    removed += len(doomed)
+    objects.delete(doomed)
+    if junk:
+        objects.remove_junk(junk, tally)
+    return removed
 
 
 def _sweep(
-    objects: BucketObjects, prefix: str, verdict: Callable[[Any], str | None], tally: Tally
+    objects: BucketObjects,
+    prefix: str,
+    names: Names,
+    verdict: Callable[[Any], str | None],
+    tally: Tally,
 ) -> int:
     """The objects listed under ``prefix`` that ``verdict`` calls ``"doomed"`` deleted, and
     those it calls ``"junk"`` (nothing xla_pcache writes there) removed as junk, a batch
@@ -247,7 +310,7 @@ def _sweep(
     doomed: list[str] = []
     junk: list[str] = []
     removed = 0
-    for meta in objects.reader.listing(prefix, floor=FLOOR):
+    for meta in objects.reader.listing(prefix, names=names):
         kind = verdict(meta)
         if kind == "junk":
             junk.append(str(meta["path"]))

@@ -13,12 +13,10 @@ One reader, ``BucketReader``, with bounds that hold whatever was planted:
 - **numbers** pass ``checked_size``, ``checked_age``, ``checked_count`` or ``checked_time``,
   the directory's own bounds (``sizes.MAX_SIZE``, ``sizes.MAX_DURATION_S``), and a time
   at most ``CLOCKS_APART_S`` ahead;
-- **a listing** survives keys the client cannot parse: the service lists keys that
-  ``object_store`` refuses (a ``//`` or a ``.``/``..`` segment, a control character: S3, GCS
-  and Azure accept them), and refuses them a page at a time. The listing goes on after the
-  refused key (resuming after every key sharing its refused start), recovers the objects
-  that shared its page when it can (below), reports the key by name, and stops after
-  ``MAX_UNLISTABLE`` of them or a cap its caller sets;
+- **a listing** survives keys the client cannot parse and floods of them
+  (``bucket_listing.Walk``: where it resumes, what it asks for by name, how it gallops past
+  a flood and when it lists with a delimiter), and says when it did not see everything
+  (``Listing.cut_short``);
 - what does not pass is skipped, counted by kind in ``skipped`` (the ``stats`` and
   ``prune`` reports show it) with one warning per kind, never an error for the whole
   listing, prune or start.
@@ -26,16 +24,6 @@ One reader, ``BucketReader``, with bounds that hold whatever was planted:
 Such a key cannot be read, written or removed through ``object_store`` either (every path
 it takes is parsed the same way): ``unlistable`` names the first ``REPORTED`` of them, and
 ``delete_hint`` says how to remove one with the cloud's own tool.
-
-**Recovering a refused page.** A page fails as a whole, so the objects listed before the
-refused key in its page (up to ``LIST_PAGE - 1``) are not seen by the listing that resumes
-after it. The listing keeps the last ``RING`` keys it listed since it last resumed, and asks
-again from one of them (a binary search, at most two requests a probe) so that a page ends
-just before the refused key; the objects up to it are then listed. When too few keys were
-listed since (the refused key within a page of the listing's start or of another refused
-key), or after ``MAX_RECOVERIES`` recoveries in one listing, those objects are not seen until
-the key is removed: ``hidden_pages`` counts such pages, and the listing is not
-``complete``.
 """
 
 from __future__ import annotations
@@ -47,22 +35,33 @@ import re
 import threading
 import time
 import zlib
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
 from xla_pcache.sizes import MAX_SIZE
+from xla_pcache.tiers.bucket_listing import (
+    HEADS_PER_REFUSED,
+    LIST_PAGE,
+    LISTS_PER_REFUSED,
+    MAX_RECOVERIES,
+    MAX_UNLISTABLE,
+    RECOVERY_LISTS,
+    REPORTED,
+    Listing,
+    Meta,
+    Names,
+    Walk,
+    list_requests_bound,
+    parseable,
+    refused_key,
+    resume_after,
+)
 
 log = package_logger("xla_pcache")
 
-# An object's listing or HEAD, as obstore gives it (path, size, last_modified, e_tag).
-Meta = Mapping[str, Any]
-
-# The service's page of a listing (S3 and GCS return at most 1000 keys a request).
-LIST_PAGE = 1000
 # Objects whose whole content is read: the budget, the last prune's totals, a lease.
 MAX_SMALL = 4096
 # The gzip objects, streamed (the bound is on time, not memory): a hit record holds one
@@ -79,30 +78,11 @@ MAX_JSON_DEPTH = 8
 STREAM_CHUNK = 64 << 10
 # A line of a record (an entry name) or of usage (name, time, uses) is far shorter.
 MAX_LINE = 128
-# Keys refused by the client that one listing goes past before it stops, and those named in
-# a report.
-MAX_UNLISTABLE = 256
-REPORTED = 100
-# Refused pages one listing tries to recover, and how many keys it keeps to do so.
-MAX_RECOVERIES = 16
-RING = LIST_PAGE
 # How far a host's own time in a record may be from the service's Last-Modified of it.
 CLOCK_SLACK_S = 300.0
 # How far apart two hosts' clocks may be (the prune lease assumes as much): a time read from
 # the bucket may be this far ahead of this host's clock, and no further.
 CLOCKS_APART_S = 600.0
-# What a refused key costs a listing at most: its refused page, the page that resumes after
-# it, and a binary search over RING keys of at most two pages a probe; and one HEAD.
-LISTS_PER_REFUSED = 2 + 2 * math.ceil(math.log2(RING))
-HEADS_PER_REFUSED = 1
-
-
-def list_requests_bound(objects: int, refused: int) -> int:
-    """The most listing requests one listing of ``objects`` objects makes when it goes past
-    ``refused`` keys the client refuses (at most ``MAX_UNLISTABLE + 1`` of them count)."""
-    return max(1, math.ceil(objects / LIST_PAGE)) + min(refused, MAX_UNLISTABLE + 1) * (
-        LISTS_PER_REFUSED
-    )
 
 
 # ------------------------------------------------------------------------------ numbers
@@ -172,93 +152,6 @@ def _depth(text: bytes) -> int:
 
 
 # ------------------------------------------------------------------------------ keys
-def _bad_segment(segment: str) -> bool:
-    return segment in ("", ".", "..") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in segment)
-
-
-def parseable(key: str) -> bool:
-    """Whether ``object_store`` takes ``key`` as a path (its ``Path::parse``: one ``/`` at
-    either end ignored, no empty, ``.`` or ``..`` segment, no ASCII control character)."""
-    core = key.removeprefix("/").removesuffix("/")
-    return core == "" or not any(_bad_segment(s) for s in core.split("/"))
-
-
-def resume_after(key: str) -> str | None:
-    """The first key after ``key`` (refused by the client) that the client can name, such
-    that every key between the two is refused as well: a listing resumes after it (and
-    looks at it alone). None when ``key``'s first segment is the refused one."""
-    lead = 1 if key.startswith("/") else 0
-    core = key[lead:].removesuffix("/")
-    at = lead
-    for i, seg in enumerate(core.split("/")):
-        if _bad_segment(seg):
-            if i == 0:
-                return None
-            head = key[: at - 1]  # the good segments before it, without the "/"
-            if seg == "":
-                # ``head//...``: every key that starts so is refused; next is ``head/0``.
-                nxt = f"{head}/0"
-            elif seg in (".", ".."):
-                rest = key[at + len(seg) :]
-                # ``head/../...`` all refused (next: ``head/..0``); ``head/..`` alone is
-                # followed by keys ``head/..<control>...``, refused, then ``head/.. ``.
-                nxt = f"{head}/{seg}0" if rest.startswith("/") else f"{head}/{seg} "
-            else:
-                j = next(k for k, c in enumerate(seg) if ord(c) < 0x20 or ord(c) == 0x7F)
-                # Every key that starts ``head/<seg[:j]><control>`` is refused, and the
-                # controls 0x00-0x1F are one run: next is a space, after DEL U+0080.
-                nxt = f"{head}/{seg[:j]}" + (" " if ord(seg[j]) < 0x20 else "\x80")
-            return nxt if parseable(nxt) and nxt > key else None
-        at += len(seg) + 1
-    return None
-
-
-def _rust_string(text: str, start: int) -> str | None:
-    """The Rust string literal (Debug format) starting after the quote at ``start``."""
-    out: list[str] = []
-    i = start
-    simple = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
-    while i < len(text):
-        c = text[i]
-        if c == '"':
-            return "".join(out)
-        if c == "\\" and i + 1 < len(text):
-            e = text[i + 1]
-            if e in simple:
-                out.append(simple[e])
-                i += 2
-                continue
-            if e == "u" and text.startswith("{", i + 2):
-                end = text.find("}", i + 3)
-                if end < 0:
-                    return None
-                try:
-                    out.append(chr(int(text[i + 3 : end], 16)))
-                except ValueError:
-                    return None
-                i = end + 1
-                continue
-            return None
-        out.append(c)
-        i += 1
-    return None
-
-
-def refused_key(e: BaseException) -> str | None:
-    """The key an ``InvalidPathError`` of a listing names (the whole key in the bucket), or
-    None for any other error. obstore's message carries the Rust error's Debug form, where
-    the key is an escaped string literal: ``path: "..."``."""
-    try:
-        from obstore.exceptions import InvalidPathError
-    except ImportError:
-        return None
-    if not isinstance(e, InvalidPathError):
-        return None
-    text = str(e)
-    at = text.find('path: "')
-    return None if at < 0 else _rust_string(text, at + len('path: "'))
-
-
 def delete_hint(url_scheme: str, bucket: str, key: str) -> str:
     """How to remove the object ``key`` with the cloud's own command line."""
     quoted = "'" + key.replace("'", "'\\''") + "'"
@@ -269,25 +162,27 @@ def delete_hint(url_scheme: str, bucket: str, key: str) -> str:
     return f"az storage blob delete --container-name {bucket} --name {quoted}"
 
 
+# What callers name through this module, from the walk's.
+__all__ = [
+    "HEADS_PER_REFUSED",
+    "LISTS_PER_REFUSED",
+    "LIST_PAGE",
+    "MAX_RECOVERIES",
+    "MAX_UNLISTABLE",
+    "RECOVERY_LISTS",
+    "REPORTED",
+    "BucketReader",
+    "Listing",
+    "Meta",
+    "Names",
+    "list_requests_bound",
+    "parseable",
+    "refused_key",
+    "resume_after",
+]
+
+
 # ------------------------------------------------------------------------------ the reader
-@dataclass
-class Listing:
-    """One listing's iteration (``BucketReader.listing``); after it: ``complete`` unless it
-    stopped early (``capped`` by the caller's limit, or past ``MAX_UNLISTABLE`` refused
-    keys) or may have missed objects (``hidden_pages``: refused pages it could not
-    recover), and the keys it went past. ``floor``: the least name below ``prefix`` that
-    the caller wants (a refused key before it hides nothing the caller lists for)."""
-
-    prefix: str
-    limit: int | None = None
-    floor: str | None = None
-    complete: bool = True
-    capped: bool = False
-    listed: int = 0
-    unlistable: list[str] = field(default_factory=list)
-    hidden_pages: int = 0
-
-
 class BucketReader:
     """Reads of one bucket prefix's upkeep objects through obstore ``store`` (made with the
     prefix ``store_prefix``), every request counted by kind through ``count``. ``url`` is
@@ -303,7 +198,7 @@ class BucketReader:
         store_prefix: str,
         count: Callable[[str, int], None],
     ) -> None:
-        self._store = store
+        self.store = store
         self.url = url
         self.scheme = scheme
         self.bucket = bucket
@@ -329,96 +224,32 @@ class BucketReader:
             self.skipped[kind] += n
         self.warn_once(kind, message)
 
-    def _relative(self, key: str) -> str | None:
+    def relative(self, key: str) -> str | None:
+        """``key`` (a whole key in the bucket) below the store's prefix; None when outside."""
         if not self.store_prefix:
             return key
         head = self.store_prefix + "/"
         return key[len(head) :] if key.startswith(head) else None
 
+    def count(self, kind: str, n: int) -> None:
+        self._count(kind, n)
+
     # ---------------------------------------------------------------- listings
     def listing(
-        self, prefix: str, *, limit: int | None = None, floor: str | None = None
+        self, prefix: str, *, limit: int | None = None, names: Names | None = None
     ) -> Iterator[Meta]:
-        """Every object below ``prefix`` (a directory of the bucket's upkeep), in key order,
-        at most ``limit`` of them; see ``listing_of`` for how it went."""
-        return self._list(Listing(prefix, limit, floor))
+        """Every object below ``prefix`` (a directory of the bucket's upkeep), at most
+        ``limit`` of them, in key order unless a flood of refused keys made the walk
+        gallop (``bucket_listing``); see ``listing_of`` for how it went."""
+        return iter(Walk(self, Listing(prefix, limit, names)))
 
     def listing_of(self, listing: Listing) -> Iterator[Meta]:
         """``listing``'s objects; ``listing`` tells after the iteration how it went."""
-        return self._list(listing)
+        return iter(Walk(self, listing))
 
-    def _list(self, state: Listing) -> Iterator[Meta]:
-        import obstore
-
-        offset: str | None = None
-        ring: deque[str] = deque(maxlen=RING)
-        recoveries = 0
-        while True:
-            n = 0
-            failed: BaseException | None = None
-            try:
-                stream = obstore.list(
-                    self._store, state.prefix, offset=offset, chunk_size=LIST_PAGE
-                )
-                for chunk in stream:
-                    n += len(chunk)
-                    for meta in chunk:
-                        if state.limit is not None and state.listed >= state.limit:
-                            state.complete, state.capped = False, True
-                            return
-                        state.listed += 1
-                        ring.append(str(meta["path"]))
-                        yield meta
-                return
-            except Exception as e:
-                failed = e
-            finally:
-                # A listing is a request a page, the refused one included.
-                self._count("list", max(1, math.ceil(n / LIST_PAGE) + (failed is not None)))
-            bad = refused_key(failed)
-            bad_rel = None if bad is None else self._relative(bad)
-            if bad is None or bad_rel is None:
-                raise failed
-            self._note_unlistable(bad, state)
-            nxt = resume_after(bad)
-            nxt_rel = None if nxt is None else self._relative(nxt)
-            if nxt_rel is None or len(state.unlistable) > MAX_UNLISTABLE:
-                state.complete = False
-                self.warn_once(
-                    "unlistable-stop",
-                    f"listing {state.prefix}/ stopped at a key the client cannot list "
-                    f"({bad!r}); objects after it are not seen until it is removed",
-                )
-                return
-            attempted = bool(ring) and recoveries < MAX_RECOVERIES
-            found: list[Meta] = []
-            if attempted:
-                recoveries += 1
-                found = self._recover(state.prefix, list(ring), bad_rel)
-            # Nothing found from a full ring: nothing shared the refused page before it;
-            # nor anything of ours, when the refused key sorts before all we name there.
-            below = state.floor is not None and bad_rel < f"{state.prefix}/{state.floor}"
-            if not found and not (attempted and len(ring) == RING) and not below:
-                state.hidden_pages += 1
-                state.complete = False
-            for extra in found:
-                if state.limit is not None and state.listed >= state.limit:
-                    state.complete, state.capped = False, True
-                    return
-                state.listed += 1
-                yield extra
-            # The one key the resumed listing does not give (it starts after it).
-            here = self._head(nxt_rel)
-            if here is not None and nxt_rel.startswith(state.prefix + "/"):
-                if state.limit is not None and state.listed >= state.limit:
-                    state.complete, state.capped = False, True
-                    return
-                state.listed += 1
-                yield here
-            offset = nxt_rel
-            ring.clear()
-
-    def _note_unlistable(self, key: str, state: Listing) -> None:
+    def note_unlistable(self, key: str, state: Listing) -> None:
+        """A key the client refused in ``state``'s listing: counted, named (the first
+        ``REPORTED``), one warning with how to remove it."""
         state.unlistable.append(key)
         with self._lock:
             if key not in self._unlistable_seen:
@@ -442,71 +273,32 @@ class BucketReader:
 
         n = 0
         try:
-            got = obstore.list_with_delimiter(self._store, prefix)
+            got = obstore.list_with_delimiter(self.store, prefix)
             n = len(got["common_prefixes"]) + len(got["objects"])
             return [str(p).rstrip("/") for p in got["common_prefixes"]]
         except Exception as e:
             bad = refused_key(e)
             if bad is None:
                 raise
-            self._note_unlistable(bad, Listing(prefix))
+            self.note_unlistable(bad, Listing(prefix))
             return []
         finally:
             self._count("list", max(1, math.ceil(n / LIST_PAGE)))
 
-    def _head(self, path: str) -> Meta | None:
+    def head(self, path: str) -> Meta | None:
+        """The HEAD of ``path`` (counted); None when there is no such object."""
         import obstore
 
         from xla_pcache.tiers import objstore
 
         self._count("head", 1)
         try:
-            meta = obstore.head(self._store, path)
+            meta = obstore.head(self.store, path)
         except Exception as e:
             if objstore._classify(e) == "missing":
                 return None
             raise
         return meta
-
-    def _recover(self, prefix: str, ring: list[str], bad: str) -> list[Meta]:
-        """The objects between ``ring[-1]`` and ``bad`` that the refused page held: the
-        listing asked from an earlier key of ``ring`` (which holds the keys just listed, in
-        order, with none missing) so that its page ends before ``bad``. A start further
-        back reaches less far, so the nearest start whose page is accepted gives them all."""
-        last = ring[-1]
-        best: list[Meta] = []
-        lo, hi = 1, len(ring)
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            got = self._probe(prefix, ring[-mid], last, bad)
-            if got:
-                best, hi = got, mid - 1
-            else:
-                lo = mid + 1
-        return best
-
-    def _probe(self, prefix: str, start: str, last: str, bad: str) -> list[Meta]:
-        import obstore
-
-        got: list[Meta] = []
-        n = 0
-        refused = False
-        try:
-            for chunk in obstore.list(self._store, prefix, offset=start, chunk_size=1):
-                n += len(chunk)
-                for meta in chunk:
-                    path = str(meta["path"])
-                    if path > bad or len(got) >= LIST_PAGE:
-                        return got
-                    if path > last:
-                        got.append(meta)
-        except Exception as e:
-            if refused_key(e) is None:
-                raise
-            refused = True
-        finally:
-            self._count("list", max(1, math.ceil(n / LIST_PAGE) + refused))
-        return got
 
     # ---------------------------------------------------------------- objects
     def _open(self, path: str, limit: int, kind: str) -> Any | None:
@@ -518,7 +310,7 @@ class BucketReader:
 
         self._count("get", 1)
         try:
-            got = obstore.get(self._store, path, options={"range": (0, limit + 1)})
+            got = obstore.get(self.store, path, options={"range": (0, limit + 1)})
         except Exception as e:
             kind = objstore._classify(e)
             if kind == "missing":

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 from xla_pcache._names import entry_name_or_none
 from xla_pcache.tiers import objstore
-from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, USAGE, USAGE_LINE, epoch
+from xla_pcache.tiers.bucket_layout import (
+    HIT_RECORD_DIR,
+    RECORD_NAMES,
+    USAGE,
+    USAGE_LINE,
+    epoch,
+)
 from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
 from xla_pcache.tiers.bucket_reader import (
     LIST_PAGE,
@@ -109,7 +115,7 @@ def hit_records_to_fold(
     junk: list[str] = []
     left = 0
     total = 0
-    for i, meta in enumerate(reader.listing(HIT_RECORD_DIR, floor="r-")):
+    for i, meta in enumerate(reader.listing(HIT_RECORD_DIR, names=RECORD_NAMES)):
         if i % LIST_PAGE == 0:
             check(deadline)
         r = parse_hit_record(meta)

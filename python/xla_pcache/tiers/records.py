@@ -101,6 +101,8 @@ class HitRecorder:
         self._closed = False
         self.uploads = 0
         self.prunes = 0
+        # Of them, prunes whose listing of entries was cut short.
+        self.prunes_cut_short = 0
         # Before the tier's own exit hook (a tier opens after its store), so run after it:
         # the last record then counts every write the tier finished.
         atexit.register(self.close)
@@ -346,6 +348,13 @@ class HitRecorder:
         over = budget.max_size is not None and (
             not estimate.known or estimate.bytes > budget.max_size
         )
+        last = estimate.last_prune
+        if not estimate.known and last is not None and time.time() - last < self.interval:
+            # The size cannot be told (the last prune was cut short, or the records cannot
+            # all be listed), and a prune ran less than an interval ago (another host's, or
+            # this one's): one an interval does what can be done, not every writer host of
+            # the fleet one after another.
+            over = False
         aged = False
         if budget.max_age_s is not None and not final:
             state = bucket.read_state()
@@ -360,8 +369,13 @@ class HitRecorder:
         except upkeep.BusyError as e:
             log.debug("xla_pcache: bucket %s: not pruning here: %s", bucket.url, e)
             return
-        if not report.pruned:
+        if report.busy:
             return  # a limit stopped it (warned once by the bucket)
+        if report.cut_short:
+            # It removed what the budget required among the entries it listed (warned once
+            # by the bucket's reader); the bucket's state says so, so the next check prunes
+            # again.
+            self.prunes_cut_short += 1
         self.prunes += 1
         log.info(
             "xla_pcache: pruned the bucket %s: removed %d entries (%d bytes), %d left "

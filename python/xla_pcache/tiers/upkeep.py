@@ -48,14 +48,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Unpack
 
 from xla_pcache._names import EntryName, entry_name_or_none
-from xla_pcache.tiers import bucket_prune, bucket_stored_budget, objstore, prune_lease
+from xla_pcache.tiers import (
+    bucket_prune,
+    bucket_stored_budget,
+    marker_listing,
+    objstore,
+    prune_lease,
+)
 from xla_pcache.tiers.bucket_layout import (
     CONFIG,
-    FLOOR,
+    ENTRY_NAMES,
     HIT_RECORD_DIR,
     HIT_RECORD_NAME,
     LEASE,
     MARKER_NAME,
+    MARKER_NAMES,
+    RECORD_NAMES,
     ROOT,
     STATE,
     TORCH_XLA_DIR,
@@ -165,13 +173,15 @@ class UntrustedReport:
 @dataclass(frozen=True)
 class Estimate:
     """The bucket's size as the last prune left it plus what hosts recorded writing since;
-    ``known`` is False when no prune has run or the records are too many to list here
-    (only a prune can tell)."""
+    ``known`` is False when no prune has run, the last one was cut short, or the records
+    are too many to list here or their listing was (only a prune can tell).
+    ``last_prune``: when the last prune ran, as its ``state`` says (None: none did)."""
 
     bytes: int
     entries: int
     known: bool
     records: int
+    last_prune: float | None = None
 
 
 class Bucket:
@@ -220,14 +230,20 @@ class Bucket:
     def entries(self) -> dict[str, Entry]:
         """Every entry object under ``entries/``, by its entry name (objects there that are
         no entry are left out: ``prune`` removes them)."""
-        listing = Listing(objstore.ENTRY_DIR, floor=FLOOR)
-        return entry_table(self.objects, listing, None, None)
+        return self.listed_entries()[0]
+
+    def listed_entries(self, limit: int | None = None) -> tuple[dict[str, Entry], Listing]:
+        """The entry objects among the first ``limit`` objects under ``entries/``, and how
+        that listing went (``Listing.complete``); runs of objects that are no entry are
+        jumped over, not listed (``Listing.skip_junk``)."""
+        listing = Listing(objstore.ENTRY_DIR, limit, ENTRY_NAMES, skip_junk=True)
+        return entry_table(self.objects, listing, None, None), listing
 
     def hit_records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
         """Each record object: (path, when written, entries and bytes its host wrote);
         objects there that are no record count as records that say nothing."""
         out = []
-        for meta in self.reader.listing(HIT_RECORD_DIR, limit=limit, floor="r-"):
+        for meta in self.reader.listing(HIT_RECORD_DIR, limit=limit, names=RECORD_NAMES):
             r = parse_hit_record(meta)
             if r is None:
                 out.append((str(meta["path"]), epoch(meta), 0, 0))
@@ -251,14 +267,18 @@ class Bucket:
         if any(v is None for v in state.values()):
             self.reader.skip("state-malformed", f"{STATE} holds a value out of range: ignored")
             return None
-        return {k: float(v) for k, v in state.items() if v is not None}
+        out = {k: float(v) for k, v in state.items() if v is not None}
+        # Whether the prune that wrote it saw every entry (a prune cut short did not: its
+        # totals are of what it saw). Earlier releases wrote no such field.
+        out["complete"] = 0.0 if data.get("complete") is False else 1.0
+        return out
 
     def estimate(self) -> Estimate:
         """The bucket's size without listing its entries: the last prune's totals plus the
         writes hosts recorded since (one GET and a listing of ``records/``, at most
         ``ESTIMATE_RECORDS`` of them: more means a prune is due)."""
         state = self.read_state()
-        listing = Listing(HIT_RECORD_DIR, ESTIMATE_RECORDS, "r-")
+        listing = Listing(HIT_RECORD_DIR, ESTIMATE_RECORDS, RECORD_NAMES)
         puts = put_bytes = n = 0
         for meta in self.reader.listing_of(listing):
             n += 1
@@ -266,9 +286,12 @@ class Bucket:
             if r is not None:
                 puts += r.puts
                 put_bytes += r.put_bytes
-        if state is None or not listing.complete:
+        if state is None:
             return Estimate(put_bytes, puts, False, n)
-        return Estimate(int(state["bytes"]) + put_bytes, int(state["entries"]) + puts, True, n)
+        if not listing.complete or not state["complete"]:
+            return Estimate(put_bytes, puts, False, n, state["time"])
+        total = int(state["bytes"]) + put_bytes
+        return Estimate(total, int(state["entries"]) + puts, True, n, state["time"])
 
     # ---------------------------------------------------------------- torch_xla markers
     def mark_torch_xla(self, name: EntryName, graph: str) -> None:
@@ -277,13 +300,28 @@ class Bucket:
     def torch_xla_entries(self, limit: int | None = None) -> list[tuple[EntryName, str, float]]:
         """(entry name, torch_xla's file name, when marked) of each marker among the first
         ``limit`` objects under ``torch_xla/``, newest first."""
+        return self.torch_xla_markers(limit)[0]
+
+    def torch_xla_markers(
+        self, limit: int | None = None
+    ) -> tuple[list[tuple[EntryName, str, float]], Listing]:
+        """``torch_xla_entries``, and how its listing went (``Listing.complete``: false when
+        ``limit`` cut it short, or keys the client cannot list hid part of it); runs of
+        objects that are no marker are jumped over (``Listing.skip_junk``)."""
         out = []
-        for meta in self.reader.listing(TORCH_XLA_DIR, limit=limit, floor=FLOOR):
+        listing = Listing(TORCH_XLA_DIR, limit, MARKER_NAMES, skip_junk=True)
+        for meta in self.reader.listing_of(listing):
             m = MARKER_NAME.fullmatch(str(meta["path"]).rpartition("/")[2])
             if m:
                 out.append((EntryName(m.group(1)), m.group(2), epoch(meta)))
         out.sort(key=lambda t: t[2], reverse=True)
-        return out
+        return out, listing
+
+    def markers_of(self, names: list[str]) -> marker_listing.Markers:
+        """The markers of the entries ``names`` (sorted), listed from one entry's name to
+        the next so that nothing planted between them crowds them out
+        (``marker_listing.markers_of``)."""
+        return marker_listing.markers_of(self.reader, names)
 
     # ---------------------------------------------------------------- prune
     def lease(
@@ -359,7 +397,7 @@ class Bucket:
         started = time.monotonic()
         budget = self.read_stored_budget()
         count = total = junk = 0
-        listing = Listing(objstore.ENTRY_DIR, floor=FLOOR)
+        listing = Listing(objstore.ENTRY_DIR, names=ENTRY_NAMES, delimit=True)
         start = f"{objstore.ENTRY_DIR}/"
         for meta in self.reader.listing_of(listing):
             size = listed_size(meta)
@@ -369,12 +407,12 @@ class Bucket:
                 count += 1
                 total += size
         records = pending_bytes = 0
-        for meta in self.reader.listing(HIT_RECORD_DIR, floor="r-"):
+        for meta in self.reader.listing(HIT_RECORD_DIR, names=RECORD_NAMES):
             records += 1
             r = parse_hit_record(meta)
             pending_bytes += 0 if r is None else r.put_bytes
         state = self.read_state()
-        claims = sum(1 for _ in self.reader.listing(objstore.CLAIM_DIR, floor=FLOOR))
+        claims = sum(1 for _ in self.reader.listing(objstore.CLAIM_DIR, names=ENTRY_NAMES))
         return {
             "path": self.url,
             "entries": count,
@@ -385,9 +423,12 @@ class Bucket:
             "records_pending": records,
             "recorded_puts_bytes": pending_bytes,
             "last_prune": None if state is None else state["time"],
+            "last_prune_complete": None if state is None else bool(state["complete"]),
             "claims": claims,
             "junk": junk,
             "listing_complete": listing.complete,
+            "listing_cut_short": listing.cut_short(),
+            "directories": listing.directories,
             "skipped": sum(self.reader.skipped.values()),
             "skipped_by_kind": dict(self.reader.skipped),
             "unlistable": list(self.reader.unlistable),

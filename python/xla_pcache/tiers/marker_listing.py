@@ -1,0 +1,103 @@
+"""How a torch_xla host start lists the markers under ``torch_xla/`` that it follows
+(``bucket.BucketStore.pull_torch_xla``), so that objects others plant there cannot crowd the
+real markers out.
+
+A marker vouches for nothing: anyone who can write the bucket plants one, empty, under any
+name. What a host can check costs nothing (its graph's entry name is the marker's, under
+this host's build); what it cannot is whether the entry exists, and a listing in key order
+capped at ``PULL_MARKERS`` objects is crowded out by that many objects planted before the
+real ones. So a start that finds more markers than it can follow blindly, or a listing cut
+short, lists what does exist instead: the entries (``entries/``, a request per 1,000), and
+then the markers of those entries only, a page at a time from one listed entry's name to
+the next (``markers_of``): a range of the directory that holds no listed entry's markers is
+jumped over whatever it holds, and an entry whose markers fill more than
+``GROUP_PAGES`` pages (an entry has one graph, so one marker: the rest were planted) is
+left for the end, so that it costs the others nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xla_pcache._names import EntryName
+from xla_pcache.tiers.bucket_layout import MARKER_NAME, MARKER_NAMES, TORCH_XLA_DIR, epoch
+from xla_pcache.tiers.bucket_listing import LIST_PAGE, MAX_RECOVERIES, MAX_UNLISTABLE, Listing
+from xla_pcache.tiers.bucket_reader import BucketReader
+
+# A start's listing of the markers of listed entries: at most this many pages in all, and
+# this many pages of one entry's markers before the others are listed.
+MARKER_PAGES = 100
+GROUP_PAGES = 2
+
+
+@dataclass
+class Markers:
+    """Markers found: (entry name, torch_xla's file name, when marked), and whether the
+    listing saw every marker of the entries it was given (``complete``)."""
+
+    found: list[tuple[EntryName, str, float]] = field(default_factory=list)
+    complete: bool = True
+    pages: int = 0
+
+
+def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKER_PAGES) -> Markers:
+    """The markers of the entries ``names`` (sorted) under ``torch_xla/``, listed through
+    ``reader`` (a ``BucketReader``) a page at a time: each page starts at the next entry
+    of ``names`` not yet covered, so whatever lies between two of them costs nothing past
+    the page that reached it. At most ``pages`` pages, one entry's markers ``GROUP_PAGES``
+    pages at a time; the refused keys and recoveries of one listing (``bucket_listing``)
+    among them all."""
+    out = Markers()
+    wanted = set(names)
+    refused = recovered = 0
+    deferred: list[str] = []  # where an entry's markers go on, when they filled its pages
+    group, group_pages = "", 0
+    i = 0
+    start: str | None = names[0] if names else None
+    while start is not None or deferred:
+        if start is None:
+            start = deferred.pop(0)
+            group, group_pages = start[:32], 0
+        if out.pages >= pages or refused > MAX_UNLISTABLE:
+            out.complete = False
+            break
+        listing = Listing(
+            TORCH_XLA_DIR,
+            LIST_PAGE,
+            MARKER_NAMES,
+            start=start,
+            budget=MAX_UNLISTABLE - refused,
+            recoveries=MAX_RECOVERIES - recovered,
+            skip_junk=True,
+        )
+        last = ""
+        for meta in reader.listing_of(listing):
+            rel = str(meta["path"]).rpartition("/")[2]
+            last = max(last, rel)
+            m = MARKER_NAME.fullmatch(rel)
+            if m is not None and m.group(1) in wanted:
+                out.found.append((EntryName(m.group(1)), m.group(2), epoch(meta)))
+        out.pages += 1
+        refused += listing.refused
+        recovered += listing.recovered
+        if not listing.complete and not listing.capped:
+            out.complete = False  # keys the client cannot list hid part of that page
+        if not listing.capped:
+            start = None  # the end of the directory
+            i = len(names)
+            continue
+        head = last[:32]
+        if head in wanted and head == group:
+            group_pages += 1
+        else:
+            group, group_pages = head, 1
+        if head in wanted and group_pages < GROUP_PAGES:
+            start = last  # the same entry's markers go on
+            continue
+        if head in wanted:
+            deferred.append(last)  # planted after its marker (or before): for the end
+        i = bisect.bisect_right(names, head, i)
+        start = names[i] if i < len(names) else None
+    return out
