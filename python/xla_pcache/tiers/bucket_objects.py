@@ -149,7 +149,7 @@ class BucketObjects:
             try:
                 obstore.delete(self._store, batch)
             except Exception as e:
-                if len(batch) == 1 and objstore._classify(e) == "missing":
+                if len(batch) == 1 and objstore.classify(e) == "missing":
                     continue
                 # GCS and Azure answer an error for a missing object: one at a time.
                 for path in batch:
@@ -157,19 +157,8 @@ class BucketObjects:
                     try:
                         obstore.delete(self._store, path)
                     except Exception as e1:
-                        if objstore._classify(e1) != "missing":
+                        if objstore.classify(e1) != "missing":
                             raise
-
-    def head(self, path: str) -> Mapping[str, Any] | None:
-        import obstore
-
-        self._count("head")
-        try:
-            return obstore.head(self._store, path)
-        except Exception as e:
-            if objstore._classify(e) == "missing":
-                return None
-            raise
 
     def remove_junk(self, paths: list[str], tally: Tally | None = None) -> None:
         """Removes ``paths`` (objects xla_pcache did not write). One planted below a name
@@ -203,7 +192,7 @@ class BucketObjects:
             tally.add(gone)
         # One at a time, deepest first: a directory goes only once it is empty.
         for d in sorted(dirs, key=lambda d: -d.count("/")):
-            if self.head(d) is None:
+            if self.reader.head(d) is None:
                 self.delete([d])
 
     def clear_squat(self, name: str) -> list[str]:
@@ -258,7 +247,7 @@ class BucketObjects:
             if done:
                 if d != name:
                     self.delete([d])
-                elif self.head(name) is None:
+                elif self.reader.head(name) is None:
                     self.delete([name])
                 continue
             stack.append((d, True))

@@ -295,7 +295,7 @@ class BucketReader:
         try:
             meta = obstore.head(self.store, path)
         except Exception as e:
-            if objstore._classify(e) == "missing":
+            if objstore.classify(e) == "missing":
                 return None
             raise
         return meta
@@ -312,7 +312,7 @@ class BucketReader:
         try:
             got = obstore.get(self.store, path, options={"range": (0, limit + 1)})
         except Exception as e:
-            kind = objstore._classify(e)
+            kind = objstore.classify(e)
             if kind == "missing":
                 return None
             if kind == "empty":  # no bytes (a ranged read of it is refused)

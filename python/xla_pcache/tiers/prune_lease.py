@@ -40,9 +40,9 @@ def _take(objects: BucketObjects, stale_after: float, body: bytes) -> str | None
         try:
             return objects.put(LEASE, body, mode="create")
         except Exception as e:
-            if objstore._classify(e) not in ("exists", "precondition"):
+            if objstore.classify(e) not in ("exists", "precondition"):
                 raise
-        meta = objects.head(LEASE)
+        meta = objects.reader.head(LEASE)
         if meta is not None:
             break
         # Refused, and not there: its holder released it just now (try again), or
@@ -70,7 +70,7 @@ def _take(objects: BucketObjects, stale_after: float, body: bytes) -> str | None
     try:
         return objects.put(LEASE, body, mode={"e_tag": meta["e_tag"]})
     except Exception as e:
-        if objstore._classify(e) in ("exists", "precondition", "missing"):
+        if objstore.classify(e) in ("exists", "precondition", "missing"):
             raise BusyError(f"another host took over {LEASE} first") from None
         raise
 
@@ -103,6 +103,6 @@ def hold(objects: BucketObjects, stale_after: float = STALE_AFTER_S) -> Iterator
         beater.join()
         if not lost.is_set():
             with contextlib.suppress(Exception):
-                meta = objects.head(LEASE)
+                meta = objects.reader.head(LEASE)
                 if meta is not None and meta["e_tag"] == e_tag:
                     objects.delete([LEASE])

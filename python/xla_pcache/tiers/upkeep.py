@@ -378,7 +378,7 @@ class Bucket:
             objects.remove_junk(junk, tally)
         # Directories left at names of ours by a squat whose objects are gone already.
         for name in (LEASE, CONFIG, USAGE, STATE):
-            if objects.head(name) is None:
+            if self.reader.head(name) is None:
                 objects.clear_dirs(name)
         report.removed, report.removed_names = tally.removed, tally.names
         report.unlistable = list(self.reader.unlistable)
