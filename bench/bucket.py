@@ -4,7 +4,7 @@
     python bench/bucket.py --objects 10000 --warm-runs 1
 
 SeaweedFS (``weed mini``) on loopback, as the tests start it. Requests are counted twice: by
-the client (``tiers.upkeep.Bucket.requests``, a listing counted as one request per page of
+the client (``bucket.upkeep.Bucket.requests``, a listing counted as one request per page of
 1000) and by a relay between client and server that reads each HTTP request line, so the
 two can be compared. Prints a markdown report.
 
@@ -130,7 +130,7 @@ class CountingRelay:
 def populate(server: Any, prefix: str, objects: int, hosts: int, uses: int) -> list[str]:
     """Entry objects and hosts' records, straight to the bucket, concurrently."""
     import obstore
-    from xla_pcache.tiers import upkeep
+    from xla_pcache.bucket import upkeep
 
     from tests.tiers.servers import bucket_client
 
@@ -271,7 +271,7 @@ def main() -> int:
         print(json.dumps(warm_worker(json.loads(args.warm_worker))))
         return 0
 
-    from xla_pcache.tiers import upkeep
+    from xla_pcache.bucket import upkeep
 
     from tests.tiers.servers import start_s3
 

@@ -69,9 +69,10 @@ from typing import Any
 
 from xla_pcache import bucket as xbucket
 from xla_pcache import entry_name
-from xla_pcache.tiers import bucket_reader as br
-from xla_pcache.tiers import marker_listing, objstore, upkeep
-from xla_pcache.tiers.bucket_objects import SQUAT_REMOVALS
+from xla_pcache.bucket import marker_listing, upkeep
+from xla_pcache.bucket import reader as br
+from xla_pcache.bucket.objects import SQUAT_REMOVALS
+from xla_pcache.tiers import objstore
 
 from tests.floods import FLOODS, Scene, when
 from tests.fuzz_children import (
@@ -426,7 +427,7 @@ print(json.dumps(out))
 # Nothing but what every operation pays: the package, the client, one request.
 _BASE_CHILD = r"""
 import sys
-from xla_pcache.tiers.upkeep import Bucket
+from xla_pcache.bucket.upkeep import Bucket
 Bucket(sys.argv[1]).read_stored_budget()
 """
 

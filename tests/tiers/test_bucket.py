@@ -23,11 +23,11 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 from xla_pcache import Store, bucket, entry_name, open_store
+from xla_pcache.bucket import upkeep
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _plan
-from xla_pcache.tiers import upkeep
 
 from tests.helpers import executables
 from tests.jax.helpers import (

@@ -21,10 +21,11 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
+from xla_pcache.bucket import objects as bucket_objects
+from xla_pcache.bucket import upkeep
+from xla_pcache.bucket.reader import LIST_PAGE, list_requests_bound
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
-from xla_pcache.tiers import bucket_objects, upkeep
-from xla_pcache.tiers.bucket_reader import LIST_PAGE, list_requests_bound
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.tiers.relay import S3Relay

@@ -18,9 +18,9 @@ import redis
 from typer.testing import CliRunner
 from xla_pcache import Store, entry_name, open_store
 from xla_pcache._names import EntryName
+from xla_pcache.bucket import upkeep
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
-from xla_pcache.tiers import upkeep
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
@@ -218,8 +218,8 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
 
 
 # ------------------------------------------------------------------------------ upkeep
-# What a key-less writer can plant among the bucket's upkeep (tiers/upkeep.py), read through
-# its one reader (tiers/bucket_reader.py): keys the client cannot parse, objects below our
+# What a key-less writer can plant among the bucket's upkeep (bucket/upkeep.py), read through
+# its one reader (bucket/reader.py): keys the client cannot parse, objects below our
 # names, objects shaped to cost memory, numbers out of range, markers by the thousand.
 
 
@@ -279,7 +279,7 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     ]
     for key in bad:
         relay.plant(key, 5)
-    from xla_pcache.tiers.bucket_reader import HEADS_PER_REFUSED, list_requests_bound
+    from xla_pcache.bucket.reader import HEADS_PER_REFUSED, list_requests_bound
 
     b = upkeep.Bucket(url)
     relay.take()
@@ -439,7 +439,7 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
 # its peak RSS grew (VmHWM, its own) while it ran.
 _PRUNER = r"""
 import json, sys
-from xla_pcache.tiers.upkeep import Bucket
+from xla_pcache.bucket.upkeep import Bucket
 
 def peak_kib():
     with open("/proc/self/status") as f:

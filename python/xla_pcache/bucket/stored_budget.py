@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from xla_pcache.tiers.bucket_layout import CONFIG
-from xla_pcache.tiers.bucket_objects import BucketObjects
-from xla_pcache.tiers.bucket_reader import checked_age, checked_size
+from xla_pcache.bucket.layout import CONFIG
+from xla_pcache.bucket.objects import BucketObjects
+from xla_pcache.bucket.reader import checked_age, checked_size
 
 
 @dataclass(frozen=True)

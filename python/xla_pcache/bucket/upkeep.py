@@ -2,17 +2,17 @@
 bucket"): its budget, kept as an object beside the entries; the records of which entries the
 hosts used; pruning, least recently used first; its totals; and the markers that let a
 torch_xla host find the bucket's torch_xla entries. ``Bucket`` is the one door to them;
-the parts live in modules of their own: the objects' names (``bucket_layout.py``), the
-requests (``bucket_objects.py``), the stored budget (``bucket_stored_budget.py``), a record
+the parts live in modules of their own: the objects' names (``layout.py``), the
+requests (``objects.py``), the stored budget (``stored_budget.py``), a record
 (``hit_record.py``), the prune lease (``prune_lease.py``), what a prune reads and its limits
-(``prune_fold.py``) and the prune (``bucket_prune.py``).
+(``prune_fold.py``) and the prune (``prune.py``).
 
-Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``objstore.py``):
+Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``tiers/objstore.py``):
 
 - ``config``: the budget, JSON ``{"max_size": bytes or null, "max_age_s": seconds or null}``,
   written by ``xla-pcache config --path s3://...``;
 - ``records/r-<ms>-<tag>-<puts>-<bytes>``: entries one host used since its previous record,
-  one entry name a line, gzip (``records.py`` writes them). The name carries when (the
+  one entry name a line, gzip (``recorder.py`` writes them). The name carries when (the
   host's clock, in milliseconds) and how many entries and bytes that host wrote to the
   bucket since, so that a writer estimates the bucket's size from one listing, without
   reading a record;
@@ -29,7 +29,7 @@ wrong, or lies, cannot keep entries for ever); ``max_age`` and a stale lease are
 against this host's clock.
 
 Everything read here is untrusted (whoever can write the bucket wrote it) and is read
-through one reader, ``bucket_reader.BucketReader``: sizes bounded before a byte is read,
+through one reader, ``reader.BucketReader``: sizes bounded before a byte is read,
 records and usage streamed a line at a time, numbers range-checked, keys the client cannot
 parse skipped, and whatever does not pass counted and warned about once. A prune's memory
 is that of the entries it lists (``Limits.entries`` bounds it for writers) and a constant:
@@ -48,14 +48,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Unpack
 
 from xla_pcache._names import EntryName, entry_name_or_none
-from xla_pcache.tiers import (
-    bucket_prune,
-    bucket_stored_budget,
-    marker_listing,
-    objstore,
-    prune_lease,
+from xla_pcache.bucket import marker_listing, prune, prune_lease, stored_budget
+from xla_pcache.bucket.hit_record import (
+    HitRecord,
+    hit_record_body,
+    hit_record_lines,
+    new_hit_record_name,
+    parse_hit_record,
 )
-from xla_pcache.tiers.bucket_layout import (
+from xla_pcache.bucket.layout import (
     CONFIG,
     ENTRY_NAMES,
     HIT_RECORD_DIR,
@@ -71,7 +72,7 @@ from xla_pcache.tiers.bucket_layout import (
     epoch,
     ours,
 )
-from xla_pcache.tiers.bucket_objects import (
+from xla_pcache.bucket.objects import (
     DELETE_BATCH,
     SQUAT_DEPTH,
     SQUAT_DIRS,
@@ -80,8 +81,16 @@ from xla_pcache.tiers.bucket_objects import (
     ClientOptions,
     Tally,
 )
-from xla_pcache.tiers.bucket_prune import LOW_WATERMARK, STALE_CLAIM_S, PruneReport
-from xla_pcache.tiers.bucket_reader import (
+from xla_pcache.bucket.prune import LOW_WATERMARK, STALE_CLAIM_S, PruneReport
+from xla_pcache.bucket.prune_fold import (
+    PRUNE_LIMITS,
+    WRITER_LIMITS,
+    Entry,
+    Limits,
+    entry_table,
+)
+from xla_pcache.bucket.prune_lease import LEASE_S, STALE_AFTER_S, BlockedError, BusyError
+from xla_pcache.bucket.reader import (
     LIST_PAGE,
     MAX_HIT_RECORD,
     MAX_INFLATE,
@@ -93,22 +102,8 @@ from xla_pcache.tiers.bucket_reader import (
     delete_hint,
     listed_size,
 )
-from xla_pcache.tiers.bucket_stored_budget import BucketStoredBudget
-from xla_pcache.tiers.hit_record import (
-    HitRecord,
-    hit_record_body,
-    hit_record_lines,
-    new_hit_record_name,
-    parse_hit_record,
-)
-from xla_pcache.tiers.prune_fold import (
-    PRUNE_LIMITS,
-    WRITER_LIMITS,
-    Entry,
-    Limits,
-    entry_table,
-)
-from xla_pcache.tiers.prune_lease import LEASE_S, STALE_AFTER_S, BlockedError, BusyError
+from xla_pcache.bucket.stored_budget import BucketStoredBudget
+from xla_pcache.tiers import objstore
 
 # What callers and tests name through this module, from the modules that hold them.
 __all__ = [
@@ -221,10 +216,10 @@ class Bucket:
 
     # ---------------------------------------------------------------- the budget
     def read_stored_budget(self) -> BucketStoredBudget:
-        return bucket_stored_budget.read_stored_budget(self.objects)
+        return stored_budget.read_stored_budget(self.objects)
 
     def write_stored_budget(self, budget: BucketStoredBudget) -> None:
-        bucket_stored_budget.write_stored_budget(self.objects, budget)
+        stored_budget.write_stored_budget(self.objects, budget)
 
     # ---------------------------------------------------------------- what is there
     def entries(self) -> dict[str, Entry]:
@@ -349,7 +344,7 @@ class Bucket:
         when another host prunes; within ``limits`` otherwise (``pruned`` False and ``busy``
         saying why when a limit stopped it);
         ``ReadOnlyError``, before any request, when the bucket is read-only."""
-        return bucket_prune.prune(
+        return prune.prune(
             self.objects, max_size, older_than, stale_after=stale_after, limits=limits
         )
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xla_pcache._text import package_logger
-from xla_pcache.tiers import objstore, prune_lease
-from xla_pcache.tiers.bucket_layout import (
+from xla_pcache.bucket import prune_lease
+from xla_pcache.bucket.layout import (
     ENTRY_NAMES,
     MARKER_NAME,
     MARKER_NAMES,
@@ -24,10 +24,8 @@ from xla_pcache.tiers.bucket_layout import (
     epoch,
     ours,
 )
-from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
-from xla_pcache.tiers.bucket_reader import Listing, Names
-from xla_pcache.tiers.bucket_stored_budget import read_stored_budget
-from xla_pcache.tiers.prune_fold import (
+from xla_pcache.bucket.objects import DELETE_BATCH, BucketObjects, Tally
+from xla_pcache.bucket.prune_fold import (
     Deadline,
     Entry,
     Limits,
@@ -38,6 +36,9 @@ from xla_pcache.tiers.prune_fold import (
     hit_records_to_fold,
     usage_body,
 )
+from xla_pcache.bucket.reader import Listing, Names
+from xla_pcache.bucket.stored_budget import read_stored_budget
+from xla_pcache.tiers import objstore
 
 log = package_logger("xla_pcache")
 

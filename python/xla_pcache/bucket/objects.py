@@ -1,5 +1,5 @@
 """The requests a bucket's upkeep makes of one prefix: its client, every request counted by
-kind, the one reader of what is there (``bucket_reader.BucketReader``), writes refused when
+kind, the one reader of what is there (``reader.BucketReader``), writes refused when
 the bucket is read-only, deletes in batches, and the removal of objects xla_pcache did not
 write, with the directories that objects planted below one of its names leave behind."""
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from xla_pcache._core import ReadOnlyError
+from xla_pcache.bucket.layout import squatted
+from xla_pcache.bucket.reader import REPORTED, BucketReader
 from xla_pcache.tiers import objstore
 from xla_pcache.tiers.base import redact
-from xla_pcache.tiers.bucket_layout import squatted
-from xla_pcache.tiers.bucket_reader import REPORTED, BucketReader
 
 DELETE_BATCH = 1000
 # Below an object planted under one of our names as a prefix, the "directories" a service

@@ -14,7 +14,7 @@ One reader, ``BucketReader``, with bounds that hold whatever was planted:
   the directory's own bounds (``sizes.MAX_SIZE``, ``sizes.MAX_DURATION_S``), and a time
   at most ``CLOCKS_APART_S`` ahead;
 - **a listing** survives keys the client cannot parse and floods of them
-  (``bucket_listing.Walk``: where it resumes, what it asks for by name, how it gallops past
+  (``listing.Walk``: where it resumes, what it asks for by name, how it gallops past
   a flood and when it lists with a delimiter), and says when it did not see everything
   (``Listing.cut_short``);
 - what does not pass is skipped, counted by kind in ``skipped`` (the ``stats`` and
@@ -41,8 +41,7 @@ from typing import Any
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
-from xla_pcache.sizes import MAX_SIZE
-from xla_pcache.tiers.bucket_listing import (
+from xla_pcache.bucket.listing import (
     HEADS_PER_REFUSED,
     LIST_PAGE,
     LISTS_PER_REFUSED,
@@ -59,6 +58,7 @@ from xla_pcache.tiers.bucket_listing import (
     refused_key,
     resume_after,
 )
+from xla_pcache.sizes import MAX_SIZE
 
 log = package_logger("xla_pcache")
 
@@ -240,7 +240,7 @@ class BucketReader:
     ) -> Iterator[Meta]:
         """Every object below ``prefix`` (a directory of the bucket's upkeep), at most
         ``limit`` of them, in key order unless a flood of refused keys made the walk
-        gallop (``bucket_listing``); see ``listing_of`` for how it went."""
+        gallop (``listing``); see ``listing_of`` for how it went."""
         return iter(Walk(self, Listing(prefix, limit, names)))
 
     def listing_of(self, listing: Listing) -> Iterator[Meta]:

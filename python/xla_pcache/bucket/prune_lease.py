@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from xla_pcache.bucket.layout import LEASE, epoch
+from xla_pcache.bucket.objects import BucketObjects
+from xla_pcache.bucket.reader import CLOCKS_APART_S, delete_hint
 from xla_pcache.tiers import objstore
-from xla_pcache.tiers.bucket_layout import LEASE, epoch
-from xla_pcache.tiers.bucket_objects import BucketObjects
-from xla_pcache.tiers.bucket_reader import CLOCKS_APART_S, delete_hint
 
 # Rewritten every third of it while a prune runs; taken over when it has not been rewritten
 # for STALE_AFTER_S by this host's clock (hosts' clocks may differ by that much).

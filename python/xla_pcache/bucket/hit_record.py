@@ -1,5 +1,5 @@
 """One record object under a bucket's ``records/``: ``r-<ms>-<tag>-<puts>-<bytes>``, the
-entries one host used since its previous record, one entry name a line, gzip (``records.py``
+entries one host used since its previous record, one entry name a line, gzip (``recorder.py``
 uploads them, a prune folds them). The name carries when (the host's clock, in
 milliseconds) and how many entries and bytes that host wrote to the bucket since, so that a
 writer estimates the bucket's size from one listing, without reading a record."""
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, HIT_RECORD_LINE, HIT_RECORD_NAME, epoch
-from xla_pcache.tiers.bucket_reader import (
+from xla_pcache.bucket.layout import HIT_RECORD_DIR, HIT_RECORD_LINE, HIT_RECORD_NAME, epoch
+from xla_pcache.bucket.reader import (
     CLOCK_SLACK_S,
     MAX_HIT_RECORD,
     BucketReader,

@@ -11,16 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xla_pcache._names import entry_name_or_none
-from xla_pcache.tiers import objstore
-from xla_pcache.tiers.bucket_layout import (
+from xla_pcache.bucket.hit_record import HitRecord, hit_record_lines, parse_hit_record
+from xla_pcache.bucket.layout import (
     HIT_RECORD_DIR,
     RECORD_NAMES,
     USAGE,
     USAGE_LINE,
     epoch,
 )
-from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
-from xla_pcache.tiers.bucket_reader import (
+from xla_pcache.bucket.objects import DELETE_BATCH, BucketObjects, Tally
+from xla_pcache.bucket.reader import (
     LIST_PAGE,
     MAX_HIT_RECORD,
     MAX_USAGE,
@@ -30,7 +30,7 @@ from xla_pcache.tiers.bucket_reader import (
     checked_time,
     listed_size,
 )
-from xla_pcache.tiers.hit_record import HitRecord, hit_record_lines, parse_hit_record
+from xla_pcache.tiers import objstore
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Limits:
 
 # What a prune reads at most unless told otherwise (``xla-pcache prune``).
 PRUNE_LIMITS = Limits()
-# A writer prunes inside the user's program (records.py): its memory is bounded by the
+# A writer prunes inside the user's program (recorder.py): its memory is bounded by the
 # entries it may hold (about 320 bytes each as measured, listing included: 80 MB at the cap;
 # docs/remote.md), its time by a deadline, after which the program goes on and cron's
 # `xla-pcache prune` is the way.

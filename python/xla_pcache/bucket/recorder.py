@@ -41,7 +41,8 @@ from typing import Any
 
 from xla_pcache._names import entry_name_or_none
 from xla_pcache._text import package_logger
-from xla_pcache.tiers import objstore, upkeep
+from xla_pcache.bucket import upkeep
+from xla_pcache.tiers import objstore
 
 log = package_logger("xla_pcache")
 

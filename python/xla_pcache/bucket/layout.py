@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from xla_pcache.tiers.bucket_listing import Names
+from xla_pcache.bucket.listing import Names
 
 ROOT = "xla_pcache-1"
 CONFIG = f"{ROOT}/config"
@@ -18,7 +18,7 @@ LEASE = f"{ROOT}/prune.lease"
 HIT_RECORD_DIR = f"{ROOT}/records"
 TORCH_XLA_DIR = f"{ROOT}/torch_xla"
 # What the names of ours in each directory look like, for its listings
-# (``bucket_listing.Names``): entries' and claims' are entry names, markers begin with one,
+# (``listing.Names``): entries' and claims' are entry names, markers begin with one,
 # records with "r-".
 ENTRY_NAMES = Names(hex=True, exact=True)
 MARKER_NAMES = Names(hex=True, exact=False)
