@@ -665,7 +665,7 @@ class Harness:
         parts = rel.split("/")
         if top == "entries":
             c.biggest = max(c.biggest, size)
-        if top == "records" and len(parts) == 3 and upkeep.HIT_RECORD_NAME.fullmatch(parts[2]):
+        if top == "records" and len(parts) == 3 and upkeep.USE_RECORD_NAME.fullmatch(parts[2]):
             c.records += 1
         if top in FIXED or (top in ("entries", "claims") and len(parts) > 3):
             c.squats += 1
@@ -801,10 +801,10 @@ class Harness:
 
     def bomb(self, kind: str) -> bytes:
         """Gzip that inflates past its reader's cap (made once a run): a record's
-        (``MAX_HIT_RECORD * MAX_INFLATE``) or ``usage``'s; zeros (one endless line) or short
+        (``MAX_USE_RECORD * MAX_INFLATE``) or ``usage``'s; zeros (one endless line) or short
         lines (the costliest to match)."""
         if kind not in self._bombs:
-            cap = upkeep.MAX_HIT_RECORD if kind.startswith("record") else upkeep.MAX_USAGE
+            cap = upkeep.MAX_USE_RECORD if kind.startswith("record") else upkeep.MAX_USAGE
             total = cap * upkeep.MAX_INFLATE + MIB
             self._bombs[kind] = _gz_repeat(b"ab\n" if kind.endswith("lines") else b"\0", total)
         return self._bombs[kind]
@@ -949,13 +949,13 @@ class Harness:
             if kind == 1:
                 body = self.bomb("record-lines" if r.random() < 0.5 else "record-zeros")
             elif kind == 2 and i == 0:
-                body = r.randbytes(upkeep.MAX_HIT_RECORD + 1)  # over its cap: removed unread
+                body = r.randbytes(upkeep.MAX_USE_RECORD + 1)  # over its cap: removed unread
             elif kind == 3:
                 body = r.randbytes(r.randint(0, 1000))
             elif kind == 4:
                 body = _gz(b"".join(f"{x}\n".encode() for x in self.names(self.count(20000), 0.2)))
             else:
-                body = upkeep.hit_record_body(self.names(r.randint(0, 30), 0.6))
+                body = upkeep.use_record_body(self.names(r.randint(0, 30), 0.6))
             items[name] = body
         self._put_many(items)
         return f"{n} records"

@@ -52,7 +52,7 @@ LEVELS = {
     "bucket.layout": 1,
     "bucket.objects": 1,
     "bucket.stored_budget": 1,
-    "bucket.hit_record": 1,
+    "bucket.use_record": 1,
     "bucket.prune_lease": 1,
     "bucket.prune_fold": 1,
     "bucket.prune": 1,

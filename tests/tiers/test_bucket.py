@@ -1,7 +1,7 @@
 """A bucket as the cache path, on a real S3 service (SeaweedFS on loopback, one for the
 module): hosts are fresh processes with only the environment set and host-local stores of
 their own (``XDG_CACHE_HOME``), running real JAX (and torch_xla) programs; the bucket's
-budget, hit records and pruning through the command and the store.
+budget, use records and pruning through the command and the store.
 
 The JAX hosts run in order, each scenario building on the bucket the previous left (a
 module fixture per step): a cold host fills the bucket; four hosts at once warm-start from
@@ -326,7 +326,7 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     records = _under(_objects(s3, prefix), "records")
     assert len(records) == 3, records  # the writer's (its puts), and the host's two
     b = upkeep.Bucket(url)
-    used = sorted(sorted(b.hit_record_names(p)) for p in records)
+    used = sorted(sorted(b.use_record_names(p)) for p in records)
     assert used == sorted([[], [entry_name("k0")], sorted([entry_name("k1"), entry_name("k2")])]), (
         used
     )
@@ -368,7 +368,7 @@ def test_budget_stats_and_prune_through_the_command(
     # entries/ is removed by every prune; a record that is not gzip is skipped.
     obstore.put(client, upkeep.CONFIG, b'{"max_size": -1}')
     obstore.put(client, "xla_pcache-1/entries/zz/not-an-entry", b"x" * 10)
-    obstore.put(client, f"{upkeep.HIT_RECORD_DIR}/r-1-0000000000000000-9-99", b"not gzip")
+    obstore.put(client, f"{upkeep.USE_RECORD_DIR}/r-1-0000000000000000-9-99", b"not gzip")
     b = upkeep.Bucket(url)
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
         assert b.read_stored_budget() == upkeep.BucketStoredBudget()

@@ -405,7 +405,7 @@ def test_writers_do_not_all_prune_again_when_the_size_cannot_be_told(
     state(3600.0, False)
     assert writer("an-hour-later") == 1
     # Records the client cannot list, each its own refused page: their listing is cut short.
-    records = f"{prefix}/{upkeep.HIT_RECORD_DIR}"
+    records = f"{prefix}/{upkeep.USE_RECORD_DIR}"
     relay.plant_many(f"{records}/r-{i:04d}\x01" for i in range(FLOOD))
     state(0.0, True)
     assert writer("records-flooded") == 0

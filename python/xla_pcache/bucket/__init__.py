@@ -5,7 +5,7 @@
   reads and writes its entries);
 - the upkeep, behind its one door ``upkeep.Bucket``: the objects' names (``layout``), the
   requests (``objects``), the one reader of what is there (``reader``, its listings walked
-  by ``listing``), the stored budget (``stored_budget``), a use record (``hit_record``), the
+  by ``listing``), the stored budget (``stored_budget``), a use record (``use_record``), the
   hosts' records of their uses and the writers' prune (``recorder``), the prune lease
   (``prune_lease``), what a prune reads (``prune_fold``), the prune (``prune``), and how a
   torch_xla host start lists the markers (``marker_listing``).

@@ -15,7 +15,7 @@ CONFIG = f"{ROOT}/config"
 USAGE = f"{ROOT}/usage"
 STATE = f"{ROOT}/state"
 LEASE = f"{ROOT}/prune.lease"
-HIT_RECORD_DIR = f"{ROOT}/records"
+USE_RECORD_DIR = f"{ROOT}/records"
 TORCH_XLA_DIR = f"{ROOT}/torch_xla"
 # What the names of ours in each directory look like, for its listings
 # (``listing.Names``): entries' and claims' are entry names, markers begin with one,
@@ -24,11 +24,11 @@ ENTRY_NAMES = Names(hex=True, exact=True)
 MARKER_NAMES = Names(hex=True, exact=False)
 RECORD_NAMES = Names(hex=False, lead="r-")
 
-HIT_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
+USE_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
 MARKER_NAME = re.compile(r"([0-9a-f]{32})-([0-9]{1,40})")
 # The lines of the gzip objects: a record's, an entry name; usage's, ``<name> <last use>
 # <uses>``.
-HIT_RECORD_LINE = re.compile(rb"[ \t]*([0-9a-f]{32})[ \t]*")
+USE_RECORD_LINE = re.compile(rb"[ \t]*([0-9a-f]{32})[ \t]*")
 USAGE_LINE = re.compile(rb"([0-9a-f]{32}) ([0-9]{1,12}(?:\.[0-9]{1,6})?) ([0-9]{1,19})")
 _FIXED = frozenset(("config", "usage", "state", "prune.lease"))
 _NAMED_DIRS = {"entries": re.compile(r"[0-9a-f]{32}"), "claims": re.compile(r"[0-9a-f]{32}")}
@@ -69,7 +69,7 @@ def ours(path: str) -> bool:
     if kind in _NAMED_DIRS:
         return _NAMED_DIRS[kind].fullmatch(name) is not None
     if kind == "records":
-        return HIT_RECORD_NAME.fullmatch(name) is not None
+        return USE_RECORD_NAME.fullmatch(name) is not None
     if kind == "torch_xla":
         return MARKER_NAME.fullmatch(name) is not None
     return False

@@ -31,10 +31,10 @@ from xla_pcache.bucket.prune_fold import (
     Limits,
     check,
     entry_table,
-    fold_hit_record,
     fold_usage,
-    hit_records_to_fold,
+    fold_use_record,
     usage_body,
+    use_records_to_fold,
 )
 from xla_pcache.bucket.reader import Listing, Names
 from xla_pcache.bucket.stored_budget import read_stored_budget
@@ -148,7 +148,7 @@ def _prune(
     report.max_size = max_size if max_size is not None else budget.max_size
     # Records first, then entries: an entry a folded record names was written before
     # that record, so it is in the listing below (docs/remote.md).
-    records, junk_records, report.records_left = hit_records_to_fold(reader, limits, deadline)
+    records, junk_records, report.records_left = use_records_to_fold(reader, limits, deadline)
     listing = Listing(
         objstore.ENTRY_DIR, limits.entries, ENTRY_NAMES, delimit=limits.entries is None
     )
@@ -179,7 +179,7 @@ def _prune(
     folded: list[str] = []
     for record in records:
         check(deadline)
-        fold_hit_record(reader, record, entries)
+        fold_use_record(reader, record, entries)
         folded.append(record.path)
     report.records_folded = len(folded)
     report.entries_before = len(entries)

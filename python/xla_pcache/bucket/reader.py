@@ -64,10 +64,10 @@ log = package_logger("xla_pcache")
 
 # Objects whose whole content is read: the budget, the last prune's totals, a lease.
 MAX_SMALL = 4096
-# The gzip objects, streamed (the bound is on time, not memory): a hit record holds one
+# The gzip objects, streamed (the bound is on time, not memory): a use record holds one
 # host's uses of an interval (33 bytes an entry name), usage every entry with a use (about
 # 50 bytes each, gzip halves it: 2.5 MB at 100k entries).
-MAX_HIT_RECORD = 8 << 20
+MAX_USE_RECORD = 8 << 20
 MAX_USAGE = 64 << 20
 # What xla_pcache writes there inflates to about twice its size: a record or usage is read
 # no further than this many times its own size (a gzip bomb costs what its bytes cost).

@@ -60,7 +60,7 @@ AGE_PRUNE_EVERY_S = 86400.0
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class HitRecorder:
+class UseRecorder:
     """Records this host's uses of a bucket's entries, and prunes it from writers.
 
     ``root_fd``: a descriptor of the host-local store's directory (``Store.root_fd``: the
@@ -250,7 +250,7 @@ class HitRecorder:
             bucket = self._bucket_client()
             if names or puts:
                 bucket.put(
-                    upkeep.new_hit_record_name(puts, put_bytes), upkeep.hit_record_body(names)
+                    upkeep.new_use_record_name(puts, put_bytes), upkeep.use_record_body(names)
                 )
                 self.uploads += 1
             for name in files:

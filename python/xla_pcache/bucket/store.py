@@ -183,9 +183,9 @@ class BucketStore(Store):
         self._recorder = None
         settings = self.settings
         if not read_only and settings.bucket_record_interval > 0:
-            from xla_pcache.bucket.recorder import HitRecorder
+            from xla_pcache.bucket.recorder import UseRecorder
 
-            self._recorder = HitRecorder(
+            self._recorder = UseRecorder(
                 self.root_fd(),
                 self.bucket,
                 self._written,

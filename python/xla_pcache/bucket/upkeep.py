@@ -2,20 +2,20 @@
 bucket"): its budget, kept as an object beside the entries; the records of which entries the
 hosts used; pruning, least recently used first; its totals; and the markers that let a
 torch_xla host find the bucket's torch_xla entries. ``Bucket`` is the one door to them;
-the parts live in modules of their own: the objects' names (``layout.py``), the
-requests (``objects.py``), the stored budget (``stored_budget.py``), a record
-(``hit_record.py``), the prune lease (``prune_lease.py``), what a prune reads and its limits
-(``prune_fold.py``) and the prune (``prune.py``).
+the parts live in modules of their own: the objects' names (``layout.py``), the requests
+(``objects.py``), the stored budget (``stored_budget.py``), a use record
+(``use_record.py``), the prune lease (``prune_lease.py``), what a prune reads and its
+limits (``prune_fold.py``) and the prune (``prune.py``).
 
 Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``tiers/objstore.py``):
 
 - ``config``: the budget, JSON ``{"max_size": bytes or null, "max_age_s": seconds or null}``,
   written by ``xla-pcache config --path s3://...``;
-- ``records/r-<ms>-<tag>-<puts>-<bytes>``: entries one host used since its previous record,
-  one entry name a line, gzip (``recorder.py`` writes them). The name carries when (the
-  host's clock, in milliseconds) and how many entries and bytes that host wrote to the
-  bucket since, so that a writer estimates the bucket's size from one listing, without
-  reading a record;
+- ``records/r-<ms>-<tag>-<puts>-<bytes>``: a use record, the entries one host used since
+  its previous one, one entry name a line, gzip (``recorder.py`` writes them). The name
+  carries when (the host's clock, in milliseconds) and how many entries and bytes that host
+  wrote to the bucket since, so that a writer estimates the bucket's size from one listing,
+  without reading a record;
 - ``usage``: the records prune folded: ``<name> <last use> <uses>`` a line, gzip;
 - ``state``: the totals the last prune left, JSON ``{"time", "entries", "bytes"}``;
 - ``prune.lease``: held while a prune runs, so one host prunes at a time;
@@ -49,18 +49,9 @@ from typing import Any, Unpack
 
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache.bucket import marker_listing, prune, prune_lease, stored_budget
-from xla_pcache.bucket.hit_record import (
-    HitRecord,
-    hit_record_body,
-    hit_record_lines,
-    new_hit_record_name,
-    parse_hit_record,
-)
 from xla_pcache.bucket.layout import (
     CONFIG,
     ENTRY_NAMES,
-    HIT_RECORD_DIR,
-    HIT_RECORD_NAME,
     LEASE,
     MARKER_NAME,
     MARKER_NAMES,
@@ -69,6 +60,8 @@ from xla_pcache.bucket.layout import (
     STATE,
     TORCH_XLA_DIR,
     USAGE,
+    USE_RECORD_DIR,
+    USE_RECORD_NAME,
     epoch,
     ours,
 )
@@ -92,9 +85,9 @@ from xla_pcache.bucket.prune_fold import (
 from xla_pcache.bucket.prune_lease import LEASE_S, STALE_AFTER_S, BlockedError, BusyError
 from xla_pcache.bucket.reader import (
     LIST_PAGE,
-    MAX_HIT_RECORD,
     MAX_INFLATE,
     MAX_USAGE,
+    MAX_USE_RECORD,
     Listing,
     checked_count,
     checked_size,
@@ -103,6 +96,13 @@ from xla_pcache.bucket.reader import (
     listed_size,
 )
 from xla_pcache.bucket.stored_budget import BucketStoredBudget
+from xla_pcache.bucket.use_record import (
+    UseRecord,
+    new_use_record_name,
+    parse_use_record,
+    use_record_body,
+    use_record_lines,
+)
 from xla_pcache.tiers import objstore
 
 # What callers and tests name through this module, from the modules that hold them.
@@ -110,14 +110,12 @@ __all__ = [
     "CONFIG",
     "DELETE_BATCH",
     "ESTIMATE_RECORDS",
-    "HIT_RECORD_DIR",
-    "HIT_RECORD_NAME",
     "LEASE",
     "LEASE_S",
     "LOW_WATERMARK",
-    "MAX_HIT_RECORD",
     "MAX_INFLATE",
     "MAX_USAGE",
+    "MAX_USE_RECORD",
     "PRUNE_LIMITS",
     "ROOT",
     "SQUAT_DEPTH",
@@ -128,6 +126,8 @@ __all__ = [
     "STATE",
     "TORCH_XLA_DIR",
     "USAGE",
+    "USE_RECORD_DIR",
+    "USE_RECORD_NAME",
     "WRITER_LIMITS",
     "BlockedError",
     "Bucket",
@@ -135,12 +135,12 @@ __all__ = [
     "BusyError",
     "Entry",
     "Estimate",
-    "HitRecord",
     "Limits",
     "PruneReport",
     "UntrustedReport",
-    "hit_record_body",
-    "new_hit_record_name",
+    "UseRecord",
+    "new_use_record_name",
+    "use_record_body",
 ]
 
 # A writer's budget check lists at most this many records: more means a prune is due.
@@ -234,21 +234,21 @@ class Bucket:
         listing = Listing(objstore.ENTRY_DIR, limit, ENTRY_NAMES, skip_junk=True)
         return entry_table(self.objects, listing, None, None), listing
 
-    def hit_records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
+    def use_records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
         """Each record object: (path, when written, entries and bytes its host wrote);
         objects there that are no record count as records that say nothing."""
         out = []
-        for meta in self.reader.listing(HIT_RECORD_DIR, limit=limit, names=RECORD_NAMES):
-            r = parse_hit_record(meta)
+        for meta in self.reader.listing(USE_RECORD_DIR, limit=limit, names=RECORD_NAMES):
+            r = parse_use_record(meta)
             if r is None:
                 out.append((str(meta["path"]), epoch(meta), 0, 0))
             else:
                 out.append((r.path, r.when, r.puts, r.put_bytes))
         return out
 
-    def hit_record_names(self, path: str) -> Iterator[EntryName]:
+    def use_record_names(self, path: str) -> Iterator[EntryName]:
         """The entry names a record holds, streamed (lines that are none skipped)."""
-        return map(EntryName, hit_record_lines(self.reader, path))
+        return map(EntryName, use_record_lines(self.reader, path))
 
     def read_state(self) -> dict[str, float] | None:
         data = self.reader.json_object(STATE, "state")
@@ -273,11 +273,11 @@ class Bucket:
         writes hosts recorded since (one GET and a listing of ``records/``, at most
         ``ESTIMATE_RECORDS`` of them: more means a prune is due)."""
         state = self.read_state()
-        listing = Listing(HIT_RECORD_DIR, ESTIMATE_RECORDS, RECORD_NAMES)
+        listing = Listing(USE_RECORD_DIR, ESTIMATE_RECORDS, RECORD_NAMES)
         puts = put_bytes = n = 0
         for meta in self.reader.listing_of(listing):
             n += 1
-            r = parse_hit_record(meta)
+            r = parse_use_record(meta)
             if r is not None:
                 puts += r.puts
                 put_bytes += r.put_bytes
@@ -402,9 +402,9 @@ class Bucket:
                 count += 1
                 total += size
         records = pending_bytes = 0
-        for meta in self.reader.listing(HIT_RECORD_DIR, names=RECORD_NAMES):
+        for meta in self.reader.listing(USE_RECORD_DIR, names=RECORD_NAMES):
             records += 1
-            r = parse_hit_record(meta)
+            r = parse_use_record(meta)
             pending_bytes += 0 if r is None else r.put_bytes
         state = self.read_state()
         claims = sum(1 for _ in self.reader.listing(objstore.CLAIM_DIR, names=ENTRY_NAMES))
