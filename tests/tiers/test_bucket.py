@@ -379,6 +379,53 @@ def test_budget_stats_and_prune_through_the_command(
     assert report.skipped == {"config-malformed": 1, "record-malformed": 1}, report.skipped
 
 
+# Each field's values at and past the directory's bounds (``_core.check_size``,
+# ``_core.check_max_age``): the first two of each are kept, the rest refused.
+_BUDGET_BOUNDS = [
+    ("max_size", 1),
+    ("max_size", (1 << 63) - 1),
+    ("max_size", 0),
+    ("max_size", -5),
+    ("max_size", 1 << 63),
+    ("max_age_s", 1.0),
+    ("max_age_s", 1e9),
+    ("max_age_s", 0.5),
+    ("max_age_s", 1e9 + 1),
+    ("max_age_s", float("nan")),
+    ("max_age_s", float("inf")),
+]
+
+
+def test_a_buckets_stored_budget_is_written_under_the_directorys_size_rule(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """The bucket's budget is refused where the directory's is (a ValueError naming the
+    field, before any request: nothing in the bucket), and what is written reads back as
+    written; read-only or not, an out-of-range value is the argument's error first."""
+    directory = Store(tmp_path / "dir")
+    for field, value in _BUDGET_BOUNDS:
+        prefix = fresh_prefix()
+        b = upkeep.Bucket(s3.url(prefix))
+        arg = {"max_size": "max_size", "max_age_s": "max_age"}[field]
+        try:
+            directory.write_cache_settings(**{arg: value})
+        except ValueError:
+            kept = False
+        else:
+            kept = True
+        budget = upkeep.BucketStoredBudget(**{field: value})
+        if kept:
+            b.write_stored_budget(budget)
+            assert b.read_stored_budget() == budget, (field, value)
+            continue
+        with pytest.raises(ValueError, match=field):
+            b.write_stored_budget(budget)
+        with pytest.raises(ValueError, match=field):
+            upkeep.Bucket(s3.url(prefix), read_only=True).write_stored_budget(budget)
+        assert "put" not in b.requests and not _objects(s3, prefix), (field, value)
+    directory.close()
+
+
 def test_writers_prune_one_host_at_a_time_when_past_the_budget(
     tmp_path: Path, s3: S3Server
 ) -> None:
