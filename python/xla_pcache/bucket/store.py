@@ -372,17 +372,3 @@ def _names(key: _core.Key, signer: str | None) -> list[str]:
     if signer is not None:
         names.append(_core.signed_entry_name(key, signer))
     return names
-
-
-__all__ = [
-    "PULL_ENTRIES",
-    "PULL_FETCHES",
-    "PULL_MARKERS",
-    "PULL_MISSES",
-    "BucketStore",
-    "chain_for",
-    "local_name",
-    "local_path",
-    "location",
-    "own_local_store",
-]
