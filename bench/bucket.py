@@ -4,12 +4,12 @@
     python bench/bucket.py --objects 10000 --warm-runs 1
 
 SeaweedFS (``weed mini``) on loopback, as the tests start it. Requests are counted twice: by
-the client (``tiers.upkeep.Bucket.requests``, a listing counted as one request per page of
+the client (``bucket.upkeep.Bucket.requests``, a listing counted as one request per page of
 1000) and by a relay between client and server that reads each HTTP request line, so the
 two can be compared. Prints a markdown report.
 
 - **populate**: ``--objects`` entry objects (100 bytes each: what pruning costs does not
-  depend on their size) and ``--hosts`` hit records of ``--uses`` entry names each, written
+  depend on their size) and ``--hosts`` use records of ``--uses`` entry names each, written
   straight to the bucket (not measured);
 - **a hit**: what recording a hit adds to a local hit (``BucketStore.get`` against the
   plain ``Store.get``, same entries), and one host's upload of its record;
@@ -130,7 +130,7 @@ class CountingRelay:
 def populate(server: Any, prefix: str, objects: int, hosts: int, uses: int) -> list[str]:
     """Entry objects and hosts' records, straight to the bucket, concurrently."""
     import obstore
-    from xla_pcache.tiers import upkeep
+    from xla_pcache.bucket import upkeep
 
     from tests.tiers.servers import bucket_client
 
@@ -150,7 +150,7 @@ def populate(server: Any, prefix: str, objects: int, hosts: int, uses: int) -> l
     records = []
     for h in range(hosts):
         used = names[h * uses % objects :][:uses]
-        records.append((upkeep.new_hit_record_name(0, 0), upkeep.hit_record_body(used)))
+        records.append((upkeep.new_use_record_name(0, 0), upkeep.use_record_body(used)))
     asyncio.run(put_all(records))
     return names
 
@@ -262,7 +262,7 @@ def fmt(sec: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--objects", type=int, default=100_000)
-    parser.add_argument("--hosts", type=int, default=100, help="hit records to fold")
+    parser.add_argument("--hosts", type=int, default=100, help="use records to fold")
     parser.add_argument("--uses", type=int, default=1000, help="entry names per record")
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--warm-worker", help=argparse.SUPPRESS)
@@ -271,7 +271,7 @@ def main() -> int:
         print(json.dumps(warm_worker(json.loads(args.warm_worker))))
         return 0
 
-    from xla_pcache.tiers import upkeep
+    from xla_pcache.bucket import upkeep
 
     from tests.tiers.servers import start_s3
 
@@ -293,12 +293,12 @@ def main() -> int:
             bucket = upkeep.Bucket(url)
             rows = []
             # One host's record of `uses` entries: one PUT.
-            body = upkeep.hit_record_body(names[: args.uses])
+            body = upkeep.use_record_body(names[: args.uses])
             rows.append(
                 measure(
                     relay,
                     f"one host's record upload ({args.uses} entries, {len(body):,} B gzip)",
-                    lambda: bucket.put(upkeep.new_hit_record_name(1, 1000), body),
+                    lambda: bucket.put(upkeep.new_use_record_name(1, 1000), body),
                 )
             )
             # The stored budget: a tenth of the entries over it.

@@ -34,7 +34,7 @@ import json, sys, time
 def hwm():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
-from xla_pcache.tiers.upkeep import Bucket
+from xla_pcache.bucket.upkeep import Bucket
 b = Bucket(sys.argv[1])
 b.read_stored_budget()  # the client and its runtime, before the baseline
 base = hwm()
@@ -56,7 +56,7 @@ s.close()
 
 _STATS = r"""
 import json, sys
-from xla_pcache.tiers.upkeep import Bucket
+from xla_pcache.bucket.upkeep import Bucket
 try:
     print(json.dumps({"entries": Bucket(sys.argv[1]).stats()["entries"]}))
 except Exception as e:

@@ -69,9 +69,10 @@ from typing import Any
 
 from xla_pcache import bucket as xbucket
 from xla_pcache import entry_name
-from xla_pcache.tiers import bucket_reader as br
-from xla_pcache.tiers import marker_listing, objstore, upkeep
-from xla_pcache.tiers.bucket_objects import SQUAT_REMOVALS
+from xla_pcache.bucket import marker_listing, upkeep
+from xla_pcache.bucket import reader as br
+from xla_pcache.bucket.objects import SQUAT_REMOVALS
+from xla_pcache.tiers import objstore
 
 from tests.floods import FLOODS, Scene, when
 from tests.fuzz_children import (
@@ -426,7 +427,7 @@ print(json.dumps(out))
 # Nothing but what every operation pays: the package, the client, one request.
 _BASE_CHILD = r"""
 import sys
-from xla_pcache.tiers.upkeep import Bucket
+from xla_pcache.bucket.upkeep import Bucket
 Bucket(sys.argv[1]).read_stored_budget()
 """
 
@@ -664,7 +665,7 @@ class Harness:
         parts = rel.split("/")
         if top == "entries":
             c.biggest = max(c.biggest, size)
-        if top == "records" and len(parts) == 3 and upkeep.HIT_RECORD_NAME.fullmatch(parts[2]):
+        if top == "records" and len(parts) == 3 and upkeep.USE_RECORD_NAME.fullmatch(parts[2]):
             c.records += 1
         if top in FIXED or (top in ("entries", "claims") and len(parts) > 3):
             c.squats += 1
@@ -800,10 +801,10 @@ class Harness:
 
     def bomb(self, kind: str) -> bytes:
         """Gzip that inflates past its reader's cap (made once a run): a record's
-        (``MAX_HIT_RECORD * MAX_INFLATE``) or ``usage``'s; zeros (one endless line) or short
+        (``MAX_USE_RECORD * MAX_INFLATE``) or ``usage``'s; zeros (one endless line) or short
         lines (the costliest to match)."""
         if kind not in self._bombs:
-            cap = upkeep.MAX_HIT_RECORD if kind.startswith("record") else upkeep.MAX_USAGE
+            cap = upkeep.MAX_USE_RECORD if kind.startswith("record") else upkeep.MAX_USAGE
             total = cap * upkeep.MAX_INFLATE + MIB
             self._bombs[kind] = _gz_repeat(b"ab\n" if kind.endswith("lines") else b"\0", total)
         return self._bombs[kind]
@@ -948,13 +949,13 @@ class Harness:
             if kind == 1:
                 body = self.bomb("record-lines" if r.random() < 0.5 else "record-zeros")
             elif kind == 2 and i == 0:
-                body = r.randbytes(upkeep.MAX_HIT_RECORD + 1)  # over its cap: removed unread
+                body = r.randbytes(upkeep.MAX_USE_RECORD + 1)  # over its cap: removed unread
             elif kind == 3:
                 body = r.randbytes(r.randint(0, 1000))
             elif kind == 4:
                 body = _gz(b"".join(f"{x}\n".encode() for x in self.names(self.count(20000), 0.2)))
             else:
-                body = upkeep.hit_record_body(self.names(r.randint(0, 30), 0.6))
+                body = upkeep.use_record_body(self.names(r.randint(0, 30), 0.6))
             items[name] = body
         self._put_many(items)
         return f"{n} records"

@@ -1,5 +1,5 @@
-"""The bucket's one reader, offline (``xla_pcache.tiers.bucket_reader``, its walk
-``bucket_listing``): where a listing resumes after a key the client refuses (past no name
+"""The bucket's one reader, offline (``xla_pcache.bucket.reader``, its walk
+``bucket.listing``): where a listing resumes after a key the client refuses (past no name
 of ours), the key read back from the client's error, the
 cutting of streamed text into lines, and the bounds every number read from a bucket meets.
 Against a real S3 service: tests/tiers/test_hostile_bucket.py."""
@@ -10,9 +10,9 @@ import math
 
 from hypothesis import given
 from hypothesis import strategies as st
+from xla_pcache.bucket import listing as bl
+from xla_pcache.bucket import reader as br
 from xla_pcache.sizes import MAX_DURATION_S, MAX_SIZE
-from xla_pcache.tiers import bucket_listing as bl
-from xla_pcache.tiers import bucket_reader as br
 
 # Characters that make a key refused or not, and their neighbours in key order.
 _KEY_CHARS = st.sampled_from(["a", "0", "/", ".", " ", "-", "\x01", "\x1f", "\x7f", "\x80", "é"])

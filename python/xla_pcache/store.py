@@ -261,7 +261,7 @@ class Store(_core.Store):
     def root_fd(self) -> int:
         """A new descriptor of the directory this store works in (``O_PATH``: a base for
         ``dir_fd=``), the caller's to close; for files beside the store's own (the miss log,
-        a bucket's spool of hit records), so that they land where its entries do."""
+        a bucket's spool of use records), so that they land where its entries do."""
         return self._root_fd()
 
     @property

@@ -1,7 +1,7 @@
 """A bucket as the cache path, on a real S3 service (SeaweedFS on loopback, one for the
 module): hosts are fresh processes with only the environment set and host-local stores of
 their own (``XDG_CACHE_HOME``), running real JAX (and torch_xla) programs; the bucket's
-budget, hit records and pruning through the command and the store.
+budget, use records and pruning through the command and the store.
 
 The JAX hosts run in order, each scenario building on the bucket the previous left (a
 module fixture per step): a cold host fills the bucket; four hosts at once warm-start from
@@ -23,11 +23,11 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 from xla_pcache import Store, bucket, entry_name, open_store
+from xla_pcache.bucket import upkeep
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _plan
-from xla_pcache.tiers import upkeep
 
 from tests.helpers import executables
 from tests.jax.helpers import (
@@ -326,7 +326,7 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     records = _under(_objects(s3, prefix), "records")
     assert len(records) == 3, records  # the writer's (its puts), and the host's two
     b = upkeep.Bucket(url)
-    used = sorted(sorted(b.hit_record_names(p)) for p in records)
+    used = sorted(sorted(b.use_record_names(p)) for p in records)
     assert used == sorted([[], [entry_name("k0")], sorted([entry_name("k1"), entry_name("k2")])]), (
         used
     )
@@ -368,7 +368,7 @@ def test_budget_stats_and_prune_through_the_command(
     # entries/ is removed by every prune; a record that is not gzip is skipped.
     obstore.put(client, upkeep.CONFIG, b'{"max_size": -1}')
     obstore.put(client, "xla_pcache-1/entries/zz/not-an-entry", b"x" * 10)
-    obstore.put(client, f"{upkeep.HIT_RECORD_DIR}/r-1-0000000000000000-9-99", b"not gzip")
+    obstore.put(client, f"{upkeep.USE_RECORD_DIR}/r-1-0000000000000000-9-99", b"not gzip")
     b = upkeep.Bucket(url)
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
         assert b.read_stored_budget() == upkeep.BucketStoredBudget()
@@ -377,6 +377,53 @@ def test_budget_stats_and_prune_through_the_command(
     assert report.junk_names == ["xla_pcache-1/entries/zz/not-an-entry"]
     assert report.removed == 0 and report.entries == 2 and report.records_folded == 1
     assert report.skipped == {"config-malformed": 1, "record-malformed": 1}, report.skipped
+
+
+# Each field's values at and past the directory's bounds (``_core.check_size``,
+# ``_core.check_max_age``): the first two of each are kept, the rest refused.
+_BUDGET_BOUNDS = [
+    ("max_size", 1),
+    ("max_size", (1 << 63) - 1),
+    ("max_size", 0),
+    ("max_size", -5),
+    ("max_size", 1 << 63),
+    ("max_age_s", 1.0),
+    ("max_age_s", 1e9),
+    ("max_age_s", 0.5),
+    ("max_age_s", 1e9 + 1),
+    ("max_age_s", float("nan")),
+    ("max_age_s", float("inf")),
+]
+
+
+def test_a_buckets_stored_budget_is_written_under_the_directorys_size_rule(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """The bucket's budget is refused where the directory's is (a ValueError naming the
+    field, before any request: nothing in the bucket), and what is written reads back as
+    written; read-only or not, an out-of-range value is the argument's error first."""
+    directory = Store(tmp_path / "dir")
+    for field, value in _BUDGET_BOUNDS:
+        prefix = fresh_prefix()
+        b = upkeep.Bucket(s3.url(prefix))
+        arg = {"max_size": "max_size", "max_age_s": "max_age"}[field]
+        try:
+            directory.write_cache_settings(**{arg: value})
+        except ValueError:
+            kept = False
+        else:
+            kept = True
+        budget = upkeep.BucketStoredBudget(**{field: value})
+        if kept:
+            b.write_stored_budget(budget)
+            assert b.read_stored_budget() == budget, (field, value)
+            continue
+        with pytest.raises(ValueError, match=field):
+            b.write_stored_budget(budget)
+        with pytest.raises(ValueError, match=field):
+            upkeep.Bucket(s3.url(prefix), read_only=True).write_stored_budget(budget)
+        assert "put" not in b.requests and not _objects(s3, prefix), (field, value)
+    directory.close()
 
 
 def test_writers_prune_one_host_at_a_time_when_past_the_budget(

@@ -21,10 +21,11 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
+from xla_pcache.bucket import objects as bucket_objects
+from xla_pcache.bucket import upkeep
+from xla_pcache.bucket.reader import LIST_PAGE, list_requests_bound
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
-from xla_pcache.tiers import bucket_objects, upkeep
-from xla_pcache.tiers.bucket_reader import LIST_PAGE, list_requests_bound
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.tiers.relay import S3Relay
@@ -404,7 +405,7 @@ def test_writers_do_not_all_prune_again_when_the_size_cannot_be_told(
     state(3600.0, False)
     assert writer("an-hour-later") == 1
     # Records the client cannot list, each its own refused page: their listing is cut short.
-    records = f"{prefix}/{upkeep.HIT_RECORD_DIR}"
+    records = f"{prefix}/{upkeep.USE_RECORD_DIR}"
     relay.plant_many(f"{records}/r-{i:04d}\x01" for i in range(FLOOD))
     state(0.0, True)
     assert writer("records-flooded") == 0

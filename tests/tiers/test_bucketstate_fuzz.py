@@ -52,7 +52,7 @@ def test_the_harness_sees_what_it_checks(tmp_path: Path, s3_server: S3Server) ->
         h.check_outside("test")
         c = h.census()
         write = (
-            "from xla_pcache.tiers.upkeep import Bucket; import sys\n"
+            "from xla_pcache.bucket.upkeep import Bucket; import sys\n"
             "Bucket(sys.argv[1]).put('xla_pcache-1/x', b'1')\n"
         )
         code = {

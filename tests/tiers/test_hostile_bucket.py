@@ -18,9 +18,9 @@ import redis
 from typer.testing import CliRunner
 from xla_pcache import Store, entry_name, open_store
 from xla_pcache._names import EntryName
+from xla_pcache.bucket import upkeep
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
-from xla_pcache.tiers import upkeep
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
@@ -218,8 +218,8 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
 
 
 # ------------------------------------------------------------------------------ upkeep
-# What a key-less writer can plant among the bucket's upkeep (tiers/upkeep.py), read through
-# its one reader (tiers/bucket_reader.py): keys the client cannot parse, objects below our
+# What a key-less writer can plant among the bucket's upkeep (bucket/upkeep.py), read through
+# its one reader (bucket/reader.py): keys the client cannot parse, objects below our
 # names, objects shaped to cost memory, numbers out of range, markers by the thousand.
 
 
@@ -273,13 +273,13 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     bad = [
         f"{prefix}/{ENTRY_DIR}//first",  # before every entry
         f"{prefix}/{ENTRY_DIR}/{names[1050]}/../x",  # after a thousand: its page recovered
-        f"{prefix}/{upkeep.HIT_RECORD_DIR}/./r",
+        f"{prefix}/{upkeep.USE_RECORD_DIR}/./r",
         f"{prefix}/{upkeep.TORCH_XLA_DIR}//m",
         f"{prefix}/{CLAIM_DIR}/..",
     ]
     for key in bad:
         relay.plant(key, 5)
-    from xla_pcache.tiers.bucket_reader import HEADS_PER_REFUSED, list_requests_bound
+    from xla_pcache.bucket.reader import HEADS_PER_REFUSED, list_requests_bound
 
     b = upkeep.Bucket(url)
     relay.take()
@@ -419,7 +419,7 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
             upkeep.CONFIG: b"",
             upkeep.STATE: b"",
             upkeep.USAGE: b"",
-            upkeep.new_hit_record_name(1, 1): b"",
+            upkeep.new_use_record_name(1, 1): b"",
         },
     )
     out = _cli("stats", "--path", url, "--json")
@@ -439,7 +439,7 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
 # its peak RSS grew (VmHWM, its own) while it ran.
 _PRUNER = r"""
 import json, sys
-from xla_pcache.tiers.upkeep import Bucket
+from xla_pcache.bucket.upkeep import Bucket
 
 def peak_kib():
     with open("/proc/self/status") as f:
@@ -471,7 +471,7 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
         client,
         {
             upkeep.USAGE: usage,
-            upkeep.new_hit_record_name(0, 0): _gz((planted + names[3] + "\n").encode()),
+            upkeep.new_use_record_name(0, 0): _gz((planted + names[3] + "\n").encode()),
         },
     )
     out = run_worker("-c", _PRUNER, url, "1900", timeout=300)
@@ -489,7 +489,7 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
 def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -> None:
     """Found by the bucket-state fuzzer: a thousand planted records, each some 33 KB of gzip
     that inflates to 32 MiB of lines of a record's shape, held `xla-pcache prune` past its
-    two-minute deadline: each was read up to the cap of its kind (MAX_HIT_RECORD *
+    two-minute deadline: each was read up to the cap of its kind (MAX_USE_RECORD *
     MAX_INFLATE), a million lines each matched as entry names. What xla_pcache writes
     inflates to about twice its size: a record or `usage` is now read no further than
     MAX_INFLATE times its own size, so what one costs is in proportion to the bytes read
@@ -499,12 +499,12 @@ def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -
     client = bucket_client(s3, prefix)
     name = entry_name("e")
     bomb = _gz((name + "\n").encode() * (1 << 20))
-    path = upkeep.new_hit_record_name(0, 0)
+    path = upkeep.new_use_record_name(0, 0)
     usage = _gz(f"{name} 1 1\n".encode() * (1 << 20))
     _plant(client, {path: bomb, upkeep.USAGE: usage, f"{ENTRY_DIR}/{name}": b"x"})
     assert len(bomb) < 256 << 10 and len(usage) < 256 << 10
     b = upkeep.Bucket(url)
-    got = sum(1 for _ in b.hit_record_names(path))
+    got = sum(1 for _ in b.use_record_names(path))
     assert 0 < got <= upkeep.MAX_INFLATE * len(bomb) // (len(name) + 1), (got, len(bomb))
     assert b.reader.skipped == {"record-malformed": 1}, b.reader.skipped
     # usage the same way: the prune folds a few thousand of its lines, not a million.
@@ -522,7 +522,7 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     names = [entry_name(f"e{i}") for i in range(3)]
     _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     _plant(
-        client, {upkeep.new_hit_record_name(0, 0): upkeep.hit_record_body(names) for _ in range(3)}
+        client, {upkeep.new_use_record_name(0, 0): upkeep.use_record_body(names) for _ in range(3)}
     )
     b = upkeep.Bucket(url)
     report = b.prune(max_size=10**6, limits=upkeep.Limits(records=2))

@@ -236,7 +236,7 @@ def test_server_killed_mid_transfer_is_a_miss_and_the_local_tier_goes_on(
         assert result == [None]
         st = b.stats()
         assert st["remote_get_errors"] == 1 and "k" not in b, st
-        # The local tier goes on: puts and gets work, the dead remote is skipped.
+        # The local directory goes on: puts and gets work, the dead remote is skipped.
         assert b.put("local", b"v")
         assert bytes(b.get("local") or b"") == b"v"
         _flush(b)

@@ -15,9 +15,9 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 from xla_pcache import Store, _core, open_store
+from xla_pcache.bucket import upkeep
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
-from xla_pcache.tiers import upkeep
 
 from tests.helpers import tree_state
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix

@@ -242,8 +242,8 @@ def open_bucket(url: str, *, read_only: bool = False) -> Iterator[Any]:
     """The upkeep of the bucket at ``url``, read-only by the one rule of a bucket path
     (``read_only`` over ``XLA_PERSISTENT_CACHE_READ_ONLY``, as ``store.settle`` decides, and
     the URL's ``?ro=1`` whatever they say); its service's errors are one line, exit 2."""
+    from xla_pcache.bucket.upkeep import Bucket, BusyError
     from xla_pcache.tiers.objstore import scrub
-    from xla_pcache.tiers.upkeep import Bucket, BusyError
 
     settings = Settings.from_env()
     # The flag adds to the variable; neither can take back the URL's ?ro=1 (``Bucket``).

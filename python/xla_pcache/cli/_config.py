@@ -117,7 +117,7 @@ def _parsed_budget(max_size: str | None, max_age: str | None) -> tuple[int | Non
 
 
 def _config_bucket(url: str, max_size: str | None, max_age: str | None, as_json: bool) -> None:
-    from xla_pcache.tiers.upkeep import BucketStoredBudget
+    from xla_pcache.bucket.upkeep import BucketStoredBudget
 
     new_size, new_age = _parsed_budget(max_size, max_age)
     with open_bucket(url) as b:

@@ -31,7 +31,7 @@ from xla_pcache.config import MAX_SIZE_VAR, TRUSTED_KEYS_VAR
 from xla_pcache.sizes import format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from xla_pcache.tiers.upkeep import PruneReport
+    from xla_pcache.bucket.upkeep import PruneReport
 
 
 def prune(
@@ -115,7 +115,7 @@ def _prune_bucket(
     untrusted: bool,
     as_json: bool,
 ) -> None:
-    from xla_pcache.tiers.upkeep import BusyError
+    from xla_pcache.bucket.upkeep import BusyError
 
     with reported():
         if untrusted:
@@ -184,7 +184,7 @@ def _prune_exit(report: PruneReport) -> None:
 
 def _untrusted_lines(skipped: dict[str, int], unlistable: list[str], url: str) -> None:
     """What was skipped as untrusted, and how to remove each key the client cannot name."""
-    from xla_pcache.tiers.bucket_reader import delete_hint
+    from xla_pcache.bucket.reader import delete_hint
     from xla_pcache.tiers.objstore import parse_object_url
 
     if skipped:

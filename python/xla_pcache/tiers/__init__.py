@@ -10,7 +10,9 @@
 
 ``xla_pcache.store.Store`` reaches the tiers only through the names below; they are opened
 on the first miss or put that needs them, so a store that is only looked at (``xla-pcache
-stats``) starts no client, thread or exit hook.
+stats``) starts no client, thread or exit hook. A bucket that is a cache path, and its
+upkeep, are not a tier's: they live in ``xla_pcache.bucket``, which uses the objstore tier
+(no tier imports it).
 """
 
 from __future__ import annotations

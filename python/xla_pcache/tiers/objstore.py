@@ -106,11 +106,11 @@ def _allow_http(environ: Mapping[str, str]) -> bool:
     return any(environ.get(v, "").strip().lower().startswith("http://") for v in _ENDPOINT_VARS)
 
 
-def _classify(e: BaseException) -> str:
+def classify(e: BaseException) -> str:
     """``missing``, ``exists``, ``precondition``, ``empty`` or ``error`` for an obstore
-    exception. ``empty``: a ranged read from the first byte refused as unsatisfiable (416),
-    which S3, GCS and Azure answer only for an object of no bytes (object_store has no kind
-    for it: the status is in its message)."""
+    exception: what this tier and a bucket's upkeep act on. ``empty``: a ranged read from
+    the first byte refused as unsatisfiable (416), which S3, GCS and Azure answer only for
+    an object of no bytes (object_store has no kind for it: the status is in its message)."""
     import obstore.exceptions as ox
 
     if isinstance(e, FileNotFoundError | ox.NotFoundError):
@@ -260,7 +260,7 @@ class ObjectTier(TierBase):
                 return self._spool_rest(path, head, size, spooled)
             return self._get_rest(path, head, size)
         except Exception as e:
-            kind = _classify(e)
+            kind = classify(e)
             if kind == "missing":
                 self.count("remote_misses")
             elif kind == "empty":
@@ -344,7 +344,7 @@ class ObjectTier(TierBase):
                 use_multipart=False,
             )
         except Exception as e:
-            if _classify(e) in ("exists", "precondition"):
+            if classify(e) in ("exists", "precondition"):
                 self.count("remote_put_exists")  # first writer won, as in the directory
             else:
                 self.fail("put", e)
@@ -431,7 +431,7 @@ class ObjectClaims:
         try:
             meta = obstore.head(self._tier._store, self._path(name))
         except Exception as e:
-            if _classify(e) == "missing":
+            if classify(e) == "missing":
                 return None
             raise
         return str(meta["e_tag"])
@@ -483,7 +483,7 @@ class ObjectClaims:
                     try:
                         new = self._create(name)
                     except Exception as e:
-                        if _classify(e) not in ("exists", "precondition"):
+                        if classify(e) not in ("exists", "precondition"):
                             raise
                         # Another host was first: wait for it, as below.
                     else:
@@ -494,7 +494,7 @@ class ObjectClaims:
                     try:
                         new = self._overwrite(name, e_tag)
                     except Exception as e:
-                        if _classify(e) not in ("exists", "precondition"):
+                        if classify(e) not in ("exists", "precondition"):
                             raise
                         # Another waiter took it over first: wait for it, as below.
                     else:
@@ -541,7 +541,7 @@ class ObjectClaims:
                     assert claim.e_tag is not None
                     new = self._overwrite(claim.name, claim.e_tag)
                 except Exception as e:
-                    if _classify(e) in ("precondition", "exists", "missing"):
+                    if classify(e) in ("precondition", "exists", "missing"):
                         # Taken over (we were silent too long) or gone: no longer ours.
                         with self._lock:
                             self._held.pop(claim.name, None)

@@ -14,7 +14,7 @@ One reader, ``BucketReader``, with bounds that hold whatever was planted:
   the directory's own bounds (``sizes.MAX_SIZE``, ``sizes.MAX_DURATION_S``), and a time
   at most ``CLOCKS_APART_S`` ahead;
 - **a listing** survives keys the client cannot parse and floods of them
-  (``bucket_listing.Walk``: where it resumes, what it asks for by name, how it gallops past
+  (``listing.Walk``: where it resumes, what it asks for by name, how it gallops past
   a flood and when it lists with a delimiter), and says when it did not see everything
   (``Listing.cut_short``);
 - what does not pass is skipped, counted by kind in ``skipped`` (the ``stats`` and
@@ -41,8 +41,7 @@ from typing import Any
 
 from xla_pcache import _core
 from xla_pcache._text import package_logger
-from xla_pcache.sizes import MAX_SIZE
-from xla_pcache.tiers.bucket_listing import (
+from xla_pcache.bucket.listing import (
     HEADS_PER_REFUSED,
     LIST_PAGE,
     LISTS_PER_REFUSED,
@@ -59,15 +58,16 @@ from xla_pcache.tiers.bucket_listing import (
     refused_key,
     resume_after,
 )
+from xla_pcache.sizes import MAX_SIZE
 
 log = package_logger("xla_pcache")
 
 # Objects whose whole content is read: the budget, the last prune's totals, a lease.
 MAX_SMALL = 4096
-# The gzip objects, streamed (the bound is on time, not memory): a hit record holds one
+# The gzip objects, streamed (the bound is on time, not memory): a use record holds one
 # host's uses of an interval (33 bytes an entry name), usage every entry with a use (about
 # 50 bytes each, gzip halves it: 2.5 MB at 100k entries).
-MAX_HIT_RECORD = 8 << 20
+MAX_USE_RECORD = 8 << 20
 MAX_USAGE = 64 << 20
 # What xla_pcache writes there inflates to about twice its size: a record or usage is read
 # no further than this many times its own size (a gzip bomb costs what its bytes cost).
@@ -240,7 +240,7 @@ class BucketReader:
     ) -> Iterator[Meta]:
         """Every object below ``prefix`` (a directory of the bucket's upkeep), at most
         ``limit`` of them, in key order unless a flood of refused keys made the walk
-        gallop (``bucket_listing``); see ``listing_of`` for how it went."""
+        gallop (``listing``); see ``listing_of`` for how it went."""
         return iter(Walk(self, Listing(prefix, limit, names)))
 
     def listing_of(self, listing: Listing) -> Iterator[Meta]:
@@ -295,7 +295,7 @@ class BucketReader:
         try:
             meta = obstore.head(self.store, path)
         except Exception as e:
-            if objstore._classify(e) == "missing":
+            if objstore.classify(e) == "missing":
                 return None
             raise
         return meta
@@ -312,7 +312,7 @@ class BucketReader:
         try:
             got = obstore.get(self.store, path, options={"range": (0, limit + 1)})
         except Exception as e:
-            kind = objstore._classify(e)
+            kind = objstore.classify(e)
             if kind == "missing":
                 return None
             if kind == "empty":  # no bytes (a ranged read of it is refused)

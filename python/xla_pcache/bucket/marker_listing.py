@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xla_pcache._names import EntryName
-from xla_pcache.tiers.bucket_layout import MARKER_NAME, MARKER_NAMES, TORCH_XLA_DIR, epoch
-from xla_pcache.tiers.bucket_listing import LIST_PAGE, MAX_RECOVERIES, MAX_UNLISTABLE, Listing
-from xla_pcache.tiers.bucket_reader import BucketReader
+from xla_pcache.bucket.layout import MARKER_NAME, MARKER_NAMES, TORCH_XLA_DIR, epoch
+from xla_pcache.bucket.listing import LIST_PAGE, MAX_RECOVERIES, MAX_UNLISTABLE, Listing
+from xla_pcache.bucket.reader import BucketReader
 
 # A start's listing of the markers of listed entries: at most this many pages in all, and
 # this many pages of one entry's markers before the others are listed.
@@ -47,7 +47,7 @@ def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKE
     ``reader`` (a ``BucketReader``) a page at a time: each page starts at the next entry
     of ``names`` not yet covered, so whatever lies between two of them costs nothing past
     the page that reached it. At most ``pages`` pages, one entry's markers ``GROUP_PAGES``
-    pages at a time; the refused keys and recoveries of one listing (``bucket_listing``)
+    pages at a time; the refused keys and recoveries of one listing (``listing``)
     among them all."""
     out = Markers()
     wanted = set(names)

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xla_pcache._text import package_logger
-from xla_pcache.tiers import objstore, prune_lease
-from xla_pcache.tiers.bucket_layout import (
+from xla_pcache.bucket import prune_lease
+from xla_pcache.bucket.layout import (
     ENTRY_NAMES,
     MARKER_NAME,
     MARKER_NAMES,
@@ -24,20 +24,21 @@ from xla_pcache.tiers.bucket_layout import (
     epoch,
     ours,
 )
-from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
-from xla_pcache.tiers.bucket_reader import Listing, Names
-from xla_pcache.tiers.bucket_stored_budget import read_stored_budget
-from xla_pcache.tiers.prune_fold import (
+from xla_pcache.bucket.objects import DELETE_BATCH, BucketObjects, Tally
+from xla_pcache.bucket.prune_fold import (
     Deadline,
     Entry,
     Limits,
     check,
     entry_table,
-    fold_hit_record,
     fold_usage,
-    hit_records_to_fold,
+    fold_use_record,
     usage_body,
+    use_records_to_fold,
 )
+from xla_pcache.bucket.reader import Listing, Names
+from xla_pcache.bucket.stored_budget import read_stored_budget
+from xla_pcache.tiers import objstore
 
 log = package_logger("xla_pcache")
 
@@ -147,7 +148,7 @@ def _prune(
     report.max_size = max_size if max_size is not None else budget.max_size
     # Records first, then entries: an entry a folded record names was written before
     # that record, so it is in the listing below (docs/remote.md).
-    records, junk_records, report.records_left = hit_records_to_fold(reader, limits, deadline)
+    records, junk_records, report.records_left = use_records_to_fold(reader, limits, deadline)
     listing = Listing(
         objstore.ENTRY_DIR, limits.entries, ENTRY_NAMES, delimit=limits.entries is None
     )
@@ -178,7 +179,7 @@ def _prune(
     folded: list[str] = []
     for record in records:
         check(deadline)
-        fold_hit_record(reader, record, entries)
+        fold_use_record(reader, record, entries)
         folded.append(record.path)
     report.records_folded = len(folded)
     report.entries_before = len(entries)
@@ -257,43 +258,31 @@ def _drop_markers(
     go (markers planted after it, or before the entry was written); markers of entries no
     longer there go when the listing saw every entry (``complete``); objects under
     ``torch_xla/`` that are no marker go as junk. How many markers were removed."""
-    doomed: list[str] = []
-    junk: list[str] = []
-    removed = 0
+    out = _Removals(objects, tally)
     group = ""
     best: tuple[float, str] | None = None
     for meta in objects.reader.listing(TORCH_XLA_DIR, names=MARKER_NAMES):
         path = str(meta["path"])
         m = MARKER_NAME.fullmatch(path.rpartition("/")[2])
         if m is None or path.count("/") != TORCH_XLA_DIR.count("/") + 1:
-            junk.append(path)
+            out.junk.append(path)
         else:
             entry = kept.get(m.group(1))
             when = epoch(meta)
             if entry is None:
                 if complete:
-                    doomed.append(path)
+                    out.doomed.append(path)
             elif when < entry.written - MARKER_SLACK_S:
-                doomed.append(path)
+                out.doomed.append(path)
             elif m.group(1) != group or best is None:
                 group, best = m.group(1), (when, path)
             elif (when, path) < best:
-                doomed.append(best[1])
+                out.doomed.append(best[1])
                 best = (when, path)
             else:
-                doomed.append(path)
-        if len(doomed) >= DELETE_BATCH:
-            removed += len(doomed)
-            objects.delete(doomed)
-            doomed = []
-        if len(junk) >= DELETE_BATCH:
-            objects.remove_junk(junk, tally)
-            junk = []
-    removed += len(doomed)
-    objects.delete(doomed)
-    if junk:
-        objects.remove_junk(junk, tally)
-    return removed
+                out.doomed.append(path)
+        out.flush()
+    return out.finish()
 
 
 def _sweep(
@@ -307,24 +296,40 @@ def _sweep(
     those it calls ``"junk"`` (nothing xla_pcache writes there) removed as junk, a batch
     at a time as they are listed, so that what is held does not grow with the listing.
     How many doomed were deleted."""
-    doomed: list[str] = []
-    junk: list[str] = []
-    removed = 0
+    out = _Removals(objects, tally)
     for meta in objects.reader.listing(prefix, names=names):
         kind = verdict(meta)
         if kind == "junk":
-            junk.append(str(meta["path"]))
+            out.junk.append(str(meta["path"]))
         elif kind == "doomed":
-            doomed.append(str(meta["path"]))
-        if len(doomed) >= DELETE_BATCH:
-            removed += len(doomed)
-            objects.delete(doomed)
-            doomed = []
-        if len(junk) >= DELETE_BATCH:
-            objects.remove_junk(junk, tally)
-            junk = []
-    removed += len(doomed)
-    objects.delete(doomed)
-    if junk:
-        objects.remove_junk(junk, tally)
-    return removed
+            out.doomed.append(str(meta["path"]))
+        out.flush()
+    return out.finish()
+
+
+class _Removals:
+    """What a sweep of a listing removes: ``doomed`` objects deleted and ``junk`` removed
+    (``BucketObjects.remove_junk``) a batch at a time as the listing goes, so that what is
+    held does not grow with it."""
+
+    def __init__(self, objects: BucketObjects, tally: Tally) -> None:
+        self.objects = objects
+        self.tally = tally
+        self.doomed: list[str] = []
+        self.junk: list[str] = []
+        self.removed = 0
+
+    def flush(self, *, final: bool = False) -> None:
+        """Removes what is held once a batch is full (all of it when ``final``)."""
+        if final or len(self.doomed) >= DELETE_BATCH:
+            self.removed += len(self.doomed)
+            self.objects.delete(self.doomed)
+            self.doomed = []
+        if (final and self.junk) or len(self.junk) >= DELETE_BATCH:
+            self.objects.remove_junk(self.junk, self.tally)
+            self.junk = []
+
+    def finish(self) -> int:
+        """Removes the rest; how many doomed objects were deleted in all."""
+        self.flush(final=True)
+        return self.removed

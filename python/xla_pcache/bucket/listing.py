@@ -1,5 +1,5 @@
 """How a directory of a bucket's upkeep is listed whatever was planted in it (the walk
-``bucket_reader.BucketReader`` runs for every listing).
+``reader.BucketReader`` runs for every listing).
 
 S3, GCS and Azure keep keys that the client (``object_store``) refuses: a ``//``, a ``.`` or
 ``..`` segment, a control character. The service lists them among the others and the

@@ -2,20 +2,20 @@
 bucket"): its budget, kept as an object beside the entries; the records of which entries the
 hosts used; pruning, least recently used first; its totals; and the markers that let a
 torch_xla host find the bucket's torch_xla entries. ``Bucket`` is the one door to them;
-the parts live in modules of their own: the objects' names (``bucket_layout.py``), the
-requests (``bucket_objects.py``), the stored budget (``bucket_stored_budget.py``), a record
-(``hit_record.py``), the prune lease (``prune_lease.py``), what a prune reads and its limits
-(``prune_fold.py``) and the prune (``bucket_prune.py``).
+the parts live in modules of their own: the objects' names (``layout.py``), the requests
+(``objects.py``), the stored budget (``stored_budget.py``), a use record
+(``use_record.py``), the prune lease (``prune_lease.py``), what a prune reads and its
+limits (``prune_fold.py``) and the prune (``prune.py``).
 
-Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``objstore.py``):
+Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``tiers/objstore.py``):
 
 - ``config``: the budget, JSON ``{"max_size": bytes or null, "max_age_s": seconds or null}``,
   written by ``xla-pcache config --path s3://...``;
-- ``records/r-<ms>-<tag>-<puts>-<bytes>``: entries one host used since its previous record,
-  one entry name a line, gzip (``records.py`` writes them). The name carries when (the
-  host's clock, in milliseconds) and how many entries and bytes that host wrote to the
-  bucket since, so that a writer estimates the bucket's size from one listing, without
-  reading a record;
+- ``records/r-<ms>-<tag>-<puts>-<bytes>``: a use record, the entries one host used since
+  its previous one, one entry name a line, gzip (``recorder.py`` writes them). The name
+  carries when (the host's clock, in milliseconds) and how many entries and bytes that host
+  wrote to the bucket since, so that a writer estimates the bucket's size from one listing,
+  without reading a record;
 - ``usage``: the records prune folded: ``<name> <last use> <uses>`` a line, gzip;
 - ``state``: the totals the last prune left, JSON ``{"time", "entries", "bytes"}``;
 - ``prune.lease``: held while a prune runs, so one host prunes at a time;
@@ -29,7 +29,7 @@ wrong, or lies, cannot keep entries for ever); ``max_age`` and a stale lease are
 against this host's clock.
 
 Everything read here is untrusted (whoever can write the bucket wrote it) and is read
-through one reader, ``bucket_reader.BucketReader``: sizes bounded before a byte is read,
+through one reader, ``reader.BucketReader``: sizes bounded before a byte is read,
 records and usage streamed a line at a time, numbers range-checked, keys the client cannot
 parse skipped, and whatever does not pass counted and warned about once. A prune's memory
 is that of the entries it lists (``Limits.entries`` bounds it for writers) and a constant:
@@ -48,18 +48,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Unpack
 
 from xla_pcache._names import EntryName, entry_name_or_none
-from xla_pcache.tiers import (
-    bucket_prune,
-    bucket_stored_budget,
-    marker_listing,
-    objstore,
-    prune_lease,
-)
-from xla_pcache.tiers.bucket_layout import (
+from xla_pcache.bucket import marker_listing, prune, prune_lease, stored_budget
+from xla_pcache.bucket.layout import (
     CONFIG,
     ENTRY_NAMES,
-    HIT_RECORD_DIR,
-    HIT_RECORD_NAME,
     LEASE,
     MARKER_NAME,
     MARKER_NAMES,
@@ -68,10 +60,12 @@ from xla_pcache.tiers.bucket_layout import (
     STATE,
     TORCH_XLA_DIR,
     USAGE,
+    USE_RECORD_DIR,
+    USE_RECORD_NAME,
     epoch,
     ours,
 )
-from xla_pcache.tiers.bucket_objects import (
+from xla_pcache.bucket.objects import (
     DELETE_BATCH,
     SQUAT_DEPTH,
     SQUAT_DIRS,
@@ -80,12 +74,20 @@ from xla_pcache.tiers.bucket_objects import (
     ClientOptions,
     Tally,
 )
-from xla_pcache.tiers.bucket_prune import LOW_WATERMARK, STALE_CLAIM_S, PruneReport
-from xla_pcache.tiers.bucket_reader import (
+from xla_pcache.bucket.prune import LOW_WATERMARK, STALE_CLAIM_S, PruneReport
+from xla_pcache.bucket.prune_fold import (
+    PRUNE_LIMITS,
+    WRITER_LIMITS,
+    Entry,
+    Limits,
+    entry_table,
+)
+from xla_pcache.bucket.prune_lease import LEASE_S, STALE_AFTER_S, BlockedError, BusyError
+from xla_pcache.bucket.reader import (
     LIST_PAGE,
-    MAX_HIT_RECORD,
     MAX_INFLATE,
     MAX_USAGE,
+    MAX_USE_RECORD,
     Listing,
     checked_count,
     checked_size,
@@ -93,36 +95,27 @@ from xla_pcache.tiers.bucket_reader import (
     delete_hint,
     listed_size,
 )
-from xla_pcache.tiers.bucket_stored_budget import BucketStoredBudget
-from xla_pcache.tiers.hit_record import (
-    HitRecord,
-    hit_record_body,
-    hit_record_lines,
-    new_hit_record_name,
-    parse_hit_record,
+from xla_pcache.bucket.stored_budget import BucketStoredBudget
+from xla_pcache.bucket.use_record import (
+    UseRecord,
+    new_use_record_name,
+    parse_use_record,
+    use_record_body,
+    use_record_lines,
 )
-from xla_pcache.tiers.prune_fold import (
-    PRUNE_LIMITS,
-    WRITER_LIMITS,
-    Entry,
-    Limits,
-    entry_table,
-)
-from xla_pcache.tiers.prune_lease import LEASE_S, STALE_AFTER_S, BlockedError, BusyError
+from xla_pcache.tiers import objstore
 
 # What callers and tests name through this module, from the modules that hold them.
 __all__ = [
     "CONFIG",
     "DELETE_BATCH",
     "ESTIMATE_RECORDS",
-    "HIT_RECORD_DIR",
-    "HIT_RECORD_NAME",
     "LEASE",
     "LEASE_S",
     "LOW_WATERMARK",
-    "MAX_HIT_RECORD",
     "MAX_INFLATE",
     "MAX_USAGE",
+    "MAX_USE_RECORD",
     "PRUNE_LIMITS",
     "ROOT",
     "SQUAT_DEPTH",
@@ -133,6 +126,8 @@ __all__ = [
     "STATE",
     "TORCH_XLA_DIR",
     "USAGE",
+    "USE_RECORD_DIR",
+    "USE_RECORD_NAME",
     "WRITER_LIMITS",
     "BlockedError",
     "Bucket",
@@ -140,12 +135,12 @@ __all__ = [
     "BusyError",
     "Entry",
     "Estimate",
-    "HitRecord",
     "Limits",
     "PruneReport",
     "UntrustedReport",
-    "hit_record_body",
-    "new_hit_record_name",
+    "UseRecord",
+    "new_use_record_name",
+    "use_record_body",
 ]
 
 # A writer's budget check lists at most this many records: more means a prune is due.
@@ -221,10 +216,10 @@ class Bucket:
 
     # ---------------------------------------------------------------- the budget
     def read_stored_budget(self) -> BucketStoredBudget:
-        return bucket_stored_budget.read_stored_budget(self.objects)
+        return stored_budget.read_stored_budget(self.objects)
 
     def write_stored_budget(self, budget: BucketStoredBudget) -> None:
-        bucket_stored_budget.write_stored_budget(self.objects, budget)
+        stored_budget.write_stored_budget(self.objects, budget)
 
     # ---------------------------------------------------------------- what is there
     def entries(self) -> dict[str, Entry]:
@@ -239,21 +234,21 @@ class Bucket:
         listing = Listing(objstore.ENTRY_DIR, limit, ENTRY_NAMES, skip_junk=True)
         return entry_table(self.objects, listing, None, None), listing
 
-    def hit_records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
+    def use_records(self, limit: int | None = None) -> list[tuple[str, float, int, int]]:
         """Each record object: (path, when written, entries and bytes its host wrote);
         objects there that are no record count as records that say nothing."""
         out = []
-        for meta in self.reader.listing(HIT_RECORD_DIR, limit=limit, names=RECORD_NAMES):
-            r = parse_hit_record(meta)
+        for meta in self.reader.listing(USE_RECORD_DIR, limit=limit, names=RECORD_NAMES):
+            r = parse_use_record(meta)
             if r is None:
                 out.append((str(meta["path"]), epoch(meta), 0, 0))
             else:
                 out.append((r.path, r.when, r.puts, r.put_bytes))
         return out
 
-    def hit_record_names(self, path: str) -> Iterator[EntryName]:
+    def use_record_names(self, path: str) -> Iterator[EntryName]:
         """The entry names a record holds, streamed (lines that are none skipped)."""
-        return map(EntryName, hit_record_lines(self.reader, path))
+        return map(EntryName, use_record_lines(self.reader, path))
 
     def read_state(self) -> dict[str, float] | None:
         data = self.reader.json_object(STATE, "state")
@@ -278,11 +273,11 @@ class Bucket:
         writes hosts recorded since (one GET and a listing of ``records/``, at most
         ``ESTIMATE_RECORDS`` of them: more means a prune is due)."""
         state = self.read_state()
-        listing = Listing(HIT_RECORD_DIR, ESTIMATE_RECORDS, RECORD_NAMES)
+        listing = Listing(USE_RECORD_DIR, ESTIMATE_RECORDS, RECORD_NAMES)
         puts = put_bytes = n = 0
         for meta in self.reader.listing_of(listing):
             n += 1
-            r = parse_hit_record(meta)
+            r = parse_use_record(meta)
             if r is not None:
                 puts += r.puts
                 put_bytes += r.put_bytes
@@ -349,7 +344,7 @@ class Bucket:
         when another host prunes; within ``limits`` otherwise (``pruned`` False and ``busy``
         saying why when a limit stopped it);
         ``ReadOnlyError``, before any request, when the bucket is read-only."""
-        return bucket_prune.prune(
+        return prune.prune(
             self.objects, max_size, older_than, stale_after=stale_after, limits=limits
         )
 
@@ -378,7 +373,7 @@ class Bucket:
             objects.remove_junk(junk, tally)
         # Directories left at names of ours by a squat whose objects are gone already.
         for name in (LEASE, CONFIG, USAGE, STATE):
-            if objects.head(name) is None:
+            if self.reader.head(name) is None:
                 objects.clear_dirs(name)
         report.removed, report.removed_names = tally.removed, tally.names
         report.unlistable = list(self.reader.unlistable)
@@ -407,9 +402,9 @@ class Bucket:
                 count += 1
                 total += size
         records = pending_bytes = 0
-        for meta in self.reader.listing(HIT_RECORD_DIR, names=RECORD_NAMES):
+        for meta in self.reader.listing(USE_RECORD_DIR, names=RECORD_NAMES):
             records += 1
-            r = parse_hit_record(meta)
+            r = parse_use_record(meta)
             pending_bytes += 0 if r is None else r.put_bytes
         state = self.read_state()
         claims = sum(1 for _ in self.reader.listing(objstore.CLAIM_DIR, names=ENTRY_NAMES))

@@ -11,26 +11,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xla_pcache._names import entry_name_or_none
-from xla_pcache.tiers import objstore
-from xla_pcache.tiers.bucket_layout import (
-    HIT_RECORD_DIR,
+from xla_pcache.bucket.layout import (
     RECORD_NAMES,
     USAGE,
     USAGE_LINE,
+    USE_RECORD_DIR,
     epoch,
 )
-from xla_pcache.tiers.bucket_objects import DELETE_BATCH, BucketObjects, Tally
-from xla_pcache.tiers.bucket_reader import (
+from xla_pcache.bucket.objects import DELETE_BATCH, BucketObjects, Tally
+from xla_pcache.bucket.reader import (
     LIST_PAGE,
-    MAX_HIT_RECORD,
     MAX_USAGE,
+    MAX_USE_RECORD,
     BucketReader,
     Listing,
     checked_count,
     checked_time,
     listed_size,
 )
-from xla_pcache.tiers.hit_record import HitRecord, hit_record_lines, parse_hit_record
+from xla_pcache.bucket.use_record import UseRecord, parse_use_record, use_record_lines
+from xla_pcache.tiers import objstore
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Limits:
 
 # What a prune reads at most unless told otherwise (``xla-pcache prune``).
 PRUNE_LIMITS = Limits()
-# A writer prunes inside the user's program (records.py): its memory is bounded by the
+# A writer prunes inside the user's program (recorder.py): its memory is bounded by the
 # entries it may hold (about 320 bytes each as measured, listing included: 80 MB at the cap;
 # docs/remote.md), its time by a deadline, after which the program goes on and cron's
 # `xla-pcache prune` is the way.
@@ -105,26 +105,26 @@ def entry_table(
     return out
 
 
-def hit_records_to_fold(
+def use_records_to_fold(
     reader: BucketReader, limits: Limits, deadline: float | None
-) -> tuple[list[HitRecord], list[str], int]:
+) -> tuple[list[UseRecord], list[str], int]:
     """The records a prune folds (the first ``limits.records``, within
     ``limits.record_bytes`` in all), the objects under ``records/`` that are no record
     or too large to read (removed), and how many records wait for the next prune."""
-    records: list[HitRecord] = []
+    records: list[UseRecord] = []
     junk: list[str] = []
     left = 0
     total = 0
-    for i, meta in enumerate(reader.listing(HIT_RECORD_DIR, names=RECORD_NAMES)):
+    for i, meta in enumerate(reader.listing(USE_RECORD_DIR, names=RECORD_NAMES)):
         if i % LIST_PAGE == 0:
             check(deadline)
-        r = parse_hit_record(meta)
-        if r is None or r.size > MAX_HIT_RECORD:
+        r = parse_use_record(meta)
+        if r is None or r.size > MAX_USE_RECORD:
             if len(junk) < limits.records:
                 junk.append(str(meta["path"]))
                 if r is not None:
                     reader.skip(
-                        "record-oversized", f"{r.path} is over {MAX_HIT_RECORD} bytes: removed"
+                        "record-oversized", f"{r.path} is over {MAX_USE_RECORD} bytes: removed"
                     )
             else:
                 left += 1
@@ -163,11 +163,11 @@ def fold_usage(reader: BucketReader, entries: Mapping[str, Entry]) -> None:
         reader.skip("usage-lines", f"{USAGE} has lines prune does not write: skipped", bad)
 
 
-def fold_hit_record(reader: BucketReader, record: HitRecord, entries: Mapping[str, Entry]) -> None:
+def fold_use_record(reader: BucketReader, record: UseRecord, entries: Mapping[str, Entry]) -> None:
     """One record, streamed into ``entries``: each entry it names used once more, at its
     time (a name it repeats counts once; names of no entry cost nothing)."""
     seen: set[str] = set()
-    for name in hit_record_lines(reader, record.path):
+    for name in use_record_lines(reader, record.path):
         entry = entries.get(name)
         if entry is None or name in seen:
             continue

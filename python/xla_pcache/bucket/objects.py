@@ -1,5 +1,5 @@
 """The requests a bucket's upkeep makes of one prefix: its client, every request counted by
-kind, the one reader of what is there (``bucket_reader.BucketReader``), writes refused when
+kind, the one reader of what is there (``reader.BucketReader``), writes refused when
 the bucket is read-only, deletes in batches, and the removal of objects xla_pcache did not
 write, with the directories that objects planted below one of its names leave behind."""
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from xla_pcache._core import ReadOnlyError
+from xla_pcache.bucket.layout import squatted
+from xla_pcache.bucket.reader import REPORTED, BucketReader
 from xla_pcache.tiers import objstore
 from xla_pcache.tiers.base import redact
-from xla_pcache.tiers.bucket_layout import squatted
-from xla_pcache.tiers.bucket_reader import REPORTED, BucketReader
 
 DELETE_BATCH = 1000
 # Below an object planted under one of our names as a prefix, the "directories" a service
@@ -149,7 +149,7 @@ class BucketObjects:
             try:
                 obstore.delete(self._store, batch)
             except Exception as e:
-                if len(batch) == 1 and objstore._classify(e) == "missing":
+                if len(batch) == 1 and objstore.classify(e) == "missing":
                     continue
                 # GCS and Azure answer an error for a missing object: one at a time.
                 for path in batch:
@@ -157,19 +157,8 @@ class BucketObjects:
                     try:
                         obstore.delete(self._store, path)
                     except Exception as e1:
-                        if objstore._classify(e1) != "missing":
+                        if objstore.classify(e1) != "missing":
                             raise
-
-    def head(self, path: str) -> Mapping[str, Any] | None:
-        import obstore
-
-        self._count("head")
-        try:
-            return obstore.head(self._store, path)
-        except Exception as e:
-            if objstore._classify(e) == "missing":
-                return None
-            raise
 
     def remove_junk(self, paths: list[str], tally: Tally | None = None) -> None:
         """Removes ``paths`` (objects xla_pcache did not write). One planted below a name
@@ -203,7 +192,7 @@ class BucketObjects:
             tally.add(gone)
         # One at a time, deepest first: a directory goes only once it is empty.
         for d in sorted(dirs, key=lambda d: -d.count("/")):
-            if self.head(d) is None:
+            if self.reader.head(d) is None:
                 self.delete([d])
 
     def clear_squat(self, name: str) -> list[str]:
@@ -258,7 +247,7 @@ class BucketObjects:
             if done:
                 if d != name:
                     self.delete([d])
-                elif self.head(name) is None:
+                elif self.reader.head(name) is None:
                     self.delete([name])
                 continue
             stack.append((d, True))

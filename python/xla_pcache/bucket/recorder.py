@@ -41,7 +41,8 @@ from typing import Any
 
 from xla_pcache._names import entry_name_or_none
 from xla_pcache._text import package_logger
-from xla_pcache.tiers import objstore, upkeep
+from xla_pcache.bucket import upkeep
+from xla_pcache.tiers import objstore
 
 log = package_logger("xla_pcache")
 
@@ -59,7 +60,7 @@ AGE_PRUNE_EVERY_S = 86400.0
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class HitRecorder:
+class UseRecorder:
     """Records this host's uses of a bucket's entries, and prunes it from writers.
 
     ``root_fd``: a descriptor of the host-local store's directory (``Store.root_fd``: the
@@ -249,7 +250,7 @@ class HitRecorder:
             bucket = self._bucket_client()
             if names or puts:
                 bucket.put(
-                    upkeep.new_hit_record_name(puts, put_bytes), upkeep.hit_record_body(names)
+                    upkeep.new_use_record_name(puts, put_bytes), upkeep.use_record_body(names)
                 )
                 self.uploads += 1
             for name in files:

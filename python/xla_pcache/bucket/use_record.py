@@ -1,5 +1,5 @@
-"""One record object under a bucket's ``records/``: ``r-<ms>-<tag>-<puts>-<bytes>``, the
-entries one host used since its previous record, one entry name a line, gzip (``records.py``
+"""One use record, an object under a bucket's ``records/``: ``r-<ms>-<tag>-<puts>-<bytes>``,
+the entries one host used since its previous record, one entry name a line, gzip (``recorder.py``
 uploads them, a prune folds them). The name carries when (the host's clock, in
 milliseconds) and how many entries and bytes that host wrote to the bucket since, so that a
 writer estimates the bucket's size from one listing, without reading a record."""
@@ -13,10 +13,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xla_pcache.tiers.bucket_layout import HIT_RECORD_DIR, HIT_RECORD_LINE, HIT_RECORD_NAME, epoch
-from xla_pcache.tiers.bucket_reader import (
+from xla_pcache.bucket.layout import USE_RECORD_DIR, USE_RECORD_LINE, USE_RECORD_NAME, epoch
+from xla_pcache.bucket.reader import (
     CLOCK_SLACK_S,
-    MAX_HIT_RECORD,
+    MAX_USE_RECORD,
     BucketReader,
     checked_count,
     listed_size,
@@ -24,8 +24,8 @@ from xla_pcache.tiers.bucket_reader import (
 
 
 @dataclass(frozen=True)
-class HitRecord:
-    """One record object: when it was written (its own time, within the clock slack), what
+class UseRecord:
+    """One use record: when it was written (its own time, within the clock slack), what
     its host wrote since its previous one, and the object's size."""
 
     path: str
@@ -35,10 +35,10 @@ class HitRecord:
     size: int
 
 
-def parse_hit_record(meta: Mapping[str, Any]) -> HitRecord | None:
+def parse_use_record(meta: Mapping[str, Any]) -> UseRecord | None:
     """A record object's listing, checked: None for a name no host writes."""
     path = str(meta["path"])
-    m = HIT_RECORD_NAME.fullmatch(path.rpartition("/")[2])
+    m = USE_RECORD_NAME.fullmatch(path.rpartition("/")[2])
     size = listed_size(meta)
     if m is None or size is None:
         return None
@@ -48,25 +48,25 @@ def parse_hit_record(meta: Mapping[str, Any]) -> HitRecord | None:
     puts, put_bytes = checked_count(int(m.group(3))), checked_count(int(m.group(4)))
     if puts is None or put_bytes is None:
         return None
-    return HitRecord(path, when, puts, put_bytes, size)
+    return UseRecord(path, when, puts, put_bytes, size)
 
 
-def hit_record_lines(reader: BucketReader, path: str) -> Iterator[str]:
+def use_record_lines(reader: BucketReader, path: str) -> Iterator[str]:
     """The entry names the record at ``path`` holds, streamed (lines that are none
     skipped)."""
     # The line's shape is an entry name's: no EntryName made for each (a million of
     # them in a planted record cost seconds), only for the few that are entries.
-    for m in reader.gzip_lines(path, MAX_HIT_RECORD, "record", HIT_RECORD_LINE):
+    for m in reader.gzip_lines(path, MAX_USE_RECORD, "record", USE_RECORD_LINE):
         yield m.group(1).decode("ascii")
 
 
-def new_hit_record_name(puts: int, put_bytes: int) -> str:
+def new_use_record_name(puts: int, put_bytes: int) -> str:
     """The path of a new record: when (ms), a random tag (unique), and what its host wrote
     since."""
     ms = int(time.time() * 1000)
-    return f"{HIT_RECORD_DIR}/r-{ms}-{secrets.token_hex(8)}-{max(0, puts)}-{max(0, put_bytes)}"
+    return f"{USE_RECORD_DIR}/r-{ms}-{secrets.token_hex(8)}-{max(0, puts)}-{max(0, put_bytes)}"
 
 
-def hit_record_body(names: Iterable[str]) -> bytes:
+def use_record_body(names: Iterable[str]) -> bytes:
     c = zlib.compressobj(6, zlib.DEFLATED, 31)
     return c.compress("".join(f"{n}\n" for n in sorted(set(names))).encode()) + c.flush()

@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from xla_pcache.bucket.layout import LEASE, epoch
+from xla_pcache.bucket.objects import BucketObjects
+from xla_pcache.bucket.reader import CLOCKS_APART_S, delete_hint
 from xla_pcache.tiers import objstore
-from xla_pcache.tiers.bucket_layout import LEASE, epoch
-from xla_pcache.tiers.bucket_objects import BucketObjects
-from xla_pcache.tiers.bucket_reader import CLOCKS_APART_S, delete_hint
 
 # Rewritten every third of it while a prune runs; taken over when it has not been rewritten
 # for STALE_AFTER_S by this host's clock (hosts' clocks may differ by that much).
@@ -40,9 +40,9 @@ def _take(objects: BucketObjects, stale_after: float, body: bytes) -> str | None
         try:
             return objects.put(LEASE, body, mode="create")
         except Exception as e:
-            if objstore._classify(e) not in ("exists", "precondition"):
+            if objstore.classify(e) not in ("exists", "precondition"):
                 raise
-        meta = objects.head(LEASE)
+        meta = objects.reader.head(LEASE)
         if meta is not None:
             break
         # Refused, and not there: its holder released it just now (try again), or
@@ -70,7 +70,7 @@ def _take(objects: BucketObjects, stale_after: float, body: bytes) -> str | None
     try:
         return objects.put(LEASE, body, mode={"e_tag": meta["e_tag"]})
     except Exception as e:
-        if objstore._classify(e) in ("exists", "precondition", "missing"):
+        if objstore.classify(e) in ("exists", "precondition", "missing"):
             raise BusyError(f"another host took over {LEASE} first") from None
         raise
 
@@ -103,6 +103,6 @@ def hold(objects: BucketObjects, stale_after: float = STALE_AFTER_S) -> Iterator
         beater.join()
         if not lost.is_set():
             with contextlib.suppress(Exception):
-                meta = objects.head(LEASE)
+                meta = objects.reader.head(LEASE)
                 if meta is not None and meta["e_tag"] == e_tag:
                     objects.delete([LEASE])

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from xla_pcache.tiers.bucket_layout import CONFIG
-from xla_pcache.tiers.bucket_objects import BucketObjects
-from xla_pcache.tiers.bucket_reader import checked_age, checked_size
+from xla_pcache import _core
+from xla_pcache.bucket.layout import CONFIG
+from xla_pcache.bucket.objects import BucketObjects
+from xla_pcache.bucket.reader import checked_age, checked_size
 
 
 @dataclass(frozen=True)
@@ -40,5 +41,14 @@ def read_stored_budget(objects: BucketObjects) -> BucketStoredBudget:
 
 
 def write_stored_budget(objects: BucketObjects, budget: BucketStoredBudget) -> None:
-    body = {"max_size": budget.max_size, "max_age_s": budget.max_age_s}
+    """Writes ``budget`` under the rule the directory's stored budget is written by
+    (``Store.write_cache_settings``): a size from one byte to ``sizes.MAX_SIZE``
+    (``_core.check_size``), a max age from 1 s to ``sizes.MAX_DURATION_S``
+    (``_core.check_max_age``); else ``ValueError`` naming the field, before any request.
+    What is written is so always what ``read_stored_budget`` takes back."""
+    size, age = budget.max_size, budget.max_age_s
+    body = {
+        "max_size": None if size is None else _core.check_size("max_size", size),
+        "max_age_s": None if age is None else _core.check_max_age("max_age_s", age),
+    }
     objects.put(CONFIG, json.dumps(body).encode())

@@ -20,7 +20,7 @@ An ``XLA_PCACHE_LOCAL_PATH`` others can write is left as it is, and this user's 
 that was checked (``Store(own_root_fd=)``), never through the path again.
 
 ``BucketStore`` is the store of such a path: a ``Store`` whose hits are also noted for the
-bucket's pruning (``tiers/records.py``), and which can mark and pull torch_xla's entries.
+bucket's pruning (``recorder.py``), and which can mark and pull torch_xla's entries.
 """
 
 from __future__ import annotations
@@ -183,9 +183,9 @@ class BucketStore(Store):
         self._recorder = None
         settings = self.settings
         if not read_only and settings.bucket_record_interval > 0:
-            from xla_pcache.tiers.records import HitRecorder
+            from xla_pcache.bucket.recorder import UseRecorder
 
-            self._recorder = HitRecorder(
+            self._recorder = UseRecorder(
                 self.root_fd(),
                 self.bucket,
                 self._written,
@@ -194,11 +194,11 @@ class BucketStore(Store):
             )
 
     def bucket(self) -> Any:
-        """The bucket's upkeep (``tiers.upkeep.Bucket``), made on first use."""
+        """The bucket's upkeep (``upkeep.Bucket``), made on first use."""
         with self._bucket_lock:
             made = getattr(self, "_upkeep", None)
             if made is None:
-                from xla_pcache.tiers.upkeep import Bucket
+                from xla_pcache.bucket.upkeep import Bucket
 
                 made = self._upkeep = Bucket(
                     self.bucket_url,
@@ -372,32 +372,3 @@ def _names(key: _core.Key, signer: str | None) -> list[str]:
     if signer is not None:
         names.append(_core.signed_entry_name(key, signer))
     return names
-
-
-def __getattr__(name: str) -> Any:
-    # The names an earlier release had here for opening a cache path, kept for code that
-    # imported them: both are now the one door, ``xla_pcache.open_store``, taken from the
-    # package (whole by the time this module's attributes are asked for; the door imports
-    # this module).
-    if name in ("open_path", "open_store"):
-        import sys
-        import warnings
-
-        open_store: Any = sys.modules["xla_pcache"].open_store
-        warnings.warn(
-            f"xla_pcache.bucket.{name} is xla_pcache.open_store now",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return open_store
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = [
-    "BucketStore",
-    "chain_for",
-    "local_name",
-    "local_path",
-    "location",
-    "own_local_store",
-]

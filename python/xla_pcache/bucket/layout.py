@@ -8,27 +8,27 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from xla_pcache.tiers.bucket_listing import Names
+from xla_pcache.bucket.listing import Names
 
 ROOT = "xla_pcache-1"
 CONFIG = f"{ROOT}/config"
 USAGE = f"{ROOT}/usage"
 STATE = f"{ROOT}/state"
 LEASE = f"{ROOT}/prune.lease"
-HIT_RECORD_DIR = f"{ROOT}/records"
+USE_RECORD_DIR = f"{ROOT}/records"
 TORCH_XLA_DIR = f"{ROOT}/torch_xla"
 # What the names of ours in each directory look like, for its listings
-# (``bucket_listing.Names``): entries' and claims' are entry names, markers begin with one,
+# (``listing.Names``): entries' and claims' are entry names, markers begin with one,
 # records with "r-".
 ENTRY_NAMES = Names(hex=True, exact=True)
 MARKER_NAMES = Names(hex=True, exact=False)
 RECORD_NAMES = Names(hex=False, lead="r-")
 
-HIT_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
+USE_RECORD_NAME = re.compile(r"r-([0-9]{1,15})-([0-9a-f]{16})-([0-9]{1,12})-([0-9]{1,16})")
 MARKER_NAME = re.compile(r"([0-9a-f]{32})-([0-9]{1,40})")
 # The lines of the gzip objects: a record's, an entry name; usage's, ``<name> <last use>
 # <uses>``.
-HIT_RECORD_LINE = re.compile(rb"[ \t]*([0-9a-f]{32})[ \t]*")
+USE_RECORD_LINE = re.compile(rb"[ \t]*([0-9a-f]{32})[ \t]*")
 USAGE_LINE = re.compile(rb"([0-9a-f]{32}) ([0-9]{1,12}(?:\.[0-9]{1,6})?) ([0-9]{1,19})")
 _FIXED = frozenset(("config", "usage", "state", "prune.lease"))
 _NAMED_DIRS = {"entries": re.compile(r"[0-9a-f]{32}"), "claims": re.compile(r"[0-9a-f]{32}")}
@@ -69,7 +69,7 @@ def ours(path: str) -> bool:
     if kind in _NAMED_DIRS:
         return _NAMED_DIRS[kind].fullmatch(name) is not None
     if kind == "records":
-        return HIT_RECORD_NAME.fullmatch(name) is not None
+        return USE_RECORD_NAME.fullmatch(name) is not None
     if kind == "torch_xla":
         return MARKER_NAME.fullmatch(name) is not None
     return False
