@@ -562,7 +562,7 @@ class Prefetch:
     def _fetch(self, slot: Slot) -> bool:
         """Read and decompress ``slot``'s entry (no backend needed; off the lock): whether
         it is now fetched."""
-        with self._cpu.timed(slot):
+        with self._cpu.timed(slot, own_thread=True):
             key = slot.entry.key + self._suffix
             got = _loads.fetch(slot.entry, self.store, key, self._cc, self._digest_options)
         if got is None:
