@@ -291,9 +291,6 @@ LYING_KEYS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a refused key holding 'path: \"' is misread from the client's error"
-)
 @pytest.mark.parametrize("shape", sorted(LYING_KEYS))
 def test_a_refused_key_quoting_the_clients_error_stops_no_listing(
     shape: str, relay: S3Relay, s3: S3Server, tmp_path: Path
@@ -315,9 +312,6 @@ def test_a_refused_key_quoting_the_clients_error_stops_no_listing(
     assert any(LYING_KEYS[shape] in k for k in report["unlistable"]), report["unlistable"]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a refused key holding 'path: \"' is misread from the client's error"
-)
 def test_a_refused_key_quoting_the_clients_error_stops_no_host_start(
     relay: S3Relay, s3: S3Server, tmp_path: Path
 ) -> None:

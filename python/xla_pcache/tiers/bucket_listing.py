@@ -177,7 +177,10 @@ def _rust_string(text: str, start: int) -> str | None:
 def refused_key(e: BaseException) -> str | None:
     """The key an ``InvalidPathError`` of a listing names (the whole key in the bucket), or
     None for any other error. obstore's message carries the Rust error's Debug form, where
-    the key is an escaped string literal: ``path: "..."``."""
+    the key is an escaped string literal: ``path: "..."``. The message shows the key raw
+    before that, and a planted key may hold ``path: "`` itself: the field is read from the
+    Debug form, where a quote inside the key is escaped, and only a key the client refuses
+    is taken."""
     try:
         from obstore.exceptions import InvalidPathError
     except ImportError:
@@ -185,8 +188,10 @@ def refused_key(e: BaseException) -> str | None:
     if not isinstance(e, InvalidPathError):
         return None
     text = str(e)
-    at = text.find('path: "')
-    return None if at < 0 else _rust_string(text, at + len('path: "'))
+    debug = text.find("Debug source:")
+    at = text.find('path: "', debug) if debug >= 0 else text.rfind('path: "')
+    key = None if at < 0 else _rust_string(text, at + len('path: "'))
+    return None if key is None or parseable(key) else key
 
 
 # ------------------------------------------------------------------------------ names
