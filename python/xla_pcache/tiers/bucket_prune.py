@@ -58,10 +58,12 @@ class PruneReport:
     ``records/`` and ``torch_xla/`` that are nothing xla_pcache writes.
 
     ``pruned`` is False when a limit stopped it (``busy`` says which; nothing more was
-    removed) or when its listing of ``entries/`` was cut short (``cut_short`` says why: keys
-    the client cannot list hid part of it). A cut-short prune still removed what the budget
-    required among the entries it listed (``entries_before``), and what it did not see is not
-    taken as absent: their markers, records and uses are kept for a prune that sees them.
+    removed) or when its listing of ``entries/`` or of ``records/`` was cut short
+    (``cut_short`` says why: keys the client cannot list hid part of it; records not listed
+    are not folded, so the uses they hold did not count). A cut-short prune still removed
+    what the budget required among the entries it listed (``entries_before``), and what it
+    did not see is not taken as absent: their markers, records and uses are kept for a prune
+    that sees them.
     ``directories``: names under ``entries/`` with objects below them (planted), which a
     listing with a delimiter named."""
 
@@ -147,7 +149,9 @@ def _prune(
     report.max_size = max_size if max_size is not None else budget.max_size
     # Records first, then entries: an entry a folded record names was written before
     # that record, so it is in the listing below (docs/remote.md).
-    records, junk_records, report.records_left = hit_records_to_fold(reader, limits, deadline)
+    records, junk_records, report.records_left, record_listing = hit_records_to_fold(
+        reader, limits, deadline
+    )
     listing = Listing(
         objstore.ENTRY_DIR, limits.entries, ENTRY_NAMES, delimit=limits.entries is None
     )
@@ -162,9 +166,13 @@ def _prune(
         )
         reader.warn_once("too-many", f"holds {report.busy}")
         return
-    if not listing.complete:
+    cut = [] if listing.complete else [listing.cut_short() or "entries/"]
+    if not record_listing.complete:
+        # The uses those records hold are not counted: an entry they name may go first.
+        cut.append(f"the hosts' records not folded: {record_listing.cut_short()}")
+    if cut:
         report.pruned = False
-        report.cut_short = listing.cut_short()
+        report.cut_short = "; ".join(cut)
         # A program's own prune lists without a delimiter; the command may see further.
         further = "" if listing.delimit else ", or run `xla-pcache prune`, which sees further"
         reader.skip(

@@ -107,15 +107,18 @@ def entry_table(
 
 def hit_records_to_fold(
     reader: BucketReader, limits: Limits, deadline: float | None
-) -> tuple[list[HitRecord], list[str], int]:
+) -> tuple[list[HitRecord], list[str], int, Listing]:
     """The records a prune folds (the first ``limits.records``, within
     ``limits.record_bytes`` in all), the objects under ``records/`` that are no record
-    or too large to read (removed), and how many records wait for the next prune."""
+    or too large to read (removed), how many records wait for the next prune, and how the
+    listing of ``records/`` went (keys the client refuses may cut it short: the records
+    past them are not folded, and the prune says so)."""
     records: list[HitRecord] = []
     junk: list[str] = []
     left = 0
     total = 0
-    for i, meta in enumerate(reader.listing(HIT_RECORD_DIR, names=RECORD_NAMES)):
+    listing = Listing(HIT_RECORD_DIR, names=RECORD_NAMES)
+    for i, meta in enumerate(reader.listing_of(listing)):
         if i % LIST_PAGE == 0:
             check(deadline)
         r = parse_hit_record(meta)
@@ -140,7 +143,7 @@ def hit_records_to_fold(
             f"{left} records wait for the next prune (a prune folds at most "
             f"{limits.records:,} records, {limits.record_bytes:,} bytes)",
         )
-    return records, junk, left
+    return records, junk, left, listing
 
 
 def fold_usage(reader: BucketReader, entries: Mapping[str, Entry]) -> None:
