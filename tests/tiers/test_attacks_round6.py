@@ -162,9 +162,6 @@ def test_an_object_below_states_name_does_not_make_every_writer_prune(
     assert _writer(url, tmp_path, "second", n=1, size=100)[0] == 0
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a writer's prune past its entry cap removes nothing, writes no state"
-)
 def test_a_writers_prune_past_its_entry_cap_prunes_what_it_saw_once_an_interval(
     relay: S3Relay, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,8 +169,8 @@ def test_a_writers_prune_past_its_entry_cap_prunes_what_it_saw_once_an_interval(
     (``WRITER_LIMITS.entries``, 250,000; 2,000 here, the same code): the prune stopped
     there, removed nothing, wrote no ``state``, and so every writer host pruned again at
     every check, each listing its cap, while the bucket stayed over its budget. A bound
-    limits what one host reads: the writer prunes what it listed, says it was cut short,
-    and the next writer leaves it for an interval."""
+    limits what one host reads: the writer now prunes what it listed, says it was cut short
+    and marks ``state`` so, and the next writer leaves it for an interval."""
     cap = 2000
     monkeypatch.setattr(upkeep, "WRITER_LIMITS", upkeep.Limits(entries=cap, seconds=120.0))
     prefix, url, _ = _bucket(s3)

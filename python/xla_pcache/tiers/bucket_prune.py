@@ -159,13 +159,14 @@ def _prune(
     report.listing_complete = listing.complete
     report.directories = listing.directories
     if listing.capped:
-        report.pruned = False
-        report.busy = (
-            f"more than {limits.entries:,} objects under entries/: not pruned here "
-            "(run `xla-pcache prune` from cron)"
+        # What it may hold, not what the fleet may do: it prunes among what it listed,
+        # says it was cut short, and marks ``state`` so (one writer an interval tries
+        # again, not every writer at every check).
+        reader.warn_once(
+            "too-many",
+            f"holds more than {limits.entries:,} objects under entries/: a writer's prune "
+            "prunes among the first it lists (run `xla-pcache prune` from cron)",
         )
-        reader.warn_once("too-many", f"holds {report.busy}")
-        return
     cut = [] if listing.complete else [listing.cut_short() or "entries/"]
     if not record_listing.complete:
         # The uses those records hold are not counted: an entry they name may go first.

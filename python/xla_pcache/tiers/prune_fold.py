@@ -37,8 +37,9 @@ from xla_pcache.tiers.hit_record import HitRecord, hit_record_lines, parse_hit_r
 class Limits:
     """What one prune reads at most: ``records`` records (by count and ``record_bytes`` in
     all; the rest wait for the next prune), ``entries`` objects under ``entries/`` (None:
-    all; past it the prune removes nothing and says so), and ``seconds`` from its start
-    (None: no deadline; past it the prune stops where it is and removes nothing more)."""
+    all; past it the prune removes what the budget requires among those it listed and says
+    it was cut short), and ``seconds`` from its start (None: no deadline; past it the prune
+    stops where it is and removes nothing more)."""
 
     records: int = 10_000
     record_bytes: int = 256 << 20
