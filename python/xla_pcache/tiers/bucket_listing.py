@@ -19,12 +19,13 @@ So the walk:
 - **recovers the objects that shared a refused page** when at least a page of keys was
   listed before it (asking again from further back, a binary search: ``recover``);
 - **gallops past a flood**: after ``GALLOP_AFTER`` refused keys in a row with no name of
-  ours between them it leaves the rest of that range for later and goes on from the middle
-  of what is left, so that keys planted before (or around) the real entries cost a few
-  probes, not one page each, before the entries after them are listed. The range left last
-  is listed first (the one whose end the walk has just reached clean: where the flood ends
-  and the entries begin), each the same way, which is a binary search for the flood's end;
-  the ranges left are listed while the budget lasts;
+  ours listed between them (an object asked for by name behind a refused key does not
+  count: anyone can PUT one behind each key of a flood) it leaves the rest of that range for
+  later and goes on from the middle of what is left, so that keys planted before (or
+  around) the real entries cost a few probes, not one page each, before the entries after
+  them are listed. The range left last is listed first (the one whose end the walk has just
+  reached clean: where the flood ends and the entries begin), each the same way, which is a
+  binary search for the flood's end; the ranges left are listed while the budget lasts;
 - **lists with a delimiter** when the caller may hold a whole listing in memory (``prune``
   and ``stats`` from the command; never a program's own prune or a torch_xla host start,
   whose memory must not grow with what was planted): once ``DELIMIT_AFTER`` refused keys,
@@ -379,6 +380,8 @@ class Walk:
         self.all_deep = True
         self.tried_delimiter = False
         self.found: list[Meta] = []
+        # Of them, objects the last refused page's recovery listed (not asked for by name).
+        self.recovered_here = 0
 
     def __iter__(self) -> Iterator[Meta]:
         state = self.state
@@ -496,7 +499,10 @@ class Walk:
                 self.pending.append(_Span(offset, span.upto))
                 raise _Stop
             yield from self._between(offset, span.upto, ring, bad_path, beyond=False)
-            if self.found:
+            if self.recovered_here:
+                # Objects listed between refused keys: no flood. An object found by name
+                # behind the refused key is not enough: anyone can PUT one behind each key
+                # of a flood, which then never galloped.
                 flood = 0
             skipped = self._skip(rel)
             if skipped is None:
@@ -562,6 +568,7 @@ class Walk:
         just listed); where neither can be done, a page counted hidden."""
         state, reader = self.state, self.reader
         self.found = []
+        self.recovered_here = 0
         after_rel = "" if offset is None else self._rel(offset)
         stop = upto if beyond and upto is not None else bad
 
@@ -598,6 +605,8 @@ class Walk:
         for meta in got:
             self._take()
             self.found.append(meta)
+            if self.names is None or self.names.ours_head(self._rel(str(meta["path"]))):
+                self.recovered_here += 1
             yield meta
 
     # ---------------------------------------------------------------- with a delimiter
