@@ -237,19 +237,31 @@ def _garbage_with_markers(
 
 
 @pytest.mark.xfail(
-    strict=True, reason="64 garbage entries at both ends in time stop a torch_xla start"
+    strict=True, reason="planted objects at both ends in time stop a torch_xla start"
 )
-def test_garbage_planted_at_both_ends_in_time_stops_no_start(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+@pytest.mark.parametrize("shape", ["garbage entries", "markers of no entry, a listing cut short"])
+def test_objects_planted_at_both_ends_in_time_stop_no_start(
+    shape: str, relay: S3Relay, s3: S3Server, tmp_path: Path
 ) -> None:
     """Garbage at the entries of made-up graphs with their markers, 32 planted before the
     fleet wrote its entries and 32 after: a start fetches newest first, and after 32
     refusals oldest first, and stops after 32 more: it fetched none of the real entries.
-    Planting at both ends costs the writer 64 objects and their markers."""
+    Planting at both ends costs the writer 64 objects and their markers. Or no garbage at
+    all: one key the client refuses after every entry cuts the start's listing of the
+    entries short, and markers of entries that listing did not see are followed (a GET
+    each), so 64 markers of no entry do the same."""
     prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
     n = bucket.PULL_MISSES
-    _garbage_with_markers(s3, relay, prefix, [str(10**35 + i) for i in range(n)], NEWER)
-    _garbage_with_markers(s3, relay, prefix, [str(10**36 + i) for i in range(n)], OLDER)
+    newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
+    if shape == "garbage entries":
+        _garbage_with_markers(s3, relay, prefix, newer, NEWER)
+        _garbage_with_markers(s3, relay, prefix, older, OLDER)
+    else:
+        relay.plant(f"{prefix}/{ENTRY_DIR}/{'f' * 32}\x01")
+        for graphs, when in ((newer, NEWER), (older, OLDER)):
+            relay.plant_many(
+                [f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in graphs], when=when
+            )
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
 
