@@ -190,7 +190,9 @@ def refused_key(e: BaseException) -> str | None:
         return None
     text = str(e)
     debug = text.find("Debug source:")
-    at = text.find('path: "', debug) if debug >= 0 else text.rfind('path: "')
+    at = text.find('path: "', debug) if debug >= 0 else -1
+    if at < 0:
+        at = text.rfind('path: "')
     key = None if at < 0 else _rust_string(text, at + len('path: "'))
     return None if key is None or parseable(key) else key
 
