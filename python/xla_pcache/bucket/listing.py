@@ -19,12 +19,13 @@ So the walk:
 - **recovers the objects that shared a refused page** when at least a page of keys was
   listed before it (asking again from further back, a binary search: ``recover``);
 - **gallops past a flood**: after ``GALLOP_AFTER`` refused keys in a row with no name of
-  ours between them it leaves the rest of that range for later and goes on from the middle
-  of what is left, so that keys planted before (or around) the real entries cost a few
-  probes, not one page each, before the entries after them are listed. The range left last
-  is listed first (the one whose end the walk has just reached clean: where the flood ends
-  and the entries begin), each the same way, which is a binary search for the flood's end;
-  the ranges left are listed while the budget lasts;
+  ours listed between them (an object asked for by name behind a refused key does not
+  count: anyone can PUT one behind each key of a flood) it leaves the rest of that range for
+  later and goes on from the middle of what is left, so that keys planted before (or
+  around) the real entries cost a few probes, not one page each, before the entries after
+  them are listed. The range left last is listed first (the one whose end the walk has just
+  reached clean: where the flood ends and the entries begin), each the same way, which is a
+  binary search for the flood's end; the ranges left are listed while the budget lasts;
 - **lists with a delimiter** when the caller may hold a whole listing in memory (``prune``
   and ``stats`` from the command; never a program's own prune or a torch_xla host start,
   whose memory must not grow with what was planted): once ``DELIMIT_AFTER`` refused keys,
@@ -177,7 +178,10 @@ def _rust_string(text: str, start: int) -> str | None:
 def refused_key(e: BaseException) -> str | None:
     """The key an ``InvalidPathError`` of a listing names (the whole key in the bucket), or
     None for any other error. obstore's message carries the Rust error's Debug form, where
-    the key is an escaped string literal: ``path: "..."``."""
+    the key is an escaped string literal: ``path: "..."``. The message shows the key raw
+    before that, and a planted key may hold ``path: "`` itself: the field is read from the
+    Debug form, where a quote inside the key is escaped, and only a key the client refuses
+    is taken."""
     try:
         from obstore.exceptions import InvalidPathError
     except ImportError:
@@ -185,8 +189,12 @@ def refused_key(e: BaseException) -> str | None:
     if not isinstance(e, InvalidPathError):
         return None
     text = str(e)
-    at = text.find('path: "')
-    return None if at < 0 else _rust_string(text, at + len('path: "'))
+    debug = text.find("Debug source:")
+    at = text.find('path: "', debug) if debug >= 0 else -1
+    if at < 0:
+        at = text.rfind('path: "')
+    key = None if at < 0 else _rust_string(text, at + len('path: "'))
+    return None if key is None or parseable(key) else key
 
 
 # ------------------------------------------------------------------------------ names
@@ -374,6 +382,8 @@ class Walk:
         self.all_deep = True
         self.tried_delimiter = False
         self.found: list[Meta] = []
+        # Of them, objects the last refused page's recovery listed (not asked for by name).
+        self.recovered_here = 0
 
     def __iter__(self) -> Iterator[Meta]:
         state = self.state
@@ -491,7 +501,10 @@ class Walk:
                 self.pending.append(_Span(offset, span.upto))
                 raise _Stop
             yield from self._between(offset, span.upto, ring, bad_path, beyond=False)
-            if self.found:
+            if self.recovered_here:
+                # Objects listed between refused keys: no flood. An object found by name
+                # behind the refused key is not enough: anyone can PUT one behind each key
+                # of a flood, which then never galloped.
                 flood = 0
             skipped = self._skip(rel)
             if skipped is None:
@@ -557,6 +570,7 @@ class Walk:
         just listed); where neither can be done, a page counted hidden."""
         state, reader = self.state, self.reader
         self.found = []
+        self.recovered_here = 0
         after_rel = "" if offset is None else self._rel(offset)
         stop = upto if beyond and upto is not None else bad
 
@@ -593,6 +607,8 @@ class Walk:
         for meta in got:
             self._take()
             self.found.append(meta)
+            if self.names is None or self.names.ours_head(self._rel(str(meta["path"]))):
+                self.recovered_here += 1
             yield meta
 
     # ---------------------------------------------------------------- with a delimiter

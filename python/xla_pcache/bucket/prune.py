@@ -59,10 +59,12 @@ class PruneReport:
     ``records/`` and ``torch_xla/`` that are nothing xla_pcache writes.
 
     ``pruned`` is False when a limit stopped it (``busy`` says which; nothing more was
-    removed) or when its listing of ``entries/`` was cut short (``cut_short`` says why: keys
-    the client cannot list hid part of it). A cut-short prune still removed what the budget
-    required among the entries it listed (``entries_before``), and what it did not see is not
-    taken as absent: their markers, records and uses are kept for a prune that sees them.
+    removed) or when its listing of ``entries/`` or of ``records/`` was cut short
+    (``cut_short`` says why: keys the client cannot list hid part of it; records not listed
+    are not folded, so the uses they hold did not count). A cut-short prune still removed
+    what the budget required among the entries it listed (``entries_before``), and what it
+    did not see is not taken as absent: their markers, records and uses are kept for a prune
+    that sees them.
     ``directories``: names under ``entries/`` with objects below them (planted), which a
     listing with a delimiter named."""
 
@@ -148,7 +150,9 @@ def _prune(
     report.max_size = max_size if max_size is not None else budget.max_size
     # Records first, then entries: an entry a folded record names was written before
     # that record, so it is in the listing below (docs/remote.md).
-    records, junk_records, report.records_left = use_records_to_fold(reader, limits, deadline)
+    records, junk_records, report.records_left, record_listing = use_records_to_fold(
+        reader, limits, deadline
+    )
     listing = Listing(
         objstore.ENTRY_DIR, limits.entries, ENTRY_NAMES, delimit=limits.entries is None
     )
@@ -156,16 +160,21 @@ def _prune(
     report.listing_complete = listing.complete
     report.directories = listing.directories
     if listing.capped:
-        report.pruned = False
-        report.busy = (
-            f"more than {limits.entries:,} objects under entries/: not pruned here "
-            "(run `xla-pcache prune` from cron)"
+        # What it may hold, not what the fleet may do: it prunes among what it listed,
+        # says it was cut short, and marks ``state`` so (one writer an interval tries
+        # again, not every writer at every check).
+        reader.warn_once(
+            "too-many",
+            f"holds more than {limits.entries:,} objects under entries/: a writer's prune "
+            "prunes among the first it lists (run `xla-pcache prune` from cron)",
         )
-        reader.warn_once("too-many", f"holds {report.busy}")
-        return
-    if not listing.complete:
+    cut = [] if listing.complete else [listing.cut_short() or "entries/"]
+    if not record_listing.complete:
+        # The uses those records hold are not counted: an entry they name may go first.
+        cut.append(f"the hosts' records not folded: {record_listing.cut_short()}")
+    if cut:
         report.pruned = False
-        report.cut_short = listing.cut_short()
+        report.cut_short = "; ".join(cut)
         # A program's own prune lists without a delimiter; the command may see further.
         further = "" if listing.delimit else ", or run `xla-pcache prune`, which sees further"
         reader.skip(

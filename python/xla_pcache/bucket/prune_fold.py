@@ -37,8 +37,9 @@ from xla_pcache.tiers import objstore
 class Limits:
     """What one prune reads at most: ``records`` records (by count and ``record_bytes`` in
     all; the rest wait for the next prune), ``entries`` objects under ``entries/`` (None:
-    all; past it the prune removes nothing and says so), and ``seconds`` from its start
-    (None: no deadline; past it the prune stops where it is and removes nothing more)."""
+    all; past it the prune removes what the budget requires among those it listed and says
+    it was cut short), and ``seconds`` from its start (None: no deadline; past it the prune
+    stops where it is and removes nothing more)."""
 
     records: int = 10_000
     record_bytes: int = 256 << 20
@@ -107,15 +108,18 @@ def entry_table(
 
 def use_records_to_fold(
     reader: BucketReader, limits: Limits, deadline: float | None
-) -> tuple[list[UseRecord], list[str], int]:
+) -> tuple[list[UseRecord], list[str], int, Listing]:
     """The records a prune folds (the first ``limits.records``, within
     ``limits.record_bytes`` in all), the objects under ``records/`` that are no record
-    or too large to read (removed), and how many records wait for the next prune."""
+    or too large to read (removed), how many records wait for the next prune, and how the
+    listing of ``records/`` went (keys the client refuses may cut it short: the records
+    past them are not folded, and the prune says so)."""
     records: list[UseRecord] = []
     junk: list[str] = []
     left = 0
     total = 0
-    for i, meta in enumerate(reader.listing(USE_RECORD_DIR, names=RECORD_NAMES)):
+    listing = Listing(USE_RECORD_DIR, names=RECORD_NAMES)
+    for i, meta in enumerate(reader.listing_of(listing)):
         if i % LIST_PAGE == 0:
             check(deadline)
         r = parse_use_record(meta)
@@ -140,7 +144,7 @@ def use_records_to_fold(
             f"{left} records wait for the next prune (a prune folds at most "
             f"{limits.records:,} records, {limits.record_bytes:,} bytes)",
         )
-    return records, junk, left
+    return records, junk, left, listing
 
 
 def fold_usage(reader: BucketReader, entries: Mapping[str, Entry]) -> None:

@@ -14,10 +14,11 @@ A host that wrote entries then checks the bucket's budget, at most once per inte
 GET of the budget, one of the last prune's totals and one listing of the records (which
 carry what each host wrote since); when that estimate is past the budget it prunes, under
 the bucket's prune lease (one host at a time). That prune runs in the program's process,
-within ``upkeep.WRITER_LIMITS``: at most 250,000 entries held (a bucket with more is left to
-cron, with one warning) and two minutes, after which it stops where it is, so that what it
-costs the program does not depend on what anyone planted in the bucket (docs/remote.md
-says why in the process rather than in a child). ``XLA_PCACHE_BUCKET_AUTO_PRUNE=0`` leaves
+within ``upkeep.WRITER_LIMITS``: at most 250,000 entries held (in a bucket with more it
+prunes among those it listed and says it was cut short, for cron to finish) and two
+minutes, after which it stops where it is, so that what it costs the program does not
+depend on what anyone planted in the bucket (docs/remote.md says why in the process rather
+than in a child). ``XLA_PCACHE_BUCKET_AUTO_PRUNE=0`` leaves
 pruning to ``xla-pcache prune`` (cron).
 
 The spool directory is opened beneath the store's root without following links, and every
