@@ -84,7 +84,8 @@ class Stats(TypedDict):
     other_build: int
     # Loading ahead (the JAX adapter): entries plans named, loaded ahead, taken by a read
     # (each also a hit), loaded and never taken, failed, the time the reads saved, plans
-    # written and refused.
+    # written and refused; compiling ahead: programs compiled ahead from their module records,
+    # those handed to JAX's compile, module records refused.
     prefetch_planned: int
     prefetch_loaded: int
     prefetch_used: int
@@ -93,6 +94,9 @@ class Stats(TypedDict):
     prefetch_saved_ms: int
     prefetch_plans_written: int
     prefetch_plans_refused: int
+    prefetch_compiled: int
+    prefetch_compiled_used: int
+    prefetch_modules_refused: int
     hit_rate: float | None
     entries: int
     bytes: int

@@ -787,7 +787,10 @@ def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
             f"ahead, {counts.get('used', 0)} used, {counts.get('wasted', 0)} wasted, "
             f"{counts.get('errors', 0)} failed, time saved "
             f"{human_duration(counts.get('saved_ms', 0) / 1000)}; plans written "
-            f"{counts.get('plans_written', 0)}, refused {counts.get('plans_refused', 0)}"
+            f"{counts.get('plans_written', 0)}, refused {counts.get('plans_refused', 0)}; "
+            f"compiled ahead {counts.get('compiled', 0)}, used "
+            f"{counts.get('compiled_used', 0)}, module records refused "
+            f"{counts.get('modules_refused', 0)}"
         )
 
 

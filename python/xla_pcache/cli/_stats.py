@@ -63,6 +63,9 @@ _STAT_ROWS = (
     ("prefetch_saved_ms", "time loading ahead saved"),
     ("prefetch_plans_written", "plans written"),
     ("prefetch_plans_refused", "plans refused"),
+    ("prefetch_compiled", "programs compiled ahead"),
+    ("prefetch_compiled_used", "compiled ahead and used"),
+    ("prefetch_modules_refused", "module records refused"),
 )
 
 

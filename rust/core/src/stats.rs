@@ -81,9 +81,11 @@ pub enum Counter {
     OtherBuild,
     /// Loading ahead (the JAX adapter's prefetch, counted through `Store::add_prefetch`):
     /// entries a plan named, loaded ahead, taken by a read, loaded and never taken, failed
-    /// in the background, the time the reads saved (ms), plans written, plans refused.
-    /// Appended last, after `OtherBuild` (journals that end at `other_build` read them as
-    /// 0), in `PREFETCH_COUNTER_NAMES` order.
+    /// in the background, the time the reads saved (ms), plans written, plans refused;
+    /// then compiling ahead: programs compiled ahead from their module records, those handed
+    /// to the framework's compile, module records refused. Appended last, after
+    /// `OtherBuild` (journals that end at `other_build` read them as 0; those that end at
+    /// `plans_refused`, the compile-ahead ones), in `PREFETCH_COUNTER_NAMES` order.
     PrefetchPlanned,
     PrefetchLoaded,
     PrefetchUsed,
@@ -92,6 +94,9 @@ pub enum Counter {
     PrefetchSavedMs,
     PrefetchPlansWritten,
     PrefetchPlansRefused,
+    PrefetchCompiled,
+    PrefetchCompiledUsed,
+    PrefetchModulesRefused,
 }
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
@@ -104,7 +109,7 @@ const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
 
-pub const COUNTER_NAMES: [&str; 42] = [
+pub const COUNTER_NAMES: [&str; 45] = [
     "hits",
     "misses",
     "puts",
@@ -147,6 +152,9 @@ pub const COUNTER_NAMES: [&str; 42] = [
     "prefetch_saved_ms",
     "prefetch_plans_written",
     "prefetch_plans_refused",
+    "prefetch_compiled",
+    "prefetch_compiled_used",
+    "prefetch_modules_refused",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -175,8 +183,11 @@ pub const PREFETCH_COUNTER_NAMES: [&str; N_PREFETCH_COUNTERS] = [
     "saved_ms",
     "plans_written",
     "plans_refused",
+    "compiled",
+    "compiled_used",
+    "modules_refused",
 ];
-pub const N_PREFETCH_COUNTERS: usize = 8;
+pub const N_PREFETCH_COUNTERS: usize = 11;
 
 /// The index among the counters of the prefetch counter `counter` (a name of
 /// `PREFETCH_COUNTER_NAMES`).
@@ -450,6 +461,14 @@ mod tests {
         add_into(&mut acc, &[1; Counter::OtherBuild as usize + 1]);
         assert_eq!(acc[Counter::OtherBuild as usize], 1);
         assert!(acc[FIRST_PREFETCH..].iter().all(|v| *v == 0));
+        // One that ends at `prefetch_plans_refused` (before compiling ahead was counted)
+        // reads the compile-ahead counters as 0.
+        let mut acc = [0u64; N_COUNTERS];
+        add_into(&mut acc, &[1; Counter::PrefetchPlansRefused as usize + 1]);
+        assert_eq!(acc[Counter::PrefetchPlansRefused as usize], 1);
+        assert!(acc[Counter::PrefetchCompiled as usize..]
+            .iter()
+            .all(|v| *v == 0));
         assert_eq!(tier_values(&[1, 2]), [1, 2, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(tier_values(&[7; 12]), [7; N_TIER_COUNTERS]);
     }
