@@ -22,7 +22,7 @@ from xla_pcache import builds, cache_path, metrics
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
-from xla_pcache.jax import _adopt, _build, _prefetch, _single_flight
+from xla_pcache.jax import _adopt, _build, _compile_ahead, _compile_hook, _prefetch, _single_flight
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._store_cache import _StoreCacheImpl
 from xla_pcache.sizes import parse_duration, parse_size
@@ -194,6 +194,10 @@ class _Installation:
     prefetch_form: int | None = None
     settings: Settings = dataclasses.field(default_factory=Settings)
     session: _prefetch.Prefetch | None = None
+    # Compiling ahead: the form of JAX's compile function the wrapper stands beside (None:
+    # off), and the recorder of the cache JAX uses now.
+    compile_form: int | None = None
+    ahead: _compile_ahead.CompileAhead | None = None
 
 
 _state_lock = threading.RLock()
@@ -341,12 +345,29 @@ def _factory(path: str) -> tuple[Any, str] | None:
             write_plans=not (store.read_only or getattr(store, "bucket_ro", False)),
         )
     cache.prefetch = session
+    ahead = None
+    if session is not None and inst.compile_form is not None:
+        ahead = _compile_ahead.CompileAhead(
+            store,
+            _compile_hook.xla_client(),
+            form=inst.compile_form,
+            threads=inst.settings.compile_ahead_thread_count(),
+            reserve=inst.settings.compile_ahead_reserve(),
+            suffix=build.suffix,
+            writes=not store.read_only,
+            meta=meta,
+        )
+        session.ahead = ahead
+    cache.ahead = ahead
     with _state_lock:
         # JAX builds a new cache after reset_cache or a new directory: the last one's
         # session ends (its plan written, what it loaded released).
         previous, inst.session = inst.session, session
+        previous_ahead, inst.ahead = inst.ahead, ahead
     if previous is not None:
         previous.close()
+    if previous_ahead is not None:
+        previous_ahead.close()
     if verify:
         cache = hooks.verification_cache(cache)
     return cache, path
@@ -513,6 +534,8 @@ def install(
         if wants_prefetch and store is not None and _prefetch.install_hook(hooks.cc):
             form = _prefetch.read_form(hooks.cc)
             _installed.prefetch_form = form if isinstance(form, int) else None
+            if settings.compile_ahead and hooks.compiler is not None:
+                _installed.compile_form = _compile_hook.install_hook(hooks.compiler, hooks.cc)
         if store is not None and loc is None and where.kind == "local":
             sources = _adopt.sources(store, resolved_path, previous_dir)
             if sources:
@@ -558,9 +581,14 @@ def uninstall() -> None:
         if inst.hooks.compiler is not None:
             _single_flight.uninstall_hook(inst.hooks.compiler)
         _prefetch.uninstall_hook(cc)
+        if inst.hooks.compiler is not None:
+            _compile_hook.uninstall_hook(inst.hooks.compiler)
         if inst.session is not None:
             inst.session.close()
             inst.session = None
+        if inst.ahead is not None:
+            inst.ahead.close()
+            inst.ahead = None
         config = inst.hooks.jax.config
         config.update(_CACHE_DIR_OPTION, inst.previous_cache_dir)
         for decision in inst.thresholds:
@@ -657,14 +685,18 @@ def prefetch_report() -> dict[str, Any] | None:
     """What loading ahead did in this process so far: the workload its plan is named for,
     the plan's key, how many executables the plan named and what became of each (``taken``
     by a read, ``loaded`` and not yet asked for, ``skipped``, ``missing`` from the store,
-    ``failed``, ``released`` unused), and this process's ``prefetch_*`` counters. None when
+    ``failed``, ``released`` unused), and this process's ``prefetch_*`` counters; with
+    compiling ahead on, ``compile_ahead``: what it compiled and what became of it. None when
     loading ahead is off (or JAX has not built its cache yet)."""
     with _state_lock:
         session = None if _installed is None else _installed.session
+        ahead = None if _installed is None else _installed.ahead
         store = None if _installed is None else _installed.store
     if session is None:
         return None
     report = session.report()
+    if ahead is not None:
+        report["compile_ahead"] = ahead.report()
     if store is not None:
         counters = store.process_stats()
         report["counters"] = {k: v for k, v in counters.items() if k.startswith("prefetch_")}

@@ -267,6 +267,10 @@ class Prefetch:
     """Loading ahead for one store cache JAX uses (``_factory`` makes one per cache; the
     wrapper finds it as the cache's ``prefetch``)."""
 
+    # Compiling ahead (``_compile_ahead.CompileAhead``, set by ``_factory``): told the plan's
+    # keys, and each planned executable the store does not have. None: nothing compiles ahead.
+    ahead: Any = None
+
     def __init__(
         self,
         store: Store,
@@ -537,6 +541,8 @@ class Prefetch:
             ]
             self._workers = workers
             self._cond.notify_all()
+        if self.ahead is not None:
+            self.ahead.planned([e.key for e in entries])
         if entries:
             self._count([("planned", len(entries))])
             logger.debug(
@@ -617,6 +623,8 @@ class Prefetch:
         if blob is None:
             with self._cond:
                 slot.state = _State.MISSING
+            if self.ahead is not None:
+                self.ahead.absent(entry.key, backend)
             return
         made_for = blob.meta.get("backend")
         if made_for is not None and made_for != str(backend.platform):
