@@ -4,6 +4,7 @@ JAX asks (plain), JAX's own cache, and a cold start, side by side in fresh proce
     python bench/warm_start.py                      # CPU, the small model, 5 repeats
     python bench/warm_start.py --quick              # 2 repeats
     python bench/warm_start.py --size 300m --repeats 3 --out DIR   # the TPU run
+    python bench/warm_start.py --removed-only --repeats 3   # the start after eviction
 
 The workload (``workload``) is a transformer language model in plain JAX: embedding,
 ``layers`` blocks of attention and MLP, Adam, with a jitted training step, a jitted evaluation
@@ -39,6 +40,10 @@ thread into the cache's get and JAX's decompression; with loading ahead, what it
 and wasted.
 Medians, and the ratios of the warm rows to JAX's own cache and to plain. Every row must
 compute the same losses. Results (JSON) and the table (markdown) go to ``--out``.
+
+``--removed`` adds, and ``--removed-only`` runs alone, the start after the entries are
+removed (``bench/warm_start_removed.py``): compiling ahead against the same start with it
+off and JAX's own cold start.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import warm_start_removed as removed_rows  # noqa: E402
 from bench.common import cpu_model, fmt_time, loadavg, versions  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -286,7 +292,7 @@ def _env(case: str, store: Path, jax_dir: Path) -> dict[str, str]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if "JAX_PLATFORMS" in os.environ:
         env["JAX_PLATFORMS"] = os.environ["JAX_PLATFORMS"]
-    if case == "jax":
+    if case in ("jax", "jax_cold"):
         env.update(
             XLA_PCACHE_DISABLE="1",
             JAX_COMPILATION_CACHE_DIR=str(jax_dir),
@@ -298,8 +304,15 @@ def _env(case: str, store: Path, jax_dir: Path) -> dict[str, str]:
         env["XLA_PERSISTENT_CACHE_PATH"] = str(store)
         if case == "plain":
             env["XLA_PCACHE_PREFETCH"] = "0"
-        # Loading ahead as this shell sets it (threads, memory), else its defaults.
-        for name in ("XLA_PCACHE_PREFETCH_THREADS", "XLA_PCACHE_PREFETCH_MEMORY"):
+        if case == "removed":
+            env["XLA_PCACHE_COMPILE_AHEAD"] = "0"
+        # Loading and compiling ahead as this shell sets them, else their defaults.
+        for name in (
+            "XLA_PCACHE_PREFETCH_THREADS",
+            "XLA_PCACHE_PREFETCH_MEMORY",
+            "XLA_PCACHE_COMPILE_AHEAD_THREADS",
+            "XLA_PCACHE_COMPILE_AHEAD_MEMORY",
+        ):
             if name in os.environ:
                 env[name] = os.environ[name]
     return env
@@ -337,6 +350,7 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
     (by JAX's key: the store's less its runtime build)."""
     from xla_pcache import Store, builds
     from xla_pcache.config import Settings
+    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
     from xla_pcache.jax._plan import KEY_PREFIX
 
     jax_dir.mkdir(parents=True, exist_ok=True)
@@ -344,7 +358,7 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
     with Store(store, read_only=True, settings=Settings()) as s:
         keys = s.keys()
         for key in keys:
-            if not isinstance(key, str) or key.startswith(KEY_PREFIX):
+            if not isinstance(key, str) or key.startswith((KEY_PREFIX, RECORD)):
                 continue
             blob = s.get(key)
             if blob is not None:
@@ -355,13 +369,15 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
 
 
 def stored_executables(store: Path) -> tuple[int, int]:
-    """How many executables the store holds and their payload bytes (its plan left out)."""
+    """How many executables the store holds and their payload bytes (its plan and module
+    records left out)."""
     from xla_pcache import Store
     from xla_pcache.config import Settings
+    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
     from xla_pcache.jax._plan import KEY_PREFIX
 
     with Store(store, read_only=True, settings=Settings()) as s:
-        rows = [e for e in s.entries() if not str(e["key"]).startswith(KEY_PREFIX)]
+        rows = [e for e in s.entries() if not str(e["key"]).startswith((KEY_PREFIX, RECORD))]
     return len(rows), sum(int(e["size"]) for e in rows)
 
 
@@ -372,6 +388,16 @@ def med(rows: list[dict[str, Any]], field: str) -> float:
     return float(statistics.median(float(r[field]) for r in rows))
 
 
+def header(results: dict[str, Any]) -> str:
+    return (
+        f"{results['model']}; {results['executables']} executables stored "
+        f"({results['stored_mb']:.1f} MB as JAX compresses them); {results['backend']} "
+        f"({results['devices']} device(s)), {results['cpu']}, {results['cpus']} CPUs; "
+        f"jax {results['versions'].get('jax')}; {results['repeats']} warm process(es) per row, "
+        f"medians; load average {results['load_start']} at start, {results['load_end']} at end."
+    )
+
+
 def table(results: dict[str, Any]) -> str:
     rows: dict[str, list[dict[str, Any]]] = results["rows"]
     # The first steps from the backend's being up: the process's start (Python, importing
@@ -379,11 +405,7 @@ def table(results: dict[str, Any]) -> str:
     jax_steps = med(rows["jax"], "first_calls_s")
     plain_steps = med(rows["plain"], "first_calls_s")
     lines = [
-        f"{results['model']}; {results['executables']} executables stored "
-        f"({results['stored_mb']:.1f} MB as JAX compresses them); {results['backend']} "
-        f"({results['devices']} device(s)), {results['cpu']}, {results['cpus']} CPUs; "
-        f"jax {results['versions'].get('jax')}; {results['repeats']} warm process(es) per row, "
-        f"medians; load average {results['load_start']} at start, {results['load_end']} at end.",
+        header(results),
         "",
         "| row | first steps | backend start | from the process's start | process wall | CPU time "
         "| hits / reads | reads on the main thread (get, decompress) "
@@ -451,6 +473,14 @@ def main() -> int:
         action="store_true",
         help="the layers through lax.scan (stacked parameters), as large models are written",
     )
+    parser.add_argument(
+        "--removed",
+        action="store_true",
+        help="also the start after the entries are removed (plan and module records kept)",
+    )
+    parser.add_argument(
+        "--removed-only", action="store_true", help="that start alone (after the cold one)"
+    )
     parser.add_argument("--dir", default=None, help="where the scratch caches go")
     parser.add_argument("--out", default=None, help="write results.json and table.md here")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
@@ -473,6 +503,7 @@ def main() -> int:
     store, jax_dir = scratch / "store", scratch / "jax"
     load_start = loadavg()
     rows: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+    removed: dict[str, Any] = {}
 
     def note(row: dict[str, Any]) -> None:
         print(
@@ -489,12 +520,23 @@ def main() -> int:
         note(rows["cold"][0])
         executables, stored = stored_executables(store)
         fill_jax_dir(store, jax_dir)
-        for i in range(repeats):
+        for i in range(0 if a.removed_only else repeats):
             # Round-robin, each round in another order: no row always follows the same one.
             order = WARM[i % 3 :] + WARM[: i % 3]
             for case in order:
                 rows[case].append(run_process(case, cfg, store, jax_dir, a.timeout))
                 note(rows[case][-1])
+        if a.removed or a.removed_only:
+            kept = scratch / "removed"
+            gone, records = removed_rows.template(store, kept)
+            after = removed_rows.run_rows(
+                lambda case, s, j: run_process(case, cfg, s, j, a.timeout),
+                kept,
+                scratch,
+                repeats,
+                note,
+            )
+            removed = {"executables_removed": gone, "records": records, "rows": after}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     first = rows["cold"][0]
@@ -520,7 +562,14 @@ def main() -> int:
         "rows": rows,
     }
     results["failures"] = check(results)
-    text = table(results)
+    text = header(results) if a.removed_only else table(results)
+    if a.removed or a.removed_only:
+        results["removed"] = removed
+        results["failures"] += removed_rows.check(removed["rows"])
+        text += "\n\n" + removed_rows.table(
+            removed["rows"], removed["executables_removed"], removed["records"]
+        )
+        text += "".join(f"\n- FAILED: {f}" for f in removed_rows.check(removed["rows"]))
     if out is not None:
         (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
         (out / "table.md").write_text(text + "\n")
