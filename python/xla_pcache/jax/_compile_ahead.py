@@ -48,6 +48,7 @@ import heapq
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,6 +80,9 @@ PREPARE_WAIT_S = 10.0
 # How often a worker waiting for memory, or for its compiled programs to be taken, looks
 # again (and whether the interpreter is shutting down).
 POLL_S = 1.0
+# Seconds without a compiled program taken, with every worker's place held, before what was
+# compiled and not taken is let go and nothing more is compiled (the run stopped asking).
+IDLE_RELEASE_S = 300.0
 # Records of planned keys touched at the end, at most (a plan's entries).
 MAX_TOUCHED = 1024
 
@@ -254,6 +258,7 @@ class CompileAhead:
         self._planned: list[str] = []
         self._memory_waits = 0
         self._warned_refused = False
+        self._last_take = time.monotonic()
         _register(self)
 
     # ------------------------------------------------------------ from the loading session
@@ -279,6 +284,8 @@ class CompileAhead:
                 self._backend = backend
             elif backend is not self._backend:
                 return
+            if not self._waiting:
+                self._last_take = time.monotonic()
             self._queued.add(key)
             self._waiting.add(key)
             # The plan's order: the loading threads find entries absent in any order.
@@ -423,6 +430,7 @@ class CompileAhead:
             slot.executable = None
             slot.state = _State.TAKEN
             self._held -= 1
+            self._last_take = time.monotonic()
             self._cond.notify_all()
             return executable, compile_s
 
@@ -475,12 +483,19 @@ class CompileAhead:
     # ------------------------------------------------------------ the workers
 
     def _work(self) -> None:
+        counted = False
         try:
             while True:
                 with self._cond:
                     key = self._next()
-                if key is None:
-                    return
+                    if key is None:
+                        # In the same hold of the lock as the empty queue was seen: a key
+                        # given meanwhile finds this worker gone and starts another.
+                        counted = True
+                        self._workers -= 1
+                        idle = not self._workers and not self._waiting
+                        self._cond.notify_all()
+                        break
                 try:
                     self._compile_ahead(key)
                 except Exception as exc:
@@ -489,12 +504,12 @@ class CompileAhead:
                 finally:
                     self._prepared(key)
         finally:
-            with self._cond:
-                self._workers -= 1
-                idle = not self._workers and not self._waiting
-                self._cond.notify_all()
-            if idle:
-                _testhook.reached("compile-ahead-idle")
+            if not counted:
+                with self._cond:
+                    self._workers -= 1
+                    self._cond.notify_all()
+        if idle:
+            _testhook.reached("compile-ahead-idle")
 
     def _next(self) -> str | None:
         """The next key to compile (under the lock), once the memory bound allows; None: the
@@ -503,7 +518,13 @@ class CompileAhead:
         while True:
             if self._closed or not self._waiting or not _main_alive():
                 return None
-            if self._held < self._threads:
+            if self._held >= self._threads:
+                if time.monotonic() - self._last_take > IDLE_RELEASE_S:
+                    # The run stopped asking: what it did not take is let go, and that is all.
+                    self._release_ready()
+                    self._waiting.clear()
+                    return None
+            else:
                 available = available_memory() if self._reserve else None
                 if available is None or available > self._reserve:
                     _, key = heapq.heappop(self._queue)
@@ -583,6 +604,15 @@ class CompileAhead:
             self._cond.notify_all()
         self._count([("compiled", 1)])
 
+    def _release_ready(self) -> None:
+        """Let go every compiled program not taken (under the lock)."""
+        for slot in self._slots.values():
+            if slot.state is _State.READY:
+                slot.executable = None
+                slot.state = _State.RELEASED
+        self._held = 0
+        self._cond.notify_all()
+
     def _refused(self, key: str, exc: RecordError) -> None:
         """A record ``decode`` refused: counted, and one warning a process (then debug)."""
         with self._cond:
@@ -620,11 +650,7 @@ class CompileAhead:
             self._closed = True
             self._queue.clear()
             self._waiting.clear()
-            for slot in self._slots.values():
-                if slot.state is _State.READY:
-                    slot.executable = None
-                    slot.state = _State.RELEASED
-            self._held = 0
+            self._release_ready()
             touch = list(self._planned)
             self._cond.notify_all()
         with _live_lock:
