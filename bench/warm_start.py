@@ -465,6 +465,7 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
     (by JAX's key: the store's less its runtime build)."""
     from xla_pcache import Store, builds
     from xla_pcache.config import Settings
+    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
     from xla_pcache.jax._plan import ANY_PREFIX
 
     jax_dir.mkdir(parents=True, exist_ok=True)
@@ -472,7 +473,7 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
     with Store(store, read_only=True, settings=Settings()) as s:
         keys = s.keys()
         for key in keys:
-            if not isinstance(key, str) or key.startswith(ANY_PREFIX):
+            if not isinstance(key, str) or key.startswith((ANY_PREFIX, RECORD)):
                 continue
             blob = s.get(key)
             if blob is not None:
@@ -483,13 +484,15 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
 
 
 def stored_executables(store: Path) -> tuple[int, int]:
-    """How many executables the store holds and their payload bytes (its plan left out)."""
+    """How many executables the store holds and their payload bytes (its plan and module
+    records left out)."""
     from xla_pcache import Store
     from xla_pcache.config import Settings
+    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
     from xla_pcache.jax._plan import ANY_PREFIX
 
     with Store(store, read_only=True, settings=Settings()) as s:
-        rows = [e for e in s.entries() if not str(e["key"]).startswith(ANY_PREFIX)]
+        rows = [e for e in s.entries() if not str(e["key"]).startswith((ANY_PREFIX, RECORD))]
     return len(rows), sum(int(e["size"]) for e in rows)
 
 

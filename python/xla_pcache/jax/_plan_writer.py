@@ -133,6 +133,11 @@ class PlanWriter:
         with self._lock:
             return {"seen": len(self._seen), "plan_due": self._dirty}
 
+    def keys_read(self) -> list[str]:
+        """The keys this run read, in order (the first ``_plan.MAX_ENTRIES``)."""
+        with self._lock:
+            return list(self._seen)
+
     # -------------------------------------------------------------- writing
 
     def _fetch(self) -> _plan.Plan | None:
