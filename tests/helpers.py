@@ -37,6 +37,13 @@ def is_beside(key: object) -> bool:
     return is_plan(key) or is_module_record(key)
 
 
+def entry_file_key(data: bytes) -> str:
+    """The key an entry file (a bucket's object, a tier's value) names in its header: after
+    the fixed 64 bytes, its length at byte 12 (``rust/core/src/entry.rs``)."""
+    n = int.from_bytes(data[12:16], "little")
+    return data[64 : 64 + n].decode()
+
+
 def executable_keys(store: Any) -> list[Any]:
     """``store.keys()`` without prefetch plans and module records."""
     keys = store.keys()
