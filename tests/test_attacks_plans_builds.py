@@ -29,7 +29,7 @@ from xla_pcache.jax._plan_writer import PlanWriter
 KEY = "jit_step-" + "ab" * 32
 BUILD = builds.Build("jax", "0123456789abcdef" * 2)
 SUFFIX = BUILD.suffix
-PLAN_KEY = _plan.plan_key("attacked") + SUFFIX
+PLAN_KEY = _plan.plan_key("attacked")
 
 
 def _key(i: int) -> str:

@@ -24,7 +24,8 @@ closes.
 
 What the run read is recorded, and the plan written when it differs from what is stored
 (``_plan_writer``). Every key the session gives the store carries this process's runtime
-build (``xla_pcache.builds``), so that nothing another build compiled is ever loaded ahead.
+build (``xla_pcache.builds``), so that nothing another build compiled is ever loaded ahead;
+the plan's key does not (one plan per workload, whatever the build).
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ class Prefetch:
 
     def _read_plan(self) -> None:
         self._workload = _plan.workload(self._name, self._jax_version, self._process)
-        self._key = _plan.plan_key(self._workload) + self._suffix
+        self._key = _plan.plan_key(self._workload)
         plan = self._fetch_plan()
         with self._cond:
             self._plan = plan
