@@ -29,7 +29,15 @@ from xla_pcache import Store
 from xla_pcache.config import Settings, read_signing_key
 from xla_pcache.jax import _module_record, _plan
 
-from tests.helpers import cli_out, executables, hooks_env, is_module_record, is_plan, keygen
+from tests.helpers import (
+    cli_out,
+    executables,
+    hooks_env,
+    is_beside,
+    is_module_record,
+    is_plan,
+    keygen,
+)
 from tests.jax.helpers import jax_keys, run_python, worker_env
 
 pytestmark = [
@@ -358,3 +366,33 @@ def test_a_run_that_ends_while_compiling_ahead_waits_for_it_and_exits_cleanly(
     assert ended["prefetch"]["compile_ahead"]["states"].get("compiling") == 1, ended["prefetch"]
     assert "Fatal" not in err and "terminate" not in err, err[-4000:]
     assert ended["misses"] == 1
+
+
+def test_the_plan_and_records_a_run_used_outlive_its_executables(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """No lookup reads a plan or a module record while the executables they name are there: a
+    run that used them records a use of each after its hits (``Store.touch``), so that the
+    budget's eviction takes the executables first and what would compile them again last."""
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    keys = planned_keys(cache)
+    warm, _ = run(script, cache)
+    assert warm["out"] == cold["out"] and warm["hits"] == N
+    assert warm["prefetch"]["counters"]["prefetch_plans_written"] == 0
+    with Store(cache, read_only=True, settings=Settings()) as store:
+        entries = {str(e["key"]): e for e in store.entries()}
+    (plan,) = [k for k in entries if is_plan(k)]
+    used = [_module_record.record_key(k) for k in keys]
+    ran = [e["last_use"] or 0.0 for k, e in entries.items() if not is_beside(k)]
+    assert len(ran) == N
+    assert entries[plan]["hits"] == 1 and (entries[plan]["last_use"] or 0.0) > max(ran)
+    assert all((entries[r]["last_use"] or 0.0) > max(ran) for r in used)
+    # A budget that holds the plan and those records alone: the executables go, and the
+    # records no run used (the other program's), and what it takes to start again stays.
+    keep = entries[plan]["disk_bytes"] + sum(entries[r]["disk_bytes"] for r in used)
+    with Store(cache, settings=Settings()) as store:
+        store.evict(max_size=keep)
+        kept = store.keys()  # a list (Store is not a mapping)
+        left = {str(k) for k in kept}
+    assert left == {plan, *used}

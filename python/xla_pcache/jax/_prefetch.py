@@ -662,8 +662,8 @@ class Prefetch:
             for slot in held:
                 self._release(slot)
         self._count([("wasted", len(held))])
-        if self._writer.dirty:
-            self._writer.write(final=True)
+        # The plan written if it changed, or noted as used (it ages with what it names).
+        self._writer.close()
         if self.ahead is not None:
             self.ahead.close(self._writer.keys_read())
         with _sessions_lock:
