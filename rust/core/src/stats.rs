@@ -109,8 +109,6 @@ pub enum Counter {
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
 const FIRST_REMOTE: usize = Counter::RemoteHits as usize;
-/// The first of the prefetch counters, in `PREFETCH_COUNTER_NAMES` order.
-const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 
 // Journals written before the core counted tiers by name held 40 more counters after these
 // (per kind of tier, by position). A record of more counters than `N_COUNTERS` adds only the
@@ -198,8 +196,8 @@ pub const PREFETCH_COUNTER_NAMES: [&str; N_PREFETCH_COUNTERS] = [
     "modules_refused",
 ];
 pub const N_PREFETCH_COUNTERS: usize = 11;
-/// Where each of `PREFETCH_COUNTER_NAMES` is counted: loading ahead's from `FIRST_PREFETCH`
-/// on, compiling ahead's after `BuildRehashes` (appended after it).
+/// Where each of `PREFETCH_COUNTER_NAMES` is counted: loading ahead's after `OtherBuild`,
+/// compiling ahead's after `BuildRehashes` (each appended in its turn).
 const PREFETCH_COUNTERS: [Counter; N_PREFETCH_COUNTERS] = [
     Counter::PrefetchPlanned,
     Counter::PrefetchLoaded,
@@ -386,6 +384,8 @@ pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
 mod tests {
     use super::*;
     const FIRST_TIER: usize = Counter::RemoteBackfills as usize + 1;
+    /// The first of the loading-ahead counters, in `PREFETCH_COUNTER_NAMES` order.
+    const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 
     fn meta(v: &str) -> Vec<(String, String)> {
         vec![
