@@ -9,7 +9,9 @@ JAX's compiles take them, computing what a cold run computes, in a read-only wor
 (which stores nothing); a record of another program, or of other options, is compiled and
 never handed to JAX, and hostile records are counted refusals, after which the run's own
 records replace them; under trusted keys only signed records are compiled; a run that ends
-while a compile ahead is in flight waits for it and exits cleanly.
+while a compile ahead is in flight waits for it and exits cleanly; the plan and the records a
+run used outlive its executables under the budget; with two programs behind the script, a run
+compiles ahead only what its recognised variant holds, never the other's programs.
 """
 
 from __future__ import annotations
@@ -396,3 +398,36 @@ def test_the_plan_and_records_a_run_used_outlive_its_executables(
         kept = store.keys()  # a list (Store is not a mapping)
         left = {str(k) for k in kept}
     assert left == {plan, *used}
+
+
+def test_only_what_the_run_is_recognised_to_need_is_compiled_ahead(
+    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Two programs behind one script (the changed one differs in programs 3 to 5), their
+    executables gone: a run of the first compiles ahead what both variants hold, then, once
+    its reads told it apart, its own; never the other program's."""
+    script, _, cold = filled
+    cache = copy(filled, tmp_path)
+    changed, _ = run(script, cache, TEST_CHANGE="1")
+    assert changed["hits"] == 3 and changed["misses"] == 3
+    with Store(cache, read_only=True, settings=Settings()) as store:
+        keys = store.keys()
+        (plan,) = [k for k in keys if is_plan(k)]
+        blob = store.get(plan)
+        assert blob is not None
+        variants = _plan.decode(memoryview(blob)).variants
+    assert len(variants) == 2
+    mine = planned_keys(filled[1])  # the first program's, its cold run's variant
+    (other,) = [[e.key for e in v.entries] for v in variants if v.entries[3].key not in mine]
+    assert mine[:3] == other[:3] and not set(mine[3:]) & set(other[3:])
+    remove_executables(cache)
+
+    ahead, _ = run_held(script, cache, tmp_path / "hooks")
+    assert ahead["out"] == cold["out"]
+    used = counted(ahead)
+    # The three shared, then (after the read of program 3, which told the variants apart and
+    # went JAX's way) what only this program's variant holds; nothing compiled for nothing.
+    assert 3 <= used["compiled"] == used["compiled_used"] <= N - 1, used
+    assert used["modules_refused"] == used["errors"] == 0
+    assert ahead["prefetch"]["planned"] == N
+    assert set(jax_keys(cache)) == set(mine)
