@@ -4,6 +4,7 @@ JAX asks (plain), JAX's own cache, and a cold start, side by side in fresh proce
     python bench/warm_start.py                           # CPU: every scenario, small sizes
     python bench/warm_start.py --scenario lm --quick     # one scenario, 2 repeats
     python bench/warm_start.py --scenario lm --size 300m --repeats 3 --out DIR   # a TPU run
+    python bench/warm_start.py --scenario removed --repeats 3   # the start after eviction
 
 Scenarios (``--scenario``, default ``all``):
 
@@ -21,8 +22,14 @@ Scenarios (``--scenario``, default ``all``):
 - ``suite``: a test suite of many small programs (``--suite-files`` files of 6 tests, each
   test jitting programs of its own shapes), run by ``python -m pytest`` in its directory.
   Its measure is the whole run.
-- (The start after the store's entries are removed, and the plan kept, belongs with
-  compiling ahead; it takes its place in ``SCENARIOS``.)
+- ``removed``: the LM's start after the store's executables are removed (as a budget's
+  eviction or a prune would), its plan and module records kept: after the cold process,
+  each process starts from its own copy of that store (a run puts its executables back), in
+  rows of its own (``REMOVED``): compiling ahead off (``XLA_PCACHE_COMPILE_AHEAD=0``: each
+  program compiled when the run reaches it, as in a cold start), compiling ahead on (as
+  installed: the plan's programs compiled from their records on a thread pool from the
+  backend's start, each handed to JAX's compile of it), and JAX's own cache, empty (JAX's
+  cold start). The ratios are of the first steps, to the start with compiling ahead off.
 
 Each row is a fresh process configured by the environment alone, as a user would; the
 command line is the same in every row (what a process is to do comes in ``BENCH_SPEC``):
@@ -98,6 +105,12 @@ CASES = {
     "prefetch": "xla_pcache, loading ahead",
 }
 WARM = ("jax", "plain", "prefetch")
+# The start after the entries are removed (``--scenario removed``).
+REMOVED = {
+    "removed": "entries removed, compiling ahead off",
+    "ahead": "entries removed, compiling ahead",
+    "jax_cold": "JAX's own cache, empty (cold)",
+}
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 HIT = "/jax/compilation_cache/cache_hits"
 MISS = "/jax/compilation_cache/cache_misses"
@@ -285,7 +298,7 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
 def prefetch_fields(report: dict[str, Any]) -> dict[str, Any]:
     """What the bench keeps of ``xla_pcache.jax.prefetch_report()``."""
     keys = ("began", "waited", "waited_s", "longest_wait", "last_load_s", "saved_s")
-    keys += ("load_cpu_s", "load_wall_s", "variants", "candidates")
+    keys += ("load_cpu_s", "load_wall_s", "variants", "candidates", "compile_ahead")
     return {
         "states": report["states"],
         **{k: report.get(k) for k in keys},
@@ -393,7 +406,7 @@ def _env(
         env["JAX_PLATFORMS"] = os.environ["JAX_PLATFORMS"]
     if spec is not None:
         env["BENCH_SPEC"] = json.dumps(spec)
-    if case == "jax":
+    if case in ("jax", "jax_cold"):
         env.update(
             XLA_PCACHE_DISABLE="1",
             JAX_COMPILATION_CACHE_DIR=str(jax_dir),
@@ -405,8 +418,15 @@ def _env(
         env["XLA_PERSISTENT_CACHE_PATH"] = str(store)
         if case == "plain":
             env["XLA_PCACHE_PREFETCH"] = "0"
-        # Loading ahead as this shell sets it (threads, memory), else its defaults.
-        for name in ("XLA_PCACHE_PREFETCH_THREADS", "XLA_PCACHE_PREFETCH_MEMORY"):
+        if case == "removed":
+            env["XLA_PCACHE_COMPILE_AHEAD"] = "0"
+        # Loading and compiling ahead as this shell sets them, else their defaults.
+        for name in (
+            "XLA_PCACHE_PREFETCH_THREADS",
+            "XLA_PCACHE_PREFETCH_MEMORY",
+            "XLA_PCACHE_COMPILE_AHEAD_THREADS",
+            "XLA_PCACHE_COMPILE_AHEAD_MEMORY",
+        ):
             if name in os.environ:
                 env[name] = os.environ[name]
     return env
@@ -460,19 +480,26 @@ def run_suite(case: str, suite: Path, store: Path, jax_dir: Path, timeout: float
     return result
 
 
+def _beside(key: object) -> bool:
+    """Whether ``key`` is a plan's or a module record's, not an executable's."""
+    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
+    from xla_pcache.jax._plan import ANY_PREFIX
+
+    return str(key).startswith((ANY_PREFIX, RECORD))
+
+
 def fill_jax_dir(store: Path, jax_dir: Path) -> int:
     """JAX's own cache directory holding the store's executables, as JAX names its files
     (by JAX's key: the store's less its runtime build)."""
     from xla_pcache import Store, builds
     from xla_pcache.config import Settings
-    from xla_pcache.jax._plan import ANY_PREFIX
 
     jax_dir.mkdir(parents=True, exist_ok=True)
     n = 0
     with Store(store, read_only=True, settings=Settings()) as s:
         keys = s.keys()
         for key in keys:
-            if not isinstance(key, str) or key.startswith(ANY_PREFIX):
+            if not isinstance(key, str) or _beside(key):
                 continue
             blob = s.get(key)
             if blob is not None:
@@ -483,14 +510,33 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
 
 
 def stored_executables(store: Path) -> tuple[int, int]:
-    """How many executables the store holds and their payload bytes (its plan left out)."""
+    """How many executables the store holds and their payload bytes (its plan and module
+    records left out)."""
     from xla_pcache import Store
     from xla_pcache.config import Settings
-    from xla_pcache.jax._plan import ANY_PREFIX
 
     with Store(store, read_only=True, settings=Settings()) as s:
-        rows = [e for e in s.entries() if not str(e["key"]).startswith(ANY_PREFIX)]
+        rows = [e for e in s.entries() if not _beside(e["key"])]
     return len(rows), sum(int(e["size"]) for e in rows)
+
+
+def without_executables(store: Path, dst: Path) -> tuple[int, int]:
+    """A copy of ``store`` at ``dst`` without its executables, as a budget's eviction or a
+    prune would leave it: how many were removed, and how many module records stay."""
+    from xla_pcache import Store
+    from xla_pcache.config import Settings
+    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
+
+    shutil.copytree(store, dst, symlinks=True)
+    removed = records = 0
+    with Store(dst, settings=Settings()) as s:
+        keys = s.keys()
+        for key in keys:
+            if str(key).startswith(RECORD):
+                records += 1
+            elif not _beside(key) and s.delete(key):
+                removed += 1
+    return removed, records
 
 
 # ----------------------------------------------------------------------- the report
@@ -656,8 +702,64 @@ def table_suite(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def table_removed(results: dict[str, Any]) -> str:
+    rows: dict[str, list[dict[str, Any]]] = results["rows"]
+    base = med(rows["removed"], "first_calls_s")
+    jax = med(rows["jax_cold"], "first_calls_s")
+    cold = rows["cold"][0]
+    lines = [
+        header(results),
+        "",
+        f"The start after the entries are removed: {results['executables_removed']} "
+        f"executables deleted, the plan and {results['records']} module records kept (the "
+        f"cold process that filled the store: first steps {fmt_time(cold['first_calls_s'])}).",
+        "",
+        "| row | first steps | from the process's start | process wall | CPU time "
+        "| hits / reads | compiled ahead: used / compiled | first steps vs ahead off "
+        "| vs JAX's cold |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for case, label in REMOVED.items():
+        rs = rows[case]
+        steps = med(rs, "first_calls_s")
+        used = "" if case == "jax_cold" else f"{pf_med(rs, 'prefetch_compiled_used'):.0f}"
+        if used:
+            used += f" / {pf_med(rs, 'prefetch_compiled'):.0f}"
+        lines.append(
+            f"| {label} | {fmt_time(steps)} | {fmt_time(med(rs, 'ready_s'))} "
+            f"| {fmt_time(med(rs, 'wall_s'))} | {fmt_time(med(rs, 'cpu_s'))} "
+            f"| {rs[0]['hits']} / {rs[0]['hits'] + rs[0]['misses']} | {used} "
+            f"| {steps / base:.2f} | {steps / jax:.2f} |"
+        )
+    steps = med(rows["ahead"], "first_calls_s")
+    spread = [r["first_calls_s"] / base for r in rows["removed"]]
+    lines += [
+        "",
+        f"Compiling ahead: first steps {steps / base:.2f}x the start with it off (whose own "
+        f"spread is {min(spread):.2f}-{max(spread):.2f}x), {steps / jax:.2f}x JAX's own cold "
+        "start.",
+    ]
+    return "\n".join(lines)
+
+
+def check_removed(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
+    failures = []
+    if any(r.get("prefetch", {}).get("prefetch_compiled_used", 0) == 0 for r in rows["ahead"]):
+        failures.append("ahead: nothing compiled ahead was used")
+    if any(r.get("prefetch", {}).get("prefetch_compiled", 0) for r in rows["removed"]):
+        failures.append("removed: compiled ahead with compiling ahead off")
+    for case in REMOVED:
+        if any(r["hits"] for r in rows[case]):
+            failures.append(f"{case}: a process hit (its entries were to be gone)")
+    return failures
+
+
 def check(results: dict[str, Any], field: str) -> list[str]:
     rows = results["rows"]
+    if results["scenario"] == "removed":
+        outs = {json.dumps(r["losses"]) for rs in rows.values() for r in rs}
+        same = [] if len(outs) == 1 else ["the rows computed different results"]
+        return same + check_removed(rows)
     failures = []
     if field == "results":
         outs = {json.dumps(r["results"], sort_keys=True) for rs in rows.values() for r in rs}
@@ -736,6 +838,33 @@ def scenario_suite(a: argparse.Namespace, cfg: dict[str, Any], scratch: Path, no
     return {"rows": rows, "store": store, "model": text}
 
 
+def scenario_removed(a: argparse.Namespace, cfg: dict[str, Any], scratch: Path, note: Any) -> dict:
+    store, kept = scratch / "store", scratch / "kept"
+    rows: dict[str, list[dict[str, Any]]] = {"cold": [], **{case: [] for case in REMOVED}}
+    rows["cold"].append(note(run_lm("cold", cfg, store, scratch / "unused", a.timeout)))
+    removed, records = without_executables(store, kept)
+    order = list(REMOVED)
+    for i in range(a.repeats):
+        # Round-robin; each process from a fresh copy of the store (or an empty JAX cache).
+        for case in order[i % 3 :] + order[: i % 3]:
+            own, jax_dir = scratch / f"{case}-{i}", scratch / f"{case}-{i}-jax"
+            if case != "jax_cold":
+                shutil.copytree(kept, own, symlinks=True)
+            jax_dir.mkdir(parents=True)
+            try:
+                rows[case].append(note(run_lm(case, cfg, own, jax_dir, a.timeout)))
+            finally:
+                shutil.rmtree(own, ignore_errors=True)
+                shutil.rmtree(jax_dir, ignore_errors=True)
+    return {
+        "rows": rows,
+        "store": store,
+        "model": model_text(a, cfg),
+        "executables_removed": removed,
+        "records": records,
+    }
+
+
 def model_text(a: argparse.Namespace, cfg: dict[str, Any]) -> str:
     params = cfg["d_model"] ** 2 * 12 * cfg["layers"] + cfg["vocab"] * cfg["d_model"]
     return (
@@ -746,13 +875,12 @@ def model_text(a: argparse.Namespace, cfg: dict[str, Any]) -> str:
     )
 
 
-# What each scenario runs, how its table is made, and what its rows must agree on. The start
-# after the store's entries are removed (the plan kept) takes its place here with compiling
-# ahead.
+# What each scenario runs, how its table is made, and what its rows must agree on.
 SCENARIOS: dict[str, tuple[Callable[..., dict], Callable[[dict[str, Any]], str], str]] = {
     "lm": (scenario_lm, table_lm, "losses"),
     "alternating": (scenario_alternating, table_alternating, "losses"),
     "suite": (scenario_suite, table_suite, "results"),
+    "removed": (scenario_removed, table_removed, "losses"),
 }
 
 
@@ -812,7 +940,7 @@ def main() -> int:
             executables, stored = stored_executables(done["store"])
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        first = done["rows"]["jax"][0]
+        first = done["rows"]["cold"][0]
         results: dict[str, Any] = {
             "scenario": name,
             "model": done["model"],
@@ -828,6 +956,7 @@ def main() -> int:
             "load_start": load_start,
             "load_end": loadavg(),
             "rows": done["rows"],
+            **{k: done[k] for k in ("executables_removed", "records") if k in done},
         }
         results["failures"] = check(results, agree)
         text = f"### {name}\n\n" + table(results)

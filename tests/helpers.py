@@ -24,15 +24,35 @@ def is_plan(key: object) -> bool:
     return str(key).startswith(ANY_PREFIX)
 
 
+def is_module_record(key: object) -> bool:
+    """Whether ``key`` is a JAX module record's: what it takes to compile a program again, an
+    entry of the store beside its executable (docs/jax.md, "Compiling ahead")."""
+    from xla_pcache.jax._module_record import KEY_PREFIX
+
+    return str(key).startswith(KEY_PREFIX)
+
+
+def is_beside(key: object) -> bool:
+    """Whether ``key`` is a plan's or a module record's, not an executable's."""
+    return is_plan(key) or is_module_record(key)
+
+
+def entry_file_key(data: bytes) -> str:
+    """The key an entry file (a bucket's object, a tier's value) names in its header: after
+    the fixed 64 bytes, its length at byte 12 (``rust/core/src/entry.rs``)."""
+    n = int.from_bytes(data[12:16], "little")
+    return data[64 : 64 + n].decode()
+
+
 def executable_keys(store: Any) -> list[Any]:
-    """``store.keys()`` without prefetch plans."""
+    """``store.keys()`` without prefetch plans and module records."""
     keys = store.keys()
-    return [k for k in keys if not is_plan(k)]
+    return [k for k in keys if not is_beside(k)]
 
 
 def executables(store: Any) -> list[Any]:
-    """``store.entries()`` without prefetch plans."""
-    return [e for e in store.entries() if not is_plan(e["key"])]
+    """``store.entries()`` without prefetch plans and module records."""
+    return [e for e in store.entries() if not is_beside(e["key"])]
 
 
 def clean_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:

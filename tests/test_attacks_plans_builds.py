@@ -29,7 +29,7 @@ from xla_pcache.jax._plan_writer import PlanWriter
 KEY = "jit_step-" + "ab" * 32
 BUILD = builds.Build("jax", "0123456789abcdef" * 2)
 SUFFIX = BUILD.suffix
-PLAN_KEY = _plan.plan_key("attacked") + SUFFIX
+PLAN_KEY = _plan.plan_key("attacked")
 
 
 def _key(i: int) -> str:
@@ -236,6 +236,36 @@ def test_a_read_only_session_writes_no_plan_whatever_it_read(tmp_path: Path) -> 
         _writer(store, seen).write()
     after = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
     assert after == before
+
+
+def test_a_plan_is_kept_in_use_only_by_the_runs_that_read_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    # A plan that settled is never written again: a use recorded by each run that read what
+    # it holds keeps it from being the first entry the budget evicts. A run that read none of
+    # it (a planted plan naming other programs keeps nothing alive by being read), and a
+    # read-only run, record none.
+    root = tmp_path / "cache"
+    mine = [_plan.Entry(_key(i), b"o", (0,)) for i in range(3)]
+    plan = _plan.Plan((_plan.Variant(1.0, "cpu", 1, tuple(mine)),))
+
+    def uses() -> int:
+        with Store(root, read_only=True) as store:
+            (entry,) = [e for e in store.entries() if str(e["key"]) == PLAN_KEY]
+            return int(entry["hits"])
+
+    with Store(root) as store:
+        for e in mine:
+            assert store.put(e.key + SUFFIX, b"executable")
+        assert store.replace(PLAN_KEY, _plan.encode(plan))
+    for read_only, seen in ((True, mine), (False, []), (False, mine)):
+        with Store(root, read_only=read_only) as store:
+            writer = _writer(store, seen)
+            writer.bind(PLAN_KEY, "attacked", SUFFIX, plan, "cpu", 1)
+            assert not writer.dirty
+            writer.close()
+    # Once: only the writable run that read it.
+    assert uses() == 1
 
 
 # ----------------------------------------------------------------------------- builds

@@ -307,6 +307,9 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_PREFETCH_THREADS": "3",
         "XLA_PCACHE_PREFETCH_MEMORY": "256M",
         "XLA_PCACHE_PREFETCH_NAME": "lm-train",
+        "XLA_PCACHE_COMPILE_AHEAD": "no",
+        "XLA_PCACHE_COMPILE_AHEAD_THREADS": "2",
+        "XLA_PCACHE_COMPILE_AHEAD_MEMORY": "8G",
     }
     assert set(values) == VARIABLE_NAMES
     settings = Settings.from_env(values)
@@ -320,6 +323,9 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
     assert (settings.bucket_record_interval, settings.bucket_auto_prune) == (3600.0, False)
     assert (settings.prefetch, settings.prefetch_thread_count()) == (False, 3)
     assert (settings.prefetch_memory, settings.prefetch_name) == (256 << 20, "lm-train")
+    assert (settings.compile_ahead, settings.compile_ahead_thread_count()) == (False, 2)
+    assert settings.compile_ahead_reserve() == 8 << 30
+    assert 1 <= default.compile_ahead_thread_count() <= 8 and default.compile_ahead_reserve() > 0
 
 
 def _key_file(tmp_path: Path) -> str:

@@ -409,6 +409,11 @@ class Store:
         without ever claiming."""
     def __contains__(self, key: object, /) -> bool:
         """Whether an entry file exists; does not verify, does not count as a use."""
+    def touch(self, key: Key) -> bool:
+        """Record a use of ``key``'s entry, as a hit does, counting nothing and reading no
+        content: for an entry no lookup reads while the entries it belongs with are used
+        (JAX's module records), so that it ages with them, not first. False when there is no
+        entry file, or the store is read-only (it records no use)."""
     def delete(self, key: Key) -> bool:
         """Remove the entry (two-phase: moved to trash first). ReadOnlyError if read-only."""
     def clear(self) -> int:
@@ -448,10 +453,12 @@ class Store:
         prefetch_planned, prefetch_loaded, prefetch_used (each also a hit, ``count_hit``),
         prefetch_wasted, prefetch_errors, prefetch_saved_ms, prefetch_plans_written and
         prefetch_plans_refused; build_rehashes (process starts that hashed the runtime's
-        binaries with no record to keep their identities in: ``count_build_rehash``); plus
-        hit_rate, entries, bytes (on disk), max_size, max_age_s, processes, path,
-        filesystem, read_only, mmap_reads, view_age_s (seconds since the journal folded
-        longest ago was last read to its end; None if unknown) and view_fresh
+        binaries with no record to keep their identities in: ``count_build_rehash``);
+        compiling ahead's (``add_prefetch_counters`` too): prefetch_compiled,
+        prefetch_compiled_used and prefetch_modules_refused; plus hit_rate, entries, bytes
+        (on disk), max_size, max_age_s, processes, path, filesystem, read_only, mmap_reads,
+        view_age_s (seconds since the journal folded longest ago was last read to its end;
+        None if unknown) and view_fresh
         (whether those reads bypassed a network client's attribute cache; if not, entries and
         bytes may lag by that cache's time too). Once some remote tier counted (in any
         process), also the ``remote_*`` totals and ``remote_<tier>_<counter>`` for each tier

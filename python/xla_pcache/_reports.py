@@ -96,6 +96,11 @@ class Stats(TypedDict):
     # Process starts that hashed the runtime's binaries with no record to keep their
     # identities in (xla_pcache.builds: every such start pays the hash again).
     build_rehashes: int
+    # Compiling ahead (the JAX adapter): programs compiled ahead from their module records,
+    # those handed to JAX's compile, module records refused.
+    prefetch_compiled: int
+    prefetch_compiled_used: int
+    prefetch_modules_refused: int
     hit_rate: float | None
     entries: int
     bytes: int

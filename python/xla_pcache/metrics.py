@@ -76,6 +76,24 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
     ("prefetch_plans_written", "prefetch_plans_written", "Prefetch plans written.", 1),
     ("prefetch_plans_refused", "prefetch_plans_refused", "Prefetch plans refused as malformed.", 1),
     (
+        "prefetch_compiled",
+        "prefetch_compiled",
+        "Programs compiled ahead from their module records (JAX).",
+        1,
+    ),
+    (
+        "prefetch_compiled_used",
+        "prefetch_compiled_used",
+        "Programs compiled ahead and handed to JAX's compile of the same module.",
+        1,
+    ),
+    (
+        "prefetch_modules_refused",
+        "prefetch_modules_refused",
+        "Module records refused as malformed or over their bounds.",
+        1,
+    ),
+    (
         "build_rehashes",
         "build_rehashes",
         "Process starts that hashed the runtime's binaries with no record to keep them in.",

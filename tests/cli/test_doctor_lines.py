@@ -84,3 +84,27 @@ def test_no_jax_section_where_jax_is_not_importable() -> None:
     assert "jax_persistent_cache" not in out, out
     assert out.splitlines()[-1] == "{}", out
     assert "jax is not installed in this environment" in out, out
+
+
+def test_compiling_ahead_is_said_with_its_bounds_and_counts() -> None:
+    """Compiling ahead: its state, threads and the memory it leaves free; a JAX whose compile
+    function is not one it knows says so; what it did, across processes."""
+    out = _python(
+        """
+        from xla_pcache.cli import _doctor as doctor
+        ahead = {"state": "on", "threads": 3, "memory_kept_free": 8 << 30}
+        report = {
+            "cache": {"prefetch": {"compiled": 7, "compiled_used": 5, "modules_refused": 1}},
+            "frameworks": {"jax": {"prefetch": "ok", "compile_ahead": "backend_x() is new"}},
+            "prefetch": {
+                "state": "on", "threads": 2, "memory": 1 << 30, "name": None,
+                "compile_ahead": ahead,
+            },
+        }
+        doctor._render_prefetch(doctor._console(), report)
+        """
+    )
+    (line,) = [line for line in out.splitlines() if line.startswith("Compiling ahead")]
+    assert "on, 3 threads" in line and "8.0G of memory" in line, out
+    assert "off in this JAX: backend_x() is new" in line, out
+    assert "compiled ahead 7, used 5, module records refused 1" in out, out

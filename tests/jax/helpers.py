@@ -63,11 +63,10 @@ def open_barrier(procs: list[subprocess.Popen[str]], ready: list[Path], go: Path
 
 def worker_plan_name() -> str:
     """The entry name of the prefetch plan the worker's processes keep (the worker's script,
-    this JAX, process 0, under this JAX's runtime build): a bucket lists it among the
+    this JAX, process 0; whatever the runtime build): a bucket lists it among the
     entries."""
     version = importlib.metadata.version("jax")
-    key = _plan.plan_key(_plan.workload(f"script {WORKER}", version, 0))
-    return entry_name(jax_build.build().store_key(key))
+    return entry_name(_plan.plan_key(_plan.workload(f"script {WORKER}", version, 0)))
 
 
 def runs(*programs: int, layers: int = 2) -> list[dict[str, Any]]:

@@ -105,7 +105,7 @@ def test_compile_time_saved(tmp_path: Path) -> None:
     }
     assert samples[("xla_pcache_compile_time_saved_seconds_total", "local")] == saved / 1000
     assert samples[("xla_pcache_hits_total", "local")] == 1
-    # The program's entry, and the prefetch plan its process wrote.
-    assert samples[("xla_pcache_entries", None)] == 2
+    # The program's entry, its module record and the prefetch plan its process wrote.
+    assert samples[("xla_pcache_entries", None)] == 3
     table = cli_out("stats", "--path", str(root))
     assert "compile time saved" in table

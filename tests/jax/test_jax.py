@@ -20,7 +20,7 @@ import pytest
 from xla_pcache import Store
 from xla_pcache.jax import SUPPORTED_JAX
 
-from tests.helpers import executables
+from tests.helpers import executables, is_plan
 from tests.jax.helpers import (
     finish_jax,
     hits,
@@ -94,7 +94,8 @@ def test_miss_then_hit_in_a_fresh_process(
     assert [r["miss"] for r in first["runs"]] == [1, 1]
     assert first["inspect"][0]["base_type"] == "StoreCache"
     assert first["inspect"][0]["is_cache_interface"]
-    assert first["inspect"][0]["len"] == 1
+    # The program's executable and its module record (docs/jax.md, "Compiling ahead").
+    assert first["inspect"][0]["len"] == 2
     assert pcache_warnings(first) == [] and first["warnings"] == []
     assert len(store_keys(root)) == 2
     assert all(k.startswith("jit_step-") for k in order)
@@ -368,18 +369,19 @@ def test_concurrent_compiles_of_the_same_programs(tmp_path: Path) -> None:
 
 
 def test_small_budget_holds_and_recent_programs_hit(tmp_path: Path) -> None:
-    """Thirteen programs through a budget of about ten entries (on jax 0.10 each ~8 KB of
-    payload, 12 KB on disk). Program 0 is compiled first but read back from the cache (a use)
-    after program 7, so least-recently-used eviction takes programs 1, 2, ... first: the
-    store stays within budget, and program 0 and the latest programs hit in the next
-    process while program 1 does not."""
+    """Thirteen programs through a budget of about ten programs (on jax 0.10 each ~8 KB of
+    payload, 12 KB on disk, and its module record). Program 0 is compiled first but read
+    back from the cache (a use) after program 7, so least-recently-used eviction takes
+    programs 1, 2, ... first: the store stays within budget, and program 0 and the latest
+    programs hit in the next process while program 1 does not."""
     root = tmp_path / "cache"
     # Entry sizes differ between JAX versions (about 12 KB on disk on 0.10, less on older
-    # ones): the budget is counted in entries of this JAX, measured on program 0.
+    # ones): the budget is counted in programs of this JAX, measured on program 0 (its
+    # executable and its module record).
     sizing = tmp_path / "sizing"
     run_jax([{"op": "install", "path": str(sizing)}, *runs(0)])
     with Store(sizing, read_only=True) as store:
-        one = sum(e["disk_bytes"] for e in executables(store))
+        one = sum(e["disk_bytes"] for e in store.entries() if not is_plan(e["key"]))
     assert isinstance(one, int) and one > 0
     budget = one * 32 // 3
     install = {"op": "install", "path": str(root), "max_size": budget}

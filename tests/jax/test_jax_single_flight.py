@@ -43,8 +43,9 @@ def test_the_put_releases_the_claim(tmp_path: Path) -> None:
     assert before["wrapped"] and after["wrapped"]
     assert after["files"] == {}, "the published program's claim must be gone"
     stats = _stats(root)
-    # The program's put, and its process's prefetch plan (an entry too, never claimed).
-    assert stats["claims"] == 1 and stats["puts"] == 1 + stats["prefetch_plans_written"], stats
+    # The program's put, its module record's and its process's prefetch plan (entries too,
+    # never claimed).
+    assert stats["claims"] == 1 and stats["puts"] == 2 + stats["prefetch_plans_written"], stats
     assert stats["claims_abandoned"] == 0 and stats["claim_waits"] == 0, stats
 
 

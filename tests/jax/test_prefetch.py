@@ -176,6 +176,9 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
         "prefetch_saved_ms": warm["prefetch"]["counters"]["prefetch_saved_ms"],
         "prefetch_plans_written": 0,
         "prefetch_plans_refused": 0,
+        "prefetch_compiled": 0,
+        "prefetch_compiled_used": 0,
+        "prefetch_modules_refused": 0,
     }
     plain, _ = run(script, cache, XLA_PCACHE_PREFETCH="0")
     assert plain["prefetch"] is None

@@ -22,14 +22,14 @@ from typing import Any
 import obstore
 import pytest
 from typer.testing import CliRunner
-from xla_pcache import Store, bucket, entry_name, open_store
+from xla_pcache import Store, bucket, builds, entry_name, open_store
 from xla_pcache.bucket import upkeep
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _plan
 
-from tests.helpers import executables
+from tests.helpers import entry_file_key, executables, is_beside
 from tests.jax.helpers import (
     finish_jax,
     hits,
@@ -55,9 +55,15 @@ def _under(objects: dict[str, Any], folder: str) -> list[str]:
     return sorted(p for p in objects if p.startswith(f"xla_pcache-1/{folder}/"))
 
 
-def _executables(objects: dict[str, Any]) -> list[str]:
-    """The entries, less the worker processes' prefetch plan."""
-    return [p for p in _under(objects, "entries") if not p.endswith(worker_plan_name())]
+def _executables(server: S3Server, prefix: str) -> list[str]:
+    """The entries, less the worker processes' prefetch plan and the programs' module
+    records (told by the key in each object's header)."""
+    client = bucket_client(server, prefix)
+    return [
+        p
+        for p in _under(_objects(server, prefix), "entries")
+        if not is_beside(entry_file_key(bytes(obstore.get(client, p).bytes())))
+    ]
 
 
 def cli(*args: str) -> Any:
@@ -126,13 +132,12 @@ def test_a_cold_host_fills_the_bucket_and_makes_nothing_elsewhere(
     report = cold["report"]
     assert hits(report) == [0] * 5
     objects = _objects(s3_server, fleet["prefix"])
-    assert len(_executables(objects)) == 2 and not _under(objects, "claims"), (
-        objects,
-        warnings_of(report),
-    )
-    # Its exit record: no use (every get missed), 3 entries written (2 programs, its plan).
+    assert len(_executables(s3_server, fleet["prefix"])) == 2, (objects, warnings_of(report))
+    assert not _under(objects, "claims"), objects
+    # Its exit record: no use (every get missed), 5 entries written (2 programs, their
+    # module records, its plan).
     (record,) = _under(objects, "records")
-    assert record.split("-")[-2] == "3", record
+    assert record.split("-")[-2] == "5", record
     # JAX's option names the host-local store; that and the other buckets' are all there is.
     local = cold["home"] / "xla_pcache" / "remote" / bucket.local_name(fleet["url"])
     assert report["inspect"][0]["cache_dir"] == str(local)
@@ -196,7 +201,8 @@ def test_four_hosts_warm_start_and_compile_each_new_program_once(
     assert sorted(hits(r)[2] for r in four) == [0, 1, 1, 1], [hits(r) for r in four]
     assert len({str(results(r)[4]) for r in four}) == 1
     objects = _objects(s3_server, fleet["prefix"])
-    assert len(_executables(objects)) == 3 and not _under(objects, "claims"), objects
+    assert len(_executables(s3_server, fleet["prefix"])) == 3, objects
+    assert not _under(objects, "claims"), objects
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +221,7 @@ def read_only(fleet: dict[str, Any], reader: dict[str, Any], s3_server: S3Server
 
 @pytest.mark.jax
 def test_a_read_only_host_writes_nothing_to_the_bucket(
-    fleet: dict[str, Any], read_only: Any
+    fleet: dict[str, Any], read_only: Any, s3_server: S3Server
 ) -> None:
     before, report, after = read_only
     assert hits(report) == [1, 0]  # served from the bucket; a new program compiled
@@ -224,21 +230,21 @@ def test_a_read_only_host_writes_nothing_to_the_bucket(
     # the fleet's plan it fetched, as the bucket has it.
     local = fleet["tmp"] / "c" / "xla_pcache" / "remote" / bucket.local_name(fleet["url"])
     with Store(local, read_only=True, settings=Settings()) as store:
-        assert len(executables(store)) > len(_executables(before))
+        assert len(executables(store)) > len(_executables(s3_server, fleet["prefix"]))
         (plan,) = [e["key"] for e in store.entries() if e["name"] == worker_plan_name()]
         blob = store.get(plan)
         assert blob is not None
         variants = _plan.decode(bytes(blob)).variants
         stats = store.stats()
     build = jax_build.build()
-    assert str(plan).endswith(build.suffix)
+    assert builds.split_key(str(plan))[1] is None, "one plan, whatever the build"
     named = {
         f"xla_pcache-1/entries/{entry_name(build.store_key(e.key))}"
         for v in variants
         for e in v.entries
     }
     assert named
-    assert named <= set(_executables(before)), "the plan names the new program"
+    assert named <= set(_executables(s3_server, fleet["prefix"])), "the plan names the new one"
     assert stats["prefetch_plans_written"] == 0
 
 
@@ -260,14 +266,14 @@ def test_prune_keeps_the_bucket_within_budget_and_what_was_read_last(
     out = cli("config", "--path", url, "--max-size", str(budget))
     assert out.exit_code == 0, out.output
     stats = json.loads(cli("stats", "--path", url, "--json").output)
-    # Three programs and the fleet's prefetch plan (an entry too, last written by the four
-    # hosts, before E's read).
-    assert (stats["entries"], stats["max_size"], stats["records_pending"]) == (4, budget, 6)
+    # Three programs, their module records and the fleet's prefetch plan (entries too, the
+    # plan last written by the four hosts, before E's read).
+    assert (stats["entries"], stats["max_size"], stats["records_pending"]) == (7, budget, 6)
     assert stats["fill"] > 1
     out = cli("prune", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
-    assert (report["removed"], report["entries"]) == (3, 1), report
+    assert (report["removed"], report["entries"]) == (6, 1), report
     objects = _objects(s3, prefix)
     assert _under(objects, "entries") == [f"xla_pcache-1/entries/{first}"]
     assert not _under(objects, "records")  # folded into usage

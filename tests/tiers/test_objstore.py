@@ -23,7 +23,7 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.chain import open_chain, redact
 from xla_pcache.tiers.objstore import ENTRY_DIR, ObjectClaim, ObjectClaims, parse_object_url
 
-from tests.helpers import cli_out, hooks_env
+from tests.helpers import cli_out, entry_file_key, hooks_env, is_module_record
 from tests.jax.helpers import (
     finish_jax,
     hits,
@@ -465,8 +465,18 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     got = [hits(r)[0] for r in reports]
     assert sorted(got) == [0, 1, 1, 1, 1, 1], got
     assert len({str(results(r)[5]) for r in reports}) == 1
-    # The claim is gone from the bucket once the entry is there (beside the processes' plan).
-    names = [n for n in _objects(s3_server, prefix) if not n.endswith(worker_plan_name())]
+    # The claim is gone from the bucket once the entry is there (beside the processes' plan
+    # and the program's module record).
+    client = bucket_client(s3_server, prefix)
+    names = [
+        n
+        for n in _objects(s3_server, prefix)
+        if not n.endswith(worker_plan_name())
+        and not (
+            "/entries/" in n
+            and is_module_record(entry_file_key(bytes(obstore.get(client, n).bytes())))
+        )
+    ]
     assert [n.split("/")[1] for n in names] == ["entries"], names
 
 

@@ -198,12 +198,18 @@ def _resolve_path(path: str | None) -> str:
 
 
 def _remove_demo_entries(path: str, nonce: str, plans: set[str]) -> tuple[int, int]:
-    """Removes the demo's executables and its processes' plans: how many of each."""
+    """Removes the demo's executables (with their module records) and its processes' plans:
+    how many executables and plans."""
     from xla_pcache.cache_path import open_store
+    from xla_pcache.jax._module_record import record_key
 
+    program = f"jit_{DEMO_PREFIX}{nonce}"
     with open_store(path) as store:
         every = store.keys()  # a list, not a dict view
-        mine = [k for k in every if str(k).startswith(f"jit_{DEMO_PREFIX}{nonce}")]
+        mine = [k for k in every if str(k).startswith(program)]
+        for k in every:
+            if str(k).startswith(record_key(program)):
+                store.delete(k)
         return sum(1 for k in mine if store.delete(k)), sum(1 for k in plans if store.delete(k))
 
 

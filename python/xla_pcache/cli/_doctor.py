@@ -113,8 +113,8 @@ _JAX_PROBE = textwrap.dedent(
 
     out = {"backend": jax.default_backend(), "serialize": False, "load": False}
     try:
-        import xla_pcache.jax as xj
-        xj._hooks()
+        from xla_pcache.jax import _hooks
+        _hooks.find()
         out["adapter"] = "ok"
     except Exception as exc:
         out["adapter"] = f"{type(exc).__name__}: {exc}"
@@ -125,6 +125,13 @@ _JAX_PROBE = textwrap.dedent(
         out["prefetch"] = "ok" if isinstance(form, int) else form
     except Exception as exc:
         out["prefetch"] = f"{type(exc).__name__}: {exc}"
+    try:
+        from jax._src import compiler
+        from xla_pcache.jax import _compile_hook
+        form = _compile_hook.read_form(compiler)
+        out["compile_ahead"] = "ok" if isinstance(form, tuple) else form
+    except Exception as exc:
+        out["compile_ahead"] = f"{type(exc).__name__}: {exc}"
     x = np.arange(16, dtype=np.float32)
     compiled = jax.jit(lambda x: jnp.cumsum(jnp.sin(x) * 2.0)).lower(x).compile()
     expected = np.asarray(compiled(x))
@@ -296,6 +303,7 @@ _PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "load": bool,
     "adapter": str,
     "prefetch": str,
+    "compile_ahead": str,
     "detail": str,
     "bytes": int,
 }
@@ -622,13 +630,18 @@ def collect(path: str | None) -> dict[str, Any]:
 
 def _prefetch_settings(settings: Settings) -> dict[str, Any]:
     """How JAX processes started with this environment load ahead."""
-    from xla_pcache.config import PREFETCH_VAR
+    from xla_pcache.config import COMPILE_AHEAD_VAR, PREFETCH_VAR
 
     return {
         "state": "on" if settings.prefetch else f"off ({PREFETCH_VAR}=0)",
         "threads": settings.prefetch_thread_count(),
         "memory": settings.prefetch_memory,
         "name": settings.prefetch_name,
+        "compile_ahead": {
+            "state": "on" if settings.compile_ahead else f"off ({COMPILE_AHEAD_VAR}=0)",
+            "threads": settings.compile_ahead_thread_count(),
+            "memory_kept_free": settings.compile_ahead_reserve(),
+        },
     }
 
 
@@ -819,6 +832,18 @@ def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
         if hook is not None and hook != "ok":
             line += f"; [red]off in this JAX[/]: {_e(hook)}"
     console.print(line)
+    ahead = pf.get("compile_ahead")
+    if ahead and pf["state"] == "on":
+        line = f"Compiling ahead what is missing (JAX): {_e(ahead['state'])}"
+        if ahead["state"] == "on":
+            line += (
+                f", {ahead['threads']} threads, starting only while more than "
+                f"{format_size(ahead['memory_kept_free'])} of memory is available"
+            )
+            hook = jax.get("compile_ahead")
+            if hook is not None and hook != "ok":
+                line += f"; [red]off in this JAX[/]: {_e(hook)}"
+        console.print(line)
     counts = report["cache"].get("prefetch")
     if counts:
         console.print(
@@ -826,7 +851,10 @@ def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
             f"ahead, {counts.get('used', 0)} used, {counts.get('wasted', 0)} wasted, "
             f"{counts.get('errors', 0)} failed, time saved "
             f"{human_duration(counts.get('saved_ms', 0) / 1000)}; plans written "
-            f"{counts.get('plans_written', 0)}, refused {counts.get('plans_refused', 0)}"
+            f"{counts.get('plans_written', 0)}, refused {counts.get('plans_refused', 0)}; "
+            f"compiled ahead {counts.get('compiled', 0)}, used "
+            f"{counts.get('compiled_used', 0)}, module records refused "
+            f"{counts.get('modules_refused', 0)}"
         )
 
 

@@ -63,6 +63,10 @@ _STAT_ROWS = (
     ("prefetch_saved_ms", "time loading ahead saved"),
     ("prefetch_plans_written", "plans written"),
     ("prefetch_plans_refused", "plans refused"),
+    # Compiling ahead (JAX): see docs/jax.md.
+    ("prefetch_compiled", "programs compiled ahead"),
+    ("prefetch_compiled_used", "compiled ahead and used"),
+    ("prefetch_modules_refused", "module records refused"),
     # The runtime's build (docs/jax.md): starts that paid its hash for want of a record.
     ("build_rehashes", "starts that hashed the runtime (no record kept; see doctor)"),
 )

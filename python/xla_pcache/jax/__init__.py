@@ -19,11 +19,28 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from xla_pcache import builds, cache_path, metrics
-from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
-from xla_pcache.jax import _adopt, _backend_wait, _build, _prefetch, _read_hook, _single_flight
+from xla_pcache.jax import (
+    _adopt,
+    _backend_wait,
+    _build,
+    _compile_ahead,
+    _compile_hook,
+    _hooks,
+    _prefetch,
+    _read_hook,
+    _single_flight,
+)
 from xla_pcache.jax import _thresholds as _jax_thresholds
+from xla_pcache.jax._hooks import (
+    CACHE_DIR_OPTION,
+    RAISE_ERRORS_OPTION,
+    SUPPORTED_JAX,
+    XLA_CACHES_DEFAULT,
+    XLA_CACHES_OPTION,
+    Hooks,
+)
 from xla_pcache.jax._store_cache import _StoreCacheImpl
 from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store, StoreOptions, settle
@@ -41,101 +58,11 @@ __all__ = [
 
 logger = package_logger(__name__)
 
-# What CI runs the adapter tests against; the range install() accepts.
-MIN_JAX = (0, 4, 36)
-SUPPORTED_JAX = "jax >= 0.4.36 (CI tests 0.4.36, 0.7.2, 0.10.2 and 0.12.0.1)"
-
-# JAX's default for this option asks XLA to keep GPU autotune results in a sub-directory
-# of the cache directory. On jax 0.10.x that sub-directory's absolute path is part of every
-# cache key (fixed in 0.11), so the same program misses when the cache is mounted
-# elsewhere; and it would put loose files inside the store's root. Executables in the
-# store already contain the autotuned code, so install() turns these side caches off.
-_XLA_CACHES_OPTION = "jax_persistent_cache_enable_xla_caches"
-_CACHE_DIR_OPTION = "jax_compilation_cache_dir"
-_RAISE_ERRORS_OPTION = "jax_raise_persistent_cache_errors"
-_XLA_CACHES_DEFAULT = _adopt.XLA_CACHES_DEFAULT
-
-
-@dataclasses.dataclass(frozen=True)
-class _Hooks:
-    """The private JAX objects this adapter relies on, found by feature detection."""
-
-    jax: Any
-    cc: Any  # jax._src.compilation_cache
-    cache_interface: type
-    verification_cache: Any  # class or None on JAX versions without the wrapper
-    has_xla_caches_option: bool
-    needs_path_workaround: bool = True
-    compiler: Any = None  # jax._src.compiler, whose compile_or_get_cached single flight wraps
-
-
-def _hooks() -> _Hooks:
-    """Import jax and check for every hook; one CacheError naming what is missing."""
-    try:
-        import jax
-        from jax._src import compilation_cache as cc
-        from jax._src import compilation_cache_interface as cci
-    except ImportError as exc:
-        raise CacheError(
-            f"xla_pcache.jax needs {SUPPORTED_JAX}; importing it failed: {exc}. "
-            'Install it with `pip install "xla-pcache[jax]"`.'
-        ) from exc
-    version = _adopt.version_tuple(str(getattr(jax, "__version__", "0")))
-    if version < MIN_JAX:
-        raise CacheError(
-            f"xla_pcache.jax supports {SUPPORTED_JAX}; this is jax {jax.__version__}. "
-            'Upgrade it (`pip install -U "jax[cpu]"`) or set XLA_PCACHE_DISABLE=1.'
-        )
-    missing = [
-        name
-        for name, ok in (
-            ("compilation_cache.get_file_cache", callable(getattr(cc, "get_file_cache", None))),
-            ("compilation_cache.reset_cache", callable(getattr(cc, "reset_cache", None))),
-            ("compilation_cache._cache", hasattr(cc, "_cache")),
-            ("compilation_cache_interface.CacheInterface", hasattr(cci, "CacheInterface")),
-            (_CACHE_DIR_OPTION, _CACHE_DIR_OPTION in jax.config.values),
-        )
-        if not ok
-    ]
-    if missing:
-        raise CacheError(
-            f"xla_pcache.jax supports {SUPPORTED_JAX}; jax {jax.__version__} lacks "
-            f"{', '.join(missing)}"
-        )
-    return _Hooks(
-        jax=jax,
-        cc=cc,
-        cache_interface=cci.CacheInterface,
-        verification_cache=getattr(cc, "VerificationCache", None),
-        has_xla_caches_option=_XLA_CACHES_OPTION in jax.config.values,
-        needs_path_workaround=_adopt.keys_hold_the_path(str(jax.__version__)),
-        compiler=_compiler_module(),
-    )
-
-
-def _compiler_module() -> Any:
-    try:
-        from jax._src import compiler
-    except ImportError:
-        return None
-    return compiler
-
-
-def _writes_cache() -> bool:
-    """Whether JAX would put what this process compiles: it writes from process 0 only."""
-    try:
-        from jax._src import distributed
-
-        return int(getattr(distributed.global_state, "process_id", 0) or 0) == 0
-    except Exception:
-        return True
-
-
 _class_lock = threading.Lock()
 _store_cache_class: type[_StoreCacheImpl] | None = None
 
 
-def _cache_class(hooks: _Hooks) -> type[_StoreCacheImpl]:
+def _cache_class(hooks: Hooks) -> type[_StoreCacheImpl]:
     """``StoreCache``: built on first use because its base class lives inside jax."""
     global _store_cache_class
     with _class_lock:
@@ -151,13 +78,13 @@ def _cache_class(hooks: _Hooks) -> type[_StoreCacheImpl]:
 def __getattr__(name: str) -> Any:
     # ``xla_pcache.jax.StoreCache`` imports jax on first access, not at module import.
     if name == "StoreCache":
-        return _cache_class(_hooks())
+        return _cache_class(_hooks.find())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass
 class _Installation:
-    hooks: _Hooks
+    hooks: Hooks
     path: str
     # What every store of this installation is opened with (install()'s arguments over the
     # settings, JAX's own budget below the variable's).
@@ -195,34 +122,13 @@ class _Installation:
     prefetch_form: int | None = None
     settings: Settings = dataclasses.field(default_factory=Settings)
     session: _prefetch.Prefetch | None = None
+    # Compiling ahead: the form of JAX's compile function the wrapper stands beside (None:
+    # off); each session has its own (``Prefetch.ahead``).
+    compile_form: int | None = None
 
 
 _state_lock = threading.RLock()
 _installed: _Installation | None = None
-
-
-def _producer_meta(hooks: _Hooks) -> dict[str, str]:
-    meta = {"framework": "jax", "framework_version": str(hooks.jax.__version__)}
-    try:
-        import jaxlib
-
-        meta["jaxlib_version"] = str(getattr(jaxlib, "__version__", "unknown"))
-    except Exception:
-        pass
-    return meta
-
-
-def _backend_platform(hooks: _Hooks) -> str | None:
-    """The default backend's platform, when backends are already up (they are by the time
-    JAX first builds its cache, during a compilation); never initialize them here."""
-    try:
-        from jax._src import xla_bridge
-
-        if not getattr(xla_bridge, "_backends", None):
-            return None
-        return str(xla_bridge.get_backend().platform)
-    except Exception:
-        return None
 
 
 def _open_store(where: cache_path.Route, options: StoreOptions) -> Store | None:
@@ -245,7 +151,7 @@ def _jax_dir_source(value: str | None) -> str:
     """Where JAX's cache directory came from: its variable, or ``jax.config.update``."""
     if value and os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip() == value:
         return "JAX_COMPILATION_CACHE_DIR"
-    return _CACHE_DIR_OPTION if value else "the default path"
+    return CACHE_DIR_OPTION if value else "the default path"
 
 
 def _factory(path: str) -> tuple[Any, str] | None:
@@ -264,7 +170,7 @@ def _factory(path: str) -> tuple[Any, str] | None:
             inst.warned.add(where.path)
             cache_path.warn_unserved(
                 where,
-                _CACHE_DIR_OPTION,
+                CACHE_DIR_OPTION,
                 "JAX uses its own cache there"
                 if where.own_cache
                 else "JAX compiles without a persistent cache",
@@ -303,7 +209,7 @@ def _factory(path: str) -> tuple[Any, str] | None:
     # caches go there, never into a directory named after the URL).
     path = store.path
     meta = dict(inst.meta)
-    platform = _backend_platform(inst.hooks)
+    platform = _hooks.backend_platform(inst.hooks)
     if platform is not None:
         meta["backend"] = platform
     hooks = inst.hooks
@@ -314,7 +220,7 @@ def _factory(path: str) -> tuple[Any, str] | None:
     flight = None
     # In "error" mode a miss raises: no claim is taken that nobody would publish.
     if inst.compile_wait > 0 and hooks.compiler is not None and inst.on_miss != "error":
-        flight = _single_flight.SingleFlight(store, inst.compile_wait, _writes_cache)
+        flight = _single_flight.SingleFlight(store, inst.compile_wait, _hooks.writes_cache)
     cache: Any = _cache_class(hooks)(
         store,
         meta,
@@ -338,6 +244,8 @@ def _factory(path: str) -> tuple[Any, str] | None:
             session = _session(inst, store, build)
         session.attached = True
     cache.prefetch = session
+    # Recording and compiling ahead, the session's (the compile wrapper finds it here).
+    cache.ahead = None if session is None else session.ahead
     with _state_lock:
         # JAX builds a new cache after reset_cache or a new directory: the last one's
         # session ends (its plan written, what it loaded released).
@@ -354,7 +262,7 @@ def _session(
 ) -> _prefetch.Prefetch:
     assert inst.prefetch_form is not None
     settings = inst.settings
-    return _prefetch.Prefetch(
+    session = _prefetch.Prefetch(
         store,
         inst.hooks.cc,
         threads=settings.prefetch_thread_count(),
@@ -367,6 +275,19 @@ def _session(
         # bucket, load from the plan the writers keep and write none.
         write_plans=not (store.read_only or getattr(store, "bucket_ro", False)),
     )
+    if inst.compile_form is not None:
+        # Compiling ahead what the plan names and the store lacks: from the backend's start,
+        # as loading is; a read-only process compiles into its memory only.
+        session.ahead = _compile_ahead.CompileAhead(
+            store,
+            _compile_hook.xla_client(),
+            form=inst.compile_form,
+            threads=settings.compile_ahead_thread_count(),
+            reserve=settings.compile_ahead_reserve(),
+            writes=not store.read_only,
+            meta=inst.meta,
+        )
+    return session
 
 
 def _begin_loading(inst: _Installation) -> None:
@@ -457,7 +378,7 @@ def install(
     installed jax lacks the hooks this adapter needs, ``ValueError`` on malformed settings.
     """
     global _installed
-    hooks = _hooks()
+    hooks = _hooks.find()
     jax_config = hooks.jax.config
     settings = Settings.from_env()
     if settings.max_size is None:
@@ -483,7 +404,7 @@ def install(
     with _state_lock:
         if _installed is not None:
             uninstall()
-        previous_dir = jax_config.values.get(_CACHE_DIR_OPTION)
+        previous_dir = jax_config.values.get(CACHE_DIR_OPTION)
         if path is not None:
             resolved_path, source = os.fspath(path), "install(path)"
         elif settings.path:
@@ -501,7 +422,7 @@ def install(
                 # gs://, s3://, az:// without obstore: JAX's own cache, as without xla_pcache
                 # (which reads such a URL through etils and gcsfs or s3fs).
                 cache_path.warn_unserved(where, source, "JAX uses its own cache there")
-                jax_config.update(_CACHE_DIR_OPTION, where.path)
+                jax_config.update(CACHE_DIR_OPTION, where.path)
                 return None
             cache_path.warn_unserved(where, source, "JAX compiles without a persistent cache")
         store = None
@@ -514,15 +435,15 @@ def install(
         previous_xla_caches: str | None = None
         workaround = hooks.has_xla_caches_option and hooks.needs_path_workaround
         if workaround:
-            previous_xla_caches = jax_config.values.get(_XLA_CACHES_OPTION)
-            if previous_xla_caches not in (None, "none", _XLA_CACHES_DEFAULT):
+            previous_xla_caches = jax_config.values.get(XLA_CACHES_OPTION)
+            if previous_xla_caches not in (None, "none", XLA_CACHES_DEFAULT):
                 logger.warning(
                     "xla_pcache: setting %s='none' (was %r) while installed, so that cache "
                     "keys do not depend on the cache path",
-                    _XLA_CACHES_OPTION,
+                    XLA_CACHES_OPTION,
                     previous_xla_caches,
                 )
-            jax_config.update(_XLA_CACHES_OPTION, "none")
+            jax_config.update(XLA_CACHES_OPTION, "none")
 
         inst = _Installation(
             hooks=hooks,
@@ -532,7 +453,7 @@ def install(
             previous_cache_dir=previous_dir,
             previous_xla_caches=previous_xla_caches,
             store=store,
-            meta=_producer_meta(hooks),
+            meta=_hooks.producer_meta(hooks),
             compile_wait=resolved_wait,
             on_miss=settings.on_miss,
             bucket=loc,
@@ -544,9 +465,9 @@ def install(
             # JAX turns an exception from a cache read into a warning and compiles, unless
             # this option is set: the miss must fail the jitted call.
             _installed.previous_raise_errors = bool(
-                jax_config.values.get(_RAISE_ERRORS_OPTION, False)
+                jax_config.values.get(RAISE_ERRORS_OPTION, False)
             )
-            jax_config.update(_RAISE_ERRORS_OPTION, True)
+            jax_config.update(RAISE_ERRORS_OPTION, True)
         if resolved_wait > 0 and hooks.compiler is not None:
             _single_flight.install_hook(hooks.compiler)
         _installed.settings = settings
@@ -554,6 +475,8 @@ def install(
         if wants_prefetch and store is not None and _read_hook.install_hook(hooks.cc):
             form = _read_hook.read_form(hooks.cc)
             _installed.prefetch_form = form if isinstance(form, int) else None
+            if settings.compile_ahead and hooks.compiler is not None:
+                _installed.compile_form = _compile_hook.install_hook(hooks.compiler, hooks.cc)
         if store is not None and loc is None and where.kind == "local":
             sources = _adopt.sources(store, resolved_path, previous_dir)
             if sources:
@@ -569,7 +492,7 @@ def install(
         hooks.cc.get_file_cache = _factory
         # An unserved URL: no directory at all for JAX (nor for XLA's side caches, which
         # would make one of the URL); JAX compiles without a persistent cache.
-        jax_config.update(_CACHE_DIR_OPTION, None if inst.uncached else resolved_path)
+        jax_config.update(CACHE_DIR_OPTION, None if inst.uncached else resolved_path)
         # Drop a cache JAX may already have built, so the next compilation calls _factory.
         hooks.cc.reset_cache()
         _begin_loading(inst)
@@ -600,11 +523,13 @@ def uninstall() -> None:
         if inst.hooks.compiler is not None:
             _single_flight.uninstall_hook(inst.hooks.compiler)
         _read_hook.uninstall_hook(cc)
+        if inst.hooks.compiler is not None:
+            _compile_hook.uninstall_hook(inst.hooks.compiler)
         if inst.session is not None:
             inst.session.close()
             inst.session = None
         config = inst.hooks.jax.config
-        config.update(_CACHE_DIR_OPTION, inst.previous_cache_dir)
+        config.update(CACHE_DIR_OPTION, inst.previous_cache_dir)
         for decision in inst.thresholds:
             # A value the program set since installation is the program's: left as it is.
             if (
@@ -613,9 +538,9 @@ def uninstall() -> None:
             ):
                 config.update(decision.option, inst.replaced_thresholds[decision.option])
         if inst.hooks.has_xla_caches_option and inst.hooks.needs_path_workaround:
-            config.update(_XLA_CACHES_OPTION, inst.previous_xla_caches)
+            config.update(XLA_CACHES_OPTION, inst.previous_xla_caches)
         if inst.previous_raise_errors is not None:
-            config.update(_RAISE_ERRORS_OPTION, inst.previous_raise_errors)
+            config.update(RAISE_ERRORS_OPTION, inst.previous_raise_errors)
         cc.reset_cache()
         for store in [inst.store, *inst.others]:
             if store is None:
@@ -702,7 +627,8 @@ def prefetch_report() -> dict[str, Any] | None:
     """What loading ahead did in this process so far: the workload its plan is named for,
     the plan's key, how many executables the plan named and what became of each (``taken``
     by a read, ``loaded`` and not yet asked for, ``skipped``, ``missing`` from the store,
-    ``failed``, ``released`` unused), and this process's ``prefetch_*`` counters. None when
+    ``failed``, ``released`` unused), and this process's ``prefetch_*`` counters; with
+    compiling ahead on, ``compile_ahead``: what it compiled and what became of it. None when
     loading ahead is off (or JAX has not built its cache yet)."""
     with _state_lock:
         session = None if _installed is None else _installed.session
@@ -710,6 +636,8 @@ def prefetch_report() -> dict[str, Any] | None:
     if session is None:
         return None
     report = session.report()
+    if session.ahead is not None:
+        report["compile_ahead"] = session.ahead.report()
     if store is not None:
         counters = store.process_stats()
         report["counters"] = {k: v for k, v in counters.items() if k.startswith("prefetch_")}

@@ -237,3 +237,17 @@ def deserialize(slot: Slot, backend: Any, form: int) -> Any:
         raise ValueError(f"no device of id {unknown[0]} here")
     devices = xc.DeviceList(tuple(by_id[d] for d in slot.entry.devices))
     return backend.deserialize_executable(slot.serialized, devices, options)
+
+
+def waits_report(waits: list[tuple[int, float, float]]) -> dict[str, Any]:
+    """Of the reads served from what was loaded ahead (each its place among the reads, what
+    it waited and when its load ended after the session began, in seconds): how many waited,
+    in all and the longest, and when the last load ended."""
+    return {
+        "waited": sum(1 for _, w, _ in waits if w > 0.001),
+        "waited_s": round(sum(w for _, w, _ in waits), 4),
+        "longest_wait": max(
+            ((n, round(w, 4)) for n, w, _ in waits), key=lambda t: t[1], default=None
+        ),
+        "last_load_s": round(max((t for _, _, t in waits), default=0.0), 4),
+    }

@@ -3,10 +3,12 @@ loading each entry ahead of its read takes, kept as an entry of the store.
 
 A plan is named by its workload (``workload``): the entry point (the main module or script;
 ``XLA_PCACHE_PREFETCH_NAME`` instead when set), the JAX version and the process index, hashed
-into the key ``plan_key``, to which the session adds its runtime build's suffix
-(``builds.Build.suffix``, as on every key the adapter stores): a plan per build. All of it is
-known before JAX's backend starts, so the plan can be read (and, on a bucket path, fetched)
-while the backend comes up. Its body holds up to ``MAX_VARIANTS`` variants, one per program
+into the key ``plan_key``, without the runtime build every executable's key ends with: one
+plan per workload, whatever the build (a new build of the runtime finds the plan its
+predecessor wrote, reads each entry under its own build's key, and compiles ahead what it
+lacks; builds whose JAX keys differ keep a variant each). All of it is known before JAX's
+backend starts, so the plan can be read (and, on a bucket path, fetched) while the backend
+comes up. Its body holds up to ``MAX_VARIANTS`` variants, one per program
 that ran under that name: each the ordered list of what a run of it read, with the platform
 and device count it ran on. Which variant a run is, is told by what it reads
 (``_recognition``), never by its command line: programs sharing a script and its arguments,

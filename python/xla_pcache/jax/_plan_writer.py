@@ -133,6 +133,31 @@ class PlanWriter:
         with self._lock:
             return {"seen": len(self._seen), "plan_due": self._dirty}
 
+    def keys_read(self) -> list[str]:
+        """The keys this run read, in order (the first ``_plan.MAX_ENTRIES``)."""
+        with self._lock:
+            return list(self._seen)
+
+    def close(self) -> None:
+        """At the session's end: the plan written if it changed, else, when this run read
+        a key one of its variants holds, a use of it recorded (``Store.touch``): a plan that
+        settled is never written again, and would otherwise be the first entry evicted,
+        before the executables it names. A read-only store records no use."""
+        if self.dirty:
+            self.write(final=True)
+            return
+        with self._lock:
+            key = self._key
+            used = self._known is not None and any(
+                k in known for known in self._known for k in self._seen
+            )
+        if key is None or not used:
+            return
+        try:
+            self._store.touch(key)
+        except Exception as exc:
+            logger.debug("xla_pcache: recording a use of the plan failed: %s", exc)
+
     # -------------------------------------------------------------- writing
 
     def _fetch(self) -> _plan.Plan | None:

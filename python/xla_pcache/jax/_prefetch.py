@@ -12,23 +12,20 @@ platform and device count, and the workers deserialize (``_loads``), in the orde
 recorded run first read the executables. Each read narrows the candidates; with one left,
 its whole list is loaded.
 
-A read of a key whose executable is loaded takes it only when its own compile options, as
-JAX's cache key sees them, its devices and its backend are the ones it was loaded with; it
-waits for one still loading, and one not started yet is loaded next, past the memory bound,
-while it waits; anything else (not planned, failed, other options, host callbacks) goes
-JAX's own way. A taken executable counts the hit the store would have counted, and the
-main-thread time it spared: what its load cost in CPU time (``_loads.CpuShare``) less what
-the read waited. One loaded and never taken is wasted (released, counted) when the run stops
-asking (``IDLE_RELEASE_S``) or at exit. Memory: fetching waits while what is fetched or
-loaded and not taken reaches ``XLA_PCACHE_PREFETCH_MEMORY`` bytes. A failure in the
-background is a miss for that key and a counter, never an exception in the program: a
-payload JAX's functions cannot decompress is logged at debug level (JAX's own read of the
-key meets it and warns), any other failure is one warning per kind. The threads are daemons
-and the exit hook waits for loads in progress at most ``CLOSE_WAIT_S``.
+A read takes a loaded executable only when its compile options (as JAX's cache key sees
+them), devices and backend are the ones it was loaded with; it waits for one loading, and
+has one not started loaded next; anything else goes JAX's own way. A taken executable counts
+the hit the store would have, and the main-thread time it spared (its load's CPU time,
+``_loads.CpuShare``, less the wait); one never taken is wasted when the run stops asking
+(``IDLE_RELEASE_S``) or at exit. Fetching waits while ``XLA_PCACHE_PREFETCH_MEMORY`` bytes
+are held. A failure in the background is a miss and a counter, never an exception. An
+entry the store lacks is handed to compiling ahead (``_compile_ahead``), which the session
+closes.
 
 What the run read is recorded, and the plan written when it differs from what is stored
 (``_plan_writer``). Every key the session gives the store carries this process's runtime
-build (``xla_pcache.builds``), so that nothing another build compiled is ever loaded ahead.
+build (``xla_pcache.builds``), so that nothing another build compiled is ever loaded ahead;
+the plan's key does not (one plan per workload, whatever the build).
 """
 
 from __future__ import annotations
@@ -46,6 +43,7 @@ from xla_pcache import builds
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _loads, _plan
 from xla_pcache.jax._backend_wait import process_index
+from xla_pcache.jax._compile_ahead import CompileAhead
 from xla_pcache.jax._loads import (
     PENDING,
     CpuShare,
@@ -144,6 +142,9 @@ class Prefetch:
         self._plan: _plan.Plan | None = None
         # None until the plan is read; ``_applied`` once the backend is known and applied.
         self._recog: Recognition | None = None
+        self._order: dict[str, int] = {}
+        # Compiling ahead what the store lacks (None: nothing is); closed with the session.
+        self.ahead: CompileAhead | None = None
         self._applied = False
         self._waited = False
         self._slots: dict[str, Slot] = {}
@@ -231,7 +232,7 @@ class Prefetch:
 
     def _read_plan(self) -> None:
         self._workload = _plan.workload(self._name, self._jax_version, self._process)
-        self._key = _plan.plan_key(self._workload) + self._suffix
+        self._key = _plan.plan_key(self._workload)
         plan = self._fetch_plan()
         with self._cond:
             self._plan = plan
@@ -302,6 +303,8 @@ class Prefetch:
             self._applied = True
             self._cond.notify_all()
             planned, variants = len(self._slots), self._recog.variants
+        if self.ahead is not None:
+            self.ahead.backend_up(backend, self._suffix, wanted)
         assert self._key is not None
         self._writer.bind(self._key, self._workload, self._suffix, self._plan, platform, count)
         if variants:
@@ -328,7 +331,7 @@ class Prefetch:
             self._queue.append(slot)
             new.add(entry.key)
         if new:
-            order = self._recog.order()
+            order = self._order = self._recog.order()
             end = len(order)
             self._queue.sort(key=lambda s: (not s.urgent, order.get(s.entry.key, end)))
             self._count([("planned", len(new))])
@@ -566,9 +569,10 @@ class Prefetch:
             key = slot.entry.key + self._suffix
             got = _loads.fetch(slot.entry, self.store, key, self._cc, self._digest_options)
         if got is None:
+            # Handed to compiling ahead before a read waiting for it can go JAX's way.
+            self._entry_absent(slot)
             with self._cond:
                 slot.state = State.MISSING
-            self._entry_absent(slot)
             return False
         with self._cond:
             if self._closed:
@@ -583,8 +587,9 @@ class Prefetch:
 
     def _entry_absent(self, slot: Slot) -> None:
         """A planned entry the store does not hold (evicted, pruned, or never stored for
-        this build): its read goes JAX's way and compiles. Where compiling it ahead of that
-        read would begin."""
+        this build): its read goes JAX's way and compiles, from what was compiled ahead."""
+        if self.ahead is not None:
+            self.ahead.absent(slot.entry.key, self._order.get(slot.entry.key))
 
     def _deserialize(self, slot: Slot) -> None:
         """Deserialize ``slot``'s fetched executable with the backend (off the lock)."""
@@ -657,8 +662,10 @@ class Prefetch:
             for slot in held:
                 self._release(slot)
         self._count([("wasted", len(held))])
-        if self._writer.dirty:
-            self._writer.write(final=True)
+        # The plan written if it changed, or noted as used (it ages with what it names).
+        self._writer.close()
+        if self.ahead is not None:
+            self.ahead.close(self._writer.keys_read())
         with _sessions_lock:
             _sessions.discard(self)
         try:
@@ -683,15 +690,7 @@ class Prefetch:
                 "candidates": recog.candidates if recog is not None else 0,
                 **self._writer.report(),
                 "in_flight": self._in_flight,
-                # Reads served from what was loaded ahead that waited for it: how many, in
-                # all and the longest (seconds), and when the last load ended after the
-                # session began.
-                "waited": sum(1 for _, w, _ in self._waits if w > 0.001),
-                "waited_s": round(sum(w for _, w, _ in self._waits), 4),
-                "longest_wait": max(
-                    ((n, round(w, 4)) for n, w, _ in self._waits), key=lambda t: t[1], default=None
-                ),
-                "last_load_s": round(max((t for _, _, t in self._waits), default=0.0), 4),
+                **_loads.waits_report(self._waits),
                 # The main-thread time the takes spared (``prefetch_saved_ms``), and their
                 # loads' CPU and wall time on the workers.
                 "saved_s": round(self._saved_s, 4),

@@ -11,7 +11,15 @@ from typing import Any
 from xla_pcache import builds, explain
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax import _adopt, _build, _keyparts, _plan, _prefetch, _single_flight
+from xla_pcache.jax import (
+    _adopt,
+    _build,
+    _compile_ahead,
+    _keyparts,
+    _plan,
+    _prefetch,
+    _single_flight,
+)
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
@@ -33,6 +41,9 @@ class _StoreCacheImpl:
     # Loading ahead for this cache (``_prefetch``): what the wrapped
     # ``get_executable_and_time`` looks for on JAX's cache; None: reads go JAX's way.
     prefetch: _prefetch.Prefetch | None = None
+    # Recording and compiling ahead for this cache (``_compile_ahead``): what the wrapped
+    # compile function looks for on JAX's cache; None: JAX compiles as before.
+    ahead: _compile_ahead.CompileAhead | None = None
 
     def __init__(
         self,
@@ -102,6 +113,9 @@ class _StoreCacheImpl:
                 self._warn("read", key, exc)
                 return None
         if blob is None:
+            if self.ahead is not None:
+                # JAX compiles it next: what compiles ahead of it is to be found then.
+                self.ahead.missed(key)
             # Misses only: the hit path above records nothing.
             new, parts = _keyparts.missed(key)
             if new:
@@ -159,6 +173,9 @@ class _StoreCacheImpl:
             digest = self.prefetch.load_digest(key) if self.prefetch is not None else None
             if digest is not None:
                 meta[_plan.META_LOAD_DIGEST] = digest
+            if self.ahead is not None:
+                # The program's module record beside it; a program compiled ahead's time.
+                meta = self.ahead.stored(key, meta)
             self._store.put(skey, value, meta=meta)
         except Exception as exc:
             self._warn("write", key, exc)

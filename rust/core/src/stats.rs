@@ -82,8 +82,8 @@ pub enum Counter {
     /// Loading ahead (the JAX adapter's prefetch, counted through `Store::add_prefetch`):
     /// entries a plan named, loaded ahead, taken by a read, loaded and never taken, failed
     /// in the background, the time the reads saved (ms), plans written, plans refused.
-    /// Appended last, after `OtherBuild` (journals that end at `other_build` read them as
-    /// 0), in `PREFETCH_COUNTER_NAMES` order.
+    /// Appended after `OtherBuild` (journals that end at `other_build` read them as 0), in
+    /// `PREFETCH_COUNTER_NAMES` order; the compile-ahead ones, below, follow `BuildRehashes`.
     PrefetchPlanned,
     PrefetchLoaded,
     PrefetchUsed,
@@ -94,21 +94,28 @@ pub enum Counter {
     PrefetchPlansRefused,
     /// Process starts whose runtime build was computed with no record to keep its binaries'
     /// identities in (`build_id.rs`: neither the home nor a directory of this user's own on
-    /// this host could be written), so every such start hashes them again. Appended last.
+    /// this host could be written), so every such start hashes them again. Appended after
+    /// the loading-ahead counters.
     BuildRehashes,
+    /// Compiling ahead (the JAX adapter, counted through `Store::add_prefetch` as loading
+    /// ahead is, the last three of `PREFETCH_COUNTER_NAMES`): programs compiled ahead from
+    /// their module records, those handed to the framework's compile, module records
+    /// refused. Appended last, after `BuildRehashes` (journals that end there, or at
+    /// `prefetch_plans_refused`, read them as 0).
+    PrefetchCompiled,
+    PrefetchCompiledUsed,
+    PrefetchModulesRefused,
 }
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
 const FIRST_REMOTE: usize = Counter::RemoteHits as usize;
-/// The first of the prefetch counters, in `PREFETCH_COUNTER_NAMES` order.
-const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 
 // Journals written before the core counted tiers by name held 40 more counters after these
 // (per kind of tier, by position). A record of more counters than `N_COUNTERS` adds only the
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
 
-pub const COUNTER_NAMES: [&str; 43] = [
+pub const COUNTER_NAMES: [&str; 46] = [
     "hits",
     "misses",
     "puts",
@@ -152,6 +159,9 @@ pub const COUNTER_NAMES: [&str; 43] = [
     "prefetch_plans_written",
     "prefetch_plans_refused",
     "build_rehashes",
+    "prefetch_compiled",
+    "prefetch_compiled_used",
+    "prefetch_modules_refused",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -169,8 +179,9 @@ pub const TIER_COUNTER_NAMES: [&str; N_TIER_COUNTERS] = [
     "backfills",
 ];
 pub const N_TIER_COUNTERS: usize = 10;
-/// The counters a caller outside the core keeps of its loading ahead (`Store::add_prefetch`),
-/// without their `prefetch_` prefix: the core knows them by name only.
+/// The counters a caller outside the core keeps of its loading and compiling ahead
+/// (`Store::add_prefetch`), without their `prefetch_` prefix: the core knows them by name
+/// only. Each is the counter of the same place in `PREFETCH_COUNTERS`.
 pub const PREFETCH_COUNTER_NAMES: [&str; N_PREFETCH_COUNTERS] = [
     "planned",
     "loaded",
@@ -180,8 +191,26 @@ pub const PREFETCH_COUNTER_NAMES: [&str; N_PREFETCH_COUNTERS] = [
     "saved_ms",
     "plans_written",
     "plans_refused",
+    "compiled",
+    "compiled_used",
+    "modules_refused",
 ];
-pub const N_PREFETCH_COUNTERS: usize = 8;
+pub const N_PREFETCH_COUNTERS: usize = 11;
+/// Where each of `PREFETCH_COUNTER_NAMES` is counted: loading ahead's after `OtherBuild`,
+/// compiling ahead's after `BuildRehashes` (each appended in its turn).
+const PREFETCH_COUNTERS: [Counter; N_PREFETCH_COUNTERS] = [
+    Counter::PrefetchPlanned,
+    Counter::PrefetchLoaded,
+    Counter::PrefetchUsed,
+    Counter::PrefetchWasted,
+    Counter::PrefetchErrors,
+    Counter::PrefetchSavedMs,
+    Counter::PrefetchPlansWritten,
+    Counter::PrefetchPlansRefused,
+    Counter::PrefetchCompiled,
+    Counter::PrefetchCompiledUsed,
+    Counter::PrefetchModulesRefused,
+];
 
 /// The index among the counters of the prefetch counter `counter` (a name of
 /// `PREFETCH_COUNTER_NAMES`).
@@ -189,7 +218,7 @@ pub fn prefetch_counter(counter: &str) -> Option<usize> {
     PREFETCH_COUNTER_NAMES
         .iter()
         .position(|n| *n == counter)
-        .map(|i| FIRST_PREFETCH + i)
+        .map(|i| PREFETCH_COUNTERS[i] as usize)
 }
 
 /// Tiers counted at most, in one process and in the sum over every journal: a journal is
@@ -355,6 +384,8 @@ pub fn add_into(acc: &mut [u64; N_COUNTERS], v: &[u64]) {
 mod tests {
     use super::*;
     const FIRST_TIER: usize = Counter::RemoteBackfills as usize + 1;
+    /// The first of the loading-ahead counters, in `PREFETCH_COUNTER_NAMES` order.
+    const FIRST_PREFETCH: usize = Counter::PrefetchPlanned as usize;
 
     fn meta(v: &str) -> Vec<(String, String)> {
         vec![
@@ -378,24 +409,37 @@ mod tests {
 
     #[test]
     fn prefetch_counters_follow_other_build_in_order() {
+        // The order journals are read in: loading ahead's eight after `other_build`, then
+        // `build_rehashes`, then compiling ahead's three, last.
         assert_eq!(FIRST_PREFETCH, Counter::OtherBuild as usize + 1);
         assert_eq!(COUNTER_NAMES[Counter::OtherBuild as usize], "other_build");
-        assert_eq!(
-            FIRST_PREFETCH + N_PREFETCH_COUNTERS,
-            Counter::BuildRehashes as usize
-        );
-        assert_eq!(Counter::BuildRehashes as usize + 1, N_COUNTERS);
+        assert_eq!(FIRST_PREFETCH + 8, Counter::BuildRehashes as usize);
         assert_eq!(
             COUNTER_NAMES[Counter::BuildRehashes as usize],
             "build_rehashes"
         );
+        assert_eq!(
+            Counter::BuildRehashes as usize + 1,
+            Counter::PrefetchCompiled as usize
+        );
+        assert_eq!(Counter::PrefetchModulesRefused as usize + 1, N_COUNTERS);
+        let mut places = Vec::new();
         for (i, counter) in PREFETCH_COUNTER_NAMES.iter().enumerate() {
-            assert_eq!(
-                COUNTER_NAMES[FIRST_PREFETCH + i],
-                format!("prefetch_{counter}")
-            );
-            assert_eq!(prefetch_counter(counter), Some(FIRST_PREFETCH + i));
+            let at = if i < 8 {
+                FIRST_PREFETCH + i
+            } else {
+                Counter::BuildRehashes as usize + i - 7
+            };
+            assert_eq!(COUNTER_NAMES[at], format!("prefetch_{counter}"));
+            assert_eq!(prefetch_counter(counter), Some(at));
+            assert_eq!(PREFETCH_COUNTERS[i] as usize, at);
+            places.push(at);
         }
+        assert_eq!(
+            places,
+            [34, 35, 36, 37, 38, 39, 40, 41, 43, 44, 45],
+            "the places journals hold them at"
+        );
         for bad in ["", "hits", "prefetch_used", "Used", "used "] {
             assert_eq!(prefetch_counter(bad), None, "{bad:?}");
         }
@@ -463,6 +507,15 @@ mod tests {
         add_into(&mut acc, &[1; Counter::OtherBuild as usize + 1]);
         assert_eq!(acc[Counter::OtherBuild as usize], 1);
         assert!(acc[FIRST_PREFETCH..].iter().all(|v| *v == 0));
+        // One that ends at `prefetch_plans_refused` (before the build's rehashes were
+        // counted), or at `build_rehashes` (before compiling ahead was), reads what follows
+        // as 0.
+        for last in [Counter::PrefetchPlansRefused, Counter::BuildRehashes] {
+            let mut acc = [0u64; N_COUNTERS];
+            add_into(&mut acc, &[1; N_COUNTERS][..last as usize + 1]);
+            assert_eq!(acc[last as usize], 1);
+            assert!(acc[last as usize + 1..].iter().all(|v| *v == 0));
+        }
         assert_eq!(tier_values(&[1, 2]), [1, 2, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(tier_values(&[7; 12]), [7; N_TIER_COUNTERS]);
     }

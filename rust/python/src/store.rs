@@ -492,6 +492,13 @@ impl PyStore {
         py.detach(|| no_panic("contains", || store.contains(key.key())))
     }
 
+    /// Records a use of `key`'s entry, as a hit does, counting nothing (`Store::touch`).
+    fn touch(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = KeyArg::extract(key)?;
+        let store = self.store()?;
+        py.detach(|| no_panic("touch", || store.touch(key.key())))
+    }
+
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let key = KeyArg::extract(key)?;
         let store = self.store()?;

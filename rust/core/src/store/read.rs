@@ -211,6 +211,31 @@ impl Store {
         Ok(self.names_of(key).any(|n| self.entry_exists(n)))
     }
 
+    /// Records a use of `key`'s entry, as a hit does, and counts nothing: for an entry no
+    /// lookup reads while the entries it belongs with are used (the JAX adapter's module
+    /// records, read only when those are gone), so that it ages with them rather than first.
+    /// The first of the key's names with a regular file there is the one touched; its content
+    /// is not read (eviction order is all a use changes). False when there is none, or the
+    /// store is read-only (it records no use).
+    pub fn touch(&self, key: Key<'_>) -> Result<bool, StoreError> {
+        check_key(&key)?;
+        if self.opts.read_only {
+            return Ok(false);
+        }
+        for name in self.names_of(key) {
+            let found = self
+                .dir(&Layout::shard_rel(name))
+                .and_then(|d| d.stat(&Name::entry(name)));
+            if let Ok(st) = found {
+                if st.is_file() {
+                    self.note_hit(name, st.len());
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// The files an entry of `key` may be under (`gate::candidates`): the plain name, and
     /// with trusted keys (or a signer) each trusted signer's own name.
     pub(super) fn names_of<'a>(&'a self, key: Key<'a>) -> impl Iterator<Item = u128> + 'a {

@@ -747,6 +747,30 @@ fn an_uncounted_read_counts_no_lookup_until_count_hit() {
 }
 
 #[test]
+fn a_touch_records_a_use_and_counts_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path(), None);
+    assert!(s.put(key("record"), b"module", &[]).unwrap());
+    assert!(s.touch(key("record")).unwrap());
+    assert!(!s.touch(key("absent")).unwrap());
+    let c = |k: Counter| s.counters.get(k);
+    assert_eq!(
+        (c(Counter::Hits), c(Counter::Misses), c(Counter::BytesRead)),
+        (0, 0, 0)
+    );
+    s.flush();
+    // A use, as a hit records one: what eviction goes by.
+    assert_eq!(open(d.path(), None).entries().unwrap()[0].hits, 1);
+    // A read-only store records no use.
+    let ro = Store::open(d.path(), opts_refresh(None, true)).unwrap();
+    assert!(!ro.touch(key("record")).unwrap());
+    // A directory where the entry would be is not an entry.
+    let squat = s.layout.entry_path(entry_name(b"squat"));
+    std::fs::create_dir_all(&squat).unwrap();
+    assert!(!s.touch(key("squat")).unwrap());
+}
+
+#[test]
 fn prefetch_counters_by_name_reach_the_journal() {
     let d = tempfile::tempdir().unwrap();
     let s = open(d.path(), None);
