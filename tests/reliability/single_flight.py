@@ -110,7 +110,11 @@ def _reached_by_one(hooks: Path, point: str, procs: dict[str, subprocess.Popen[b
 def _claim_stats(root: Path) -> dict[str, Any]:
     with Store(root, read_only=True) as store:
         stats = store.stats()
-    return {k: stats.get(k) for k in CLAIM_COUNTERS}
+        kinds = [e["meta"].get("kind") for e in store.entries()]
+    counted: dict[str, Any] = {k: stats.get(k) for k in CLAIM_COUNTERS}
+    # What each put was: the executable, the workload's plan, the program's module record.
+    counted["module_records"] = kinds.count("module-record")
+    return counted
 
 
 def _summary(results: dict[str, dict[str, Any]], root: Path) -> dict[str, Any]:
