@@ -20,6 +20,7 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
+from xla_pcache.bucket import recorder as upkeep_recorder
 from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.reader import list_requests_bound
 from xla_pcache.cli import app
@@ -550,3 +551,40 @@ def test_made_up_names_cost_a_bounded_number_of_heads_and_remove_nothing_real(
     bound = upkeep.Limits().asks
     assert report["asked"] == bound and wire["head"] <= bound + 2 + 10, (report["asked"], wire)
     assert code == 3 and set(_held(s3, prefix)) == real
+
+
+def test_one_refused_key_makes_writers_prune_neither_never_nor_at_every_check(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """After a prune cut short by one key after every entry, writers' estimate was unknown:
+    the first writer to check an interval later pruned, whatever the size, and so on every
+    interval for as long as the key stayed (each prune paying the key again). Now what that
+    prune saw (listed or reached) plus the writes recorded since it is a lower bound: a
+    writer within it does not prune (a record older than that prune, whose writes its
+    totals hold, does not count), one past it does and keeps the budget, and once a day a
+    writer looks again in case the key is gone."""
+    prefix, url, real = _written_by_a_host(s3, tmp_path)
+    _hidden_after_the_entries(relay, prefix, real, 1)
+    size = sum(_held(s3, prefix).values())
+    b = upkeep.Bucket(url)
+    b.write_stored_budget(upkeep.BucketStoredBudget(max_size=2 * size))
+    code, report, _ = _prune_json(url)
+    assert code == 3 and report["bytes"] == size and report["removed"] == 0, report
+    client = bucket_client(s3, prefix)
+
+    def age_state(seconds: float) -> None:
+        state = json.loads(bytes(obstore.get(client, upkeep.STATE).bytes()))
+        state["time"] -= seconds
+        obstore.put(client, upkeep.STATE, json.dumps(state).encode())
+
+    age_state(3600)
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=2)
+    ms = int(old.timestamp() * 1000)
+    relay.plant(f"{prefix}/{RECORDS}/r-{ms}-{'0' * 16}-1000-{10**9}", size=20, when=old)
+    estimate = b.estimate()
+    assert estimate.lower and estimate.bytes == size, estimate
+    assert _writer(url, tmp_path, "within", n=1, size=100) == (0, 0)
+    assert _writer(url, tmp_path, "past", n=ENTRIES, size=2 * ENTRY_BYTES) == (1, 1)
+    assert sum(_held(s3, prefix).values()) <= 2 * size * upkeep.LOW_WATERMARK
+    age_state(2 * upkeep_recorder.AGE_PRUNE_EVERY_S)
+    assert _writer(url, tmp_path, "a-day-later", n=1, size=100) == (1, 1)

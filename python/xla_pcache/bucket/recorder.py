@@ -56,7 +56,9 @@ _SPOOL_PREFIX = "s-"
 _MAX_SPOOL = 16 << 20
 # At exit, how long a process waits for another of its host that is uploading.
 EXIT_WAIT_S = 5.0
-# With a max age only, writers prune when the last prune is older than this.
+# With a max age only, writers prune when the last prune is older than this; and when the
+# last prune was cut short and the estimate is within the budget (what it could not see may
+# be seen again once the keys that hid it are gone).
 AGE_PRUNE_EVERY_S = 86400.0
 # Entry names an uploaded record holds at most (about 20 bytes each, gzip: 2 MB, well within
 # a record's cap, ``reader.MAX_USE_RECORD``); more go in further records.
@@ -361,15 +363,22 @@ class UseRecorder:
         if budget.max_size is None and budget.max_age_s is None:
             return
         estimate = bucket.estimate()
-        over = budget.max_size is not None and (
-            not estimate.known or estimate.bytes > budget.max_size
-        )
         last = estimate.last_prune
+        over = False
+        if budget.max_size is not None:
+            # An estimate that cannot tell the size: only a prune can.
+            told = estimate.known or estimate.lower
+            over = estimate.bytes > budget.max_size if told else True
+            if estimate.lower and not over:
+                # The last prune was cut short (keys the client refuses hid entries from it)
+                # and what can be seen is within the budget: once a day a prune looks
+                # again, in case the keys are gone.
+                over = last is None or time.time() - last > AGE_PRUNE_EVERY_S
         if not estimate.known and last is not None and time.time() - last < self.interval:
-            # The size cannot be told (the last prune was cut short, or the records cannot
-            # all be listed), and a prune ran less than an interval ago (another host's, or
-            # this one's): one an interval does what can be done, not every writer host of
-            # the fleet one after another.
+            # The size cannot be told, or only what can be seen of it (the last prune was
+            # cut short, or the records cannot all be listed), and a prune ran less than an
+            # interval ago (another host's, or this one's): one an interval does what can be
+            # done, not every writer host of the fleet one after another.
             over = False
         aged = False
         if budget.max_age_s is not None and not final:

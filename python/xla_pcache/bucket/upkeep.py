@@ -169,7 +169,10 @@ class UntrustedReport:
 class Estimate:
     """The bucket's size as the last prune left it plus what hosts recorded writing since;
     ``known`` is False when no prune has run, the last one was cut short, or the records
-    are too many to list here or their listing was (only a prune can tell).
+    are too many to list here or their listing was (only a prune can tell). After a prune
+    cut short (its listing hid entries) with every record listed, ``lower`` is True:
+    ``bytes`` is what that prune saw, listed or reached by name, plus what hosts recorded
+    writing since it, at least what the bucket holds of what can be seen.
     ``last_prune``: when the last prune ran, as its ``state`` says (None: none did)."""
 
     bytes: int
@@ -177,6 +180,7 @@ class Estimate:
     known: bool
     records: int
     last_prune: float | None = None
+    lower: bool = False
 
 
 class Bucket:
@@ -275,18 +279,24 @@ class Bucket:
         state = self.read_state()
         listing = Listing(USE_RECORD_DIR, ESTIMATE_RECORDS, RECORD_NAMES)
         puts = put_bytes = n = 0
+        # A prune cut short keeps the records it could not fold, whose writes its totals
+        # hold: only those recorded after it count on top of them.
+        since = None if state is None or state["complete"] else state["time"]
         for meta in self.reader.listing_of(listing):
             n += 1
             r = parse_use_record(meta)
-            if r is not None:
+            if r is not None and (since is None or r.when > since):
                 puts += r.puts
                 put_bytes += r.put_bytes
         if state is None:
             return Estimate(put_bytes, puts, False, n)
-        if not listing.complete or not state["complete"]:
-            return Estimate(put_bytes, puts, False, n, state["time"])
         total = int(state["bytes"]) + put_bytes
-        return Estimate(total, int(state["entries"]) + puts, True, n, state["time"])
+        entries = int(state["entries"]) + puts
+        if not listing.complete:
+            return Estimate(put_bytes, puts, False, n, state["time"])
+        if not state["complete"]:
+            return Estimate(total, entries, False, n, state["time"], lower=True)
+        return Estimate(total, entries, True, n, state["time"])
 
     # ---------------------------------------------------------------- torch_xla markers
     def mark_torch_xla(self, name: EntryName, graph: str) -> None:
