@@ -495,6 +495,11 @@ def test_keys_refused_after_every_entry_hide_no_entry_from_the_commands_prune(
     # The next prune finds the same within budget, and removes nothing more.
     code, again, _ = _prune_json(url)
     assert code == 3 and again["removed"] == 0 and again["entries_before"] == len(held), again
+    # `stats` cannot list them either; it shows what the last prune saw.
+    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    assert not stats["listing_complete"] and stats["last_prune_complete"] is False, stats
+    assert stats["last_prune_entries"] == len(held), stats
+    assert f"{len(held):,} entries" in _cli("stats", "--path", url).stdout
 
 
 def test_a_writers_own_prune_reaches_the_entries_a_refused_key_hides(

@@ -429,6 +429,10 @@ class Bucket:
             "recorded_puts_bytes": pending_bytes,
             "last_prune": None if state is None else state["time"],
             "last_prune_complete": None if state is None else bool(state["complete"]),
+            # What the last prune left of what it saw (listed, or reached by name when its
+            # listing was cut short): more than this listing shows when one key hides a page.
+            "last_prune_entries": None if state is None else int(state["entries"]),
+            "last_prune_bytes": None if state is None else int(state["bytes"]),
             "claims": claims,
             "junk": junk,
             "listing_complete": listing.complete,
