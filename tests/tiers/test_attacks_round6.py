@@ -250,7 +250,8 @@ def test_objects_planted_at_both_ends_in_time_stop_no_start(
     Planting at both ends costs the writer 64 objects and their markers. Or no garbage at
     all: one key the client refuses after every entry cuts the start's listing of the
     entries short, and markers of entries that listing did not see are followed (a GET
-    each), so 64 markers of no entry do the same."""
+    each), so 64 markers of no entry do the same (until the next prune removes them: the
+    test below)."""
     prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
     n = bucket.PULL_MISSES
     newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
@@ -263,6 +264,28 @@ def test_objects_planted_at_both_ends_in_time_stop_no_start(
             relay.plant_many(
                 [f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in graphs], when=when
             )
+    fetched, wire = _start(url, tmp_path / "host", relay)
+    assert fetched == GRAPHS, wire
+
+
+def test_markers_of_no_entry_behind_a_cut_short_listing_go_at_the_next_prune(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """The second shape above (64 markers of no entry, at both ends in time, and one key
+    that cuts the entries' listing short) still stops a start before any prune. The next
+    prune, cut short by the same key, asks for the markers' entries by name, finds them
+    absent and removes their markers: the start after it fetches every real entry. On main
+    a prune cut short removed no marker of an entry it did not list."""
+    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    n = bucket.PULL_MISSES
+    newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
+    relay.plant(f"{prefix}/{ENTRY_DIR}/{'f' * 32}\x01")
+    for graphs, when in ((newer, NEWER), (older, OLDER)):
+        relay.plant_many(
+            [f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in graphs], when=when
+        )
+    report = upkeep.Bucket(url).prune(max_size=10**9)
+    assert report.cut_short and report.markers_removed == 2 * n, report
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
 
