@@ -1,7 +1,8 @@
 """What a bucket's prune reads, and its limits: the entries listed, with what the hosts'
 records and ``usage`` (``<name> <last use> <uses>`` a line, gzip: the records earlier
 prunes folded) say of their use, folded into them as they stream, so that names of no entry
-cost nothing and a prune's memory is that of the entries it lists."""
+cost nothing (or, when the listing was cut short, go to ``prune_reach.Unseen``, which holds
+a bounded number) and a prune's memory is that of the entries it lists."""
 
 from __future__ import annotations
 

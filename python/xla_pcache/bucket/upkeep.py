@@ -11,7 +11,7 @@ Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``tiers/o
 
 - ``config``: the budget, JSON ``{"max_size": bytes or null, "max_age_s": seconds or null}``,
   written by ``xla-pcache config --path s3://...``;
-- ``records/r-<ms>-<tag>-<puts>-<bytes>``: a use record, the entries one host used since
+- ``records/r-<ms>-<tag>-<puts>-<bytes>``: a use record, the entries one host used and wrote since
   its previous one, one entry name a line, gzip (``recorder.py`` writes them). The name
   carries when (the host's clock, in milliseconds) and how many entries and bytes that host
   wrote to the bucket since, so that a writer estimates the bucket's size from one listing,
@@ -34,8 +34,9 @@ records and usage streamed a line at a time, numbers range-checked, keys the cli
 parse skipped, and whatever does not pass counted and warned about once. A prune's memory
 is that of the entries it lists (``Limits.entries`` bounds it for writers) and a constant:
 the records and ``usage`` are folded into the listed entries as they stream, so names of no
-entry cost nothing. A hostile object can make prune keep or drop entries under the prefix,
-which such a writer could delete anyway; never more.
+entry cost nothing (a prune whose listing was cut short holds a bounded number of them, to
+ask for by name: ``prune_reach.py``). A hostile object can make prune keep or drop entries
+under the prefix, which such a writer could delete anyway; never more.
 """
 
 from __future__ import annotations
