@@ -1,6 +1,7 @@
 """What objects a key-less writer plants in a bucket cost its hosts: a prune's peak memory
-against a planted ``usage`` and planted records, a torch_xla host start's requests against
-planted markers, and `stats`' requests with keys the client cannot parse.
+against a planted ``usage`` and planted records, a prune's reach past one key the client
+refuses after every entry (with and without planted records), a torch_xla host start's
+requests against planted markers, and `stats`' requests with keys the client cannot parse.
 
     python bench/bucket_planted.py                     # this checkout
     python bench/bucket_planted.py --tree ../other     # another checkout's package, same server
@@ -39,8 +40,10 @@ b = Bucket(sys.argv[1])
 b.read_stored_budget()  # the client and its runtime, before the baseline
 base = hwm()
 t = time.perf_counter()
-r = b.prune(max_size=10**12)
-print(json.dumps({"base_kib": base, "peak_kib": hwm(), "s": time.perf_counter() - t}))
+r = b.prune(max_size=int(sys.argv[2]) if len(sys.argv) > 2 else 10**12)
+print(json.dumps({"base_kib": base, "peak_kib": hwm(), "s": time.perf_counter() - t,
+                  "seen": r.entries_before, "removed": r.removed,
+                  "asked": getattr(r, "asked", 0), "reached": getattr(r, "reached", 0)}))
 """
 
 _START = r"""
@@ -125,9 +128,10 @@ def main() -> int:
                 f"xla_pcache-1/entries/{secrets.token_hex(16)}": b"x" * 100 for _ in range(1000)
             }
 
-            def bucket_with(items: dict[str, bytes]) -> str:
+            def bucket_with(items: dict[str, bytes], n: int = len(entries)) -> str:
                 prefix = f"p-{secrets.token_hex(4)}"
-                _plant(bucket_client(server, prefix), {**entries, **items})
+                some = {k: entries[k] for k in sorted(entries)[:n]}
+                _plant(bucket_client(server, prefix), {**some, **items})
                 return server.url(prefix)
 
             def prune(what: str, items: dict[str, bytes]) -> None:
@@ -152,6 +156,37 @@ def main() -> int:
                 name = f"r-{int(time.time() * 1000)}-{secrets.token_hex(8)}-0-0"
                 records[f"xla_pcache-1/records/{name}"] = _gz(body)
             prune(f"{args.records} records of {args.names:,} names of no entry", records)
+
+            # One key refused as a name of its own right after the last of 999 entries: the
+            # listing sees none of them. The hosts' record names them (a put is a use).
+            hidden = 999
+            ours = "".join(sorted(k.rpartition("/")[2] + "\n" for k in entries)[:hidden])
+            named = {
+                f"xla_pcache-1/records/r-{int(time.time() * 1000)}-{'1' * 16}-0-0": _gz(
+                    ours.encode()
+                )
+            }
+
+            def cut_short(what: str, items: dict[str, bytes]) -> None:
+                url = bucket_with({**named, **items}, hidden)
+                prefix = url.rpartition("/")[2]
+                relay.plant(f"{prefix}/xla_pcache-1/entries/{'f' * 32}\x01")
+                relay.take()
+                r = _run(_PRUNE, env, url, str(hidden * 50))  # half of the entries' bytes
+                wire = relay.take()
+                rows.append(
+                    (
+                        f"prune to half, {hidden} entries, a key after the last, {what}",
+                        f"saw {r['seen']:,} (reached {r['reached']:,} of {r['asked']:,} "
+                        f"asked), removed {r['removed']:,}; "
+                        + ", ".join(f"{n} {k.upper()}" for k, n in sorted(wire.items()))
+                        + f"; {r['base_kib'] / 1024:.0f} -> {r['peak_kib'] / 1024:.0f} MiB "
+                        f"peak, {r['s']:.1f} s",
+                    )
+                )
+
+            cut_short("named in a record", {})
+            cut_short(f"and {args.records} records of {args.names:,} made-up names", records)
 
             graphs = [str(10**20 + i) for i in range(args.markers)]
             url = bucket_with(

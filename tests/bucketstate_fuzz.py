@@ -69,7 +69,7 @@ from typing import Any
 
 from xla_pcache import bucket as xbucket
 from xla_pcache import entry_name
-from xla_pcache.bucket import marker_listing, upkeep
+from xla_pcache.bucket import marker_listing, prune_reach, upkeep
 from xla_pcache.bucket import reader as br
 from xla_pcache.bucket.objects import SQUAT_REMOVALS
 from xla_pcache.tiers import objstore
@@ -178,6 +178,10 @@ def prune_bound(c: Census, extra: int, limits: upkeep.Limits) -> Counter[str]:
     - the listings of records, entries, claims and markers, with their refused keys' HEADs;
     - a GET per folded record (at most ``limits.records``) and of ``usage``; ``usage`` and
       ``state`` written;
+    - when its listing of ``entries/`` may be cut short (keys the client refuses there, or
+      more than ``limits.entries``): a listing of ``torch_xla/`` for the names it gives, a
+      HEAD per name asked (at most ``limits.asks``), and a second GET of each record and of
+      ``usage`` (``prune_reach.py``);
     - deletes in batches of ``upkeep.DELETE_BATCH`` per kind removed (entries, junk, folded
       records, stale claims, orphan markers), and per object below one of our names a
       HEAD and a DELETE for each directory it made (at most ``upkeep.SQUAT_DEPTH``).
@@ -202,6 +206,11 @@ def prune_bound(c: Census, extra: int, limits: upkeep.Limits) -> Counter[str]:
     refused = sum(c.refused[d] for d in (*DIRS, "prune.lease"))
     squat_dirs = squat_removals(c)
     out["head"] = br.HEADS_PER_REFUSED * refused + 2 + 1 + squat_dirs + 2
+    capped = limits.entries is not None and c.listed["entries"] + extra > limits.entries
+    if c.refused["entries"] or capped:
+        out["list"] += c.lists("torch_xla", extra, limit=prune_reach.MARKERS_LISTED)
+        out["head"] += limits.asks
+        out["get"] += folded + 1
     out["put"] = 2 + 1 + 2
     batches = sum(
         2 + 2 * math.ceil((c.listed[d] + extra) / upkeep.DELETE_BATCH)

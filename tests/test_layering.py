@@ -45,8 +45,9 @@ LEVELS = {
     "tiers": 1,
     # A bucket's upkeep (the package ``bucket``, over the objstore tier): its objects' names,
     # the requests, the one reader and its listings, the budget, a use record, the prune
-    # lease, what a prune reads and the prune, under the one door, ``bucket.upkeep.Bucket``;
-    # the hosts' records of their uses; the markers a torch_xla host start lists.
+    # lease, what a prune reads, what a prune cut short reaches by name and the prune, under
+    # the one door, ``bucket.upkeep.Bucket``; the hosts' records of their uses; the markers a
+    # torch_xla host start lists.
     "bucket.listing": 1,
     "bucket.reader": 1,
     "bucket.layout": 1,
@@ -55,6 +56,7 @@ LEVELS = {
     "bucket.use_record": 1,
     "bucket.prune_lease": 1,
     "bucket.prune_fold": 1,
+    "bucket.prune_reach": 1,
     "bucket.prune": 1,
     "bucket.marker_listing": 1,
     "bucket.upkeep": 1,

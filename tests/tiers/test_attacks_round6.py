@@ -20,6 +20,7 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
+from xla_pcache.bucket import recorder as upkeep_recorder
 from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.reader import list_requests_bound
 from xla_pcache.cli import app
@@ -249,7 +250,8 @@ def test_objects_planted_at_both_ends_in_time_stop_no_start(
     Planting at both ends costs the writer 64 objects and their markers. Or no garbage at
     all: one key the client refuses after every entry cuts the start's listing of the
     entries short, and markers of entries that listing did not see are followed (a GET
-    each), so 64 markers of no entry do the same."""
+    each), so 64 markers of no entry do the same (until the next prune removes them: the
+    test below)."""
     prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
     n = bucket.PULL_MISSES
     newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
@@ -262,6 +264,28 @@ def test_objects_planted_at_both_ends_in_time_stop_no_start(
             relay.plant_many(
                 [f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in graphs], when=when
             )
+    fetched, wire = _start(url, tmp_path / "host", relay)
+    assert fetched == GRAPHS, wire
+
+
+def test_markers_of_no_entry_behind_a_cut_short_listing_go_at_the_next_prune(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """The second shape above (64 markers of no entry, at both ends in time, and one key
+    that cuts the entries' listing short) still stops a start before any prune. The next
+    prune, cut short by the same key, asks for the markers' entries by name, finds them
+    absent and removes their markers: the start after it fetches every real entry. On main
+    a prune cut short removed no marker of an entry it did not list."""
+    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    n = bucket.PULL_MISSES
+    newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
+    relay.plant(f"{prefix}/{ENTRY_DIR}/{'f' * 32}\x01")
+    for graphs, when in ((newer, NEWER), (older, OLDER)):
+        relay.plant_many(
+            [f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in graphs], when=when
+        )
+    report = upkeep.Bucket(url).prune(max_size=10**9)
+    assert report.cut_short and report.markers_removed == 2 * n, report
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
 
@@ -415,3 +439,180 @@ def test_the_three_plants_at_once_and_markers_far_in_the_future_steer_no_start(
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
     assert wire["get"] <= GRAPHS + 2 * bucket.PULL_MISSES, wire
+
+
+# ------------------------------------------------------------------- entries reached by name
+# One key the client refuses as a name of its own, sorting right after every entry: the
+# service lists it in the first page, the client refuses that page as a whole, and no
+# listing through it sees the entries before it (no page was listed before it to recover
+# from). A prune then saw nothing, removed nothing and exited 3 for any bucket under 1,000
+# entries. The fleet names its entries in its records (a put included), ``usage`` and
+# markers: a prune cut short asks for those it did not list by name, within
+# ``Limits.asks`` HEADs.
+AFTER_EVERY_ENTRY = "f" * 32 + "\x01"
+
+
+def _written_by_a_host(s3: S3Server, home: Path, n: int = ENTRIES) -> tuple[str, str, set[str]]:
+    """A fresh prefix where a writer host put ``n`` entries (no budget yet, so it does not
+    prune), its record uploaded; (prefix, url, the entries' names)."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    settings = Settings.from_env().replace(xdg_cache_home=str(home / "first-writer"))
+    store = open_store(url, settings=settings)
+    assert isinstance(store, bucket.BucketStore)
+    for i in range(n):
+        assert store.put(f"{prefix}-{i}", bytes(ENTRY_BYTES))
+    assert store.remote is not None
+    store.remote.flush()
+    store.close()
+    listed = obstore.list(bucket_client(s3, prefix), ENTRY_DIR).collect()
+    assert len(listed) == n
+    return prefix, url, {str(m["path"]).rpartition("/")[2] for m in listed}
+
+
+def _held(s3: S3Server, prefix: str) -> dict[str, int]:
+    """The entries the server holds (not through the relay): name -> size."""
+    listed = obstore.list(bucket_client(s3, prefix), ENTRY_DIR).collect()
+    return {str(m["path"]).rpartition("/")[2]: int(m["size"]) for m in listed}
+
+
+def _hidden_after_the_entries(relay: S3Relay, prefix: str, real: set[str], n: int) -> None:
+    """``n`` keys the client refuses as names of their own, after every entry."""
+    if n == 1:
+        relay.plant(f"{prefix}/{ENTRY_DIR}/{AFTER_EVERY_ENTRY}")
+        return
+    rng = random.Random(n)
+    low = int(max(real), 16) + 1
+    relay.plant_many(
+        f"{prefix}/{ENTRY_DIR}/{low + rng.randrange(16**32 - low):032x}\x01" for _ in range(n)
+    )
+
+
+@pytest.mark.parametrize("refused", [1, 10_000])
+def test_keys_refused_after_every_entry_hide_no_entry_from_the_commands_prune(
+    refused: int, relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """One key (or ten thousand) the client refuses, after the last entry of a bucket of 12
+    over its budget: on main the command's prune listed none of them, removed none, exit 3,
+    and the bucket stayed over its budget for good. The writer named its puts in its
+    record: the prune asks for them by name and brings the bucket within its budget, and
+    still says it was cut short."""
+    prefix, url, real = _written_by_a_host(s3, tmp_path)
+    size = sum(_held(s3, prefix).values())
+    budget = size // 2
+    _hidden_after_the_entries(relay, prefix, real, refused)
+    upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=budget))
+    relay.take()
+    code, report, err = _prune_json(url)
+    wire = relay.take()
+    assert code == 3 and not report["pruned"] and report["cut_short"], (code, report, err)
+    assert report["entries_before"] == ENTRIES and report["reached"] == ENTRIES, report
+    held = _held(s3, prefix)
+    assert sum(held.values()) <= budget * upkeep.LOW_WATERMARK, (held, report)
+    assert set(report["removed_names"]) <= real and set(held) <= real, report
+    assert report["asked"] <= upkeep.Limits().asks and wire.get("head", 0) <= (
+        report["asked"] + 2 * 257 + 10
+    ), wire
+    if refused > 1:
+        return  # what follows walks the flood again: once is enough
+    # The next prune finds the same within budget, and removes nothing more.
+    code, again, _ = _prune_json(url)
+    assert code == 3 and again["removed"] == 0 and again["entries_before"] == len(held), again
+    # `stats` cannot list them either; it shows what the last prune saw.
+    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    assert not stats["listing_complete"] and stats["last_prune_complete"] is False, stats
+    assert stats["last_prune_entries"] == len(held), stats
+    assert f"{len(held):,} entries" in _cli("stats", "--path", url).stdout
+
+
+def test_a_writers_own_prune_reaches_the_entries_a_refused_key_hides(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """The same key, and a writer whose puts take the bucket past its budget: on main its
+    prune (inside the program, without a delimiter) saw no entry and removed none; every
+    writer after it did the same. It now reaches them by name and keeps the budget. A
+    read-only host of the bucket meanwhile writes nothing to it."""
+    prefix, url, real = _written_by_a_host(s3, tmp_path)
+    _hidden_after_the_entries(relay, prefix, real, 1)
+    budget = sum(_held(s3, prefix).values())  # full: the next puts go past it
+    upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=budget))
+    relay.take()
+    ro = Settings.from_env().replace(xdg_cache_home=str(tmp_path / "reader"), read_only=True)
+    with open_store(url, settings=ro) as reader:
+        assert reader.get(f"{prefix}-0") is not None
+    wire = relay.take()
+    assert not {"put", "post", "delete"} & set(wire), wire
+    prunes, cut_short = _writer(url, tmp_path, "second-writer", n=4, size=ENTRY_BYTES)
+    assert (prunes, cut_short) == (1, 1)
+    held = _held(s3, prefix)
+    assert sum(held.values()) <= budget * upkeep.LOW_WATERMARK, held
+    # Least recently used first: of the first writer's entries, not the ones just written.
+    assert len(real - set(held)) >= 4, held
+
+
+@pytest.mark.parametrize("where", ["a record", "usage, dated 1970"])
+def test_made_up_names_cost_a_bounded_number_of_heads_and_remove_nothing_real(
+    where: str, relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """Ten thousand made-up entry names planted in a record (or in ``usage``, dated long
+    before any real use, so the oldest use first would ask them all first), with one key
+    that hides the entries: the prune asks at most its bound of names, finds every real
+    entry among them (each source takes its turns, each record its own), and removes
+    none within the budget. On main it saw no entry at all."""
+    prefix, url, real = _written_by_a_host(s3, tmp_path)
+    client = bucket_client(s3, prefix)
+    rng = random.Random(where)
+    fake = [_hex(rng) for _ in range(10_000)]
+    if where == "a record":
+        obstore.put(client, upkeep.new_use_record_name(0, 0), upkeep.use_record_body(fake))
+    else:
+        import gzip
+
+        lines = "".join(f"{n} 1.000 9\n" for n in sorted(fake))
+        obstore.put(client, upkeep.USAGE, gzip.compress(lines.encode()))
+    _hidden_after_the_entries(relay, prefix, real, 1)
+    upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=10**9))
+    relay.take()
+    code, report, _ = _prune_json(url)
+    wire = relay.take()
+    assert report["entries_before"] == ENTRIES and report["removed"] == 0, report
+    bound = upkeep.Limits().asks
+    assert report["asked"] == bound and wire["head"] <= bound + 2 + 10, (report["asked"], wire)
+    assert code == 3 and set(_held(s3, prefix)) == real
+
+
+def test_one_refused_key_makes_writers_prune_neither_never_nor_at_every_check(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """After a prune cut short by one key after every entry, writers' estimate was unknown:
+    the first writer to check an interval later pruned, whatever the size, and so on every
+    interval for as long as the key stayed (each prune paying the key again). Now what that
+    prune saw (listed or reached) plus the writes recorded since it is a lower bound: a
+    writer within it does not prune (a record older than that prune, whose writes its
+    totals hold, does not count), one past it does and keeps the budget, and once a day a
+    writer looks again in case the key is gone."""
+    prefix, url, real = _written_by_a_host(s3, tmp_path)
+    _hidden_after_the_entries(relay, prefix, real, 1)
+    size = sum(_held(s3, prefix).values())
+    b = upkeep.Bucket(url)
+    b.write_stored_budget(upkeep.BucketStoredBudget(max_size=2 * size))
+    code, report, _ = _prune_json(url)
+    assert code == 3 and report["bytes"] == size and report["removed"] == 0, report
+    client = bucket_client(s3, prefix)
+
+    def age_state(seconds: float) -> None:
+        state = json.loads(bytes(obstore.get(client, upkeep.STATE).bytes()))
+        state["time"] -= seconds
+        obstore.put(client, upkeep.STATE, json.dumps(state).encode())
+
+    age_state(3600)
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=2)
+    ms = int(old.timestamp() * 1000)
+    relay.plant(f"{prefix}/{RECORDS}/r-{ms}-{'0' * 16}-1000-{10**9}", size=20, when=old)
+    estimate = b.estimate()
+    assert estimate.lower and estimate.bytes == size, estimate
+    assert _writer(url, tmp_path, "within", n=1, size=100) == (0, 0)
+    assert _writer(url, tmp_path, "past", n=ENTRIES, size=2 * ENTRY_BYTES) == (1, 1)
+    assert sum(_held(s3, prefix).values()) <= 2 * size * upkeep.LOW_WATERMARK
+    age_state(2 * upkeep_recorder.AGE_PRUNE_EVERY_S)
+    assert _writer(url, tmp_path, "a-day-later", n=1, size=100) == (1, 1)

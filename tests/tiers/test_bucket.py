@@ -333,9 +333,32 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     assert len(records) == 3, records  # the writer's (its puts), and the host's two
     b = upkeep.Bucket(url)
     used = sorted(sorted(b.use_record_names(p)) for p in records)
-    assert used == sorted([[], [entry_name("k0")], sorted([entry_name("k1"), entry_name("k2")])]), (
-        used
-    )
+    # A put is a use: the writer's record names what it wrote.
+    wrote = sorted(entry_name(f"k{i}") for i in range(3))
+    later = sorted([entry_name("k1"), entry_name("k2")])
+    assert used == sorted([wrote, [entry_name("k0")], later]), used
+
+
+def test_a_writers_record_names_its_puts_within_a_records_cap(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put is a use: the writer's record names every entry it wrote (a prune that cannot
+    list an entry asks for it by name), at most ``RECORD_NAMES`` an object (2 here, 100,000
+    in use), the host's write counts in the first."""
+    from xla_pcache.bucket import recorder
+
+    monkeypatch.setattr(recorder, "RECORD_NAMES", 2)
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    writer = _store(url, tmp_path / "w")
+    for i in range(5):
+        assert writer.put(f"k{i}", bytes(1000))
+    writer.close()
+    b = upkeep.Bucket(url)
+    records = b.use_records()
+    named = sorted(n for path, *_ in records for n in b.use_record_names(path))
+    assert named == sorted(entry_name(f"k{i}") for i in range(5)), records
+    assert len(records) == 3 and sorted(puts for *_, puts, _ in records) == [0, 0, 5], records
 
 
 def test_budget_stats_and_prune_through_the_command(

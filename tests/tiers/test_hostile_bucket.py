@@ -515,8 +515,9 @@ def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -
 def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     """At most `Limits.records` records are folded a prune (the rest wait for the next);
     past `Limits.entries` (a writer's prune inside a program) it prunes among the entries
-    it listed and says it was cut short; past `Limits.seconds` nothing more is removed; the
-    lease is given back."""
+    it listed and those the records name that it reached by name (at most `Limits.asks`),
+    and says it was cut short; past `Limits.seconds` nothing more is removed; the lease is
+    given back."""
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
@@ -531,12 +532,16 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     # Past its deadline (none left here) a prune stops before removing anything.
     report = b.prune(max_size=100, limits=upkeep.Limits(seconds=0))
     assert not report.pruned and report.removed == 0 and "stopped" in (report.busy or ""), report
-    report = b.prune(max_size=100, limits=upkeep.Limits(entries=2))
+    report = b.prune(max_size=100, limits=upkeep.Limits(entries=2, asks=0))
     assert not report.pruned and report.busy is None, report
     assert report.entries_before == 2 and report.removed == 1, report
     assert "stopped after 2 objects" in (report.cut_short or ""), report
     keys = _keys(s3, prefix)
     assert len([k for k in keys if k.startswith(ENTRY_DIR)]) == 2 and upkeep.LEASE not in keys
+    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    report = b.prune(max_size=100, limits=upkeep.Limits(entries=2))
+    assert (report.entries_before, report.reached, report.removed) == (3, 1, 2), report
+    assert len([k for k in _keys(s3, prefix) if k.startswith(ENTRY_DIR)]) == 1
 
 
 def test_planted_markers_cost_a_torch_xla_start_bounded_requests(

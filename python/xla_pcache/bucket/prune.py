@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xla_pcache._text import package_logger
-from xla_pcache.bucket import prune_lease
+from xla_pcache.bucket import prune_lease, prune_reach
 from xla_pcache.bucket.layout import (
     ENTRY_NAMES,
     MARKER_NAME,
@@ -36,6 +36,7 @@ from xla_pcache.bucket.prune_fold import (
     usage_body,
     use_records_to_fold,
 )
+from xla_pcache.bucket.prune_reach import Reach, Unseen
 from xla_pcache.bucket.reader import Listing, Names
 from xla_pcache.bucket.stored_budget import read_stored_budget
 from xla_pcache.tiers import objstore
@@ -61,10 +62,12 @@ class PruneReport:
     ``pruned`` is False when a limit stopped it (``busy`` says which; nothing more was
     removed) or when its listing of ``entries/`` or of ``records/`` was cut short
     (``cut_short`` says why: keys the client cannot list hid part of it; records not listed
-    are not folded, so the uses they hold did not count). A cut-short prune still removed
-    what the budget required among the entries it listed (``entries_before``), and what it
-    did not see is not taken as absent: their markers, records and uses are kept for a prune
-    that sees them.
+    are not folded, so the uses they hold did not count). A prune whose listing of
+    ``entries/`` was cut short asked for the entries that records, ``usage`` and markers
+    name and it did not list by name (``asked`` HEADs, ``reached`` found:
+    ``prune_reach.py``), and removed what the budget required among the entries it listed
+    and reached (``entries_before``); what it did not see is not taken as absent: their
+    markers, records and uses are kept for a prune that sees them.
     ``directories``: names under ``entries/`` with objects below them (planted), which a
     listing with a delimiter named."""
 
@@ -86,6 +89,8 @@ class PruneReport:
     markers_removed: int = 0
     junk_removed: int = 0
     junk_names: list[str] = field(default_factory=list)
+    asked: int = 0
+    reached: int = 0
     listing_complete: bool = True
     cut_short: str | None = None
     directories: int = 0
@@ -180,17 +185,30 @@ def _prune(
         reader.skip(
             "cut-short",
             f"this prune's listing was cut short ({report.cut_short}): it removes what the "
-            "budget requires among the entries it listed and takes none it did not see as "
-            f"absent; remove the keys named{further}",
+            "budget requires among the entries it listed or reached by name and takes none "
+            f"it did not see as absent; remove the keys named{further}",
         )
     check(deadline)
-    fold_usage(reader, entries)
+    # Cut short: the names the fleet gives of entries not listed are offered, and asked.
+    unseen = None if listing.complete else Unseen(entries, limits.asks)
+    turns = 0 if unseen is None else limits.asks
+    usage_missed = fold_usage(reader, entries, unseen)
     folded: list[str] = []
+    missed: list[int] = []
     for record in records:
         check(deadline)
-        fold_use_record(reader, record, entries)
+        missed.append(fold_use_record(reader, record, entries, unseen, turns))
         folded.append(record.path)
     report.records_folded = len(folded)
+    reach = None
+    if unseen is not None:
+        prune_reach.offer_markers(reader, unseen)
+        reach = prune_reach.ask(objects, unseen.names(), deadline)
+        prune_reach.fold_again(
+            reader, reach, entries, zip(records, missed, strict=True), usage_missed, deadline
+        )
+        entries.update(reach.entries)
+        report.asked, report.reached = reach.asked, len(reach.entries)
     report.entries_before = len(entries)
     report.bytes_before = total = sum(e.size for e in entries.values())
     doomed: list[str] = []
@@ -227,22 +245,39 @@ def _prune(
         entries.pop(n, None)
     report.entries = len(entries)
     report.bytes = sum(e.size for e in entries.values())
-    # Usage is rewritten from the entries listed: a listing cut short would drop the uses of
-    # those it did not see, and deleting the records would lose theirs. Both wait for a
-    # prune that sees everything; until then each prune folds the same records again.
-    usage_kept = listing.complete
-    if listing.complete and (folded or report.removed):
-        # Unchanged otherwise: not rewritten (2.5 MB at 100k entries with uses).
-        usage_kept = objects.put_or_warn(USAGE, usage_body(entries))
+    usage_kept = _write_usage(objects, entries, reach, bool(folded), bool(report.removed))
     totals = {"time": time.time(), "entries": report.entries, "bytes": report.bytes}
     objects.put_or_warn(STATE, json.dumps({**totals, "complete": listing.complete}).encode())
     # Only after usage holds them: a prune that dies before this folds them again.
     if usage_kept:
-        objects.delete(folded)
+        objects.delete(folded if reach is None else reach.resolved)
     if junk_records:
         objects.remove_junk(junk_records, tally)
     report.claims_removed = _drop_stale_claims(objects, tally)
-    report.markers_removed = _drop_markers(objects, entries, listing.complete, tally)
+    dead = set(report.removed_names) | (set() if reach is None else reach.absent)
+    report.markers_removed = _drop_markers(objects, entries, listing.complete, dead, tally)
+
+
+def _write_usage(
+    objects: BucketObjects,
+    entries: Mapping[str, Entry],
+    reach: Reach | None,
+    folded: bool,
+    removed: bool,
+) -> bool:
+    """Writes ``usage`` when it changed (unchanged it is not rewritten: 2.5 MB at 100k
+    entries with uses); whether it now holds the records to delete. A prune that saw every
+    entry writes their uses. One cut short (``reach``) writes those of the entries it
+    listed and reached, and carries the lines of the names it could not rule out, so that
+    the records whose every name it listed, reached or found absent can go (a listing cut
+    short would otherwise drop the uses of those it did not see, and deleting the records
+    would lose theirs). The records it keeps are folded again next time: their uses, a
+    tie-break, may count twice."""
+    if reach is None:
+        return not (folded or removed) or objects.put_or_warn(USAGE, usage_body(entries))
+    if not (reach.resolved or removed):
+        return False
+    return objects.put_or_warn(USAGE, reach.usage.finish(entries))
 
 
 def _drop_stale_claims(objects: BucketObjects, tally: Tally) -> int:
@@ -259,14 +294,19 @@ def _drop_stale_claims(objects: BucketObjects, tally: Tally) -> int:
 
 
 def _drop_markers(
-    objects: BucketObjects, kept: Mapping[str, Entry], complete: bool, tally: Tally
+    objects: BucketObjects,
+    kept: Mapping[str, Entry],
+    complete: bool,
+    gone: set[str],
+    tally: Tally,
 ) -> int:
     """Markers that vouch for nothing, removed a batch at a time as they are listed: an
     entry has one graph, so one marker; its writer writes it after the entry. So of the
     markers of a listed entry the oldest one not older than the entry stays and the others
     go (markers planted after it, or before the entry was written); markers of entries no
-    longer there go when the listing saw every entry (``complete``); objects under
-    ``torch_xla/`` that are no marker go as junk. How many markers were removed."""
+    longer there go when the listing saw every entry (``complete``), or when the entry is
+    known ``gone`` (removed, or asked for and absent); objects under ``torch_xla/`` that are
+    no marker go as junk. How many markers were removed."""
     out = _Removals(objects, tally)
     group = ""
     best: tuple[float, str] | None = None
@@ -279,7 +319,7 @@ def _drop_markers(
             entry = kept.get(m.group(1))
             when = epoch(meta)
             if entry is None:
-                if complete:
+                if complete or m.group(1) in gone:
                     out.doomed.append(path)
             elif when < entry.written - MARKER_SLACK_S:
                 out.doomed.append(path)

@@ -1,14 +1,16 @@
 """What a bucket's prune reads, and its limits: the entries listed, with what the hosts'
 records and ``usage`` (``<name> <last use> <uses>`` a line, gzip: the records earlier
 prunes folded) say of their use, folded into them as they stream, so that names of no entry
-cost nothing and a prune's memory is that of the entries it lists."""
+cost nothing (or, when the listing was cut short, go to ``prune_reach.Unseen``, which holds
+a bounded number) and a prune's memory is that of the entries it lists."""
 
 from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from xla_pcache._names import entry_name_or_none
 from xla_pcache.bucket.layout import (
@@ -32,18 +34,25 @@ from xla_pcache.bucket.reader import (
 from xla_pcache.bucket.use_record import UseRecord, parse_use_record, use_record_lines
 from xla_pcache.tiers import objstore
 
+# The entries a prune whose listing of ``entries/`` was cut short asks for by name at most
+# (a HEAD each, found or not: ``prune_reach.py``), and how many at a time.
+ASK_BOUND = 2_000
+ASK_THREADS = 16
+
 
 @dataclass(frozen=True)
 class Limits:
     """What one prune reads at most: ``records`` records (by count and ``record_bytes`` in
     all; the rest wait for the next prune), ``entries`` objects under ``entries/`` (None:
     all; past it the prune removes what the budget requires among those it listed and says
-    it was cut short), and ``seconds`` from its start (None: no deadline; past it the prune
-    stops where it is and removes nothing more)."""
+    it was cut short), ``asks`` names of entries it did not list, asked for by name when
+    its listing was cut short (a HEAD each), and ``seconds`` from its start (None: no
+    deadline; past it the prune stops where it is and removes nothing more)."""
 
     records: int = 10_000
     record_bytes: int = 256 << 20
     entries: int | None = None
+    asks: int = ASK_BOUND
     seconds: float | None = None
 
 
@@ -147,45 +156,97 @@ def use_records_to_fold(
     return records, junk, left, listing
 
 
-def fold_usage(reader: BucketReader, entries: Mapping[str, Entry]) -> None:
-    """What earlier prunes folded, streamed into ``entries`` (names of no entry cost
-    nothing)."""
+class Offers(Protocol):
+    """Where the names of entries a listing did not see go (``prune_reach.Unseen``)."""
+
+    def offer(self, kind: str, rank: tuple[float, float, str], name: str) -> None: ...
+
+
+def usage_lines(reader: BucketReader) -> Iterator[tuple[str, float, int]]:
+    """``usage``'s lines, streamed and checked: (name, last use, uses); a line out of the
+    bounds is counted and skipped."""
     bad = 0
     now = time.time()
     for m in reader.gzip_lines(USAGE, MAX_USAGE, "usage", USAGE_LINE):
-        entry = entries.get(m.group(1).decode("ascii"))
-        if entry is None:
-            continue
         when = checked_time(float(m.group(2)), now)
         uses = checked_count(int(m.group(3)))
         if when is None or uses is None:
             bad += 1
             continue
-        entry.last_use = max(entry.last_use, when)
-        entry.uses = max(entry.uses, uses)
+        yield m.group(1).decode("ascii"), when, uses
     if bad:
         reader.skip("usage-lines", f"{USAGE} has lines prune does not write: skipped", bad)
 
 
-def fold_use_record(reader: BucketReader, record: UseRecord, entries: Mapping[str, Entry]) -> None:
+def fold_usage(
+    reader: BucketReader, entries: Mapping[str, Entry], unseen: Offers | None = None
+) -> int:
+    """What earlier prunes folded, streamed into ``entries`` (names of no entry cost
+    nothing, or with ``unseen`` are offered to it). How many lines named no entry."""
+    missed = 0
+    for name, when, uses in usage_lines(reader):
+        entry = entries.get(name)
+        if entry is None:
+            missed += 1
+            if unseen is not None:
+                unseen.offer("usage", (when, 0.0, ""), name)
+            continue
+        entry.last_use = max(entry.last_use, when)
+        entry.uses = max(entry.uses, uses)
+    return missed
+
+
+def fold_use_record(
+    reader: BucketReader,
+    record: UseRecord,
+    entries: Mapping[str, Entry],
+    unseen: Offers | None = None,
+    turns: int = 0,
+) -> int:
     """One record, streamed into ``entries``: each entry it names used once more, at its
-    time (a name it repeats counts once; names of no entry cost nothing)."""
+    time (a name it repeats counts once; names of no entry cost nothing, or with
+    ``unseen`` the first ``turns`` are offered to it, each at its turn within the record).
+    How many names of no entry it met."""
     seen: set[str] = set()
+    missed = 0
     for name in use_record_lines(reader, record.path):
         entry = entries.get(name)
-        if entry is None or name in seen:
+        if entry is None:
+            if unseen is not None and missed < turns:
+                unseen.offer("records", (float(missed), record.when, record.path), name)
+            missed += 1
+            continue
+        if name in seen:
             continue
         seen.add(name)
         entry.last_use = max(entry.last_use, record.when)
         entry.uses = min(entry.uses + 1, (1 << 63) - 1)
+    return missed
+
+
+class UsageBody:
+    """A new ``usage``, gzip, made a piece at a time: ``carry`` lines first (of names the
+    prune did not reach, as read), then ``finish`` a line per entry with uses, sorted."""
+
+    def __init__(self) -> None:
+        self._c = zlib.compressobj(6, zlib.DEFLATED, 31)
+        self._out: list[bytes] = []
+        self.carried = 0
+
+    def carry(self, name: str, when: float, uses: int) -> None:
+        self._out.append(self._c.compress(f"{name} {when:.3f} {uses}\n".encode()))
+        self.carried += 1
+
+    def finish(self, entries: Mapping[str, Entry]) -> bytes:
+        c = self._c
+        self._out += [
+            c.compress(f"{n} {e.last_use:.3f} {e.uses}\n".encode())
+            for n, e in sorted((n, e) for n, e in entries.items() if e.uses)
+        ]
+        self._out.append(c.flush())
+        return b"".join(self._out)
 
 
 def usage_body(entries: Mapping[str, Entry]) -> bytes:
     """``usage``: a line per entry with uses, sorted, gzip (made a piece at a time)."""
-    c = zlib.compressobj(6, zlib.DEFLATED, 31)
-    out = [
-        c.compress(f"{n} {e.last_use:.3f} {e.uses}\n".encode())
-        for n, e in sorted((n, e) for n, e in entries.items() if e.uses)
-    ]
-    out.append(c.flush())
-    return b"".join(out)
+    return UsageBody().finish(entries)

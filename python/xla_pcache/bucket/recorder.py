@@ -1,5 +1,5 @@
-"""Which entries of a bucket this host used, recorded cheaply for the bucket's pruning
-(``upkeep.py``), and the writers' own pruning.
+"""Which entries of a bucket this host used and wrote, recorded cheaply for the bucket's
+pruning (``upkeep.py``), and the writers' own pruning.
 
 A hit costs a dictionary look-up: each process notes an entry at most once per interval.
 Every interval (and at exit) the process writes what it noted, with the entries and bytes it
@@ -56,8 +56,13 @@ _SPOOL_PREFIX = "s-"
 _MAX_SPOOL = 16 << 20
 # At exit, how long a process waits for another of its host that is uploading.
 EXIT_WAIT_S = 5.0
-# With a max age only, writers prune when the last prune is older than this.
+# With a max age only, writers prune when the last prune is older than this; and when the
+# last prune was cut short and the estimate is within the budget (what it could not see may
+# be seen again once the keys that hid it are gone).
 AGE_PRUNE_EVERY_S = 86400.0
+# Entry names an uploaded record holds at most (about 20 bytes each, gzip: 2 MB, well within
+# a record's cap, ``reader.MAX_USE_RECORD``); more go in further records.
+RECORD_NAMES = 100_000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -124,8 +129,13 @@ class UseRecorder:
             self._pending.update(names())
         self._start()
 
-    def wrote(self) -> None:
-        """This process wrote to the bucket: its record goes out with the next upload."""
+    def wrote(self, names: Iterable[str] = ()) -> None:
+        """This process wrote ``names`` (entry names) to the bucket: its record names them
+        (a put is a use), so that every entry a host wrote is named somewhere for a prune
+        whose listing cannot see it, and counts the write; it goes out with the next
+        upload."""
+        with self._lock:
+            self._pending.update(names)
         self._start()
 
     def _start(self) -> None:
@@ -250,10 +260,16 @@ class UseRecorder:
                 return
             bucket = self._bucket_client()
             if names or puts:
-                bucket.put(
-                    upkeep.new_use_record_name(puts, put_bytes), upkeep.use_record_body(names)
-                )
-                self.uploads += 1
+                # At most RECORD_NAMES names an object, within a record's cap; what the host
+                # wrote counted in the first.
+                ordered = sorted(names)
+                for i in range(0, max(1, len(ordered)), RECORD_NAMES):
+                    counts = (puts, put_bytes) if i == 0 else (0, 0)
+                    bucket.put(
+                        upkeep.new_use_record_name(*counts),
+                        upkeep.use_record_body(ordered[i : i + RECORD_NAMES]),
+                    )
+                    self.uploads += 1
             for name in files:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=spool)
@@ -347,15 +363,22 @@ class UseRecorder:
         if budget.max_size is None and budget.max_age_s is None:
             return
         estimate = bucket.estimate()
-        over = budget.max_size is not None and (
-            not estimate.known or estimate.bytes > budget.max_size
-        )
         last = estimate.last_prune
+        over = False
+        if budget.max_size is not None:
+            # An estimate that cannot tell the size: only a prune can.
+            told = estimate.known or estimate.lower
+            over = estimate.bytes > budget.max_size if told else True
+            if estimate.lower and not over:
+                # The last prune was cut short (keys the client refuses hid entries from it)
+                # and what can be seen is within the budget: once a day a prune looks
+                # again, in case the keys are gone.
+                over = last is None or time.time() - last > AGE_PRUNE_EVERY_S
         if not estimate.known and last is not None and time.time() - last < self.interval:
-            # The size cannot be told (the last prune was cut short, or the records cannot
-            # all be listed), and a prune ran less than an interval ago (another host's, or
-            # this one's): one an interval does what can be done, not every writer host of
-            # the fleet one after another.
+            # The size cannot be told, or only what can be seen of it (the last prune was
+            # cut short, or the records cannot all be listed), and a prune ran less than an
+            # interval ago (another host's, or this one's): one an interval does what can be
+            # done, not every writer host of the fleet one after another.
             over = False
         aged = False
         if budget.max_age_s is not None and not final:

@@ -171,7 +171,7 @@ class BucketStore(Store):
         super()._chain_put(names, data)
         if self._recorder is not None:
             self._bucket_tier()  # found now, while the chain is open, for the record's counts
-            self._recorder.wrote()
+            self._recorder.wrote(names)
 
     def serve_bucket(self, url: str, loc: str, *, read_only: bool) -> None:
         """Makes this store the bucket path ``url``'s (at ``loc``): its hits recorded for the

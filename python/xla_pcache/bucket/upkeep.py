@@ -11,7 +11,7 @@ Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``tiers/o
 
 - ``config``: the budget, JSON ``{"max_size": bytes or null, "max_age_s": seconds or null}``,
   written by ``xla-pcache config --path s3://...``;
-- ``records/r-<ms>-<tag>-<puts>-<bytes>``: a use record, the entries one host used since
+- ``records/r-<ms>-<tag>-<puts>-<bytes>``: a use record, the entries one host used and wrote since
   its previous one, one entry name a line, gzip (``recorder.py`` writes them). The name
   carries when (the host's clock, in milliseconds) and how many entries and bytes that host
   wrote to the bucket since, so that a writer estimates the bucket's size from one listing,
@@ -34,8 +34,9 @@ records and usage streamed a line at a time, numbers range-checked, keys the cli
 parse skipped, and whatever does not pass counted and warned about once. A prune's memory
 is that of the entries it lists (``Limits.entries`` bounds it for writers) and a constant:
 the records and ``usage`` are folded into the listed entries as they stream, so names of no
-entry cost nothing. A hostile object can make prune keep or drop entries under the prefix,
-which such a writer could delete anyway; never more.
+entry cost nothing (a prune whose listing was cut short holds a bounded number of them, to
+ask for by name: ``prune_reach.py``). A hostile object can make prune keep or drop entries
+under the prefix, which such a writer could delete anyway; never more.
 """
 
 from __future__ import annotations
@@ -169,7 +170,10 @@ class UntrustedReport:
 class Estimate:
     """The bucket's size as the last prune left it plus what hosts recorded writing since;
     ``known`` is False when no prune has run, the last one was cut short, or the records
-    are too many to list here or their listing was (only a prune can tell).
+    are too many to list here or their listing was (only a prune can tell). After a prune
+    cut short (its listing hid entries) with every record listed, ``lower`` is True:
+    ``bytes`` is what that prune saw, listed or reached by name, plus what hosts recorded
+    writing since it, at least what the bucket holds of what can be seen.
     ``last_prune``: when the last prune ran, as its ``state`` says (None: none did)."""
 
     bytes: int
@@ -177,6 +181,7 @@ class Estimate:
     known: bool
     records: int
     last_prune: float | None = None
+    lower: bool = False
 
 
 class Bucket:
@@ -275,18 +280,24 @@ class Bucket:
         state = self.read_state()
         listing = Listing(USE_RECORD_DIR, ESTIMATE_RECORDS, RECORD_NAMES)
         puts = put_bytes = n = 0
+        # A prune cut short keeps the records it could not fold, whose writes its totals
+        # hold: only those recorded after it count on top of them.
+        since = None if state is None or state["complete"] else state["time"]
         for meta in self.reader.listing_of(listing):
             n += 1
             r = parse_use_record(meta)
-            if r is not None:
+            if r is not None and (since is None or r.when > since):
                 puts += r.puts
                 put_bytes += r.put_bytes
         if state is None:
             return Estimate(put_bytes, puts, False, n)
-        if not listing.complete or not state["complete"]:
-            return Estimate(put_bytes, puts, False, n, state["time"])
         total = int(state["bytes"]) + put_bytes
-        return Estimate(total, int(state["entries"]) + puts, True, n, state["time"])
+        entries = int(state["entries"]) + puts
+        if not listing.complete:
+            return Estimate(put_bytes, puts, False, n, state["time"])
+        if not state["complete"]:
+            return Estimate(total, entries, False, n, state["time"], lower=True)
+        return Estimate(total, entries, True, n, state["time"])
 
     # ---------------------------------------------------------------- torch_xla markers
     def mark_torch_xla(self, name: EntryName, graph: str) -> None:
@@ -419,6 +430,10 @@ class Bucket:
             "recorded_puts_bytes": pending_bytes,
             "last_prune": None if state is None else state["time"],
             "last_prune_complete": None if state is None else bool(state["complete"]),
+            # What the last prune left of what it saw (listed, or reached by name when its
+            # listing was cut short): more than this listing shows when one key hides a page.
+            "last_prune_entries": None if state is None else int(state["entries"]),
+            "last_prune_bytes": None if state is None else int(state["bytes"]),
             "claims": claims,
             "junk": junk,
             "listing_complete": listing.complete,

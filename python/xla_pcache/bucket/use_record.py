@@ -1,6 +1,6 @@
 """One use record, an object under a bucket's ``records/``: ``r-<ms>-<tag>-<puts>-<bytes>``,
-the entries one host used since its previous record, one entry name a line, gzip (``recorder.py``
-uploads them, a prune folds them). The name carries when (the host's clock, in
+the entries one host used and wrote since its previous record, one entry name a line, gzip
+(``recorder.py`` uploads them, a prune folds them). The name carries when (the host's clock, in
 milliseconds) and how many entries and bytes that host wrote to the bucket since, so that a
 writer estimates the bucket's size from one listing, without reading a record."""
 

@@ -172,9 +172,9 @@ def _prune_exit(report: PruneReport) -> None:
     if report.cut_short:
         typer.echo(
             f"xla-pcache: prune cut short: {shown(report.cut_short)}; it removed what the "
-            f"budget required among the {report.entries_before} entries it listed and took "
-            "none it did not see as absent (remove the keys named below, or see "
-            "docs/remote.md)",
+            f"budget required among the {report.entries_before} entries it listed or reached "
+            f"by name ({report.reached} of {report.asked} asked for) and took none it did "
+            "not see as absent (remove the keys named below, or see docs/remote.md)",
             err=True,
         )
         raise typer.Exit(CUT_SHORT_EXIT)

@@ -211,7 +211,17 @@ def _bucket_stats(report: dict[str, Any], as_json: bool) -> None:
         if name == "last_prune":
             text = "never" if value is None else f"{format_ago(time.time() - value)} ago"
             if report.get("last_prune_complete") is False:
-                text += " (cut short: its totals count what it saw)"
+                saw = report.get("last_prune_entries")
+                size = report.get("last_prune_bytes")
+                text += (
+                    " (cut short: its totals count what it saw"
+                    + (
+                        ""
+                        if saw is None or size is None
+                        else f", {saw:,} entries, {format_size(size)}"
+                    )
+                    + ", listed or reached by name)"
+                )
         elif name == "skipped" and value:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(report["skipped_by_kind"].items()))
             text = f"{value:,} ({kinds})"
