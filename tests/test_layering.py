@@ -91,7 +91,16 @@ LEVELS = {
     "torch_xla._keyparts": 4,
     "torch_xla._build": 4,
     "torch_xla._cache": 4,
+    # The host mirror (torch_xla's directory kept in step with the store) and its parts:
+    # file names and keys, counters, the host's directories, store -> pool, the view,
+    # view -> store.
     "torch_xla._host_mirror": 4,
+    "torch_xla._keys": 4,
+    "torch_xla._mirror_counters": 4,
+    "torch_xla._mirror_dirs": 4,
+    "torch_xla._mirror_pool": 4,
+    "torch_xla._mirror_view": 4,
+    "torch_xla._mirror_publish": 4,
     "torch_xla._opens": 4,
     "explain": 4,
     "on_miss": 4,

@@ -32,12 +32,8 @@ from xla_pcache.torch_xla import _build as _txbuild
 from xla_pcache.torch_xla import _keyparts as _txkeys
 from xla_pcache.torch_xla._cache import CANNOT_LOAD_ISSUE as CANNOT_LOAD_ISSUE
 from xla_pcache.torch_xla._cache import TorchXlaCache, device_type, torch_xla_counters
-from xla_pcache.torch_xla._host_mirror import (
-    KEY_PREFIX,
-    HostMirror,
-    is_torch_xla_name,
-    store_key,
-)
+from xla_pcache.torch_xla._host_mirror import HostMirror
+from xla_pcache.torch_xla._keys import KEY_PREFIX, is_torch_xla_name, store_key
 
 __all__ = [
     "SUPPORTED_TORCH_XLA",
@@ -427,6 +423,9 @@ def install(
             store,
             root,
             meta=_producer_meta,
+            on_publish=None
+            if ro
+            else functools.partial(_on_publish, store, builds.OtherBuilds(build)),
             compile_time=_compile_times,
             build=build,
             named_root=named,
@@ -435,8 +434,6 @@ def install(
             store.close()
             _start_without_cache(xlac, resolved, ro)
             return None
-        if not ro:
-            mirror.on_publish = functools.partial(_on_publish, store, builds.OtherBuilds(build))
         mirror.refresh_pool()
         try:
             mirror.open_view()
@@ -533,6 +530,9 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
         store,
         inst.mirror.local_root,
         meta=_producer_meta,
+        on_publish=None
+        if ro or build is None
+        else functools.partial(_on_publish, store, builds.OtherBuilds(build)),
         compile_time=_compile_times,
         build=build,
         named_root=inst.mirror.named_root,
@@ -542,8 +542,6 @@ def _retarget(inst: TorchXlaCache, resolved: str, ro: bool) -> bool:
     ):
         store.close()
         return False
-    if not ro and build is not None:
-        mirror.on_publish = functools.partial(_on_publish, store, builds.OtherBuilds(build))
     mirror.refresh_pool()
     with inst._lock:
         old = inst.store
