@@ -87,9 +87,15 @@ LEVELS = {
     "jax._prefetch": 4,
     "jax._read_hook": 4,
     "jax._patch": 4,
+    # torch_xla's package holds the ways in (install(), activation, initialize_cache); its
+    # modules: torch_xla itself as the adapter uses it, the variables torch_xla and children
+    # read, the store and host mirror a process is served from, and what install() set up.
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
     "torch_xla._build": 4,
+    "torch_xla._runtime": 4,
+    "torch_xla._environment": 4,
+    "torch_xla._serve": 4,
     "torch_xla._cache": 4,
     # The host mirror (torch_xla's directory kept in step with the store) and its parts:
     # file names and keys, counters, the host's directories, store -> pool, the view,
