@@ -24,7 +24,7 @@ from xla_pcache.builds import Build
 from xla_pcache.store import Store
 from xla_pcache.torch_xla._keys import is_torch_xla_name, name_of, store_key
 from xla_pcache.torch_xla._mirror_counters import Counters
-from xla_pcache.torch_xla._mirror_dirs import HostDirs
+from xla_pcache.torch_xla._mirror_dirs import POOL, VIEWS, HostDirs, InHostDir
 from xla_pcache.torch_xla._mirror_pool import PoolRefresh
 from xla_pcache.torch_xla._mirror_publish import Publisher
 from xla_pcache.torch_xla._mirror_view import View
@@ -61,6 +61,8 @@ class HostMirror:
         named_root: bool = False,
     ) -> None:
         self._store = store
+        self.local_root = local_root
+        self.named_root = named_root
         self.build = build
         self.counters = Counters() if counters is None else counters
         self.dirs = HostDirs(
@@ -91,27 +93,14 @@ class HostMirror:
 
     # -- where it lives ------------------------------------------------------------------
 
-    @property
-    def local_root(self) -> str:
-        return self.dirs.local_root
-
-    @property
-    def named_root(self) -> bool:
-        return self.dirs.named_root
+    pool = InHostDir(POOL)
+    views = InHostDir(VIEWS)
 
     @property
     def root(self) -> str:
         """The host's directory (one level deeper under a named root others can write,
         once ``check_dirs`` has opened it)."""
         return self.dirs.root
-
-    @property
-    def pool(self) -> str:
-        return self.dirs.pool
-
-    @property
-    def views(self) -> str:
-        return self.dirs.views
 
     @property
     def view(self) -> str | None:

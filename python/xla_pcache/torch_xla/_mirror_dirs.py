@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Protocol
 
 from xla_pcache._core import hash_key
 from xla_pcache._owndir import OwnDir, Rule, open_own
@@ -64,15 +65,20 @@ def key_pool_name(name: str, public: bytes) -> str:
     return f"{name}.{hash_key(public)[:16]}"
 
 
-class _InHostDir:
-    """The path of ``name`` in the host's directory, read from its ``root`` at each use: the
-    root moves once, when ``HostDirs.check`` opens it."""
+class _Rooted(Protocol):
+    @property
+    def root(self) -> str: ...
+
+
+class InHostDir:
+    """The path of ``name`` in the host's directory, read from its owner's ``root`` at each
+    use: the root moves once, when ``HostDirs.check`` opens it."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __get__(self, dirs: HostDirs, owner: type[HostDirs] | None = None) -> str:
-        return os.path.join(dirs.root, self.name)
+    def __get__(self, rooted: _Rooted, owner: type | None = None) -> str:
+        return os.path.join(rooted.root, self.name)
 
 
 class HostDirs:
@@ -84,8 +90,8 @@ class HostDirs:
     directory beneath it is used (see the module's docstring).
     """
 
-    pool = _InHostDir(POOL)
-    views = _InHostDir(VIEWS)
+    pool = InHostDir(POOL)
+    views = InHostDir(VIEWS)
 
     def __init__(
         self,
