@@ -12,7 +12,8 @@ functions, so ``import xla_pcache`` never imports torch.
 
 Here are the three ways in (``install()``, activation from the environment, torch_xla's own
 ``initialize_cache`` routed here), how they meet (the first wins; a later one agrees or is
-refused), and the one record of what they set up in this process. What they do is in
+refused), and the one record of what they set up in this process; one module, since each
+calls the others (install() routes initialize_cache here, which installs). What they do is in
 modules named for it: ``_runtime`` (torch_xla itself), ``_environment`` (the variables
 torch_xla and child processes read), ``_serve`` (the store and host mirror a process is
 served from) and ``_cache`` (``TorchXlaCache``, what install() set up).

@@ -68,7 +68,7 @@ class HostMirror:
         self.dirs = HostDirs(
             store, local_root, build=build, named_root=named_root, counters=self.counters
         )
-        self._pool = PoolRefresh(store, self.dirs, self.counters, build)
+        self._refresh = PoolRefresh(store, self.dirs, self.counters, build)
         self._view = View(self.dirs, self.counters)
         self._publisher = Publisher(
             store,
@@ -89,7 +89,7 @@ class HostMirror:
 
     @store.setter
     def store(self, store: Store) -> None:
-        self._store = self.dirs.store = self._pool.store = self._publisher.store = store
+        self._store = self.dirs.store = self._refresh.store = self._publisher.store = store
 
     # -- where it lives ------------------------------------------------------------------
 
@@ -139,7 +139,7 @@ class HostMirror:
     def refresh_pool(self) -> None:
         """Bring the pool up to date with the store: copy in what is new, drop what the
         store evicted. Costs directory reads only when nothing changed."""
-        self._pool.refresh()
+        self._refresh.refresh()
 
     # -- the view ------------------------------------------------------------------------
 
