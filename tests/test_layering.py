@@ -93,11 +93,26 @@ LEVELS = {
     "jax._compile_hook": 4,
     "jax._compile_ahead": 4,
     "jax._hooks": 4,
+    # torch_xla's package holds the ways in (install(), activation, initialize_cache); its
+    # modules: torch_xla itself as the adapter uses it, the variables torch_xla and children
+    # read, the store and host mirror a process is served from, and what install() set up.
     "torch_xla": 4,
     "torch_xla._keyparts": 4,
     "torch_xla._build": 4,
+    "torch_xla._runtime": 4,
+    "torch_xla._environment": 4,
+    "torch_xla._serve": 4,
     "torch_xla._cache": 4,
+    # The host mirror (torch_xla's directory kept in step with the store) and its parts:
+    # file names and keys, counters, the host's directories, store -> pool, the view,
+    # view -> store.
     "torch_xla._host_mirror": 4,
+    "torch_xla._keys": 4,
+    "torch_xla._mirror_counters": 4,
+    "torch_xla._mirror_dirs": 4,
+    "torch_xla._mirror_pool": 4,
+    "torch_xla._mirror_view": 4,
+    "torch_xla._mirror_publish": 4,
     "torch_xla._opens": 4,
     "explain": 4,
     "on_miss": 4,

@@ -376,8 +376,9 @@ def test_dead_views_are_swept(tmp_path: Path) -> None:
     dead = _mirror(store, views)
     dead_view = Path(dead.open_view())
     lock = Path(f"{dead_view}.lock")
-    assert dead._lock_fd is not None
-    os.close(dead._lock_fd)  # as if the process died: its lock is released
+    lock_fd = dead._view._lock_fd  # the view's, which the mirror holds as its part
+    assert lock_fd is not None
+    os.close(lock_fd)  # as if the process died: its lock is released
     old = lock.stat().st_mtime - 3600
     os.utime(lock, (old, old))
     alive = _mirror(store, views)

@@ -17,19 +17,12 @@ from xla_pcache._text import package_logger
 from xla_pcache.store import Store, StoreOptions
 from xla_pcache.torch_xla import _keyparts as _txkeys
 from xla_pcache.torch_xla._host_mirror import HostMirror, describe
+from xla_pcache.torch_xla._runtime import device_type, torch_xla_counters, torch_xla_version
 
 logger = package_logger("xla_pcache.torch_xla")
 
 # The upstream report of torch_xla failing to load its own serialized executables back.
 CANNOT_LOAD_ISSUE = "https://github.com/pytorch/xla/issues/9094"
-
-_COUNTERS = (
-    "PersistentCacheMiss",
-    "PersistentCacheHit",
-    "PersistentCacheDeserializeFailure",
-    "UncachedCompile",
-    "CachedCompile",
-)
 
 
 @dataclass
@@ -199,7 +192,7 @@ class TorchXlaCache:
                     "(torch_xla %s; upstream report: %s).",
                     device_type(),
                     counts["PersistentCacheDeserializeFailure"],
-                    _torch_xla_version(),
+                    torch_xla_version(),
                     CANNOT_LOAD_ISSUE,
                 )
         return counts
@@ -239,29 +232,3 @@ def _summarize(inst: TorchXlaCache) -> None:
         metrics.log_summary(inst.store, hits=counts["PersistentCacheHit"], misses=misses)
     except Exception as exc:
         logger.debug("xla_pcache: no exit summary: %s", exc)
-
-
-def torch_xla_counters() -> dict[str, int]:
-    """torch_xla's persistent-cache counters (0 where never counted)."""
-    import importlib
-
-    met: Any = importlib.import_module("torch_xla.debug.metrics")
-    return {name: int(met.counter_value(name) or 0) for name in _COUNTERS}
-
-
-def _torch_xla_version() -> str:
-    try:
-        import torch_xla
-
-        return str(getattr(torch_xla, "__version__", "?"))
-    except Exception:
-        return "?"
-
-
-def device_type() -> str:
-    try:
-        import torch_xla.runtime as xr
-
-        return str(xr.device_type() or "unknown")
-    except Exception:
-        return "unknown"
