@@ -339,6 +339,27 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     assert used == sorted([wrote, [entry_name("k0")], later]), used
 
 
+def test_a_touch_is_a_use_in_the_buckets_record(tmp_path: Path, s3: S3Server) -> None:
+    """An entry no lookup reads (a plan, a module record) is touched when the entries it
+    belongs with are used: on a bucket path the touch goes into the host's use record, so
+    that a prune ages it with them, not first; an absent entry is no use."""
+    prefix = fresh_prefix()
+    url = s3.url(prefix)
+    writer = _store(url, tmp_path / "w")
+    assert writer.put("plan", bytes(100))
+    writer.close()
+    host = _store(url, tmp_path / "h")
+    assert host.get("plan", count=False) is not None  # fetched to the host, not a use
+    assert host._recorder._pending == set()
+    assert host.touch("plan") and not host.touch("absent")
+    assert host._recorder._pending == {entry_name("plan")}
+    host.close()
+    records = _under(_objects(s3, prefix), "records")
+    b = upkeep.Bucket(url)
+    used = [sorted(b.use_record_names(p)) for p in records]
+    assert [entry_name("plan")] in used, used
+
+
 def test_a_writers_record_names_its_puts_within_a_records_cap(
     tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:

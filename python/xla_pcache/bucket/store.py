@@ -29,7 +29,7 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache import _core
@@ -158,6 +158,17 @@ class BucketStore(Store):
     def count_hit(self, blob: _core.Blob) -> None:
         super().count_hit(blob)
         self._note(blob)
+
+    def touch(self, key: _core.Key) -> bool:
+        """A use of ``key``'s entry recorded here and, as a hit's is, in the bucket's use
+        record: an entry no lookup reads (a plan, a module record) ages in the bucket with
+        the entries it belongs with, not first."""
+        touched = super().touch(key)
+        recorder = self._recorder
+        if touched and recorder is not None:
+            trusted = self.trusted_key_names or ()
+            recorder.note(key, lambda: _names_any(key, trusted))
+        return touched
 
     def _note(self, blob: _core.Blob) -> None:
         """A use of ``blob``'s entry, for the bucket's pruning (a read ahead is not one
@@ -365,6 +376,12 @@ class BucketStore(Store):
         super().close()  # finishes the writes the record counts
         if recorder is not None:
             recorder.close()
+
+
+def _names_any(key: _core.Key, signers: Iterable[str]) -> list[str]:
+    """The names an entry of ``key`` may have in the bucket: the plain one, and each trusted
+    signer's own."""
+    return [_core.entry_name(key), *(_core.signed_entry_name(key, s) for s in signers)]
 
 
 def _names(key: _core.Key, signer: str | None) -> list[str]:
