@@ -7,11 +7,7 @@ holds (the bucket's attacks are in tests/tiers/test_attacks_round6.py)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -19,22 +15,11 @@ import pytest
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
 
+from tests.build_identity import identify
 from tests.helpers import clean_env, cli, read_only_copy, tree_state
 
 UID = os.geteuid()
 BUILDS = f"xla_pcache-builds-{UID}"
-
-# One framework binary's identity, as the package computes a build, in a fresh process.
-IDENTIFY = textwrap.dedent(
-    """
-    import json, sys
-    from xla_pcache import builds
-    b = builds.identify("t", [("lib", sys.argv[1], "libt.so")])
-    (f,) = b.files
-    print(json.dumps({"id": f.id, "hashed": b.hashed, "dir": getattr(b, "record_dir", None),
-                      "problems": b.record_problems}))
-    """
-)
 
 
 def _fifo(run: Path, victim: Path) -> None:
@@ -94,20 +79,12 @@ def test_a_fallback_planted_as_a_fifo_or_a_dangling_link_hangs_and_makes_nothing
     env = clean_env(("XDG_",), HOME=str(home), TMPDIR=str(tmp), XDG_RUNTIME_DIR=str(run))
     for n in (1, 2):
         started = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-c", IDENTIFY, str(lib)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert proc.returncode == 0, proc.stderr
+        got, stderr = identify(lib, env, timeout=60)
         assert time.monotonic() - started < 30
-        got = json.loads(proc.stdout)
         assert got["id"] == clean[1], (how, got)
-        assert got["hashed"] == (1 if n == 1 else 0), (how, n, got, proc.stderr)
+        assert got["hashed"] == (1 if n == 1 else 0), (how, n, got, stderr)
         assert got["dir"] == str(tmp / BUILDS), (how, got)
-        assert got["problems"] == 1 and "is not used" in proc.stderr, proc.stderr
+        assert got["problems"] == 1 and "is not used" in stderr, stderr
     assert sorted(p.name for p in victim.iterdir()) == (
         ["fifo"] if how == "a link to a FIFO" else []
     )
@@ -170,13 +147,5 @@ def test_a_read_only_home_and_tmp_cost_no_hang_with_a_planted_runtime_dir(
         read_only_copy(empty, tmp_path / "ro-tmp") as tmp,
     ):
         env = clean_env(("XDG_",), HOME=str(home), TMPDIR=str(tmp), XDG_RUNTIME_DIR=str(run))
-        proc = subprocess.run(
-            [sys.executable, "-c", IDENTIFY, str(lib)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout)
+        got, _ = identify(lib, env, timeout=60)
     assert got["hashed"] == 1 and got["dir"] is None, got

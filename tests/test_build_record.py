@@ -107,14 +107,21 @@ def test_the_users_own_record_spares_the_hash(lib: Path, tmp_path: Path) -> None
     assert _identify(lib, record) == (LIE.hex(), False, 0)
 
 
+def _spoiled(spoil: Callable[[Path], None], lib: Path, tmp_path: Path) -> tuple[Path, str]:
+    """A record of ``lib``'s identity, then spoiled by ``spoil``; and the file's own
+    identity (computed with a clean record)."""
+    record = tmp_path / "record"
+    truth = _identify(lib, tmp_path / "clean")[0]
+    _plant(record, lib)
+    spoil(record)
+    return record, truth
+
+
 @pytest.mark.parametrize("how", sorted(HOSTILE))
 def test_a_hostile_record_is_refused_and_left(
     how: str, lib: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    record = tmp_path / "record"
-    truth = _identify(lib, tmp_path / "clean")[0]
-    _plant(record, lib)
-    HOSTILE[how](record)
+    record, truth = _spoiled(HOSTILE[how], lib, tmp_path)
     before = sorted(os.listdir(record))
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
         assert _identify(lib, record) == (truth, True, 1)
@@ -129,10 +136,7 @@ def test_a_hostile_record_is_refused_and_left(
 def test_a_garbled_record_is_rebuilt(
     how: str, lib: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    record = tmp_path / "record"
-    truth = _identify(lib, tmp_path / "clean")[0]
-    _plant(record, lib)
-    GARBLED[how](record)
+    record, truth = _spoiled(GARBLED[how], lib, tmp_path)
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
         assert _identify(lib, record) == (truth, True, 1)
     assert len([r for r in caplog.records if "identities" in r.getMessage()]) == 1

@@ -25,6 +25,7 @@ import xxhash
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
 
+from tests.build_identity import identify
 from tests.helpers import clean_env, read_only_copy
 
 UID = os.geteuid()
@@ -267,19 +268,6 @@ HOSTILE: dict[str, Callable[[Path, Path], None]] = {
     "another user's directory holding a lie": _another_users,
 }
 
-# One framework binary's identity, as the package computes a build, in a fresh process.
-IDENTIFY = textwrap.dedent(
-    """
-    import json, sys
-    from xla_pcache import builds
-    b = builds.identify("t", [("lib", sys.argv[1], "libt.so")])
-    (f,) = b.files
-    print(json.dumps({"id": f.id, "hashed": b.hashed, "dir": getattr(b, "record_dir", None),
-                      "unkept": getattr(b, "record_unkept", None),
-                      "problems": b.record_problems}))
-    """
-)
-
 
 @pytest.mark.parametrize("how", sorted(HOSTILE))
 def test_a_hostile_fallback_is_refused_and_the_next_used(
@@ -307,21 +295,13 @@ def test_a_hostile_fallback_is_refused_and_the_next_used(
     tmp.mkdir()
     env = _env(read_only_home, tmp, XDG_RUNTIME_DIR=str(run))
     for n in (1, 2):
-        proc = subprocess.run(
-            [sys.executable, "-c", IDENTIFY, str(lib)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        got = json.loads(proc.stdout)
+        got, stderr = identify(lib, env, timeout=120)
         assert got["id"] == truth, (how, got)
         assert got["hashed"] == (1 if n == 1 else 0), (how, n, got)
         assert got["dir"] == str(tmp / BUILDS), (how, got)
         assert got["problems"] == 1, got
-        warned = [line for line in proc.stderr.splitlines() if "is not used" in line]
-        assert len(warned) == 1 and str(run / BUILDS) in warned[0], proc.stderr
+        warned = [line for line in stderr.splitlines() if "is not used" in line]
+        assert len(warned) == 1 and str(run / BUILDS) in warned[0], stderr
     # Left as they were: nothing written through a link or into another's directory.
     after = {p: p.lstat() for p in before}
     assert {p: (s.st_mtime_ns, s.st_size, s.st_mode) for p, s in after.items()} == {

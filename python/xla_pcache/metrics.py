@@ -26,79 +26,72 @@ from xla_pcache._text import package_logger
 
 logger = package_logger("xla_pcache")
 
-# stats() name -> (metric name without xla_pcache_ and _total, help, units per base unit;
-# dividing, not multiplying by 1e-3, keeps 286 ms as 0.286 and not 0.28600000000000003)
-_COUNTERS: tuple[tuple[str, str, str, int], ...] = (
-    ("hits", "hits", "Lookups served from the cache.", 1),
-    ("misses", "misses", "Lookups the cache could not serve.", 1),
+# stats() name -> help. The metric is named as the stat (without xla_pcache_ and _total)
+# unless _RENAMED names it otherwise.
+_COUNTER_HELP: tuple[tuple[str, str], ...] = (
+    ("hits", "Lookups served from the cache."),
+    ("misses", "Lookups the cache could not serve."),
+    ("other_build", "Misses of a key another build of the framework's runtime has an entry for."),
+    ("puts", "Entries published."),
+    ("put_exists", "Puts of a key already present (first writer won)."),
+    ("adopted", "Hits served from JAX's own cache files and taken over."),
+    ("bytes_read", "Payload bytes served by hits."),
+    ("bytes_written", "Payload bytes published."),
+    ("compile_saved_ms", "Compile time the hits saved."),
+    ("evictions", "Entries evicted."),
+    ("evicted_bytes", "Disk bytes freed by eviction."),
+    ("corrupt", "Entries found corrupt (each also a miss)."),
+    ("errors", "I/O failures treated as misses or skipped writes."),
+    ("too_large", "Values over the budget, not stored."),
+    ("puts_refused", "Puts refused: over budget, no room made in time."),
+    ("claims", "Compile claims taken (single flight)."),
+    ("claim_takeovers", "Claims taken over from a silent holder."),
+    ("claims_abandoned", "Claims given up without a publish."),
+    ("claim_waits", "Waits for another process's compile."),
+    ("claim_wait_ms", "Time spent waiting for others' compiles."),
+    ("claim_wait_timeouts", "Waits that ran out."),
+    ("unsafe_paths", "Paths skipped: not a real directory in the cache."),
+    ("unreadable", "Index files skipped: could not be read."),
+    ("prefetch_planned", "Executables a plan named to load ahead (JAX)."),
+    ("prefetch_loaded", "Executables loaded ahead of their read."),
+    ("prefetch_used", "Reads served by an executable loaded ahead."),
+    ("prefetch_wasted", "Executables loaded ahead and never read."),
+    ("prefetch_errors", "Loads ahead that failed (each then read as before)."),
+    ("prefetch_saved_ms", "Time the reads served from loading ahead saved."),
+    ("prefetch_plans_written", "Prefetch plans written."),
+    ("prefetch_plans_refused", "Prefetch plans refused as malformed."),
+    ("prefetch_compiled", "Programs compiled ahead from their module records (JAX)."),
     (
-        "other_build",
-        "other_build_misses",
-        "Misses of a key another build of the framework's runtime has an entry for.",
-        1,
-    ),
-    ("puts", "puts", "Entries published.", 1),
-    ("put_exists", "puts_existing", "Puts of a key already present (first writer won).", 1),
-    ("adopted", "adopted", "Hits served from JAX's own cache files and taken over.", 1),
-    ("bytes_read", "read_bytes", "Payload bytes served by hits.", 1),
-    ("bytes_written", "written_bytes", "Payload bytes published.", 1),
-    ("compile_saved_ms", "compile_time_saved_seconds", "Compile time the hits saved.", 1000),
-    ("evictions", "evictions", "Entries evicted.", 1),
-    ("evicted_bytes", "evicted_bytes", "Disk bytes freed by eviction.", 1),
-    ("corrupt", "corrupt", "Entries found corrupt (each also a miss).", 1),
-    ("errors", "errors", "I/O failures treated as misses or skipped writes.", 1),
-    ("too_large", "too_large", "Values over the budget, not stored.", 1),
-    ("puts_refused", "puts_refused", "Puts refused: over budget, no room made in time.", 1),
-    ("claims", "claims", "Compile claims taken (single flight).", 1),
-    ("claim_takeovers", "claim_takeovers", "Claims taken over from a silent holder.", 1),
-    ("claims_abandoned", "claims_abandoned", "Claims given up without a publish.", 1),
-    ("claim_waits", "claim_waits", "Waits for another process's compile.", 1),
-    ("claim_wait_ms", "claim_wait_seconds", "Time spent waiting for others' compiles.", 1000),
-    ("claim_wait_timeouts", "claim_wait_timeouts", "Waits that ran out.", 1),
-    ("unsafe_paths", "unsafe_paths", "Paths skipped: not a real directory in the cache.", 1),
-    ("unreadable", "unreadable_files", "Index files skipped: could not be read.", 1),
-    ("prefetch_planned", "prefetch_planned", "Executables a plan named to load ahead (JAX).", 1),
-    ("prefetch_loaded", "prefetch_loaded", "Executables loaded ahead of their read.", 1),
-    ("prefetch_used", "prefetch_used", "Reads served by an executable loaded ahead.", 1),
-    ("prefetch_wasted", "prefetch_wasted", "Executables loaded ahead and never read.", 1),
-    (
-        "prefetch_errors",
-        "prefetch_errors",
-        "Loads ahead that failed (each then read as before).",
-        1,
-    ),
-    (
-        "prefetch_saved_ms",
-        "prefetch_saved_seconds",
-        "Time the reads served from loading ahead saved.",
-        1000,
-    ),
-    ("prefetch_plans_written", "prefetch_plans_written", "Prefetch plans written.", 1),
-    ("prefetch_plans_refused", "prefetch_plans_refused", "Prefetch plans refused as malformed.", 1),
-    (
-        "prefetch_compiled",
-        "prefetch_compiled",
-        "Programs compiled ahead from their module records (JAX).",
-        1,
-    ),
-    (
-        "prefetch_compiled_used",
         "prefetch_compiled_used",
         "Programs compiled ahead and handed to JAX's compile of the same module.",
-        1,
     ),
+    ("prefetch_modules_refused", "Module records refused as malformed or over their bounds."),
     (
-        "prefetch_modules_refused",
-        "prefetch_modules_refused",
-        "Module records refused as malformed or over their bounds.",
-        1,
-    ),
-    (
-        "build_rehashes",
         "build_rehashes",
         "Process starts that hashed the runtime's binaries with no record to keep them in.",
-        1,
     ),
+)
+_RENAMED: Mapping[str, str] = {
+    "other_build": "other_build_misses",
+    "put_exists": "puts_existing",
+    "bytes_read": "read_bytes",
+    "bytes_written": "written_bytes",
+    "compile_saved_ms": "compile_time_saved_seconds",
+    "claim_wait_ms": "claim_wait_seconds",
+    "unreadable": "unreadable_files",
+    "prefetch_saved_ms": "prefetch_saved_seconds",
+}
+# Units per base unit; dividing, not multiplying by 1e-3, keeps 286 ms as 0.286 and not
+# 0.28600000000000003.
+_PER_UNIT: Mapping[str, int] = {
+    "compile_saved_ms": 1000,
+    "claim_wait_ms": 1000,
+    "prefetch_saved_ms": 1000,
+}
+# stats() name -> (metric name, help, units per base unit).
+_COUNTERS: tuple[tuple[str, str, str, int], ...] = tuple(
+    (stat, _RENAMED.get(stat, stat), help_text, _PER_UNIT.get(stat, 1))
+    for stat, help_text in _COUNTER_HELP
 )
 
 # The remote tiers' counters (xla_pcache.tiers.chain) under the local names where they match.

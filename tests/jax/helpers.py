@@ -5,6 +5,7 @@ run in fresh processes. The test process itself never imports jax."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import subprocess
 import sys
@@ -19,12 +20,24 @@ from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _plan
 
-from tests.helpers import clean_env, executable_keys, executables, finish_worker, start_worker
+from tests.helpers import (
+    clean_env,
+    executable_keys,
+    executables,
+    finish_worker,
+    start_worker,
+)
 
 WORKER = Path(__file__).with_name("jax_worker.py")
 # The README's set-up: nothing about what is cached; the tests that check a threshold set
 # their own and say why.
 STEP_ENV = {"JAX_PLATFORMS": "cpu"}
+# Every JAX test module's marks: in the jax group, and skipped where JAX is not installed
+# (tests/test_no_skips.py fails CI for any skip).
+JAX_ONLY = [
+    pytest.mark.jax,
+    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
+]
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -96,31 +109,31 @@ def jax_keys(root: Path) -> set[str]:
     return {k.removesuffix(suffix) for k in keys}
 
 
-# Knows nothing of xla_pcache: counts JAX's own persistent-cache hit events.
-ACTIVATION_PROGRAM = textwrap.dedent(
+# The head of a program that knows nothing of xla_pcache: it counts in ``hits`` JAX's own
+# persistent-cache hit events.
+COUNT_HITS = """
+import json, os, sys
+import numpy as np
+import jax, jax.numpy as jnp
+from jax._src import monitoring
+
+hits = []
+monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event)
+    if event == "/jax/compilation_cache/cache_hits" else None)
+"""
+
+# Prints its value and JAX's own persistent-cache hit count.
+ACTIVATION_PROGRAM = COUNT_HITS + textwrap.dedent(
     """
-    import jax, jax.numpy as jnp
-    from jax._src import monitoring
-    hits = []
-    monitoring.register_event_listener(
-        lambda event, **kw: hits.append(event)
-        if event == "/jax/compilation_cache/cache_hits" else None)
     value = float(jax.jit(lambda x: jnp.sin(x).sum() * 3)(jnp.arange(8.0)))
     print(value, len(hits))
     """
 )
 
-# Knows nothing of xla_pcache: prints its value and JAX's own persistent-cache hit count.
-SIN_COS_PROGRAM = textwrap.dedent(
+# Prints its value and JAX's own persistent-cache hit count.
+SIN_COS_PROGRAM = COUNT_HITS + textwrap.dedent(
     """
-    import sys
-    import numpy as np
-    import jax, jax.numpy as jnp
-    from jax._src import monitoring
-    hits = []
-    monitoring.register_event_listener(
-        lambda event, **kw: hits.append(event)
-        if event == "/jax/compilation_cache/cache_hits" else None)
     f = {"sin": lambda x: jnp.sin(x).sum() * 3, "cos": lambda x: jnp.cos(x).sum() * 5}
     # A numpy argument: the jitted function is the only program compiled.
     value = float(jax.jit(f[sys.argv[1]])(np.arange(8.0, dtype=np.float32)))

@@ -16,12 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import clean_env, cli, tree_state
-from tests.jax.helpers import ACTIVATION_PROGRAM, run_program
+from tests.jax.helpers import ACTIVATION_PROGRAM, JAX_ONLY, run_program
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
-]
+pytestmark = JAX_ONLY
 
 
 @pytest.fixture(autouse=True)

@@ -16,36 +16,26 @@ compiles ahead only what its recognised variant holds, never the other's program
 
 from __future__ import annotations
 
-import base64
-import importlib.util
-import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.config import Settings, read_signing_key
+from xla_pcache.config import Settings
 from xla_pcache.jax import _module_record, _plan
 
 from tests.helpers import (
     cli_out,
     executables,
-    hooks_env,
     is_beside,
     is_module_record,
     is_plan,
-    keygen,
 )
-from tests.jax.helpers import jax_keys, run_python, worker_env
+from tests.jax import scripts
+from tests.jax.helpers import JAX_ONLY, jax_keys
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
-]
+pytestmark = JAX_ONLY
 
 # Knows nothing of xla_pcache but the report it prints when asked. TEST_CHANGE=1 changes
 # programs 3 to 5 (another constant baked in); TEST_SLOW=1 runs first a program whose compile
@@ -93,51 +83,21 @@ print(json.dumps(report))
 N = 6
 
 
-def run(script: Path, cache: Path, **env: str) -> tuple[dict[str, Any], str]:
-    """The program in a fresh process: its report and its stderr."""
-    full = worker_env({"XLA_PERSISTENT_CACHE_PATH": str(cache), "TEST_PREFETCH_REPORT": "1", **env})
-    proc = run_python([sys.executable, str(script)], full)
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return report, proc.stderr
-
-
 def run_held(script: Path, cache: Path, hooks: Path, **env: str) -> tuple[dict[str, Any], str]:
-    """``run``, with JAX's first compile held until compiling ahead has done all it was given
-    (a thread per planned program): what each record became does not depend on whether the
-    run's own compiles came first."""
+    """``run_script``, with JAX's first compile held until compiling ahead has done all it
+    was given (a thread per planned program): what each record became does not depend on
+    whether the run's own compiles came first."""
     shutil.rmtree(hooks, ignore_errors=True)
     hooks.mkdir()
     # The other points a test build holds at (a compile claim taken) go on at once.
     (hooks / "claimed.go").touch()
-    full = worker_env(
-        {
-            "XLA_PERSISTENT_CACHE_PATH": str(cache),
-            "TEST_PREFETCH_REPORT": "1",
-            "XLA_PCACHE_COMPILE_AHEAD_THREADS": str(N),
-            **hooks_env(hooks),
-            **env,
-        }
-    )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=full,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not list(hooks.glob("compile-ahead-idle.*")) and proc.poll() is None:
-            assert time.monotonic() < deadline, "compiling ahead never went idle"
-            time.sleep(0.02)
+    full = scripts.environment(cache, hooks, XLA_PCACHE_COMPILE_AHEAD_THREADS=str(N), **env)
+    with scripts.started(script, full) as proc:
+        scripts.wait_for_hook(
+            proc, hooks, "compile-ahead-idle.*", "compiling ahead never went idle"
+        )
         (hooks / "compile-ahead-take.go").touch()
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-4000:]
-    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return report, err
+        return scripts.finish(proc)
 
 
 def counted(report: dict[str, Any]) -> dict[str, int]:
@@ -175,33 +135,25 @@ def remove_executables(cache: Path) -> None:
 
 
 def planned_keys(cache: Path) -> list[str]:
-    with Store(cache, read_only=True, settings=Settings()) as store:
-        keys = store.keys()
-        (key,) = [k for k in keys if is_plan(k)]
-        blob = store.get(key)
-        assert blob is not None
-        (variant,) = _plan.decode(memoryview(blob)).variants
-        return [e.key for e in variant.entries]
+    (variant,) = _plan.decode(scripts.plan(cache)[1]).variants
+    return [e.key for e in variant.entries]
 
 
-def plant(cache: Path, key: str, data: bytes, signer: Any = None) -> None:
-    """``data`` as the record of ``key``, written as anyone who can write the cache would."""
-    signing = None if signer is None else (signer.name, signer.private)
+def plant(cache: Path, key: str, data: bytes, signing: tuple[str, bytes] | None = None) -> None:
+    """``data`` as the record of ``key``, written as anyone who can write the cache would
+    (signed with ``signing``, when given)."""
     with Store(cache, settings=Settings(), signing_key=signing) as store:
         assert store.replace(_module_record.record_key(key), data, meta={"kind": "x"})
 
 
 @pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
+def filled(tmp_path_factory: pytest.TempPathFactory) -> scripts.Filled:
     """The program's script, a cache its cold run filled (plan and records too), with the
     records of the changed program's 3 to 5 added (from its own cold run), that run's
     report."""
-    d = tmp_path_factory.mktemp("compile_ahead")
-    script = d / "workload.py"
-    script.write_text(PROGRAM)
-    cache, other = d / "cache", d / "other"
-    cold, _ = run(script, cache)
-    run(script, other, TEST_CHANGE="1")
+    script, cache, cold = scripts.cold_run(tmp_path_factory, "compile_ahead", PROGRAM)
+    other = cache.with_name("other")
+    scripts.run(script, other, TEST_CHANGE="1")
     with (
         Store(other, read_only=True, settings=Settings()) as src,
         Store(cache, settings=Settings()) as dst,
@@ -214,17 +166,10 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[s
     return script, cache, cold
 
 
-def copy(filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> Path:
-    dst = tmp_path / "cache"
-    shutil.copytree(filled[1], dst, symlinks=True)
-    return dst
-
-
 def test_a_start_whose_executables_are_gone_compiles_them_ahead(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path
 ) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
     keys = planned_keys(cache)
     assert cold["misses"] == N and len(keys) == N
     # Each program JAX compiled and put has its record: module bytecode, options, devices.
@@ -237,7 +182,7 @@ def test_a_start_whose_executables_are_gone_compiles_them_ahead(
     # A read-only worker compiles ahead into its memory only: nothing written. (As the run
     # goes: a program JAX reaches before a worker took it is JAX's to compile.)
     before = sorted((p.relative_to(cache), p.stat().st_size) for p in cache.rglob("*"))
-    ro, _ = run(script, cache, XLA_PERSISTENT_CACHE_READ_ONLY="1")
+    ro, _ = scripts.run(script, cache, XLA_PERSISTENT_CACHE_READ_ONLY="1")
     assert ro["out"] == cold["out"] and ro["hits"] == 0
     used = counted(ro)
     assert 1 <= used["compiled_used"] == used["compiled"] <= N, used
@@ -245,7 +190,7 @@ def test_a_start_whose_executables_are_gone_compiles_them_ahead(
     assert sorted((p.relative_to(cache), p.stat().st_size) for p in cache.rglob("*")) == before
 
     # A writer: the same, and JAX's puts store what was compiled ahead, with its compile time.
-    ahead, _ = run(script, cache)
+    ahead, _ = scripts.run(script, cache)
     assert ahead["out"] == cold["out"] and (ahead["hits"], ahead["misses"]) == (0, N)
     used = counted(ahead)
     assert 1 <= used["compiled_used"] == used["compiled"] <= N, used
@@ -268,10 +213,9 @@ def test_a_start_whose_executables_are_gone_compiles_them_ahead(
 
 
 def test_a_record_of_another_program_or_options_is_never_handed_to_jax(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path, tmp_path: Path
 ) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
     keys = planned_keys(cache)
     recorded = records(cache)
     others = [recorded[k] for k in sorted(set(recorded) - set(keys))]
@@ -312,27 +256,23 @@ def test_a_record_of_another_program_or_options_is_never_handed_to_jax(
 
 
 def test_trusted_keys_compile_only_from_signed_records(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path, tmp_path: Path
 ) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
-    private, public = keygen(tmp_path, "ci-1")
-    name, raw = public.split(":", 1)
-    signer = read_signing_key(private)
+    public, trusted, signing = scripts.ci_key(tmp_path)
     keys = planned_keys(cache)
     recorded = records(cache)
     remove_executables(cache)
     # The plan and the first three records signed by the trusted key; the others as any
     # writer of the directory left them, unsigned.
-    with Store(cache, settings=Settings(), signing_key=(signer.name, signer.private)) as store:
+    with Store(cache, settings=Settings(), signing_key=signing) as store:
         keys_now = store.keys()
         (plan,) = [k for k in keys_now if is_plan(k)]
         data = store.get(plan)
         assert data is not None
         assert store.replace(plan, bytes(data), meta={"kind": _plan.META_KIND})
     for key in keys[:3]:
-        plant(cache, key, _module_record.encode(recorded[key]), signer)
-    trusted = [(name, base64.b64decode(raw))]
+        plant(cache, key, _module_record.encode(recorded[key]), signing)
     assert set(records(cache, Settings(trusted_keys=tuple(trusted)))) == set(keys[:3])
 
     trusting, _ = run_held(
@@ -352,17 +292,19 @@ def test_trusted_keys_compile_only_from_signed_records(
 
 
 def test_a_run_that_ends_while_compiling_ahead_waits_for_it_and_exits_cleanly(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, tmp_path: Path
 ) -> None:
     """XLA cannot stop a compile, and a daemon thread returning from one into a finalizing
     interpreter aborts the process: the exit waits for it, starting nothing more."""
     script, _, _ = filled
     cache = tmp_path / "cache"
-    run(script, cache, TEST_SLOW="1")
+    scripts.run(script, cache, TEST_SLOW="1")
     remove_executables(cache)
     # One thread: the slow program first (the plan's order), while the run compiles its one
     # program itself and ends.
-    ended, err = run(script, cache, TEST_EXIT_EARLY="1", XLA_PCACHE_COMPILE_AHEAD_THREADS="1")
+    ended, err = scripts.run(
+        script, cache, TEST_EXIT_EARLY="1", XLA_PCACHE_COMPILE_AHEAD_THREADS="1"
+    )
     # The slow one still compiling when the run ended (its one program compiled ahead or by
     # JAX, as the threads loading the plan found it absent first or not).
     assert ended["prefetch"]["compile_ahead"]["states"].get("compiling") == 1, ended["prefetch"]
@@ -371,15 +313,14 @@ def test_a_run_that_ends_while_compiling_ahead_waits_for_it_and_exits_cleanly(
 
 
 def test_the_plan_and_records_a_run_used_outlive_its_executables(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path
 ) -> None:
     """No lookup reads a plan or a module record while the executables they name are there: a
     run that used them records a use of each after its hits (``Store.touch``), so that the
     budget's eviction takes the executables first and what would compile them again last."""
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
     keys = planned_keys(cache)
-    warm, _ = run(script, cache)
+    warm, _ = scripts.run(script, cache)
     assert warm["out"] == cold["out"] and warm["hits"] == N
     assert warm["prefetch"]["counters"]["prefetch_plans_written"] == 0
     with Store(cache, read_only=True, settings=Settings()) as store:
@@ -401,14 +342,13 @@ def test_the_plan_and_records_a_run_used_outlive_its_executables(
 
 
 def test_only_what_the_run_is_recognised_to_need_is_compiled_ahead(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path, tmp_path: Path
 ) -> None:
     """Two programs behind one script (the changed one differs in programs 3 to 5), their
     executables gone: a run of the first compiles ahead what both variants hold, then, once
     its reads told it apart, its own; never the other program's."""
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
-    changed, _ = run(script, cache, TEST_CHANGE="1")
+    changed, _ = scripts.run(script, cache, TEST_CHANGE="1")
     assert changed["hits"] == 3 and changed["misses"] == 3
     with Store(cache, read_only=True, settings=Settings()) as store:
         keys = store.keys()

@@ -3,20 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-import pytest
 from xla_pcache import Store
 
 from tests.helpers import cli_out, executables, explain_json
-from tests.jax.helpers import hits, run_jax, runs, store_keys
+from tests.jax.helpers import JAX_ONLY, hits, run_jax, runs, store_keys
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
-]
+pytestmark = JAX_ONLY
 
 FLAGS_A = "--xla_cpu_enable_fast_math=true"
 FLAGS_B = "--xla_cpu_enable_fast_math=false"

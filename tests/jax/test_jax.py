@@ -8,7 +8,6 @@ program's result. The test process itself never imports jax.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from xla_pcache.jax import SUPPORTED_JAX
 
 from tests.helpers import executables, is_plan
 from tests.jax.helpers import (
+    JAX_ONLY,
     finish_jax,
     hits,
     open_barrier,
@@ -33,10 +33,7 @@ from tests.jax.helpers import (
     worker_env,
 )
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
-]
+pytestmark = JAX_ONLY
 
 
 def pcache_warnings(report: dict[str, Any]) -> list[str]:

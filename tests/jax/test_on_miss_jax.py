@@ -4,20 +4,15 @@ warning per miss with its reason; a cached program runs in every mode."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import clean_env
+from tests.jax.helpers import JAX_ONLY
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
-]
+pytestmark = JAX_ONLY
 
 PROGRAM = textwrap.dedent(
     """

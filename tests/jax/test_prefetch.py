@@ -14,28 +14,21 @@ whose cache read takes other arguments runs as before, with one warning.
 
 from __future__ import annotations
 
-import base64
-import importlib.util
 import json
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.config import Settings, read_signing_key
+from xla_pcache.config import Settings
 from xla_pcache.jax import _plan
 
-from tests.helpers import cli_out, hooks_env, is_plan, keygen
-from tests.jax.helpers import jax_keys, run_python, worker_env
+from tests.helpers import cli_out
+from tests.jax import scripts
+from tests.jax.helpers import COUNT_HITS, JAX_ONLY, jax_keys
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
-]
+pytestmark = JAX_ONLY
 
 # Knows nothing of xla_pcache but the report it prints when asked (and waits on, asked to).
 # TEST_CHANGE=1 changes programs 3 to 5 (another constant baked in); TEST_FUTURE_JAX=1
@@ -44,16 +37,10 @@ pytestmark = [
 # until loading ahead has loaded what it planned; TEST_SPIN=1 keeps the main thread busy in
 # Python after the first read until loading ahead is done. It reports its main thread's CPU
 # time and the whole process's.
-PROGRAM = """
-import json, os, resource, sys, time
-import numpy as np
-import jax, jax.numpy as jnp
-from jax._src import monitoring
-
-hits = []
-monitoring.register_event_listener(
-    lambda event, **kw: hits.append(event)
-    if event == "/jax/compilation_cache/cache_hits" else None)
+PROGRAM = (
+    COUNT_HITS
+    + """
+import resource, time
 if os.environ.get("TEST_FUTURE_JAX") == "1":
     from jax._src import compilation_cache as cc
     real = cc.get_executable_and_time
@@ -99,31 +86,8 @@ usage = resource.getrusage(resource.RUSAGE_SELF)
 report["cpu_s"] = {"main": time.thread_time(), "process": usage.ru_utime + usage.ru_stime}
 print(json.dumps(report))
 """
+)
 N = 6
-
-
-def run(script: Path, cache: Path, **env: str) -> tuple[dict[str, Any], str]:
-    """The program in a fresh process: its report and its stderr."""
-    full = worker_env({"XLA_PERSISTENT_CACHE_PATH": str(cache), "TEST_PREFETCH_REPORT": "1", **env})
-    proc = run_python([sys.executable, str(script)], full)
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return report, proc.stderr
-
-
-def counters(cache: Path) -> dict[str, int]:
-    """The cache's counters over every process that wrote any."""
-    with Store(cache, read_only=True) as store:
-        return {k: v for k, v in store.stats().items() if isinstance(v, int)}
-
-
-def plan_of(cache: Path) -> tuple[str, bytes]:
-    """The one plan in the store: its key and bytes."""
-    with Store(cache, read_only=True, settings=Settings()) as store:
-        keys = store.keys()
-        (key,) = [k for k in keys if is_plan(k)]
-        blob = store.get(key)
-        assert blob is not None
-        return str(key), bytes(blob)
 
 
 def states(report: dict[str, Any]) -> dict[str, int]:
@@ -134,38 +98,26 @@ def states(report: dict[str, Any]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
+def filled(tmp_path_factory: pytest.TempPathFactory) -> scripts.Filled:
     """The program's script, a cache its first (cold) run filled, that run's report."""
-    d = tmp_path_factory.mktemp("prefetch")
-    script = d / "workload.py"
-    script.write_text(PROGRAM)
-    cache = d / "cache"
-    cold, _ = run(script, cache)
-    return script, cache, cold
-
-
-def copy(filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> Path:
-    dst = tmp_path / "cache"
-    shutil.copytree(filled[1], dst, symlinks=True)
-    return dst
+    return scripts.cold_run(tmp_path_factory, "prefetch", PROGRAM)
 
 
 def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updates_the_plan(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path
 ) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
     assert cold["hits"] == 0 and cold["prefetch"]["planned"] == 0
     # The cold run recorded what it read: one plan, of the six executables it put, in order.
     executables = jax_keys(cache)
     assert len(executables) == N
-    key, data = plan_of(cache)
+    key, data = scripts.plan(cache)
     assert key == cold["prefetch"]["plan_key"]
     (variant,) = _plan.decode(data).variants
     assert {e.key for e in variant.entries} == executables and len(variant.entries) == N
-    assert counters(cache)["prefetch_plans_written"] == 1
+    assert scripts.counters(cache)["prefetch_plans_written"] == 1
 
-    warm, _ = run(script, cache)
+    warm, _ = scripts.run(script, cache)
     assert states(warm) == {"taken": N}
     assert warm["prefetch"]["counters"] == {
         "prefetch_planned": N,
@@ -180,28 +132,28 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
         "prefetch_compiled_used": 0,
         "prefetch_modules_refused": 0,
     }
-    plain, _ = run(script, cache, XLA_PCACHE_PREFETCH="0")
+    plain, _ = scripts.run(script, cache, XLA_PCACHE_PREFETCH="0")
     assert plain["prefetch"] is None
     # The same hits as a run without loading ahead, and the same results (as the cold run's).
     assert warm["hits"] == plain["hits"] == N
     assert warm["out"] == plain["out"] == cold["out"]
-    stats = counters(cache)
+    stats = scripts.counters(cache)
     assert (stats["hits"], stats["prefetch_used"]) == (2 * N, N)
-    assert plan_of(cache) == (key, data), "a run that read what its plan named leaves it"
+    assert scripts.plan(cache) == (key, data), "a run that read what its plan named leaves it"
 
     # Programs 3 to 5 changed: 0 to 2 come from the plan, the new ones compile, the three old
     # ones were loaded for nothing (wasted at exit), and the new run's variant joins the
     # plan. The old one stays: a run cannot tell an edited program from another
     # configuration of the same script, and two configurations that share most programs
     # would replace each other's variant at every run.
-    changed, _ = run(script, cache, TEST_CHANGE="1")
+    changed, _ = scripts.run(script, cache, TEST_CHANGE="1")
     assert changed["hits"] == 3
     assert changed["out"][:3] == cold["out"][:3] and changed["out"][3:] != cold["out"][3:]
-    after = counters(cache)
+    after = scripts.counters(cache)
     assert after["prefetch_used"] - stats["prefetch_used"] == 3
     assert after["prefetch_wasted"] - stats["prefetch_wasted"] == 3
     assert after["prefetch_plans_written"] == 2
-    new, old = _plan.decode(plan_of(cache)[1]).variants
+    new, old = _plan.decode(scripts.plan(cache)[1]).variants
     assert {e.key for e in new.entries} == jax_keys(cache) - executables | {
         e.key for e in variant.entries[:3]
     }
@@ -209,12 +161,12 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
     # The next run loads what both variants hold (programs 0 to 2); its first changed
     # program's read tells it from the other and goes JAX's way, and the rest of its own
     # variant is loaded from then on. Nothing is wasted, nothing written.
-    again, _ = run(script, cache, TEST_CHANGE="1")
+    again, _ = scripts.run(script, cache, TEST_CHANGE="1")
     assert states(again) == {"taken": N - 1, "skipped": 1} and again["hits"] == N
     assert again["prefetch"]["candidates"] == 1 and again["out"] == changed["out"]
 
     # What the commands report: stats (JSON, Prometheus) and doctor, across the processes.
-    final = counters(cache)
+    final = scripts.counters(cache)
     used, wasted = final["prefetch_used"], final["prefetch_wasted"]
     assert (used, wasted, final["prefetch_plans_written"]) == (2 * N + 2, 3, 2)
     text = cli_out("stats", "--path", str(cache), "--format", "prometheus")
@@ -230,61 +182,37 @@ def test_the_next_run_takes_every_planned_executable_and_a_changed_program_updat
 
 
 def test_a_compile_that_outlasts_the_quiet_time_is_still_planned(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path, tmp_path: Path
 ) -> None:
     """The plan is written after reads go quiet; a changed program still compiling then
     (held here at its compile claim) is not stored yet: the tries in the quiet spells write
     nothing (no plan of what is already planned), and the plan is written at exit, with the
     new programs, once."""
     script, _, _ = filled
-    cache, hooks = copy(filled, tmp_path), tmp_path / "hooks"
+    hooks = tmp_path / "hooks"
     hooks.mkdir()
-    before = counters(cache)["prefetch_plans_written"]
-    env = worker_env(
-        {
-            "XLA_PERSISTENT_CACHE_PATH": str(cache),
-            "TEST_PREFETCH_REPORT": "1",
-            "TEST_CHANGE": "1",
-            **hooks_env(hooks),
-        }
-    )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
+    before = scripts.counters(cache)["prefetch_plans_written"]
+    with scripts.started(script, scripts.environment(cache, hooks, TEST_CHANGE="1")) as proc:
         # The first changed program holds at its claim, before compiling; the session's
         # quiet-time try comes meanwhile.
-        deadline = time.monotonic() + 120
-        while not list(hooks.glob("plan-write.*")) and proc.poll() is None:
-            assert time.monotonic() < deadline, "no try to write the plan"
-            time.sleep(0.05)
+        scripts.wait_for_hook(proc, hooks, "plan-write.*", "no try to write the plan")
         assert list(hooks.glob("claimed.*")) and proc.poll() is None
         (hooks / "claimed.go").touch()
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-4000:]
-    report = json.loads(out.strip().splitlines()[-1])
+        report, _ = scripts.finish(proc)
     assert report["hits"] == 3 and states(report)["taken"] == 3
-    variant, _ = _plan.decode(plan_of(cache)[1]).variants
+    variant, _ = _plan.decode(scripts.plan(cache)[1]).variants
     assert len(variant.entries) == N
     assert {e.key for e in variant.entries[3:]} == jax_keys(cache) - jax_keys(filled[1])
-    assert counters(cache)["prefetch_plans_written"] - before == 1
+    assert scripts.counters(cache)["prefetch_plans_written"] - before == 1
 
 
 def test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spared(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path
 ) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
     # The backend is up and JAX has read nothing: the plan is loaded already, in full, and
     # no read waits.
-    early, _ = run(script, cache, TEST_BEFORE_READS="1")
+    early, _ = scripts.run(script, cache, TEST_BEFORE_READS="1")
     prefetch = early["prefetch"]
     assert prefetch["began"] == "before the first read"
     assert prefetch["states"] == {"taken": N} and prefetch["waited"] == 0
@@ -296,7 +224,7 @@ def test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spa
     # read (as loading began there before this release): their wall time is many times their
     # CPU time. What is counted can never exceed the CPU time of every thread but the main
     # one.
-    spun, _ = run(script, cache, TEST_SPIN="1", XLA_PCACHE_PREFETCH_THREADS="1")
+    spun, _ = scripts.run(script, cache, TEST_SPIN="1", XLA_PCACHE_PREFETCH_THREADS="1")
     for report in (early, spun):
         counters = report["prefetch"]["counters"]
         assert counters["prefetch_used"] == N and report["out"] == cold["out"]
@@ -306,20 +234,17 @@ def test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spa
         assert saved <= report["prefetch"]["load_cpu_s"] * 1000 + N
 
 
-def test_read_only_processes_use_plans_and_write_none(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
-) -> None:
+def test_read_only_processes_use_plans_and_write_none(filled: scripts.Filled, cache: Path) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
     ro = {"XLA_PERSISTENT_CACHE_READ_ONLY": "1"}
-    used, _ = run(script, cache, **ro)
+    used, _ = scripts.run(script, cache, **ro)
     assert states(used) == {"taken": N} and used["out"] == cold["out"]
     # Without a plan a read-only worker has every reason to write one, and writes none.
-    key, _ = plan_of(cache)
+    key, _ = scripts.plan(cache)
     with Store(cache) as store:
         assert store.delete(key)
     before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
-    unplanned, _ = run(script, cache, **ro)
+    unplanned, _ = scripts.run(script, cache, **ro)
     assert unplanned["prefetch"]["planned"] == 0 and unplanned["hits"] == N
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
     with Store(cache, read_only=True) as store:
@@ -327,22 +252,18 @@ def test_read_only_processes_use_plans_and_write_none(
 
 
 def test_a_trusted_plan_naming_untrusted_entries_loads_none_of_them(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path, tmp_path: Path
 ) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
-    private, public = keygen(tmp_path, "ci-1")
-    name, raw = public.split(":", 1)
-    trusted = [(name, base64.b64decode(raw))]
-    key, data = plan_of(cache)
+    public, trusted, signing = scripts.ci_key(tmp_path)
+    key, data = scripts.plan(cache)
     # The plan as a writer of the directory left it, unsigned: a trusting store never serves
     # it. Signed by the trusted key, it is served; the executables it names are unsigned.
     with Store(cache, settings=Settings(), trusted_keys=trusted) as store:
         assert store.get(key) is None
-    signer = read_signing_key(private)
-    with Store(cache, settings=Settings(), signing_key=(signer.name, signer.private)) as store:
+    with Store(cache, settings=Settings(), signing_key=signing) as store:
         assert store.replace(key, data, meta={"kind": _plan.META_KIND})
-    trusting, _ = run(
+    trusting, _ = scripts.run(
         script,
         cache,
         XLA_PCACHE_TRUSTED_KEYS=public,
@@ -364,11 +285,10 @@ def _hostile_entries(own: list[_plan.Entry], other: list[_plan.Entry]) -> list[_
 
 
 def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+    filled: scripts.Filled, cache: Path
 ) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
-    key, data = plan_of(cache)
+    key, data = scripts.plan(cache)
     (own,) = _plan.decode(data).variants
 
     def plant(body: bytes) -> None:
@@ -391,30 +311,30 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
         ],
     }
     plant(json.dumps(many).encode())
-    refused, err = run(script, cache)
+    refused, err = scripts.run(script, cache)
     assert err.count("prefetch plan") == 1 and "is refused" in err, err
     assert refused["prefetch"]["planned"] == 0 and refused["out"] == cold["out"]
     assert refused["prefetch"]["counters"]["prefetch_plans_refused"] == 1
     # The run wrote its own plan in its place.
-    (rewritten,) = _plan.decode(plan_of(cache)[1]).variants
+    (rewritten,) = _plan.decode(scripts.plan(cache)[1]).variants
     assert [e.key for e in rewritten.entries] == [e.key for e in own.entries]
 
     # Well-formed, naming other programs' entries and the workload's keys under other
     # options: an entry is loaded only with the options and devices it was compiled for
     # (its load digest), and nothing loaded is handed to a read it was not read for.
-    run(script, cache, TEST_CHANGE="1")
-    changed = _plan.decode(plan_of(cache)[1]).variants[0]
+    scripts.run(script, cache, TEST_CHANGE="1")
+    changed = _plan.decode(scripts.plan(cache)[1]).variants[0]
     other = [e for e in changed.entries if e.key not in {o.key for o in own.entries}]
     assert len(other) == 3
     entries = tuple(_hostile_entries(list(own.entries), other))
     hostile = _plan.Variant(2.0, own.platform, own.device_count, entries)
     plant(_plan.encode(_plan.Plan((hostile,))))
-    before = counters(cache)
-    tricked, err = run(script, cache)
+    before = scripts.counters(cache)
+    tricked, err = scripts.run(script, cache)
     assert tricked["out"] == cold["out"] and tricked["hits"] == N
     assert states(tricked) == {"loaded": 3, "failed": N, "missing": 2}
     assert err.count("compiled for") == 1, err  # one warning for the kind, not one each
-    after = counters(cache)
+    after = scripts.counters(cache)
     delta = {k: after[k] - before[k] for k in after if k.startswith("prefetch_") or k == "hits"}
     assert delta["hits"] == N and delta["prefetch_used"] == 0
     assert (delta["prefetch_loaded"], delta["prefetch_wasted"]) == (3, 3)
@@ -426,29 +346,26 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
     # the last dropped and the one whose order runs follow).
     ahead = _plan.Variant(time.time() + 365 * 86400, own.platform, own.device_count, tuple(other))
     plant(_plan.encode(_plan.Plan((ahead,))))
-    once, _ = run(script, cache)
+    once, _ = scripts.run(script, cache)
     assert once["out"] == cold["out"] and once["hits"] == N
     assert once["prefetch"]["planned"] == len(other)
-    variants = _plan.decode(plan_of(cache)[1]).variants
+    variants = _plan.decode(scripts.plan(cache)[1]).variants
     latest = max(variants, key=lambda v: v.written)
     assert variants[0] is latest and len(variants) == 2
     assert [e.key for e in latest.entries] == [e.key for e in own.entries]
     # From then on the run is told from the planted variant by its first read: nothing of
     # the planted one is loaded again.
-    again, _ = run(script, cache)
+    again, _ = scripts.run(script, cache)
     assert again["out"] == cold["out"] and "loaded" not in states(again)
     assert states(again) == {"taken": N - 1, "skipped": 1}
 
 
-def test_a_jax_whose_cache_read_changed_runs_as_before(
-    filled: tuple[Path, Path, dict[str, Any]], tmp_path: Path
-) -> None:
+def test_a_jax_whose_cache_read_changed_runs_as_before(filled: scripts.Filled, cache: Path) -> None:
     script, _, cold = filled
-    cache = copy(filled, tmp_path)
-    plan = plan_of(cache)
-    future, err = run(script, cache, TEST_FUTURE_JAX="1")
+    plan = scripts.plan(cache)
+    future, err = scripts.run(script, cache, TEST_FUTURE_JAX="1")
     assert future["prefetch"] is None
     assert future["hits"] == N and future["out"] == cold["out"]
     (line,) = [line for line in err.splitlines() if "loading ahead is off" in line]
     assert "get_executable_and_time" in line
-    assert plan_of(cache) == plan
+    assert scripts.plan(cache) == plan

@@ -17,7 +17,6 @@ writes nothing either. (Read-only runs write no plan: tests/jax/test_prefetch.py
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -31,25 +30,15 @@ from xla_pcache.config import Settings
 from xla_pcache.jax import _plan
 
 from tests.helpers import is_plan
-from tests.jax.helpers import worker_env
+from tests.jax.helpers import COUNT_HITS, JAX_ONLY, worker_env
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
-]
+pytestmark = JAX_ONLY
 
 # The program's body: ``WHICH`` is "a" or "b". Knows nothing of xla_pcache but the
 # report it writes.
-BODY = """
-import json, os
-import numpy as np
-import jax, jax.numpy as jnp
-from jax._src import monitoring
-
-hits = []
-monitoring.register_event_listener(
-    lambda event, **kw: hits.append(event)
-    if event == "/jax/compilation_cache/cache_hits" else None)
+BODY = (
+    COUNT_HITS
+    + """
 x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
 out = [np.asarray(jax.jit(lambda a: jnp.tanh(a).sum(axis=0))(x)).tolist()]
 base = {"a": 10, "b": 20}[WHICH]
@@ -60,6 +49,7 @@ for k in range(3):
 import xla_pcache.jax as xj
 REPORT = json.dumps({"out": out, "hits": len(hits), "prefetch": xj.prefetch_report()})
 """
+)
 OWN = 3  # each program's own executables, besides the one both share
 
 

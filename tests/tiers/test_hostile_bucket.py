@@ -99,6 +99,17 @@ def _read(root: Path, url: str, budget: str, *keys: str) -> dict[str, Any]:
     return out
 
 
+def _writer(root: Path, url: str, entries: dict[str, bytes]) -> Store:
+    """A store at ``root`` over the tier at ``url`` that put ``entries`` there: each
+    published, every upload done."""
+    writer = Store(root, remote=url)
+    for key, value in entries.items():
+        assert writer.put(key, value)
+    assert writer.remote is not None
+    writer.remote.flush()
+    return writer
+
+
 def test_garbage_and_oversized_objects_are_misses_in_bounded_memory(
     tmp_path: Path, s3: S3Server
 ) -> None:
@@ -111,11 +122,7 @@ def test_garbage_and_oversized_objects_are_misses_in_bounded_memory(
     huge = 200 << 20
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('huge')}", b"\0" * huge, mode="create")
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('junk')}", os.urandom(3000), mode="create")
-    writer = Store(tmp_path / "w", remote=url)
-    assert writer.put("real", os.urandom(6 << 20))
-    assert writer.put("small", b"fits")
-    assert writer.remote is not None
-    writer.remote.flush()
+    _writer(tmp_path / "w", url, {"real": os.urandom(6 << 20), "small": b"fits"})
     report = _read(tmp_path / "r", url, "4M", "huge", "junk", "junk", "real", "small")
     assert report["got"] == {"huge": None, "junk": None, "real": None, "small": 4}, report
     assert report["stats"]["remote_rejected"] == 4, report["stats"]
@@ -133,10 +140,7 @@ def test_a_large_entry_is_spooled_to_tmp_and_served(tmp_path: Path, s3: S3Server
     prefix = fresh_prefix()
     url = s3.url(prefix)
     payload = os.urandom(SPOOL_BYTES + (9 << 20))
-    writer = Store(tmp_path / "w", remote=url)
-    assert writer.put("big", payload)
-    assert writer.remote is not None
-    writer.remote.flush()
+    _writer(tmp_path / "w", url, {"big": payload})
     report = _read(tmp_path / "r", url, "none", "big")
     assert report["got"] == {"big": len(payload)}, report
     assert report["stats"]["remote_hits"] == 1 and not report["warnings"], report
@@ -153,10 +157,7 @@ def test_the_spool_never_follows_a_link_planted_at_tmp(tmp_path: Path, s3: S3Ser
     prefix = fresh_prefix()
     url = s3.url(prefix)
     payload = os.urandom(SPOOL_BYTES + (1 << 20))
-    writer = Store(tmp_path / "w", remote=url)
-    assert writer.put("big", payload)
-    assert writer.remote is not None
-    writer.remote.flush()
+    _writer(tmp_path / "w", url, {"big": payload})
     spooled_at: list[str] = []
 
     class Watched(Store):
@@ -185,11 +186,7 @@ def test_redis_values_are_bounded_the_same_way(tmp_path: Path, redis_server: Red
     client = redis.Redis.from_url(redis_server.url)
     client.set(KEY_PREFIX + entry_name("huge"), b"\0" * (100 << 20))
     client.set(KEY_PREFIX + entry_name("junk"), os.urandom(3000))
-    writer = Store(tmp_path / "w", remote=redis_server.url)
-    assert writer.put("real", os.urandom(6 << 20))
-    assert writer.put("small", b"fits")
-    assert writer.remote is not None
-    writer.remote.flush()
+    _writer(tmp_path / "w", redis_server.url, {"real": os.urandom(6 << 20), "small": b"fits"})
     report = _read(tmp_path / "r", redis_server.url, "4M", "huge", "junk", "real", "small")
     assert report["got"] == {"huge": None, "junk": None, "real": None, "small": 4}, report
     assert report["stats"]["remote_rejected"] == 3, report["stats"]
@@ -322,11 +319,7 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
-    writer = Store(tmp_path / "w", remote=url)
-    for k in ("a", "b", "c"):
-        assert writer.put(k, bytes(1000))
-    assert writer.remote is not None
-    writer.remote.flush()
+    writer = _writer(tmp_path / "w", url, dict.fromkeys("abc", bytes(1000)))
     obstore.put(client, f"{upkeep.LEASE}/x", b"squat")
     report = upkeep.Bucket(url).prune(max_size=2500)
     assert report.removed == 1 and report.entries == 2, report
@@ -401,10 +394,7 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
-    writer = Store(tmp_path / "w", remote=url)
-    assert writer.put("real", b"x" * 100)
-    assert writer.remote is not None
-    writer.remote.flush()
+    writer = _writer(tmp_path / "w", url, {"real": b"x" * 100})
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('empty')}", b"")
     reader = Store(tmp_path / "r", remote=url)
     assert reader.get("empty") is None

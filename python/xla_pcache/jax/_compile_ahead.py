@@ -44,6 +44,7 @@ They exist only while there is something to compile.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import heapq
 import itertools
@@ -109,25 +110,16 @@ class _Slot:
         self.compile_s = 0.0
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Pending:
     """A compile just made on this thread, for the put that follows it."""
 
-    __slots__ = ("compile_s", "digest", "name", "owner", "record")
-
-    def __init__(
-        self,
-        owner: CompileAhead,
-        name: str | None,
-        digest: bytes,
-        record: Record | None,
-        compile_s: float | None,
-    ) -> None:
-        self.owner = owner
-        self.name = name
-        self.digest = digest
-        self.record = record
-        # Set when the executable was compiled ahead: the time that compile took.
-        self.compile_s = compile_s
+    owner: CompileAhead
+    name: str | None
+    digest: bytes
+    record: Record | None
+    # Set when the executable was compiled ahead: the time that compile took.
+    compile_s: float | None
 
 
 _live: weakref.WeakSet[CompileAhead] = weakref.WeakSet()

@@ -230,54 +230,54 @@ mod tests {
     use std::fs;
     use std::os::unix::fs::{symlink, PermissionsExt};
 
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+    /// The environment `vars` describes: `NAME=value` pairs between spaces.
+    fn env(vars: &str) -> impl Fn(&str) -> Option<OsString> + '_ {
         move |v| {
-            vars.iter()
+            vars.split_whitespace()
+                .filter_map(|pair| pair.split_once('='))
                 .find(|(k, _)| *k == v)
                 .map(|(_, x)| OsString::from(x))
         }
     }
 
+    /// A directory at `path` (and its parents) with `mode`.
+    fn dir_with_mode(path: &Path, mode: u32) {
+        fs::create_dir_all(path).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
     #[test]
     fn the_candidates_in_order() {
         let me = me();
-        let p = Place::from_env(
-            "rec",
-            env(&[
-                ("XDG_CACHE_HOME", "/x"),
-                ("HOME", "/h"),
-                ("XDG_RUNTIME_DIR", "/run/user/7"),
-                ("TMPDIR", "/scratch"),
-            ]),
-        );
-        assert_eq!(
-            p.candidates(),
-            [
-                PathBuf::from("/x/rec"),
-                PathBuf::from(format!("/run/user/7/rec-{me}")),
-                PathBuf::from(format!("/scratch/rec-{me}")),
-            ]
-        );
-        // Relative values are no values (the XDG spec); the temp dir is /tmp by default.
-        let p = Place::from_env(
-            "rec",
-            env(&[
-                ("XDG_CACHE_HOME", "rel"),
-                ("HOME", "/h"),
-                ("XDG_RUNTIME_DIR", "run"),
-                ("TMPDIR", "tmp"),
-            ]),
-        );
-        assert_eq!(
-            p.candidates(),
-            [
-                PathBuf::from("/h/.cache/rec"),
-                PathBuf::from(format!("/tmp/rec-{me}")),
-            ]
-        );
-        // No home at all: the temp dir only.
-        let p = Place::from_env("rec", env(&[]));
-        assert_eq!(p.candidates(), [PathBuf::from(format!("/tmp/rec-{me}"))]);
+        // The environment; the candidates it gives, in order (`{me}`: this user's id).
+        let cases = [
+            (
+                "XDG_CACHE_HOME=/x HOME=/h XDG_RUNTIME_DIR=/run/user/7 TMPDIR=/scratch",
+                "/x/rec /run/user/7/rec-{me} /scratch/rec-{me}",
+            ),
+            // Relative values are no values (the XDG spec); the temp dir is /tmp by default.
+            (
+                "XDG_CACHE_HOME=rel HOME=/h XDG_RUNTIME_DIR=run TMPDIR=tmp",
+                "/h/.cache/rec /tmp/rec-{me}",
+            ),
+            // No home at all: the temp dir only.
+            ("", "/tmp/rec-{me}"),
+        ];
+        for (vars, want) in cases {
+            let want: Vec<PathBuf> = want
+                .split_whitespace()
+                .map(|c| PathBuf::from(c.replace("{me}", &me.to_string())))
+                .collect();
+            assert_eq!(
+                Place::from_env("rec", env(vars)).candidates(),
+                want,
+                "{vars}"
+            );
+        }
     }
 
     #[test]
@@ -297,10 +297,7 @@ mod tests {
             "{:?}",
             seen.skipped
         );
-        assert_eq!(
-            fs::metadata(&fallback).unwrap().permissions().mode() & 0o777,
-            0o700
-        );
+        assert_eq!(mode_of(&fallback), 0o700);
     }
 
     #[test]
@@ -309,8 +306,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let home = t.path().join("home/.cache/rec");
         let fallback = t.path().join("tmp/rec-1");
-        fs::create_dir_all(&fallback).unwrap();
-        fs::set_permissions(&fallback, fs::Permissions::from_mode(0o700)).unwrap();
+        dir_with_mode(&fallback, 0o700);
         let place = Place {
             candidates: vec![home.clone(), fallback],
         };
@@ -327,8 +323,7 @@ mod tests {
         let link = t.path().join("link");
         symlink(&target, &link).unwrap();
         let open = t.path().join("open");
-        fs::create_dir(&open).unwrap();
-        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        dir_with_mode(&open, 0o777);
         let file = t.path().join("plain");
         fs::write(&file, b"").unwrap();
         let place = Place {
@@ -343,10 +338,7 @@ mod tests {
         assert!(seen.refused[2].1.contains("not a directory"));
         assert_eq!(seen.skipped.len(), 3);
         // Left as they were.
-        assert_eq!(
-            fs::metadata(&open).unwrap().permissions().mode() & 0o777,
-            0o777
-        );
+        assert_eq!(mode_of(&open), 0o777);
         assert!(fs::symlink_metadata(&link)
             .unwrap()
             .file_type()
@@ -356,8 +348,7 @@ mod tests {
         assert!(seen.refused.is_empty() && seen.found.is_some());
         if me() == 0 {
             let theirs = t.path().join("theirs");
-            fs::create_dir(&theirs).unwrap();
-            fs::set_permissions(&theirs, fs::Permissions::from_mode(0o700)).unwrap();
+            dir_with_mode(&theirs, 0o700);
             std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).unwrap();
             let seen = Place::only(theirs).open(&[]);
             assert!(seen.found.is_none());
