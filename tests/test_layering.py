@@ -19,6 +19,12 @@ LEVELS = {
     "_core": 0,
     "_reports": 0,
     "sizes": 0,
+    # The variables: their names and table, a value parsed by its kind, the key files, the
+    # settings read at once.
+    "config.variables": 0,
+    "config.values": 0,
+    "config.keys": 0,
+    "config.settings": 0,
     "config": 0,
     # The gates every layer passes what it read through: names, and text shown to people.
     "_names": 0,
