@@ -132,7 +132,12 @@ LEVELS = {
     "cli._config": 5,
     "cli._verify": 5,
     "cli._bundle": 5,
+    # doctor: its report put together and printed, over its parts: each framework's probe,
+    # what the environment asks, the report for people.
     "cli._doctor": 5,
+    "cli._doctor.frameworks": 5,
+    "cli._doctor.environment": 5,
+    "cli._doctor.render": 5,
     "cli._demo": 5,
     "__main__": 5,
     "__init__": 5,
