@@ -99,6 +99,8 @@ LEVELS = {
     "jax._compile_hook": 4,
     "jax._compile_ahead": 4,
     "jax._hooks": 4,
+    # What install() sets up in JAX, step by step, and keeps to undo it.
+    "jax._installation": 4,
     # torch_xla's package holds the ways in (install(), activation, initialize_cache); its
     # modules: torch_xla itself as the adapter uses it, the variables torch_xla and children
     # read, the store and host mirror a process is served from, and what install() set up.
