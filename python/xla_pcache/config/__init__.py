@@ -1,7 +1,10 @@
-"""Every environment variable the package reads, in one place: named, parsed and documented.
+"""Every variable of ours, in one place: named, parsed and documented.
 
-``Settings.from_env()`` reads them all at once, and nothing else in the Python package looks
-at the environment for them. ``VARIABLES`` is the table of them (name, type, default,
+``Settings.from_env()`` reads them all at once; elsewhere the package only sets the ones
+torch_xla and child processes read (``torch_xla/_environment.py``) and asks whether a
+threshold's variable is set (``jax/_thresholds.py``). Other programs' variables (JAX's, the
+runtimes', the object stores') are read where they act (ARCHITECTURE.md, "Configuration and
+the store's constructor"). ``VARIABLES`` is the table of them (name, type, default,
 meaning) from which the README's table is checked and the tests clear the environment. Some
 are read where they act instead, and named here for the table only (their rows have no
 ``Settings`` field): the Rust core reads ``XLA_PCACHE_HASH_IMPL`` once per process (a speed
