@@ -530,7 +530,7 @@ def test_readme_table_matches_settings() -> None:
 
 
 def test_readme_table_says_what_config_says() -> None:
-    # In full: the README's meaning of each variable is config.py's, word for word.
+    # In full: the README's meaning of each variable is VARIABLES', word for word.
     meanings = {name: meaning for name, (meaning, _) in _readme_rows().items()}
     differ = {v.name for v in VARIABLES if meanings.get(v.name) != v.meaning}
     assert not differ, {

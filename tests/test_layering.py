@@ -19,6 +19,12 @@ LEVELS = {
     "_core": 0,
     "_reports": 0,
     "sizes": 0,
+    # The variables: their names and table, a value parsed by its kind, the key files, the
+    # settings read at once.
+    "config.variables": 0,
+    "config.values": 0,
+    "config.keys": 0,
+    "config.settings": 0,
     "config": 0,
     # The gates every layer passes what it read through: names, and text shown to people.
     "_names": 0,
@@ -93,6 +99,8 @@ LEVELS = {
     "jax._compile_hook": 4,
     "jax._compile_ahead": 4,
     "jax._hooks": 4,
+    # What install() sets up in JAX, step by step, and keeps to undo it.
+    "jax._installation": 4,
     # torch_xla's package holds the ways in (install(), activation, initialize_cache); its
     # modules: torch_xla itself as the adapter uses it, the variables torch_xla and children
     # read, the store and host mirror a process is served from, and what install() set up.
@@ -126,7 +134,12 @@ LEVELS = {
     "cli._config": 5,
     "cli._verify": 5,
     "cli._bundle": 5,
+    # doctor: its report put together and printed, over its parts: each framework's probe,
+    # what the environment asks, the report for people.
     "cli._doctor": 5,
+    "cli._doctor.frameworks": 5,
+    "cli._doctor.environment": 5,
+    "cli._doctor.render": 5,
     "cli._demo": 5,
     "__main__": 5,
     "__init__": 5,

@@ -12,15 +12,14 @@ stays cheap and works without jax installed.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from xla_pcache import builds, cache_path, metrics
 from xla_pcache._text import package_logger
-from xla_pcache.config import PATH_VAR, Settings
+from xla_pcache.config import Settings
 from xla_pcache.jax import (
     _adopt,
     _backend_wait,
@@ -28,22 +27,22 @@ from xla_pcache.jax import (
     _compile_ahead,
     _compile_hook,
     _hooks,
+    _installation,
     _prefetch,
     _read_hook,
     _single_flight,
 )
-from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._hooks import (
     CACHE_DIR_OPTION,
     RAISE_ERRORS_OPTION,
     SUPPORTED_JAX,
-    XLA_CACHES_DEFAULT,
     XLA_CACHES_OPTION,
     Hooks,
 )
+from xla_pcache.jax._installation import Installation
 from xla_pcache.jax._store_cache import _StoreCacheImpl
-from xla_pcache.sizes import parse_duration, parse_size
-from xla_pcache.store import Store, StoreOptions, settle
+from xla_pcache.sizes import parse_duration
+from xla_pcache.store import Store, StoreOptions
 
 # ``StoreCache`` is also public; see __getattr__ below.
 __all__ = [
@@ -82,53 +81,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclasses.dataclass
-class _Installation:
-    hooks: Hooks
-    path: str
-    # What every store of this installation is opened with (install()'s arguments over the
-    # settings, JAX's own budget below the variable's).
-    options: StoreOptions
-    original_factory: Callable[[str], Any]
-    previous_cache_dir: str | None
-    previous_xla_caches: str | None
-    store: Store | None
-    meta: dict[str, str]
-    compile_wait: float = 0.0  # seconds; 0: single flight off
-    on_miss: str = "compile"
-    # jax_raise_persistent_cache_errors before install() set it for on_miss="error".
-    previous_raise_errors: bool | None = None
-    via: str = "install()"
-    # JAX's caching thresholds: what is in force and where from, and the values the adapter
-    # replaced (restored by uninstall unless the program changed them since).
-    thresholds: list[_jax_thresholds.Decision] = dataclasses.field(default_factory=list)
-    replaced_thresholds: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # Stores opened by _factory for other directories (after set_cache_dir); closed on
-    # uninstall.
-    others: list[Store] = dataclasses.field(default_factory=list)
-    # The bucket the path named (the store is its host-local store): its location, or None.
-    bucket: str | None = None
-    # An unserved URL named by the path: JAX runs uncached (the factory returns None).
-    uncached: bool = False
-    # Unserved URLs already warned about by the factory.
-    warned: set[str] = dataclasses.field(default_factory=set)
-    # Directories JAX's own cache filled, served and adopted on a miss; None: there are none.
-    adopter: _adopt.Adopter | None = None
-    # JAX's get_cache_key, when _adopt.KeyAliases stands in for it.
-    original_get_cache_key: Callable[..., str] | None = None
-    # Loading ahead: the form of JAX's cache read the wrapper stands in for (None: off), the
-    # settings it runs with, and the session: begun at installation for the store opened
-    # there, then the one of the cache JAX uses (``attached``).
-    prefetch_form: int | None = None
-    settings: Settings = dataclasses.field(default_factory=Settings)
-    session: _prefetch.Prefetch | None = None
-    # Compiling ahead: the form of JAX's compile function the wrapper stands beside (None:
-    # off); each session has its own (``Prefetch.ahead``).
-    compile_form: int | None = None
-
-
 _state_lock = threading.RLock()
-_installed: _Installation | None = None
+_installed: Installation | None = None
 
 
 def _open_store(where: cache_path.Route, options: StoreOptions) -> Store | None:
@@ -145,13 +99,6 @@ def _open_store(where: cache_path.Route, options: StoreOptions) -> Store | None:
             exc,
         )
         return None
-
-
-def _jax_dir_source(value: str | None) -> str:
-    """Where JAX's cache directory came from: its variable, or ``jax.config.update``."""
-    if value and os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip() == value:
-        return "JAX_COMPILATION_CACHE_DIR"
-    return CACHE_DIR_OPTION if value else "the default path"
 
 
 def _factory(path: str) -> tuple[Any, str] | None:
@@ -258,7 +205,7 @@ def _factory(path: str) -> tuple[Any, str] | None:
 
 
 def _session(
-    inst: _Installation, store: Store, build: builds.Build | Callable[[], builds.Build | None]
+    inst: Installation, store: Store, build: builds.Build | Callable[[], builds.Build | None]
 ) -> _prefetch.Prefetch:
     assert inst.prefetch_form is not None
     settings = inst.settings
@@ -290,7 +237,7 @@ def _session(
     return session
 
 
-def _begin_loading(inst: _Installation) -> None:
+def _begin_loading(inst: Installation) -> None:
     """Loading ahead from the backend's start: a session for the store just opened, whose
     thread reads the plan and fetches what it can now, and deserializes once JAX's default
     backend is up (``_backend_wait``). Activation runs inside JAX's backend start, before
@@ -380,38 +327,19 @@ def install(
     global _installed
     hooks = _hooks.find()
     jax_config = hooks.jax.config
-    settings = Settings.from_env()
-    if settings.max_size is None:
-        # JAX's own budget, below the variable's and the argument's.
-        jax_max = jax_config.values.get("jax_compilation_cache_max_size", -1)
-        if isinstance(jax_max, int) and jax_max > 0:
-            settings = settings.replace(max_size=jax_max)
-    # Settled now: a malformed argument is the caller's error, raised here.
-    options = settle(
-        settings, max_size=max_size, read_only=None if read_only is None else bool(read_only)
-    )
+    settings, options = _installation.settled(hooks, max_size, read_only)
     resolved_wait = (
         settings.compile_wait
         if compile_wait is None
         else parse_duration(compile_wait, name="compile_wait")
     )
-    explicit: dict[str, float | int] = {}
-    if min_compile_time is not None:
-        explicit["min_compile_time"] = parse_duration(min_compile_time, name="min_compile_time")
-    if min_entry_size is not None:
-        explicit["min_entry_size"] = parse_size(min_entry_size, name="min_entry_size") or 0
+    explicit = _installation.explicit_thresholds(min_compile_time, min_entry_size)
 
     with _state_lock:
         if _installed is not None:
             uninstall()
         previous_dir = jax_config.values.get(CACHE_DIR_OPTION)
-        if path is not None:
-            resolved_path, source = os.fspath(path), "install(path)"
-        elif settings.path:
-            resolved_path, source = settings.path, PATH_VAR
-        else:
-            resolved_path = previous_dir or settings.default_cache_path()
-            source = _jax_dir_source(previous_dir)
+        resolved_path, source = _installation.chosen_path(path, settings, previous_dir)
         where = cache_path.route(os.path.expanduser(str(resolved_path)))
         if where.read_only and not options.read_only:
             # A file: URL's ?ro=1: read-only as the variable would make it.
@@ -432,20 +360,9 @@ def install(
         resolved_path = store.path if loc is not None and store is not None else where.path
         if store is not None:
             metrics.log_exit_summary(store)
-        previous_xla_caches: str | None = None
-        workaround = hooks.has_xla_caches_option and hooks.needs_path_workaround
-        if workaround:
-            previous_xla_caches = jax_config.values.get(XLA_CACHES_OPTION)
-            if previous_xla_caches not in (None, "none", XLA_CACHES_DEFAULT):
-                logger.warning(
-                    "xla_pcache: setting %s='none' (was %r) while installed, so that cache "
-                    "keys do not depend on the cache path",
-                    XLA_CACHES_OPTION,
-                    previous_xla_caches,
-                )
-            jax_config.update(XLA_CACHES_OPTION, "none")
+        workaround, previous_xla_caches = _installation.keys_free_of_path(hooks)
 
-        inst = _Installation(
+        inst = Installation(
             hooks=hooks,
             path=resolved_path,
             options=options,
@@ -458,51 +375,34 @@ def install(
             on_miss=settings.on_miss,
             bucket=loc,
             uncached=where.kind == "unserved",
+            settings=settings,
         )
         _installed = inst
-        _apply_thresholds(inst, settings, explicit)
-        if settings.on_miss == "error":
-            # JAX turns an exception from a cache read into a warning and compiles, unless
-            # this option is set: the miss must fail the jitted call.
-            _installed.previous_raise_errors = bool(
-                jax_config.values.get(RAISE_ERRORS_OPTION, False)
-            )
-            jax_config.update(RAISE_ERRORS_OPTION, True)
-        if resolved_wait > 0 and hooks.compiler is not None:
-            _single_flight.install_hook(hooks.compiler)
-        _installed.settings = settings
-        wants_prefetch = settings.prefetch if prefetch is None else bool(prefetch)
-        if wants_prefetch and store is not None and _read_hook.install_hook(hooks.cc):
-            form = _read_hook.read_form(hooks.cc)
-            _installed.prefetch_form = form if isinstance(form, int) else None
-            if settings.compile_ahead and hooks.compiler is not None:
-                _installed.compile_form = _compile_hook.install_hook(hooks.compiler, hooks.cc)
-        if store is not None and loc is None and where.kind == "local":
-            sources = _adopt.sources(store, resolved_path, previous_dir)
-            if sources:
-                _installed.adopter = _adopt.Adopter(sources, hooks.cc)
-                logger.info(
-                    "xla_pcache: serving and adopting the entries JAX's own cache left in %s",
-                    ", ".join(src.path for src in sources),
-                )
-                original_key = getattr(hooks.cc, "get_cache_key", None)
-                if workaround and callable(original_key):
-                    _installed.original_get_cache_key = original_key
-                    hooks.cc.get_cache_key = _adopt.KeyAliases(original_key, _installed.adopter)
-        hooks.cc.get_file_cache = _factory
-        # An unserved URL: no directory at all for JAX (nor for XLA's side caches, which
-        # would make one of the URL); JAX compiles without a persistent cache.
-        jax_config.update(CACHE_DIR_OPTION, None if inst.uncached else resolved_path)
-        # Drop a cache JAX may already have built, so the next compilation calls _factory.
-        hooks.cc.reset_cache()
-        _begin_loading(inst)
-        logger.debug(
-            "xla_pcache: JAX compilation cache at %s (max_size=%s, read_only=%s)",
-            resolved_path,
-            options.max_size,
-            options.read_only,
-        )
+        _installation.apply_thresholds(inst, settings, explicit)
+        _installation.raise_on_miss(inst)
+        _installation.hook_jax(inst, prefetch)
+        _installation.adopt_own_cache(inst, where, previous_dir, workaround)
+        _hand_to_jax(inst)
         return store
+
+
+def _hand_to_jax(inst: Installation) -> None:
+    """install()'s last step: JAX's cache factory is ours (``_factory``), its directory the
+    store's, the cache it may have built dropped, and loading ahead begun."""
+    hooks = inst.hooks
+    hooks.cc.get_file_cache = _factory
+    # An unserved URL: no directory at all for JAX (nor for XLA's side caches, which
+    # would make one of the URL); JAX compiles without a persistent cache.
+    hooks.jax.config.update(CACHE_DIR_OPTION, None if inst.uncached else inst.path)
+    # Drop a cache JAX may already have built, so the next compilation calls _factory.
+    hooks.cc.reset_cache()
+    _begin_loading(inst)
+    logger.debug(
+        "xla_pcache: JAX compilation cache at %s (max_size=%s, read_only=%s)",
+        inst.path,
+        inst.options.max_size,
+        inst.options.read_only,
+    )
 
 
 def uninstall() -> None:
@@ -549,34 +449,6 @@ def uninstall() -> None:
                 store.close()
             except Exception as exc:
                 logger.debug("xla_pcache: closing the store at %s failed: %s", store.path, exc)
-
-
-def _apply_thresholds(
-    inst: _Installation, settings: Settings, explicit: dict[str, float | int]
-) -> None:
-    """Set JAX's caching thresholds to the store's own, except those the program chose."""
-    config = inst.hooks.jax.config
-    values = config.values
-    decisions = _jax_thresholds.decide(settings, os.environ, values, explicit)
-    applied = []
-    for decision in decisions:
-        if decision.option not in values:  # pragma: no cover - present since jax 0.4.x
-            continue
-        if decision.apply:
-            previous = values.get(decision.option)
-            kind = type(previous) if isinstance(previous, int | float) else float
-            # JAX checks the option's type; an applied value is always the store's number.
-            value = kind(cast(float, decision.value))
-            if previous != value:
-                inst.replaced_thresholds[decision.option] = previous
-                config.update(decision.option, value)
-            decision = dataclasses.replace(decision, value=value)
-        applied.append(decision)
-    inst.thresholds = applied
-    logger.debug(
-        "xla_pcache: JAX caching thresholds: %s",
-        ", ".join(f"{d.option}={d.value!r} ({d.source})" for d in applied),
-    )
 
 
 def thresholds() -> dict[str, dict[str, Any]]:
