@@ -357,10 +357,12 @@ def reset():
         pass  # the rise above this process's peak so far is measured instead
 
 out = {}
-for name, d in json.loads(sys.argv[2]).items():
+# Read before the loop: each command below replaces sys.argv.
+store, dirs = sys.argv[1], json.loads(sys.argv[2])
+for name, d in dirs.items():
     reset()
     before = hwm()
-    sys.argv = ['xla-pcache', 'import', '--from-jax', d, '--path', sys.argv[1]]
+    sys.argv = ['xla-pcache', 'import', '--from-jax', d, '--path', store]
     try:
         main()
     except SystemExit as e:
