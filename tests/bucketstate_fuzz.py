@@ -274,8 +274,11 @@ def start_bound(c: Census, extra: int = 0) -> Counter[str]:
     a listing of at most ``bucket.PULL_ENTRIES`` objects under ``entries/`` and at most
     ``marker_listing.MARKER_PAGES`` pages of the markers of those entries (with the refused
     keys and recoveries of one listing among them); at most ``bucket.PULL_FETCHES``
-    fetches. ``extra``: the markers and entries writers beside it may add meanwhile."""
+    fetches, of the markers' entries and of entries asked for by name (their markers
+    crowded out or hidden: a ranged read of each one's first bytes before its fetch).
+    ``extra``: the markers and entries writers beside it may add meanwhile."""
     marked = c.listed["torch_xla"] + extra
+    by_name = min(c.listed["entries"] + extra, xbucket.PULL_FETCHES)
     refused = c.refused["torch_xla"]
     zigzag = (
         marker_listing.MARKER_PAGES
@@ -287,7 +290,7 @@ def start_bound(c: Census, extra: int = 0) -> Counter[str]:
         + c.lists("entries", extra, limit=xbucket.PULL_ENTRIES)
         + zigzag,
         head=br.HEADS_PER_REFUSED * (2 * refused + c.refused["entries"]),
-        get=min(marked, xbucket.PULL_FETCHES) * fetches(c),
+        get=min(marked + by_name, xbucket.PULL_FETCHES) * fetches(c) + by_name,
     )
 
 

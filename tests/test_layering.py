@@ -73,6 +73,7 @@ LEVELS = {
     # A bucket as the cache path: its host-local store, over the store (the package's
     # ``__init__`` names it).
     "bucket.store": 2,
+    "bucket.torch_xla_pull": 2,
     "bucket": 2,
     # A cache path routed, and the one door to its store (a directory's or a bucket's).
     "cache_path": 2,

@@ -18,10 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from xla_pcache.bucket.store import (
-    PULL_ENTRIES,
-    PULL_FETCHES,
-    PULL_MARKERS,
-    PULL_MISSES,
     BucketStore,
     chain_for,
     local_name,
@@ -29,6 +25,7 @@ from xla_pcache.bucket.store import (
     location,
     own_local_store,
 )
+from xla_pcache.bucket.torch_xla_pull import PULL_ENTRIES, PULL_FETCHES, PULL_MARKERS, PULL_MISSES
 
 
 def __getattr__(name: str) -> Any:

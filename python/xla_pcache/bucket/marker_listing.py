@@ -12,7 +12,10 @@ then the markers of those entries only, a page at a time from one listed entry's
 the next (``markers_of``): a range of the directory that holds no listed entry's markers is
 jumped over whatever it holds, and an entry whose markers fill more than
 ``GROUP_PAGES`` pages (an entry has one graph, so one marker: the rest were planted) is
-left for the end, so that it costs the others nothing.
+left for the end, so that it costs the others nothing. Where the pages run out (markers
+planted by the thousand under many entries' names), the entries whose markers were not all
+listed are named (``Markers.crowded``): the start asks for those entries themselves, whose
+files name their own keys (``torch_xla_pull``).
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ GROUP_PAGES = 2
 @dataclass
 class Markers:
     """Markers found: (entry name, torch_xla's file name, when marked), and whether the
-    listing saw every marker of the entries it was given (``complete``)."""
+    listing saw every marker of the entries it was given (``complete``); when it did not,
+    the entries whose markers it may have missed (``crowded``, sorted)."""
 
     found: list[tuple[EntryName, str, float]] = field(default_factory=list)
     complete: bool = True
     pages: int = 0
+    crowded: list[str] = field(default_factory=list)
 
 
 def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKER_PAGES) -> Markers:
@@ -55,13 +60,16 @@ def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKE
     deferred: list[str] = []  # where an entry's markers go on, when they filled its pages
     group, group_pages = "", 0
     i = 0
+    sweeping = True  # not yet on to the entries left for the end
     start: str | None = names[0] if names else None
     while start is not None or deferred:
         if start is None:
             start = deferred.pop(0)
             group, group_pages = start[:32], 0
+            sweeping = False
         if out.pages >= pages or refused > MAX_UNLISTABLE:
             out.complete = False
+            out.crowded = _not_listed(names, start, deferred, sweeping)
             break
         listing = Listing(
             TORCH_XLA_DIR,
@@ -83,7 +91,11 @@ def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKE
         refused += listing.refused
         recovered += listing.recovered
         if not listing.complete and not listing.capped:
-            out.complete = False  # keys the client cannot list hid part of that page
+            # Keys the client cannot list hid part of that page: which entries' markers
+            # they hid is not known, so each from where it began on may be one.
+            out.complete = False
+            hidden = _not_listed(names, start, deferred, sweeping)
+            out.crowded = sorted({*out.crowded, *hidden})
         if not listing.capped:
             start = None  # the end of the directory
             i = len(names)
@@ -101,3 +113,17 @@ def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKE
         i = bisect.bisect_right(names, head, i)
         start = names[i] if i < len(names) else None
     return out
+
+
+def _not_listed(names: Sequence[str], start: str, deferred: list[str], sweeping: bool) -> list[str]:
+    """The entries of ``names`` whose markers a listing stopped at ``start`` (a page's
+    first key) has not all seen: the one ``start`` is in, those after it while the first
+    sweep through ``names`` was still on (``sweeping``), and those left for the end
+    (``deferred``)."""
+    left = {d[:32] for d in deferred}
+    at = bisect.bisect_left(names, start[:32])
+    if sweeping:
+        left.update(names[at:])
+    elif at < len(names) and names[at] == start[:32]:
+        left.add(names[at])
+    return sorted(left)

@@ -328,6 +328,22 @@ class BucketReader:
             return None
         return got
 
+    def first_bytes(self, path: str, n: int) -> bytes | None:
+        """The first ``n`` bytes of ``path`` (all of it when shorter), in one ranged GET
+        (counted), whatever its size; None when it is missing or empty."""
+        import obstore
+
+        from xla_pcache.tiers import objstore
+
+        self._count("get", 1)
+        try:
+            got = obstore.get(self.store, path, options={"range": (0, n)})
+        except Exception as e:
+            if objstore.classify(e) in ("missing", "empty"):
+                return None
+            raise
+        return bytes(got.bytes())[:n]
+
     def small(self, path: str, limit: int = MAX_SMALL, kind: str = "object") -> bytes | None:
         """The whole of ``path`` when it is at most ``limit`` bytes; None when it is missing
         or larger (skipped)."""

@@ -46,14 +46,6 @@ if TYPE_CHECKING:
 log = package_logger("xla_pcache")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# What a torch_xla host start may cost at most (``BucketStore.pull_torch_xla``): objects of
-# ``torch_xla/`` listed (one request a thousand), entries fetched, fetches that found no entry
-# before it stops; and, when it cannot follow the markers blindly, objects of ``entries/``
-# listed (then the markers of those entries, ``marker_listing.MARKER_PAGES`` pages at most).
-PULL_MARKERS = 10_000
-PULL_FETCHES = 1_000
-PULL_MISSES = 32
-PULL_ENTRIES = 100_000
 
 
 def location(url: str) -> str:
@@ -273,103 +265,15 @@ class BucketStore(Store):
         tier.submit(mark)
 
     def pull_torch_xla(self, key_of: Callable[[str], str]) -> int:
-        """Fetches into this store the bucket's torch_xla entries it lacks, newest first,
-        within its budget (torch_xla looks only in its own directory, so its host copy must
-        hold them before it starts). Returns how many were fetched.
+        """Fetches into this store the bucket's torch_xla entries it lacks (of the keys
+        ``key_of`` makes of torch_xla's file names), within its budget: torch_xla looks only
+        in its own directory, so its host copy must hold them before it starts. Returns how
+        many were fetched. Markers are untrusted, so what a start costs is bounded whatever
+        was planted, and what was planted cannot steer it away from the real entries
+        (``torch_xla_pull``: which it fetches, in what order, within which bounds)."""
+        from xla_pcache.bucket import torch_xla_pull
 
-        Markers are untrusted (anyone who can write the bucket plants them, empty, under
-        any name), so what a start costs is bounded whatever is there, and what others
-        plant cannot steer it away from the real entries: it lists at most
-        ``PULL_MARKERS`` objects under ``torch_xla/`` (``PULL_MARKERS / 1000`` requests),
-        and a marker whose name is not its graph's entry name under this build costs nothing
-        more. When that listing was cut short (planted objects crowding it) or names more
-        entries to fetch than ``PULL_MISSES`` (a marker of no entry costs a request), it
-        follows only markers of entries that exist: it lists ``entries/`` (at most
-        ``PULL_ENTRIES`` objects) and then the markers of those entries
-        (``marker_listing.markers_of``). Fetches stop after ``PULL_FETCHES`` attempts, or
-        ``PULL_MISSES`` that found no entry newest first and as many more oldest first."""
-        try:
-            bucket = self.bucket()
-            marked, listing = bucket.torch_xla_markers(limit=PULL_MARKERS)
-            wanted = self._wanted(marked, key_of)
-            if not listing.complete or len(wanted) > PULL_MISSES:
-                wanted = self._wanted_existing(bucket, marked, key_of)
-        except Exception as e:
-            from xla_pcache.tiers import redact
-
-            log.warning(
-                "xla_pcache: listing torch_xla's entries in %s failed (%s); this host starts "
-                "with what it has",
-                redact(self.bucket_url),
-                type(e).__name__,
-            )
-            return 0
-        budget, used, fetched = self.max_size, self.stats()["bytes"], 0
-        attempts = misses = 0
-        # Newest first; after PULL_MISSES fetches that found no entry, oldest first, for as
-        # many more: garbage planted with its markers at one time, newer (or older) than
-        # the real entries, does not stop a start before them.
-        front, back, newest = 0, len(wanted) - 1, True
-        while front <= back:
-            if misses >= PULL_MISSES and newest:
-                newest, misses = False, 0
-            if attempts >= PULL_FETCHES or misses >= PULL_MISSES:
-                bucket.reader.skip(
-                    "torch_xla-markers",
-                    f"a host start fetches at most {PULL_FETCHES} torch_xla entries and "
-                    f"stops after {PULL_MISSES} fetches that found no entry from each end of "
-                    "the markers, newest and oldest: the rest were not followed",
-                )
-                break
-            if newest:
-                key, front = wanted[front], front + 1
-            else:
-                key, back = wanted[back], back - 1
-            attempts += 1
-            blob = self._fetch(key)
-            if blob is None:
-                misses += 1
-                continue
-            used += len(blob)
-            fetched += 1
-            if budget is not None and used > budget:
-                break
-        return fetched
-
-    def _wanted(
-        self, marked: list[tuple[EntryName, str, float]], key_of: Callable[[str], str]
-    ) -> list[str]:
-        """The keys of the markers ``marked`` (newest first) that name their graph's entry
-        under this build and that this store lacks, each once."""
-        out: dict[str, str] = {}
-        for name, graph, _when in marked:
-            key = key_of(graph)
-            if name not in out and _core.entry_name(key) == name and key not in self:
-                out[name] = key
-        return list(out.values())
-
-    def _wanted_existing(
-        self, bucket: Any, marked: list[tuple[EntryName, str, float]], key_of: Callable[[str], str]
-    ) -> list[str]:
-        """``_wanted`` of the markers of entries that exist (newest first), found from a
-        listing of the entries, then those of entries that listing did not see (when it
-        was cut short: they cost a request each, within the misses' cap)."""
-        entries, listing = bucket.listed_entries(limit=PULL_ENTRIES)
-        found = bucket.markers_of(sorted(entries))
-        every = sorted(found.found + marked, key=lambda t: t[2], reverse=True)
-        known = self._wanted([t for t in every if t[0] in entries], key_of)
-        unseen = (
-            []
-            if listing.complete
-            else self._wanted([t for t in marked if t[0] not in entries], key_of)
-        )
-        if not (listing.complete and found.complete):
-            bucket.reader.skip(
-                "torch_xla-cut-short",
-                "a host start's listing of the bucket's entries or of their markers was cut "
-                f"short ({listing.cut_short() or 'its markers'}): it fetches what it found",
-            )
-        return known + unseen
+        return torch_xla_pull.pull(self, key_of)
 
     def close(self) -> None:
         recorder, self._recorder = self._recorder, None
