@@ -156,7 +156,7 @@ def _writer(store: Store, seen: list[_plan.Entry]) -> PlanWriter:
         build=BUILD,
     )
     writer = session._writer
-    writer.bind(PLAN_KEY, "attacked", SUFFIX, None, "cpu", 1)
+    writer.bind(PLAN_KEY, "attacked", BUILD.digest, None, "cpu", 1)
     for entry in seen:
         writer.read(entry)
     return writer
@@ -261,7 +261,7 @@ def test_a_plan_is_kept_in_use_only_by_the_runs_that_read_what_it_holds(
     for read_only, seen in ((True, mine), (False, []), (False, mine)):
         with Store(root, read_only=read_only) as store:
             writer = _writer(store, seen)
-            writer.bind(PLAN_KEY, "attacked", SUFFIX, plan, "cpu", 1)
+            writer.bind(PLAN_KEY, "attacked", BUILD.digest, plan, "cpu", 1)
             assert not writer.dirty
             writer.close()
     # Once: only the writable run that read it.

@@ -241,7 +241,7 @@ def test_an_entry_key_is_explained_against_the_other_entries(tmp_path: Path) -> 
 
 
 def test_builds_are_said_in_words_and_keys_keep_their_program_name() -> None:
-    """The runtime build as explain says it (builds.py, explain.build_sentence): the main
+    """The runtime build as explain says it (builds/build.py, explain.build_sentence): the main
     binary's identity when it differs, the other files' digest when only they do, a role on
     one side only, and an entry of a release that keyed no build."""
 

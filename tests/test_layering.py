@@ -31,11 +31,20 @@ LEVELS = {
     # The one test of whether a cache path is a URL, and the schemes of buckets.
     "_url": 0,
     "_text": 0,
+    # A store key with the runtime build that compiled it: the one module that joins and
+    # parses a key's build (see the test below).
+    "build_key": 0,
     # The miss log: explain writes it for the adapters and reads it back.
     "misslog": 0,
     # Points a test waits on (XLA_PCACHE_TEST_HOOKS).
     "_testhook": 0,
-    # Which build of a framework's runtime made an entry, over the extension's identities.
+    # Which build of a framework's runtime made an entry (the package ``builds``): which
+    # files make a runtime, the build and its digest, the files' identities over the
+    # extension's record, another build's entry after a miss.
+    "builds.files": 0,
+    "builds.build": 0,
+    "builds.identities": 0,
+    "builds.others": 0,
     "builds": 0,
     # Host-local directories of this user's own, as handles.
     "_owndir": 0,
@@ -351,3 +360,63 @@ def test_the_door_checker_sees_constructors() -> None:
         "open_store(p)\nStoreOptions()\nreader._open(p)\n"
     )
     assert _stores_built(tree) == [1, 2, 3, 4]
+
+
+# The one module that joins a key and a runtime build and parses them apart: every other
+# module goes through its functions (``build_key.join``, ``split``, ``strip``; ``Build``'s
+# ``store_key``), so the format and its checks live in one place.
+KEY_OWNER = "build_key"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants in ``tree`` (prose may show a key's format)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _build_suffix_spelled(tree: ast.AST) -> list[int]:
+    """The lines of ``tree`` that spell a key's build suffix themselves: a string (f-strings'
+    parts included, docstrings not) holding ``@build``, or a build separator named (the
+    owner's ``_SEPARATOR``, or any ``*BUILD_SEP*``)."""
+    prose = _docstrings(tree)
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if "@build" in node.value and id(node) not in prose:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute | ast.Name | ast.alias):
+            name = {ast.Attribute: "attr", ast.Name: "id", ast.alias: "name"}[type(node)]
+            named = str(getattr(node, name)).rpartition(".")[2]
+            if named == "_SEPARATOR" or "BUILD_SEP" in named.upper():
+                lines.append(getattr(node, "lineno", 0))
+    return sorted(lines)
+
+
+def test_one_module_joins_and_parses_a_keys_build() -> None:
+    spelled = {
+        here: _build_suffix_spelled(ast.parse(path.read_text()))
+        for here, path in _modules().items()
+    }
+    others = {m: lines for m, lines in spelled.items() if lines and m != KEY_OWNER}
+    assert not others, f"only {KEY_OWNER} joins or parses a key's build: {others}"
+    assert spelled[KEY_OWNER], "the owner spells it"
+
+
+def test_the_build_suffix_checker_sees_spellings() -> None:
+    tree = ast.parse(
+        '"""A key is ``<key>@build-<32 hex>``."""\n'
+        'a = key + "@build-" + b\n'
+        'head, _, tail = stored.rpartition("@build-")\n'
+        'c = f"{key}@build-{digest}"\n'
+        "from xla_pcache.build_key import _SEPARATOR\n"
+        "d = build_key._SEPARATOR + b\n"
+        "e = stored.partition(BUILD_SEPARATOR)[0]\n"
+        'def f():\n    """``k@build-d``"""\n    return k\n'
+        "g = build_key.join(key, b)\n"
+    )
+    assert _build_suffix_spelled(tree) == [2, 3, 4, 5, 6, 7]

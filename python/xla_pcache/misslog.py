@@ -2,7 +2,8 @@
 
 The adapters record each miss through ``xla_pcache.explain.record_miss``, which appends it
 here (``append_miss``) and reads the log back; the key-part modules put the same format in
-entries' metadata. This module imports nothing of the package but the loggers.
+entries' metadata. This module imports nothing of the package but the loggers and
+``build_key``.
 
 The miss log is ``<root>/misses.log``, JSON lines, at most ``MAX_LOG_BYTES``; when full it
 becomes ``misses.log.1`` (replacing the previous one) and a new one starts, so the two hold
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from xla_pcache import build_key
 from xla_pcache._text import package_logger
 
 logger = package_logger("xla_pcache.explain")
@@ -51,10 +53,6 @@ KNOWN = (
     "compression",
     "custom_hook",
 )
-
-# A store key ends with the build of the runtime that compiled it: ``<framework key>`` +
-# this + 32 hex digits (``xla_pcache.builds``).
-BUILD_SEPARATOR = "@build-"
 
 MISS_LOG = "misses.log"
 MISS_LOG_OLD = "misses.log.1"
@@ -270,6 +268,6 @@ def order(names: set[str]) -> list[str]:
 def module_name(key: str) -> str:
     """The program's name in a JAX key (``jit_step-<sha256 hex>`` -> ``jit_step``), with or
     without the build the store's key adds."""
-    key = key.partition(BUILD_SEPARATOR)[0] or key
+    key = build_key.strip(key)
     head, sep, tail = key.rpartition("-")
     return head if sep and tail and all(c in "0123456789abcdef" for c in tail) else key

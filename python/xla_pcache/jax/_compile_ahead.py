@@ -56,7 +56,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from xla_pcache import _testhook
+from xla_pcache import _testhook, build_key
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _compile_hook, _plan
 from xla_pcache.jax._module_record import (
@@ -214,9 +214,9 @@ class CompileAhead:
         self._form = form
         self._threads = max(1, threads)
         self._reserve = max(0, reserve)
-        # The runtime build's suffix of an executable's store key (not a record's), known
-        # with the backend (``backend_up``).
-        self._suffix = ""
+        # The runtime build an executable's store key carries (not a record's), known with
+        # the backend (``backend_up``).
+        self._build: str | None = None
         # A read-only store (or one told so) records nothing and touches nothing.
         self._writes = writes and not store.read_only
         self._meta = {k: v for k, v in (meta or {}).items() if k in ("framework_version",)}
@@ -267,14 +267,14 @@ class CompileAhead:
             heapq.heappush(self._queue, (at, key))
         self._start()
 
-    def backend_up(self, backend: Any, suffix: str, wanted: Collection[str]) -> None:
+    def backend_up(self, backend: Any, build: str | None, wanted: Collection[str]) -> None:
         """The session's backend is up (JAX's compile of a program is handed the result
-        only on it), with the runtime build's ``suffix``: compiling can start. Of the keys
+        only on it), with the runtime ``build`` (its digest): compiling can start. Of the keys
         given so far, only those the session still wants are compiled (the variants of
         another platform are no candidates)."""
         with self._cond:
             if self._backend is None:
-                self._backend, self._suffix = backend, suffix
+                self._backend, self._build = backend, build
             elif backend is not self._backend:
                 return
             self._waiting &= set(wanted)
@@ -554,7 +554,7 @@ class CompileAhead:
 
     def _compile_ahead(self, key: str) -> None:
         store, backend = self._store, self._backend
-        if key + self._suffix in store:
+        if build_key.join(key, self._build) in store:
             return  # it is back (another process compiled it)
         blob = store.get(record_key(key), count=False)
         if blob is None:

@@ -199,7 +199,7 @@ def fetch(
     cc: Any,
     digest: Callable[[Any, Any], Any] | None,
 ) -> Fetched | None:
-    """``entry`` read (``store_key``: its key with the build's suffix) and decompressed;
+    """``entry`` read (``store_key``: its key with the build, ``build_key.join``) and decompressed;
     None when the store has no such entry. ``ValueError`` when its producer compiled it for
     other options or devices than the plan's, ``EntryUnusable`` when JAX cannot decompress
     or split it."""

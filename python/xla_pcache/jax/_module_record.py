@@ -5,7 +5,7 @@ A record holds the StableHLO module JAX handed its backend (MLIR bytecode, as JA
 ``module_to_bytecode`` writes it), the serialized compile options and the ids of the devices
 it was compiled for (none on JAX before 0.6.2, whose options carry them). It lives under
 ``record_key(jax_key)``: the program's JAX cache key, without the runtime build every
-executable's key ends with (``xla_pcache.builds``). A record is an input to a compile, not a
+executable's key ends with (``xla_pcache.build_key``). A record is an input to a compile, not a
 build's output: any build of the same jaxlib version (JAX's key names it, and the platform's
 version) may compile it, and what it compiles is handed to JAX only for a module and options
 byte-identical to the ones JAX then compiles (``_compile_ahead``).

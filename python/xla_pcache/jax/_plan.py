@@ -13,9 +13,10 @@ that ran under that name: each the ordered list of what a run of it read, with t
 and device count it ran on. Which variant a run is, is told by what it reads
 (``_recognition``), never by its command line: programs sharing a script and its arguments,
 notebooks of one kernel, test suites of one runner each keep their own. Each entry is JAX's
-cache key (an entry's store key is it with the build's suffix), the serialized compile
-options the read passed and the device ids (the devices' place in the options on JAX before
-0.7), with options and device lists kept once each per variant and entries pointing at them.
+cache key (an entry's store key is it joined with the build, ``build_key.join``), the
+serialized compile options the read passed and the device ids (the devices' place in the
+options on JAX before 0.7), with options and device lists kept once each per variant and
+entries pointing at them.
 
 A plan is written only when a run read what no variant of its platform holds (``covers``);
 then its variant joins the others (``merged``), replacing those it holds whole, the oldest

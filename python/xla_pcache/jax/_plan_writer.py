@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from xla_pcache import _testhook
+from xla_pcache import _testhook, build_key
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _plan
 from xla_pcache.store import Store
@@ -62,7 +62,8 @@ class PlanWriter:
         # Where the plan lives and what it is for (``bind``).
         self._key: str | None = None
         self._workload = ""
-        self._suffix = ""
+        # The runtime build the executables' keys carry (``build_key``), None for none.
+        self._build: str | None = None
         self._platform = ""
         self._devices = 0
         # What this process read, in order (its variant).
@@ -85,15 +86,15 @@ class PlanWriter:
         self,
         key: str,
         workload: str,
-        suffix: str,
+        build: str | None,
         plan: _plan.Plan | None,
         platform: str,
         device_count: int,
     ) -> None:
-        """The plan in use (or None) and the backend's platform: from now on a read that no
-        stored variant holds makes the plan due."""
+        """The plan in use (or None), the runtime ``build`` (its digest) and the backend's
+        platform: from now on a read that no stored variant holds makes the plan due."""
         with self._lock:
-            self._key, self._workload, self._suffix = key, workload, suffix
+            self._key, self._workload, self._build = key, workload, build
             self._platform, self._devices = platform, device_count
             self._use(plan)
 
@@ -188,7 +189,7 @@ class PlanWriter:
         try:
             # Only what the store holds: a miss JAX did not put (below its thresholds) is
             # not worth loading ahead.
-            stored = {e.key for e in seen if e.key + self._suffix in store}
+            stored = {e.key for e in seen if build_key.join(e.key, self._build) in store}
             compiling = any(e.key not in stored and now - read_at[e.key] < PENDING_S for e in seen)
             if compiling and not final:
                 with self._lock:

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import builds
+from xla_pcache import build_key, builds
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _loads, _plan
 from xla_pcache.jax._backend_wait import process_index
@@ -104,9 +104,10 @@ class Prefetch:
         self.store = store
         # The store's keys of this build (``xla_pcache.builds``): the plan's and every
         # entry's it names, so that nothing another build compiled is ever loaded. Given as
-        # a function, it is found on the session's thread.
+        # a function, it is found on the session's thread; ``_own_build``: its digest, once
+        # known.
         self._build = build
-        self._suffix = build.suffix if isinstance(build, builds.Build) else ""
+        self._own_build = build.digest if isinstance(build, builds.Build) else None
         self._cc = cc
         self._threads = max(1, threads)
         self._memory = memory
@@ -214,7 +215,7 @@ class Prefetch:
                     self._applied = True
                     self._cond.notify_all()
                 return
-            self._suffix = build.suffix
+            self._own_build = build.digest
             with self._cond:
                 backend = self._backend
             self._process = int(backend.process_index()) if backend else process_index()
@@ -304,9 +305,9 @@ class Prefetch:
             self._cond.notify_all()
             planned, variants = len(self._slots), self._recog.variants
         if self.ahead is not None:
-            self.ahead.backend_up(backend, self._suffix, wanted)
+            self.ahead.backend_up(backend, self._own_build, wanted)
         assert self._key is not None
-        self._writer.bind(self._key, self._workload, self._suffix, self._plan, platform, count)
+        self._writer.bind(self._key, self._workload, self._own_build, self._plan, platform, count)
         if variants:
             logger.debug(
                 "xla_pcache: %s: %d executables to load ahead so far, of %d variants",
@@ -566,7 +567,7 @@ class Prefetch:
         """Read and decompress ``slot``'s entry (no backend needed; off the lock): whether
         it is now fetched."""
         with self._cpu.timed(slot, own_thread=True):
-            key = slot.entry.key + self._suffix
+            key = build_key.join(slot.entry.key, self._own_build)
             got = _loads.fetch(slot.entry, self.store, key, self._cc, self._digest_options)
         if got is None:
             # Handed to compiling ahead before a read waiting for it can go JAX's way.

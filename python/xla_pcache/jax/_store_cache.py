@@ -57,9 +57,8 @@ class _StoreCacheImpl:
         build: builds.Build | None = None,
     ) -> None:
         self._store = store
+        # A get's only cost of the build: its key joined with it (``Build.store_key``).
         self._build = build if build is not None else _build.build()
-        # A get's only cost of the build: one concatenation.
-        self._suffix = self._build.suffix
         # Another build's entry of a missed key: counted and explained (other_build).
         self._others = builds.OtherBuilds(self._build)
         # Serves a miss from a directory JAX's own cache filled, adopting the entry.
@@ -85,7 +84,7 @@ class _StoreCacheImpl:
 
     def get(self, key: str) -> memoryview | None:
         _check_key(key)
-        skey = key + self._suffix
+        skey = self._build.store_key(key)
         if self._adopter is not None:
             # Before the store's get, which would count a miss: a lookup JAX's own files
             # answer is a hit (and adopted), and only one the store has no file for is.
@@ -158,7 +157,7 @@ class _StoreCacheImpl:
             replace = key in self._served and not self._verified
             self._served.discard(key)
         try:
-            skey = key + self._suffix
+            skey = self._build.store_key(key)
             if replace:
                 # JAX has already warned that it could not read the entry.
                 logger.info(

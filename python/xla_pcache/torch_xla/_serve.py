@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 
-from xla_pcache import builds, cache_path, explain
+from xla_pcache import build_key, builds, cache_path, explain
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
 from xla_pcache.cache_path import shown_path
@@ -232,7 +232,7 @@ def _on_publish(store: Store, others: builds.OtherBuilds, key: str) -> None:
     (torch_xla compiled and wrote it), so the miss is recorded, and counted when another
     build has an entry of it; for a bucket path, the marker that lets other hosts find the
     entry."""
-    bare = builds.split_key(key)[0]
+    bare = build_key.strip(key)
     others.count(store, bare)
     try:
         parts = _txkeys.components()
