@@ -14,8 +14,10 @@ is fetched), and only a key of a torch_xla graph of this build is fetched; any o
 refused and counted.
 
 The order of the fetches is what a planted flood cannot predict. Newest first, until
-``PULL_MISSES`` fetches found no entry (what a start with nothing planted does: the newest
-entries first, within the store's budget); then the rest, and the entries asked for by
+``PULL_MISSES`` fetches found no entry, or half the fetches (``PULL_FETCHES``) or half the
+store's room went (what a start with nothing planted does: the newest entries first, within
+the store's budget; entries planted newer than the real ones that verify are no misses, and
+take only that half); then the rest, and the entries asked for by
 name, in an order drawn afresh for each start (``random.SystemRandom``), until the fetches
 there that found nothing reach ``PULL_MISSES`` plus the entries fetched there. Any fixed order
 (newest first, then oldest first) is beaten by one more planted object than the refusals it
@@ -139,12 +141,20 @@ class _Fetches:
 
     def run(self, wanted: list[str], by_name: list[str]) -> int:
         budget, used = self.store.max_size, self.store.stats()["bytes"]
+        # Newest first takes at most half the fetches and half the room: entries planted
+        # newer than the real ones that verify are no misses, and would take it all.
+        newest_until = None if budget is None else used + max(budget - used, 0) // 2
         fetched = attempts = misses = 0
         newest: list[_Item] = [(k, False) for k in reversed(wanted)]  # popped from the end
         drawn: list[_Item] | None = None  # what is left once newest first stopped
         late = 0  # entries fetched in the drawn order
         while True:
-            if drawn is None and (not newest or misses >= PULL_MISSES):
+            if drawn is None and (
+                not newest
+                or misses >= PULL_MISSES
+                or attempts >= PULL_FETCHES // 2
+                or (newest_until is not None and used >= newest_until)
+            ):
                 drawn = newest + [(n, True) for n in by_name]
                 random.SystemRandom().shuffle(drawn)
                 misses = 0
