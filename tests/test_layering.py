@@ -52,6 +52,7 @@ LEVELS = {
     "_closing": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
+    "tiers.refused": 1,
     # A file: URL as a cache path: the directory it names (its options parsed as a tier's).
     "_file_url": 1,
     "tiers.redis": 1,
@@ -82,6 +83,7 @@ LEVELS = {
     # A bucket as the cache path: its host-local store, over the store (the package's
     # ``__init__`` names it).
     "bucket.store": 2,
+    "bucket.torch_xla_garbage": 2,
     "bucket.torch_xla_pull": 2,
     "bucket": 2,
     # A cache path routed, and the one door to its store (a directory's or a bucket's).

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 from xla_pcache import bucket, entry_name, open_store
-from xla_pcache.bucket import torch_xla_pull, upkeep
+from xla_pcache.bucket import torch_xla_garbage, torch_xla_pull, upkeep
 from xla_pcache.bucket.marker_listing import MARKER_PAGES
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
@@ -163,7 +163,9 @@ def test_ten_thousand_garbage_entries_among_the_drawn_cost_the_misses_cap(
     all planted (a chance of about (9,968 / 9,988) ** 32, 94 %: the share in proportion
     that a bound on requests leaves against that many plants, so the test asserts the
     cost), its GETs stay within 2 * PULL_MISSES plus two per entry fetched, and it says it
-    was cut short."""
+    was cut short. It removes the first PULL_REMOVALS garbage entries it refused, with
+    their markers (a request each): the flood drains across the fleet's starts
+    (``test_start_garbage.py``)."""
     from tests.tiers.test_attacks_round6 import OLDER, _garbage_with_markers
 
     prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
@@ -175,3 +177,5 @@ def test_ten_thousand_garbage_entries_among_the_drawn_cost_the_misses_cap(
     m = torch_xla_pull.PULL_MISSES
     assert wire["get"] <= 2 * m + 2 * fetched, (fetched, wire)
     assert fetched == wire["held"] and skipped.get("torch_xla-markers") == 1, skipped
+    removed = torch_xla_garbage.PULL_REMOVALS
+    assert skipped.get("torch_xla-garbage") == removed and wire["delete"] == removed, skipped

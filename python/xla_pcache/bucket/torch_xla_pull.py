@@ -29,6 +29,10 @@ only way it stops early, so it fetches every real entry but with a chance of
 ``1 / C(p + r, r)`` (32 planted, 20 real: 8e-15). What a start costs is bounded all the
 same: at most ``PULL_FETCHES`` fetches, of which at most ``2 * PULL_MISSES`` plus one per
 entry fetched in the drawn order find nothing.
+
+What a start proves to be garbage a writing host removes (``torch_xla_garbage``: an object
+no reader would serve, with the marker it followed, at most ``PULL_REMOVALS`` a start), so
+a planted flood drains across the fleet's starts.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any
 from xla_pcache import _core
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
+from xla_pcache.bucket.torch_xla_garbage import Garbage
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 log = package_logger("xla_pcache")
@@ -138,8 +143,15 @@ class _Fetches:
     def __init__(self, store: Any, bucket: Any, key_of: Callable[[str], str]) -> None:
         self.store, self.bucket, self.key_of = store, bucket, key_of
         self.graph_of = graph_reader(key_of)
+        self.garbage = Garbage(store, bucket)
 
     def run(self, wanted: list[str], by_name: list[str]) -> int:
+        try:
+            return self._run(wanted, by_name)
+        finally:
+            self.garbage.report()
+
+    def _run(self, wanted: list[str], by_name: list[str]) -> int:
         budget, used = self.store.max_size, self.store.stats()["bytes"]
         # Newest first takes at most half the fetches and half the room: entries planted
         # newer than the real ones that verify are no misses, and would take it all.
@@ -193,7 +205,11 @@ class _Fetches:
             return None, True
         if named and key in self.store:
             return None, False  # this host has it (its marker was crowded out, not absent)
-        blob = self.store._fetch(key)
+        with self.garbage.watching(key) as proved:
+            blob = self.store._fetch(key)
+        if proved:
+            graph = None if named else self.graph_of(key)
+            self.garbage.remove(key, proved, graph=graph, fetched=blob is not None)
         return blob, blob is None
 
     def _key_named(self, name: str) -> str | None:

@@ -13,7 +13,8 @@ to it.
   (the key's plain object, then each trusted signer's own object for the key, in its one
   order); each value found goes to ``accept`` (the core's one gate: ``_core.Accept``), and
   the first it takes answers. A value it refuses (damaged, unsigned or untrusted: counted
-  ``remote_rejected``) stops nothing: the next object, then the next tier, is tried. The
+  ``remote_rejected``, and told to a watcher of the thread's fetches: ``refused.py``) stops
+  nothing: the next object, then the next tier, is tried. The
   value taken (counted ``remote_hits``) is backfilled in the background into every writable
   tier before the one that answered, under the names ``accept`` returned.
 - **put** (``Chain.put_async(names, data)``): the entry file a put just wrote, written
@@ -50,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from xla_pcache._text import package_logger
 from xla_pcache._url import BUCKET_SCHEMES, REDIS_SCHEMES
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
-from xla_pcache.tiers import objstore, redis
+from xla_pcache.tiers import objstore, redis, refused
 from xla_pcache.tiers.base import (
     TRUST_OPTION,
     TRUST_REQUIRED,
@@ -291,6 +292,8 @@ class Chain:
                     self._persist("remote_read_bytes", size, slot)
                     try:
                         backfill = accept(data)
+                        if backfill is None:
+                            refused.seen(slot.tier, name, data)
                     finally:
                         if isinstance(data, Spooled):
                             data.close()

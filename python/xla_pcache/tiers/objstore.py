@@ -42,6 +42,7 @@ from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
 from xla_pcache._url import BUCKET_SCHEMES
+from xla_pcache.tiers import refused
 from xla_pcache.tiers.base import Fetched, Spool, Spooled, TierBase, TierURL, parse_tier_url
 
 if TYPE_CHECKING:
@@ -247,6 +248,10 @@ class ObjectTier(TierBase):
             head = first.bytes()
             if entry_file_len(head, name) != size:
                 self.reject("rejected", f"the object for {name} is not a whole entry file")
+                if len(memoryview(head)) == min(size, RANGE_CHUNK):
+                    # Its first bytes as the service holds them (not a read cut short): no
+                    # entry file of this name, for any reader.
+                    refused.seen(self, checked)
                 return None
             if size <= len(head):
                 return head
@@ -265,6 +270,7 @@ class ObjectTier(TierBase):
                 self.count("remote_misses")
             elif kind == "empty":
                 self.reject("rejected", f"the object for {name} is not a whole entry file")
+                refused.seen(self, checked)
             else:
                 self.fail("get", e)
             return None

@@ -1,0 +1,123 @@
+"""What a torch_xla host start removes of what it proved to be garbage
+(``torch_xla_pull``): so that a flood of garbage entries with their markers, planted by a
+writer of the bucket without a key, drains across the fleet's starts rather than staying
+until a prune over budget, as the directory store removes a corrupt entry it reads.
+
+Only a writing host removes anything (not a read-only store, not a bucket read-only by its
+URL's ``?ro=1``), and only an object of the bucket (not of a tier in front of it) that its
+start fetched for a key and that no reader would serve, whatever keys it trusts:
+
+- an object whose first bytes hold no entry file of its name (no header that decodes, a
+  header filed under another name, a length the object does not have, no bytes), as the
+  tier saw them (``tiers/refused.py``); or
+- one the core's gate refused when read whole, when the core says it is ``corrupt`` (a
+  checksum, the metadata, a signed digest the payload does not match) or holds another key
+  (``Store.refusal``, asked again of the very bytes). An entry merely ``untrusted``
+  (unsigned, or signed by a key this host does not trust) is another host's to serve, and
+  is left; so is a value over a size limit, and a read that failed, which prove nothing.
+
+With it goes the marker the start followed to it (the entry's name and the graph), unless
+the start fetched the key from another of its names (a trusted signer's own). One start
+removes at most ``PULL_REMOVALS`` entries (a request each: the entry and its marker in one
+batch), counted in its reads' ``skipped`` (``torch_xla-garbage``, one warning a start), and
+stops at the first removal that fails (a bucket that refuses deletes to this host, a
+service down), counted ``torch_xla-garbage-failed``.
+
+A delete is unconditional (``object_store`` has no conditional delete, nor do all
+services): an object replaced between the read that proved it garbage and the delete is
+removed all the same. The window is one round trip, and what it can cost is small: an
+entry's plain name is only created (``If-None-Match: *``), so nothing replaces garbage
+there; a signer's own name is overwritten by its signer, whose entry would then be gone
+until that signer puts it again (and its plain copy, if any, still serves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Iterator
+from typing import Any
+
+from xla_pcache import _core
+from xla_pcache.bucket.layout import TORCH_XLA_DIR
+from xla_pcache.tiers import Spooled, refused
+from xla_pcache.tiers.objstore import ENTRY_DIR, scrub
+
+# The garbage entries one start removes at most: the refusals a start with a flood planted
+# pays before it stops (``PULL_MISSES`` newest first, as many in a drawn order), so that
+# removing them at most doubles what the flood costs it.
+PULL_REMOVALS = 64
+# How the core names a refusal that proves an object no entry of its name for any reader.
+_GARBAGE = ("corrupt", "other_key")
+
+
+class Garbage:
+    """One start's removals: ``watching(key)`` around each fetch, then ``remove``."""
+
+    def __init__(self, store: Any, bucket: Any) -> None:
+        self.store, self.bucket = store, bucket
+        self.writes = not (store.read_only or store.bucket_ro or bucket.read_only)
+        self.tier = store._bucket_tier() if self.writes else None
+        self.removed = 0
+        self.failed = False
+
+    @contextlib.contextmanager
+    def watching(self, key: str) -> Iterator[list[str]]:
+        """The names of the bucket's objects the fetches within the block proved to be no
+        entry of ``key`` (filled as they are refused)."""
+        proved: list[str] = []
+        if self.tier is None or self.failed or self.removed >= PULL_REMOVALS:
+            yield proved
+            return
+
+        def watch(tier: Any, name: str, value: Any) -> None:
+            if tier is self.tier and (value is None or self._garbage(key, value)):
+                proved.append(name)
+
+        with refused.watching(watch):
+            yield proved
+
+    def _garbage(self, key: str, value: Any) -> bool:
+        """Whether the core refuses ``value`` (an entry file read whole, as a tier hands it
+        over) for ``key`` as corrupt or another key's."""
+        if isinstance(value, Spooled):
+            with mmap.mmap(value.fd, 0, prot=mmap.PROT_READ) as mapped:
+                why = self.store.refusal(key, mapped)
+        else:
+            data = b"".join(value) if isinstance(value, list) else value
+            why = self.store.refusal(key, data)
+        return why is not None and why[0] in _GARBAGE
+
+    def remove(self, key: str, proved: list[str], *, graph: str | None, fetched: bool) -> None:
+        """Removes the objects ``proved`` garbage for ``key``, within the start's bound,
+        with the marker of ``graph`` it was found by (None: found by name) when the plain
+        name was garbage and nothing was fetched for the key."""
+        plain = _core.entry_name(key)
+        for name in dict.fromkeys(proved):
+            if self.failed or self.removed >= PULL_REMOVALS:
+                return
+            paths = [f"{ENTRY_DIR}/{name}"]
+            if name == plain and graph is not None and not fetched:
+                paths.append(f"{TORCH_XLA_DIR}/{name}-{graph}")
+            try:
+                self.bucket.delete(paths)
+            except Exception as e:
+                self.failed = True
+                self.bucket.reader.skip(
+                    "torch_xla-garbage-failed",
+                    f"removing a garbage entry a host start fetched failed "
+                    f"({type(e).__name__}: {scrub(str(e))}): it is left for later starts",
+                )
+                return
+            self.removed += 1
+
+    def report(self) -> None:
+        """Counts what this start removed (one warning a start)."""
+        if self.removed:
+            self.bucket.reader.skip(
+                "torch_xla-garbage",
+                f"a host start removed {self.removed} objects at torch_xla entries' names "
+                "that are no entry for any reader (garbage someone planted, or damage), with "
+                f"the markers it followed to them (at most {PULL_REMOVALS} a start)",
+                self.removed,
+            )
