@@ -37,7 +37,7 @@ from xla_pcache.bucket.prune_fold import (
     use_records_to_fold,
 )
 from xla_pcache.bucket.prune_reach import Reach, Unseen
-from xla_pcache.bucket.reader import Listing, Names
+from xla_pcache.bucket.reader import BucketReader, Listing, Names
 from xla_pcache.bucket.stored_budget import read_stored_budget
 from xla_pcache.tiers import objstore
 
@@ -195,15 +195,23 @@ def _prune(
     usage_missed = fold_usage(reader, entries, unseen)
     folded: list[str] = []
     missed: list[int] = []
+    empty = 0
     for record in records:
         check(deadline)
-        missed.append(fold_use_record(reader, record, entries, unseen, turns))
+        m, named = fold_use_record(reader, record, entries, unseen, turns)
+        missed.append(m)
+        empty += not named
         folded.append(record.path)
     report.records_folded = len(folded)
+    if report.records_left and empty:
+        _records_crowded(report, reader, empty)
     reach = None
     if unseen is not None:
         prune_reach.offer_markers(reader, unseen)
-        reach = prune_reach.ask(objects, unseen.names(), deadline)
+        sizes = {r.path: r.size for r in records}
+        reach = prune_reach.ask(
+            objects, unseen, deadline, records=sizes, reread_bytes=limits.record_bytes
+        )
         prune_reach.fold_again(
             reader, reach, entries, zip(records, missed, strict=True), usage_missed, deadline
         )
@@ -256,6 +264,24 @@ def _prune(
     report.claims_removed = _drop_stale_claims(objects, tally)
     dead = set(report.removed_names) | (set() if reach is None else reach.absent)
     report.markers_removed = _drop_markers(objects, entries, listing.complete, dead, tally)
+
+
+def _records_crowded(report: PruneReport, reader: BucketReader, empty: int) -> None:
+    """A prune that left records for the next one (past ``Limits.records`` or
+    ``record_bytes``) folds the oldest, so the ones left are the newest, and a fleet with
+    more records than a prune folds catches up over the next prunes. But when folded
+    records named no entry it listed (planted, or naming entries since removed), they took
+    places that the records left could have had, whose uses then did not count: an entry
+    only they name may have gone as unused. That is a prune cut short, said as such."""
+    why = (
+        f"{report.records_left} records left unfolded while {empty} folded named no entry "
+        "listed: the uses the records left hold did not count"
+    )
+    report.pruned = False
+    report.cut_short = why if report.cut_short is None else f"{report.cut_short}; {why}"
+    reader.skip(
+        "records-crowded", f"a prune's records were crowded out: {why}", report.records_left
+    )
 
 
 def _write_usage(
