@@ -62,7 +62,9 @@ class PruneReport:
     ``pruned`` is False when a limit stopped it (``busy`` says which; nothing more was
     removed) or when its listing of ``entries/`` or of ``records/`` was cut short
     (``cut_short`` says why: keys the client cannot list hid part of it; records not listed
-    are not folded, so the uses they hold did not count). A prune whose listing of
+    are not folded, so the uses they hold did not count), or when it left records for the
+    next prune (``records_left``: the newest, records are folded oldest first) while some
+    it folded named no entry it listed (they took the places of those left). A prune whose listing of
     ``entries/`` was cut short asked for the entries that records, ``usage`` and markers
     name and it did not list by name (``asked`` HEADs, ``reached`` found:
     ``prune_reach.py``), and removed what the budget required among the entries it listed
