@@ -64,12 +64,12 @@ class PruneReport:
     (``cut_short`` says why: keys the client cannot list hid part of it; records not listed
     are not folded, so the uses they hold did not count), or when it left records for the
     next prune (``records_left``: the newest, records are folded oldest first) while some
-    it folded named no entry it listed (they took the places of those left). A prune whose listing of
-    ``entries/`` was cut short asked for the entries that records, ``usage`` and markers
-    name and it did not list by name (``asked`` HEADs, ``reached`` found:
-    ``prune_reach.py``), and removed what the budget required among the entries it listed
-    and reached (``entries_before``); what it did not see is not taken as absent: their
-    markers, records and uses are kept for a prune that sees them.
+    it folded named no entry it listed (they took the places of those left). A prune
+    whose listing of ``entries/`` was cut short asked for the entries that records,
+    ``usage`` and markers name and it did not list by name (``asked`` HEADs, ``reached``
+    found: ``prune_reach.py``), and removed what the budget required among the entries it
+    listed and reached (``entries_before``); what it did not see is not taken as absent:
+    their markers, records and uses are kept for a prune that sees them.
     ``directories``: names under ``entries/`` with objects below them (planted), which a
     listing with a delimiter named."""
 
