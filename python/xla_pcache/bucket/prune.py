@@ -37,7 +37,7 @@ from xla_pcache.bucket.prune_fold import (
     use_records_to_fold,
 )
 from xla_pcache.bucket.prune_reach import Reach, Unseen
-from xla_pcache.bucket.reader import Listing, Names
+from xla_pcache.bucket.reader import BucketReader, Listing, Names
 from xla_pcache.bucket.stored_budget import read_stored_budget
 from xla_pcache.tiers import objstore
 
@@ -62,12 +62,14 @@ class PruneReport:
     ``pruned`` is False when a limit stopped it (``busy`` says which; nothing more was
     removed) or when its listing of ``entries/`` or of ``records/`` was cut short
     (``cut_short`` says why: keys the client cannot list hid part of it; records not listed
-    are not folded, so the uses they hold did not count). A prune whose listing of
-    ``entries/`` was cut short asked for the entries that records, ``usage`` and markers
-    name and it did not list by name (``asked`` HEADs, ``reached`` found:
-    ``prune_reach.py``), and removed what the budget required among the entries it listed
-    and reached (``entries_before``); what it did not see is not taken as absent: their
-    markers, records and uses are kept for a prune that sees them.
+    are not folded, so the uses they hold did not count), or when it left records for the
+    next prune (``records_left``: the newest, records are folded oldest first) while some
+    it folded named no entry it listed (they took the places of those left). A prune
+    whose listing of ``entries/`` was cut short asked for the entries that records,
+    ``usage`` and markers name and it did not list by name (``asked`` HEADs, ``reached``
+    found: ``prune_reach.py``), and removed what the budget required among the entries it
+    listed and reached (``entries_before``); what it did not see is not taken as absent:
+    their markers, records and uses are kept for a prune that sees them.
     ``directories``: names under ``entries/`` with objects below them (planted), which a
     listing with a delimiter named."""
 
@@ -195,15 +197,23 @@ def _prune(
     usage_missed = fold_usage(reader, entries, unseen)
     folded: list[str] = []
     missed: list[int] = []
+    empty = 0
     for record in records:
         check(deadline)
-        missed.append(fold_use_record(reader, record, entries, unseen, turns))
+        m, named = fold_use_record(reader, record, entries, unseen, turns)
+        missed.append(m)
+        empty += not named
         folded.append(record.path)
     report.records_folded = len(folded)
+    if report.records_left and empty:
+        _records_crowded(report, reader, empty)
     reach = None
     if unseen is not None:
         prune_reach.offer_markers(reader, unseen)
-        reach = prune_reach.ask(objects, unseen.names(), deadline)
+        sizes = {r.path: r.size for r in records}
+        reach = prune_reach.ask(
+            objects, unseen, deadline, records=sizes, reread_bytes=limits.record_bytes
+        )
         prune_reach.fold_again(
             reader, reach, entries, zip(records, missed, strict=True), usage_missed, deadline
         )
@@ -256,6 +266,24 @@ def _prune(
     report.claims_removed = _drop_stale_claims(objects, tally)
     dead = set(report.removed_names) | (set() if reach is None else reach.absent)
     report.markers_removed = _drop_markers(objects, entries, listing.complete, dead, tally)
+
+
+def _records_crowded(report: PruneReport, reader: BucketReader, empty: int) -> None:
+    """A prune that left records for the next one (past ``Limits.records`` or
+    ``record_bytes``) folds the oldest, so the ones left are the newest, and a fleet with
+    more records than a prune folds catches up over the next prunes. But when folded
+    records named no entry it listed (planted, or naming entries since removed), they took
+    places that the records left could have had, whose uses then did not count: an entry
+    only they name may have gone as unused. That is a prune cut short, said as such."""
+    why = (
+        f"{report.records_left} records left unfolded while {empty} folded named no entry "
+        "listed: the uses the records left hold did not count"
+    )
+    report.pruned = False
+    report.cut_short = why if report.cut_short is None else f"{report.cut_short}; {why}"
+    reader.skip(
+        "records-crowded", f"a prune's records were crowded out: {why}", report.records_left
+    )
 
 
 def _write_usage(

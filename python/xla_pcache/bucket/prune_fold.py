@@ -6,6 +6,7 @@ a bounded number) and a prune's memory is that of the entries it lists."""
 
 from __future__ import annotations
 
+import heapq
 import time
 import zlib
 from collections.abc import Iterator, Mapping
@@ -118,12 +119,15 @@ def entry_table(
 def use_records_to_fold(
     reader: BucketReader, limits: Limits, deadline: float | None
 ) -> tuple[list[UseRecord], list[str], int, Listing]:
-    """The records a prune folds (the first ``limits.records``, within
-    ``limits.record_bytes`` in all), the objects under ``records/`` that are no record
-    or too large to read (removed), how many records wait for the next prune, and how the
-    listing of ``records/`` went (keys the client refuses may cut it short: the records
-    past them are not folded, and the prune says so)."""
-    records: list[UseRecord] = []
+    """The records a prune folds: the oldest by the service's time (``UseRecord.written``,
+    which no writer sets), as many as ``limits.records`` and ``limits.record_bytes`` allow
+    in all, so that those left for the next prune are newer than every one folded and
+    records planted now, whatever their names, wait behind the hosts' earlier ones. Also
+    the objects under ``records/`` that are no record or too large to read (removed), how
+    many records wait, and how the listing of ``records/`` went (keys the client refuses
+    may cut it short: the records past them are not folded, and the prune says so)."""
+    chosen: list[_Newest] = []  # a heap, the newest on top
+    cutoff: tuple[float, str] | None = None  # the oldest left: every one newer is left
     junk: list[str] = []
     left = 0
     total = 0
@@ -142,18 +146,36 @@ def use_records_to_fold(
             else:
                 left += 1
             continue
-        if len(records) >= limits.records or total + r.size > limits.record_bytes:
+        key = (r.written, r.path)
+        if cutoff is not None and key > cutoff:
             left += 1
             continue
+        heapq.heappush(chosen, _Newest(key, r))
         total += r.size
-        records.append(r)
+        while chosen and (len(chosen) > limits.records or total > limits.record_bytes):
+            newest = heapq.heappop(chosen)
+            total -= newest.record.size
+            left += 1
+            cutoff = newest.key if cutoff is None else min(cutoff, newest.key)
     if left:
         reader.warn_once(
             "records-left",
             f"{left} records wait for the next prune (a prune folds at most "
-            f"{limits.records:,} records, {limits.record_bytes:,} bytes)",
+            f"{limits.records:,} records, {limits.record_bytes:,} bytes, the oldest first)",
         )
+    records = [n.record for n in sorted(chosen, key=lambda n: n.key)]
     return records, junk, left, listing
+
+
+@dataclass(slots=True)
+class _Newest:
+    """A record in the heap of those chosen, the newest first."""
+
+    key: tuple[float, str]
+    record: UseRecord
+
+    def __lt__(self, other: _Newest) -> bool:
+        return self.key > other.key
 
 
 class Offers(Protocol):
@@ -202,18 +224,19 @@ def fold_use_record(
     entries: Mapping[str, Entry],
     unseen: Offers | None = None,
     turns: int = 0,
-) -> int:
+) -> tuple[int, int]:
     """One record, streamed into ``entries``: each entry it names used once more, at its
     time (a name it repeats counts once; names of no entry cost nothing, or with
-    ``unseen`` the first ``turns`` are offered to it, each at its turn within the record).
-    How many names of no entry it met."""
+    ``unseen`` the first ``turns`` are offered to it, each at its turn within the record,
+    the record's age its service time). How many names of no entry it met, and how many
+    entries it named."""
     seen: set[str] = set()
     missed = 0
     for name in use_record_lines(reader, record.path):
         entry = entries.get(name)
         if entry is None:
             if unseen is not None and missed < turns:
-                unseen.offer("records", (float(missed), record.when, record.path), name)
+                unseen.offer("records", (float(missed), record.written, record.path), name)
             missed += 1
             continue
         if name in seen:
@@ -221,7 +244,7 @@ def fold_use_record(
         seen.add(name)
         entry.last_use = max(entry.last_use, record.when)
         entry.uses = min(entry.uses + 1, (1 << 63) - 1)
-    return missed
+    return missed, len(seen)
 
 
 class UsageBody:

@@ -26,13 +26,16 @@ from xla_pcache.bucket.reader import (
 @dataclass(frozen=True)
 class UseRecord:
     """One use record: when it was written (its own time, within the clock slack), what
-    its host wrote since its previous one, and the object's size."""
+    its host wrote since its previous one, the object's size, and ``written``: the time
+    the service gave it (no writer sets it: a record planted later cannot claim to be
+    older)."""
 
     path: str
     when: float
     puts: int
     put_bytes: int
     size: int
+    written: float = 0.0
 
 
 def parse_use_record(meta: Mapping[str, Any]) -> UseRecord | None:
@@ -48,7 +51,7 @@ def parse_use_record(meta: Mapping[str, Any]) -> UseRecord | None:
     puts, put_bytes = checked_count(int(m.group(3))), checked_count(int(m.group(4)))
     if puts is None or put_bytes is None:
         return None
-    return UseRecord(path, when, puts, put_bytes, size)
+    return UseRecord(path, when, puts, put_bytes, size, written)
 
 
 def use_record_lines(reader: BucketReader, path: str) -> Iterator[str]:
