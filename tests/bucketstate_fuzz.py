@@ -69,7 +69,7 @@ from typing import Any
 
 from xla_pcache import bucket as xbucket
 from xla_pcache import entry_name
-from xla_pcache.bucket import marker_listing, prune_reach, upkeep
+from xla_pcache.bucket import marker_listing, prune_reach, torch_xla_garbage, upkeep
 from xla_pcache.bucket import reader as br
 from xla_pcache.bucket.objects import SQUAT_REMOVALS
 from xla_pcache.tiers import objstore
@@ -268,15 +268,17 @@ def writer_bound(c: Census, puts: int, marks: int, gets: int, extra: int) -> Cou
     return out
 
 
-def start_bound(c: Census, extra: int = 0) -> Counter[str]:
+def start_bound(c: Census, extra: int = 0, *, read_only: bool = False) -> Counter[str]:
     """A torch_xla host start (``BucketStore.pull_torch_xla``): one listing of at most
     ``bucket.PULL_MARKERS`` objects under ``torch_xla/``; when it cannot follow them blindly,
     a listing of at most ``bucket.PULL_ENTRIES`` objects under ``entries/`` and at most
     ``marker_listing.MARKER_PAGES`` pages of the markers of those entries (with the refused
     keys and recoveries of one listing among them); at most ``bucket.PULL_FETCHES``
     fetches, of the markers' entries and of entries asked for by name (their markers
-    crowded out or hidden: a ranged read of each one's first bytes before its fetch).
-    ``extra``: the markers and entries writers beside it may add meanwhile."""
+    crowded out or hidden: a ranged read of each one's first bytes before its fetch); a
+    writing host's start removes at most ``torch_xla_garbage.PULL_REMOVALS`` objects it
+    proved garbage (a request each), a read-only one none. ``extra``: the markers and
+    entries writers beside it may add meanwhile."""
     marked = c.listed["torch_xla"] + extra
     by_name = min(c.listed["entries"] + extra, xbucket.PULL_FETCHES)
     refused = c.refused["torch_xla"]
@@ -291,6 +293,7 @@ def start_bound(c: Census, extra: int = 0) -> Counter[str]:
         + zigzag,
         head=br.HEADS_PER_REFUSED * (2 * refused + c.refused["entries"]),
         get=min(marked + by_name, xbucket.PULL_FETCHES) * fetches(c) + by_name,
+        delete=0 if read_only else min(marked + by_name, torch_xla_garbage.PULL_REMOVALS),
     )
 
 
@@ -1288,7 +1291,7 @@ class Harness:
                 op, {"url": url, "keys": keys}, host, slot, bound, env=env, read_only=ro
             )
         if base == "torch_xla_start":
-            bound = start_bound(c, extra)
+            bound = start_bound(c, extra, read_only=ro)
             return self._api(op, {"url": url}, host, slot, bound, env=env, read_only=ro)
         if base == "cli_stats":
             args = ["stats", "--path", url, *(["--json"] if r.random() < 0.5 else [])]
