@@ -6,7 +6,9 @@
 - one module per kind: ``redis`` (a Redis server), ``objstore`` (S3, GCS, Azure through
   obstore, with compile claims on the bucket);
 - ``chain``: the tiers in order (``fetch(names, accept)`` with backfill, write-through, the
-  one rule of which tier is written: ``?ro=1``), and the counters kept per tier name.
+  one rule of which tier is written: ``?ro=1``), and the counters kept per tier name;
+- ``refused``: the values a fetch refused, told to whoever watches this thread's fetches
+  (a torch_xla host start, which removes what it proved to be garbage).
 
 ``xla_pcache.store.Store`` reaches the tiers only through the names below; they are opened
 on the first miss or put that needs them, so a store that is only looked at (``xla-pcache
