@@ -10,7 +10,6 @@ markers planted first and fetched none of the real entries. Each test here faile
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import random
@@ -29,7 +28,7 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
+from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
 
 FLOOD = 10_000
 ENTRIES = 12
@@ -302,22 +301,7 @@ def test_a_flood_under_entries_still_leaves_a_host_its_entries(
 
 def _put_all(client: Any, keys: list[str]) -> None:
     """Empty objects at ``keys``, 64 at a time."""
-    _put_all_bodies(client, dict.fromkeys(keys, b""))
-
-
-def _put_all_bodies(client: Any, items: dict[str, bytes]) -> None:
-    """``items`` (key -> body) written 64 at a time."""
-
-    async def put_all() -> None:
-        gate = asyncio.Semaphore(64)
-
-        async def one(key: str, body: bytes) -> None:
-            async with gate:
-                await obstore.put_async(client, key, body)
-
-        await asyncio.gather(*(one(k, b) for k, b in items.items()))
-
-    asyncio.run(put_all())
+    put_objects(client, dict.fromkeys(keys, b""))
 
 
 def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
@@ -360,7 +344,7 @@ def test_garbage_planted_with_markers_newer_than_the_real_ones_stops_no_start(
     prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
     fakes = [str(10**35 + i) for i in range(40)]
     client = bucket_client(s3, prefix)
-    _put_all_bodies(client, {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in fakes})
+    put_objects(client, {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in fakes})
     relay.plant_many([f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in fakes], when=NEWER)
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire

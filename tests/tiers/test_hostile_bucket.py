@@ -4,7 +4,6 @@ a bounded wait, never a spin, an abort or memory in proportion to what was plant
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -32,6 +31,7 @@ from tests.tiers.servers import (
     S3Server,
     bucket_client,
     fresh_prefix,
+    put_objects,
 )
 
 
@@ -220,21 +220,6 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
 # names, objects shaped to cost memory, numbers out of range, markers by the thousand.
 
 
-def _plant(client: Any, items: dict[str, bytes]) -> None:
-    """Puts ``items`` (path -> body) straight into the bucket, many at a time."""
-
-    async def put_all() -> None:
-        gate = asyncio.Semaphore(32)
-
-        async def one(path: str, body: bytes) -> None:
-            async with gate:
-                await obstore.put_async(client, path, body)
-
-        await asyncio.gather(*(one(p, b) for p, b in items.items()))
-
-    asyncio.run(put_all())
-
-
 def _keys(server: S3Server, prefix: str) -> list[str]:
     return sorted(str(o["path"]) for o in obstore.list(bucket_client(server, prefix)).collect())
 
@@ -266,7 +251,7 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     names = sorted(entry_name(f"k{i}") for i in range(1100))
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 10 for n in names})
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 10 for n in names})
     bad = [
         f"{prefix}/{ENTRY_DIR}//first",  # before every entry
         f"{prefix}/{ENTRY_DIR}/{names[1050]}/../x",  # after a thousand: its page recovered
@@ -360,7 +345,7 @@ def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
-    _plant(client, {f"{ENTRY_DIR}/{entry_name(f'e{i}')}": b"x" * 1000 for i in range(3)})
+    put_objects(client, {f"{ENTRY_DIR}/{entry_name(f'e{i}')}": b"x" * 1000 for i in range(3)})
     obstore.put(client, f"{upkeep.LEASE}/a/b/c/d/e", b"squat")
     obstore.delete(client, f"{upkeep.LEASE}/a/b/c/d/e")
     report = upkeep.Bucket(url).prune(max_size=2500)
@@ -403,7 +388,7 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
     counters = reader.remote.tiers[0].stats()
     assert counters.get("remote_rejected") == 1, counters
     assert not [k for k in counters if k.endswith("_errors")], counters
-    _plant(
+    put_objects(
         client,
         {
             upkeep.CONFIG: b"",
@@ -454,10 +439,10 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     names = [entry_name(f"e{i}") for i in range(20)]
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     planted = "".join(os.urandom(16).hex() + "\n" for _ in range(200_000))
     usage = _gz(b"ab\n" * ((64 << 20) // 3))
-    _plant(
+    put_objects(
         client,
         {
             upkeep.USAGE: usage,
@@ -491,7 +476,7 @@ def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -
     bomb = _gz((name + "\n").encode() * (1 << 20))
     path = upkeep.new_use_record_name(0, 0)
     usage = _gz(f"{name} 1 1\n".encode() * (1 << 20))
-    _plant(client, {path: bomb, upkeep.USAGE: usage, f"{ENTRY_DIR}/{name}": b"x"})
+    put_objects(client, {path: bomb, upkeep.USAGE: usage, f"{ENTRY_DIR}/{name}": b"x"})
     assert len(bomb) < 256 << 10 and len(usage) < 256 << 10
     b = upkeep.Bucket(url)
     got = sum(1 for _ in b.use_record_names(path))
@@ -512,8 +497,8 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     names = [entry_name(f"e{i}") for i in range(3)]
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
-    _plant(
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    put_objects(
         client, {upkeep.new_use_record_name(0, 0): upkeep.use_record_body(names) for _ in range(3)}
     )
     b = upkeep.Bucket(url)
@@ -528,7 +513,7 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     assert "stopped after 2 objects" in (report.cut_short or ""), report
     keys = _keys(s3, prefix)
     assert len([k for k in keys if k.startswith(ENTRY_DIR)]) == 2 and upkeep.LEASE not in keys
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     report = b.prune(max_size=100, limits=upkeep.Limits(entries=2))
     assert (report.entries_before, report.reached, report.removed) == (3, 1, 2), report
     assert len([k for k in _keys(s3, prefix) if k.startswith(ENTRY_DIR)]) == 1
@@ -545,7 +530,7 @@ def test_planted_markers_cost_a_torch_xla_start_bounded_requests(
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     graphs = [str(10**20 + i) for i in range(2000)]
-    _plant(
+    put_objects(
         client,
         {f"{upkeep.TORCH_XLA_DIR}/{entry_name(f'torch_xla/{g}')}-{g}": b"" for g in graphs},
     )
@@ -575,7 +560,7 @@ def test_numbers_out_of_range_in_the_bucket_are_ignored_not_raised(
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
-    _plant(client, {f"{ENTRY_DIR}/{entry_name('e')}": b"x" * 100})
+    put_objects(client, {f"{ENTRY_DIR}/{entry_name('e')}": b"x" * 100})
     huge = "9" * 400
     obstore.put(client, upkeep.CONFIG, f'{{"max_size": {huge}, "max_age_s": 1e400}}'.encode())
     obstore.put(client, upkeep.STATE, f'{{"time": 1, "entries": 1, "bytes": {huge}}}'.encode())
