@@ -17,15 +17,14 @@ from typing import Any
 
 import obstore
 import pytest
-from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache.bucket import recorder as upkeep_recorder
 from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.reader import list_requests_bound
-from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
+from tests.helpers import cli_here
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
 
@@ -49,17 +48,8 @@ def _bucket(s3: S3Server, n: int = ENTRIES) -> tuple[str, str, list[str]]:
     return prefix, s3.url(prefix), names
 
 
-def _cli(*args: str) -> Any:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        result.exception,
-        result.output,
-    )
-    return result
-
-
 def _prune_json(url: str, *extra: str) -> tuple[int, dict[str, Any], str]:
-    out = _cli("prune", "--path", url, "--json", *extra)
+    out = cli_here("prune", "--path", url, "--json", *extra)
     return out.exit_code, json.loads(out.stdout), out.stderr
 
 
@@ -321,7 +311,7 @@ def test_a_refused_key_quoting_the_clients_error_stops_no_listing(
     bucket failed on one planted object."""
     prefix, url, real = _bucket(s3)
     relay.plant(f"{prefix}/{ENTRY_DIR}/{real[3]}/{LYING_KEYS[shape]}")
-    stats = _cli("stats", "--path", url, "--json")
+    stats = cli_here("stats", "--path", url, "--json")
     assert stats.exit_code == 0, stats.output
     assert json.loads(stats.stdout)["entries"] == ENTRIES
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
@@ -503,10 +493,10 @@ def test_keys_refused_after_every_entry_hide_no_entry_from_the_commands_prune(
     code, again, _ = _prune_json(url)
     assert code == 3 and again["removed"] == 0 and again["entries_before"] == len(held), again
     # `stats` cannot list them either; it shows what the last prune saw.
-    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").stdout)
     assert not stats["listing_complete"] and stats["last_prune_complete"] is False, stats
     assert stats["last_prune_entries"] == len(held), stats
-    assert f"{len(held):,} entries" in _cli("stats", "--path", url).stdout
+    assert f"{len(held):,} entries" in cli_here("stats", "--path", url).stdout
 
 
 def test_a_writers_own_prune_reaches_the_entries_a_refused_key_hides(

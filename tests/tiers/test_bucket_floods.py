@@ -18,15 +18,14 @@ from typing import Any
 
 import obstore
 import pytest
-from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache.bucket import objects as bucket_objects
 from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.reader import LIST_PAGE, list_requests_bound
-from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
+from tests.helpers import cli_here
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
 
@@ -76,15 +75,6 @@ def _bucket(s3: S3Server) -> tuple[str, str, list[str]]:
     return prefix, s3.url(prefix), names
 
 
-def _cli(*args: str) -> Any:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        result.exception,
-        result.output,
-    )
-    return result
-
-
 BUDGET = ENTRIES * ENTRY_BYTES // 2
 TARGET = int(BUDGET * upkeep.LOW_WATERMARK)
 # Kinds whose keys the command's prune lists past completely (a listing with a delimiter,
@@ -106,7 +96,7 @@ def test_the_commands_prune_keeps_the_budget_past_a_flood(
     relay.plant_many(_flood(kind, prefix, real))
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
     relay.take()
-    out = _cli("prune", "--path", url, "--json")
+    out = cli_here("prune", "--path", url, "--json")
     report = json.loads(out.stdout)
     wire = relay.take()
     assert report["entries_before"] == ENTRIES, (kind, report)
@@ -147,10 +137,10 @@ def test_a_writers_prune_past_a_flood_prunes_what_it_sees_and_says_so(
         # Galloping past the flood planted before them: every real entry seen.
         assert report.entries_before == ENTRIES, report
     assert not upkeep.Bucket(url).estimate().known
-    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").stdout)
     assert stats["last_prune_complete"] is False, stats
     # The command lists with a delimiter: it sees them all and prunes within the budget.
-    out = _cli("prune", "--path", url, "--json")
+    out = cli_here("prune", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["bytes"] <= TARGET
 
@@ -158,10 +148,10 @@ def test_a_writers_prune_past_a_flood_prunes_what_it_sees_and_says_so(
 def test_stats_counts_every_entry_past_a_flood(relay: S3Relay, s3: S3Server) -> None:
     prefix, url, real = _bucket(s3)
     relay.plant_many(_flood("between", prefix, real))
-    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").stdout)
     assert stats["entries"] == ENTRIES and stats["listing_complete"], stats
     assert stats["directories"] == FLOOD and stats["skipped_by_kind"]["unlistable"] >= 1, stats
-    text = _cli("stats", "--path", url).stdout
+    text = cli_here("stats", "--path", url).stdout
     assert "names under entries/" in text and "10,000" in text, text
 
 
@@ -318,7 +308,7 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     below = [f"{prefix}/{ENTRY_DIR}/{_hex(random.Random(i))}/x" for i in range(FLOOD)]
     relay.plant_many(below)
     relay.take()
-    out = _cli("prune", "--path", url, "--max-size", "1M", "--json")
+    out = cli_here("prune", "--path", url, "--max-size", "1M", "--json")
     wire = relay.take()
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)
@@ -329,7 +319,7 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     # The objects below entries' names past the first prune's share wait for the next.
     left = sum(k in relay.planted for k in below)
     assert FLOOD - removals <= left < FLOOD, left
-    assert _cli("prune", "--path", url, "--max-size", "1M").exit_code == 0
+    assert cli_here("prune", "--path", url, "--max-size", "1M").exit_code == 0
     assert sum(k in relay.planted for k in below) <= left - removals // 2
 
 

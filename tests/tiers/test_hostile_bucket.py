@@ -14,16 +14,14 @@ from typing import Any
 import obstore
 import pytest
 import redis
-from typer.testing import CliRunner
 from xla_pcache import Store, entry_name, open_store
 from xla_pcache._names import EntryName
 from xla_pcache.bucket import upkeep
-from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.helpers import run_worker
+from tests.helpers import cli_here, run_worker
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import (
     S3_BUCKET,
@@ -229,15 +227,6 @@ def _gz(data: bytes) -> bytes:
     return c.compress(data) + c.flush()
 
 
-def _cli(*args: str) -> Any:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        result.exception,
-        result.output,
-    )
-    return result
-
-
 def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     relay: S3Relay, s3: S3Server
 ) -> None:
@@ -277,17 +266,17 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     assert b.torch_xla_entries() == []
     assert sorted(b.reader.unlistable) == sorted(bad)
     # Through the command: stats names each key and how to remove it; prune keeps the budget.
-    out = _cli("stats", "--path", url)
+    out = cli_here("stats", "--path", url)
     assert out.exit_code == 0, out.output
     assert f"aws s3api delete-object --bucket {S3_BUCKET} --key '{bad[1]}'" in out.output
     b.write_stored_budget(upkeep.BucketStoredBudget(max_size=5000))
-    out = _cli("prune", "--path", url, "--json")
+    out = cli_here("prune", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     report = json.loads(out.output[out.output.index("{") :])
     assert report["entries_before"] == 1100 and report["bytes"] <= 4500, report
     assert report["skipped"]["unlistable"] == 5 and len(report["unlistable"]) == 5, report
     # What the client cannot remove, --untrusted names (exit 1: they are still there).
-    out = _cli("prune", "--untrusted", "--path", url)
+    out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 1, out.output
     for key in bad:
         assert f"--key '{key}'" in out.output, out.output
@@ -310,7 +299,7 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     assert report.removed == 1 and report.entries == 2, report
     assert report.skipped == {"squat": 1}, report.skipped
     assert not [k for k in _keys(s3, prefix) if "prune.lease" in k]
-    out = _cli("prune", "--path", url, "--max-size", "1M")
+    out = cli_here("prune", "--path", url, "--max-size", "1M")
     assert out.exit_code == 0, out.output  # the lease is usable again
     # An entry's name squatted: its create is refused, a reader misses.
     name = entry_name("sq")
@@ -318,7 +307,7 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     assert writer.put("sq", b"v" * 100)
     writer.remote.flush()
     assert writer.stats()["remote_put_exists"] == 1
-    out = _cli("prune", "--untrusted", "--path", url)
+    out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 0, out.output
     assert f"removed {ENTRY_DIR}/{name}/x/y" in out.output, out.output
     assert not [k for k in _keys(s3, prefix) if name in k]
@@ -354,16 +343,16 @@ def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
     obstore.put(client, f"{upkeep.LEASE}/p/q/r/s/t", b"squat")
     report = upkeep.Bucket(url).prune(max_size=1500)
     assert report.removed == 1 and report.skipped == {"squat": 1}, report
-    out = _cli("prune", "--path", url, "--max-size", "1M")
+    out = cli_here("prune", "--path", url, "--max-size", "1M")
     assert out.exit_code == 0, out.output
     # Left empty below the budget's name: `prune --untrusted` clears it, and the budget is
     # written again.
     obstore.put(client, f"{upkeep.CONFIG}/a/b/c/d/e/f", b"squat")
     obstore.delete(client, f"{upkeep.CONFIG}/a/b/c/d/e/f")
-    out = _cli("prune", "--untrusted", "--path", url)
+    out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 0, out.output
     assert obstore.list_with_delimiter(client, upkeep.ROOT)["common_prefixes"] == [ENTRY_DIR]
-    out = _cli("config", "--path", url, "--max-size", "5K")
+    out = cli_here("config", "--path", url, "--max-size", "5K")
     assert out.exit_code == 0, out.output
     assert upkeep.Bucket(url).read_stored_budget().max_size == 5 << 10
 
@@ -397,11 +386,11 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
             upkeep.new_use_record_name(1, 1): b"",
         },
     )
-    out = _cli("stats", "--path", url, "--json")
+    out = cli_here("stats", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     skipped = json.loads(out.output)["skipped_by_kind"]
     assert skipped == {"config-malformed": 1, "state-malformed": 1}, skipped
-    out = _cli("prune", "--path", url, "--max-size", "1M", "--json")
+    out = cli_here("prune", "--path", url, "--max-size", "1M", "--json")
     assert out.exit_code == 0, out.output
     report = json.loads(out.output[out.output.index("{") :])
     assert report["records_folded"] == 1 and report["entries"] == 2, report
@@ -565,14 +554,14 @@ def test_numbers_out_of_range_in_the_bucket_are_ignored_not_raised(
     obstore.put(client, upkeep.CONFIG, f'{{"max_size": {huge}, "max_age_s": 1e400}}'.encode())
     obstore.put(client, upkeep.STATE, f'{{"time": 1, "entries": 1, "bytes": {huge}}}'.encode())
     obstore.put(client, upkeep.USAGE, _gz(f"{entry_name('e')} {huge} {huge}\n".encode()))
-    stats = json.loads(_cli("stats", "--path", url, "--json").output)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").output)
     assert stats["max_size"] is None and stats["last_prune"] is None, stats
     assert stats["skipped_by_kind"] == {"config-malformed": 1, "state-malformed": 1}, stats
     for args in (("stats",), ("config", "--show"), ("prune", "--max-size", "1M")):
-        out = _cli(*args, "--path", url)
+        out = cli_here(*args, "--path", url)
         assert out.exit_code == 0, (args, out.output)
     report = upkeep.Bucket(url).prune(max_size=10**6)
     assert report.entries == 1 and report.skipped["usage-lines"] == 1, report
     obstore.put(client, upkeep.CONFIG, b'{"max_size": ' + b"[" * 2000 + b"]" * 2000 + b"}")
-    out = _cli("stats", "--path", url, "--json")
+    out = cli_here("stats", "--path", url, "--json")
     assert out.exit_code == 0 and json.loads(out.output)["max_size"] is None, out.output
