@@ -15,7 +15,6 @@ grew while it ran. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import secrets
@@ -72,21 +71,6 @@ def _gz(data: bytes) -> bytes:
     return c.compress(data) + c.flush()
 
 
-def _plant(client: Any, items: dict[str, bytes]) -> None:
-    import obstore
-
-    async def put_all() -> None:
-        gate = asyncio.Semaphore(32)
-
-        async def one(path: str, body: bytes) -> None:
-            async with gate:
-                await obstore.put_async(client, path, body)
-
-        await asyncio.gather(*(one(p, b) for p, b in items.items()))
-
-    asyncio.run(put_all())
-
-
 def _run(code: str, env: dict[str, str], *args: str) -> dict[str, Any]:
     p = subprocess.run(
         [sys.executable, "-c", code, *args],
@@ -113,7 +97,7 @@ def main() -> int:
     from xla_pcache._core import entry_name
 
     from tests.tiers.relay import S3Relay
-    from tests.tiers.servers import bucket_client, start_s3
+    from tests.tiers.servers import bucket_client, put_objects, start_s3
 
     tree = Path(args.tree).resolve() / "python"
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -131,7 +115,7 @@ def main() -> int:
             def bucket_with(items: dict[str, bytes], n: int = len(entries)) -> str:
                 prefix = f"p-{secrets.token_hex(4)}"
                 some = {k: entries[k] for k in sorted(entries)[:n]}
-                _plant(bucket_client(server, prefix), {**some, **items})
+                put_objects(bucket_client(server, prefix), {**some, **items})
                 return server.url(prefix)
 
             def prune(what: str, items: dict[str, bytes]) -> None:
@@ -204,7 +188,7 @@ def main() -> int:
 
             prefix = f"q-{secrets.token_hex(4)}"
             names = sorted(entry_name(f"k{i}") for i in range(1100))
-            _plant(
+            put_objects(
                 bucket_client(server, prefix), {f"xla_pcache-1/entries/{n}": b"x" for n in names}
             )
             for key in (

@@ -141,6 +141,21 @@ def cli_out(*args: str, **kwargs: Any) -> str:
     return str(proc.stdout)
 
 
+def cli_here(*args: str) -> Any:
+    """``xla-pcache ARGS`` run in this process (typer's runner: the same settings and
+    servers as the test); its status is the caller's to check, but it must end in an exit
+    status, not an exception."""
+    from typer.testing import CliRunner
+    from xla_pcache.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        result.exception,
+        result.output,
+    )
+    return result
+
+
 def explain_json(root: Path) -> list[dict[str, Any]]:
     """``xla-pcache explain --json`` of the cache at ``root``: one record a miss."""
     records: list[dict[str, Any]] = json.loads(cli_out("explain", "--path", str(root), "--json"))

@@ -8,6 +8,7 @@ lower layer to what is built on it.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "xla_pcache"
@@ -348,12 +349,20 @@ def _stores_built(tree: ast.AST) -> list[int]:
     return lines
 
 
+def _found_outside(
+    find: Callable[[ast.AST], list[int]], owner: str, *allowed: str
+) -> dict[str, list[int]]:
+    """The lines where ``find`` sees it in each module but ``owner`` and ``allowed`` (after
+    checking ``find`` sees it in ``owner``, so a checker that sees nothing cannot pass)."""
+    found = {here: find(ast.parse(path.read_text())) for here, path in _modules().items()}
+    assert found[owner], f"{owner} does it, and the checker sees it"
+    return {m: lines for m, lines in found.items() if lines and m not in (owner, *allowed)}
+
+
 def test_one_module_builds_a_store_from_a_path() -> None:
-    built = {here: _stores_built(ast.parse(path.read_text())) for here, path in _modules().items()}
     # store.py builds one in Store() itself (for a caller of the public class).
-    others = {m: lines for m, lines in built.items() if lines and m not in (DOOR, "store")}
+    others = _found_outside(_stores_built, DOOR, "store")
     assert not others, f"only {DOOR}.open_store builds a store from a path: {others}"
-    assert built[DOOR], "the door builds the stores"
 
 
 def test_the_door_checker_sees_constructors() -> None:
@@ -400,13 +409,8 @@ def _build_suffix_spelled(tree: ast.AST) -> list[int]:
 
 
 def test_one_module_joins_and_parses_a_keys_build() -> None:
-    spelled = {
-        here: _build_suffix_spelled(ast.parse(path.read_text()))
-        for here, path in _modules().items()
-    }
-    others = {m: lines for m, lines in spelled.items() if lines and m != KEY_OWNER}
+    others = _found_outside(_build_suffix_spelled, KEY_OWNER)
     assert not others, f"only {KEY_OWNER} joins or parses a key's build: {others}"
-    assert spelled[KEY_OWNER], "the owner spells it"
 
 
 def test_the_build_suffix_checker_sees_spellings() -> None:

@@ -7,6 +7,7 @@ A server missing is an error (CI installs them in scripts/test.sh), never a skip
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -232,3 +233,20 @@ def bucket_client(server: S3Server, prefix: str) -> Any:
         region="us-east-1",
         client_options={"allow_http": True},
     )
+
+
+def put_objects(client: Any, items: dict[str, bytes]) -> None:
+    """Writes ``items`` (key -> body) straight into the bucket through ``client``
+    (``bucket_client``), 64 at a time: what a test or bench plants by the thousand."""
+    import obstore
+
+    async def put_all() -> None:
+        gate = asyncio.Semaphore(64)
+
+        async def one(key: str, body: bytes) -> None:
+            async with gate:
+                await obstore.put_async(client, key, body)
+
+        await asyncio.gather(*(one(k, b) for k, b in items.items()))
+
+    asyncio.run(put_all())

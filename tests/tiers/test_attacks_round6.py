@@ -9,7 +9,6 @@ defence holds when the test passes."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import random
@@ -18,17 +17,16 @@ from typing import Any
 
 import obstore
 import pytest
-from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache.bucket import recorder as upkeep_recorder
 from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.reader import list_requests_bound
-from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
+from tests.helpers import cli_here
 from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
+from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
 
 ENTRIES = 12
 ENTRY_BYTES = 1000
@@ -41,41 +39,17 @@ def _hex(rng: random.Random, below: int = 16**32) -> str:
     return f"{rng.randrange(below):032x}"
 
 
-def _put_all(client: Any, items: dict[str, bytes]) -> None:
-    """``items`` (key -> body) written 64 at a time."""
-
-    async def put_all() -> None:
-        gate = asyncio.Semaphore(64)
-
-        async def one(key: str, body: bytes) -> None:
-            async with gate:
-                await obstore.put_async(client, key, body)
-
-        await asyncio.gather(*(one(k, b) for k, b in items.items()))
-
-    asyncio.run(put_all())
-
-
 def _bucket(s3: S3Server, n: int = ENTRIES) -> tuple[str, str, list[str]]:
     """A fresh prefix holding ``n`` entry objects; (prefix, url, their names)."""
     prefix = fresh_prefix()
     client = bucket_client(s3, prefix)
     names = sorted(entry_name(f"{prefix}-{i}") for i in range(n))
-    _put_all(client, {f"{ENTRY_DIR}/{x}": b"x" * ENTRY_BYTES for x in names})
+    put_objects(client, {f"{ENTRY_DIR}/{x}": b"x" * ENTRY_BYTES for x in names})
     return prefix, s3.url(prefix), names
 
 
-def _cli(*args: str) -> Any:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        result.exception,
-        result.output,
-    )
-    return result
-
-
 def _prune_json(url: str, *extra: str) -> tuple[int, dict[str, Any], str]:
-    out = _cli("prune", "--path", url, "--json", *extra)
+    out = cli_here("prune", "--path", url, "--json", *extra)
     return out.exit_code, json.loads(out.stdout), out.stderr
 
 
@@ -114,7 +88,7 @@ def test_objects_of_ours_between_refused_names_do_not_stop_the_gallop(
     rng = random.Random(7)
     low = int(real[0], 16)
     fake = sorted({_hex(rng, low) for _ in range(300)})
-    _put_all(bucket_client(s3, prefix), {f"{ENTRY_DIR}/{x}": b"f" for x in fake})
+    put_objects(bucket_client(s3, prefix), {f"{ENTRY_DIR}/{x}": b"f" for x in fake})
     relay.plant_many(f"{prefix}/{ENTRY_DIR}/{x}\x01" for x in fake)
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
     relay.take()
@@ -128,16 +102,22 @@ def test_objects_of_ours_between_refused_names_do_not_stop_the_gallop(
 
 
 # ------------------------------------------------------------------- writers' own prunes
+def _puts_by_a_host(url: str, home: Path, keys: str, n: int, size: int) -> bucket.BucketStore:
+    """A writer host's store (its cache home is ``home``) after ``n`` puts of ``size`` bytes
+    at keys ``{keys}-{i}``, its uploads flushed."""
+    store = open_store(url, settings=Settings.from_env().replace(xdg_cache_home=str(home)))
+    assert isinstance(store, bucket.BucketStore)
+    for i in range(n):
+        assert store.put(f"{keys}-{i}", bytes(size))
+    assert store.remote is not None
+    store.remote.flush()
+    return store
+
+
 def _writer(url: str, home: Path, name: str, n: int = 4, size: int = 2000) -> tuple[int, int]:
     """A writer host's process: ``n`` puts of ``size`` bytes, its record and budget check at
     exit; (prunes it ran, of them cut short)."""
-    settings = Settings.from_env().replace(xdg_cache_home=str(home / name))
-    store = open_store(url, settings=settings)
-    assert isinstance(store, bucket.BucketStore)
-    for i in range(n):
-        assert store.put(f"{name}-{i}", bytes(size))
-    assert store.remote is not None
-    store.remote.flush()
+    store = _puts_by_a_host(url, home / name, name, n, size)
     store._recorder.flush(final=True)
     out = (int(store._recorder.prunes), int(store._recorder.prunes_cut_short))
     store.close()
@@ -230,7 +210,7 @@ def _garbage_with_markers(
     s3: S3Server, relay: S3Relay, prefix: str, graphs: list[str], when: datetime.datetime
 ) -> None:
     """Garbage at the entries of ``graphs`` (made up), and their markers dated ``when``."""
-    _put_all(
+    put_objects(
         bucket_client(s3, prefix),
         {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in graphs},
     )
@@ -331,7 +311,7 @@ def test_a_refused_key_quoting_the_clients_error_stops_no_listing(
     bucket failed on one planted object."""
     prefix, url, real = _bucket(s3)
     relay.plant(f"{prefix}/{ENTRY_DIR}/{real[3]}/{LYING_KEYS[shape]}")
-    stats = _cli("stats", "--path", url, "--json")
+    stats = cli_here("stats", "--path", url, "--json")
     assert stats.exit_code == 0, stats.output
     assert json.loads(stats.stdout)["entries"] == ENTRIES
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
@@ -458,14 +438,7 @@ def _written_by_a_host(s3: S3Server, home: Path, n: int = ENTRIES) -> tuple[str,
     prune), its record uploaded; (prefix, url, the entries' names)."""
     prefix = fresh_prefix()
     url = s3.url(prefix)
-    settings = Settings.from_env().replace(xdg_cache_home=str(home / "first-writer"))
-    store = open_store(url, settings=settings)
-    assert isinstance(store, bucket.BucketStore)
-    for i in range(n):
-        assert store.put(f"{prefix}-{i}", bytes(ENTRY_BYTES))
-    assert store.remote is not None
-    store.remote.flush()
-    store.close()
+    _puts_by_a_host(url, home / "first-writer", prefix, n, ENTRY_BYTES).close()
     listed = obstore.list(bucket_client(s3, prefix), ENTRY_DIR).collect()
     assert len(listed) == n
     return prefix, url, {str(m["path"]).rpartition("/")[2] for m in listed}
@@ -520,10 +493,10 @@ def test_keys_refused_after_every_entry_hide_no_entry_from_the_commands_prune(
     code, again, _ = _prune_json(url)
     assert code == 3 and again["removed"] == 0 and again["entries_before"] == len(held), again
     # `stats` cannot list them either; it shows what the last prune saw.
-    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").stdout)
     assert not stats["listing_complete"] and stats["last_prune_complete"] is False, stats
     assert stats["last_prune_entries"] == len(held), stats
-    assert f"{len(held):,} entries" in _cli("stats", "--path", url).stdout
+    assert f"{len(held):,} entries" in cli_here("stats", "--path", url).stdout
 
 
 def test_a_writers_own_prune_reaches_the_entries_a_refused_key_hides(

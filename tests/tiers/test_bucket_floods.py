@@ -10,7 +10,6 @@ markers planted first and fetched none of the real entries. Each test here faile
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import random
@@ -19,17 +18,16 @@ from typing import Any
 
 import obstore
 import pytest
-from typer.testing import CliRunner
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache.bucket import objects as bucket_objects
 from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.reader import LIST_PAGE, list_requests_bound
-from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
+from tests.helpers import cli_here
 from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
+from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
 
 FLOOD = 10_000
 ENTRIES = 12
@@ -77,15 +75,6 @@ def _bucket(s3: S3Server) -> tuple[str, str, list[str]]:
     return prefix, s3.url(prefix), names
 
 
-def _cli(*args: str) -> Any:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        result.exception,
-        result.output,
-    )
-    return result
-
-
 BUDGET = ENTRIES * ENTRY_BYTES // 2
 TARGET = int(BUDGET * upkeep.LOW_WATERMARK)
 # Kinds whose keys the command's prune lists past completely (a listing with a delimiter,
@@ -107,7 +96,7 @@ def test_the_commands_prune_keeps_the_budget_past_a_flood(
     relay.plant_many(_flood(kind, prefix, real))
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
     relay.take()
-    out = _cli("prune", "--path", url, "--json")
+    out = cli_here("prune", "--path", url, "--json")
     report = json.loads(out.stdout)
     wire = relay.take()
     assert report["entries_before"] == ENTRIES, (kind, report)
@@ -148,10 +137,10 @@ def test_a_writers_prune_past_a_flood_prunes_what_it_sees_and_says_so(
         # Galloping past the flood planted before them: every real entry seen.
         assert report.entries_before == ENTRIES, report
     assert not upkeep.Bucket(url).estimate().known
-    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").stdout)
     assert stats["last_prune_complete"] is False, stats
     # The command lists with a delimiter: it sees them all and prunes within the budget.
-    out = _cli("prune", "--path", url, "--json")
+    out = cli_here("prune", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["bytes"] <= TARGET
 
@@ -159,10 +148,10 @@ def test_a_writers_prune_past_a_flood_prunes_what_it_sees_and_says_so(
 def test_stats_counts_every_entry_past_a_flood(relay: S3Relay, s3: S3Server) -> None:
     prefix, url, real = _bucket(s3)
     relay.plant_many(_flood("between", prefix, real))
-    stats = json.loads(_cli("stats", "--path", url, "--json").stdout)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").stdout)
     assert stats["entries"] == ENTRIES and stats["listing_complete"], stats
     assert stats["directories"] == FLOOD and stats["skipped_by_kind"]["unlistable"] >= 1, stats
-    text = _cli("stats", "--path", url).stdout
+    text = cli_here("stats", "--path", url).stdout
     assert "names under entries/" in text and "10,000" in text, text
 
 
@@ -302,22 +291,7 @@ def test_a_flood_under_entries_still_leaves_a_host_its_entries(
 
 def _put_all(client: Any, keys: list[str]) -> None:
     """Empty objects at ``keys``, 64 at a time."""
-    _put_all_bodies(client, dict.fromkeys(keys, b""))
-
-
-def _put_all_bodies(client: Any, items: dict[str, bytes]) -> None:
-    """``items`` (key -> body) written 64 at a time."""
-
-    async def put_all() -> None:
-        gate = asyncio.Semaphore(64)
-
-        async def one(key: str, body: bytes) -> None:
-            async with gate:
-                await obstore.put_async(client, key, body)
-
-        await asyncio.gather(*(one(k, b) for k, b in items.items()))
-
-    asyncio.run(put_all())
+    put_objects(client, dict.fromkeys(keys, b""))
 
 
 def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
@@ -334,7 +308,7 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     below = [f"{prefix}/{ENTRY_DIR}/{_hex(random.Random(i))}/x" for i in range(FLOOD)]
     relay.plant_many(below)
     relay.take()
-    out = _cli("prune", "--path", url, "--max-size", "1M", "--json")
+    out = cli_here("prune", "--path", url, "--max-size", "1M", "--json")
     wire = relay.take()
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)
@@ -345,7 +319,7 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     # The objects below entries' names past the first prune's share wait for the next.
     left = sum(k in relay.planted for k in below)
     assert FLOOD - removals <= left < FLOOD, left
-    assert _cli("prune", "--path", url, "--max-size", "1M").exit_code == 0
+    assert cli_here("prune", "--path", url, "--max-size", "1M").exit_code == 0
     assert sum(k in relay.planted for k in below) <= left - removals // 2
 
 
@@ -360,7 +334,7 @@ def test_garbage_planted_with_markers_newer_than_the_real_ones_stops_no_start(
     prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
     fakes = [str(10**35 + i) for i in range(40)]
     client = bucket_client(s3, prefix)
-    _put_all_bodies(client, {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in fakes})
+    put_objects(client, {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in fakes})
     relay.plant_many([f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in fakes], when=NEWER)
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire

@@ -4,7 +4,6 @@ a bounded wait, never a spin, an abort or memory in proportion to what was plant
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -15,16 +14,14 @@ from typing import Any
 import obstore
 import pytest
 import redis
-from typer.testing import CliRunner
 from xla_pcache import Store, entry_name, open_store
 from xla_pcache._names import EntryName
 from xla_pcache.bucket import upkeep
-from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
-from tests.helpers import run_worker
+from tests.helpers import cli_here, run_worker
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import (
     S3_BUCKET,
@@ -32,6 +29,7 @@ from tests.tiers.servers import (
     S3Server,
     bucket_client,
     fresh_prefix,
+    put_objects,
 )
 
 
@@ -220,21 +218,6 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
 # names, objects shaped to cost memory, numbers out of range, markers by the thousand.
 
 
-def _plant(client: Any, items: dict[str, bytes]) -> None:
-    """Puts ``items`` (path -> body) straight into the bucket, many at a time."""
-
-    async def put_all() -> None:
-        gate = asyncio.Semaphore(32)
-
-        async def one(path: str, body: bytes) -> None:
-            async with gate:
-                await obstore.put_async(client, path, body)
-
-        await asyncio.gather(*(one(p, b) for p, b in items.items()))
-
-    asyncio.run(put_all())
-
-
 def _keys(server: S3Server, prefix: str) -> list[str]:
     return sorted(str(o["path"]) for o in obstore.list(bucket_client(server, prefix)).collect())
 
@@ -242,15 +225,6 @@ def _keys(server: S3Server, prefix: str) -> list[str]:
 def _gz(data: bytes) -> bytes:
     c = zlib.compressobj(9, zlib.DEFLATED, 31)
     return c.compress(data) + c.flush()
-
-
-def _cli(*args: str) -> Any:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        result.exception,
-        result.output,
-    )
-    return result
 
 
 def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
@@ -266,7 +240,7 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     names = sorted(entry_name(f"k{i}") for i in range(1100))
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 10 for n in names})
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 10 for n in names})
     bad = [
         f"{prefix}/{ENTRY_DIR}//first",  # before every entry
         f"{prefix}/{ENTRY_DIR}/{names[1050]}/../x",  # after a thousand: its page recovered
@@ -292,17 +266,17 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     assert b.torch_xla_entries() == []
     assert sorted(b.reader.unlistable) == sorted(bad)
     # Through the command: stats names each key and how to remove it; prune keeps the budget.
-    out = _cli("stats", "--path", url)
+    out = cli_here("stats", "--path", url)
     assert out.exit_code == 0, out.output
     assert f"aws s3api delete-object --bucket {S3_BUCKET} --key '{bad[1]}'" in out.output
     b.write_stored_budget(upkeep.BucketStoredBudget(max_size=5000))
-    out = _cli("prune", "--path", url, "--json")
+    out = cli_here("prune", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     report = json.loads(out.output[out.output.index("{") :])
     assert report["entries_before"] == 1100 and report["bytes"] <= 4500, report
     assert report["skipped"]["unlistable"] == 5 and len(report["unlistable"]) == 5, report
     # What the client cannot remove, --untrusted names (exit 1: they are still there).
-    out = _cli("prune", "--untrusted", "--path", url)
+    out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 1, out.output
     for key in bad:
         assert f"--key '{key}'" in out.output, out.output
@@ -325,7 +299,7 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     assert report.removed == 1 and report.entries == 2, report
     assert report.skipped == {"squat": 1}, report.skipped
     assert not [k for k in _keys(s3, prefix) if "prune.lease" in k]
-    out = _cli("prune", "--path", url, "--max-size", "1M")
+    out = cli_here("prune", "--path", url, "--max-size", "1M")
     assert out.exit_code == 0, out.output  # the lease is usable again
     # An entry's name squatted: its create is refused, a reader misses.
     name = entry_name("sq")
@@ -333,7 +307,7 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     assert writer.put("sq", b"v" * 100)
     writer.remote.flush()
     assert writer.stats()["remote_put_exists"] == 1
-    out = _cli("prune", "--untrusted", "--path", url)
+    out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 0, out.output
     assert f"removed {ENTRY_DIR}/{name}/x/y" in out.output, out.output
     assert not [k for k in _keys(s3, prefix) if name in k]
@@ -360,7 +334,7 @@ def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
-    _plant(client, {f"{ENTRY_DIR}/{entry_name(f'e{i}')}": b"x" * 1000 for i in range(3)})
+    put_objects(client, {f"{ENTRY_DIR}/{entry_name(f'e{i}')}": b"x" * 1000 for i in range(3)})
     obstore.put(client, f"{upkeep.LEASE}/a/b/c/d/e", b"squat")
     obstore.delete(client, f"{upkeep.LEASE}/a/b/c/d/e")
     report = upkeep.Bucket(url).prune(max_size=2500)
@@ -369,16 +343,16 @@ def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
     obstore.put(client, f"{upkeep.LEASE}/p/q/r/s/t", b"squat")
     report = upkeep.Bucket(url).prune(max_size=1500)
     assert report.removed == 1 and report.skipped == {"squat": 1}, report
-    out = _cli("prune", "--path", url, "--max-size", "1M")
+    out = cli_here("prune", "--path", url, "--max-size", "1M")
     assert out.exit_code == 0, out.output
     # Left empty below the budget's name: `prune --untrusted` clears it, and the budget is
     # written again.
     obstore.put(client, f"{upkeep.CONFIG}/a/b/c/d/e/f", b"squat")
     obstore.delete(client, f"{upkeep.CONFIG}/a/b/c/d/e/f")
-    out = _cli("prune", "--untrusted", "--path", url)
+    out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 0, out.output
     assert obstore.list_with_delimiter(client, upkeep.ROOT)["common_prefixes"] == [ENTRY_DIR]
-    out = _cli("config", "--path", url, "--max-size", "5K")
+    out = cli_here("config", "--path", url, "--max-size", "5K")
     assert out.exit_code == 0, out.output
     assert upkeep.Bucket(url).read_stored_budget().max_size == 5 << 10
 
@@ -403,7 +377,7 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
     counters = reader.remote.tiers[0].stats()
     assert counters.get("remote_rejected") == 1, counters
     assert not [k for k in counters if k.endswith("_errors")], counters
-    _plant(
+    put_objects(
         client,
         {
             upkeep.CONFIG: b"",
@@ -412,11 +386,11 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
             upkeep.new_use_record_name(1, 1): b"",
         },
     )
-    out = _cli("stats", "--path", url, "--json")
+    out = cli_here("stats", "--path", url, "--json")
     assert out.exit_code == 0, out.output
     skipped = json.loads(out.output)["skipped_by_kind"]
     assert skipped == {"config-malformed": 1, "state-malformed": 1}, skipped
-    out = _cli("prune", "--path", url, "--max-size", "1M", "--json")
+    out = cli_here("prune", "--path", url, "--max-size", "1M", "--json")
     assert out.exit_code == 0, out.output
     report = json.loads(out.output[out.output.index("{") :])
     assert report["records_folded"] == 1 and report["entries"] == 2, report
@@ -454,10 +428,10 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     names = [entry_name(f"e{i}") for i in range(20)]
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     planted = "".join(os.urandom(16).hex() + "\n" for _ in range(200_000))
     usage = _gz(b"ab\n" * ((64 << 20) // 3))
-    _plant(
+    put_objects(
         client,
         {
             upkeep.USAGE: usage,
@@ -491,7 +465,7 @@ def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -
     bomb = _gz((name + "\n").encode() * (1 << 20))
     path = upkeep.new_use_record_name(0, 0)
     usage = _gz(f"{name} 1 1\n".encode() * (1 << 20))
-    _plant(client, {path: bomb, upkeep.USAGE: usage, f"{ENTRY_DIR}/{name}": b"x"})
+    put_objects(client, {path: bomb, upkeep.USAGE: usage, f"{ENTRY_DIR}/{name}": b"x"})
     assert len(bomb) < 256 << 10 and len(usage) < 256 << 10
     b = upkeep.Bucket(url)
     got = sum(1 for _ in b.use_record_names(path))
@@ -512,8 +486,8 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     names = [entry_name(f"e{i}") for i in range(3)]
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
-    _plant(
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    put_objects(
         client, {upkeep.new_use_record_name(0, 0): upkeep.use_record_body(names) for _ in range(3)}
     )
     b = upkeep.Bucket(url)
@@ -528,7 +502,7 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     assert "stopped after 2 objects" in (report.cut_short or ""), report
     keys = _keys(s3, prefix)
     assert len([k for k in keys if k.startswith(ENTRY_DIR)]) == 2 and upkeep.LEASE not in keys
-    _plant(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
+    put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     report = b.prune(max_size=100, limits=upkeep.Limits(entries=2))
     assert (report.entries_before, report.reached, report.removed) == (3, 1, 2), report
     assert len([k for k in _keys(s3, prefix) if k.startswith(ENTRY_DIR)]) == 1
@@ -545,7 +519,7 @@ def test_planted_markers_cost_a_torch_xla_start_bounded_requests(
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
     graphs = [str(10**20 + i) for i in range(2000)]
-    _plant(
+    put_objects(
         client,
         {f"{upkeep.TORCH_XLA_DIR}/{entry_name(f'torch_xla/{g}')}-{g}": b"" for g in graphs},
     )
@@ -575,19 +549,19 @@ def test_numbers_out_of_range_in_the_bucket_are_ignored_not_raised(
     prefix = fresh_prefix()
     url = s3.url(prefix)
     client = bucket_client(s3, prefix)
-    _plant(client, {f"{ENTRY_DIR}/{entry_name('e')}": b"x" * 100})
+    put_objects(client, {f"{ENTRY_DIR}/{entry_name('e')}": b"x" * 100})
     huge = "9" * 400
     obstore.put(client, upkeep.CONFIG, f'{{"max_size": {huge}, "max_age_s": 1e400}}'.encode())
     obstore.put(client, upkeep.STATE, f'{{"time": 1, "entries": 1, "bytes": {huge}}}'.encode())
     obstore.put(client, upkeep.USAGE, _gz(f"{entry_name('e')} {huge} {huge}\n".encode()))
-    stats = json.loads(_cli("stats", "--path", url, "--json").output)
+    stats = json.loads(cli_here("stats", "--path", url, "--json").output)
     assert stats["max_size"] is None and stats["last_prune"] is None, stats
     assert stats["skipped_by_kind"] == {"config-malformed": 1, "state-malformed": 1}, stats
     for args in (("stats",), ("config", "--show"), ("prune", "--max-size", "1M")):
-        out = _cli(*args, "--path", url)
+        out = cli_here(*args, "--path", url)
         assert out.exit_code == 0, (args, out.output)
     report = upkeep.Bucket(url).prune(max_size=10**6)
     assert report.entries == 1 and report.skipped["usage-lines"] == 1, report
     obstore.put(client, upkeep.CONFIG, b'{"max_size": ' + b"[" * 2000 + b"]" * 2000 + b"}")
-    out = _cli("stats", "--path", url, "--json")
+    out = cli_here("stats", "--path", url, "--json")
     assert out.exit_code == 0 and json.loads(out.output)["max_size"] is None, out.output
