@@ -16,7 +16,7 @@ from xla_pcache.bucket.reader import MAX_USE_RECORD
 from xla_pcache.config import Settings
 
 from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client
+from tests.tiers.servers import S3Server, bucket_client, put_objects
 from tests.tiers.test_attacks_round6 import (
     ENTRIES,
     GRAPHS,
@@ -27,7 +27,6 @@ from tests.tiers.test_attacks_round6 import (
     _key,
     _markers,
     _prune_json,
-    _put_all,
     _torch_xla_bucket,
     _written_by_a_host,
 )
@@ -45,7 +44,7 @@ def test_a_flood_of_small_records_leaves_a_real_records_names_their_turns(
     attacker plants 2,000 more before the next)."""
     prefix, url, real = _written_by_a_host(s3, tmp_path)
     rng = random.Random(3)
-    _put_all(
+    put_objects(
         bucket_client(s3, prefix),
         {
             upkeep.new_use_record_name(0, 0): upkeep.use_record_body([_hex(rng)])

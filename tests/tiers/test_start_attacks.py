@@ -15,13 +15,12 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client
+from tests.tiers.servers import S3Server, bucket_client, put_objects
 from tests.tiers.test_attacks_round6 import (
     GRAPHS,
     NEWER,
     _key,
     _markers,
-    _put_all,
     _torch_xla_bucket,
 )
 
@@ -78,7 +77,7 @@ def test_entries_of_another_kind_asked_for_by_name_are_refused_and_counted(
             assert w.put(key, b"x" * 300)
     forged_elsewhere = f"{'0' * 31}1"
     forged_own = _key("77777")
-    _put_all(
+    put_objects(
         bucket_client(s3, prefix),
         {
             f"{ENTRY_DIR}/{forged_elsewhere}": _forged_header(_key("55555")),
