@@ -180,8 +180,10 @@ def prune_bound(c: Census, extra: int, limits: upkeep.Limits) -> Counter[str]:
       ``state`` written;
     - when its listing of ``entries/`` may be cut short (keys the client refuses there, or
       more than ``limits.entries``): a listing of ``torch_xla/`` for the names it gives, a
-      HEAD per name asked (at most ``limits.asks``), and a second GET of each record and of
-      ``usage`` (``prune_reach.py``);
+      HEAD per name asked (at most ``limits.asks``), a second GET of each record and of
+      ``usage``, and a GET of a record read again for the names its found ones earned it
+      (each such read yields a name asked, or ends that record: at most one per name asked
+      and one per record; ``prune_reach._Turns``);
     - deletes in batches of ``upkeep.DELETE_BATCH`` per kind removed (entries, junk, folded
       records, stale claims, orphan markers), and per object below one of our names a
       HEAD and a DELETE for each directory it made (at most ``upkeep.SQUAT_DEPTH``).
@@ -210,7 +212,7 @@ def prune_bound(c: Census, extra: int, limits: upkeep.Limits) -> Counter[str]:
     if c.refused["entries"] or capped:
         out["list"] += c.lists("torch_xla", extra, limit=prune_reach.MARKERS_LISTED)
         out["head"] += limits.asks
-        out["get"] += folded + 1
+        out["get"] += folded + 1 + limits.asks + folded
     out["put"] = 2 + 1 + 2
     batches = sum(
         2 + 2 * math.ceil((c.listed[d] + extra) / upkeep.DELETE_BATCH)

@@ -171,7 +171,9 @@ def test_a_writers_prune_past_its_entry_cap_prunes_what_it_saw_once_an_interval(
 
 # ------------------------------------------------------------------- torch_xla host starts
 GRAPHS = 20
-NEWER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2)
+# Newer than anything a test writes in this session, however long it runs (a date a few
+# minutes ahead was older than the entries of tests run later in a long session).
+NEWER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)
 OLDER = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
 
 
