@@ -27,6 +27,15 @@ from xla_pcache.tiers.objstore import ENTRY_DIR
 from tests.helpers import cli_here
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
+from tests.tiers.test_bucket_floods import (
+    GRAPHS,
+    NEWER,
+    OLDER,
+    _key,
+    _markers,
+    _start,
+    _torch_xla_bucket,
+)
 
 ENTRIES = 12
 ENTRY_BYTES = 1000
@@ -170,42 +179,6 @@ def test_a_writers_prune_past_its_entry_cap_prunes_what_it_saw_once_an_interval(
 
 
 # ------------------------------------------------------------------- torch_xla host starts
-GRAPHS = 20
-# Newer than anything a test writes in this session, however long it runs (a date a few
-# minutes ahead was older than the entries of tests run later in a long session).
-NEWER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)
-OLDER = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
-
-
-def _key(graph: str) -> str:
-    return f"torch_xla/{graph}"
-
-
-def _torch_xla_bucket(s3: S3Server, home: Path) -> tuple[str, str, list[str]]:
-    """A fresh prefix where a writer put ``GRAPHS`` torch_xla entries with their markers."""
-    prefix = fresh_prefix()
-    url = s3.url(prefix)
-    settings = Settings.from_env().replace(xdg_cache_home=str(home / "writer"))
-    graphs = [str(10**30 + 7919 * i) for i in range(GRAPHS)]
-    with open_store(url, settings=settings) as w:
-        assert isinstance(w, bucket.BucketStore)
-        for g in graphs:
-            assert w.put(_key(g), b"graph" * 100)
-            w.mark_torch_xla(_key(g), g)
-    return prefix, url, graphs
-
-
-def _start(url: str, home: Path, relay: S3Relay) -> tuple[int, dict[str, int]]:
-    """A new torch_xla host's start: how many entries it fetched, and its requests."""
-    relay.take()
-    with open_store(url, settings=Settings.from_env().replace(xdg_cache_home=str(home))) as s:
-        assert isinstance(s, bucket.BucketStore)
-        n = s.pull_torch_xla(_key)
-    return n, relay.take()
-
-
-def _markers(prefix: str) -> str:
-    return f"{prefix}/{upkeep.TORCH_XLA_DIR}"
 
 
 def _garbage_with_markers(

@@ -170,6 +170,7 @@ def _torch_xla_bucket(s3: S3Server, tmp_path: Path) -> tuple[str, str, list[str]
     settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / "writer"))
     graphs = [str(10**30 + 7919 * i) for i in range(GRAPHS)]
     with open_store(url, settings=settings) as w:
+        assert isinstance(w, bucket.BucketStore)
         for g in graphs:
             assert w.put(_key(g), b"graph" * 100)
             w.mark_torch_xla(_key(g), g)
@@ -180,6 +181,7 @@ def _start(url: str, home: Path, relay: S3Relay) -> tuple[int, dict[str, int]]:
     """A new torch_xla host's start: how many entries it fetched, and its requests."""
     relay.take()
     with open_store(url, settings=Settings.from_env().replace(xdg_cache_home=str(home))) as s:
+        assert isinstance(s, bucket.BucketStore)
         n = s.pull_torch_xla(_key)
     return n, relay.take()
 
@@ -188,7 +190,10 @@ def _markers(prefix: str) -> str:
     return f"{prefix}/{upkeep.TORCH_XLA_DIR}"
 
 
-NEWER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2)
+# Newer than anything a test writes in this session, however long it runs (a date a few
+# minutes ahead was older than the entries of tests run later in a long session).
+NEWER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)
+OLDER = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
 
 
 @pytest.mark.parametrize("planted", [32, 1000])
