@@ -236,17 +236,22 @@ class BucketStore(Store):
     # ---------------------------------------------------------------- torch_xla
     def mark_torch_xla(self, key: str, graph: str) -> None:
         """After the entry of torch_xla's file ``graph`` was queued for the bucket: a marker
-        that lets torch_xla hosts find it (written after the entry, on the tier's thread)."""
+        of each name it was put under (the plain one, and a signer's own) that lets torch_xla
+        hosts find it (written after the entry, on the tier's thread). A signer's own marker
+        is what its hosts follow when the plain name holds something else (garbage planted
+        there first, then removed by a host's start with its marker: the signer's copy and
+        its marker stay)."""
         if self.read_only or self.bucket_ro:
             return
         tier = self._bucket_tier()
         if tier is None:
             return
-        name = EntryName(_core.entry_name(key))
+        names = [EntryName(n) for n in _names(key, self.signing_key_name)]
 
         def mark() -> None:
             try:
-                self.bucket().mark_torch_xla(name, graph)
+                for name in names:
+                    self.bucket().mark_torch_xla(name, graph)
             except Exception as e:
                 # Not the tier's failure (its entry went out before): a service with
                 # directories refuses a marker someone planted an object below. One

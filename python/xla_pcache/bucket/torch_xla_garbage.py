@@ -16,8 +16,10 @@ start fetched for a key and that no reader would serve, whatever keys it trusts:
   (unsigned, or signed by a key this host does not trust) is another host's to serve, and
   is left; so is a value over a size limit, and a read that failed, which prove nothing.
 
-With it goes the marker the start followed to it (the entry's name and the graph), unless
-the start fetched the key from another of its names (a trusted signer's own). One start
+With it goes that name's marker (the name and the graph), unless the start fetched the key
+from another of its names (a trusted signer's own): never another name's marker, so a
+signer's own marker stays whatever its hosts' plain name held, and a host that does not
+trust that signer (it never reads the signer's name) cannot remove it. One start
 removes at most ``PULL_REMOVALS`` entries (a request each: the entry and its marker in one
 batch), counted in its reads' ``skipped`` (``torch_xla-garbage``, one warning a start), and
 stops at the first removal that fails (a bucket that refuses deletes to this host, a
@@ -38,7 +40,6 @@ import mmap
 from collections.abc import Iterator
 from typing import Any
 
-from xla_pcache import _core
 from xla_pcache.bucket.layout import TORCH_XLA_DIR
 from xla_pcache.tiers import Spooled, refused
 from xla_pcache.tiers.objstore import ENTRY_DIR, scrub
@@ -90,14 +91,13 @@ class Garbage:
 
     def remove(self, key: str, proved: list[str], *, graph: str | None, fetched: bool) -> None:
         """Removes the objects ``proved`` garbage for ``key``, within the start's bound,
-        with the marker of ``graph`` it was found by (None: found by name) when the plain
-        name was garbage and nothing was fetched for the key."""
-        plain = _core.entry_name(key)
+        each with its own marker of ``graph`` (None: found by name) when nothing was fetched
+        for the key."""
         for name in dict.fromkeys(proved):
             if self.failed or self.removed >= PULL_REMOVALS:
                 return
             paths = [f"{ENTRY_DIR}/{name}"]
-            if name == plain and graph is not None and not fetched:
+            if graph is not None and not fetched:
                 paths.append(f"{TORCH_XLA_DIR}/{name}-{graph}")
             try:
                 self.bucket.delete(paths)

@@ -3,9 +3,12 @@
 from the real entries, at a cost bounded whatever they planted.
 
 Markers are untrusted: anyone who can write the bucket plants one, empty, under any name,
-and garbage at a made-up graph's entry name beside it. A start lists at most
-``PULL_MARKERS`` objects under ``torch_xla/``; a marker whose name is not its graph's entry
-name under this build costs nothing more. When that listing was cut short or names more
+and garbage at a made-up graph's entry name beside it. A writer marks each name it put an
+entry under: the plain one and, when it signs, its signer's own (so that hosts trusting
+that signer still find the entry when the plain name holds something else). A start lists
+at most ``PULL_MARKERS`` objects under ``torch_xla/``; a marker whose name is none of its
+graph's entry names under this build for this host (the plain one, a trusted signer's own)
+costs nothing more. When that listing was cut short or names more
 than ``PULL_MISSES`` entries to fetch, it follows only markers of entries that exist (the
 entries listed, then their markers: ``marker_listing.markers_of``), and an entry whose
 markers that listing could not finish (planted by the thousand under its name) is asked for
@@ -97,14 +100,22 @@ def pull(store: Any, key_of: Callable[[str], str]) -> int:
 
 
 def _wanted(store: Any, marked: Marked, key_of: Callable[[str], str]) -> list[str]:
-    """The keys of the markers ``marked`` (newest first) that name their graph's entry
-    under this build and that ``store`` lacks, each once."""
-    out: dict[str, str] = {}
+    """The keys of the markers ``marked`` (newest first) that name one of their graph's
+    entry names under this build (the plain one, a trusted signer's own) and that
+    ``store`` lacks, each once."""
+    out: dict[str, None] = {}
     for name, graph, _when in marked:
         key = key_of(graph)
-        if name not in out and _core.entry_name(key) == name and key not in store:
-            out[name] = key
-    return list(out.values())
+        if key not in out and _vouches(store, name, key) and key not in store:
+            out[key] = None
+    return list(out)
+
+
+def _vouches(store: Any, name: str, key: str) -> bool:
+    """Whether a marker of entry ``name`` leads ``store`` to ``key``: ``name`` is one the
+    store reads an entry of ``key`` under (a signer's own only when it trusts that signer:
+    a host that trusts none follows the plain names only, at no cost for the others)."""
+    return name == _core.entry_name(key) or name in store.entry_names(key)
 
 
 def _wanted_existing(
@@ -124,7 +135,7 @@ def _wanted_existing(
         if listing.complete
         else _wanted(store, [t for t in marked if t[0] not in entries], key_of)
     )
-    vouched = {name for name, graph, _ in every if _core.entry_name(key_of(graph)) == name}
+    vouched = {name for name, graph, _ in every if _vouches(store, name, key_of(graph))}
     by_name = [n for n in found.crowded if n not in vouched]
     if not (listing.complete and found.complete):
         crowded = f", {len(by_name)} entries asked for by name" if by_name else ""
