@@ -332,6 +332,8 @@ jax.monitoring.register_event_duration_secs_listener(_duration)
 
 def pytest_sessionfinish(session, exitstatus):
     out = dict(EVENTS, run_s=time.perf_counter() - START, failed=session.testsfailed)
+    # The table names the platform the suite ran on, as the LM's rows do.
+    out.update(backend=jax.default_backend(), devices=len(jax.devices()))
     out["results"] = RESULTS
     if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
         import xla_pcache.jax as xj
