@@ -99,6 +99,23 @@ def test_a_read_only_store_takes_a_value_and_names_nothing_to_backfill(tmp_path:
     store.close()
 
 
+def test_replace_tells_the_tiers_to_overwrite_and_the_next_put_does_not(tmp_path: Path) -> None:
+    """``Store.replace`` hands its copy to the tiers with ``replace`` set (the plain name's
+    object is overwritten), a put before or after it without (only created there)."""
+    private = _core.generate_signing_key()
+    store = Store(tmp_path / "c", remote="redis://unused:1/0", signing_key=("ci-1", private))
+    tier = _Recording()
+    _with_tiers(store, tier)
+    plain = _core.entry_name("k")
+    assert store.put("k", b"one")
+    assert store.replace("k", b"two")
+    assert store.put("j", b"three")
+    assert [(n, r) for n, _, r in tier.puts if n == plain] == [(plain, False), (plain, True)]
+    assert [r for n, _, r in tier.puts if n == _core.entry_name("j")] == [False]
+    assert bytes(store.get("k") or b"") == b"two"
+    store.close()
+
+
 def test_a_tier_marked_read_only_is_opened_as_one_that_cannot_write() -> None:
     """``?ro=1`` is read once, where the chain opens its tiers: that tier is a
     ``ReadOnlyTier``, with no write to call, and the chain still reports it read-only."""

@@ -170,8 +170,8 @@ class BucketStore(Store):
             key, signer = blob.key, blob.signer
             recorder.note(key, lambda: _names(key, signer))
 
-    def _chain_put(self, names: list[str], data: bytes) -> None:
-        super()._chain_put(names, data)
+    def _chain_put(self, names: list[str], data: bytes, replace: bool) -> None:
+        super()._chain_put(names, data, replace)
         if self._recorder is not None:
             self._bucket_tier()  # found now, while the chain is open, for the record's counts
             self._recorder.wrote(names)
