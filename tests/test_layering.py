@@ -54,6 +54,7 @@ LEVELS = {
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
     "tiers.refused": 1,
+    "tiers.read_only": 1,
     # A file: URL as a cache path: the directory it names (its options parsed as a tier's).
     "_file_url": 1,
     "tiers.redis": 1,

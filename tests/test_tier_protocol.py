@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from xla_pcache import Store, _core
-from xla_pcache.tiers.chain import Chain, _Slot
+from xla_pcache.tiers.chain import Chain, _Slot, open_chain
+from xla_pcache.tiers.read_only import ReadOnlyTier
 
 
 class _Recording:
@@ -37,8 +38,8 @@ class _Recording:
         pass
 
 
-def _with_tiers(store: Store, *tiers: _Recording, read_only: bool = False) -> Chain:
-    chain = Chain([_Slot(t, read_only) for t in tiers])  # type: ignore[arg-type]
+def _with_tiers(store: Store, *tiers: _Recording | ReadOnlyTier) -> Chain:
+    chain = Chain([_Slot(t) for t in tiers])  # type: ignore[arg-type]
     chain.persist_counters(store)
     store._chain = chain
     return chain
@@ -71,8 +72,7 @@ def test_a_fetch_takes_the_first_whole_entry_and_backfills_the_tiers_before(
     ro = _Recording()
     back = _Recording({name: good})
     store = Store(tmp_path / "r", remote="redis://unused:1/0")
-    _with_tiers(store, front, ro, back)
-    store._chain._slots[1].read_only = True  # type: ignore[union-attr]
+    _with_tiers(store, front, ReadOnlyTier(ro), back)  # type: ignore[arg-type]
     blob = store.get("k")
     assert blob is not None and bytes(blob) == b"payload"
     assert "k" in store  # published locally
@@ -96,4 +96,48 @@ def test_a_read_only_store_takes_a_value_and_names_nothing_to_backfill(tmp_path:
     blob = store.get("k")
     assert blob is not None and bytes(blob) == b"payload"
     assert front.puts == [] and "k" not in store
+    store.close()
+
+
+def test_replace_tells_the_tiers_to_overwrite_and_the_next_put_does_not(tmp_path: Path) -> None:
+    """``Store.replace`` hands its copy to the tiers with ``replace`` set (the plain name's
+    object is overwritten), a put before or after it without (only created there)."""
+    private = _core.generate_signing_key()
+    store = Store(tmp_path / "c", remote="redis://unused:1/0", signing_key=("ci-1", private))
+    tier = _Recording()
+    _with_tiers(store, tier)
+    plain = _core.entry_name("k")
+    assert store.put("k", b"one")
+    assert store.replace("k", b"two")
+    assert store.put("j", b"three")
+    assert [(n, r) for n, _, r in tier.puts if n == plain] == [(plain, False), (plain, True)]
+    assert [r for n, _, r in tier.puts if n == _core.entry_name("j")] == [False]
+    assert bytes(store.get("k") or b"") == b"two"
+    store.close()
+
+
+def test_a_tier_marked_read_only_is_opened_as_one_that_cannot_write() -> None:
+    """``?ro=1`` is read once, where the chain opens its tiers: that tier is a
+    ``ReadOnlyTier``, with no write to call, and the chain still reports it read-only."""
+    chain = open_chain("redis://127.0.0.1:1/0?ro=1,redis://127.0.0.1:1/1")
+    ro, rw = chain.tiers
+    assert isinstance(ro, ReadOnlyTier) and not isinstance(rw, ReadOnlyTier)
+    for write in ("put_async", "submit", "claims"):
+        assert not hasattr(ro, write), write
+    assert [t["read_only"] for t in chain.describe()] == [True, False]
+    assert chain.url.split(",")[0].endswith("?ro=1")
+    chain.close()
+
+
+def test_a_read_only_tier_written_nothing_by_a_put_or_a_backfill(tmp_path: Path) -> None:
+    """A put writes through to the tiers that can be written; a ``ReadOnlyTier`` gets
+    nothing, and nothing is counted for it."""
+    inner = _Recording()
+    store = Store(tmp_path / "c", remote="redis://unused:1/0")
+    rw = _Recording()
+    _with_tiers(store, ReadOnlyTier(inner), rw)  # type: ignore[arg-type]
+    assert store.put("k", b"payload")
+    assert inner.puts == [] and [n for n, _, _ in rw.puts] == [_core.entry_name("k")]
+    st = store.stats()
+    assert st.get("tier1_backfills") == 0 and st.get("tier1_puts") == 0, st
     store.close()

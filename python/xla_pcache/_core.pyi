@@ -330,13 +330,14 @@ class Store:
     def _set_chain(
         self,
         fetch: Callable[[list[str], int | None, Accept], object],
-        on_publish: Callable[[list[str], bytes], object],
+        on_publish: Callable[[list[str], bytes, bool], object],
     ) -> None:
         """Put a chain of tiers behind the directory (once): after a local miss ``get`` calls
         ``fetch(names, max_bytes, accept)`` (the names to ask the tiers for, in the core's
         order; the budget; an ``Accept``) and returns the value ``accept`` took; after a put
-        published, ``put`` calls ``on_publish(names, data)`` (the names a tier keeps the
-        entry under; the entry file as written). Exceptions they raise are logged, never the
+        published, ``put`` calls ``on_publish(names, data, replace)`` (the names a tier keeps
+        the entry under; the entry file as written; whether the tiers' plain object is
+        overwritten: ``_put_replacing``). Exceptions they raise are logged, never the
         caller's."""
     def _fetch(self, key: Key) -> Blob | None:
         """Ask the tiers for ``key`` as a local miss does, without looking in the directory
@@ -350,6 +351,11 @@ class Store:
         (failures are logged and counted, never raised). The store's signing key, if any,
         signs it; ``sign=False`` for bytes this process did not produce (a file adopted from
         another program's cache): written unsigned, whatever key the store holds."""
+    def _put_replacing(
+        self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None
+    ) -> bool:
+        """``put`` (signed), whose copy to the tiers overwrites the object at the entry's
+        plain name rather than only creating it (``xla_pcache.store.Store.replace``)."""
     def get(self, key: Key, *, count: bool = True) -> Blob | None:
         """The verified entry, or None (a miss; corrupt entries are counted and removed).
         With ``count=False`` the lookup counts nothing (no hit, miss, bytes read, compile

@@ -150,10 +150,6 @@ def settle(settings: Settings | None, **given: Unpack[StoreArgs]) -> StoreOption
     )
 
 
-# Set while ``Store.replace`` puts on this thread.
-_replacing = threading.local()
-
-
 class Store(_core.Store):
     """A persistent key -> blob store rooted at the directory ``path`` (see
     ``xla_pcache._core.Store``); ``xla_pcache.open_store`` opens one for any cache path, a
@@ -314,13 +310,14 @@ class Store(_core.Store):
 
         return Spooled(self._spool_fd())
 
-    def _chain_put(self, names: list[str], data: bytes) -> None:
+    def _chain_put(self, names: list[str], data: bytes, replace: bool) -> None:
         """After a put this process published: the entry file it wrote, to the tiers under
         ``names`` (a signed entry's signer's own name after the plain one: no squatting,
-        docs/remote.md)."""
+        docs/remote.md); ``replace``: it overwrites the plain name's object there
+        (``replace``), else it is only created."""
         chain = self._open_chain()
         if chain is not None:
-            chain.put_async(names, data, replace=getattr(_replacing, "active", False))
+            chain.put_async(names, data, replace=replace)
 
     def replace(self, key: _core.Key, value: Buffer, *, meta: dict[str, str] | None = None) -> bool:
         """Put ``value`` under ``key`` in place of the entry there: for a small record that
@@ -333,13 +330,8 @@ class Store(_core.Store):
         if self.read_only:
             return False
         self.delete(key)
-        # The put's copy to the tiers (``_chain_put``, called from within it on this thread)
-        # overwrites.
-        _replacing.active = True
-        try:
-            return self.put(key, value, meta=meta)
-        finally:
-            _replacing.active = False
+        # A put whose copy to the tiers (``_chain_put``) overwrites.
+        return self._put_replacing(key, value, meta=meta)
 
     def stats(self) -> Stats:
         """As ``_core.Store.stats``; with a chain, also ``remote`` (its URL, password
@@ -464,10 +456,10 @@ def _chain_hooks(store: Store) -> tuple[Any, Any]:
         if s is not None:
             s._chain_fetch(names, max_bytes, accept)
 
-    def on_publish(names: list[str], data: bytes) -> None:
+    def on_publish(names: list[str], data: bytes, replace: bool) -> None:
         s = ref()
         if s is not None:
-            s._chain_put(names, data)
+            s._chain_put(names, data, replace)
 
     return fetch_from_chain, on_publish
 

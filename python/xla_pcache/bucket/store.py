@@ -170,8 +170,8 @@ class BucketStore(Store):
             key, signer = blob.key, blob.signer
             recorder.note(key, lambda: _names(key, signer))
 
-    def _chain_put(self, names: list[str], data: bytes) -> None:
-        super()._chain_put(names, data)
+    def _chain_put(self, names: list[str], data: bytes, replace: bool) -> None:
+        super()._chain_put(names, data, replace)
         if self._recorder is not None:
             self._bucket_tier()  # found now, while the chain is open, for the record's counts
             self._recorder.wrote(names)
@@ -211,19 +211,27 @@ class BucketStore(Store):
             return made
 
     def _bucket_tier(self, *, open_it: bool = True) -> Any:
-        """The bucket's tier in the chain (opened now unless ``open_it`` is False), kept
-        once found: its counters outlive the chain's close."""
+        """The bucket's tier as the chain holds it (opened now unless ``open_it`` is False):
+        an ``ObjectTier``, or a ``ReadOnlyTier`` reading one when nothing is written to the
+        bucket; kept once found: its counters outlive the chain's close."""
         found = getattr(self, "_object_tier", None)
         if found is not None or not open_it:
             return found
-        from xla_pcache.tiers.objstore import ObjectTier
-
         chain = self.remote
         for tier in chain.tiers if chain is not None else ():
-            if isinstance(tier, ObjectTier) and tier.url == self.bucket_location:
+            # The chain holds no other tier of the bucket's location (``chain_for``).
+            if tier.url == self.bucket_location:
                 self._object_tier = tier
                 return tier
         return None
+
+    def _bucket_writer(self) -> Any:
+        """The bucket's tier when this store writes the bucket, else None: a read-only
+        bucket's tier (``bucket_ro``) is a ``ReadOnlyTier``, which has no write."""
+        from xla_pcache.tiers.objstore import ObjectTier
+
+        tier = self._bucket_tier()
+        return tier if isinstance(tier, ObjectTier) else None
 
     def _written(self) -> tuple[int, int]:
         """This process's entries and bytes written to the bucket (successful creates)."""
@@ -241,9 +249,7 @@ class BucketStore(Store):
         is what its hosts follow when the plain name holds something else (garbage planted
         there first, then removed by a host's start with its marker: the signer's copy and
         its marker stay)."""
-        if self.read_only or self.bucket_ro:
-            return
-        tier = self._bucket_tier()
+        tier = self._bucket_writer()
         if tier is None:
             return
         names = [EntryName(n) for n in _names(key, self.signing_key_name)]

@@ -57,8 +57,8 @@ class Garbage:
 
     def __init__(self, store: Any, bucket: Any) -> None:
         self.store, self.bucket = store, bucket
-        self.writes = not (store.read_only or store.bucket_ro or bucket.read_only)
-        self.tier = store._bucket_tier() if self.writes else None
+        # None for a bucket read-only by the process or its URL: nothing is removed.
+        self.tier = store._bucket_writer()
         self.removed = 0
         self.failed = False
 

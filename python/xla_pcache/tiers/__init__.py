@@ -5,8 +5,10 @@
   failure, the background writer);
 - one module per kind: ``redis`` (a Redis server), ``objstore`` (S3, GCS, Azure through
   obstore, with compile claims on the bucket);
-- ``chain``: the tiers in order (``fetch(names, accept)`` with backfill, write-through, the
-  one rule of which tier is written: ``?ro=1``), and the counters kept per tier name;
+- ``read_only``: what a tier marked ``?ro=1`` is once opened (``ReadOnlyTier``: its reads,
+  no write);
+- ``chain``: the tiers in order (``fetch(names, accept)`` with backfill, write-through to
+  the tiers that can be written), and the counters kept per tier name;
 - ``refused``: the values a fetch refused, told to whoever watches this thread's fetches
   (a torch_xla host start, which removes what it proved to be garbage).
 

@@ -8,7 +8,8 @@ tier is left alone for ``retry_after`` seconds, so a dead server costs at most o
 per interval), the checks every read makes before it asks the server, and the background
 writer thread every write goes through. A kind of tier (``redis.py``, ``objstore.py``) adds
 how it reads (``get``) and how it writes one entry (``_write``); the chain (``chain.py``) puts
-them in order, and is the one place that decides which tier is written (``?ro=1``).
+them in order. A tier marked ``?ro=1`` is opened as a ``ReadOnlyTier`` (``read_only.py``),
+which has no write.
 """
 
 from __future__ import annotations

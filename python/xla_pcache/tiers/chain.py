@@ -22,9 +22,10 @@ to it.
   and, for a signed entry, to its signer's own object too, which only that signer writes (an
   object squatting the plain name, or planted after the trusted writer's, hides nothing from
   a trusting reader).
-- **Read-only**: a tier marked ``?ro=1`` is never written (``_Slot.read_only``, the chain's
-  one rule); a read-only store writes no tier because it publishes nothing and its
-  ``accept`` names nothing to backfill.
+- **Read-only**: a tier marked ``?ro=1`` is opened as a ``ReadOnlyTier`` (``read_only.py``),
+  which has no write; the chain lists the tiers it writes once, when it is made, and never
+  asks a tier's mode on a write. A read-only store writes no tier because it publishes
+  nothing and its ``accept`` names nothing to backfill.
 - A URL that cannot be used (unknown scheme, missing client package, bad option) drops that
   tier with one warning; the others and the local directory go on.
 
@@ -64,6 +65,7 @@ from xla_pcache.tiers.base import (
     split_chain,
 )
 from xla_pcache.tiers.base import redact as redact
+from xla_pcache.tiers.read_only import ReadOnlyTier
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -134,11 +136,11 @@ def check_chain(raw: object, name: str) -> tuple[TierURL, ...]:
 class _Slot:
     """One tier of the chain and the counters the chain keeps for it."""
 
-    def __init__(self, tier: Tier, read_only: bool, trust_required: bool = False) -> None:
+    def __init__(self, tier: Tier | ReadOnlyTier, trust_required: bool = False) -> None:
         self.tier = tier
-        # Marked ``?ro=1``: read, never written nor backfilled. The one place the chain
-        # decides what it writes (``_takes``).
-        self.read_only = read_only
+        # Opened read-only (``?ro=1``): for what reports the chain; what is written is
+        # decided by the tier's type (``Chain._writers``).
+        self.read_only = isinstance(tier, ReadOnlyTier)
         # Serves and takes only signed entries (what it serves, the store verifies under its
         # trusted keys: a chain holds such a tier only for a store that has some).
         self.trust_required = trust_required
@@ -161,19 +163,33 @@ def _mode(slot: _Slot) -> str:
     return "?" + urllib.parse.urlencode(opts) if opts else ""
 
 
-def _takes(slot: _Slot, names: Sequence[str]) -> bool:
-    """Whether ``slot`` is written an entry filed under ``names``: not marked read-only, and
-    signed (a signer's own name after the plain one) if it requires trust."""
-    return not slot.read_only and (len(names) > 1 or not slot.trust_required)
+class _Writer:
+    """A tier the chain writes (one that is not read-only), with its place in the chain."""
+
+    def __init__(self, place: int, slot: _Slot, tier: Tier) -> None:
+        self.place, self.slot, self.tier = place, slot, tier
+
+    def takes(self, names: Sequence[str]) -> bool:
+        """Whether it is written an entry filed under ``names``: signed (a signer's own name
+        after the plain one) if it requires trust."""
+        return len(names) > 1 or not self.slot.trust_required
+
+    def write(self, names: Sequence[str], data: Buffer, replace: bool = False) -> None:
+        plain, *own = names
+        self.tier.put_async(plain, data, replace=replace)
+        for name in own:
+            # The signer's own object: what a trusting reader finds there even when the
+            # plain one holds an entry it would not trust (planted before or after this one).
+            self.tier.put_async(name, data, replace=True)
 
 
-def _write(slot: _Slot, names: Sequence[str], data: Buffer, replace: bool = False) -> None:
-    plain, *own = names
-    slot.tier.put_async(plain, data, replace=replace)
-    for name in own:
-        # The signer's own object: what a trusting reader finds there even when the plain
-        # one holds an entry it would not trust (planted before or after this one).
-        slot.tier.put_async(name, data, replace=True)
+def _writers(slots: list[_Slot]) -> list[_Writer]:
+    """The tiers of ``slots`` that can be written, in order: all but the read-only ones."""
+    return [
+        _Writer(i, slot, slot.tier)
+        for i, slot in enumerate(slots)
+        if not isinstance(slot.tier, ReadOnlyTier)
+    ]
 
 
 class Chain:
@@ -182,6 +198,8 @@ class Chain:
 
     def __init__(self, slots: list[_Slot], *, dropped: list[str] | None = None) -> None:
         self._slots = slots
+        # The tiers written (puts, backfills): decided here, once, by each tier's type.
+        self._writers = _writers(slots)
         self.dropped = dropped or []
         self.url = ",".join(s.tier.url + _mode(s) for s in slots)
         self._sink: Callable[[], Any] | None = None
@@ -246,7 +264,8 @@ class Chain:
         return True
 
     @property
-    def tiers(self) -> list[Tier]:
+    def tiers(self) -> list[Tier | ReadOnlyTier]:
+        """Each tier as the chain holds it (a read-only one as a ``ReadOnlyTier``)."""
         return [s.tier for s in self._slots]
 
     def describe(self) -> list[dict[str, Any]]:
@@ -317,17 +336,17 @@ class Chain:
     ) -> None:
         # The faster tiers before the one that answered get the verified entry, with its
         # signature (the bytes are the entry file, as verified).
-        targets = [slot for slot in self._slots[:k] if _takes(slot, names)]
+        targets = [w for w in self._writers if w.place < k and w.takes(names)]
         if not targets or isinstance(data, Spooled):
             # A spooled value is over SPOOL_BYTES: not read into memory again to be copied
             # to the faster tiers (they get it from the next put of this entry).
             return
         whole = b"".join(data) if isinstance(data, list) else data  # tiers write one buffer
-        for slot in targets:
-            _write(slot, names, whole)
-            with slot.lock:
-                slot.backfills += 1
-            self._persist("remote_backfills", 1, slot)
+        for w in targets:
+            w.write(names, whole)
+            with w.slot.lock:
+                w.slot.backfills += 1
+            self._persist("remote_backfills", 1, w.slot)
 
     def put_async(self, names: Sequence[str], data: Buffer, *, replace: bool = False) -> None:
         """Writes the entry file ``data`` (as a put just wrote it) to every writable tier
@@ -335,9 +354,9 @@ class Chain:
         for the key. A tier with ``?trust=required`` takes only a signed entry. With
         ``replace`` the plain name's object is overwritten too (``Store.replace``: a record
         that changes); otherwise the first writer wins there."""
-        for slot in self._slots:
-            if _takes(slot, names):
-                _write(slot, names, data, replace)
+        for w in self._writers:
+            if w.takes(names):
+                w.write(names, data, replace)
 
     def flush(self) -> None:
         for slot in self._slots:
@@ -353,11 +372,11 @@ class Chain:
         self.sync_counters()
 
     def claims(self) -> objstore.ObjectClaims | None:
-        """The compile claims of the first writable object-store tier, if any."""
-        for slot in self._slots:
-            tier = slot.tier
-            if isinstance(tier, objstore.ObjectTier) and not slot.read_only:
-                return tier.claims
+        """The compile claims of the first writable object-store tier, if any (a read-only
+        one, a ``ReadOnlyTier``, has none)."""
+        for w in self._writers:
+            if isinstance(w.tier, objstore.ObjectTier):
+                return w.tier.claims
         return None
 
     def tier_stats(self) -> list[dict[str, int | float | str]]:
@@ -452,7 +471,9 @@ def open_chain(
                 )
                 continue
             tier = _open_one(spec, shown, cfg, environ)
-            slots.append(_Slot(tier, spec.read_only, spec.trust_required))
+            # The one place a tier's mode is read: a read-only tier is one from here on.
+            held = ReadOnlyTier(tier) if spec.read_only else tier
+            slots.append(_Slot(held, spec.trust_required))
         except Exception as e:
             dropped.append(shown)
             log.warning(

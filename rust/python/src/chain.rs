@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use xla_pcache_core::{name_hex, tier_names, Blob, Published, Store};
 
 /// What the chain behind the directory (set by `xla_pcache.store.Store`) is asked, from Python:
-/// `fetch(names, max_bytes, accept)` after a local miss, `on_publish(names, data)` after a
-/// put this process published. A store without a chain has none, so its hits and misses run
-/// no Python code.
+/// `fetch(names, max_bytes, accept)` after a local miss, `on_publish(names, data, replace)`
+/// after a put this process published. A store without a chain has none, so its hits and
+/// misses run no Python code.
 pub struct ChainHooks {
     pub fetch: Py<PyAny>,
     pub on_publish: Py<PyAny>,
@@ -68,8 +68,10 @@ impl ChainHooks {
 
     /// After a put published `published` with the payload `payload`: the whole entry file
     /// (its head as written, then the payload, in one buffer the tiers may keep) goes to the
-    /// tiers under its names. A failure of the hook is logged: the put succeeded.
-    pub fn published(&self, py: Python<'_>, published: Published, payload: &[u8]) {
+    /// tiers under its names, replacing what their plain name holds with `replace`
+    /// (`Store.replace`), else only created there. A failure of the hook is logged: the put
+    /// succeeded.
+    pub fn published(&self, py: Python<'_>, published: Published, payload: &[u8], replace: bool) {
         let head = &published.head;
         let data = PyBytes::new_with(py, head.len() + payload.len(), |buf| {
             buf[..head.len()].copy_from_slice(head);
@@ -78,7 +80,7 @@ impl ChainHooks {
         });
         let res = data.and_then(|data| {
             self.on_publish
-                .call1(py, (hex(published.names), data))
+                .call1(py, (hex(published.names), data, replace))
                 .map(drop)
         });
         if let Err(e) = res {

@@ -108,6 +108,48 @@ impl PyStore {
         drop(buf);
         res
     }
+
+    /// Puts `value` under `key`; what it published goes to the chain's tiers, told whether it
+    /// replaces what their plain name holds (`replace`: `Store.replace`) or only creates it.
+    fn put_then_copy(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        meta: Option<&Bound<'_, PyAny>>,
+        sign: bool,
+        replace: bool,
+    ) -> PyResult<bool> {
+        let key = KeyArg::extract(key)?;
+        let buf = HeldBuffer::get(value, "value")?;
+        let mut pairs = Vec::new();
+        if let Some(m) = meta.filter(|m| !m.is_none()) {
+            let m = m
+                .cast::<PyDict>()
+                .map_err(|_| bad_arg("meta", "a dict of str to str", m))?;
+            for (k, v) in m.iter() {
+                let (Ok(k), Ok(v)) = (k.extract::<String>(), v.extract::<String>()) else {
+                    return Err(PyTypeError::new_err("meta must map str to str"));
+                };
+                pairs.push((k, v));
+            }
+        }
+        let store = self.store()?;
+        let res = py.detach(|| {
+            no_panic("put", || {
+                store.put_published(key.key(), buf.as_slice(), &pairs, sign)
+            })
+        });
+        let published = on_cache_error(py, res, None, Some("not cached"))?;
+        let stored = published.is_some();
+        if let (Some(published), Some(chain)) = (published, self.chain.get()) {
+            // The bytes just written go to the tiers, copied once from the caller's buffer
+            // and the head the put encoded: the file is not read back.
+            chain.published(py, published, buf.as_slice(), replace);
+        }
+        drop(buf);
+        Ok(stored)
+    }
 }
 
 #[pymethods]
@@ -248,8 +290,8 @@ impl PyStore {
     /// Puts a chain of remote tiers behind the directory: `fetch(names, max_bytes, accept)`
     /// is called after each local miss (the names to ask for in the core's order, the
     /// budget, and an `Accept` whose first taken value `get` returns); `on_publish(names,
-    /// data)` after each put that published (the entry file as written, and the names a tier
-    /// keeps it under). Once per store (xla_pcache.store.Store calls it when a chain is
+    /// data, replace)` after each put that published (the entry file as written, the names a
+    /// tier keeps it under, and whether it replaces what the plain name holds there). Once per store (xla_pcache.store.Store calls it when a chain is
     /// configured).
     fn _set_chain(&self, fetch: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
         self.chain
@@ -266,35 +308,20 @@ impl PyStore {
         meta: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = sign_arg)] sign: bool,
     ) -> PyResult<bool> {
-        let key = KeyArg::extract(key)?;
-        let buf = HeldBuffer::get(value, "value")?;
-        let mut pairs = Vec::new();
-        if let Some(m) = meta.filter(|m| !m.is_none()) {
-            let m = m
-                .cast::<PyDict>()
-                .map_err(|_| bad_arg("meta", "a dict of str to str", m))?;
-            for (k, v) in m.iter() {
-                let (Ok(k), Ok(v)) = (k.extract::<String>(), v.extract::<String>()) else {
-                    return Err(PyTypeError::new_err("meta must map str to str"));
-                };
-                pairs.push((k, v));
-            }
-        }
-        let store = self.store()?;
-        let res = py.detach(|| {
-            no_panic("put", || {
-                store.put_published(key.key(), buf.as_slice(), &pairs, sign)
-            })
-        });
-        let published = on_cache_error(py, res, None, Some("not cached"))?;
-        let stored = published.is_some();
-        if let (Some(published), Some(chain)) = (published, self.chain.get()) {
-            // The bytes just written go to the tiers, copied once from the caller's buffer
-            // and the head the put encoded: the file is not read back.
-            chain.published(py, published, buf.as_slice());
-        }
-        drop(buf);
-        Ok(stored)
+        self.put_then_copy(py, key, value, meta, sign, false)
+    }
+
+    /// `put` (signed), whose copy to the tiers overwrites their plain name's object rather
+    /// than only creating it: `xla_pcache.store.Store.replace`, after deleting the entry.
+    #[pyo3(signature = (key, value, *, meta=None))]
+    fn _put_replacing(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        meta: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        self.put_then_copy(py, key, value, meta, true, true)
     }
 
     /// The verified entry, or None. With `count=False` the lookup counts nothing and records

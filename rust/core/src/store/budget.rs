@@ -64,9 +64,7 @@ impl Store {
     /// `Invalid` for a budget out of its bounds (`StoredBudget::check`: a budget of no
     /// bytes, a max age under a second), which would be stored as a file nobody uses.
     pub fn write_stored_budget(&self, s: &StoredBudget) -> Result<(), StoreError> {
-        if self.opts.read_only {
-            return Err(StoreError::ReadOnly(self.layout.root.clone()));
-        }
+        self.writable()?;
         // Held to the bounds CONFIG is read under (`StoredBudget::check`), in `write`.
         stored_budget::write(&self.root, s, self.opts.durable)?;
         self.reload_stored_budget(&mut self.state());

@@ -16,9 +16,7 @@ impl Store {
     /// there was one.
     pub fn delete(&self, key: Key<'_>) -> Result<bool, StoreError> {
         check_key(&key)?;
-        if self.opts.read_only {
-            return Err(StoreError::ReadOnly(self.layout.root.clone()));
-        }
+        self.writable()?;
         let mut any = false;
         for name in self.names_of(key).collect::<Vec<_>>() {
             any |= self.delete_name(name)?;
@@ -60,9 +58,7 @@ impl Store {
     /// in a directory it owns) is skipped with a warning; a stray directory among the
     /// entries is removed through directory handles, never following a link.
     pub fn clear(&self) -> Result<u64, StoreError> {
-        if self.opts.read_only {
-            return Err(StoreError::ReadOnly(self.layout.root.clone()));
-        }
+        self.writable()?;
         let t = crate::clock::unix_ns();
         let mut n = 0;
         let mut failed = 0u64;

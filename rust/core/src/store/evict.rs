@@ -85,9 +85,7 @@ impl Store {
         max_size: Option<u64>,
         older_than: Option<Duration>,
     ) -> Result<EvictReport, StoreError> {
-        if self.opts.read_only {
-            return Err(StoreError::ReadOnly(self.layout.root.clone()));
-        }
+        self.writable()?;
         let _walk = self.walk();
         let target = max_size.or(self.max_size().map(|m| self.low_water(m)));
         // The cache's stored max-age applies to an explicit eviction too, unless the caller

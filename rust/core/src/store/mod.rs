@@ -538,6 +538,17 @@ impl Store {
         self.counters.reset();
     }
 
+    /// `ReadOnly` for a store opened read-only: what each operation that must write or
+    /// remove (delete, clear, evict, a repair, the stored budget) asks before it starts. The
+    /// ones that quietly do less instead (a put that publishes nothing, a hit that records
+    /// no use) read the open mode themselves.
+    fn writable(&self) -> Result<(), StoreError> {
+        if self.opts.read_only {
+            return Err(StoreError::ReadOnly(self.layout.root.clone()));
+        }
+        Ok(())
+    }
+
     fn append(&self, recs: &[JournalRecord]) {
         if self.opts.read_only {
             return;

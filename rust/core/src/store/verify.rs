@@ -51,8 +51,8 @@ impl Store {
         repair: bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<VerifyReport, StoreError> {
-        if repair && self.opts.read_only {
-            return Err(StoreError::ReadOnly(self.layout.root.clone()));
+        if repair {
+            self.writable()?;
         }
         let _walk = self.walk();
         let files = self.entry_files()?;
@@ -212,8 +212,8 @@ impl Store {
                 "no trusted keys: every entry is served (set trusted keys to check)".into(),
             ));
         };
-        if remove && self.opts.read_only {
-            return Err(StoreError::ReadOnly(self.layout.root.clone()));
+        if remove {
+            self.writable()?;
         }
         let mut out = Vec::new();
         for (shard, file) in self.entry_files()? {
