@@ -583,3 +583,33 @@ def test_a_prune_cut_short_reaches_both_names_past_own_name_markers_by_the_thous
     entries, marked = _held_on_the_server(s3, prefix)
     assert entries == marked == real
     assert report.markers_removed <= report.asked, report
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a prune keeps, of an entry's markers, the oldest not older than the entry, "
+    "ties going to the name that sorts first: a marker planted in the entry's second (or "
+    "the second before it) naming a graph that sorts first is kept and the real one removed",
+)
+def test_a_marker_planted_in_the_entrys_second_does_not_take_the_real_ones_place(
+    relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """Garbage at a graph's plain name, so that ci-2's entry of it is under its own name
+    only, and a marker planted under that own name for graph ``0``, dated the very time
+    of the real marker (a planter that watches the bucket and writes in the same second;
+    Last-Modified is whole seconds on some services, and the prune allows a second of
+    slack). The prune must keep the real marker, the only way a ci-2 host finds the
+    entry; it kept the planted one."""
+    prefix, url, _ = _signed_bucket(s3, tmp_path, 0)
+    g = str(3 * 10**34)
+    plain, own = entry_name(_key(g)), signed_entry_name(_key(g), "ci-2")
+    put_objects(bucket_client(s3, prefix), {f"{ENTRY_DIR}/{plain}": GARBAGE})
+    _put_marked(url, tmp_path / "signer", [g], signing_key=("ci-2", CI2))
+    _start(url, tmp_path / "untrusting", relay)  # removes the squat and its marker
+    listed = obstore.list(bucket_client(s3, prefix), upkeep.TORCH_XLA_DIR).collect()
+    (real,) = [m for m in listed if str(m["path"]).endswith(f"/{own}-{g}")]
+    relay.plant(f"{_markers(prefix)}/{own}-0", when=real["last_modified"])
+    upkeep.Bucket(url).prune(max_size=10**9)
+    assert f"{own}-{g}" in _marker_keys(s3, prefix)
+    fetched, wire, _ = _start(url, tmp_path / "ci2", relay, trusted_keys=[CI2_KEY])
+    assert fetched == 1, wire
