@@ -255,23 +255,25 @@ class BucketStore(Store):
         names = [EntryName(n) for n in _names(key, self.signing_key_name)]
 
         def mark() -> None:
-            try:
-                for name in names:
+            # Each name's marker whatever became of the other's: an object planted below
+            # the plain marker's name must not cost the signer's own marker too.
+            for name in names:
+                try:
                     self.bucket().mark_torch_xla(name, graph)
-            except Exception as e:
-                # Not the tier's failure (its entry went out before): a service with
-                # directories refuses a marker someone planted an object below. One
-                # warning, and the tier is not left alone for it.
-                if tier.first_warning("marker"):
-                    from xla_pcache.tiers.objstore import scrub
+                except Exception as e:
+                    # Not the tier's failure (its entry went out before): a service with
+                    # directories refuses a marker someone planted an object below. One
+                    # warning, and the tier is not left alone for it.
+                    if tier.first_warning("marker"):
+                        from xla_pcache.tiers.objstore import scrub
 
-                    log.warning(
-                        "xla_pcache: writing a torch_xla marker to %s failed (%s: %s); "
-                        "other hosts will not fetch that entry before they start",
-                        tier.url,
-                        type(e).__name__,
-                        scrub(str(e)),
-                    )
+                        log.warning(
+                            "xla_pcache: writing a torch_xla marker to %s failed (%s: %s); "
+                            "other hosts will not fetch that entry by it before they start",
+                            tier.url,
+                            type(e).__name__,
+                            scrub(str(e)),
+                        )
 
         tier.submit(mark)
 

@@ -214,8 +214,11 @@ class _Fetches:
         key = self._key_named(what) if named else what
         if key is None:
             return None, True
-        if named and key in self.store:
-            return None, False  # this host has it (its marker was crowded out, not absent)
+        if key in self.store:
+            # This host has it: asked for by name with its marker crowded out, or fetched
+            # earlier in this start under another of its names (a signer's own, asked for
+            # by name): a second fetch would GET it again and count it twice.
+            return None, False
         with self.garbage.watching(key) as proved:
             blob = self.store._fetch(key)
         if proved:
