@@ -434,13 +434,6 @@ def test_a_key_fetched_under_one_name_is_not_fetched_again_under_another(
         assert wire["get"] <= SIGNED + 2 * 2 * PULL_MISSES + 1, (i, wire)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a host that trusts no key (or another signer) asks for a signed fleet's own "
-    "names by name when its listing of the markers was cut short, and each is refused as "
-    "not this build's and counted a miss of the drawn order: with 32 planted among what "
-    "it draws, 20 real own names make it stop before a real entry about half the time",
-)
 def test_a_signed_fleets_own_names_are_no_misses_for_a_host_that_trusts_none(
     relay: S3Relay, s3: S3Server, tmp_path: Path
 ) -> None:
@@ -448,10 +441,10 @@ def test_a_signed_fleets_own_names_are_no_misses_for_a_host_that_trusts_none(
     only, and ci-2's own copies are no entry for it. Planted: 32 garbage newer, 32 older,
     one run of refused keys. docs/reliability.md: with at most 32 planted among what a
     start draws, it misses a real entry with a chance of 1 / C(planted + real, real)
-    (8e-15 for 32 and 20); the ci-2 copies, asked for by name, are refused and counted as
-    misses too, so it stopped early in about one start of two (measured: 19, 20, 18, 16,
-    20, 9 of 20 in six starts). A start that completes asks for all 20 and counts each
-    ``torch_xla-not-ours``: either way this fails on every run."""
+    (8e-15 for 32 and 20). The ci-2 copies, asked for by name, name keys of this build:
+    each leads to its key's plain copy (fetched once), never a miss. When they were refused
+    as not this build's and counted as misses, it stopped early in about one start of two
+    (19, 20, 18, 16, 20, 9 of 20 in six starts)."""
     _, url, _ = _cut_with_both_ends(s3, relay, tmp_path)
     for i in range(8):
         n, held, wire, skipped = _start_holding(url, tmp_path / f"none-{i}", relay)

@@ -155,6 +155,7 @@ class _Fetches:
         self.store, self.bucket, self.key_of = store, bucket, key_of
         self.graph_of = graph_reader(key_of)
         self.garbage = Garbage(store, bucket)
+        self.tried: set[str] = set()  # the keys fetched this start, found or not
 
     def run(self, wanted: list[str], by_name: list[str]) -> int:
         try:
@@ -214,11 +215,12 @@ class _Fetches:
         key = self._key_named(what) if named else what
         if key is None:
             return None, True
-        if key in self.store:
-            # This host has it: asked for by name with its marker crowded out, or fetched
-            # earlier in this start under another of its names (a signer's own, asked for
-            # by name): a second fetch would GET it again and count it twice.
+        if key in self.store or key in self.tried:
+            # This host has it, or this start fetched it already: asked for by name with
+            # its marker crowded out, or under another of its names (a signer's own): a
+            # second fetch would GET it again, and count it twice when found.
             return None, False
+        self.tried.add(key)
         with self.garbage.watching(key) as proved:
             blob = self.store._fetch(key)
         if proved:
@@ -227,15 +229,18 @@ class _Fetches:
         return blob, blob is None
 
     def _key_named(self, name: str) -> str | None:
-        """The key the entry file ``name`` says it holds (its first bytes: the core verifies
-        the whole file when it is fetched) when that is a torch_xla key of this build filed
-        under ``name``; None (refused, counted) otherwise."""
+        """The key the entry file ``name`` says it holds (its first bytes) when that is a
+        torch_xla key of this build; None (refused, counted) otherwise. Whatever ``name``
+        is, the key is then fetched under the names this host reads it under (the plain
+        one, a trusted signer's own) and verified whole there: a copy under a signer's
+        own name this host does not trust leads it to the plain copy, not to a miss, and a
+        header forged under any name leads it to nothing a marker could not."""
         try:
             head = self.bucket.reader.first_bytes(f"{ENTRY_DIR}/{name}", HEAD_BYTES)
         except Exception:
             head = None
         key = key_in_header(head)
-        if key is not None and self.graph_of(key) and name in self.store.entry_names(key):
+        if key is not None and self.graph_of(key):
             return key
         self.bucket.reader.skip(
             "torch_xla-not-ours",
