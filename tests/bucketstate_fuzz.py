@@ -69,7 +69,7 @@ from typing import Any
 
 from xla_pcache import bucket as xbucket
 from xla_pcache import entry_name
-from xla_pcache.bucket import marker_listing, prune_reach, torch_xla_garbage, upkeep
+from xla_pcache.bucket import marker_listing, prune_markers, prune_reach, torch_xla_garbage, upkeep
 from xla_pcache.bucket import reader as br
 from xla_pcache.bucket.objects import SQUAT_REMOVALS
 from xla_pcache.tiers import objstore
@@ -204,7 +204,8 @@ def prune_bound(c: Census, extra: int, limits: upkeep.Limits) -> Counter[str]:
         + lease_dirs
     )
     folded = min(c.records + extra, limits.records)
-    out["get"] = 1 + 1 + folded + 1
+    # ... and the headers of entries with more than one marker (``prune_markers``).
+    out["get"] = 1 + 1 + folded + 1 + prune_markers.MARKER_READS
     refused = sum(c.refused[d] for d in (*DIRS, "prune.lease"))
     squat_dirs = squat_removals(c)
     out["head"] = br.HEADS_PER_REFUSED * refused + 2 + 1 + squat_dirs + 2

@@ -75,6 +75,8 @@ LEVELS = {
     "bucket.prune_lease": 1,
     "bucket.prune_fold": 1,
     "bucket.prune_reach": 1,
+    "bucket.prune_markers": 1,
+    "bucket.entry_head": 1,
     "bucket.prune": 1,
     "bucket.marker_listing": 1,
     "bucket.upkeep": 1,

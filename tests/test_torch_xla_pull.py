@@ -1,6 +1,7 @@
-"""The pieces of a torch_xla host start that need no bucket (``bucket/torch_xla_pull.py``):
-reading the key an entry file names from its first bytes, and torch_xla's file name from a
-key. The start itself is tested against a real S3 service in ``tests/tiers/``."""
+"""The pieces of a torch_xla host start and of a prune's markers that need no bucket
+(``bucket/torch_xla_pull.py``, ``bucket/entry_head.py``): reading the key an entry file
+names from its first bytes, and torch_xla's file name from a key. The start itself is
+tested against a real S3 service in ``tests/tiers/``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.bucket.torch_xla_pull import HEAD_BYTES, graph_reader, key_in_header
-from xla_pcache.torch_xla._keys import store_key
+from xla_pcache.bucket.entry_head import HEAD_BYTES, key_in_header, torch_xla_graph
+from xla_pcache.bucket.layout import TORCH_XLA_KEYS
+from xla_pcache.bucket.torch_xla_pull import graph_reader
+from xla_pcache.torch_xla._keys import KEY_PREFIX, store_key
 
 
 @pytest.fixture
@@ -58,3 +61,12 @@ def test_torch_xla_file_names_are_read_back_only_from_keys_of_the_same_maker() -
     plain = graph_reader(lambda g: store_key(g, build=None))
     assert plain(store_key("4242", build=None)) == "4242"
     assert plain(f"{store_key('4242', build=None)}-x") is None
+
+
+def test_the_graph_a_key_names_whatever_its_build() -> None:
+    # The bucket's modules name torch_xla's keys by the adapter's prefix.
+    assert TORCH_XLA_KEYS == KEY_PREFIX
+    assert torch_xla_graph(store_key("12345")) == "12345"
+    assert torch_xla_graph(f"torch_xla/987@build-{'a' * 32}") == "987"
+    assert torch_xla_graph("jax/987") is None
+    assert torch_xla_graph(None) is None

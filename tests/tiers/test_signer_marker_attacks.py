@@ -578,12 +578,6 @@ def test_a_prune_cut_short_reaches_both_names_past_own_name_markers_by_the_thous
     assert report.markers_removed <= report.asked, report
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a prune keeps, of an entry's markers, the oldest not older than the entry, "
-    "ties going to the name that sorts first: a marker planted in the entry's second (or "
-    "the second before it) naming a graph that sorts first is kept and the real one removed",
-)
 def test_a_marker_planted_in_the_entrys_second_does_not_take_the_real_ones_place(
     relay: S3Relay, s3: S3Server, tmp_path: Path
 ) -> None:
@@ -592,7 +586,9 @@ def test_a_marker_planted_in_the_entrys_second_does_not_take_the_real_ones_place
     of the real marker (a planter that watches the bucket and writes in the same second;
     Last-Modified is whole seconds on some services, and the prune allows a second of
     slack). The prune must keep the real marker, the only way a ci-2 host finds the
-    entry; it kept the planted one."""
+    entry: it reads the entry's header, whose key names the real graph. When it kept the
+    oldest not older than the entry, ties going to the name that sorts first, it kept the
+    planted one."""
     prefix, url, _ = _signed_bucket(s3, tmp_path, 0)
     g = str(3 * 10**34)
     plain, own = entry_name(_key(g)), signed_entry_name(_key(g), "ci-2")

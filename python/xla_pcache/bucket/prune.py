@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xla_pcache._text import package_logger
-from xla_pcache.bucket import prune_lease, prune_reach
+from xla_pcache.bucket import prune_lease, prune_markers, prune_reach
 from xla_pcache.bucket.layout import (
     ENTRY_NAMES,
     MARKER_NAME,
@@ -329,15 +329,15 @@ def _drop_markers(
     tally: Tally,
 ) -> int:
     """Markers that vouch for nothing, removed a batch at a time as they are listed: an
-    entry has one graph, so one marker; its writer writes it after the entry. So of the
-    markers of a listed entry the oldest one not older than the entry stays and the others
-    go (markers planted after it, or before the entry was written); markers of entries no
-    longer there go when the listing saw every entry (``complete``), or when the entry is
-    known ``gone`` (removed, or asked for and absent); objects under ``torch_xla/`` that are
-    no marker go as junk. How many markers were removed."""
+    entry has one graph, so one marker; its writer writes it after the entry. So markers
+    older than their entry go (planted before it was written), and of those not older,
+    one stays and the others go, told apart by the entry's header (``prune_markers``);
+    markers of entries no longer there go when the listing saw every entry
+    (``complete``), or when the entry is known ``gone`` (removed, or asked for and
+    absent); objects under ``torch_xla/`` that are no marker go as junk. How many markers
+    were removed."""
     out = _Removals(objects, tally)
-    group = ""
-    best: tuple[float, str] | None = None
+    judge = prune_markers.Judge(objects.reader)
     for meta in objects.reader.listing(TORCH_XLA_DIR, names=MARKER_NAMES):
         path = str(meta["path"])
         m = MARKER_NAME.fullmatch(path.rpartition("/")[2])
@@ -345,19 +345,13 @@ def _drop_markers(
             out.junk.append(path)
         else:
             entry = kept.get(m.group(1))
-            when = epoch(meta)
             if entry is None:
                 if complete or m.group(1) in gone:
                     out.doomed.append(path)
-            elif when < entry.written - MARKER_SLACK_S:
+            elif epoch(meta) < entry.written - MARKER_SLACK_S:
                 out.doomed.append(path)
-            elif m.group(1) != group or best is None:
-                group, best = m.group(1), (when, path)
-            elif (when, path) < best:
-                out.doomed.append(best[1])
-                best = (when, path)
             else:
-                out.doomed.append(path)
+                out.doomed.extend(judge.doomed(m.group(1), m.group(2), path))
         out.flush()
     return out.finish()
 

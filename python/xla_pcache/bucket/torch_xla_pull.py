@@ -48,6 +48,7 @@ from typing import Any
 from xla_pcache import _core
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
+from xla_pcache.bucket.entry_head import HEAD_BYTES, key_in_header
 from xla_pcache.bucket.torch_xla_garbage import Garbage
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
@@ -62,12 +63,6 @@ PULL_MARKERS = 10_000
 PULL_FETCHES = 1_000
 PULL_MISSES = 32
 PULL_ENTRIES = 100_000
-# What a start reads of an entry it asks for by name to learn its key: the fixed header and
-# the key (a torch_xla key is far shorter than the rest).
-HEAD_BYTES = 4096
-_FIXED_HEADER = 64
-_MAGIC = b"XPCE"
-_TEXT_KEY = 1
 _GRAPH = re.compile(r"[0-9]{1,40}")  # torch_xla's file names, as a marker carries them
 
 Marked = list[tuple[EntryName, str, float]]
@@ -247,22 +242,6 @@ class _Fetches:
             "an entry a host start asked for by name (its markers crowded out by others) "
             "holds no torch_xla entry of this build: not fetched",
         )
-        return None
-
-
-def key_in_header(head: bytes | None) -> str | None:
-    """The text key an entry file's first bytes ``head`` name (the core's entry format:
-    magic, flags at 6, key length at 12, the key after the 64-byte fixed header), None when
-    they name none. Untrusted: what is fetched under it is verified whole."""
-    if head is None or len(head) < _FIXED_HEADER or head[:4] != _MAGIC:
-        return None
-    flags = int.from_bytes(head[6:8], "little")
-    size = int.from_bytes(head[12:16], "little")
-    if not flags & _TEXT_KEY or size == 0 or _FIXED_HEADER + size > len(head):
-        return None
-    try:
-        return head[_FIXED_HEADER : _FIXED_HEADER + size].decode()
-    except UnicodeDecodeError:
         return None
 
 

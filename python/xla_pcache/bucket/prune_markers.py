@@ -1,0 +1,76 @@
+"""Which of an entry's torch_xla markers a prune keeps when more than one may be its own.
+
+An entry has one graph, so one marker (``<entry name>-<graph>``), which its writer writes
+right after it; two or more not older than the entry mean others were planted beside it,
+and no time tells which is real (Last-Modified is whole seconds on some services, and a
+planter can write in the same second). The entry's own header does: its key names its
+graph. So the first marker of an entry is held; at a second, the prune reads the entry's
+first bytes once (a ranged GET, ``entry_head``) and keeps the markers of the graph its key
+names, removing the others, as the listing goes (nothing is held but the first).
+
+A prune reads at most ``MARKER_READS`` headers. Past them, or when the header cannot be
+read, every marker that may be the real one stays until a later prune: a planted marker
+under a real entry's name costs a torch_xla host start nothing (its name is not its
+graph's entry name, so it is not followed), while removing the real one would hide the
+entry from the hosts that find it by its marker. A header that names no torch_xla graph
+(another framework's entry) keeps none of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xla_pcache.bucket.entry_head import HEAD_BYTES, key_in_header, torch_xla_graph
+from xla_pcache.tiers.objstore import ENTRY_DIR
+
+# The entries' headers one prune reads at most to tell their real marker from planted ones.
+MARKER_READS = 100
+
+
+class Judge:
+    """One prune's judgement of the markers of its listed entries, fed in listing order
+    (an entry's markers are listed one after another: their names begin with its name)."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.reads = 0
+        self.name = ""
+        self.first: tuple[str, str] | None = None  # (graph, path) held, undecided
+        self.asked = False  # whether this entry's header was asked for
+        self.graph: str | None = None  # the graph it names, once asked
+        self.told = False  # whether that answer tells the real marker
+
+    def doomed(self, name: str, graph: str, path: str) -> list[str]:
+        """The markers to remove now, of ``path`` (entry ``name``'s marker of ``graph``,
+        not older than the entry) and the one held before it."""
+        if name != self.name:
+            self.name, self.first, self.asked = name, (graph, path), False
+            return []
+        out: list[str] = []
+        if not self.asked:
+            self.asked = True
+            self.told, self.graph = self._read(name)
+            held, self.first = self.first, None
+            if held is not None and self._planted(held[0]):
+                out.append(held[1])
+        if self._planted(graph):
+            out.append(path)
+        return out
+
+    def _planted(self, graph: str) -> bool:
+        return self.told and graph != self.graph
+
+    def _read(self, name: str) -> tuple[bool, str | None]:
+        """Whether entry ``name``'s header could be read within the bound, and the graph
+        its key names (None: no torch_xla key)."""
+        if self.reads >= MARKER_READS:
+            return False, None
+        self.reads += 1
+        try:
+            head = self.reader.first_bytes(f"{ENTRY_DIR}/{name}", HEAD_BYTES)
+        except Exception:
+            return False, None
+        key = key_in_header(head)
+        if key is None:
+            return False, None
+        return True, torch_xla_graph(key)
