@@ -84,6 +84,17 @@ def _marker_keys(s3: S3Server, prefix: str) -> set[str]:
     return {str(m["path"]).rpartition("/")[2] for m in listed}
 
 
+def _each_host_fetches_what_it_serves(url: str, tmp_path: Path, relay: S3Relay) -> None:
+    """Each kind of host's start fetches the signed entries its trust lets it serve (none
+    for a rotated ci-2, which GETs both names of each), deletes nothing, and GETs nothing
+    else."""
+    for host in sorted(HOSTS):
+        fetched, wire, skipped = _start(url, tmp_path / host, relay, **HOSTS[host])
+        served = 0 if host == "trusts a rotated ci-2" else SIGNED
+        assert fetched == served and "delete" not in wire, (host, wire, skipped)
+        assert wire["get"] == (2 * SIGNED if served == 0 else SIGNED), (host, wire)
+
+
 # ------------------------------------------------------------------- trust
 @pytest.mark.parametrize("host", sorted(HOSTS))
 def test_a_squatted_plain_name_leaves_the_signers_copy_to_each_host(
@@ -268,11 +279,7 @@ def test_own_markers_naming_other_graphs_cost_nothing_and_go_at_the_next_prune(
     older = [_own_marker(prefix, g, graph=str(10**36 + i)) for i, g in enumerate(graphs)]
     relay.plant_many(planted + newer, when=NEWER)
     relay.plant_many(older, when=OLDER)
-    for host in sorted(HOSTS):
-        fetched, wire, skipped = _start(url, tmp_path / host, relay, **HOSTS[host])
-        served = 0 if host == "trusts a rotated ci-2" else SIGNED
-        assert fetched == served and "delete" not in wire, (host, wire, skipped)
-        assert wire["get"] == (2 * SIGNED if served == 0 else SIGNED), (host, wire)
+    _each_host_fetches_what_it_serves(url, tmp_path, relay)
     report = upkeep.Bucket(url).prune(max_size=10**9)
     assert report.pruned and report.markers_removed == len(planted) + 2 * SIGNED, report
     real = {f"{entry_name(_key(g))}-{g}" for g in graphs}
@@ -459,7 +466,7 @@ def test_garbage_at_an_untrusted_signers_own_names_costs_no_host_a_get(
     (``ci-9``), with their markers, newer than the real entries: no host follows such a
     marker (its name is none it reads), so no host GETs one or removes one. They stay
     until a prune over budget takes them as it takes any object at an entry's name (a
-    prune reads no entry, and keeps one marker an entry it lists)."""
+    prune keeps one marker an entry it lists)."""
     prefix, url, _ = _signed_bucket(s3, tmp_path)
     made_up = _graphs(10**35, 200)
     put_objects(
@@ -467,11 +474,7 @@ def test_garbage_at_an_untrusted_signers_own_names_costs_no_host_a_get(
         {f"{ENTRY_DIR}/{signed_entry_name(_key(g), 'ci-9')}": GARBAGE for g in made_up},
     )
     relay.plant_many([_own_marker(prefix, g, "ci-9") for g in made_up], when=NEWER)
-    for host in sorted(HOSTS):
-        fetched, wire, skipped = _start(url, tmp_path / host, relay, **HOSTS[host])
-        served = 0 if host == "trusts a rotated ci-2" else SIGNED
-        assert fetched == served and "delete" not in wire, (host, wire, skipped)
-        assert wire["get"] == (2 * SIGNED if served == 0 else SIGNED), (host, wire)
+    _each_host_fetches_what_it_serves(url, tmp_path, relay)
     report = upkeep.Bucket(url).prune(max_size=10**9)
     assert report.markers_removed == 0 and report.removed == 0, report
     entries, marked = _bucket_holds(url)
