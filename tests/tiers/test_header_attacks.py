@@ -231,6 +231,37 @@ def _plant(s3: S3Server, prefix: str, markers: list[str]) -> None:
     put_objects(bucket_client(s3, prefix), {f"{upkeep.TORCH_XLA_DIR}/{m}": b"" for m in markers})
 
 
+@pytest.mark.parametrize("decoy", [GARBAGE, b""], ids=["garbage", "empty"])
+def test_objects_that_hold_no_entry_cannot_take_every_prunes_header_reads(
+    decoy: bytes, relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> None:
+    """MARKER_READS objects at made-up entry names sorting first, none an entry file
+    (garbage, or empty), two markers under each; and a marker planted under each real
+    entry's names. A prune reads the garbage's first bytes (an empty object's listed size
+    tells without a read): they name no key, so none of its markers is any entry's real
+    one, and they go; the same prune or the next reads the real entries' headers and
+    removes the planted markers there. When first bytes that name no key kept them all
+    (and an empty object's read, None, too), every prune spent its reads on the same
+    decoys, and the markers planted under the real entries stayed for good."""
+    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    real = _real_markers(graphs)
+    n = prune_markers.MARKER_READS
+    decoys = [f"{i:032x}" for i in range(1, n + 1)]
+    put_objects(bucket_client(s3, prefix), {f"{ENTRY_DIR}/{d}": decoy for d in decoys})
+    _plant(s3, prefix, [f"{d}-{j}" for d in decoys for j in (1, 2)])
+    planted = [f"{m.partition('-')[0]}-0" for m in real]
+    _plant(s3, prefix, planted)
+    for _ in range(2):
+        relay.take()
+        report = upkeep.Bucket(url).prune(max_size=10**9)
+        wire = relay.take()
+        # Its own GETs (the state, the usage, ...), and MARKER_READS headers at most.
+        assert wire["get"] <= 8 + n, wire
+    assert _marker_keys(s3, prefix) == real, report
+    fetched, wire, _ = _start(url, tmp_path / "ci2", relay, trusted_keys=[CI2_KEY])
+    assert fetched == SIGNED and wire["list"] == 1, wire
+
+
 @pytest.mark.parametrize("squat", ["forged header", "garbage"])
 def test_a_squat_at_the_plain_name_cannot_cost_the_signers_own_marker(
     squat: str, relay: S3Relay, s3: S3Server, tmp_path: Path
