@@ -13,6 +13,8 @@ HEAD_BYTES = 4096
 _FIXED_HEADER = 64
 _MAGIC = b"XPCE"
 _TEXT_KEY = 1
+# No object smaller than this holds an entry file: the fixed header and a key of one byte.
+SMALLEST_ENTRY = _FIXED_HEADER + 1
 
 
 def key_in_header(head: bytes | None) -> str | None:

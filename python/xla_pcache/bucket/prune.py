@@ -351,7 +351,7 @@ def _drop_markers(
             elif epoch(meta) < entry.written - MARKER_SLACK_S:
                 out.doomed.append(path)
             else:
-                out.doomed.extend(judge.doomed(m.group(1), m.group(2), path))
+                out.doomed.extend(judge.doomed(m.group(1), m.group(2), path, entry.size))
         out.flush()
     return out.finish()
 

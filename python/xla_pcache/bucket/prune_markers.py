@@ -13,14 +13,22 @@ read, every marker that may be the real one stays until a later prune: a planted
 under a real entry's name costs a torch_xla host start nothing (its name is not its
 graph's entry name, so it is not followed), while removing the real one would hide the
 entry from the hosts that find it by its marker. A header that names no torch_xla graph
-(another framework's entry) keeps none of them.
+(another framework's entry) keeps none of them, and nor does an object that holds no
+entry file at all (its first bytes name no key, or it is smaller than any entry: no read):
+its markers are no entry's, and kept they would take the same reads at every prune, so
+that markers planted under the real entries listed after it stayed for good.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from xla_pcache.bucket.entry_head import HEAD_BYTES, key_in_header, torch_xla_graph
+from xla_pcache.bucket.entry_head import (
+    HEAD_BYTES,
+    SMALLEST_ENTRY,
+    key_in_header,
+    torch_xla_graph,
+)
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 # The entries' headers one prune reads at most to tell their real marker from planted ones.
@@ -40,16 +48,17 @@ class Judge:
         self.graph: str | None = None  # the graph it names, once asked
         self.told = False  # whether that answer tells the real marker
 
-    def doomed(self, name: str, graph: str, path: str) -> list[str]:
+    def doomed(self, name: str, graph: str, path: str, size: int) -> list[str]:
         """The markers to remove now, of ``path`` (entry ``name``'s marker of ``graph``,
-        not older than the entry) and the one held before it."""
+        not older than the entry, which was listed ``size`` bytes) and the one held before
+        it."""
         if name != self.name:
             self.name, self.first, self.asked = name, (graph, path), False
             return []
         out: list[str] = []
         if not self.asked:
             self.asked = True
-            self.told, self.graph = self._read(name)
+            self.told, self.graph = (True, None) if size < SMALLEST_ENTRY else self._read(name)
             held, self.first = self.first, None
             if held is not None and self._planted(held[0]):
                 out.append(held[1])
@@ -61,8 +70,8 @@ class Judge:
         return self.told and graph != self.graph
 
     def _read(self, name: str) -> tuple[bool, str | None]:
-        """Whether entry ``name``'s header could be read within the bound, and the graph
-        its key names (None: no torch_xla key)."""
+        """Whether entry ``name``'s first bytes could be read within the bound, and the
+        graph the key they name is of (None: no torch_xla key, or no key at all)."""
         if self.reads >= MARKER_READS:
             return False, None
         self.reads += 1
@@ -70,7 +79,7 @@ class Judge:
             head = self.reader.first_bytes(f"{ENTRY_DIR}/{name}", HEAD_BYTES)
         except Exception:
             return False, None
-        key = key_in_header(head)
-        if key is None:
-            return False, None
-        return True, torch_xla_graph(key)
+        if head is None:
+            return False, None  # gone since it was listed: its markers go with it later
+        # First bytes that name no key hold no entry file: no marker of it is real.
+        return True, torch_xla_graph(key_in_header(head))

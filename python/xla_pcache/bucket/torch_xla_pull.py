@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,9 @@ PULL_MARKERS = 10_000
 PULL_FETCHES = 1_000
 PULL_MISSES = 32
 PULL_ENTRIES = 100_000
+# The names asked for that may lead a start to a key it holds or fetched, no miss: the
+# other names of an entry (its plain name and signers' own).
+NAMES_A_KEY = 2
 _GRAPH = re.compile(r"[0-9]{1,40}")  # torch_xla's file names, as a marker carries them
 
 Marked = list[tuple[EntryName, str, float]]
@@ -151,6 +155,7 @@ class _Fetches:
         self.graph_of = graph_reader(key_of)
         self.garbage = Garbage(store, bucket)
         self.tried: set[str] = set()  # the keys fetched this start, found or not
+        self.repeats: Counter[str] = Counter()  # names asked for that led to them again
 
     def run(self, wanted: list[str], by_name: list[str]) -> int:
         try:
@@ -213,7 +218,13 @@ class _Fetches:
         if key in self.store or key in self.tried:
             # This host has it, or this start fetched it already: asked for by name with
             # its marker crowded out, or under another of its names (a signer's own): a
-            # second fetch would GET it again, and count it twice when found.
+            # second fetch would GET it again, and count it twice when found. No miss for
+            # the names an entry has (its plain one, a signer's own or two); past them, a
+            # name that leads to the key again is one, or headers forged by the thousand
+            # naming one key would take every try of every start.
+            if named:
+                self.repeats[key] += 1
+                return None, self.repeats[key] > NAMES_A_KEY
             return None, False
         self.tried.add(key)
         with self.garbage.watching(key) as proved:
