@@ -64,8 +64,8 @@ PULL_MARKERS = 10_000
 PULL_FETCHES = 1_000
 PULL_MISSES = 32
 PULL_ENTRIES = 100_000
-# The names asked for that may lead a start to a key it holds or fetched, no miss: the
-# other names of an entry (its plain name and signers' own).
+# The names asked for that may lead a start to a key it holds or fetched, no miss, besides
+# those it reads the key under: signers' own names it does not trust.
 NAMES_A_KEY = 2
 _GRAPH = re.compile(r"[0-9]{1,40}")  # torch_xla's file names, as a marker carries them
 
@@ -219,10 +219,12 @@ class _Fetches:
             # This host has it, or this start fetched it already: asked for by name with
             # its marker crowded out, or under another of its names (a signer's own): a
             # second fetch would GET it again, and count it twice when found. No miss for
-            # the names an entry has (its plain one, a signer's own or two); past them, a
-            # name that leads to the key again is one, or headers forged by the thousand
-            # naming one key would take every try of every start.
-            if named:
+            # the names this host reads the key under (the plain one, a trusted signer's
+            # own: one each, whatever the fleet's signers, and a held key's are all
+            # repeats), nor for NAMES_A_KEY others (signers' own it does not trust); past
+            # them, a name that leads to the key again is one, or headers forged by the
+            # thousand naming one key would take every try of every start.
+            if named and not _vouches(self.store, what, key):
                 self.repeats[key] += 1
                 return None, self.repeats[key] > NAMES_A_KEY
             return None, False
