@@ -88,6 +88,16 @@ class _PlantedKeys(dict[str, Planted]):
         return self._sorted[1]
 
 
+def answer(h: http.server.BaseHTTPRequestHandler, status: int, xml: bytes) -> None:
+    """Answers the request ``h`` with ``status`` and the XML body ``xml`` itself, as the
+    service would (nothing reaches the server)."""
+    h.send_response(status)
+    h.send_header("Content-Type", "application/xml")
+    h.send_header("Content-Length", str(len(xml)))
+    h.end_headers()
+    h.wfile.write(xml)
+
+
 def request_kind(method: str, target: str) -> str:
     """``list``, ``delete`` (a batch), or the method in lower case."""
     path, _, query = target.partition("?")
@@ -227,11 +237,7 @@ class S3Relay:
                 with self._lock:
                     self.in_flight -= 1
                     self.trace.append((h.command, h.path, 200))
-                h.send_response(200)
-                h.send_header("Content-Type", "application/xml")
-                h.send_header("Content-Length", str(len(own)))
-                h.end_headers()
-                h.wfile.write(own)
+                answer(h, 200, own)
                 return
         if kind == "delete":
             self._forget_deleted(body)

@@ -24,7 +24,7 @@ from xla_pcache.bucket.torch_xla_garbage import PULL_REMOVALS
 from xla_pcache.bucket.torch_xla_pull import PULL_MISSES
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
-from tests.tiers.relay import S3Relay
+from tests.tiers.relay import S3Relay, answer
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
 from tests.tiers.test_attacks_round6 import NEWER, OLDER, _key, _markers
 from tests.tiers.test_start_garbage import REMOVED, _bucket_holds, _graphs, _put_marked, _start
@@ -493,12 +493,8 @@ def _refuse_puts_below(relay: S3Relay, monkeypatch: pytest.MonkeyPatch, refused:
             length = int(h.headers.get("Content-Length") or 0)
             if length:
                 h.rfile.read(length)
-            body = b"<Error><Code>PathConflict</Code><Message>a directory</Message></Error>"
-            h.send_response(409)
-            h.send_header("Content-Type", "application/xml")
-            h.send_header("Content-Length", str(len(body)))
-            h.end_headers()
-            h.wfile.write(body)
+            conflict = b"<Error><Code>PathConflict</Code><Message>a directory</Message></Error>"
+            answer(h, 409, conflict)
             return
         forward(h)
 

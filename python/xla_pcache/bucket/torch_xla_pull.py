@@ -46,7 +46,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import _core
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
 from xla_pcache.bucket.entry_head import HEAD_BYTES, key_in_header
@@ -114,7 +113,7 @@ def _vouches(store: Any, name: str, key: str) -> bool:
     """Whether a marker of entry ``name`` leads ``store`` to ``key``: ``name`` is one the
     store reads an entry of ``key`` under (a signer's own only when it trusts that signer:
     a host that trusts none follows the plain names only, at no cost for the others)."""
-    return name == _core.entry_name(key) or name in store.entry_names(key)
+    return name in store.entry_names(key)
 
 
 def _wanted_existing(

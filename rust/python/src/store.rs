@@ -291,8 +291,8 @@ impl PyStore {
     /// is called after each local miss (the names to ask for in the core's order, the
     /// budget, and an `Accept` whose first taken value `get` returns); `on_publish(names,
     /// data, replace)` after each put that published (the entry file as written, the names a
-    /// tier keeps it under, and whether it replaces what the plain name holds there). Once per store (xla_pcache.store.Store calls it when a chain is
-    /// configured).
+    /// tier keeps it under, and whether it replaces what the plain name holds there). Once
+    /// per store (xla_pcache.store.Store calls it when a chain is configured).
     fn _set_chain(&self, fetch: Py<PyAny>, on_publish: Py<PyAny>) -> PyResult<()> {
         self.chain
             .set(ChainHooks { fetch, on_publish })
