@@ -34,27 +34,40 @@ if TYPE_CHECKING:
     from xla_pcache.bucket.upkeep import PruneReport
 
 
+# Named as _common's shared options are, so that prune's signature reads as a list of what
+# it takes.
+MaxSizeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-size", help=f"Evict down to this size (e.g. 50G) (default: below ${MAX_SIZE_VAR})"
+    ),
+]
+OlderThanOption = Annotated[
+    str | None, typer.Option("--older-than", help="Evict entries unused this long (e.g. 7d).")
+]
+UntrustedOption = Annotated[
+    bool,
+    typer.Option(
+        "--untrusted",
+        help=f"Remove the entries no trusted key signed (keys from ${TRUSTED_KEYS_VAR}); "
+        "for a bucket, the objects that are nothing xla_pcache writes.",
+    ),
+]
+
+
+def _targets(max_size: str | None, older_than: str | None) -> tuple[int | None, float | None]:
+    """The size and the age to prune to, as the options gave them (None: not given)."""
+    target = parse_size(max_size, name="--max-size")
+    age = None if older_than is None else parse_duration(older_than, name="--older-than")
+    return target, age
+
+
 def prune(
     path: PathOption = None,
     read_only: ReadOnlyOption = False,
-    max_size: Annotated[
-        str | None,
-        typer.Option(
-            "--max-size",
-            help=f"Evict down to this size (e.g. 50G) (default: below ${MAX_SIZE_VAR})",
-        ),
-    ] = None,
-    older_than: Annotated[
-        str | None, typer.Option("--older-than", help="Evict entries unused this long (e.g. 7d).")
-    ] = None,
-    untrusted: Annotated[
-        bool,
-        typer.Option(
-            "--untrusted",
-            help=f"Remove the entries no trusted key signed (keys from ${TRUSTED_KEYS_VAR}); "
-            "for a bucket, the objects that are nothing xla_pcache writes.",
-        ),
-    ] = False,
+    max_size: MaxSizeOption = None,
+    older_than: OlderThanOption = None,
+    untrusted: UntrustedOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Evict least recently used entries now and print what was removed. A bucket
@@ -71,8 +84,7 @@ def prune(
         _prune_untrusted(path, read_only, as_json)
         return
     with reported():
-        target = parse_size(max_size, name="--max-size")
-        age = None if older_than is None else parse_duration(older_than, name="--older-than")
+        target, age = _targets(max_size, older_than)
         with open_cache(path, read_only=read_only, write=True) as store:
             if target is None and age is None and store.max_size is None and not store.max_age:
                 fail(
@@ -121,8 +133,7 @@ def _prune_bucket(
         if untrusted:
             _remove_untrusted_objects(url, read_only, as_json)
             return
-        target = parse_size(max_size, name="--max-size")
-        age = None if older_than is None else parse_duration(older_than, name="--older-than")
+        target, age = _targets(max_size, older_than)
         with open_bucket(url, read_only=read_only) as b:
             refuse_read_only(b, "prune")
             budget = b.read_stored_budget()
