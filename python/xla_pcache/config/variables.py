@@ -333,8 +333,7 @@ VARIABLES: tuple[Variable, ...] = (
         "prefetch_threads",
         "count",
         "8 (at most the CPUs less one)",
-        "Threads that read, decompress and load a plan's executables ahead (at least 1); "
-        "2 suits a run of many small programs on a host with many CPUs.",
+        "Threads that read, decompress and load a plan's executables ahead (at least 1).",
     ),
     Variable(
         PREFETCH_MEMORY_VAR,
