@@ -335,6 +335,7 @@ def pytest_sessionfinish(session, exitstatus):
     # The table names the platform the suite ran on, as the LM's rows do.
     out.update(backend=jax.default_backend(), devices=len(jax.devices()))
     out["results"] = RESULTS
+    out["threads_cpu_s"] = _threads_cpu()
     if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
         import xla_pcache.jax as xj
         report = xj.prefetch_report()
@@ -344,6 +345,24 @@ def pytest_sessionfinish(session, exitstatus):
         json.dump(out, f)
 
 RESULTS = {}
+
+def _threads_cpu():
+    # Each thread's CPU time by name (Python's names where it has them, else the kernel's,
+    # digits dropped), to see where a row's extra CPU went.
+    import collections, glob, threading
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    per = collections.Counter()
+    for path in glob.glob("/proc/self/task/*/stat"):
+        try:
+            text = open(path).read()
+        except OSError:
+            continue
+        tid = int(path.split("/")[4])
+        name = names.get(tid) or text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        per[name.rstrip("0123456789-_")] += (int(fields[11]) + int(fields[12])) / tick
+    return {k: round(v, 2) for k, v in per.most_common() if v >= 0.05}
 """
 
 # One file of the suite: six tests, each jitting programs of its own shapes (a file's index
