@@ -38,6 +38,12 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
 
+# Starts of weed mini tried when a port it was given is taken before it binds it, and what
+# its log says then (its own check of the ports before it starts, or a bind that failed).
+START_ATTEMPTS = 3
+PORT_TAKEN = ("is not available", "address already in use")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,6 +145,23 @@ def start_s3(root: Path, *extra: str) -> S3Server:
             }
         )
     )
+    # A port found free can be taken before weed binds it (by another process's outgoing
+    # connection: it is an ephemeral port): weed then exits saying so, and is started on
+    # other ports, from an empty data directory. Any other failure is the test's.
+    for attempt in range(START_ATTEMPTS):
+        if attempt:
+            shutil.rmtree(root / "data")
+            (root / "data").mkdir()
+        server = _start_weed(root, config, extra)
+        if isinstance(server, S3Server):
+            return server
+        if not any(said in server for said in PORT_TAKEN):
+            break
+    raise RuntimeError(f"weed mini did not start:\n{server}")
+
+
+def _start_weed(root: Path, config: Path, extra: tuple[str, ...]) -> S3Server | str:
+    """One start of ``weed mini`` on ports found free: the server, or its log's tail."""
     port = _free_port()
     ports = {"s3.port": port}
     for flag in (
@@ -190,8 +213,7 @@ def start_s3(root: Path, *extra: str) -> S3Server:
         time.sleep(0.05)
     proc.kill()
     proc.wait()
-    tail = (root / "weed.log").read_text(errors="replace")[-2000:]
-    raise RuntimeError(f"weed mini did not start:\n{tail}")
+    return (root / "weed.log").read_text(errors="replace")[-2000:]
 
 
 def _bucket_ready(port: int) -> bool:
