@@ -38,8 +38,8 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
 
-# Starts of weed mini tried when a port it was given is taken before it binds it, and what
-# its log says then (its own check of the ports before it starts, or a bind that failed).
+# Starts of a server tried when a port it was given is taken before it binds it, and what
+# weed's log says then (its own check of the ports before it starts, or a bind that failed).
 START_ATTEMPTS = 3
 PORT_TAKEN = ("is not available", "address already in use")
 
@@ -53,6 +53,18 @@ def _free_port() -> int:
 def start_redis(*args: str) -> RedisServer:
     exe = shutil.which("redis-server")
     assert exe, "redis-server is not installed (apt-get install redis-server)"
+    # As weed's, a port found free may be taken before redis binds it: redis exits, and is
+    # started again on another.
+    for _ in range(START_ATTEMPTS):
+        server = _start_redis(exe, args)
+        if server is not None:
+            return server
+    raise RuntimeError("redis-server did not start")
+
+
+def _start_redis(exe: str, args: tuple[str, ...]) -> RedisServer | None:
+    """One start of redis on a port found free: the server, or None when it exited (its
+    port was taken); a server that neither answers nor exits fails the test."""
     port = _free_port()
     proc = subprocess.Popen(
         [
@@ -71,11 +83,18 @@ def start_redis(*args: str) -> RedisServer:
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return RedisServer(port, proc)
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+                # A redis answers, and ours is still running: not the listener that held
+                # the port redis could not bind.
+                conn.sendall(b"PING\r\n")
+                if conn.recv(7) == b"+PONG\r\n" and proc.poll() is None:
+                    return RedisServer(port, proc)
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     proc.kill()
     raise RuntimeError("redis-server did not start")
 

@@ -35,3 +35,27 @@ def test_weed_starts_again_on_other_ports_when_one_is_taken(
         assert servers._bucket_ready(server.port)
     finally:
         server.stop()
+
+
+def test_redis_starts_again_on_another_port_when_one_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    given: list[int] = []
+    real = servers._free_port
+
+    def free_port() -> int:
+        port = taken.getsockname()[1] if not given else real()
+        given.append(port)
+        return int(port)
+
+    monkeypatch.setattr(servers, "_free_port", free_port)
+    with taken:
+        server = servers.start_redis()
+    try:
+        assert given[1:] == [server.port] and server.port != given[0], given
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
