@@ -87,15 +87,16 @@ def _start_redis(exe: str, args: tuple[str, ...]) -> RedisServer | None:
             return None
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
-                # A redis answers, and ours is still running: not the listener that held
-                # the port redis could not bind.
+                # A redis answers (PONG, or an error when it wants a password), and ours is
+                # still running: not the listener that held the port redis could not bind.
                 conn.sendall(b"PING\r\n")
-                if conn.recv(7) == b"+PONG\r\n" and proc.poll() is None:
+                if conn.recv(64)[:1] in (b"+", b"-") and proc.poll() is None:
                     return RedisServer(port, proc)
         except OSError:
             pass
         time.sleep(0.05)
     proc.kill()
+    proc.wait()
     raise RuntimeError("redis-server did not start")
 
 
