@@ -12,9 +12,9 @@ import pytest
 from tests.tiers import servers
 
 
-def test_weed_starts_again_on_other_ports_when_one_is_taken(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def hold(monkeypatch: pytest.MonkeyPatch, at: int) -> tuple[socket.socket, list[int]]:
+    """A listener's port, handed to the harness as its ``at``-th port found free (free ones
+    otherwise), and the list of the ports it is handed."""
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -22,40 +22,31 @@ def test_weed_starts_again_on_other_ports_when_one_is_taken(
     real = servers._free_port
 
     def free_port() -> int:
-        # The first start's last port (WebDAV's) is one a listener holds.
-        port = taken.getsockname()[1] if len(given) == 10 else real()
-        given.append(port)
-        return int(port)
+        given.append(int(taken.getsockname()[1]) if len(given) == at else real())
+        return given[-1]
 
     monkeypatch.setattr(servers, "_free_port", free_port)
+    return taken, given
+
+
+def test_weed_starts_again_on_other_ports_when_one_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    # The first start's last port (WebDAV's) is held.
+    taken, given = hold(monkeypatch, at=10)
     with taken:
-        server = servers.start_s3(tmp_path / "weed")
-    try:
-        assert len(given) == 22, given  # two starts of eleven ports each
-        assert servers._bucket_ready(server.port)
-    finally:
-        server.stop()
+        s3 = servers.start_s3(tmp_path / "weed")
+    request.addfinalizer(s3.stop)
+    assert len(given) == 22, given  # two starts of eleven ports each
+    assert servers._bucket_ready(s3.port)
 
 
 def test_redis_starts_again_on_another_port_when_one_is_taken(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    given: list[int] = []
-    real = servers._free_port
-
-    def free_port() -> int:
-        port = taken.getsockname()[1] if not given else real()
-        given.append(port)
-        return int(port)
-
-    monkeypatch.setattr(servers, "_free_port", free_port)
+    taken, given = hold(monkeypatch, at=0)
     with taken:
-        server = servers.start_redis()
-    try:
-        assert given[1:] == [server.port] and server.port != given[0], given
-        assert server.proc.poll() is None
-    finally:
-        server.stop()
+        redis = servers.start_redis()
+    request.addfinalizer(redis.stop)
+    assert given[1:] == [redis.port] and redis.port != given[0], given
+    assert redis.proc.poll() is None
