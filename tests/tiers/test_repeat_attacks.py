@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -162,15 +163,42 @@ def test_a_three_signer_fleets_names_of_held_keys_are_no_misses_to_a_host_trusti
 
 
 # ------------------------------------------------------------------- forged headers
-@pytest.mark.parametrize("ro", [False, True], ids=["writing", "read-only"])
-@pytest.mark.parametrize("signers", [("ci-2",), ("ci-1", "ci-2")], ids=["one", "two"])
+@pytest.fixture(params=[False, True], ids=["writing", "read-only"])
+def ro(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+@pytest.fixture(params=[("ci-2",), ("ci-1", "ci-2")], ids=["one", "two"])
+def signers(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    return tuple(request.param)
+
+
+@dataclass
+class Returning:
+    """A returning host's set-up (``_returning_host``): the fleet's signers, what the host
+    was opened with, and what that gave."""
+
+    signers: tuple[str, ...]
+    given: dict[str, Any]
+    prefix: str
+    url: str
+    home: Path
+    held: list[str]
+    new: list[str]
+
+
+@pytest.fixture
+def returning(
+    ro: bool, signers: tuple[str, ...], relay: S3Relay, s3: S3Server, tmp_path: Path
+) -> Returning:
+    """A returning host that trusts none, writing or read-only, of a fleet signing with one
+    key or two."""
+    given: dict[str, Any] = {"read_only": ro}
+    return Returning(signers, given, *_returning_host(s3, relay, tmp_path, signers, given))
+
+
 def test_forged_headers_naming_held_keys_cost_a_miss_each_at_most(
-    signers: tuple[str, ...],
-    ro: bool,
-    relay: S3Relay,
-    s3: S3Server,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    returning: Returning, relay: S3Relay, s3: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A returning host that trusts none, holding HELD entries (signed by one key or two),
     their markers' listing cut short, NEW entries it lacks; PULL_MISSES objects at made-up
@@ -178,41 +206,31 @@ def test_forged_headers_naming_held_keys_cost_a_miss_each_at_most(
     is drawn after the NEW: with fewer than PULL_MISSES planted before the first real
     entry, the start must fetch every NEW one. Each forged name may turn a real name of
     its key into a miss, never two."""
-    given: dict[str, Any] = {"read_only": ro}
-    prefix, url, home, held, new = _returning_host(s3, relay, tmp_path, signers, given)
-    forged = _forge(s3, prefix, [_key(g) for g in held[:PULL_MISSES]])
-    late = _names(new, signers) | {_key(g) for g in new} | {forged[-1]}
+    forged = _forge(s3, returning.prefix, [_key(g) for g in returning.held[:PULL_MISSES]])
+    new = returning.new
+    late = _names(new, returning.signers) | {_key(g) for g in new} | {forged[-1]}
     with _drawn(monkeypatch, _Drawn(late, first=set(forged[:-1]))):
-        fetched, wire, skipped = _start(url, home, relay, **given)
+        fetched, wire, skipped = _start(returning.url, returning.home, relay, **returning.given)
     assert fetched == NEW, (wire, skipped)
     assert not WRITES & set(wire), wire
-    bound = len(forged) + (1 + len(signers)) * (HELD + NEW) + NEW
+    bound = len(forged) + (1 + len(returning.signers)) * (HELD + NEW) + NEW
     assert wire["get"] <= bound, wire
 
 
-@pytest.mark.parametrize("ro", [False, True], ids=["writing", "read-only"])
-@pytest.mark.parametrize("signers", [("ci-2",), ("ci-1", "ci-2")], ids=["one", "two"])
 def test_forged_headers_naming_keys_the_host_lacks_drawn_first_fetch_them(
-    signers: tuple[str, ...],
-    ro: bool,
-    relay: S3Relay,
-    s3: S3Server,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    returning: Returning, relay: S3Relay, s3: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Forged headers naming each NEW key the returning host lacks, four each, drawn before
     every real name: the first leads the start to that key's own names and fetches it (a
     find, not a miss), the rest and the key's real names are repeats. The start fetches
     every NEW entry, each once, whatever it trusts."""
-    given: dict[str, Any] = {"read_only": ro}
-    prefix, url, home, held, new = _returning_host(s3, relay, tmp_path, signers, given)
-    forged = _forge(s3, prefix, [_key(g) for g in new] * 4)
-    real = _names(held + new, signers)
-    with _drawn(monkeypatch, _Drawn(real | {_key(g) for g in held + new})):
+    forged = _forge(s3, returning.prefix, [_key(g) for g in returning.new] * 4)
+    real = _names(returning.held + returning.new, returning.signers)
+    with _drawn(monkeypatch, _Drawn(real | {_key(g) for g in returning.held + returning.new})):
         relay.trace.clear()
-        fetched, wire, skipped = _start(url, home, relay, **given)
+        fetched, wire, skipped = _start(returning.url, returning.home, relay, **returning.given)
     assert fetched == NEW, (wire, skipped)
-    gets = _gets_by_name(relay, prefix)
+    gets = _gets_by_name(relay, returning.prefix)
     assert all(gets[n] <= 1 for n in forged) and all(gets[n] <= 2 for n in real), gets
-    bound = len(forged) + len(real) + (1 + len(signers)) * NEW
+    bound = len(forged) + len(real) + (1 + len(returning.signers)) * NEW
     assert wire["get"] <= bound, wire
