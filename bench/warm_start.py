@@ -512,7 +512,7 @@ def _beside(key: object) -> bool:
 def fill_jax_dir(store: Path, jax_dir: Path) -> int:
     """JAX's own cache directory holding the store's executables, as JAX names its files
     (by JAX's key: the store's less its runtime build)."""
-    from xla_pcache import Store, builds
+    from xla_pcache import Store, build_key
     from xla_pcache.config import Settings
 
     jax_dir.mkdir(parents=True, exist_ok=True)
@@ -524,7 +524,7 @@ def fill_jax_dir(store: Path, jax_dir: Path) -> int:
                 continue
             blob = s.get(key)
             if blob is not None:
-                jax_key = builds.split_key(key)[0]
+                jax_key = build_key.split(key)[0]
                 (jax_dir / f"{jax_key}-cache").write_bytes(bytes(blob))
                 n += 1
     return n

@@ -184,6 +184,7 @@ command -v redis-server >/dev/null || { echo "redis-server is required" >&2; exi
 bash tests/reliability/setup_testbed.sh
 
 phase "lint"
+bash scripts/commit_subjects.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 "$venv/bin/ruff" check -q .

@@ -1,6 +1,6 @@
 """One framework binary's identity, as the package computes a build, in a fresh process: what
 the tests of where the build identities' record is kept run (tests/test_build_record_place.py,
-tests/test_attacks_round6.py)."""
+tests/test_planted_record_places_never_hang.py)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ bound. The peak is the operation's own, as each child reports it when it exits
 (``tests/fuzz_children.py`` says why).
 
 The snapshot and journal bytes are written here by a small encoder of the formats that
-``rust/core/src/snapshot.rs`` and ``journal.rs`` define (ARCHITECTURE.md, "On disk", "Index at
+``rust/core/src/snapshot/`` and ``journal.rs`` define (ARCHITECTURE.md, "On disk", "Index at
 scale"): the core's encoders are crate-private and refuse (or will refuse) hostile names, which
 is what is planted. Its checksums are xxh3-64, as the core's, so what it writes passes every
 check a reader makes and reaches the code behind them. ``rust/core/src/dirstate_fuzz_tests.rs``
@@ -69,7 +69,7 @@ from tests.fuzz_children import CLI_CHILD as _CLI_CHILD
 from tests.fuzz_children import PEAK_PRELUDE as _PEAK
 
 TOP_PEAKS = 5
-# The largest version-1 snapshot a reader decodes (MAX_V1_LEN of rust/core/src/snapshot.rs).
+# The largest version-1 snapshot a reader decodes (MAX_V1_LEN of rust/core/src/snapshot/v1.rs).
 MAX_V1_LEN = 16 << 20
 N_COUNTERS_GUESS = 40
 BLOCK = 4096

@@ -1,5 +1,5 @@
 """Index snapshots as a hostile writer of the cache directory would make them: the on-disk
-formats of `rust/core/src/snapshot.rs` (version 2, and version 1 as older writers made it),
+formats of `rust/core/src/snapshot/` (version 2, and version 1 as older writers made it),
 with whatever counts, names and totals a test wants, checksummed so that a reader accepts
 everything up to what it must refuse on its own."""
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from xla_pcache import Store, _core, builds
+from xla_pcache import Store, _core, build_key, builds
 from xla_pcache.jax import _plan, _prefetch
 from xla_pcache.jax._plan_writer import PlanWriter
 
@@ -120,7 +120,7 @@ def test_a_plan_cannot_name_another_builds_entry(tmp_path: Path) -> None:
         assert store.put(theirs, b"another build's executable")
         assert store.get(KEY + SUFFIX, count=False) is None
         assert store.get(inside + SUFFIX, count=False) is None
-        assert builds.split_key(inside + SUFFIX) == (inside, SUFFIX[len("@build-") :])
+        assert build_key.split(inside + SUFFIX) == (inside, SUFFIX[len("@build-") :])
 
 
 def test_a_key_with_a_forged_build_is_an_entry_like_any_other(tmp_path: Path) -> None:

@@ -125,14 +125,3 @@ def test_directory_commands_refuse_a_url_and_name_the_host_copy(
         out = CliRunner().invoke(app, args)
         assert out.exit_code == 2 and needle in " ".join(out.output.split()), out.output
     assert list(tmp_path.iterdir()) == []
-
-
-def test_an_earlier_releases_names_for_opening_a_path_are_the_one_door() -> None:
-    import xla_pcache
-    import xla_pcache.bucket as bucket
-
-    for name in ("open_path", "open_store"):
-        with pytest.warns(DeprecationWarning, match="xla_pcache.open_store"):
-            assert getattr(bucket, name) is xla_pcache.open_store
-    with pytest.raises(AttributeError):
-        bucket.no_such_name  # noqa: B018

@@ -1,5 +1,5 @@
 """The user's record of binaries' identities (``_core.identify_binaries``, rust/core/src/
-build_id.rs), attacked: a record planted where someone else could have written it, a link,
+build_id/), attacked: a record planted where someone else could have written it, a link,
 a FIFO, another owner, a mode others may write, garbage, a huge file. Each is refused (a
 hostile one never read nor written) or rebuilt (a garbled one of ours), with one warning,
 and never trusted: the identity is the file's own. The record of the user's own, in a
@@ -18,7 +18,7 @@ import pytest
 import xxhash
 from xla_pcache import _core
 
-# The record's layout (build_id.rs): magic, version, count, slots of 112 bytes, xxh3-64.
+# The record's layout (build_id/record.rs): magic, version, count, slots of 112 bytes, xxh3-64.
 MAGIC = b"xpcbrec\0"
 
 

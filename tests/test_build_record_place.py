@@ -205,7 +205,7 @@ def test_doctor_says_where_the_record_is(tmp_path: Path, read_only_home: Path) -
     assert record["skipped"] and str(read_only_home) in record["skipped"][0], record
 
 
-# The record's layout (build_id.rs): magic, version, count, slots of 112 bytes, xxh3-64.
+# The record's layout (build_id/record.rs): magic, version, count, slots of 112 bytes, xxh3-64.
 LIE = bytes(range(32))
 
 

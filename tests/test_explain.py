@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store, builds, explain, metrics
+from xla_pcache import Store, build_key, explain, metrics
 from xla_pcache._reports import TIER_COUNTERS
 from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, module_name
 
@@ -264,7 +264,7 @@ def test_builds_are_said_in_words_and_keys_keep_their_program_name() -> None:
 
     key = "jit_step-" + "c" * 64
     stored = key + "@build-" + "0123456789abcdef" * 2
-    assert builds.split_key(stored) == (key, "0123456789abcdef" * 2)
-    assert builds.split_key(key) == (key, None)
-    assert builds.split_key(key + "@build-xyz") == (key + "@build-xyz", None)
+    assert build_key.split(stored) == (key, "0123456789abcdef" * 2)
+    assert build_key.split(key) == (key, None)
+    assert build_key.split(key + "@build-xyz") == (key + "@build-xyz", None)
     assert module_name(stored) == module_name(key) == "jit_step"

@@ -21,7 +21,7 @@ from xla_pcache import Store, open_store
 from xla_pcache.cache_path import route
 from xla_pcache.config import Settings
 
-from tests.helpers import clean_env, cli
+from tests.helpers import clean_env, cli, tree_state
 
 # (URL, the directory it names, read-only); the last few are plain paths, as controls.
 SERVED = [
@@ -268,3 +268,41 @@ def test_the_demo_refuses_a_read_only_url(tmp_path: Path) -> None:
     assert r.returncode == 2, r
     assert "?ro=1" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("config", "--max-size", "1M"),
+        ("verify", "--repair"),
+        ("import", "BUNDLE"),
+        ("prune", "--older-than", "1s"),
+    ],
+)
+def test_a_read_only_url_stays_read_only_whatever_the_environment_says(
+    command: tuple[str, ...], tmp_path: Path
+) -> None:
+    """``?ro=1`` on the cache's URL, with ``XLA_PERSISTENT_CACHE_READ_ONLY=0`` in the
+    environment, and the URL itself in ``XLA_PERSISTENT_CACHE_PATH`` too: every command
+    that writes refuses (exit 2, saying read-only) and the directory is left as it was."""
+    cache = tmp_path / "c"
+    with Store(cache, settings=Settings()) as s:
+        for i in range(3):
+            assert s.put(f"k{i}", bytes(500 + i))
+        s.export_bundle(str(tmp_path / "b.tgz"))
+    with Store(tmp_path / "other", settings=Settings()) as s:
+        assert s.put("new", bytes(700))
+        s.export_bundle(str(tmp_path / "new.tgz"))
+    url = f"file://{cache}?ro=1"
+    args = [str(tmp_path / "new.tgz") if a == "BUNDLE" else a for a in command]
+    before = tree_state(cache)
+    for where in (["--path", url], []):
+        proc = cli(
+            *args,
+            *where,
+            cwd=tmp_path,
+            XLA_PERSISTENT_CACHE_READ_ONLY="0",
+            XLA_PERSISTENT_CACHE_PATH=url,
+        )
+        assert proc.returncode == 2 and "read-only" in proc.stderr, (where, proc.stderr)
+    assert tree_state(cache) == before

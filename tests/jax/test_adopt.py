@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import xla_pcache
-from xla_pcache import Store, builds
+from xla_pcache import Store, build_key
 from xla_pcache.jax import _adopt
 from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _cache_dir as jcd
@@ -315,7 +315,7 @@ def test_import_from_jax_cli(tmp_path: Path) -> None:
         assert len(store) == 2
         keys = store.keys()
         for key in keys:
-            jax_key, digest = builds.split_key(key)
+            jax_key, digest = build_key.split(key)
             assert digest == build.digest
             blob = store.get(key)
             assert blob is not None and bytes(blob) == entries[jax_key]

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from xla_pcache import Store, builds
+from xla_pcache import Store, build_key, builds
 from xla_pcache.jax import _build as jax_build
 
 from tests.helpers import (
@@ -98,7 +98,7 @@ def _keys(cache: Path, plans: bool = False) -> dict[str, tuple[str, str | None]]
     with Store(cache, read_only=True) as store:
         keys = store.keys()
     return {
-        str(k): builds.split_key(str(k))
+        str(k): build_key.split(str(k))
         for k in keys
         if is_plan(k) == plans and not is_module_record(k)
     }
@@ -119,7 +119,7 @@ def test_two_jaxlib_builds_alternate_on_one_cache(tmp_path: Path) -> None:
     count, cold = _run(python_a, cache, xdg)
     assert count == 0
     (key_a,) = _keys(cache)
-    jax_key, digest_a = builds.split_key(key_a)
+    jax_key, digest_a = build_key.split(key_a)
     assert digest_a == jax_build.build().digest
     # The workload's plan: no build in its key, naming JAX's key.
     ((_, (_, plan_digest)),) = _keys(cache, plans=True).items()

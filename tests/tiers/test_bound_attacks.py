@@ -15,21 +15,17 @@ from xla_pcache.bucket import prune_reach, torch_xla_pull, upkeep
 from xla_pcache.bucket.reader import MAX_USE_RECORD
 from xla_pcache.config import Settings
 
-from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, put_objects
-from tests.tiers.test_attacks_round6 import (
+from tests.tiers.bucket_plants import (
     ENTRIES,
-    GRAPHS,
-    NEWER,
     _held,
     _hex,
     _hidden_after_the_entries,
-    _key,
-    _markers,
     _prune_json,
-    _torch_xla_bucket,
     _written_by_a_host,
 )
+from tests.tiers.relay import S3Relay
+from tests.tiers.servers import S3Server, bucket_client, put_objects
+from tests.tiers.test_bucket_floods import GRAPHS, NEWER, _key, _markers, _torch_xla_bucket
 from tests.tiers.test_start_attacks import _start
 
 
@@ -130,7 +126,7 @@ def test_records_planted_before_the_hosts_take_no_fold_unsaid(
     first by the service's time: planted later, they wait behind the host's record, which
     keeps its entry; planted earlier, they take the fold, name nothing, and the prune says
     it was cut short (exit 3)."""
-    from tests.tiers.test_attacks_round6 import ENTRY_BYTES, RECORDS, _bucket
+    from tests.tiers.bucket_plants import ENTRY_BYTES, RECORDS, _bucket
 
     prefix, url, names = _bucket(s3, 4)
     client = bucket_client(s3, prefix)

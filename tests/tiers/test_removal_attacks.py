@@ -16,7 +16,7 @@ from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import S3Server, bucket_client, put_objects
-from tests.tiers.test_attacks_round6 import GRAPHS, NEWER, _key, _markers, _torch_xla_bucket
+from tests.tiers.test_bucket_floods import GRAPHS, NEWER, _key, _markers, _torch_xla_bucket
 from tests.tiers.test_start_garbage import (
     REMOVED,
     _bucket_holds,
@@ -75,7 +75,7 @@ def test_entries_signed_by_keys_the_host_does_not_trust_are_not_removed(
     prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
     signed = _graphs(10**33, 10)
     _put_marked(url, tmp_path / "signer", signed, signing_key=("ci-2", CI2))
-    from tests.tiers.test_attacks_round6 import _garbage_with_markers
+    from tests.tiers.bucket_plants import _garbage_with_markers
 
     _garbage_with_markers(s3, relay, prefix, _graphs(10**35, 8), NEWER)
     kept = {entry_name(_key(g)) for g in graphs + signed}
@@ -101,7 +101,7 @@ def test_nothing_outside_the_prefix_is_removed(
     prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
     sibling = f"{prefix}-next"
     garbage = _graphs(10**35, 10)
-    from tests.tiers.test_attacks_round6 import _garbage_with_markers
+    from tests.tiers.bucket_plants import _garbage_with_markers
 
     _garbage_with_markers(s3, relay, prefix, garbage, NEWER)
     names = [entry_name(_key(g)) for g in garbage + graphs]

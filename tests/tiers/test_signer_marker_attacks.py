@@ -26,7 +26,7 @@ from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.tiers.relay import S3Relay, answer
 from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
-from tests.tiers.test_attacks_round6 import NEWER, OLDER, _key, _markers
+from tests.tiers.test_bucket_floods import NEWER, OLDER, _key, _markers
 from tests.tiers.test_start_garbage import REMOVED, _bucket_holds, _graphs, _put_marked, _start
 
 CI2 = generate_signing_key()
@@ -413,7 +413,7 @@ def _cut_with_both_ends(s3: S3Server, relay: S3Relay, tmp_path: Path) -> tuple[s
     client refuses right after the first name's markers, which cuts a start's listing of
     the markers short (every name after it asked for by name, as a flood of markers
     under each name does)."""
-    from tests.tiers.test_attacks_round6 import _garbage_with_markers
+    from tests.tiers.bucket_plants import _garbage_with_markers
 
     prefix, url, graphs = _signed_bucket(s3, tmp_path)
     _garbage_with_markers(s3, relay, prefix, _graphs(10**35, PULL_MISSES), NEWER)
@@ -560,7 +560,7 @@ def test_a_prune_cut_short_reaches_both_names_past_own_name_markers_by_the_thous
     prune asks at most its bound of names (the fleet's records, ``usage`` and markers
     taking turns), reaches both names of every signed entry, removes none within the
     budget and keeps both markers of each; the planted markers it found absent go."""
-    from tests.tiers.test_attacks_round6 import _hidden_after_the_entries
+    from tests.tiers.bucket_plants import _hidden_after_the_entries
 
     prefix, url, graphs = _signed_bucket(s3, tmp_path)
     real = _plain(graphs) | _own(graphs)

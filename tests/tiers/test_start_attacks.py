@@ -16,13 +16,7 @@ from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import S3Server, bucket_client, put_objects
-from tests.tiers.test_attacks_round6 import (
-    GRAPHS,
-    NEWER,
-    _key,
-    _markers,
-    _torch_xla_bucket,
-)
+from tests.tiers.test_bucket_floods import GRAPHS, NEWER, _key, _markers, _torch_xla_bucket
 
 
 def _start(url: str, home: Path, relay: S3Relay) -> tuple[int, dict[str, int], dict[str, int]]:
@@ -166,7 +160,8 @@ def test_ten_thousand_garbage_entries_among_the_drawn_cost_the_misses_cap(
     was cut short. It removes the first PULL_REMOVALS garbage entries it refused, with
     their markers (a request each): the flood drains across the fleet's starts
     (``test_start_garbage.py``)."""
-    from tests.tiers.test_attacks_round6 import OLDER, _garbage_with_markers
+    from tests.tiers.bucket_plants import _garbage_with_markers
+    from tests.tiers.test_bucket_floods import OLDER
 
     prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
     newer = [str(10**35 + i) for i in range(5000)]

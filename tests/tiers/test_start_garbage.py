@@ -18,16 +18,10 @@ from xla_pcache.bucket.torch_xla_pull import PULL_MISSES
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
+from tests.tiers.bucket_plants import _garbage_with_markers
 from tests.tiers.relay import S3Relay
 from tests.tiers.servers import S3Server, bucket_client
-from tests.tiers.test_attacks_round6 import (
-    GRAPHS,
-    NEWER,
-    OLDER,
-    _garbage_with_markers,
-    _key,
-    _torch_xla_bucket,
-)
+from tests.tiers.test_bucket_floods import GRAPHS, NEWER, OLDER, _key, _torch_xla_bucket
 
 CI = generate_signing_key()
 CI_KEY = ("ci-1", signing_public_key(CI))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store, builds
+from xla_pcache import Store, build_key
 from xla_pcache.torch_xla import CANNOT_LOAD_ISSUE
 
 from tests.helpers import clean_env, finish_worker, run_worker, start_worker
@@ -112,6 +112,6 @@ def entries(path: Path) -> dict[str, dict[str, Any]]:
         for e in store.entries():
             key = e["key"]
             if isinstance(key, str) and key.startswith("torch_xla/"):
-                out[builds.split_key(key)[0].removeprefix("torch_xla/")] = e
+                out[build_key.split(key)[0].removeprefix("torch_xla/")] = e
         assert store.verify()["problems"] == 0
         return out

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store, builds
+from xla_pcache import Store, build_key
 from xla_pcache.torch_xla import _build as torch_xla_build
 from xla_pcache.torch_xla._host_mirror import HostMirror, is_torch_xla_name, store_key
 
@@ -52,7 +52,7 @@ def torch_xla_entries(store: Store) -> dict[str, dict[str, Any]]:
     for e in store.entries():
         key = e["key"]
         if isinstance(key, str) and key.startswith("torch_xla/"):
-            out[builds.split_key(key)[0].removeprefix("torch_xla/")] = e
+            out[build_key.split(key)[0].removeprefix("torch_xla/")] = e
     return out
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xla_pcache import Store, builds
+from xla_pcache import Store, build_key, builds
 from xla_pcache.torch_xla import _build as torch_xla_build
 
 from tests.helpers import explain_json
@@ -60,7 +60,7 @@ def test_two_torch_xla_builds_alternate_on_one_cache(tmp_path: Path) -> None:
     with Store(store, read_only=True) as s:
         entries = {str(e["key"]): e for e in s.entries()}
         stats = dict(s.stats())
-    split = {k: builds.split_key(k) for k in entries}
+    split = {k: build_key.split(k) for k in entries}
     assert len(entries) == 2 and len({name for name, _ in split.values()}) == 1
     key_a = next(k for k, (_, d) in split.items() if d == torch_xla_build.build().digest)
     (key_b,) = set(entries) - {key_a}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xla_pcache import Store, _core, builds
+from xla_pcache import Store, _core, build_key
 from xla_pcache.config import Settings
 
 from tests.helpers import clean_env, run_worker
@@ -74,7 +74,7 @@ def test_torch_xla_pool_column(tmp_path: Path) -> None:
         good = bytes(s.get(key) or b"")
     # The attacker's executable: any other bytes (no cell loads what it links).
     evil = bytes(b ^ 0x5A for b in good[: len(good) // 2])
-    tx_name = builds.split_key(key)[0].removeprefix("torch_xla/")
+    tx_name = build_key.split(key)[0].removeprefix("torch_xla/")
     plain, own = _core.entry_name(key), _core.signed_entry_name(key, "ci-1")
     planted = {
         "unsigned": entry_file(key, evil, None),

@@ -15,8 +15,6 @@ The bucket uses the tiers (``xla_pcache.tiers``); no tier uses the bucket.
 
 from __future__ import annotations
 
-from typing import Any
-
 from xla_pcache.bucket.store import (
     BucketStore,
     chain_for,
@@ -26,26 +24,6 @@ from xla_pcache.bucket.store import (
     own_local_store,
 )
 from xla_pcache.bucket.torch_xla_pull import PULL_ENTRIES, PULL_FETCHES, PULL_MARKERS, PULL_MISSES
-
-
-def __getattr__(name: str) -> Any:
-    # The names an earlier release had here for opening a cache path, kept for code that
-    # imported them: both are now the one door, ``xla_pcache.open_store``, taken from the
-    # package (whole by the time this module's attributes are asked for; the door imports
-    # this module).
-    if name in ("open_path", "open_store"):
-        import sys
-        import warnings
-
-        open_store: Any = sys.modules["xla_pcache"].open_store
-        warnings.warn(
-            f"xla_pcache.bucket.{name} is xla_pcache.open_store now",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return open_store
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "PULL_ENTRIES",

@@ -23,7 +23,6 @@ framework key (``other_build`` in ``stats``).
 
 from __future__ import annotations
 
-from xla_pcache.build_key import split as split_key
 from xla_pcache.builds.build import (
     COMPONENT,
     Build,
@@ -47,7 +46,6 @@ __all__ = [
     "meta_with_component",
     "package_dirs",
     "shared_objects",
-    "split_key",
     "unique",
     "usable",
     "with_component",

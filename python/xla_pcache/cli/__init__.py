@@ -22,19 +22,20 @@ import typer
 
 from xla_pcache import _core
 from xla_pcache._text import ShownStream
-from xla_pcache.cli._bundle import Framework as Framework
 from xla_pcache.cli._bundle import export_cmd, import_cmd
-from xla_pcache.cli._common import Failure as Failure
-from xla_pcache.cli._common import JsonOption as JsonOption
-from xla_pcache.cli._common import PathOption as PathOption
-from xla_pcache.cli._common import ReadOnlyOption as ReadOnlyOption
-from xla_pcache.cli._common import emit_json, fail, key_text, open_cache, reported
-from xla_pcache.cli._common import redact as redact
+from xla_pcache.cli._common import (
+    JsonOption,
+    PathOption,
+    ReadOnlyOption,
+    emit_json,
+    fail,
+    key_text,
+    open_cache,
+    reported,
+)
 from xla_pcache.cli._config import config
-from xla_pcache.cli._ls import SortKey as SortKey
 from xla_pcache.cli._ls import list_entries
 from xla_pcache.cli._prune import prune
-from xla_pcache.cli._stats import StatsFormat as StatsFormat
 from xla_pcache.cli._stats import stats
 from xla_pcache.cli._verify import verify
 from xla_pcache.config import SIGNING_KEY_VAR, TRUSTED_KEYS_VAR

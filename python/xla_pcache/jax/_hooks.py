@@ -23,7 +23,6 @@ SUPPORTED_JAX = "jax >= 0.4.36 (CI tests 0.4.36, 0.7.2, 0.10.2 and 0.12.0.1)"
 XLA_CACHES_OPTION = "jax_persistent_cache_enable_xla_caches"
 CACHE_DIR_OPTION = "jax_compilation_cache_dir"
 RAISE_ERRORS_OPTION = "jax_raise_persistent_cache_errors"
-XLA_CACHES_DEFAULT = _adopt.XLA_CACHES_DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)

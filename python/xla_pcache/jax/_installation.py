@@ -31,7 +31,6 @@ from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._hooks import (
     CACHE_DIR_OPTION,
     RAISE_ERRORS_OPTION,
-    XLA_CACHES_DEFAULT,
     XLA_CACHES_OPTION,
     Hooks,
 )
@@ -145,7 +144,7 @@ def keys_free_of_path(hooks: Hooks) -> tuple[bool, str | None]:
         return False, None
     jax_config = hooks.jax.config
     previous: str | None = jax_config.values.get(XLA_CACHES_OPTION)
-    if previous not in (None, "none", XLA_CACHES_DEFAULT):
+    if previous not in (None, "none", _adopt.XLA_CACHES_DEFAULT):
         logger.warning(
             "xla_pcache: setting %s='none' (was %r) while installed, so that cache "
             "keys do not depend on the cache path",

@@ -7,7 +7,7 @@ use std::io;
 
 /// Moves `from/name` to `to/to_name` unless `to_name` exists. Ok(true): published;
 /// Ok(false): `to_name` was already there (first writer wins) and `name` is left for the
-/// caller to remove. Both names are taken relative to directory handles (see `dir.rs`).
+/// caller to remove. Both names are taken relative to directory handles (see `dir/`).
 ///
 /// Tries `renameat2(RENAME_NOREPLACE)` (local filesystems), then `linkat` (atomic on NFS,
 /// where a retransmitted link can report EEXIST although it worked, so the link count is

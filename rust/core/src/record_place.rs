@@ -1,5 +1,5 @@
 //! Where this user's records beside the caches are kept (the verified signatures',
-//! `verified.rs`; the runtime binaries' identities, `build_id.rs`): the first of a few
+//! `verified.rs`; the runtime binaries' identities, `build_id/`): the first of a few
 //! candidate directories that is this user's own and can be written.
 //!
 //! The home's comes first: `$XDG_CACHE_HOME/<name>` (an absolute value only, as the XDG spec

@@ -93,7 +93,7 @@ pub enum Counter {
     PrefetchPlansWritten,
     PrefetchPlansRefused,
     /// Process starts whose runtime build was computed with no record to keep its binaries'
-    /// identities in (`build_id.rs`: neither the home nor a directory of this user's own on
+    /// identities in (`build_id/`: neither the home nor a directory of this user's own on
     /// this host could be written), so every such start hashes them again. Appended after
     /// the loading-ahead counters.
     BuildRehashes,

@@ -1,5 +1,5 @@
 //! `identify_binaries`: the identity of a framework's installed binaries, for Python. The
-//! reading, hashing and the user's record are the core's (`build_id.rs`).
+//! reading, hashing and the user's record are the core's (`build_id/`).
 
 use crate::errors::no_panic;
 use pyo3::prelude::*;

@@ -169,7 +169,7 @@ impl LockError {
 pub struct LockDir {
     dir: PathBuf,
     /// Where the directory is reached from: by its path, or beneath a cache root without
-    /// following any link (see `dir.rs`), at each use.
+    /// following any link (see `dir/`), at each use.
     beneath: Option<(Arc<Root>, Rel)>,
     opts: LockOptions,
     /// `Auto` only: set once fcntl locks were found unavailable here.

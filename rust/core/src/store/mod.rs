@@ -218,7 +218,7 @@ impl State {
 
 pub struct Store {
     layout: Layout,
-    /// The cache root, opened once; every file is reached beneath it (see `dir.rs`).
+    /// The cache root, opened once; every file is reached beneath it (see `dir/`).
     root: Arc<Root>,
     opts: StoreOptions,
     fs: FsInfo,
