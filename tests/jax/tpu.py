@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -25,7 +24,7 @@ from xla_pcache.jax._module_record import KEY_PREFIX
 from xla_pcache.misslog import META_COMPONENTS
 
 from tests.helpers import clean_env
-from tests.jax.helpers import JAX_ONLY, run_python
+from tests.jax.helpers import JAX_ONLY, run_python, without_zstandard
 
 # The tests of this group: marked, and failing (never skipped: tests/conftest.py) where
 # libtpu is not installed.
@@ -72,15 +71,6 @@ AOT_PROGRAM = textwrap.dedent(
 )
 
 
-def hidden_zstandard(tmp: Path) -> Path:
-    """A directory whose ``zstandard`` fails to import, to put first on ``PYTHONPATH``: a host
-    without zstandard, as the TPU machine is."""
-    package = tmp / "no-zstandard" / "zstandard"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text("raise ImportError('not on this host')\n")
-    return package.parent
-
-
 def tpu_vm_env(
     tmp: Path, cache: Path | str | None, *, zstandard: bool = False, **extra: str
 ) -> dict[str, str]:
@@ -96,8 +86,7 @@ def tpu_vm_env(
     if cache is not None:
         env["XLA_PERSISTENT_CACHE_PATH"] = str(cache)
     if not zstandard:
-        paths = [str(hidden_zstandard(tmp)), env.get("PYTHONPATH", "")]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        env = without_zstandard(env, tmp)
     env.update(extra)
     return env
 
