@@ -250,6 +250,8 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
     tests/jax/test_explain_jax.py tests/jax/test_adopt.py \
     tests/jax/test_activation.py tests/jax/test_real_programs.py \
     tests/jax/test_on_miss_jax.py \
+    tests/jax/test_explain_fleet.py::test_hosts_split_by_zstandard_are_told_apart \
+    tests/jax/test_explain_fleet.py::test_a_changed_program_is_diffed_against_the_nearest_record \
     "tests/jax/test_prefetch.py::test_the_next_run_takes_every_planned_executable_and_a_changed_program_updates_the_plan" \
     "tests/jax/test_prefetch.py::test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spared" \
     tests/jax/test_prefetch.py::test_a_jax_whose_cache_read_changed_runs_as_before \
