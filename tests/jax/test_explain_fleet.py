@@ -71,6 +71,7 @@ def test_hosts_split_by_zstandard_are_told_apart(tmp_path: Path) -> None:
     assert here["host"] == {"compression": "zlib", "flags": []}
     assert here["entries"]["recorded"] == 2
     assert here["entries"]["other"] == [{"part": "compression", "value": "zstandard", "entries": 1}]
+    assert here["entries"]["other_left_out"] == 0
     there = _doctor(with_zstd, cache)
     assert there["host"]["compression"] == "zstandard"
     assert there["entries"]["other"] == [{"part": "compression", "value": "zlib", "entries": 1}]
@@ -201,3 +202,63 @@ def test_a_record_over_the_bounds_is_no_diff(two_programs: Two, tmp_path: Path) 
     _plant(cache, sin_record, encode(Record(big, b"", (0,))))
     diff = _miss_diff(cache)
     assert "lines" not in diff and "diffed up to" in diff["why"]
+
+
+def test_planted_key_components_never_mislead_doctor(tmp_path: Path) -> None:
+    """Entries a key-less writer made with components of its choosing: values that are not
+    text are passed over, long ones clipped, control characters shown escaped, and however
+    many values it makes, ten are shown and the rest counted."""
+    cache = tmp_path / "cache"
+    with Store(cache) as store:
+        for i in range(40):
+            parts = {
+                "module": "jit_x",
+                "components": [
+                    {"name": "compression", "digest": "0", "value": f"zstd-{i:02d}\x1b[31m"},
+                    {"name": "XLA flags", "digest": "0", "value": {"not": "text"}},
+                    {"name": "jax_lib version", "digest": "0", "value": "9" * 5000},
+                ],
+            }
+            meta = {"framework": "jax", "key_components": json.dumps(parts)}
+            store.put(f"jit_x-{i:064x}", b"x", meta=meta)
+        store.put("jit_y-" + "0" * 64, b"x", meta={"framework": "jax", "key_components": "[["})
+    env = without_zstandard(_env(cache), tmp_path)
+    keys = _doctor(env, cache)
+    entries = keys["entries"]
+    assert entries["recorded"] == 40
+    assert len(entries["other"]) == 10
+    # One jaxlib value (clipped) on all 40, then 40 compressions of one entry each: the jaxlib
+    # and nine compressions shown, 31 left out; the flags (not text) passed over.
+    jaxlib, *compressions = entries["other"]
+    assert jaxlib["part"] == "jaxlib" and jaxlib["entries"] == 40
+    assert len(jaxlib["value"]) <= 400
+    assert [c["part"] for c in compressions] == ["compression"] * 9
+    assert entries["other_left_out"] == 31
+    shown = cli_out("doctor", "--path", str(cache), env=env)
+    assert "\x1b" not in shown and "more made under still other settings" in shown
+
+
+def test_a_diff_of_texts_a_writer_chose_stays_bounded() -> None:
+    """What is matched line by line is only what lies between the lines two modules share
+    at their start and end, and at most 2,000 lines of it; the diff shown, 80 lines."""
+    from xla_pcache.jax._module_diff import MAX_DIFF_LINES, diff_lines
+
+    head = [f"  %{i} = stablehlo.add %a, %b : tensor<8xf32>" for i in range(5000)]
+    one = "\n".join([*head, "  %x = stablehlo.sine %a", *head])
+    two = "\n".join([*head, "  %x = stablehlo.cosine %a", *head])
+    assert diff_lines(two, one, "r") == [
+        "--- r",
+        "+++ this",
+        "@@ -5000,3 +5000,3 @@",
+        f" {head[-1]}",
+        "-  %x = stablehlo.sine %a",
+        "+  %x = stablehlo.cosine %a",
+        f" {head[0]}",
+    ]
+    # Lines of few distinct values that share nothing: shown as removed then added.
+    a = "\n".join(str(i % 110) for i in range(100_000))
+    b = "\n".join(str(i % 97) for i in range(100_000))
+    out = diff_lines(b, a, "r")
+    assert len(out) == MAX_DIFF_LINES + 1 and out[-1].startswith("...")
+    assert out[2].startswith("@@ -97,") and out[3] == "-96"
+    assert all(line.startswith("-") for line in out[3:-1])

@@ -17,6 +17,7 @@ or is over the bounds, is no diff, said in a word, never an exception.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 from xla_pcache import build_key
@@ -33,9 +34,11 @@ from xla_pcache.jax._module_record import (
 
 logger = package_logger("xla_pcache.explain")
 
-# Bounds: a module's bytecode read for a diff, its text, and the diff shown.
+# Bounds: a module's bytecode read for a diff, its text, the part matched line by line, and
+# the diff shown.
 MAX_MODULE_BYTES = 8 << 20
-MAX_TEXT_LINES = 20_000
+MAX_TEXT_LINES = 400_000
+MAX_MATCHED_LINES = 2_000
 MAX_DIFF_LINES = 80
 
 
@@ -52,17 +55,47 @@ def module_text(module: Any) -> str:
 
 
 def diff_lines(this: str, there: str, there_name: str) -> list[str]:
-    """A unified diff of two modules' texts (``there`` first), at most ``MAX_DIFF_LINES``."""
+    """A unified diff of two modules' texts (``there`` first), at most ``MAX_DIFF_LINES``.
+    The lines the two share at their start and end are set aside first (linear); only what
+    is left between is matched line by line, and only while it is at most
+    ``MAX_MATCHED_LINES`` long (difflib's matching grows faster than its input on text a
+    writer can choose); beyond, that part is shown as removed then added."""
     a, b = there.splitlines(), this.splitlines()
     if max(len(a), len(b)) > MAX_TEXT_LINES:
         raise ValueError(f"modules of more than {MAX_TEXT_LINES} lines are not diffed")
-    out: list[str] = []
-    for line in difflib.unified_diff(a, b, there_name, "this", n=1, lineterm=""):
-        if len(out) == MAX_DIFF_LINES:
-            out.append("... (the rest of the diff is left out)")
-            break
-        out.append(line)
+    same = 0
+    while same < min(len(a), len(b)) and a[same] == b[same]:
+        same += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - same and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    # One line of context on each side of what differs.
+    lo = max(0, same - 1)
+    a_part, b_part = a[lo : len(a) - max(0, tail - 1)], b[lo : len(b) - max(0, tail - 1)]
+    if a_part == b_part:
+        return []
+    out = [f"--- {there_name}", "+++ this"]
+    if max(len(a_part), len(b_part)) <= MAX_MATCHED_LINES:
+        for line in difflib.unified_diff(a_part, b_part, n=1, lineterm=""):
+            if line.startswith(("---", "+++")):
+                continue
+            out.append(_shift_hunk(line, lo) if line.startswith("@@") else line)
+    else:
+        out.append(f"@@ -{lo + 1},{len(a_part)} +{lo + 1},{len(b_part)} @@")
+        out += [f"-{line}" for line in a_part[:MAX_DIFF_LINES]]
+        out += [f"+{line}" for line in b_part[:MAX_DIFF_LINES]]
+    if len(out) > MAX_DIFF_LINES:
+        out = [*out[:MAX_DIFF_LINES], "... (the rest of the diff is left out)"]
     return out
+
+
+def _shift_hunk(header: str, by: int) -> str:
+    """A hunk header of a diff of two slices, numbered as in the whole texts."""
+
+    def shift(match: re.Match[str]) -> str:
+        return f"{match.group(1)}{int(match.group(2)) + by}"
+
+    return re.sub(r"([-+])(\d+)", shift, header, count=2)
 
 
 class Differ:

@@ -62,6 +62,8 @@ _COMPARED = (
     ("runtime build", "runtime build"),
 )
 _MAX_VALUE_CHARS = 400
+# The other settings shown, the most used first.
+_MAX_SHOWN = 10
 
 
 def host_settings() -> dict[str, Any]:
@@ -129,12 +131,15 @@ def compare(store: Any, here: dict[str, Any], build: str | None) -> dict[str, An
             value = values.get(name)
             if name in mine and isinstance(value, str) and value != mine[name]:
                 other[(shown, _clip(value))] += 1
+    ranked = sorted(other.items(), key=lambda kv: (-kv[1], kv[0]))
     return {
         "recorded": recorded,
         "other": [
             {"part": part, "value": value, "entries": n}
-            for (part, value), n in sorted(other.items(), key=lambda kv: (-kv[1], kv[0]))
+            for (part, value), n in ranked[:_MAX_SHOWN]
         ],
+        # Entries of further values (a writer can make as many as it writes entries).
+        "other_left_out": sum(n for _, n in ranked[_MAX_SHOWN:]),
     }
 
 

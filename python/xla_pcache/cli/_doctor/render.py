@@ -191,6 +191,8 @@ def _render_key_settings(console: Console, keys: dict[str, Any] | None) -> None:
             f"were made with {_e(other['part'])} {_e(other['value'] or '(none)')}: this host "
             "never reads them"
         )
+    if entries.get("other_left_out"):
+        console.print(f"  and {entries['other_left_out']} more made under still other settings")
 
 
 def _render_record(console: Console, record: dict[str, Any] | None) -> None:
