@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from xla_pcache import Store, builds
+from xla_pcache import Store, build_key
 from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax import _module_record
 
@@ -69,7 +69,7 @@ def test_an_aot_step_for_a_tpu_topology_is_stored_under_the_tpus_key(tmp_path: P
 
     (key,) = executables_of(cache)
     entry = executables_of(cache)[key]
-    jax_key, digest = builds.split_key(key)
+    jax_key, digest = build_key.split(key)
     # The runtime build of this host, which is the TPU's for the same files.
     assert digest == build_here(env)["digest"]
     parts = entry["components"]
@@ -121,7 +121,7 @@ def test_a_host_of_four_chips_records_its_devices(tmp_path: Path) -> None:
     run_aot(tpu_vm_env(tmp_path, cache), "v5e:2x2", "2,2,1")
     ((key, entry),) = executables_of(cache).items()
     assert entry["components"]["accelerator_config"]["count"] == 4
-    jax_key, _ = builds.split_key(key)
+    jax_key, _ = build_key.split(key)
     with Store(cache, read_only=True) as store:
         blob = store.get(_module_record.record_key(jax_key))
         assert blob is not None

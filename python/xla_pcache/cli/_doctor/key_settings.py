@@ -97,7 +97,7 @@ def compare(store: Any, here: dict[str, Any], build: str | None) -> dict[str, An
     compression, flags, jaxlib or runtime build is not this host's: counted by part and
     value. An entry's components are whatever its writer put there, so values are shown
     clipped, and a malformed one counts as not recorded."""
-    from xla_pcache.builds import split_key
+    from xla_pcache import build_key
     from xla_pcache.explain import entry_components
 
     mine: dict[str, Any] = {}
@@ -124,7 +124,7 @@ def compare(store: Any, here: dict[str, Any], build: str | None) -> dict[str, An
         }
         for name, shown in _COMPARED:
             if name == "runtime build":
-                digest = split_key(str(entry.get("key")))[1]
+                digest = build_key.split(str(entry.get("key")))[1]
                 if build is not None and digest is not None and digest != build:
                     other[(shown, digest)] += 1
                 continue
@@ -135,8 +135,7 @@ def compare(store: Any, here: dict[str, Any], build: str | None) -> dict[str, An
     return {
         "recorded": recorded,
         "other": [
-            {"part": part, "value": value, "entries": n}
-            for (part, value), n in ranked[:_MAX_SHOWN]
+            {"part": part, "value": value, "entries": n} for (part, value), n in ranked[:_MAX_SHOWN]
         ],
         # Entries of further values (a writer can make as many as it writes entries).
         "other_left_out": sum(n for _, n in ranked[_MAX_SHOWN:]),
