@@ -73,6 +73,13 @@ declare -A JAX_LIBS=(
   [$JAX_NEWEST]="flax==0.12.12 optax==0.2.8 equinox==0.13.8"
 )
 # ---- end of the JAX versions
+# ---- JAX's TPU runtime on a CPU host: the main venv's JAX with libtpu from the package
+# index (jax[tpu]), in a venv of its own (about 345 MB downloaded, 1.4 GB on disk, libtpu
+# most of both), for the tests that compile for a compile-only TPU topology under
+# JAX_PLATFORMS=cpu (marked tpu_topology; the main run leaves them out). The version is
+# the main venv's, read once it is made.
+TPU_TOPOLOGY_TESTS=(tests/jax/test_tpu_topology.py)
+# ---- end of JAX's TPU runtime
 
 phase "set-up: main venv"
 if [[ ! -x $venv/bin/python ]]; then
@@ -127,6 +134,18 @@ jax_venv() {  # version, python
   "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[cpu]==$1" ${JAX_LIBS[$1]}
   "$v/bin/pip" install -q --no-deps --force-reinstall "$wheel"
 }
+# JAX with its TPU runtime (jax[tpu]: libtpu from the package index), the main venv's
+# version; zstandard, so that both compressions JAX keys can be had (a test hides it to be
+# a TPU VM without it); the package as users install it.
+jax_tpu_venv() {  # version, python
+  local v=$HOME/.cache/xla-pcache-venv-jax-tpu-$1
+  if [[ ! -x $v/bin/python ]] || ! "$v/bin/python" -c "import importlib.metadata as m; assert m.version('jax') == '$1'; m.version('libtpu')" 2>/dev/null; then
+    "$2" -m venv --clear "$v"
+    "$v/bin/pip" install -q "jax[tpu]==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
+  fi
+  "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[tpu]==$1"
+  "$v/bin/pip" install -q --no-deps --force-reinstall "$wheel"
+}
 # The torch_xla venvs: torch, torch_xla and the test runner; the package comes from this
 # checkout (a .pth, below), with the import hook a real install puts in site-packages.
 torch_xla_venv() {  # version, python
@@ -170,6 +189,8 @@ background() {  # phase name, command...
 }
 background "set-up: jax $JAX_OLDEST" jax_venv "$JAX_OLDEST" python3
 background "set-up: jax $JAX_NEWEST" jax_venv "$JAX_NEWEST" "$py312"
+JAX_TPU=$("$py" -c 'import importlib.metadata as m; print(m.version("jax"))')
+background "set-up: jax $JAX_TPU with libtpu" jax_tpu_venv "$JAX_TPU" python3
 background "set-up: torch_xla $TORCH_XLA_OLDEST" torch_xla_venv "$TORCH_XLA_OLDEST" python3
 background "set-up: torch_xla $TORCH_XLA_NEWEST" torch_xla_venv "$TORCH_XLA_NEWEST" python3
 
@@ -215,7 +236,8 @@ export PATH=$venv/bin:$PATH
 # shellcheck disable=SC2086
 "$py" -m pytest -q -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
   --junitxml="$ledger/junit-main.xml" --ignore=tests/jax/test_real_programs.py \
-  "${TORCH_XLA_FILES[@]/#/--ignore=}" -m "not torch_xla" ${PYTEST_ARGS:-}
+  "${TORCH_XLA_FILES[@]/#/--ignore=}" "${TPU_TOPOLOGY_TESTS[@]/#/--ignore=}" \
+  -m "not torch_xla and not tpu_topology" ${PYTEST_ARGS:-}
 
 # ---- JAX version range
 for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
@@ -228,6 +250,8 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
     tests/jax/test_explain_jax.py tests/jax/test_adopt.py \
     tests/jax/test_activation.py tests/jax/test_real_programs.py \
     tests/jax/test_on_miss_jax.py \
+    tests/jax/test_explain_fleet.py::test_hosts_split_by_zstandard_are_told_apart \
+    tests/jax/test_explain_fleet.py::test_a_changed_program_is_diffed_against_the_nearest_record \
     "tests/jax/test_prefetch.py::test_the_next_run_takes_every_planned_executable_and_a_changed_program_updates_the_plan" \
     "tests/jax/test_prefetch.py::test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spared" \
     tests/jax/test_prefetch.py::test_a_jax_whose_cache_read_changed_runs_as_before \
@@ -237,6 +261,14 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
   rm -rf "$demo_dir"
 done
 # ---- end of the JAX version range tests
+
+# ---- JAX's TPU runtime on a CPU host: compile-only TPU topologies under JAX_PLATFORMS=cpu
+# (the installed wheel; nothing here has a TPU).
+phase "jax $JAX_TPU with libtpu"
+"$HOME/.cache/xla-pcache-venv-jax-tpu-$JAX_TPU/bin/python" -m pytest -q -p no:cacheprovider -ra \
+  -n "${PYTEST_WORKERS:-2}" --dist loadscope --junitxml="$ledger/junit-jax-tpu.xml" \
+  -m tpu_topology "${TPU_TOPOLOGY_TESTS[@]}"
+# ---- end of JAX's TPU runtime tests
 
 # ---- torch_xla version range: every torch_xla test with the oldest claimed torch_xla, whose
 # CPU client loads entries back (hits); the version-dependent ones with the newest, which

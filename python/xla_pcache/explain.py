@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from xla_pcache._text import package_logger
@@ -76,7 +76,27 @@ COMPUTATION_CHANGED = (
 )
 
 
-def record_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> None:
+def _computation_note(result: dict[str, Any]) -> str:
+    """What explain says of a changed computation: where its module's diff against the nearest
+    record's follows, or why there is none."""
+    found = result.get("module_diff") or {}
+    if found.get("lines") is not None:
+        return (
+            "the program's computation changed (a different HLO module): its module against "
+            f"the nearest record's ({found.get('against')}), without debug locations, follows"
+        )
+    if found.get("why"):
+        return f"{COMPUTATION_CHANGED} (no diff: {found['why']})"
+    return COMPUTATION_CHANGED
+
+
+def record_miss(
+    store: Any,
+    key: str,
+    parts: dict[str, Any] | None,
+    framework: str,
+    module_diff: ModuleDiff | None = None,
+) -> None:
     """The one way a miss is recorded, called by both adapters: appended to the store's miss
     log, or, read-only (which never writes it), its explanation logged at INFO (computed only
     when INFO is enabled: it reads every entry's header). Never raises: a miss compiles
@@ -86,7 +106,7 @@ def record_miss(store: Any, key: str, parts: dict[str, Any] | None, framework: s
         if not store.read_only:
             append_miss(_root(store), record)
         elif logger.isEnabledFor(logging.INFO):
-            result = explain_records([record], _recent_entries(store))[0]
+            result = explain_records([record], _recent_entries(store), module_diff)[0]
             logger.info("xla_pcache: read-only cache missed: %s", one_line(result))
     except Exception as exc:
         logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
@@ -165,11 +185,20 @@ def _diff(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[st
     return order({n for n in names if a.get(n, {}).get("digest") != b.get(n, {}).get("digest")})
 
 
+# An adapter's diff of a missed program's module against the nearest record's, asked when
+# the computation differs: ``{"against": <record key>, "lines": [...]}``, or ``{"why": ...}``
+# (the JAX adapter's ``_module_diff.Differ``).
+ModuleDiff = Callable[[dict[str, Any]], dict[str, Any]]
+
+
 def explain_records(
-    targets: list[dict[str, Any]], entries: list[dict[str, Any]]
+    targets: list[dict[str, Any]],
+    entries: list[dict[str, Any]],
+    module_diff: ModuleDiff | None = None,
 ) -> list[dict[str, Any]]:
     """One explanation per target (a miss record or an entry): its nearest entry of the same
-    program and the components that differ."""
+    program and the components that differ; where the computation differs, the module's
+    diff against the nearest record's (``module_diff``)."""
     by_module: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         by_module.setdefault(str(e["module"]), []).append(e)
@@ -235,11 +264,24 @@ def explain_records(
         }
         if module == "torch_xla":
             result.setdefault("notes", []).append(NOT_EXPLAINED)
+        if "computation" in differs and module_diff is not None:
+            found = module_diff(result)
+            if found.get("lines") is not None:
+                result["module_diff"] = found
+            elif found.get("why"):
+                result["module_diff"] = {"why": str(found["why"])}
         if "computation" in differs and _unrecorded(result["values"]["computation"]):
-            result.setdefault("notes", []).append(COMPUTATION_CHANGED)
+            result.setdefault("notes", []).append(_computation_note(result))
         if BUILD in differs:
             # Another build's entry is never loaded here: say whose, in words.
             result["build"] = build_sentence(result["values"][BUILD])
+        settings = {
+            name: said
+            for name in differs
+            if (said := setting_sentence(name, result["values"][name])) is not None
+        }
+        if settings:
+            result["settings"] = settings
         if not differs:
             result["answer"] = "same components as the nearest entry"
         elif differs == [BUILD]:
@@ -296,6 +338,61 @@ def build_sentence(v: dict[str, Any]) -> str:
     return "; ".join(said) or "another runtime build"
 
 
+# The components that are a host's settings rather than its program: where a cache is filled
+# on one host (ahead of time, on a CPU host for a TPU fleet) and read on another, what they
+# differ in is said in words, with what to change.
+FLAGS_WHY = (
+    "XLA_FLAGS, LIBTPU_INIT_ARGS and --xla arguments enter JAX's key; on a TPU VM, JAX's "
+    "set-up adds --xla_tpu_use_enhanced_launch_barrier=true to LIBTPU_INIT_ARGS, and "
+    "JAX_FORCE_TPU_INIT=1 makes it do so on a host without TPU chips"
+)
+COMPRESSION_WHY = (
+    "JAX compresses with zstd where the zstandard package imports, with zlib where it does "
+    "not, and names its choice in the key: hosts that share entries need zstandard alike, "
+    "installed on all of them or on none"
+)
+
+
+def _one_line_text(value: Any) -> str:
+    return " / ".join(str(value).split("\n")) if value is not None else "(not recorded)"
+
+
+def _flag_set(value: Any) -> list[str] | None:
+    return value.split() if isinstance(value, str) else None
+
+
+def setting_sentence(name: str, v: dict[str, Any]) -> str | None:
+    """What differs in one of a host's settings that enter JAX's key, in words; None for a
+    component that is the program's (or one whose values were not recorded)."""
+    this, there = v.get("this"), v.get("nearest")
+    if name == "compression" and isinstance(this, str) and isinstance(there, str):
+        return f"compressed with {this} here, {there} there: {COMPRESSION_WHY}"
+    if name == "XLA flags":
+        mine, theirs = _flag_set(this), _flag_set(there)
+        if mine is None or theirs is None:
+            return None
+        here_only = [f for f in mine if f not in theirs]
+        there_only = [f for f in theirs if f not in mine]
+        return (
+            f"flags here only: {' '.join(here_only) or 'none'}; there only: "
+            f"{' '.join(there_only) or 'none'} ({FLAGS_WHY})"
+        )
+    if name == "jax_lib version" and this is not None and there is not None:
+        return f"another jaxlib ({this} here, {there} there)"
+    if name == "backend version" and this is not None and there is not None:
+        return (
+            f"another version of the platform's runtime (the PJRT plugin: libtpu on a TPU): "
+            f"{_one_line_text(this)} here, {_one_line_text(there)} there"
+        )
+    if name == "accelerator_config" and isinstance(this, dict) and isinstance(there, dict):
+        return f"other devices: {_devices_text(this)} here, {_devices_text(there)} there"
+    return None
+
+
+def _devices_text(value: dict[str, Any]) -> str:
+    return f"{value.get('count')} x {value.get('device_kind')} ({value.get('platform')})"
+
+
 _FOLLOWS_FLAGS = (
     "compile_options differs only in its debug options, which XLA reads from XLA_FLAGS: "
     "a consequence of the XLA flags"
@@ -327,10 +424,13 @@ def _root(store: Any) -> Root:
     return root_fd if callable(root_fd) else str(store.path)
 
 
-def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str, Any]]:
+def explain(
+    store: Any, key: str | None = None, last: int = 10, module_diff: ModuleDiff | None = None
+) -> list[dict[str, Any]]:
     """Explain the ``last`` most recent distinct misses of the store, or ``key`` (a missed
-    key, or the key of an entry, compared with the other entries of its program). Raises
-    ``NotRecorded`` (a KeyError) when ``key`` is neither."""
+    key, or the key of an entry, compared with the other entries of its program), with
+    ``module_diff`` where the computation differs. Raises ``NotRecorded`` (a KeyError) when
+    ``key`` is neither."""
     entries = _entries(store)
     misses = read_misses(_root(store))
     if key is not None:
@@ -349,13 +449,13 @@ def explain(store: Any, key: str | None = None, last: int = 10) -> list[dict[str
                     "components": entry["components"],
                 }
             ]
-        return _note_untrusted(store, explain_records(targets, entries))
+        return _note_untrusted(store, explain_records(targets, entries, module_diff))
     latest: dict[str, dict[str, Any]] = {}
     for m in misses:
         latest.pop(m["key"], None)
         latest[m["key"]] = m
     targets = list(latest.values())[-last:] if last > 0 else []
-    return _note_untrusted(store, list(reversed(explain_records(targets, entries))))
+    return _note_untrusted(store, list(reversed(explain_records(targets, entries, module_diff))))
 
 
 def _note_untrusted(store: Any, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -405,7 +505,10 @@ def one_line(result: dict[str, Any]) -> str:
     for name in result.get("differs", []):
         v = result["values"].get(name, {})
         if name == "computation" and _unrecorded(v):
-            text += f"; {COMPUTATION_CHANGED}"
+            text += f"; {_computation_note(result)}"
+            lines_ = (result.get("module_diff") or {}).get("lines")
+            if lines_:
+                text += ":\n" + "\n".join(lines_)
         elif name == BUILD:
             if result.get("answer") != result.get("build"):
                 text += f"; {result.get('build')}"
@@ -413,6 +516,9 @@ def one_line(result: dict[str, Any]) -> str:
             text += f"; {name}: {_digests(v)}"
         else:
             text += f"; {name}: {_show(v.get('this'))} here, {_show(v.get('nearest'))} there"
+        said = result.get("settings", {}).get(name)
+        if said:
+            text += f" ({said})"
     return text
 
 
@@ -444,13 +550,20 @@ def lines(result: dict[str, Any], now: float | None = None) -> list[str]:
             out.append(f"  differs: {name}: {result.get('build')}")
             continue
         if _unrecorded(v):
-            # The computation's case is the note above.
+            # The computation's case is the note above, and its module's diff here.
             out.append(f"  differs: {name}" + ("" if name == "computation" else f": {_digests(v)}"))
+            if name == "computation":
+                out += [
+                    f"    {line}" for line in (result.get("module_diff") or {}).get("lines", [])
+                ]
             continue
         this, there = _narrow(v.get("this"), v.get("nearest"))
         out.append(f"  differs: {name}")
         out.append(f"    this:    {_show(this)}")
         out.append(f"    nearest: {_show(there)}")
+        said = result.get("settings", {}).get(name)
+        if said:
+            out.append(f"    why:     {said}")
     return out
 
 

@@ -9,6 +9,7 @@ only a miss reaches this module.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from xla_pcache._text import package_logger
@@ -34,13 +35,22 @@ class CacheMissError(RuntimeError):
         )
 
 
-def reason(store: Any, key: str, parts: dict[str, Any] | None, framework: str) -> str:
-    """Why ``key`` missed, in one line (``xla-pcache explain``'s answer); never raises."""
+def reason(
+    store: Any,
+    key: str,
+    parts: dict[str, Any] | None,
+    framework: str,
+    module_diff: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> str:
+    """Why ``key`` missed, in one line (``xla-pcache explain``'s answer, with the module's
+    diff against the nearest record's where the computation changed and ``module_diff``
+    gives one); never raises."""
     try:
         from xla_pcache import explain, misslog
 
         record = misslog.miss_record(key, parts, framework)
-        result = explain.explain_records([record], explain._recent_entries(store))[0]
+        entries = explain._recent_entries(store)
+        result = explain.explain_records([record], entries, module_diff)[0]
         return explain.one_line(result)
     except Exception as exc:
         logger.debug("xla_pcache: cannot explain the miss of %r: %s", key, exc)
@@ -55,12 +65,13 @@ def handle(
     program: str,
     framework: str,
     parts: dict[str, Any] | None = None,
+    module_diff: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> None:
     """Apply ``mode`` to a miss of ``key``: nothing for ``compile``, one warning for
     ``warn``, ``CacheMissError`` for ``error``."""
     if mode == "compile":
         return
-    why = reason(store, key, parts, framework)
+    why = reason(store, key, parts, framework, module_diff)
     if mode == "error":
         raise CacheMissError(program, key, framework, why)
     logger.warning("xla_pcache: %s cache miss for program %r: %s", framework, program, why)

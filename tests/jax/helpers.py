@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -184,3 +185,18 @@ def scratch_programs(factory: pytest.TempPathFactory) -> dict[str, tuple[str, by
             out[name] = (str(entry["key"]), bytes(blob), value)
     assert out["sin"][2] != out["cos"][2]
     return out
+
+
+def hidden_zstandard(tmp: Path) -> Path:
+    """A directory whose ``zstandard`` fails to import, to put first on ``PYTHONPATH``: a host
+    without zstandard (as the TPU machine is), where JAX compresses with zlib."""
+    package = tmp / "no-zstandard" / "zstandard"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("raise ImportError('not on this host')\n")
+    return package.parent
+
+
+def without_zstandard(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """``env`` with ``hidden_zstandard`` first on its ``PYTHONPATH``."""
+    paths = [str(hidden_zstandard(tmp)), env.get("PYTHONPATH", "")]
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}

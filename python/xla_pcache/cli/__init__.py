@@ -13,6 +13,7 @@ The commands live in modules named for them (``_stats``, ``_ls``, ``_prune``, ``
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import time
@@ -96,7 +97,7 @@ def explain(
 
     with reported(), open_cache(path, read_only=True) as store:
         try:
-            results = why.explain(store, key, last)
+            results = why.explain(store, key, last, _module_differ(store))
         except why.NotRecorded:
             fail(f"no miss and no entry recorded for key {key_text(key)}")
     if as_json:
@@ -111,6 +112,16 @@ def explain(
             typer.echo("")
         for line in why.lines(result, now):
             typer.echo(key_text(line))
+
+
+def _module_differ(store: Any) -> Any:
+    """Where JAX is installed, what diffs a changed program's module against the nearest
+    record's (records are JAX's, and JAX's own MLIR reads them); else None."""
+    if importlib.util.find_spec("jax") is None:
+        return None
+    from xla_pcache.jax import _module_diff
+
+    return _module_diff.Differ(store)
 
 
 # keygen --------------------------------------------------------------------------------------

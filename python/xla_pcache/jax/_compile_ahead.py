@@ -90,6 +90,8 @@ IDLE_RELEASE_S = 300.0
 MAX_TOUCHED = 4096
 
 _local = threading.local()
+# Set by the wrapper at each compile it sees (the pending put's state when it records nothing).
+_SEEN = object()
 
 
 class _State(enum.Enum):
@@ -342,7 +344,7 @@ class CompileAhead:
                 prepared = self._prepare(_compile_hook.bind(form, args, kwargs))
             except Exception as exc:
                 self._warn("reading what JAX compiles", "", exc)
-        _local.pending = None
+        _local.pending = _SEEN
         if prepared is None:
             return original(*args, **kwargs)
         digest, name, record, backend = prepared
@@ -441,6 +443,8 @@ class CompileAhead:
         written beside it. Never raises."""
         pending = getattr(_local, "pending", None)
         _local.pending = None
+        if pending is None:
+            pending = self._unseen(key)
         if not isinstance(pending, _Pending) or pending.owner is not self:
             return meta
         if pending.name is not None and pending.name != program_name(key):
@@ -464,6 +468,20 @@ class CompileAhead:
         if pending.record is not None and self._writes:
             self._write_record(key, pending.record, stale=stale)
         return meta
+
+    def _unseen(self, key: str) -> _Pending | None:
+        """For the put of a compile the wrapper did not see (``_compile_hook.unseen_call``):
+        its record, from JAX's own frame. Never raises."""
+        try:
+            call = _compile_hook.unseen_call(self._form, key)
+            prepared = self._prepare(call) if os.getpid() == self._pid else None
+        except Exception as exc:
+            self._warn("reading what JAX compiled", key, exc)
+            return None
+        if prepared is None:
+            return None
+        digest, name, record, _backend = prepared
+        return _Pending(self, name, digest, record, None)
 
     def _write_record(self, key: str, record: Record, *, stale: bool) -> None:
         """Put ``record`` under ``key``'s record key: in place of a record that was read and

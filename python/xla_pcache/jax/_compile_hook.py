@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import io
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,17 @@ FORMS: dict[tuple[str, tuple[str, ...]], int] = {
     ): 2,
 }
 _WRAPPED = "__xla_pcache_compile_ahead__"
+# JAX's compile-then-put on a miss, in every JAX of ``FORMS``: its parameters are the compile's
+# arguments, under these names, with the key it puts under (``cache_key``).
+_WRITER = ("jax._src.compiler", "_compile_and_write_cache")
+_WRITER_ARGUMENTS = {
+    "backend": "backend",
+    "module": "computation",
+    "executable_devices": "executable_devices",
+    "options": "compile_options",
+    "host_callbacks": "host_callbacks",
+}
+_MAX_FRAMES = 24
 
 
 def read_form(compiler: Any) -> tuple[str, int] | str:
@@ -116,6 +128,35 @@ def bind(form: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, 
             return None
         call[k] = v
     return call if len(call) == len(names) else None
+
+
+def unseen_call(form: int, key: str) -> dict[str, Any] | None:
+    """The arguments of the compile JAX has just made of ``key``'s program on this thread,
+    by name as ``bind`` gives them, read from the frame of JAX's compile-then-put (whose
+    parameters are that compile's arguments): for a compile the wrapper did not see. The
+    first compile of a process can be one: JAX brings its backends up, and so activates this
+    package, from inside its compile function when the program is for a compile-only
+    topology (``_get_cross_compile_backend``), after the call was made. None when the put is
+    not inside that frame, or the frame's key is another."""
+    frame: Any = sys._getframe(1)
+    try:
+        for _ in range(_MAX_FRAMES):
+            if frame is None:
+                return None
+            if (frame.f_globals.get("__name__"), frame.f_code.co_name) == _WRITER:
+                break
+            frame = frame.f_back
+        else:
+            return None
+        local = frame.f_locals
+        if local.get("cache_key") != key:
+            return None
+        names = next(params for (_, params), f in FORMS.items() if f == form)
+        if any(_WRITER_ARGUMENTS[name] not in local for name in names):
+            return None
+        return {name: local[_WRITER_ARGUMENTS[name]] for name in names}
+    finally:
+        del frame
 
 
 def module_bytecode(module: Any) -> bytes:

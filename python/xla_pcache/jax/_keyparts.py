@@ -131,6 +131,16 @@ def _key_args() -> dict[str, Any] | None:
     return args
 
 
+def computation() -> Any:
+    """The module ``compile_or_get_cached`` on this thread's stack is looking up (for a
+    miss's module diff), or None."""
+    try:
+        frame = _find_frame(("compile_or_get_cached",), "jax._src.compiler")
+        return None if frame is None else frame.f_locals.get("computation")
+    except Exception:
+        return None
+
+
 def _ignore_arg(cc: Any) -> list[Any]:
     """The last argument of ``get_cache_key`` as JAX's compiler passes it: the custom
     partitioning option, an enum (0.5-0.11) or a bool (later)."""

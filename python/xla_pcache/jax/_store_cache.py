@@ -16,6 +16,7 @@ from xla_pcache.jax import (
     _build,
     _compile_ahead,
     _keyparts,
+    _module_diff,
     _plan,
     _prefetch,
     _single_flight,
@@ -117,10 +118,12 @@ class _StoreCacheImpl:
                 self.ahead.missed(key)
             # Misses only: the hit path above records nothing.
             new, parts = _keyparts.missed(key)
+            # Where the computation changed: its module against the nearest record's.
+            differ = _module_diff.Differ(self._store, _keyparts.computation())
             if new:
                 self._others.count(self._store, key)
                 explain.record_miss(
-                    self._store, skey, builds.with_component(parts, self._build), "jax"
+                    self._store, skey, builds.with_component(parts, self._build), "jax", differ
                 )
             if self._on_miss != "compile":
                 # Raises CacheMissError in "error" mode: install() made JAX let it through.
@@ -131,6 +134,7 @@ class _StoreCacheImpl:
                     program=_keyparts.module_name(key),
                     framework="jax",
                     parts=builds.with_component(_keyparts.components(key), self._build),
+                    module_diff=differ,
                 )
             return None
         with self._lock:

@@ -8,8 +8,9 @@ backend asked for, so the next doctor on any host sharing the cache reads it ins
 
 The report's parts are modules of this package, one subject each: ``frameworks`` (each
 framework's probe, and what is remembered of it), ``environment`` (the settings, the cache
-and its store, activation, what JAX stores, loading ahead) and ``render`` (the report for
-people); here they are put together (``collect``) and printed (``main``).
+and its store, activation, what JAX stores, loading ahead), ``key_settings`` (the compression
+and flags in this host's JAX keys, and the store's entries made under others) and ``render``
+(the report for people); here they are put together (``collect``) and printed (``main``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import platform
 from typing import Any
+
+from xla_pcache.cli._doctor import key_settings
 
 # Named here as well (``x as x``) are the parts tests and the fuzzer reach through
 # ``xla_pcache.cli._doctor``.
@@ -59,6 +62,8 @@ def collect(path: str | None) -> dict[str, Any]:
             report = _check_framework(fw, store)
             if report is not None:
                 frameworks[name] = report
+        # What enters this host's JAX keys, and the store's entries made under other settings.
+        jax_keys = key_settings.report(store, frameworks.get("jax"))
     finally:
         if store is not None:
             store.close()
@@ -71,6 +76,7 @@ def collect(path: str | None) -> dict[str, Any]:
         "frameworks": frameworks,
         "activation": _activation(settings),
         "jax_caching": _jax_caching(settings),
+        "jax_keys": jax_keys,
         "prefetch": _prefetch_settings(settings),
         "problems": problems,
     }

@@ -127,6 +127,7 @@ def _render(console: Console, report: dict[str, Any]) -> None:
     if report["frameworks"]:
         console.print(table)
         _render_builds(console, report["frameworks"])
+        _render_key_settings(console, report.get("jax_keys"))
     else:
         console.print("No framework found: install jax or torch_xla.")
     for problem in report["problems"]:
@@ -161,6 +162,37 @@ def _render_builds(console: Console, frameworks: dict[str, Any]) -> None:
                 "process hashes the binaries"
             )
         _render_record(console, build.get("record"))
+
+
+def _render_key_settings(console: Console, keys: dict[str, Any] | None) -> None:
+    """The compression and flags in this host's JAX keys, and the store's entries made under
+    others (a fleet split by them shares no entry)."""
+    if not keys:
+        return
+    host = keys.get("host") or {}
+    if "error" in host:
+        console.print(f"JAX's keys on this host: [red]unknown[/] ({_e(host['error'])})")
+        return
+    flags = host.get("flags")
+    console.print(
+        f"JAX's keys on this host: compression {_e(host.get('compression', '?'))}, flags "
+        + (_e(" ".join(flags)) if flags else "none" if flags is not None else "?")
+        + " (hosts that share entries need both alike)"
+    )
+    for name in ("compression_error", "flags_error"):
+        if host.get(name):
+            console.print(f"  [red]{_e(name)}[/]: {_e(host[name])}")
+    entries = keys.get("entries")
+    if not entries:
+        return
+    for other in entries.get("other", []):
+        console.print(
+            f"  [yellow]{other['entries']} of the store's {entries['recorded']} JAX entries[/] "
+            f"were made with {_e(other['part'])} {_e(other['value'] or '(none)')}: this host "
+            "never reads them"
+        )
+    if entries.get("other_left_out"):
+        console.print(f"  and {entries['other_left_out']} more made under still other settings")
 
 
 def _render_record(console: Console, record: dict[str, Any] | None) -> None:
