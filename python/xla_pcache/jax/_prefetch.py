@@ -4,7 +4,7 @@ there instead of doing that work one program at a time on the main thread.
 
 A session (``Prefetch``) begins at installation (``begin``: activation runs inside JAX's
 backend start, before the backend exists) or else at JAX's first cache read (``_read_hook``).
-Its thread reads the plan at once (its name needs no backend, ``_plan.workload``), and its
+Its thread reads the plan at once (its name needs no backend, ``_plan_name.workload``), and its
 workers fetch what the plan's candidates all hold (``_recognition``) and decompress it while
 the backend comes up (on a bucket path the fetch is the download); once JAX's default backend
 is up (``_backend_wait``, or the first read's) the candidates are the variants of its
@@ -41,7 +41,7 @@ from typing import Any
 
 from xla_pcache import build_key, builds
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax import _loads, _plan
+from xla_pcache.jax import _loads, _plan, _plan_name
 from xla_pcache.jax._backend_wait import process_index
 from xla_pcache.jax._compile_ahead import CompileAhead
 from xla_pcache.jax._loads import (
@@ -232,7 +232,7 @@ class Prefetch:
         self._tend()
 
     def _read_plan(self) -> None:
-        self._workload = _plan.workload(self._name, self._jax_version, self._process)
+        self._workload = _plan_name.workload(self._name, self._jax_version, self._process)
         self._key = _plan.plan_key(self._workload)
         plan = self._fetch_plan()
         with self._cond:
