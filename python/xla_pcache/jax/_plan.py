@@ -18,10 +18,12 @@ serialized compile options the read passed and the device ids (the devices' plac
 options on JAX before 0.7), with options and device lists kept once each per variant and
 entries pointing at them.
 
-A plan is written only when a run read what no variant of its platform holds (``covers``);
-then its variant joins the others (``merged``), replacing those it holds whole, the oldest
-dropped past ``MAX_VARIANTS``: so known programs that alternate, and a program run with
-loading ahead on and off, write nothing.
+A plan is written when a run read what no variant of its platform holds (``covers``), or,
+at a run's whole end, when what the variants holding its reads all hold (what recognition
+loads for it) is mostly what it never asked for (``wants_own``: a program whose reads are a
+subset of another's); then its variant joins the others (``merged``), replacing those it
+holds whole, the oldest dropped past ``MAX_VARIANTS``: so known programs that alternate, and
+a program run with loading ahead on and off, write nothing.
 
 What is read here is untrusted: whoever can write the cache directory or its bucket can put
 an entry under a plan's key (a trusting store serves only a signed one). ``decode`` takes
@@ -46,9 +48,10 @@ from xla_pcache._core import hash_key
 
 # The key a plan lives under: never a JAX key (those are ``<module>-<64 hex>``). Version 1
 # (variants per command line, the platform in the name) lived under ``...-plan-1:``,
-# version 2 (named by the script's absolute path) under ``...-plan-2:``: a release never
-# reads another version's, so two releases on one cache neither refuse nor rewrite each
-# other's plans; an old plan ages out as any entry.
+# version 2 (named by the script's absolute path; a variant another holds whole never
+# kept) under ``...-plan-2:``: a release never reads another version's, so two releases on
+# one cache neither refuse nor rewrite each other's plans (nor drop the variants one keeps
+# and the other would not); an old plan ages out as any entry.
 KEY_PREFIX = "xla_pcache-prefetch-plan-3:"
 # What every version's plan key starts with (to tell plans from executables).
 ANY_PREFIX = "xla_pcache-prefetch-plan-"
@@ -125,11 +128,39 @@ def covers(plan: Plan | None, variant: Variant) -> bool:
     """Whether ``plan`` already holds ``variant``: one of its variants of the same platform
     and device count names every key ``variant`` does. A run that read no more than that
     (the same program again, with loading ahead on or off, or stopped early) has nothing to
-    write."""
-    if plan is None:
+    write, unless at its whole end it ``wants_own``."""
+    return bool(holding(plan, variant))
+
+
+# A run that read only what a stored variant holds keeps a variant of its own when what the
+# variants holding its reads all hold (what recognition loads for it) and it never asked for
+# is at least this share of that, and at least this many executables: a program whose
+# reads are a subset of another's (evaluation switched off, ``pytest -k``), or a victim of a
+# planted variant that holds its keys among many others.
+SUBSET_SHARE = 0.25
+SUBSET_MIN = 2
+
+
+def wants_own(holding: list[frozenset[str]], keys: frozenset[str]) -> bool:
+    """Whether a run that read ``keys``, each of ``holding`` (key sets of variants of its
+    platform and device count) holding them all, keeps a variant of its own: what they all
+    hold and it never asked for is ``SUBSET_SHARE`` of it, and ``SUBSET_MIN`` at least.
+    Nothing held, or nothing read: no."""
+    if not holding or not keys:
         return False
+    held = frozenset.intersection(*holding)
+    unasked = len(held - keys)
+    return unasked >= SUBSET_MIN and unasked >= SUBSET_SHARE * len(held)
+
+
+def holding(plan: Plan | None, variant: Variant) -> list[frozenset[str]]:
+    """The key sets of ``plan``'s variants of ``variant``'s platform and device count that
+    hold every key it names."""
+    if plan is None:
+        return []
     keys = variant.keys()
-    return any(keys <= v.keys() for v in plan.on(variant.platform, variant.device_count))
+    on = plan.on(variant.platform, variant.device_count)
+    return [k for k in (v.keys() for v in on) if keys <= k]
 
 
 def load_digest(options: bytes, devices: tuple[int, ...]) -> str:

@@ -53,7 +53,7 @@ from xla_pcache.jax._loads import (
     normalized,
     options_digester,
 )
-from xla_pcache.jax._plan_writer import PlanWriter
+from xla_pcache.jax._plan_writer import PlanWriter, run_failed
 from xla_pcache.jax._recognition import Recognition
 from xla_pcache.store import Store
 
@@ -81,7 +81,7 @@ def _close_all_at_exit() -> None:
     with _sessions_lock:
         sessions = list(_sessions)
     for session in sessions:
-        session.close()
+        session.close(at_exit=True)
 
 
 class Prefetch:
@@ -646,10 +646,11 @@ class Prefetch:
 
     # -------------------------------------------------------------- the end
 
-    def close(self) -> None:
+    def close(self, *, at_exit: bool = False) -> None:
         """Stop loading, wait (bounded) for loads in progress, release what was not taken
-        (wasted), and write the plan if it changed. Idempotent; what JAX's cache reset and
-        the exit hook call."""
+        (wasted), and write the plan if it changed (or, ``at_exit`` of a run that ended
+        without an exception, if the run keeps a variant of its own). Idempotent; what
+        JAX's cache reset and the exit hook call."""
         if os.getpid() != self._pid:
             return
         with self._cond:
@@ -664,7 +665,7 @@ class Prefetch:
                 self._release(slot)
         self._count([("wasted", len(held))])
         # The plan written if it changed, or noted as used (it ages with what it names).
-        self._writer.close()
+        self._writer.close(whole=at_exit and not run_failed())
         if self.ahead is not None:
             self.ahead.close(self._writer.keys_read())
         with _sessions_lock:
