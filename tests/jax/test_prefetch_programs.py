@@ -23,6 +23,7 @@ writes nothing either. (Read-only runs write no plan: tests/jax/test_prefetch.py
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -97,19 +98,14 @@ class Launch:
                 (root / which / "train.py").write_text(_script(which))
 
     def run(self, which: str, **extra: str) -> dict[str, Any]:
-        report = self.root / "report.json"
-        report.unlink(missing_ok=True)
-        env = worker_env(
-            {"XLA_PERSISTENT_CACHE_PATH": str(self.cache), "TEST_REPORT": str(report), **extra}
-        )
+        env = {"TEST_PROGRAM": which} if self.how == "script" else {}
         stdin = None
         cwd = self.root
         if self.how == "script":
-            env["TEST_PROGRAM"] = which
             argv = [sys.executable, str(self.root / "train.py"), "--steps", "3"]
         elif self.how == "stdin":
             argv = [sys.executable, "-"]
-            stdin = (self.root / f"{which}.py").open("rb")
+            stdin = self.root / f"{which}.py"
         elif self.how == "projects":
             argv = [sys.executable, str(self.root / which / "train.py")]
         else:
@@ -117,23 +113,31 @@ class Launch:
             argv = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"]
             argv += ["test_suite.py"]
             cwd = self.root / which
-        try:
-            proc = subprocess.run(
-                argv,
-                stdin=stdin,
-                capture_output=True,
-                text=True,
-                env=env,
-                cwd=cwd,
-                timeout=300,
-                check=False,
-            )
-        finally:
-            if stdin is not None:
-                stdin.close()
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        result: dict[str, Any] = json.loads(report.read_text())
-        return result
+        return _run(argv, self.cache, cwd, stdin=stdin, **env, **extra)
+
+
+def _run(
+    argv: list[str], cache: Path, cwd: Path, stdin: Path | None = None, **extra: str
+) -> dict[str, Any]:
+    """``argv`` in a fresh process in ``cwd`` on ``cache`` (``stdin`` its input): the report
+    the program wrote."""
+    report = cache.parent / "report.json"
+    report.unlink(missing_ok=True)
+    env = worker_env({"XLA_PERSISTENT_CACHE_PATH": str(cache), "TEST_REPORT": str(report), **extra})
+    with open(stdin if stdin is not None else os.devnull, "rb") as given:
+        proc = subprocess.run(
+            argv,
+            stdin=given,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=cwd,
+            timeout=300,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(report.read_text())
+    return result
 
 
 def counters(cache: Path) -> dict[str, int]:
@@ -207,24 +211,6 @@ def _checkout(root: Path) -> Path:
     return root
 
 
-def _run_script(script: Path, cache: Path, cwd: Path) -> dict[str, Any]:
-    report = cache.parent / "report.json"
-    report.unlink(missing_ok=True)
-    env = worker_env({"XLA_PERSISTENT_CACHE_PATH": str(cache), "TEST_REPORT": str(report)})
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(report.read_text())
-    return result
-
-
 def test_one_program_from_two_checkouts_loads_its_plan_in_both(tmp_path: Path) -> None:
     # A CI job's checkout, then a container's copy of it at another prefix, started from
     # another directory: the same plan, found and loaded whole at the copy's first run.
@@ -232,9 +218,9 @@ def test_one_program_from_two_checkouts_loads_its_plan_in_both(tmp_path: Path) -
     ci = _checkout(tmp_path / "builds" / "1234" / "repo")
     app = tmp_path / "container" / "app"
     shutil.copytree(ci, app)
-    cold = _run_script(ci / "src" / "train.py", cache, ci)
+    cold = _run([sys.executable, str(ci / "src" / "train.py")], cache, ci)
     assert cold["hits"] == 0 and counters(cache)["prefetch_plans_written"] == 1
-    warm = _run_script(app / "src" / "train.py", cache, app / "src")
+    warm = _run([sys.executable, str(app / "src" / "train.py")], cache, app / "src")
     prefetch = warm["prefetch"]
     assert warm["out"] == cold["out"] and warm["hits"] == 1 + OWN
     assert prefetch["plan_key"] == cold["prefetch"]["plan_key"]
@@ -243,6 +229,23 @@ def test_one_program_from_two_checkouts_loads_its_plan_in_both(tmp_path: Path) -
     assert stats["prefetch_loaded"] == stats["prefetch_used"] == 1 + OWN
     assert stats["prefetch_wasted"] == 0 and stats["prefetch_plans_written"] == 1
     assert len(_plan.decode(plan_bytes(cache)).variants) == 1
+
+
+def test_a_name_that_is_not_utf8_keeps_its_plan(tmp_path: Path) -> None:
+    # A plan's name of bytes that are not UTF-8 (XLA_PCACHE_PREFETCH_NAME from a shell of
+    # another encoding; a notebook's directory named so): taken as it is, it cannot be
+    # hashed into the plan's key (nothing loaded ahead or written, a warning at every
+    # start); escaped, it names its plan. (JAX itself cannot run a script whose own path
+    # is not UTF-8.)
+    cache = tmp_path / "cache"
+    (tmp_path / "train.py").write_text(_script("a"))
+    name = os.fsdecode(b"lm-\xe9")
+    argv = [sys.executable, str(tmp_path / "train.py")]
+    cold = _run(argv, cache, tmp_path, XLA_PCACHE_PREFETCH_NAME=name)
+    warm = _run(argv, cache, tmp_path, XLA_PCACHE_PREFETCH_NAME=name)
+    assert warm["out"] == cold["out"] and warm["prefetch"]["states"] == {"taken": 1 + OWN}
+    assert warm["prefetch"]["workload"].startswith("lm-\\xe9 | jax ")
+    assert counters(cache)["prefetch_plans_written"] == 1
 
 
 # ----------------------------------------------------------------------------- notebooks
