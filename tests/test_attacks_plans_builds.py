@@ -48,7 +48,11 @@ def _doc(entries: list[list[object]]) -> bytes:
         "options": [""],
         "devices": [[0]],
     }
-    doc = {"format": _plan.FORMAT, "version": 2, "variants": [{**variant, "entries": entries}]}
+    doc = {
+        "format": _plan.FORMAT,
+        "version": _plan.VERSION,
+        "variants": [{**variant, "entries": entries}],
+    }
     return json.dumps(doc).encode()
 
 

@@ -19,7 +19,7 @@ import pytest
 from xla_pcache import Store, entry_name
 from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
-from xla_pcache.jax import _plan
+from xla_pcache.jax import _plan, _plan_name
 
 from tests.helpers import (
     clean_env,
@@ -76,11 +76,12 @@ def open_barrier(procs: list[subprocess.Popen[str]], ready: list[Path], go: Path
 
 
 def worker_plan_name() -> str:
-    """The entry name of the prefetch plan the worker's processes keep (the worker's script,
-    this JAX, process 0; whatever the runtime build): a bucket lists it among the
-    entries."""
+    """The entry name of the prefetch plan the worker's processes keep (the worker's script
+    as placed in this repository, this JAX, process 0; whatever the runtime build): a bucket
+    lists it among the entries."""
     version = importlib.metadata.version("jax")
-    return entry_name(_plan.plan_key(_plan.workload(f"script {WORKER}", version, 0)))
+    name = f"script {_plan_name.place(str(WORKER))}"
+    return entry_name(_plan.plan_key(_plan_name.workload(name, version, 0)))
 
 
 def runs(*programs: int, layers: int = 2) -> list[dict[str, Any]]:

@@ -298,7 +298,7 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
     # Thousands of keys: refused whole, with one warning, before anything is read.
     many = {
         "format": _plan.FORMAT,
-        "version": 2,
+        "version": _plan.VERSION,
         "variants": [
             {
                 "written": 1.0,

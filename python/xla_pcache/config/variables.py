@@ -347,7 +347,7 @@ VARIABLES: tuple[Variable, ...] = (
         PREFETCH_NAME_VAR,
         "prefetch_name",
         "text",
-        "the main module or script",
+        "the program: a script's path in its project, a module, a command",
         "The name of this workload's plan: processes of one name share it, each program "
         "keeping its own variant (up to 16), told apart by what it reads. Set it to keep "
         "workloads apart that should not share one (more than 16 programs behind one entry "

@@ -1,8 +1,8 @@
 """JAX: the warm-start plan, what the programs of one workload read from the cache and what
 loading each entry ahead of its read takes, kept as an entry of the store.
 
-A plan is named by its workload (``workload``): the entry point (the main module or script;
-``XLA_PCACHE_PREFETCH_NAME`` instead when set), the JAX version and the process index, hashed
+A plan is named by its workload (``_plan_name.workload``: the program as the same wherever
+it lives, or ``XLA_PCACHE_PREFETCH_NAME``; the JAX version and the process index), hashed
 into the key ``plan_key``, without the runtime build every executable's key ends with: one
 plan per workload, whatever the build (a new build of the runtime finds the plan its
 predecessor wrote, reads each entry under its own build's key, and compiles ahead what it
@@ -12,16 +12,18 @@ comes up. Its body holds up to ``MAX_VARIANTS`` variants, one per program
 that ran under that name: each the ordered list of what a run of it read, with the platform
 and device count it ran on. Which variant a run is, is told by what it reads
 (``_recognition``), never by its command line: programs sharing a script and its arguments,
-notebooks of one kernel, test suites of one runner each keep their own. Each entry is JAX's
-cache key (an entry's store key is it joined with the build, ``build_key.join``), the
+notebooks of one directory, test suites of one runner each keep their own. Each entry is
+JAX's cache key (an entry's store key is it joined with the build, ``build_key.join``), the
 serialized compile options the read passed and the device ids (the devices' place in the
 options on JAX before 0.7), with options and device lists kept once each per variant and
 entries pointing at them.
 
-A plan is written only when a run read what no variant of its platform holds (``covers``);
-then its variant joins the others (``merged``), replacing those it holds whole, the oldest
-dropped past ``MAX_VARIANTS``: so known programs that alternate, and a program run with
-loading ahead on and off, write nothing.
+A plan is written when a run read what no variant of its platform holds (``covers``), or,
+at a run's whole end, when what the variants holding its reads all hold (what recognition
+loads for it) is mostly what it never asked for (``wants_own``: a program whose reads are a
+subset of another's); then its variant joins the others (``merged``), replacing those it
+holds whole, the oldest dropped past ``MAX_VARIANTS``: so known programs that alternate, and
+a program run with loading ahead on and off, write nothing.
 
 What is read here is untrusted: whoever can write the cache directory or its bucket can put
 an entry under a plan's key (a trusting store serves only a signed one). ``decode`` takes
@@ -39,22 +41,22 @@ import binascii
 import dataclasses
 import json
 import math
-import os
 import re
-import sys
 from typing import Any
 
 from xla_pcache._core import hash_key
 
 # The key a plan lives under: never a JAX key (those are ``<module>-<64 hex>``). Version 1
-# (variants per command line, the platform in the name) lived under ``...-plan-1:``: a
-# release of either version never reads the other's, so two releases on one cache do not
-# refuse and rewrite each other's plans; an old plan ages out as any entry.
-KEY_PREFIX = "xla_pcache-prefetch-plan-2:"
+# (variants per command line, the platform in the name) lived under ``...-plan-1:``,
+# version 2 (named by the script's absolute path; a variant another holds whole never
+# kept) under ``...-plan-2:``: a release never reads another version's, so two releases on
+# one cache neither refuse nor rewrite each other's plans (nor drop the variants one keeps
+# and the other would not); an old plan ages out as any entry.
+KEY_PREFIX = "xla_pcache-prefetch-plan-3:"
 # What every version's plan key starts with (to tell plans from executables).
 ANY_PREFIX = "xla_pcache-prefetch-plan-"
 FORMAT = "xla_pcache-prefetch-plan"
-VERSION = 2
+VERSION = 3
 # The entry's metadata: what it is, for people (``xla-pcache ls``).
 META_KIND = "prefetch-plan"
 # An executable's metadata, written by the process that compiled it: the digest of the
@@ -76,7 +78,6 @@ MAX_DEVICE_LISTS = 256
 MAX_DEVICES = 65536
 MAX_DEVICE_ID = (1 << 31) - 1
 MAX_KEY_CHARS = 1024
-MAX_NAME_CHARS = 512
 MAX_PLATFORM_CHARS = 64
 
 # JAX's cache key: the module's name, a dash, a SHA-256 in hex (jax._src.cache_key.get).
@@ -127,11 +128,39 @@ def covers(plan: Plan | None, variant: Variant) -> bool:
     """Whether ``plan`` already holds ``variant``: one of its variants of the same platform
     and device count names every key ``variant`` does. A run that read no more than that
     (the same program again, with loading ahead on or off, or stopped early) has nothing to
-    write."""
-    if plan is None:
+    write, unless at its whole end it ``wants_own``."""
+    return bool(holding(plan, variant))
+
+
+# A run that read only what a stored variant holds keeps a variant of its own when what the
+# variants holding its reads all hold (what recognition loads for it) and it never asked for
+# is at least this share of that, and at least this many executables: a program whose
+# reads are a subset of another's (evaluation switched off, ``pytest -k``), or a victim of a
+# planted variant that holds its keys among many others.
+SUBSET_SHARE = 0.25
+SUBSET_MIN = 2
+
+
+def wants_own(holding: list[frozenset[str]], keys: frozenset[str]) -> bool:
+    """Whether a run that read ``keys``, each of ``holding`` (key sets of variants of its
+    platform and device count) holding them all, keeps a variant of its own: what they all
+    hold and it never asked for is ``SUBSET_SHARE`` of it, and ``SUBSET_MIN`` at least.
+    Nothing held, or nothing read: no."""
+    if not holding or not keys:
         return False
+    held = frozenset.intersection(*holding)
+    unasked = len(held - keys)
+    return unasked >= SUBSET_MIN and unasked >= SUBSET_SHARE * len(held)
+
+
+def holding(plan: Plan | None, variant: Variant) -> list[frozenset[str]]:
+    """The key sets of ``plan``'s variants of ``variant``'s platform and device count that
+    hold every key it names."""
+    if plan is None:
+        return []
     keys = variant.keys()
-    return any(keys <= v.keys() for v in plan.on(variant.platform, variant.device_count))
+    on = plan.on(variant.platform, variant.device_count)
+    return [k for k in (v.keys() for v in on) if keys <= k]
 
 
 def load_digest(options: bytes, devices: tuple[int, ...]) -> str:
@@ -153,35 +182,6 @@ def valid_platform(platform: object, device_count: object) -> bool:
 def valid_key(key: object) -> bool:
     """Whether ``key`` has the form of a JAX cache key."""
     return isinstance(key, str) and len(key) <= MAX_KEY_CHARS and bool(_JAX_KEY.fullmatch(key))
-
-
-def entry_point() -> tuple[str, list[str]]:
-    """What names this process's workload: the main module (``python -m``), the script's
-    absolute path, the code of ``python -c`` (hashed), or ``interactive`` (a script read
-    from standard input too); and the command-line arguments after it, which name nothing:
-    the programs behind one entry point are told apart by what they read."""
-    argv = list(sys.argv)
-    rest = argv[1:]
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    module = getattr(spec, "name", None)
-    if isinstance(module, str) and module and module != "__main__":
-        return f"module {module}", rest
-    first = argv[0] if argv else ""
-    if first == "-c":
-        orig = list(getattr(sys, "orig_argv", []))
-        code = orig[orig.index("-c") + 1] if "-c" in orig[:-1] else ""
-        return f"code {hash_key(code)}", rest
-    if first in ("", "-"):
-        return "interactive", rest
-    return f"script {os.path.abspath(first)}", rest
-
-
-def workload(name: str | None, jax_version: str, process: int) -> str:
-    """The text a plan's key is hashed from: ``name`` (``XLA_PCACHE_PREFETCH_NAME``) or the
-    entry point, the JAX version and the process index: all known before the backend
-    starts (the platform and device count are each variant's)."""
-    what = name if name else entry_point()[0]
-    return f"{what[:MAX_NAME_CHARS]} | jax {jax_version} | process {process}"
 
 
 def plan_key(workload_text: str) -> str:

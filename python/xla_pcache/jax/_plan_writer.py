@@ -9,6 +9,15 @@ plan is written after ``QUIET_S`` without reads and at exit, with only the keys 
 holds (a miss JAX did not put, below its thresholds, is not worth loading ahead): the run's
 variant joins the others (``_plan.merged``).
 
+A run whose reads a variant holds can still keep a variant of its own, decided at its whole
+end only (``close(whole=True)``: the process exits, and not by an exception, ``run_failed``):
+when most of what the variants holding its reads all hold, which is what recognition loads
+for it, was never asked for (``_plan.wants_own``: a program whose reads are a subset of
+another's, or the victim of a planted variant). Its next run is then loaded only what both
+hold. Never at a quiet spell, nor after a crash or Ctrl-C: a run stopped early reads a
+prefix of its program, and a variant of that prefix would make every whole run of the
+program load only the prefix before its reads tell it apart.
+
 A run's variant is written whole, once: while a key it read is not stored yet (its program
 is still compiling, which takes far longer than ``QUIET_S`` for a large one), a write after
 quiet waits for it (``PENDING_S`` at most, for a miss JAX never puts: one below its
@@ -24,6 +33,7 @@ none, nor does a bucket path's host that writes nothing to the bucket (``enabled
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +51,15 @@ QUIET_S = 5.0
 FRUITLESS_WRITES = 3
 # How long a key read and not stored keeps a write after quiet waiting for its compile.
 PENDING_S = 600.0
+
+
+def run_failed() -> bool:
+    """Whether the program ended by an exception Python saw: one that left the main module
+    (a crash, Ctrl-C), or the last one a notebook's cell or a test raised (IPython and
+    pytest keep it there too)."""
+    return (
+        getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+    )
 
 
 class PlanWriter:
@@ -139,13 +158,21 @@ class PlanWriter:
         with self._lock:
             return list(self._seen)
 
-    def close(self) -> None:
-        """At the session's end: the plan written if it changed, else, when this run read
-        a key one of its variants holds, a use of it recorded (``Store.touch``): a plan that
-        settled is never written again, and would otherwise be the first entry evicted,
+    def close(self, *, whole: bool = False) -> None:
+        """At the session's end: the plan written if it changed, or at the run's ``whole``
+        end if the run keeps a variant of its own (``_plan.wants_own``); else, when this run
+        read a key one of its variants holds, a use of it recorded (``Store.touch``): a plan
+        that settled is never written again, and would otherwise be the first entry evicted,
         before the executables it names. A read-only store records no use."""
-        if self.dirty:
-            self.write(final=True)
+        with self._lock:
+            own = (
+                whole
+                and self.enabled
+                and not self._dirty
+                and _plan.wants_own(self._holding, frozenset(self._seen))
+            )
+        if self.dirty or own:
+            self.write(final=True, own=whole)
             return
         with self._lock:
             key = self._key
@@ -172,12 +199,13 @@ class PlanWriter:
         except _plan.PlanError:
             return None
 
-    def write(self, *, final: bool = False) -> None:
+    def write(self, *, final: bool = False, own: bool = False) -> None:
         """Write what this process read as a variant of the plan, unless a stored variant
-        holds it already. Unless ``final`` (the exit's), a write waits while a program read
-        recently is still compiling."""
+        holds it already (and, with ``own``, the run does not keep a variant of its own).
+        Unless ``final`` (the exit's), a write waits while a program read recently is still
+        compiling."""
         with self._lock:
-            if not self._dirty or self._key is None:
+            if not (self._dirty or own) or self._key is None:
                 return
             now = time.monotonic()
             self._last_write = now
@@ -202,11 +230,12 @@ class PlanWriter:
             plan = current
             # A fleet that starts one job at once reads the same programs in every process:
             # the first to write says it for all, the others write nothing.
+            held = _plan.holding(current, variant)
             if (
                 variant.entries
                 and self.enabled
                 and _plan.valid_platform(platform, devices)
-                and not _plan.covers(current, variant)
+                and (not held or (own and _plan.wants_own(held, variant.keys())))
             ):
                 plan = _plan.merged(current, variant)
                 data = _plan.encode(plan)

@@ -4,7 +4,7 @@ there instead of doing that work one program at a time on the main thread.
 
 A session (``Prefetch``) begins at installation (``begin``: activation runs inside JAX's
 backend start, before the backend exists) or else at JAX's first cache read (``_read_hook``).
-Its thread reads the plan at once (its name needs no backend, ``_plan.workload``), and its
+Its thread reads the plan at once (its name needs no backend, ``_plan_name.workload``), and its
 workers fetch what the plan's candidates all hold (``_recognition``) and decompress it while
 the backend comes up (on a bucket path the fetch is the download); once JAX's default backend
 is up (``_backend_wait``, or the first read's) the candidates are the variants of its
@@ -41,7 +41,7 @@ from typing import Any
 
 from xla_pcache import build_key, builds
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax import _loads, _plan
+from xla_pcache.jax import _loads, _plan, _plan_name
 from xla_pcache.jax._backend_wait import process_index
 from xla_pcache.jax._compile_ahead import CompileAhead
 from xla_pcache.jax._loads import (
@@ -53,7 +53,7 @@ from xla_pcache.jax._loads import (
     normalized,
     options_digester,
 )
-from xla_pcache.jax._plan_writer import PlanWriter
+from xla_pcache.jax._plan_writer import PlanWriter, run_failed
 from xla_pcache.jax._recognition import Recognition
 from xla_pcache.store import Store
 
@@ -81,7 +81,7 @@ def _close_all_at_exit() -> None:
     with _sessions_lock:
         sessions = list(_sessions)
     for session in sessions:
-        session.close()
+        session.close(at_exit=True)
 
 
 class Prefetch:
@@ -232,7 +232,7 @@ class Prefetch:
         self._tend()
 
     def _read_plan(self) -> None:
-        self._workload = _plan.workload(self._name, self._jax_version, self._process)
+        self._workload = _plan_name.workload(self._name, self._jax_version, self._process)
         self._key = _plan.plan_key(self._workload)
         plan = self._fetch_plan()
         with self._cond:
@@ -646,10 +646,11 @@ class Prefetch:
 
     # -------------------------------------------------------------- the end
 
-    def close(self) -> None:
+    def close(self, *, at_exit: bool = False) -> None:
         """Stop loading, wait (bounded) for loads in progress, release what was not taken
-        (wasted), and write the plan if it changed. Idempotent; what JAX's cache reset and
-        the exit hook call."""
+        (wasted), and write the plan if it changed (or, ``at_exit`` of a run that ended
+        without an exception, if the run keeps a variant of its own). Idempotent; what
+        JAX's cache reset and the exit hook call."""
         if os.getpid() != self._pid:
             return
         with self._cond:
@@ -664,7 +665,7 @@ class Prefetch:
                 self._release(slot)
         self._count([("wasted", len(held))])
         # The plan written if it changed, or noted as used (it ages with what it names).
-        self._writer.close()
+        self._writer.close(whole=at_exit and not run_failed())
         if self.ahead is not None:
             self.ahead.close(self._writer.keys_read())
         with _sessions_lock:

@@ -229,7 +229,7 @@ def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
         hook = jax.get("prefetch")
         line += (
             f", {pf['threads']} threads, up to {format_size(pf['memory'])} loaded and not yet "
-            f"used; plans named by {_e(pf['name'] or 'the main module or script')}"
+            f"used; plans named by {_e(pf['name'] or 'the program (its path in its project)')}"
         )
         if hook is not None and hook != "ok":
             line += f"; [red]off in this JAX[/]: {_e(hook)}"
