@@ -104,6 +104,7 @@ LEVELS = {
     "jax._single_flight": 4,
     "jax._store_cache": 4,
     "jax._plan": 4,
+    "jax._plan_name": 4,
     "jax._recognition": 4,
     "jax._plan_writer": 4,
     "jax._loads": 4,
