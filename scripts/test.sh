@@ -64,7 +64,7 @@ TORCH_XLA_NEWEST_TESTS=(
 # kept under ~/.cache; the main venv's JAX (the newest for Python 3.11, 0.10.x) is the one
 # in between. jax >= 0.11 needs Python >= 3.12.
 JAX_OLDEST=0.4.36
-JAX_NEWEST=0.12.0.1
+JAX_NEWEST=0.12.1
 # The newest flax, optax and equinox releases that each JAX accepts (pip's own resolution
 # with jax pinned), for the real-program tests: about 150 MB and 1-2 minutes per venv the
 # first time (flax brings orbax-checkpoint and tensorstore).

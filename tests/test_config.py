@@ -247,7 +247,8 @@ def test_prefetch_settings_parse_and_refuse() -> None:
     default = Settings.from_env({})
     assert default.prefetch is True and default.prefetch_name is None
     assert 1 <= default.prefetch_thread_count() <= 8
-    assert default.prefetch_memory == 1 << 30
+    # Unset: 1 GiB, or a quarter of the job's memory when that is less (tests/test_memory.py).
+    assert default.prefetch_memory is None and 0 < default.prefetch_memory_bound() <= 1 << 30
     assert Settings.from_env({"XLA_PCACHE_PREFETCH": "0"}).prefetch is False
     for name, value in (
         ("XLA_PCACHE_PREFETCH", "maybe"),

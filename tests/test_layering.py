@@ -39,6 +39,8 @@ LEVELS = {
     "misslog": 0,
     # Points a test waits on (XLA_PCACHE_TEST_HOOKS).
     "_testhook": 0,
+    # The memory this job may use: the host's and its cgroups' limits.
+    "_memory": 0,
     # Which build of a framework's runtime made an entry (the package ``builds``): which
     # files make a runtime, the build and its digest, the files' identities over the
     # extension's record, another build's entry after a miss.

@@ -32,14 +32,14 @@ BIN = Path(sys.executable).parent
 PIP_CACHE = Path.home() / ".cache" / "xla-pcache-pip"
 
 
-# Claims a key of the cache at argv[1]; prints whether this build has test hooks and how the
-# claim ended.
+# Claims a key of the cache at argv[1]; prints whether this build has test hooks, how the
+# claim ended and whether the job's memory is read from the hooks' laid-out root.
 CLAIM_PROGRAM = """
 import sys
-from xla_pcache import Store, _core
+from xla_pcache import Store, _core, _memory
 with Store(sys.argv[1]) as s:
     claim = s.claim("hook-probe", 5.0)
-    print(_core.TEST_HOOKS, claim.state)
+    print(_core.TEST_HOOKS, claim.state, _memory.default_root() != "/")
     claim.release()
 """
 
@@ -131,13 +131,14 @@ def test_wheel_installs_without_rust_and_activates_jax(tmp_path: Path) -> None:
     # No test hooks in what users install: with their variable set, a claim, an export and
     # a verify (points where a test build marks its progress, and the first three hold for
     # up to two minutes) write nothing in the directory and wait for nothing.
+    # Nor is a tree laid out there read in place of /proc and the cgroups.
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
+    (hooks / "memory-root").mkdir(parents=True)
     henv = {**env, TEST_HOOKS_VAR: str(hooks)}
     claimed = _run([str(vbin / "python"), "-c", CLAIM_PROGRAM, str(cache)], henv, timeout=60)
-    assert claimed.split() == ["False", "claimed"], claimed
+    assert claimed.split() == ["False", "claimed", "False"], claimed
     bundle = tmp_path / "bundle.tar.gz"
     _run([str(vbin / "xla-pcache"), "export", "--path", str(cache), "-o", str(bundle)], henv, 60)
     assert bundle.stat().st_size > 0
     _run([str(vbin / "xla-pcache"), "verify", "--path", str(cache)], henv, timeout=60)
-    assert sorted(hooks.iterdir()) == []
+    assert sorted(hooks.iterdir()) == [hooks / "memory-root"]

@@ -8,11 +8,13 @@ feature ``test-hooks`` (``_core.TEST_HOOKS``): the wheel users install. In a tes
 with the variable naming a directory, the process creates ``<dir>/<point>.<pid>`` at a
 point (exclusively, never through a link); at a point that holds, it then waits (at most two
 minutes) until the test creates ``<dir>/<point>.go``, or for a signal, whose handler raises
-where the process stands. For tests only.
+where the process stands. A test may also lay out a tree there that the process reads in place
+of the system's (``directory``). For tests only.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 from xla_pcache import _core
@@ -40,3 +42,15 @@ def hold_for_signal(point: str) -> None:
         deadline = time.monotonic() + _PAUSE_MAX_S
         while time.monotonic() < deadline:
             time.sleep(0.001)
+
+
+def directory(name: str) -> str | None:
+    """``<dir>/<name>`` when hooks are on and the test made it a directory: a tree the
+    process reads in place of the system's (``_memory``'s ``/proc`` and cgroups)."""
+    if not _core.TEST_HOOKS:
+        return None
+    base = os.environ.get(VAR)
+    if not base:
+        return None
+    path = os.path.join(base, name)
+    return path if os.path.isdir(path) else None

@@ -108,3 +108,35 @@ def test_compiling_ahead_is_said_with_its_bounds_and_counts() -> None:
     assert "on, 3 threads" in line and "8.0G of memory" in line, out
     assert "off in this JAX: backend_x() is new" in line, out
     assert "compiled ahead 7, used 5, module records refused 1" in out, out
+
+
+def test_the_jobs_memory_is_said_with_the_limit_found_and_the_reserve() -> None:
+    """Under compiling ahead: the cgroup limit of least room (version, path, limit, use,
+    the file it is from) and the memory kept free with where that comes from; without a
+    limit, the host's."""
+    out = _python(
+        """
+        from xla_pcache.cli import _doctor as doctor
+        v1 = {"version": 1, "cgroup": "/slurm/job_7", "source": "memory.limit_in_bytes",
+              "directory": "/sys/fs/cgroup/memory/slurm/job_7", "limit": 900 << 20,
+              "use": 300 << 20, "room": 600 << 20}
+        v2 = dict(v1, version=2, cgroup="/", limit=4 << 30, room=3 << 30)
+        for tightest, limits in ((0, [v1, v2]), (None, [])):
+            job = {"host_total": 16 << 30, "host_available": 12 << 30, "limits": limits,
+                   "tightest": tightest}
+            ahead = {"state": "on", "threads": 3, "memory_kept_free": 225 << 20,
+                     "memory_kept_free_from": "a quarter of the job's memory"}
+            report = {
+                "cache": {}, "frameworks": {"jax": {"prefetch": "ok", "compile_ahead": "ok"}},
+                "prefetch": {"state": "on", "threads": 2, "memory": 225 << 20, "name": None,
+                             "compile_ahead": ahead, "job_memory": job},
+            }
+            doctor._render_prefetch(doctor._console(), report)
+        """
+    )
+    limited, host = [line for line in out.splitlines() if "the job's memory:" in line]
+    assert "cgroup v1 /slurm/job_7 limits it to 900.0M (300.0M used;" in limited, out
+    assert "memory.limit_in_bytes in /sys/fs/cgroup/memory/slurm/job_7" in limited, out
+    assert "225.0M kept free (a quarter of the job's memory)" in limited, out
+    assert "no cgroup limit found: host 16.0G, 12.0G available" in host, out
+    assert "up to 225.0M loaded" in out, out

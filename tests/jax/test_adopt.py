@@ -273,6 +273,7 @@ def test_a_key_jax_never_files_is_missing_not_rejected(tmp_path: Path) -> None:
 def test_the_version_rule() -> None:
     assert _adopt.keys_hold_the_path("0.10.2") and _adopt.keys_hold_the_path("0.4.36")
     assert not _adopt.keys_hold_the_path("0.11.0") and not _adopt.keys_hold_the_path("0.12.0.1")
+    assert not _adopt.keys_hold_the_path("0.12.1")
     assert not _adopt.keys_hold_the_path("unknown")
 
 

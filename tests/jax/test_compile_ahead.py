@@ -11,12 +11,14 @@ never handed to JAX, and hostile records are counted refusals, after which the r
 records replace them; under trusted keys only signed records are compiled; a run that ends
 while a compile ahead is in flight waits for it and exits cleanly; the plan and the records a
 run used outlive its executables under the budget; with two programs behind the script, a run
-compiles ahead only what its recognised variant holds, never the other's programs.
+compiles ahead only what its recognised variant holds, never the other's programs; a job
+limited below a quarter of the host's memory compiles ahead within its own limit.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,8 @@ from tests.helpers import (
     is_plan,
 )
 from tests.jax import scripts
-from tests.jax.helpers import JAX_ONLY, jax_keys
+from tests.jax.helpers import JAX_ONLY, jax_keys, run_python
+from tests.memory_roots import MIB, limited_job
 
 pytestmark = JAX_ONLY
 
@@ -371,3 +374,36 @@ def test_only_what_the_run_is_recognised_to_need_is_compiled_ahead(
     assert used["modules_refused"] == used["errors"] == 0
     assert ahead["prefetch"]["planned"] == N
     assert set(jax_keys(cache)) == set(mine)
+
+
+def test_a_job_limited_below_a_quarter_of_the_host_compiles_ahead_within_its_limit(
+    filled: scripts.Filled, cache: Path, tmp_path: Path
+) -> None:
+    """A job limited to 900 MiB on a host of more than four times that (a real nested cgroup
+    where this machine lets the test make one, else a root laid out as the kernel does): the
+    limit is found on the job's cgroup and a quarter of it is kept free, not a quarter of the
+    host's (more than the job has: nothing would ever be compiled ahead), so the programs
+    are compiled ahead and taken. Asked to keep 1 GiB free, more than the job has, it
+    compiles nothing ahead and the run computes as before."""
+    script, _, cold = filled
+    remove_executables(cache)
+    with limited_job(tmp_path, 900 * MIB) as job:
+        assert job.host_total > 4 * job.limit, job
+
+        def run(**env: str) -> dict[str, Any]:
+            argv = job.argv(sys.executable, str(script))
+            proc = run_python(argv, scripts.environment(cache, **job.env, **env))
+            return scripts.last_report(proc.stdout)
+
+        ahead = run()
+        assert ahead["out"] == cold["out"] and ahead["hits"] == 0
+        assert ahead["prefetch"]["compile_ahead"]["reserve"] == 225 * MIB
+        used = counted(ahead)
+        assert 1 <= used["compiled_used"] == used["compiled"] <= N, used
+        assert used["errors"] == 0, used
+
+        remove_executables(cache)
+        kept = run(XLA_PCACHE_COMPILE_AHEAD_MEMORY="1G")
+    assert kept["out"] == cold["out"] and kept["hits"] == 0
+    assert kept["prefetch"]["compile_ahead"]["reserve"] == 1 << 30
+    assert counted(kept)["compiled"] == 0 and not kept["prefetch"]["compile_ahead"]["states"]

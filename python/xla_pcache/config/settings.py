@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from xla_pcache import _core
+from xla_pcache import _core, _memory
 from xla_pcache.config import values
 from xla_pcache.config.keys import SigningKey, parse_trusted_keys, read_signing_key
 from xla_pcache.config.variables import VARIABLES
@@ -41,19 +41,24 @@ DEFAULT_MIN_COMPILE_TIME_S = 0.0
 # entry at most once per interval); writers check the bucket's budget as often, after a put.
 DEFAULT_BUCKET_RECORD_INTERVAL_S = 600.0
 DEFAULT_MIN_ENTRY_SIZE = 0
+# What loading and compiling ahead may take of the job's memory (the least of the host's and
+# its cgroups' limits, ``_memory``): a share, so that a job limited below the host's memory
+# (a container, a scheduler's job) keeps its proportions.
+JOB_MEMORY_SHARE = 0.25
 # Loading ahead (JAX): the threads that deserialize a plan's executables (XLA's deserialize
 # releases the GIL: 22 TPU executables took 2.0 s one after another, 0.3 s on 8 threads), and
-# how many bytes of executables loaded ahead and not yet asked for a process holds at most.
+# how many bytes of executables loaded ahead and not yet asked for a process holds at most
+# (and at most the share of the job's memory: what a planted plan can make a process hold).
 DEFAULT_PREFETCH_THREADS = 8
 DEFAULT_PREFETCH_MEMORY = 1 << 30
 # Compiling ahead (JAX): the threads that compile a plan's programs whose executables are
 # gone (9 programs of a TPU LM took 61.9 s one after another, 24.3 s on 8 threads and 28.5 s
 # on 12, each compile 2-3x slower while 8 ran, on a 13-CPU host), at most the CPUs less one;
-# and the memory a compile ahead leaves to everything else, as a fraction of the host's
+# and the memory a compile ahead leaves to everything else, the share of the job's memory
 # (a compile's working memory is XLA's and unknown before it runs: a compile starts only
-# while the host has more than this available).
+# while the job has more than this available).
 DEFAULT_COMPILE_AHEAD_THREADS = 8
-DEFAULT_COMPILE_AHEAD_RESERVE_FRACTION = 0.25
+DEFAULT_COMPILE_AHEAD_RESERVE_FRACTION = JOB_MEMORY_SHARE
 
 LockMode = Literal["auto", "fcntl", "lease"]
 ReadMode = Literal["auto", "mmap", "pread"]
@@ -139,14 +144,14 @@ class Settings:
     bucket_record_interval: float = DEFAULT_BUCKET_RECORD_INTERVAL_S
     bucket_auto_prune: bool = True
     # Loading ahead (JAX): on; threads (None: DEFAULT_PREFETCH_THREADS, at most the CPUs less
-    # one); bytes loaded ahead and not yet taken, at most; the plan's name (None: the entry
-    # point).
+    # one); bytes loaded ahead and not yet taken, at most (None: DEFAULT_PREFETCH_MEMORY, at
+    # most a quarter of the job's memory); the plan's name (None: the entry point).
     prefetch: bool = True
     prefetch_threads: int | None = None
-    prefetch_memory: int = DEFAULT_PREFETCH_MEMORY
+    prefetch_memory: int | None = None
     prefetch_name: str | None = None
     # Compiling ahead (JAX): on; threads (None: DEFAULT_COMPILE_AHEAD_THREADS, at most the
-    # CPUs less one); the memory it leaves to everything else (None: a quarter of the host's).
+    # CPUs less one); the memory it leaves to everything else (None: a quarter of the job's).
     compile_ahead: bool = True
     compile_ahead_threads: int | None = None
     compile_ahead_memory: int | None = None
@@ -199,16 +204,25 @@ class Settings:
             return self.compile_ahead_threads
         return max(1, min(DEFAULT_COMPILE_AHEAD_THREADS, _usable_cpus() - 1))
 
-    def compile_ahead_reserve(self) -> int:
-        """``XLA_PCACHE_COMPILE_AHEAD_MEMORY``, else a quarter of the host's memory (0 when it
-        cannot be read: then only the threads bound compiling ahead)."""
+    def prefetch_memory_bound(self, job_memory: int | None = None) -> int:
+        """``XLA_PCACHE_PREFETCH_MEMORY``, else 1 GiB or a quarter of the job's memory
+        (``job_memory``, else read: the least of the host's and its cgroups' limits), the
+        smaller (at least 1 byte: loading then takes one executable at a time)."""
+        if self.prefetch_memory is not None:
+            return self.prefetch_memory
+        job = _memory.total() if job_memory is None else job_memory
+        if job is None:
+            return DEFAULT_PREFETCH_MEMORY
+        return max(1, min(DEFAULT_PREFETCH_MEMORY, int(job * JOB_MEMORY_SHARE)))
+
+    def compile_ahead_reserve(self, job_memory: int | None = None) -> int:
+        """``XLA_PCACHE_COMPILE_AHEAD_MEMORY``, else a quarter of the job's memory
+        (``job_memory``, else read: the least of the host's and its cgroups' limits; 0 when
+        none can be read: then only the threads bound compiling ahead)."""
         if self.compile_ahead_memory is not None:
             return self.compile_ahead_memory
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):
-            return 0
-        return int(max(0, total) * DEFAULT_COMPILE_AHEAD_RESERVE_FRACTION)
+        job = _memory.total() if job_memory is None else job_memory
+        return 0 if job is None else int(job * DEFAULT_COMPILE_AHEAD_RESERVE_FRACTION)
 
     def torch_xla_local_root(self) -> str:
         """``$XLA_PCACHE_TORCH_XLA_LOCAL_DIR``, else ``$XDG_CACHE_HOME/xla_pcache/torch_xla``."""

@@ -339,9 +339,10 @@ VARIABLES: tuple[Variable, ...] = (
         PREFETCH_MEMORY_VAR,
         "prefetch_memory",
         "size",
-        "1G",
+        "1G, at most a quarter of the job's memory",
         "Executables loaded ahead and not yet asked for, at most (their serialized bytes); "
-        "loading waits past it. Bytes or `K/M/G/T/P`.",
+        "loading waits past it. The job's memory is the least of the host's and every cgroup "
+        "limit over the process. Bytes or `K/M/G/T/P`.",
     ),
     Variable(
         PREFETCH_NAME_VAR,
@@ -375,10 +376,12 @@ VARIABLES: tuple[Variable, ...] = (
         COMPILE_AHEAD_MEMORY_VAR,
         "compile_ahead_memory",
         "size",
-        "a quarter of the host's memory",
+        "a quarter of the job's memory",
         "Memory compiling ahead leaves to everything else: a compile ahead starts only while "
-        "the host (or its cgroup) has more than this available, and holds at most one "
-        "compiled program per thread until it is used. Bytes or `K/M/G/T/P`.",
+        "the job has more than this available (the least of the host's `MemAvailable` and "
+        "each cgroup limit over the process, v1 or v2, less its use), and holds at most one "
+        "compiled program per thread until it is used. The job's memory is the least of the "
+        "host's and those limits. Bytes or `K/M/G/T/P`.",
     ),
 )
 

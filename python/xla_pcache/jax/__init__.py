@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import builds, cache_path, metrics
+from xla_pcache import _memory, builds, cache_path, metrics
 from xla_pcache._text import package_logger
 from xla_pcache.config import Settings
 from xla_pcache.jax import (
@@ -209,11 +209,13 @@ def _session(
 ) -> _prefetch.Prefetch:
     assert inst.prefetch_form is not None
     settings = inst.settings
+    # The job's memory (the host's, or a cgroup's limit below it), read once for both bounds.
+    job_memory = _memory.total()
     session = _prefetch.Prefetch(
         store,
         inst.hooks.cc,
         threads=settings.prefetch_thread_count(),
-        memory=settings.prefetch_memory,
+        memory=settings.prefetch_memory_bound(job_memory),
         name=settings.prefetch_name,
         jax_version=str(inst.hooks.jax.__version__),
         form=inst.prefetch_form,
@@ -230,7 +232,7 @@ def _session(
             _compile_hook.xla_client(),
             form=inst.compile_form,
             threads=settings.compile_ahead_thread_count(),
-            reserve=settings.compile_ahead_reserve(),
+            reserve=settings.compile_ahead_reserve(job_memory),
             writes=not store.read_only,
             meta=inst.meta,
         )

@@ -28,10 +28,10 @@ compiled. The put that follows stores it as any entry (JAX's own write path: sig
 store signs), with the compile time the worker measured.
 
 Bounds. ``threads`` workers (non-daemon, below), each one program at a time; a compile starts
-only while the host has more memory available than ``reserve`` (Linux's ``MemAvailable``, and
-the cgroup's limit less its use when it has one), and at most one compiled program per
-worker is held until JAX takes it. A failure in the background is a counter and one warning
-per kind, never an exception in the program.
+only while the job has more memory available than ``reserve`` (the least of Linux's
+``MemAvailable`` and each cgroup limit over the process less its use, ``_memory``), and at
+most one compiled program per worker is held until JAX takes it. A failure in the
+background is a counter and one warning per kind, never an exception in the program.
 
 The end. XLA cannot stop a compile, and a daemon thread that returns from one into a
 finalizing interpreter aborts the process (measured: Python 3.11, JAX 0.10.2, exit status
@@ -56,7 +56,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from xla_pcache import _testhook, build_key
+from xla_pcache import _memory, _testhook, build_key
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _compile_hook, _plan
 from xla_pcache.jax._module_record import (
@@ -161,35 +161,10 @@ def _main_alive() -> bool:
     return not _shutting_down and threading.main_thread().is_alive()
 
 
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f.read(1 << 16).splitlines():
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _cgroup_available() -> int | None:
-    """The cgroup (v2) limit less its use, when this process's cgroup has a limit."""
-    try:
-        with open("/sys/fs/cgroup/memory.max", "rb") as f:
-            limit = f.read(64).strip()
-        if limit == b"max":
-            return None
-        with open("/sys/fs/cgroup/memory.current", "rb") as f:
-            current = int(f.read(64).strip())
-        return max(0, int(limit) - current)
-    except (OSError, ValueError):
-        return None
-
-
 def available_memory() -> int | None:
-    """The memory this host (or this process's cgroup) has available, or None."""
-    found = [m for m in (_meminfo_available(), _cgroup_available()) if m is not None]
-    return min(found) if found else None
+    """The memory this job has available (the host's, and its cgroups' limits less their
+    use: ``_memory``), or None."""
+    return _memory.available()
 
 
 class CompileAhead:
@@ -700,4 +675,5 @@ class CompileAhead:
                 "compiled_by_jax": len(self._main),
                 "records_read": len(self._read),
                 "memory_waits": self._memory_waits,
+                "reserve": self._reserve,
             }

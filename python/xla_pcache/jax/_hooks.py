@@ -13,7 +13,7 @@ from xla_pcache.jax import _adopt
 
 # What CI runs the adapter tests against; the range install() accepts.
 MIN_JAX = (0, 4, 36)
-SUPPORTED_JAX = "jax >= 0.4.36 (CI tests 0.4.36, 0.7.2, 0.10.2 and 0.12.0.1)"
+SUPPORTED_JAX = "jax >= 0.4.36 (CI tests 0.4.36, 0.7.2, 0.10.2 and 0.12.1)"
 
 # JAX's default for this option asks XLA to keep GPU autotune results in a sub-directory
 # of the cache directory. On jax 0.10.x that sub-directory's absolute path is part of every

@@ -12,6 +12,7 @@ import importlib.util
 import os
 from typing import Any
 
+from xla_pcache import _memory
 from xla_pcache.config import DISABLE_VAR, Settings
 
 
@@ -231,17 +232,54 @@ def _torch_xla_activation(settings: Settings | None = None) -> str:
 
 
 def _prefetch_settings(settings: Settings) -> dict[str, Any]:
-    """How JAX processes started with this environment load ahead."""
-    from xla_pcache.config import COMPILE_AHEAD_VAR, PREFETCH_VAR
+    """How JAX processes started with this environment load and compile ahead, and the job's
+    memory their bounds follow."""
+    from xla_pcache.config import COMPILE_AHEAD_MEMORY_VAR, COMPILE_AHEAD_VAR, PREFETCH_VAR
 
+    memory = _memory.read()
+    job = memory.total()
+    reserve_from = (
+        COMPILE_AHEAD_MEMORY_VAR
+        if settings.compile_ahead_memory is not None
+        else "a quarter of the job's memory"
+        if job is not None
+        else "the job's memory is unknown"
+    )
     return {
         "state": "on" if settings.prefetch else f"off ({PREFETCH_VAR}=0)",
         "threads": settings.prefetch_thread_count(),
-        "memory": settings.prefetch_memory,
+        "memory": settings.prefetch_memory_bound(job),
         "name": settings.prefetch_name,
         "compile_ahead": {
             "state": "on" if settings.compile_ahead else f"off ({COMPILE_AHEAD_VAR}=0)",
             "threads": settings.compile_ahead_thread_count(),
-            "memory_kept_free": settings.compile_ahead_reserve(),
+            "memory_kept_free": settings.compile_ahead_reserve(job),
+            "memory_kept_free_from": reserve_from,
         },
+        "job_memory": _job_memory(memory),
+    }
+
+
+def _job_memory(memory: _memory.Memory) -> dict[str, Any]:
+    """The job's memory as ``_memory`` reads it: the host's, every cgroup limit found (its
+    version, path, the file it is from, limit, use and room) and the one of least room."""
+    tightest = memory.tightest()
+    return {
+        "total": memory.total(),
+        "available": memory.available(),
+        "host_total": memory.host_total,
+        "host_available": memory.host_available,
+        "limits": [
+            {
+                "version": lim.version,
+                "cgroup": lim.cgroup,
+                "directory": lim.directory,
+                "source": lim.source,
+                "limit": lim.limit,
+                "use": lim.use,
+                "room": lim.room,
+            }
+            for lim in memory.limits
+        ],
+        "tightest": None if tightest is None else memory.limits.index(tightest),
     }

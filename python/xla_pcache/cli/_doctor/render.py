@@ -216,6 +216,30 @@ def _render_record(console: Console, record: dict[str, Any] | None) -> None:
         )
 
 
+def _job_memory_line(job: dict[str, Any], ahead: dict[str, Any]) -> str:
+    """The job's memory as found (the cgroup limit of least room, or the host's) and the
+    memory compiling ahead keeps free, with where that comes from."""
+    from xla_pcache.sizes import format_size
+
+    def size(n: int | None) -> str:
+        return "unknown" if n is None else format_size(n)
+
+    limits = job.get("limits") or []
+    host = f"host {size(job.get('host_total'))}, {size(job.get('host_available'))} available"
+    if job.get("tightest") is not None:
+        lim = limits[job["tightest"]]
+        found = (
+            f"cgroup v{lim['version']} {_e(lim['cgroup'])} limits it to {size(lim['limit'])} "
+            f"({size(lim['use'])} used; {_e(lim['source'])} in {_e(lim['directory'])}); {host}"
+        )
+    else:
+        found = f"no cgroup limit found: {host}"
+    return (
+        f"the job's memory: {found}; {size(ahead['memory_kept_free'])} kept free "
+        f"({_e(ahead.get('memory_kept_free_from', ''))})"
+    )
+
+
 def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
     from xla_pcache.metrics import human_duration
     from xla_pcache.sizes import format_size
@@ -246,6 +270,8 @@ def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
             if hook is not None and hook != "ok":
                 line += f"; [red]off in this JAX[/]: {_e(hook)}"
         console.print(line)
+        if ahead["state"] == "on" and "job_memory" in pf:
+            console.print(f"  {_job_memory_line(pf['job_memory'], ahead)}")
     counts = report["cache"].get("prefetch")
     if counts:
         console.print(
