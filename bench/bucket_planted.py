@@ -96,7 +96,7 @@ def main() -> int:
 
     from xla_pcache._core import entry_name
 
-    from tests.tiers.relay import S3Relay
+    from tests.tiers.relay import Relay
     from tests.tiers.servers import bucket_client, put_objects, start_s3
 
     tree = Path(args.tree).resolve() / "python"
@@ -104,7 +104,7 @@ def main() -> int:
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as d:
         server = start_s3(Path(d) / "weed")
-        relay = S3Relay(server.port)
+        relay = Relay(server)
         try:
             env = {**os.environ, **server.env(), "PYTHONPATH": str(tree)}
             env["AWS_ENDPOINT_URL"] = relay.endpoint

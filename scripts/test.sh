@@ -50,7 +50,7 @@ TORCH_XLA_TESTS=(
   tests/torch_xla/test_torch_xla_hits.py tests/torch_xla/test_torch_xla_counts.py
   tests/torch_xla/test_torch_xla_signing.py tests/torch_xla/test_explain_torch_xla.py
   tests/torch_xla/test_torch_xla_trust.py tests/torch_xla/test_torch_xla_builds.py
-  tests/tiers/test_bucket.py::test_torch_xla_serves_a_fresh_host_from_the_bucket
+  tests/bucket/test_bucket.py::test_torch_xla_serves_a_fresh_host_from_the_bucket
 )
 # The files holding only torch_xla tests (the main run leaves them out, and the torch_xla
 # tests of other files by their mark), and the torch_xla tests of the newest version.

@@ -161,6 +161,7 @@ LEVELS = {
     "cli._doctor.environment": 5,
     "cli._doctor.render": 5,
     "cli._doctor.key_settings": 5,
+    "cli._doctor.bucket_check": 5,
     "cli._demo": 5,
     "__main__": 5,
     "__init__": 5,

@@ -1,9 +1,11 @@
-"""An HTTP relay in front of the test S3 server (``tests.tiers.relay``), for what a real S3,
+"""An HTTP relay in front of a test bucket server (``tests.tiers.relay``), for what a real S3,
 GCS or Azure bucket can hold and SeaweedFS cannot: keys with ``//`` or a ``.``/``..``
 segment, which SeaweedFS collapses when they are written and a real S3 keeps, and floods of
-keys that would take long to write one PUT at a time.
+keys that would take long to write one PUT at a time. It serves both protocols of the
+tests, S3 (SeaweedFS) and GCS (``tests/gcs_server.py``, whose XML listing is S3's
+ListObjectsV2 with GCS's own fields, which the client ignores).
 
-``S3Relay(port)`` forwards every request unchanged (headers included, so the client's
+``Relay(server)`` forwards every request unchanged (headers included, so the client's
 signature still holds) and the answer back, counting requests by kind (``take()``; an
 answer of 5xx, which the client may retry once, is counted under ``5xx`` as well). Keys
 ``plant``-ed on it (``plant_many`` for thousands) are listed where the service would list
@@ -15,12 +17,14 @@ page's last key (after everything below a common prefix), planted keys rolled in
 prefix under a delimiter. Nothing else about a planted key exists: a GET or HEAD of it
 reaches the server, which has no such object (and a client that cannot parse the key never
 asks); a DELETE of it, or a batch that names it, removes it from the listings as the
-service would (and reaches the server, which has nothing to remove). ``unplant`` stands for
-removing one with the cloud's own tool. A key is written into the XML as ElementTree writes
-it (a control character raw, which XML 1.0 does not allow). ``S3Relay(port,
-planted_from=other)`` lists what ``other`` has planted (one set for both) and counts its own
-requests: the bucket-state fuzzer gives each process its own relay, so that each one's
-requests are its own. The tests of hostile buckets and the bucket-state fuzzer use it."""
+service would (and reaches the server, whose 404 for it is answered 204, as the service
+answers the delete of an object it holds: GCS answers 404 for one it does not hold).
+``unplant`` stands for removing one with the cloud's own tool. A key is written into the
+XML as ElementTree writes it (a control character raw, which XML 1.0 does not allow).
+``Relay(server, planted_from=other)`` lists what ``other`` has planted (one set for both)
+and counts its own requests: the bucket-state fuzzer gives each process its own relay, so
+that each one's requests are its own. The tests of hostile buckets and the bucket-state
+fuzzer use it."""
 
 from __future__ import annotations
 
@@ -37,8 +41,11 @@ import xml.etree.ElementTree as ET
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
+
+if TYPE_CHECKING:
+    from tests.tiers.servers import BucketServer
 
 _NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 # Hop-by-hop headers: the relay answers with a whole body and its length.
@@ -124,11 +131,12 @@ def _parseable_floor(key: str) -> str:
     return "/".join(out)
 
 
-class S3Relay:
-    """Requests to ``port`` (the server's) through ``self.port``; see the module's text."""
+class Relay:
+    """Requests to ``server`` through ``self.port``; see the module's text."""
 
-    def __init__(self, upstream: int, *, planted_from: S3Relay | None = None) -> None:
-        self.upstream = upstream
+    def __init__(self, server: BucketServer, *, planted_from: Relay | None = None) -> None:
+        self.server = server
+        self.upstream = server.port
         self.counts: Counter[str] = Counter()
         self.planted: _PlantedKeys = (
             _PlantedKeys() if planted_from is None else planted_from.planted
@@ -149,6 +157,9 @@ class S3Relay:
         self._resume: dict[str, str] = {}
         self._tokens = itertools.count()
         self._clients: dict[str, Any] = {}
+        self._local = threading.local()
+        # Every connection to the server, closed with the relay.
+        self._conns: list[http.client.HTTPConnection] = []
         relay = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -212,6 +223,10 @@ class S3Relay:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
 
     # ------------------------------------------------------------------ relaying
     def _forward(self, h: http.server.BaseHTTPRequestHandler) -> None:
@@ -239,36 +254,45 @@ class S3Relay:
                     self.trace.append((h.command, h.path, 200))
                 answer(h, 200, own)
                 return
-        if kind == "delete":
+        if kind == "delete" and h.command == "POST":
             self._forget_deleted(body)
-        elif h.command == "DELETE":
-            self._forget(self._key_of(h.path))
-        conn = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=UPSTREAM_TIMEOUT_S)
+        planted_delete = h.command == "DELETE" and self._forget(self._key_of(h.path))
+        conn = self._upstream()
         try:
-            conn.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
-            for name, value in h.headers.items():
-                if name.lower() not in ("connection", "keep-alive"):
-                    conn.putheader(name, value)
-            conn.endheaders(body or None)
-            resp = conn.getresponse()
+            try:
+                resp = self._send_upstream(conn, h, body)
+            except (ConnectionError, http.client.RemoteDisconnected):
+                # A kept connection the server closed meanwhile: once more on a new one.
+                self._local.conn = None
+                conn.close()
+                conn = self._upstream()
+                resp = self._send_upstream(conn, h, body)
             data = resp.read()
+            if resp.will_close:
+                self._local.conn = None
             # A HEAD's length is the object's, not that of the (empty) body.
             keep = ("content-length",) if h.command == "HEAD" else ()
             headers = [
                 (k, v) for k, v in resp.getheaders() if k.lower() not in _HOP or k.lower() in keep
             ]
             status, reason = resp.status, resp.reason
+            if planted_delete and status == 404:
+                # The object the listing showed, removed: answered as the service answers
+                # the delete of an object it holds (GCS answers 404 for one it does not
+                # hold; S3 204 either way).
+                status, reason, data, headers = 204, "No Content", b"", []
             with self._lock:
                 self.trace.append((h.command, h.path, status))
                 if status >= 500:
                     self.counts["5xx"] += 1
-        except OSError:
+        except (OSError, http.client.HTTPException):
+            self._local.conn = None
+            conn.close()
             h.close_connection = True
             with contextlib.suppress(OSError):
                 h.send_error(502)
             return
         finally:
-            conn.close()
             with self._lock:
                 self.in_flight -= 1
         if h.command == "GET" and status == 200 and kind == "list":
@@ -282,6 +306,31 @@ class S3Relay:
         if h.command != "HEAD":
             h.wfile.write(data)
 
+    @staticmethod
+    def _send_upstream(
+        conn: http.client.HTTPConnection, h: http.server.BaseHTTPRequestHandler, body: bytes
+    ) -> http.client.HTTPResponse:
+        conn.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
+        for name, value in h.headers.items():
+            if name.lower() not in ("connection", "keep-alive"):
+                conn.putheader(name, value)
+        conn.endheaders(body or None)
+        return conn.getresponse()
+
+    def _upstream(self) -> http.client.HTTPConnection:
+        """This serving thread's connection to the server, kept open between requests (a
+        client's connection to the relay is served by one thread), as a client keeps its
+        own: a connection a request costs the server a thread and a handshake each."""
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPConnection(
+                "127.0.0.1", self.upstream, timeout=UPSTREAM_TIMEOUT_S
+            )
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
     # ------------------------------------------------------------------ deletes
     @staticmethod
     def _key_of(target: str) -> str:
@@ -289,10 +338,13 @@ class S3Relay:
         path = urllib.parse.unquote(urllib.parse.urlsplit(target).path)
         return path.lstrip("/").partition("/")[2]
 
-    def _forget(self, key: str) -> None:
+    def _forget(self, key: str) -> bool:
+        """Forgets ``key`` if planted; whether it was."""
         with self._lock:
             if key in self.planted:
                 self.planted.pop(key)
+                return True
+        return False
 
     def _forget_deleted(self, body: bytes) -> None:
         try:
@@ -309,30 +361,23 @@ class S3Relay:
         for a later page the relay answers itself."""
         with contextlib.suppress(ET.ParseError):
             root = ET.fromstring(data)
-            ns = {"s3": _NS}
-            token = root.findtext("s3:NextContinuationToken", None, ns)
-            keys = [c.findtext("s3:Key", "", ns) for c in root.findall("s3:Contents", ns)]
-            keys += [p.findtext("s3:Prefix", "", ns) for p in root.findall("s3:CommonPrefixes", ns)]
+            # S3's namespace or GCS's: by the elements' local names.
+            ns = {"s3": root.tag[1:].partition("}")[0]} if root.tag.startswith("{") else {}
+            q = "s3:" if ns else ""
+            token = root.findtext(f"{q}NextContinuationToken", None, ns)
+            keys = [c.findtext(f"{q}Key", "", ns) for c in root.findall(f"{q}Contents", ns)]
+            keys += [
+                p.findtext(f"{q}Prefix", "", ns) for p in root.findall(f"{q}CommonPrefixes", ns)
+            ]
             if token is not None and keys:
                 with self._lock:
                     self._resume[token] = max(keys)
 
     def _client(self, bucket: str) -> Any:
-        from obstore.store import S3Store
-
-        from tests.tiers.servers import S3_ACCESS_KEY, S3_SECRET_KEY
-
         with self._lock:
             made = self._clients.get(bucket)
             if made is None:
-                made = self._clients[bucket] = S3Store(
-                    bucket,
-                    endpoint=f"http://127.0.0.1:{self.upstream}",
-                    access_key_id=S3_ACCESS_KEY,
-                    secret_access_key=S3_SECRET_KEY,
-                    region="us-east-1",
-                    client_options={"allow_http": True},
-                )
+                made = self._clients[bucket] = self.server.client(bucket=bucket)
         return made
 
     def _served(self, bucket: str, prefix: str, after: str) -> Iterator[tuple[str, str, int, str]]:
@@ -444,7 +489,7 @@ def _page(
     objects: list[tuple[str, str, int, str]],
     commons: list[str],
     truncated: bool,
-    relay: S3Relay,
+    relay: Relay,
     last: str,
 ) -> bytes:
     """A ListObjectsV2 answer (text escaped as ElementTree escapes it: a control character

@@ -1,6 +1,8 @@
 """Real servers on free loopback ports, for the tier tests and the benches
-(``tests.tiers.servers``): redis-server and an S3 service (SeaweedFS's ``weed mini``); the
-fixtures that start and stop them are in conftest.py.
+(``tests.tiers.servers``): redis-server, an S3 service (SeaweedFS's ``weed mini``) and a GCS
+service (``tests/gcs_server.py``, the XML API as object_store's GCS client speaks it); the
+fixtures that start and stop them are in conftest.py (``tests/bucket_fixtures.py`` for the
+bucket servers, each test of a bucket run on both).
 
 A server missing is an error (CI installs them in scripts/test.sh), never a skip.
 """
@@ -126,9 +128,38 @@ class S3Server:
             "AWS_REGION": "us-east-1",
         }
 
+    scheme = "s3"
+    bucket = S3_BUCKET
+    # Whether an object below a name makes that name a directory, which refuses a create
+    # of it (SeaweedFS, MinIO, hierarchical namespaces): a "prefix squat". GCS's names are
+    # flat, and a name and names below it are objects side by side.
+    directories = True
+    # The credential a message must never show.
+    secret = S3_SECRET_KEY
+
     def url(self, prefix: str, **query: str) -> str:
         q = "&".join(f"{k}={v}" for k, v in query.items())
         return f"s3://{S3_BUCKET}/{prefix}" + (f"?{q}" if q else "")
+
+    def point_at(self, endpoint: str) -> dict[str, str]:
+        """The variables that send this protocol's requests to ``endpoint`` (a relay)."""
+        return {"AWS_ENDPOINT_URL": endpoint}
+
+    def client(self, prefix: str = "", *, bucket: str = S3_BUCKET, **options: Any) -> Any:
+        """An obstore client of ``bucket`` below ``prefix`` on this server, for what a test
+        plants or checks there directly (not through a tier)."""
+        from obstore.store import S3Store
+
+        return S3Store(
+            bucket,
+            prefix=prefix or None,
+            endpoint=self.endpoint,
+            access_key_id=S3_ACCESS_KEY,
+            secret_access_key=S3_SECRET_KEY,
+            region="us-east-1",
+            client_options={"allow_http": True, **options.pop("client_options", {})},
+            **options,
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -261,20 +292,17 @@ def fresh_prefix() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-def bucket_client(server: S3Server, prefix: str) -> Any:
+def bucket_client(server: BucketServer, prefix: str) -> Any:
     """An obstore client of the test bucket below ``prefix``, for what a test plants or
     checks there directly (not through a tier)."""
-    from obstore.store import S3Store
+    return server.client(prefix)
 
-    return S3Store(
-        S3_BUCKET,
-        prefix=prefix,
-        endpoint=server.endpoint,
-        access_key_id=S3_ACCESS_KEY,
-        secret_access_key=S3_SECRET_KEY,
-        region="us-east-1",
-        client_options={"allow_http": True},
-    )
+
+def removal_requests(server: BucketServer, removals: int, objects_each: int = 2) -> int:
+    """The DELETE requests of ``removals`` removals of ``objects_each`` objects each (a
+    torch_xla start's: an entry and its marker): one batch each on S3, one request an
+    object on GCS, whose XML API has no batch delete."""
+    return removals if server.scheme == "s3" else removals * objects_each
 
 
 def put_objects(client: Any, items: dict[str, bytes]) -> None:
@@ -292,3 +320,173 @@ def put_objects(client: Any, items: dict[str, bytes]) -> None:
         await asyncio.gather(*(one(k, b) for k, b in items.items()))
 
     asyncio.run(put_all())
+
+
+# --- GCS: tests/gcs_server.py on loopback ----------------------------------------------------
+
+GCS_BUCKET = "xla-pcache-test"
+# What the server is started to require (``--token``) and the clients send.
+GCS_TOKEN = "xpc-test-token-5e21"
+
+
+@dataclass
+class GcsServer:
+    port: int
+    proc: subprocess.Popen[bytes]
+    root: Path
+
+    scheme = "gs"
+    bucket = GCS_BUCKET
+    directories = False
+    secret = GCS_TOKEN
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _account(self, endpoint: str) -> str:
+        """A service-account file as object_store reads it: ``gcs_base_url`` points the
+        client at ``endpoint``, ``disable_oauth`` sends no OAuth token request anywhere."""
+        path = self.root / f"account-{endpoint.rpartition(':')[2]}.json"
+        if not path.exists():
+            doc = {
+                "gcs_base_url": endpoint,
+                "disable_oauth": True,
+                "client_email": "",
+                "private_key": "",
+                "private_key_id": "",
+            }
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        return str(path)
+
+    def env(self, secret: str = GCS_TOKEN) -> dict[str, str]:
+        """The variables a GCS user sets, pointing a client at this server: a service-account
+        file (``GOOGLE_SERVICE_ACCOUNT``) and the bearer token it checks."""
+        return {
+            "GOOGLE_SERVICE_ACCOUNT": self._account(self.endpoint),
+            "GOOGLE_BEARER_TOKEN": secret,
+        }
+
+    def point_at(self, endpoint: str) -> dict[str, str]:
+        return {"GOOGLE_SERVICE_ACCOUNT": self._account(endpoint)}
+
+    def url(self, prefix: str, **query: str) -> str:
+        q = "&".join(f"{k}={v}" for k, v in query.items())
+        return f"gs://{GCS_BUCKET}/{prefix}" + (f"?{q}" if q else "")
+
+    def client(self, prefix: str = "", *, bucket: str = GCS_BUCKET, **options: Any) -> Any:
+        from obstore.store import GCSStore
+
+        return GCSStore(
+            bucket,
+            prefix=prefix or None,
+            service_account=self._account(self.endpoint),
+            bearer_token=GCS_TOKEN,
+            client_options={"allow_http": True, **options.pop("client_options", {})},
+            **options,
+        )
+
+    def raw(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """One request as given (``path`` already percent-encoded, so that a test can send
+        what no client would: a ``..`` segment kept, bytes that are no UTF-8): (status,
+        body)."""
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body, {"Authorization": f"Bearer {GCS_TOKEN}"})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def plant(self, key: str, body: bytes = b"") -> None:
+        """The object ``key`` (the whole name in the bucket), stored verbatim as GCS stores
+        any name: ``//``, ``.`` and ``..`` segments, control characters."""
+        import urllib.parse
+
+        status, said = self.raw("PUT", f"/{GCS_BUCKET}/{urllib.parse.quote(key, safe='')}", body)
+        assert status == 200, (status, said)
+
+    def names(self, prefix: str = "") -> list[str]:
+        """Every name in the bucket below ``prefix``, as the server holds them (read from its
+        listing's XML, which the client would refuse for some)."""
+        import re
+        import urllib.parse
+        from xml.sax.saxutils import unescape
+
+        out: list[str] = []
+        token = ""
+        while True:
+            query = {"list-type": "2", "prefix": prefix}
+            if token:
+                query["continuation-token"] = token
+            status, body = self.raw("GET", f"/{GCS_BUCKET}?{urllib.parse.urlencode(query)}")
+            assert status == 200, body
+            # Read with a pattern, not an XML parser: a control character in a name is
+            # written raw, which XML 1.0 does not allow.
+            text = body.decode("utf-8", "surrogateescape")
+            out += [unescape(k) for k in re.findall(r"<Key>(.*?)</Key>", text, re.S)]
+            found = re.search(r"<NextContinuationToken>(.*?)</NextContinuationToken>", text)
+            token = found[1] if found else ""
+            if not token:
+                return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+BucketServer = S3Server | GcsServer
+
+
+def start_gcs(root: Path) -> GcsServer:
+    """``python -m tests.gcs_server`` on a port found free, its objects under ``root``; started
+    again on another port when that one was taken before it bound it."""
+    root.mkdir(parents=True, exist_ok=True)
+    said = ""
+    for _ in range(START_ATTEMPTS):
+        server = _start_gcs(root)
+        if isinstance(server, GcsServer):
+            return server
+        said = server
+        if not any(taken in said.lower() for taken in PORT_TAKEN):
+            break
+    raise RuntimeError(f"the GCS server did not start:\n{said}")
+
+
+def _start_gcs(root: Path) -> GcsServer | str:
+    port = _free_port()
+    log = open(root / "gcs.log", "wb")  # noqa: SIM115 - the server writes it until stopped
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.gcs_server",
+            "--port",
+            str(port),
+            "--root",
+            str(root / "data"),
+            "--bucket",
+            GCS_BUCKET,
+            "--token",
+            GCS_TOKEN,
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if b"listening on" in (root / "gcs.log").read_bytes():
+            return GcsServer(port, proc, root)
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    return (root / "gcs.log").read_text(errors="replace")[-2000:]

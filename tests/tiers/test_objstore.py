@@ -36,16 +36,15 @@ from tests.jax.helpers import (
 )
 from tests.tiers.servers import (
     S3_BUCKET,
-    S3_SECRET_KEY,
+    BucketServer,
     RedisServer,
-    S3Server,
     bucket_client,
     fresh_prefix,
     start_s3,
 )
 
 
-def _objects(server: S3Server, prefix: str) -> list[str]:
+def _objects(server: BucketServer, prefix: str) -> list[str]:
     return sorted(o["path"] for o in obstore.list(bucket_client(server, prefix)).collect())
 
 
@@ -54,8 +53,8 @@ def _flush(store: Store) -> None:
     store.remote.flush()
 
 
-def test_two_hosts_share_through_s3(tmp_path: Path, s3: S3Server) -> None:
-    url = s3.url(fresh_prefix())
+def test_two_hosts_share_through_a_bucket(tmp_path: Path, server: BucketServer) -> None:
+    url = server.url(fresh_prefix())
     a = Store(tmp_path / "a", remote=url)
     payload = os.urandom(550_000)
     assert a.put("k", payload, meta={"m": "1"})
@@ -70,8 +69,8 @@ def test_two_hosts_share_through_s3(tmp_path: Path, s3: S3Server) -> None:
     assert st["tier1"] == url and st["tier1_hits"] == 1
 
 
-def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, s3: S3Server) -> None:
-    url = s3.url(fresh_prefix())
+def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, server: BucketServer) -> None:
+    url = server.url(fresh_prefix())
     a = Store(tmp_path / "a", remote=url)
     payload = os.urandom(26 << 20)  # the first 8 MiB, then two ranged pieces in parallel
     assert a.put("big", payload)
@@ -84,12 +83,12 @@ def test_large_entry_travels_in_ranged_pieces(tmp_path: Path, s3: S3Server) -> N
 
 @pytest.mark.jax
 def test_jax_program_compiled_on_one_host_hits_on_the_other(
-    tmp_path: Path, s3_server: S3Server
+    tmp_path: Path, bucket_server: BucketServer
 ) -> None:
     # A tier that cannot be used (unknown scheme) drops itself, not the cache.
     env = {
-        "XLA_PCACHE_REMOTE": "ftp://nowhere/x," + s3_server.url(fresh_prefix()),
-        **s3_server.env(),
+        "XLA_PCACHE_REMOTE": "ftp://nowhere/x," + bucket_server.url(fresh_prefix()),
+        **bucket_server.env(),
     }
     first = run_jax([{"op": "install", "path": str(tmp_path / "a")}, *runs(0)], env=env)
     assert hits(first) == [0]
@@ -98,9 +97,9 @@ def test_jax_program_compiled_on_one_host_hits_on_the_other(
     assert results(second)[0] == results(first)[0]
 
 
-def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, s3: S3Server) -> None:
+def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, server: BucketServer) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     stores = [Store(tmp_path / w, remote=url) for w in ("a", "b")]
     barrier = threading.Barrier(2)
 
@@ -114,7 +113,7 @@ def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, s3: S3Serve
         t.start()
     for t in threads:
         t.join()
-    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
+    assert _objects(server, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
     st = [s.stats() for s in stores]
     assert sum(int(s.get("remote_puts", 0)) for s in st) == 1, st
     assert sum(int(s.get("remote_put_exists", 0)) for s in st) == 1, st
@@ -126,14 +125,16 @@ def test_two_writers_racing_one_key_leave_one_object(tmp_path: Path, s3: S3Serve
     assert blob is not None and blob.meta["writer"] in ("0", "1")
 
 
-def test_tampered_and_truncated_objects_are_counted_misses(tmp_path: Path, s3: S3Server) -> None:
+def test_tampered_and_truncated_objects_are_counted_misses(
+    tmp_path: Path, server: BucketServer
+) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     a = Store(tmp_path / "a", remote=url)
     for k in ("flip", "cut"):
         assert a.put(k, bytes(range(256)) * 100)
     _flush(a)
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     for k in ("flip", "cut"):
         path = f"{ENTRY_DIR}/{entry_name(k)}"
         value = bytearray(obstore.get(client, path).bytes())
@@ -246,15 +247,19 @@ def test_server_killed_mid_transfer_is_a_miss_and_the_local_tier_goes_on(
 
 
 def test_wrong_credentials_are_a_miss_logged_once_without_the_secret(
-    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    server: BucketServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     prefix = fresh_prefix()
-    a = Store(tmp_path / "a", remote=s3.url(prefix))
+    a = Store(tmp_path / "a", remote=server.url(prefix))
     assert a.put("k", b"v" * 100)
     _flush(a)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0b1d")
+    for k, v in server.env(secret="wrong-secret-0b1d").items():
+        monkeypatch.setenv(k, v)
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
-        b = Store(tmp_path / "b", remote=s3.url(prefix))
+        b = Store(tmp_path / "b", remote=server.url(prefix))
         assert b.get("k") is None
         assert b.get("k2") is None  # left alone after the failure: skipped, no new warning
         assert b.put("k3", b"local")
@@ -264,15 +269,15 @@ def test_wrong_credentials_are_a_miss_logged_once_without_the_secret(
     assert bytes(b.get("k3") or b"") == b"local"
     warnings = [r for r in caplog.records if "remote cache" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    for secret in ("wrong-secret-0b1d", S3_SECRET_KEY):
+    for secret in ("wrong-secret-0b1d", server.secret):
         assert secret not in caplog.text and secret not in str(st)
-    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
+    assert _objects(server, prefix) == [f"{ENTRY_DIR}/{entry_name('k')}"]
 
 
-def test_redis_s3_chain_backfills_redis(
-    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+def test_redis_bucket_chain_backfills_redis(
+    tmp_path: Path, server: BucketServer, redis_server: RedisServer
 ) -> None:
-    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
+    chain = f"{redis_server.url},{server.url(fresh_prefix())}"
     a = Store(tmp_path / "a", remote=chain)
     assert a.put("k", b"payload" * 1000)
     _flush(a)
@@ -291,11 +296,11 @@ def test_redis_s3_chain_backfills_redis(
 
 
 def test_a_replaced_record_is_replaced_in_every_tier(
-    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+    tmp_path: Path, server: BucketServer, redis_server: RedisServer
 ) -> None:
     """``Store.replace`` (a prefetch plan): the last writer's value, locally and in each
     writable tier, where a put's first writer wins; a read-only store replaces nothing."""
-    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
+    chain = f"{redis_server.url},{server.url(fresh_prefix())}"
     a = Store(tmp_path / "a", remote=chain)
     assert a.put("plan", b"first" * 100)
     assert not a.put("plan", b"second" * 100), "a put creates only"
@@ -315,11 +320,13 @@ def test_a_replaced_record_is_replaced_in_every_tier(
     assert bytes(c.get("plan") or b"") == b"second" * 100
 
 
-def test_a_bucket_hosts_replace_goes_through_its_own_store(tmp_path: Path, s3: S3Server) -> None:
+def test_a_bucket_hosts_replace_goes_through_its_own_store(
+    tmp_path: Path, server: BucketServer
+) -> None:
     """``Store.replace`` on a bucket path's host-local store, which works beneath the handle
     it was opened on: the bucket's copy is the last writer's, and a fresh host reads it; a
     read-only host (``?ro=1``) replaces its own copy only, never the bucket's."""
-    url = s3.url(fresh_prefix())
+    url = server.url(fresh_prefix())
 
     def host(name: str, path: str = url) -> Any:
         settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / name))
@@ -339,20 +346,20 @@ def test_a_bucket_hosts_replace_goes_through_its_own_store(tmp_path: Path, s3: S
 
 
 def test_read_only_tier_and_read_only_store_write_nothing(
-    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+    tmp_path: Path, server: BucketServer, redis_server: RedisServer
 ) -> None:
     prefix = fresh_prefix()
-    seed = Store(tmp_path / "seed", remote=s3.url(prefix))
+    seed = Store(tmp_path / "seed", remote=server.url(prefix))
     assert seed.put("seeded", b"from s3")
     _flush(seed)
-    chain = f"{redis_server.url},{s3.url(prefix, ro='1')}"
+    chain = f"{redis_server.url},{server.url(prefix, ro='1')}"
     a = Store(tmp_path / "a", remote=chain)
     assert a.put("k", b"v")
     _flush(a)
     client = redis.Redis.from_url(redis_server.url)
     assert client.dbsize() == 1
-    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
-    assert a.stats()["tier2"] == s3.url(prefix) and "ro=1" in a.stats()["remote"]
+    assert _objects(server, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
+    assert a.stats()["tier2"] == server.url(prefix) and "ro=1" in a.stats()["remote"]
     # A read-only store reads the chain and backfills nothing, locally or to Redis.
     client.flushall()
     Store(tmp_path / "ro").close()
@@ -360,13 +367,13 @@ def test_read_only_tier_and_read_only_store_write_nothing(
     assert bytes(ro.get("seeded") or b"") == b"from s3"
     _flush(ro)
     assert client.dbsize() == 0 and "seeded" not in ro
-    assert _objects(s3, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
+    assert _objects(server, prefix) == [f"{ENTRY_DIR}/{entry_name('seeded')}"]
 
 
 def test_a_bad_tier_is_dropped_and_the_others_go_on(
-    tmp_path: Path, s3: S3Server, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, server: BucketServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url = s3.url(fresh_prefix())
+    url = server.url(fresh_prefix())
     with caplog.at_level(logging.WARNING, logger="xla_pcache"):
         a = Store(tmp_path / "a", remote=f"ftp://u:pw-9@host/x,{url},s3://{S3_BUCKET}/p?bad=1")
     assert a.put("k", b"v")
@@ -431,7 +438,7 @@ def _until_marked(hooks: Path, point: str, procs: list[subprocess.Popen[str]], n
 
 @pytest.mark.jax
 def test_single_flight_across_hosts_sharing_only_the_bucket(
-    tmp_path: Path, s3_server: S3Server
+    tmp_path: Path, bucket_server: BucketServer
 ) -> None:
     """Six processes, three per "host" (separate cache directories), sharing only the
     bucket, start the same program together: one compiles, five hit.
@@ -444,9 +451,9 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     env = {
-        "XLA_PCACHE_REMOTE": s3_server.url(prefix),
+        "XLA_PCACHE_REMOTE": bucket_server.url(prefix),
         **hooks_env(hooks),
-        **s3_server.env(),
+        **bucket_server.env(),
     }
     go = tmp_path / "go"
     ready = [tmp_path / f"ready-{i}" for i in range(6)]
@@ -467,10 +474,10 @@ def test_single_flight_across_hosts_sharing_only_the_bucket(
     assert len({str(results(r)[5]) for r in reports}) == 1
     # The claim is gone from the bucket once the entry is there (beside the processes' plan
     # and the program's module record).
-    client = bucket_client(s3_server, prefix)
+    client = bucket_client(bucket_server, prefix)
     names = [
         n
-        for n in _objects(s3_server, prefix)
+        for n in _objects(bucket_server, prefix)
         if not n.endswith(worker_plan_name())
         and not (
             "/entries/" in n
@@ -522,14 +529,14 @@ def test_doctor_shows_the_chain_redacted(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_remote_counters_are_summed_across_processes(
-    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+    tmp_path: Path, server: BucketServer, redis_server: RedisServer
 ) -> None:
     """Each process writes its remote counters to its journal; ``stats`` of any process
     (and ``xla-pcache stats``) sums them, as it does the local counters."""
     import subprocess
     import sys
 
-    chain = f"{redis_server.url},{s3.url(fresh_prefix())}"
+    chain = f"{redis_server.url},{server.url(fresh_prefix())}"
     seed = Store(tmp_path / "seed", remote=chain)
     assert seed.put("k", b"x" * 5000)
     _flush(seed)
@@ -564,15 +571,17 @@ def test_remote_counters_are_summed_across_processes(
     assert st["remote_read_bytes"] > 5000 and st["remote_puts"] == 1, st
     # The same per tier (by name, its kind): S3 answered, Redis missed and was backfilled
     # (its put came from the backfill), both missed "absent".
+    b = server.scheme  # the bucket tier's kind
     per_kind: dict[str, Any] = dict(st)
-    assert per_kind["remote_s3_hits"] == 1 and per_kind["remote_redis_hits"] == 0, st
-    assert per_kind["remote_redis_misses"] == 2 and per_kind["remote_s3_misses"] == 1, st
+    assert per_kind[f"remote_{b}_hits"] == 1 and per_kind["remote_redis_hits"] == 0, st
+    assert per_kind["remote_redis_misses"] == 2 and per_kind[f"remote_{b}_misses"] == 1, st
     assert per_kind["remote_redis_backfills"] == 1 and per_kind["remote_redis_puts"] == 1, st
-    assert per_kind["remote_s3_read_bytes"] == st["remote_read_bytes"], st
+    assert per_kind[f"remote_{b}_read_bytes"] == st["remote_read_bytes"], st
     assert per_kind["remote_redis_written_bytes"] == st["remote_written_bytes"] > 5000, st
     # Only the tiers that exist: no other name, no kind this chain lacks.
-    assert set(tier_counters(st)) == {"redis", "s3"}, st
-    assert not any(k.startswith(("remote_gs_", "remote_az_")) for k in st), st
+    assert set(tier_counters(st)) == {"redis", b}, st
+    others = {"s3", "gs", "az"} - {b}
+    assert not any(k.startswith(tuple(f"remote_{o}_" for o in others)) for k in st), st
     with pytest.raises(ValueError, match="tier"):
         Store(tmp_path / "shared").add_tier_counters([("Bad Name", "hits", 1)])
     out = cli_out("stats", "--path", str(tmp_path / "shared"), "--json", XLA_PCACHE_REMOTE=chain)
@@ -580,9 +589,9 @@ def test_remote_counters_are_summed_across_processes(
 
     report = json.loads(out)
     assert report["remote_hits"] == 1 and report["remote_misses"] == 3, report
-    assert report["remote_s3_hits"] == 1 and report["remote_redis_misses"] == 2, report
-    assert report["remote_s3_get_ms"] + report["remote_redis_get_ms"] == report["remote_get_ms"]
-    assert report["tier1"] == redis_server.url and report["tier2"].startswith("s3://"), report
+    assert report[f"remote_{b}_hits"] == 1 and report["remote_redis_misses"] == 2, report
+    assert report[f"remote_{b}_get_ms"] + report["remote_redis_get_ms"] == report["remote_get_ms"]
+    assert report["tier1"] == redis_server.url and report["tier2"].startswith(f"{b}://"), report
 
 
 def _claimed(tmp_path: Path, url: str) -> tuple[Store, Store, ObjectClaims, ObjectClaim]:
@@ -599,7 +608,7 @@ def _claimed(tmp_path: Path, url: str) -> tuple[Store, Store, ObjectClaims, Obje
 
 
 def test_bucket_claims_single_flight_and_takeover(
-    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, server: BucketServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One claim per key on the bucket; a waiter sees it held, then published once the
     holder's entry is uploaded and the claim released; a claim whose ETag stops changing
@@ -607,7 +616,7 @@ def test_bucket_claims_single_flight_and_takeover(
     # The order under test needs the upload to succeed: on a loaded machine a request can
     # take longer than the default 2 s, and a failed upload rightly makes the waiter compile.
     monkeypatch.setenv("XLA_PCACHE_REMOTE_TIMEOUT", "20")
-    url = s3.url(fresh_prefix())
+    url = server.url(fresh_prefix())
     holder, waiter, wc, mine = _claimed(tmp_path, url)
     name = entry_name("k")
     assert wc.claim(name, wait=0.3, lease=30).state == "timed_out"
@@ -618,7 +627,7 @@ def test_bucket_claims_single_flight_and_takeover(
     assert bytes(waiter.get("k") or b"") == b"compiled"
     # A holder that died: its claim object stays and never changes.
     dead = entry_name("dead")
-    client = bucket_client(s3, url.split("/", 3)[3])
+    client = bucket_client(server, url.split("/", 3)[3])
     obstore.put(client, f"xla_pcache-1/claims/{dead}", b"{}", mode="create")
     results_: list[Any] = []
 
@@ -641,13 +650,13 @@ def test_bucket_claims_single_flight_and_takeover(
 
 
 def test_a_claim_released_between_the_two_looks_is_seen_published(
-    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, server: BucketServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A waiter's first look finds no entry; before its look at the claim, the holder
     uploads the entry and deletes its claim. The waiter must then find the entry, not take
     a claim and compile what was just published. The interleaving is made, not waited for:
     the waiter's first look at the entry answers as it would have a moment earlier."""
-    url = s3.url(fresh_prefix())
+    url = server.url(fresh_prefix())
     holder, waiter, wc, mine = _claimed(tmp_path, url)
     name = entry_name("k")
     tier = wc._tier
@@ -669,13 +678,13 @@ def test_a_claim_released_between_the_two_looks_is_seen_published(
     assert got.state == "published", (got.state, looks)
     assert not got.held
     assert bytes(waiter.get("k") or b"") == b"compiled"
-    client = bucket_client(s3, url.split("/", 3)[3])
+    client = bucket_client(server, url.split("/", 3)[3])
     left = obstore.list(client, prefix="xla_pcache-1/claims/").collect()
     assert left == [], "a claim was left"
 
 
 def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     """obstore's runtime does not survive fork: a child forked from a process that used the
     tier (a DataLoader worker) skips it (a request there would wait for ever) and goes on
@@ -702,7 +711,7 @@ def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
         "assert s.put('after', b'a'); s.remote.flush()\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "c"), s3.url(prefix)],
+        [sys.executable, "-c", code, str(tmp_path / "c"), server.url(prefix)],
         timeout=60,
         capture_output=True,
         text=True,
@@ -710,7 +719,7 @@ def test_a_forked_child_leaves_the_bucket_alone_without_hanging(
     assert out.returncode == 0, out.stderr
     assert "not usable in a process forked" in out.stderr
     names = {entry_name(k) for k in ("parent", "after")}
-    assert {p.split("/", 2)[2] for p in _objects(s3, prefix)} == names
+    assert {p.split("/", 2)[2] for p in _objects(server, prefix)} == names
 
 
 def test_chain_checks_and_redaction() -> None:

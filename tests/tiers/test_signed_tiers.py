@@ -20,10 +20,8 @@ from xla_pcache.tiers.redis import KEY_PREFIX
 from tests.helpers import keygen
 from tests.jax.helpers import scratch_programs, value_and_hits
 from tests.tiers.servers import (
-    S3_BUCKET,
-    S3_SECRET_KEY,
+    BucketServer,
     RedisServer,
-    S3Server,
     bucket_client,
     fresh_prefix,
 )
@@ -46,27 +44,29 @@ def _reader(path: Path, remote: str) -> Store:
     return Store(path, remote=remote, trusted_keys=[CI_KEY])
 
 
-def _s3_object(server: S3Server, prefix: str, name: str) -> bytes:
+def _s3_object(server: BucketServer, prefix: str, name: str) -> bytes:
     return bytes(obstore.get(bucket_client(server, prefix), f"{ENTRY_DIR}/{name}").bytes())
 
 
-def _s3_replace(server: S3Server, prefix: str, name: str, data: bytes) -> None:
+def _s3_replace(server: BucketServer, prefix: str, name: str, data: bytes) -> None:
     obstore.put(bucket_client(server, prefix), f"{ENTRY_DIR}/{name}", data, mode="overwrite")
 
 
-def test_a_tampered_bucket_entry_is_refused_and_never_served(tmp_path: Path, s3: S3Server) -> None:
+def test_a_tampered_bucket_entry_is_refused_and_never_served(
+    tmp_path: Path, server: BucketServer
+) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     _put(tmp_path / "ci", url, "k", PAYLOAD, signed=True)
     _put(tmp_path / "ci-other", url, "j", PAYLOAD.upper(), signed=True)
     plain, own = entry_name("k"), signed_entry_name("k", "ci-1")
-    good = _s3_object(s3, prefix, plain)
-    assert _s3_object(s3, prefix, own) == good  # the signer's own copy, signature and all
+    good = _s3_object(server, prefix, plain)
+    assert _s3_object(server, prefix, own) == good  # the signer's own copy, signature and all
 
     # Bytes flipped after the trusted writer's put, in both of its objects.
     flipped = good[:-1] + bytes([good[-1] ^ 0xFF])
     for name in (plain, own):
-        _s3_replace(s3, prefix, name, flipped)
+        _s3_replace(server, prefix, name, flipped)
     with _reader(tmp_path / "r1", url) as r:
         assert r.get("k") is None
         stats: Any = r.stats()
@@ -74,12 +74,12 @@ def test_a_tampered_bucket_entry_is_refused_and_never_served(tmp_path: Path, s3:
         assert "k" not in r
 
     # A valid signature (of "k") copied onto the payload of another signed entry.
-    other = _s3_object(s3, prefix, entry_name("j"))
+    other = _s3_object(server, prefix, entry_name("j"))
     header_len = len(good) - len(PAYLOAD)
     forged = good[:header_len] + other[len(other) - len(PAYLOAD) :]
     assert forged != good and len(forged) == len(good)
     for name in (plain, own):
-        _s3_replace(s3, prefix, name, forged)
+        _s3_replace(server, prefix, name, forged)
     with _reader(tmp_path / "r2", url) as r:
         assert r.get("k") is None
         stats = r.stats()
@@ -88,15 +88,15 @@ def test_a_tampered_bucket_entry_is_refused_and_never_served(tmp_path: Path, s3:
 
 
 def test_an_unsigned_object_squatting_the_bucket_key_hides_no_trusted_entry(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     # The squatter is first: the bucket's conditional create keeps its object at the plain
     # name, and the trusted writer's put of the plain name is refused.
     _put(tmp_path / "mallory", url, "k", b"attacker's program", signed=False)
     _put(tmp_path / "ci", url, "k", PAYLOAD, signed=True)
-    assert b"attacker" in _s3_object(s3, prefix, entry_name("k"))
+    assert b"attacker" in _s3_object(server, prefix, entry_name("k"))
 
     with _reader(tmp_path / "r", url) as r:
         got = r.get("k")
@@ -124,10 +124,10 @@ def test_a_squatter_overwriting_redis_after_the_trusted_writer_hides_nothing(
 
 
 def test_a_refused_value_in_one_tier_does_not_stop_the_chain_and_backfill_keeps_the_signature(
-    tmp_path: Path, s3: S3Server, redis_server: RedisServer
+    tmp_path: Path, server: BucketServer, redis_server: RedisServer
 ) -> None:
     prefix = fresh_prefix()
-    bucket = s3.url(prefix)
+    bucket = server.url(prefix)
     _put(tmp_path / "ci", bucket, "k", PAYLOAD, signed=True)
     # The faster tier holds only a squatter's value, under the plain name.
     _put(tmp_path / "mallory", redis_server.url, "k", b"attacker's program", signed=False)
@@ -149,18 +149,18 @@ def test_a_refused_value_in_one_tier_does_not_stop_the_chain_and_backfill_keeps_
     # trusting reader of Redis alone is served from there, past the squatter's value.
     client = redis.Redis.from_url(redis_server.url)
     backfilled = client.get(KEY_PREFIX + signed_entry_name("k", "ci-1"))
-    assert backfilled == _s3_object(s3, prefix, entry_name("k"))
+    assert backfilled == _s3_object(server, prefix, entry_name("k"))
     with _reader(tmp_path / "redis-only", redis_server.url) as r:
         got = r.get("k")
         assert got is not None and got.signer == "ci-1" and bytes(got) == PAYLOAD
 
 
 def test_trust_required_serves_only_trusted_entries_and_needs_trusted_keys(
-    tmp_path: Path, s3: S3Server, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, server: BucketServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    required = s3.url(prefix, trust="required")
+    url = server.url(prefix)
+    required = server.url(prefix, trust="required")
     _put(tmp_path / "plain", url, "u", b"unsigned program", signed=False)
     _put(tmp_path / "ci", url, "k", PAYLOAD, signed=True)
 
@@ -177,7 +177,7 @@ def test_trust_required_serves_only_trusted_entries_and_needs_trusted_keys(
         r.remote.flush()
     assert not [
         o
-        for o in obstore.list(bucket_client(s3, prefix)).collect()
+        for o in obstore.list(bucket_client(server, prefix)).collect()
         if entry_name("mine") in o["path"]
     ]
 
@@ -192,9 +192,9 @@ def test_trust_required_serves_only_trusted_entries_and_needs_trusted_keys(
         assert u.put("x", b"local")
         assert u.get("x") is not None
         stats = u.stats()
-        assert stats["remote_dropped"] == f"s3://{S3_BUCKET}/{prefix}?trust=required"
+        assert stats["remote_dropped"] == server.url(prefix, trust="required")
     warned = [m for m in caplog.messages if "XLA_PCACHE_TRUSTED_KEYS" in m]
-    assert len(warned) == 1 and prefix in warned[0] and S3_SECRET_KEY not in warned[0]
+    assert len(warned) == 1 and prefix in warned[0] and server.secret not in warned[0]
 
 
 def test_the_trust_option_is_parsed_beside_ro_and_shown(caplog: pytest.LogCaptureFixture) -> None:
@@ -223,14 +223,14 @@ def jax_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[st
 @pytest.mark.jax
 def test_jax_a_squatted_or_tampered_bucket_entry_is_never_loaded(
     tmp_path: Path,
-    s3: S3Server,
+    server: BucketServer,
     jax_programs: dict[str, tuple[str, bytes, float]],
 ) -> None:
     """Real JAX, zero code, hosts sharing only the bucket: a writer of the bucket plants
     program ``cos``'s executable under ``sin``'s key before CI; CI's signed entry is served
     all the same to trusting workers, and once its objects are tampered with, nothing is."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     sin_key, _, sin_value = jax_programs["sin"]
     _, cos_exe, cos_value = jax_programs["cos"]
     key_file, trusted = keygen(tmp_path, "ci-1")
@@ -238,7 +238,7 @@ def test_jax_a_squatted_or_tampered_bucket_entry_is_never_loaded(
         assert m.put(sin_key, cos_exe, meta={"framework": "jax"})
         assert m.remote is not None
         m.remote.flush()
-    bucket = {"XLA_PCACHE_REMOTE": url, **s3.env()}
+    bucket = {"XLA_PCACHE_REMOTE": url, **server.env()}
 
     def host(name: str, **env: str) -> dict[str, str]:
         return {"XLA_PERSISTENT_CACHE_PATH": str(tmp_path / name), **bucket, **env}
@@ -254,7 +254,7 @@ def test_jax_a_squatted_or_tampered_bucket_entry_is_never_loaded(
 
     # The bytes of CI's objects flipped in the bucket: refused, recompiled, never loaded.
     for name in (entry_name(sin_key), signed_entry_name(sin_key, "ci-1")):
-        good = _s3_object(s3, prefix, name)
+        good = _s3_object(server, prefix, name)
         if b"xla_pcache.sig.signer" in good:
-            _s3_replace(s3, prefix, name, good[:-1] + bytes([good[-1] ^ 0xFF]))
+            _s3_replace(server, prefix, name, good[:-1] + bytes([good[-1] ^ 0xFF]))
     assert value_and_hits("sin", **host("w2", **worker)) == (sin_value, 0)

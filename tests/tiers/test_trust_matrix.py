@@ -28,9 +28,10 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 from xla_pcache.tiers.redis import KEY_PREFIX
 
+from tests.tiers.fixtures import PROTOCOLS
 from tests.tiers.servers import (
+    BucketServer,
     RedisServer,
-    S3Server,
     bucket_client,
     fresh_prefix,
     start_redis,
@@ -159,8 +160,8 @@ def _redis_writer(client: redis.Redis) -> Callable[[str, bytes | None], None]:
     return overwrite
 
 
-def _s3_writer(s3: S3Server, prefix: str) -> Callable[[str, bytes | None], None]:
-    client = bucket_client(s3, prefix)
+def _s3_writer(server: BucketServer, prefix: str) -> Callable[[str, bytes | None], None]:
+    client = bucket_client(server, prefix)
 
     def overwrite(name: str, data: bytes | None) -> None:
         if data is None:
@@ -178,21 +179,21 @@ def tier_redis(cell: Cell, redis_url: str, **_: object) -> Outcome:
     return _tier_cell(cell, redis_url, overwrite, [cell.plain, cell.own])
 
 
-def tier_s3(cell: Cell, s3: S3Server, **_: object) -> Outcome:
+def tier_s3(cell: Cell, server: BucketServer, **_: object) -> Outcome:
     prefix = fresh_prefix()
-    return _tier_cell(cell, s3.url(prefix), _s3_writer(s3, prefix), [cell.plain, cell.own])
+    return _tier_cell(cell, server.url(prefix), _s3_writer(server, prefix), [cell.plain, cell.own])
 
 
-def backfill(cell: Cell, redis_url: str, s3: S3Server, **_: object) -> Outcome:
+def backfill(cell: Cell, redis_url: str, server: BucketServer, **_: object) -> Outcome:
     """GOOD and the plant in the slower tier (S3); the reader's chain puts Redis first: what
     it verified is backfilled there, and what Redis then holds is read by a trusting
     process too."""
     prefix = fresh_prefix()
-    s3_url = s3.url(prefix)
+    s3_url = server.url(prefix)
     with cell.ci_store(cell.tmp / "ci", remote=s3_url) as ci:
         assert ci.put(cell.key, GOOD)
         _flush(ci)
-    overwrite = _s3_writer(s3, prefix)
+    overwrite = _s3_writer(server, prefix)
     if cell.plant != "changed":
         overwrite(cell.plain, None if cell.plant == "directory" else cell.planted())
     local = cell.tmp / "reader"
@@ -293,26 +294,42 @@ def expected_good(path: str, reader: Reader, plant: str) -> bool:
     return reader.trusts == "ci" and not (path == "bundle_import" and reader.read_only)
 
 
+# The paths through a bucket, run on each protocol of the tests (S3 and GCS); the others
+# start the S3 server only as the matrix's fixture wants one.
+ON_BUCKETS = ("tier_s3", "backfill")
+
+
 def _cells() -> Iterator[pytest.param]:  # type: ignore[valid-type]
     for path in PATHS:
-        for reader in READERS:
-            for plant in PLANTS:
-                yield pytest.param(path, reader, plant, id=f"{path}-{reader}-{plant}")
+        for proto in PROTOCOLS if path in ON_BUCKETS else ("s3",):
+            marks = [pytest.mark.gcs] if proto == "gs" else []
+            for reader in READERS:
+                for plant in PLANTS:
+                    yield pytest.param(
+                        proto,
+                        path,
+                        reader,
+                        plant,
+                        id=f"{proto}-{path}-{reader}-{plant}",
+                        marks=marks,
+                    )
 
 
-@pytest.mark.parametrize(("path", "reader_name", "plant"), list(_cells()))
+@pytest.mark.parametrize(
+    ("bucket_server", "path", "reader_name", "plant"), list(_cells()), indirect=["bucket_server"]
+)
 def test_trust_matrix(
     tmp_path: Path,
     keys: Keys,
     matrix_redis: RedisServer,
-    s3: S3Server,
+    server: BucketServer,
     path: str,
     reader_name: str,
     plant: str,
 ) -> None:
     reader = READERS[reader_name]
     cell = Cell(tmp_path, keys, reader, plant, key=f"matrix/{path}/{reader_name}/{plant}")
-    served, later = PATHS[path](cell, redis_url=matrix_redis.url, s3=s3)
+    served, later = PATHS[path](cell, redis_url=matrix_redis.url, server=server)
     allowed: set[bytes | None] = {
         "ci": {None, GOOD},
         "other": {None},

@@ -92,6 +92,14 @@ class BucketObjects:
             count=self._count,
         )
 
+    @property
+    def flat_names(self) -> bool:
+        """Whether the service's names are flat, never directories: GCS's (its XML API has
+        no directory, and the folders of a hierarchical-namespace bucket are not removed
+        through it), where an object below one of our names is in the way of nothing.
+        S3 and Azure services may have directories (MinIO, SeaweedFS, Data Lake)."""
+        return self.reader.scheme == "gs"
+
     def _count(self, kind: str, n: int = 1) -> None:
         with self._lock:
             self.requests[kind] += n
@@ -113,13 +121,14 @@ class BucketObjects:
                 "XLA_PERSISTENT_CACHE_READ_ONLY): nothing is written to it"
             )
 
-    def put(self, path: str, data: bytes, mode: Any = "overwrite") -> str | None:
+    def put(self, path: str, data: bytes, mode: Any = "overwrite") -> objstore.Version:
+        """Writes ``path``; which write it made (for an overwrite conditional on it)."""
         import obstore
 
         self.writable()
         self._count("put")
         result = obstore.put(self._store, path, data, mode=mode, use_multipart=False)
-        return str(result["e_tag"]) if result.get("e_tag") else None
+        return objstore.Version.of(result)
 
     def put_or_warn(self, path: str, data: bytes) -> bool:
         """Writes one of the upkeep's objects; a refusal (an object planted below its name,
@@ -167,11 +176,13 @@ class BucketObjects:
         namespaces), and an emptied one there still refuses the conditional create of its
         name: those between the name and the object are removed too, deepest first, when a
         HEAD finds no object there, up to ``SQUAT_REMOVALS`` a prune; an object below a
-        name past that is left, with its directories, for the next one."""
+        name past that is left, with its directories, for the next one. GCS's names are
+        flat (``flat_names``): there an object below a name is beside it, no directory is
+        left, and each is removed as any other."""
         dirs: set[str] = set()
         gone: list[str] = []
         for path in paths:
-            name = squatted(path)
+            name = None if self.flat_names else squatted(path)
             if name is not None:
                 rest = path[len(name) + 1 :].split("/")[:-1][: SQUAT_DEPTH - 1]
                 mine = {f"{name}/{'/'.join(rest[:d])}" for d in range(1, len(rest) + 1)}
@@ -240,6 +251,8 @@ class BucketObjects:
         listing of each, and a request to remove each: the service refuses to remove one
         that still holds something); the rest wait for the next time. How many were
         taken."""
+        if self.flat_names:
+            return 0
         taken = 0
         stack: list[tuple[str, bool]] = [(name, False)]
         while stack:

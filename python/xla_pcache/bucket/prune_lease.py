@@ -1,5 +1,6 @@
 """A bucket's prune lease, ``prune.lease``: held while a prune runs so that one host prunes
-at a time. Taken by a conditional create (or, once stale, an ETag-conditional overwrite),
+at a time. Taken by a conditional create (or, once stale, an overwrite conditional on the
+write it replaces: its ETag, or on GCS its generation),
 rewritten in the background, released only while still ours; objects planted below its
 name, which make it a directory that refuses the create, are removed first."""
 
@@ -34,7 +35,7 @@ class BlockedError(BusyError):
     removed (objects below its name the client cannot remove, or no permission to)."""
 
 
-def _take(objects: BucketObjects, stale_after: float, body: bytes) -> str | None:
+def _take(objects: BucketObjects, stale_after: float, body: bytes) -> objstore.Version:
     meta: Mapping[str, Any] | None = None
     for attempt in range(2):
         try:
@@ -68,7 +69,7 @@ def _take(objects: BucketObjects, stale_after: float, body: bytes) -> str | None
         owner = str(holder.get("owner", "?"))[:100]
         raise BusyError(f"another prune holds {LEASE} ({owner}, rewritten {age:.0f} s ago)")
     try:
-        return objects.put(LEASE, body, mode={"e_tag": meta["e_tag"]})
+        return objects.put(LEASE, body, mode=objstore.Version.of(meta).mode())
     except Exception as e:
         if objstore.classify(e) in ("exists", "precondition", "missing"):
             raise BusyError(f"another host took over {LEASE} first") from None
@@ -89,7 +90,7 @@ def hold(objects: BucketObjects, stale_after: float = STALE_AFTER_S) -> Iterator
         nonlocal e_tag
         while not stop.wait(LEASE_S / 3):
             try:
-                e_tag = objects.put(LEASE, body, mode={"e_tag": e_tag})
+                e_tag = objects.put(LEASE, body, mode=e_tag.mode())
             except Exception:
                 lost.set()
                 return
@@ -104,5 +105,5 @@ def hold(objects: BucketObjects, stale_after: float = STALE_AFTER_S) -> Iterator
         if not lost.is_set():
             with contextlib.suppress(Exception):
                 meta = objects.reader.head(LEASE)
-                if meta is not None and meta["e_tag"] == e_tag:
+                if meta is not None and objstore.Version.of(meta) == e_tag:
                     objects.delete([LEASE])

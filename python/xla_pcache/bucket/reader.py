@@ -34,6 +34,7 @@ import math
 import re
 import threading
 import time
+import urllib.parse
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -158,7 +159,16 @@ def delete_hint(url_scheme: str, bucket: str, key: str) -> str:
     if url_scheme == "s3":
         return f"aws s3api delete-object --bucket {bucket} --key {quoted}"
     if url_scheme == "gs":
-        return f"gcloud storage rm 'gs://{bucket}/'{quoted}"
+        # Not ``gcloud storage rm``: it expands wildcards (``*``, ``?``, ``[``) in the name,
+        # which a planted key may hold, and would remove objects that are not this one.
+        # One request naming the object exactly (every byte but letters and digits
+        # percent-encoded, so that no ``/../`` is collapsed on the way).
+        exact = urllib.parse.quote(key, safe="").replace(".", "%2E").replace("-", "%2D")
+        exact = exact.replace("_", "%5F").replace("~", "%7E")
+        return (
+            'curl -X DELETE -H "Authorization: Bearer $(gcloud auth print-access-token)" '
+            f"'https://storage.googleapis.com/{bucket}/{exact}'"
+        )
     return f"az storage blob delete --container-name {bucket} --name {quoted}"
 
 

@@ -212,7 +212,7 @@ class Bucket:
         """``ReadOnlyError`` when this bucket is read-only: every write asks here first."""
         self.objects.writable()
 
-    def put(self, path: str, data: bytes, mode: Any = "overwrite") -> str | None:
+    def put(self, path: str, data: bytes, mode: Any = "overwrite") -> objstore.Version:
         return self.objects.put(path, data, mode)
 
     def delete(self, paths: list[str]) -> None:

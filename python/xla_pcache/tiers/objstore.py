@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from xla_pcache import _testhook
 from xla_pcache._core import entry_file_len
@@ -81,12 +81,14 @@ _SECRET_VARS = (
     "AZURE_STORAGE_TOKEN",
     "AZURE_CLIENT_SECRET",
     "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_BEARER_TOKEN",
 )
 _ENDPOINT_VARS = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT",
     "AZURE_STORAGE_ENDPOINT",
     "AZURE_ENDPOINT",
+    "GOOGLE_BASE_URL",
     "GOOGLE_ENDPOINT",
 )
 
@@ -101,10 +103,45 @@ def scrub(text: str, environ: Mapping[str, str] = os.environ) -> str:
     return line[:300]
 
 
+# Where object_store's GCS client finds a service-account file (or its JSON): the file may
+# name the endpoint (``gcs_base_url``), as for a GCS-compatible server of one's own.
+_GCS_ACCOUNT_FILE_VARS = (
+    "GOOGLE_SERVICE_ACCOUNT",
+    "GOOGLE_SERVICE_ACCOUNT_PATH",
+    "SERVICE_ACCOUNT",
+)
+
+
+def _gcs_base_url(environ: Mapping[str, str]) -> str:
+    """The ``gcs_base_url`` of the service account object_store reads (the key's JSON in
+    ``GOOGLE_SERVICE_ACCOUNT_KEY``, else the file one of ``_GCS_ACCOUNT_FILE_VARS`` names),
+    or ""; an unreadable one is object_store's to report when the store is built."""
+    text = environ.get("GOOGLE_SERVICE_ACCOUNT_KEY", "")
+    if not text:
+        path = next((environ[v] for v in _GCS_ACCOUNT_FILE_VARS if environ.get(v)), "")
+        if not path:
+            return ""
+        try:
+            with open(path, "rb") as f:
+                text = f.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            return ""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return ""
+    url = doc.get("gcs_base_url") if isinstance(doc, dict) else None
+    return url if isinstance(url, str) else ""
+
+
 def _allow_http(environ: Mapping[str, str]) -> bool:
     # object_store refuses plain http unless told; an endpoint the user set to http:// (a
-    # test server, a store on a private network) is what they asked for.
-    return any(environ.get(v, "").strip().lower().startswith("http://") for v in _ENDPOINT_VARS)
+    # test server, a store on a private network) is what they asked for: in a variable, or
+    # as the service-account file's ``gcs_base_url``.
+    urls = [environ.get(v, "") for v in _ENDPOINT_VARS]
+    if any(environ.get(v) for v in ("GOOGLE_SERVICE_ACCOUNT_KEY", *_GCS_ACCOUNT_FILE_VARS)):
+        urls.append(_gcs_base_url(environ))
+    return any(u.strip().lower().startswith("http://") for u in urls)
 
 
 def classify(e: BaseException) -> str:
@@ -126,6 +163,26 @@ def classify(e: BaseException) -> str:
 
 
 _UNSATISFIABLE = re.compile(r"status code: 416\b")
+
+
+class Version(NamedTuple):
+    """Which write of an object a conditional overwrite replaces: its ETag (what S3 and
+    Azure match, ``If-Match``) and its version (what GCS matches: the generation,
+    ``x-goog-if-generation-match``; object_store refuses a GCS update without it), from a
+    write's result or a HEAD's metadata."""
+
+    e_tag: str | None
+    version: str | None
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> Version:
+        e_tag, version = meta.get("e_tag"), meta.get("version")
+        return cls(str(e_tag) if e_tag else None, str(version) if version else None)
+
+    def mode(self) -> dict[str, str]:
+        """obstore's put ``mode`` that overwrites this write only (``PreconditionError``
+        when another write came since)."""
+        return {k: v for k, v in self._asdict().items() if v is not None}
 
 
 # The process that first used obstore: its runtime's threads exist there only, so a process
@@ -379,7 +436,7 @@ class ObjectClaim:
         self.state = state
         self.waited = waited
         self.took_over = False
-        self.e_tag: str | None = None
+        self.e_tag: Version | None = None
 
     @property
     def held(self) -> bool:
@@ -394,8 +451,9 @@ class ObjectClaims:
     """Compile claims on the bucket: ``<prefix>/xla_pcache-1/claims/<entry name>``.
 
     Taking one is a conditional create; its holder rewrites it every ``lease / 3`` seconds
-    with an overwrite conditional on the ETag it last wrote, so two holders cannot both
-    believe they hold it. A waiter takes the claim over when its ETag has not changed for
+    with an overwrite conditional on the write it last made (its ETag, or on GCS its
+    generation: ``Version``), so two holders cannot both believe they hold it. A waiter
+    takes the claim over when its ETag and version have not changed for
     ``lease`` seconds of the waiter's own clock (no clocks are compared across hosts), with
     the same conditional overwrite: of several waiters, one wins. The holder releases it
     by deleting it once the entry is uploaded; a waiter that sees the claim gone and no
@@ -417,21 +475,21 @@ class ObjectClaims:
     def _body(self) -> bytes:
         return json.dumps({"owner": self._owner, "t": time.time()}).encode()
 
-    def _create(self, name: EntryName) -> str | None:
+    def _create(self, name: EntryName) -> Version:
         import obstore
 
         result = obstore.put(self._tier._store, self._path(name), self._body(), mode="create")
-        return str(result["e_tag"]) if result.get("e_tag") else None
+        return Version.of(result)
 
-    def _overwrite(self, name: EntryName, e_tag: str) -> str | None:
+    def _overwrite(self, name: EntryName, e_tag: Version) -> Version:
         import obstore
 
-        mode: Any = {"e_tag": e_tag}
+        mode: Any = e_tag.mode()
         result = obstore.put(self._tier._store, self._path(name), self._body(), mode=mode)
-        return str(result["e_tag"]) if result.get("e_tag") else None
+        return Version.of(result)
 
-    def _peek(self, name: EntryName) -> str | None:
-        """The claim's ETag, or None when there is no claim."""
+    def _peek(self, name: EntryName) -> Version | None:
+        """Which write the claim is, or None when there is no claim."""
         import obstore
 
         try:
@@ -440,7 +498,7 @@ class ObjectClaims:
             if classify(e) == "missing":
                 return None
             raise
-        return str(meta["e_tag"])
+        return Version.of(meta)
 
     def claim(self, name: str, wait: float, lease: float, may_claim: bool = True) -> ObjectClaim:
         """Claim ``name`` or wait up to ``wait`` seconds for its holder on another host.
@@ -460,7 +518,7 @@ class ObjectClaims:
         tier = self._tier
         start = time.monotonic()
         deadline = start + wait
-        seen: str | None = None
+        seen: Version | None = None
         seen_at = start
         waited = False
         interval = 0.05
@@ -519,7 +577,7 @@ class ObjectClaims:
             return ObjectClaim(self, name, "unclaimed", time.monotonic() - start)
 
     def _held_claim(
-        self, name: EntryName, e_tag: str | None, waited: float, *, took_over: bool
+        self, name: EntryName, e_tag: Version, waited: float, *, took_over: bool
     ) -> ObjectClaim:
         claim = ObjectClaim(self, name, "claimed", waited)
         claim.e_tag = e_tag
@@ -568,7 +626,7 @@ class ObjectClaims:
             import obstore
 
             try:
-                # Only our own claim: a takeover since then changed its ETag.
+                # Only our own claim: a takeover since then changed its ETag (its version).
                 if self._peek(claim.name) == e_tag:
                     obstore.delete(self._tier._store, self._path(claim.name))
             except Exception as e:

@@ -9,8 +9,9 @@ backend asked for, so the next doctor on any host sharing the cache reads it ins
 The report's parts are modules of this package, one subject each: ``frameworks`` (each
 framework's probe, and what is remembered of it), ``environment`` (the settings, the cache
 and its store, activation, what JAX stores, loading ahead), ``key_settings`` (the compression
-and flags in this host's JAX keys, and the store's entries made under others) and ``render``
-(the report for people); here they are put together (``collect``) and printed (``main``).
+and flags in this host's JAX keys, and the store's entries made under others),
+``bucket_check`` (a bucket path's requests, each made once) and ``render`` (the report for
+people); here they are put together (``collect``) and printed (``main``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import platform
 from typing import Any
 
-from xla_pcache.cli._doctor import key_settings
+from xla_pcache.cli._doctor import bucket_check, key_settings
 
 # Named here as well (``x as x``) are the parts tests and the fuzzer reach through
 # ``xla_pcache.cli._doctor``.
@@ -54,7 +55,17 @@ def collect(path: str | None) -> dict[str, Any]:
     store_problems: list[str] = []
     if not problems:
         raw = path or settings.path or ""
-        store, cache, store_problems = _open_store(config, settings, _bucket_path(raw))
+        url = _bucket_path(raw)
+        store, cache, store_problems = _open_store(config, settings, url)
+        if url is not None and config.get("bucket"):
+            # Each request a host makes of the bucket, once: which one fails, and why.
+            steps, bucket_problems = bucket_check.check(
+                url,
+                read_only=bool(config.get("read_only")),
+                timeout=max(settings.remote_timeout, 10.0),
+            )
+            cache["bucket_checks"] = steps
+            store_problems += bucket_problems
     problems += store_problems
     frameworks: dict[str, Any] = {}
     try:

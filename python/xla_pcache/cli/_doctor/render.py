@@ -84,6 +84,12 @@ def _render(console: Console, report: dict[str, Any]) -> None:
             + (" (read-only)" if tier["read_only"] else "")
             + (" (trusted entries only)" if tier.get("trust_required") else "")
         )
+    checks = cache.get("bucket_checks")
+    if checks:
+        console.print(
+            "  the bucket, each request once: "
+            + ", ".join(f"{_e(c['step'])} {'ok' if c['ok'] else 'FAILED'}" for c in checks)
+        )
     for name, state in report.get("activation", {}).items():
         console.print(f"Zero-code activation for {_e(name)}: {_e(state)}")
     caching = report.get("jax_caching", {})

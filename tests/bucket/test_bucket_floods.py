@@ -26,8 +26,8 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 from tests.helpers import cli_here
-from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
+from tests.tiers.relay import Relay
+from tests.tiers.servers import BucketServer, bucket_client, fresh_prefix, put_objects
 
 FLOOD = 10_000
 ENTRIES = 12
@@ -65,14 +65,14 @@ def _flood(kind: str, prefix: str, real: list[str]) -> list[str]:
     return keys
 
 
-def _bucket(s3: S3Server) -> tuple[str, str, list[str]]:
+def _bucket(server: BucketServer) -> tuple[str, str, list[str]]:
     """A fresh prefix holding ``ENTRIES`` entry objects; (prefix, url, their names)."""
     prefix = fresh_prefix()
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     names = sorted(entry_name(f"{prefix}-{i}") for i in range(ENTRIES))
     for n in names:
         obstore.put(client, f"{ENTRY_DIR}/{n}", b"x" * ENTRY_BYTES)
-    return prefix, s3.url(prefix), names
+    return prefix, server.url(prefix), names
 
 
 BUDGET = ENTRIES * ENTRY_BYTES // 2
@@ -87,12 +87,12 @@ CUT_SHORT = ["control-names-before", "control-after-each"]
 
 @pytest.mark.parametrize("kind", COMPLETE + CUT_SHORT)
 def test_the_commands_prune_keeps_the_budget_past_a_flood(
-    kind: str, relay: S3Relay, s3: S3Server
+    kind: str, relay: Relay, server: BucketServer
 ) -> None:
     """Ten thousand planted keys of each kind: the prune lists every real entry and brings
     them within the budget. On main it listed none (stopped after 256), removed none and
     said pruned: true."""
-    prefix, url, real = _bucket(s3)
+    prefix, url, real = _bucket(server)
     relay.plant_many(_flood(kind, prefix, real))
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
     relay.take()
@@ -118,14 +118,14 @@ def test_the_commands_prune_keeps_the_budget_past_a_flood(
 
 @pytest.mark.parametrize("kind", ["before", "in-shard", "between"])
 def test_a_writers_prune_past_a_flood_prunes_what_it_sees_and_says_so(
-    kind: str, relay: S3Relay, s3: S3Server
+    kind: str, relay: Relay, server: BucketServer
 ) -> None:
     """A writer's prune runs inside the program and never holds more than its limits, so it
     lists without a delimiter: past a flood it cannot see through it prunes what it listed,
     says it was cut short, and leaves the bucket's state saying so (so the next writer's
     check prunes again, and `stats` shows it). On main it saw none, removed none and said
     pruned: true."""
-    prefix, url, real = _bucket(s3)
+    prefix, url, real = _bucket(server)
     relay.plant_many(_flood(kind, prefix, real))
     b = upkeep.Bucket(url)
     b.write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
@@ -145,8 +145,8 @@ def test_a_writers_prune_past_a_flood_prunes_what_it_sees_and_says_so(
     assert json.loads(out.stdout)["bytes"] <= TARGET
 
 
-def test_stats_counts_every_entry_past_a_flood(relay: S3Relay, s3: S3Server) -> None:
-    prefix, url, real = _bucket(s3)
+def test_stats_counts_every_entry_past_a_flood(relay: Relay, server: BucketServer) -> None:
+    prefix, url, real = _bucket(server)
     relay.plant_many(_flood("between", prefix, real))
     stats = json.loads(cli_here("stats", "--path", url, "--json").stdout)
     assert stats["entries"] == ENTRIES and stats["listing_complete"], stats
@@ -163,10 +163,10 @@ def _key(graph: str) -> str:
     return f"torch_xla/{graph}"
 
 
-def _torch_xla_bucket(s3: S3Server, tmp_path: Path) -> tuple[str, str, list[str]]:
+def _torch_xla_bucket(server: BucketServer, tmp_path: Path) -> tuple[str, str, list[str]]:
     """A fresh prefix where a writer put ``GRAPHS`` torch_xla entries with their markers."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path / "writer"))
     graphs = [str(10**30 + 7919 * i) for i in range(GRAPHS)]
     with open_store(url, settings=settings) as w:
@@ -177,7 +177,7 @@ def _torch_xla_bucket(s3: S3Server, tmp_path: Path) -> tuple[str, str, list[str]
     return prefix, url, graphs
 
 
-def _start(url: str, home: Path, relay: S3Relay) -> tuple[int, dict[str, int]]:
+def _start(url: str, home: Path, relay: Relay) -> tuple[int, dict[str, int]]:
     """A new torch_xla host's start: how many entries it fetched, and its requests."""
     relay.take()
     with open_store(url, settings=Settings.from_env().replace(xdg_cache_home=str(home))) as s:
@@ -198,14 +198,14 @@ OLDER = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
 
 @pytest.mark.parametrize("planted", [32, 1000])
 def test_empty_markers_of_made_up_graphs_steer_no_host_start(
-    planted: int, relay: S3Relay, s3: S3Server, tmp_path: Path
+    planted: int, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Markers planted for made-up graphs, named right for this build, newer than the real
     ones and with no entry: on main a start fetched them first and stopped after 32
     useless GETs, fetching no real entry. A marker vouches for nothing: finding more to
     fetch than it may miss, a start lists the entries and follows only markers of those,
     so such a marker costs no GET at all."""
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     fakes = [str(10**35 + i) for i in range(planted)]
     relay.plant_many([f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in fakes], when=NEWER)
     fetched, wire = _start(url, tmp_path / "host", relay)
@@ -215,14 +215,14 @@ def test_empty_markers_of_made_up_graphs_steer_no_host_start(
 
 @pytest.mark.parametrize("shape", ["markers", "junk"])
 def test_objects_planted_first_crowd_out_no_real_marker(
-    shape: str, relay: S3Relay, s3: S3Server, tmp_path: Path
+    shape: str, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Ten thousand objects sorting before every real marker (marker-shaped, of made-up
     entries; or of any name): on main a start's listing stopped at 10,000 objects in key
     order, before the newest-first sort, and never listed a real marker. Now a start whose
     listing was crowded lists the entries and then only their markers, jumping over what
     lies between them."""
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     d = _markers(prefix)
     if shape == "markers":
         keys = [f"{d}/0000{i:028x}-{i}" for i in range(FLOOD)]
@@ -237,14 +237,14 @@ def test_objects_planted_first_crowd_out_no_real_marker(
 
 
 def test_markers_planted_under_a_real_entrys_name_are_pruned_and_crowd_out_nothing(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Ten thousand markers named after one real entry (made-up graphs), sorting before
     its real marker and every other: on main a start listed only those (1 entry fetched)
     and prune kept them all, because that entry exists. Now a start lists past them to
     every real marker (that entry's own included), and prune keeps one marker an entry:
     the oldest not older than the entry, which its writer wrote right after it."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
     first = min(entry_name(_key(g)) for g in graphs)
     relay.plant_many([f"{_markers(prefix)}/{first}-{i}" for i in range(1, FLOOD + 1)], when=NEWER)
     fetched, wire = _start(url, tmp_path / "one", relay)
@@ -252,35 +252,37 @@ def test_markers_planted_under_a_real_entrys_name_are_pruned_and_crowd_out_nothi
     report = upkeep.Bucket(url).prune(max_size=10**9)
     assert report.pruned and report.markers_removed == FLOOD, report
     assert not relay.planted
-    markers = obstore.list(bucket_client(s3, prefix), upkeep.TORCH_XLA_DIR).collect()
+    markers = obstore.list(bucket_client(server, prefix), upkeep.TORCH_XLA_DIR).collect()
     assert len(markers) == GRAPHS
     fetched, wire = _start(url, tmp_path / "two", relay)
     assert fetched == GRAPHS and wire["list"] == 1, wire
 
 
 def test_a_marker_planted_before_its_entry_is_pruned(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """A marker older than its entry was not written by the entry's writer (it writes the
     marker after): prune removes it, and keeps the writer's."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
     name = entry_name(_key(graphs[0]))
     early = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
     relay.plant(f"{_markers(prefix)}/{name}-1", when=early)
     report = upkeep.Bucket(url).prune(max_size=10**9)
     assert report.markers_removed == 1 and not relay.planted, report
-    assert len(obstore.list(bucket_client(s3, prefix), upkeep.TORCH_XLA_DIR).collect()) == GRAPHS
+    assert (
+        len(obstore.list(bucket_client(server, prefix), upkeep.TORCH_XLA_DIR).collect()) == GRAPHS
+    )
 
 
 def test_a_flood_under_entries_still_leaves_a_host_its_entries(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """A start that cannot follow its markers blindly lists the entries: a flood of keys
     the client refuses there, planted after every entry, costs it a page and a HEAD an
     entry and hides none of them. That listing cannot tell whether the refused pages held
     other entries, so the markers of entries it did not see are followed after the others,
     within PULL_MISSES fetches of no entry from each end."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
     real = sorted(entry_name(_key(g)) for g in graphs)
     relay.plant_many(_flood("control-after-each", prefix, real))
     relay.plant_many(
@@ -300,7 +302,7 @@ def _put_all(client: Any, keys: list[str]) -> None:
 
 
 def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
-    relay: S3Relay, s3: S3Server
+    relay: Relay, server: BucketServer
 ) -> None:
     """Ten thousand objects below the lease's name, on a service that makes a directory of
     it (which then refuses the lease's create): on main a prune removed a hundred of them
@@ -308,8 +310,8 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     all (a request per thousand) and takes the lease. Ten thousand objects below entries'
     names cost a prune a HEAD and a DELETE per directory they made (four each at most) on
     main: now at most SQUAT_REMOVALS a prune, the rest the next."""
-    prefix, url, _ = _bucket(s3)
-    _put_all(bucket_client(s3, prefix), [f"{upkeep.LEASE}/x{i}" for i in range(FLOOD)])
+    prefix, url, _ = _bucket(server)
+    _put_all(bucket_client(server, prefix), [f"{upkeep.LEASE}/x{i}" for i in range(FLOOD)])
     below = [f"{prefix}/{ENTRY_DIR}/{_hex(random.Random(i))}/x" for i in range(FLOOD)]
     relay.plant_many(below)
     relay.take()
@@ -317,10 +319,20 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
     wire = relay.take()
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)
+    if not server.directories:
+        # GCS: beside our names, in nobody's way: the prune takes the lease and leaves
+        # those below it (`prune --untrusted`'s); those below entries' names are junk in
+        # entries/, removed as any other (one DELETE each on GCS), with no directory to
+        # look for.
+        assert "squat" not in report["skipped"], report
+        assert wire.get("head", 0) <= 10 and wire["delete"] <= FLOOD + 30, wire
+        assert len(obstore.list(bucket_client(server, prefix), upkeep.LEASE).collect()) == FLOOD
+        assert not any(k in relay.planted for k in below)
+        return
     assert report["skipped"]["squat"] == FLOOD, report
     removals = bucket_objects.SQUAT_REMOVALS
     assert wire["head"] <= removals + 10 and wire["delete"] <= removals + 30, wire
-    assert not obstore.list(bucket_client(s3, prefix), upkeep.LEASE).collect()
+    assert not obstore.list(bucket_client(server, prefix), upkeep.LEASE).collect()
     # The objects below entries' names past the first prune's share wait for the next.
     left = sum(k in relay.planted for k in below)
     assert FLOOD - removals <= left < FLOOD, left
@@ -329,16 +341,16 @@ def test_objects_planted_below_our_names_by_the_thousand_stop_no_prune(
 
 
 def test_garbage_planted_with_markers_newer_than_the_real_ones_stops_no_start(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Found attacking the start's bounds: garbage planted at the entries of 40 made-up
     graphs, with their markers, newer than the real ones. Each is an entry that exists, so
     a start fetches it, and refuses it; on main the 32nd such refusal stopped the start
     before any real entry. Now, after PULL_MISSES refusals newest first, it goes on oldest
     first: a flood planted at one time does not stop it before the real entries."""
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     fakes = [str(10**35 + i) for i in range(40)]
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     put_objects(client, {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in fakes})
     relay.plant_many([f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in fakes], when=NEWER)
     fetched, wire = _start(url, tmp_path / "host", relay)
@@ -347,7 +359,7 @@ def test_garbage_planted_with_markers_newer_than_the_real_ones_stops_no_start(
 
 
 def test_writers_do_not_all_prune_again_when_the_size_cannot_be_told(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """A prune cut short marks the bucket's state so, and writers take the size as unknown;
     so do they when keys the client refuses cut their listing of records short: each would
@@ -357,9 +369,9 @@ def test_writers_do_not_all_prune_again_when_the_size_cannot_be_told(
     read (the writer pruned on its stale totals) and a records' flood made every writer
     prune."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=1000))
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
 
     def state(age: float, complete: bool) -> None:
         t = datetime.datetime.now(datetime.UTC).timestamp() - age
@@ -391,14 +403,14 @@ def test_writers_do_not_all_prune_again_when_the_size_cannot_be_told(
 
 
 def test_objects_planted_before_every_entry_and_marker_crowd_out_no_start(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Found attacking the start's bounds: past a crowded listing of markers a start lists
     the entries, at most PULL_ENTRIES objects; a hundred thousand objects planted before
     every entry used all of it, and the start then knew no entry and fetched none. Runs of
     objects that are no name of ours are now jumped over (a page a run), in both
     listings."""
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     entries = 100_001  # past bucket.PULL_ENTRIES
     relay.plant_many(f"{prefix}/{ENTRY_DIR}/!{i:08d}" for i in range(entries))
     relay.plant_many(f"{_markers(prefix)}/!{i:08d}" for i in range(FLOOD))

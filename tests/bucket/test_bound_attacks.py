@@ -15,7 +15,7 @@ from xla_pcache.bucket import prune_reach, torch_xla_pull, upkeep
 from xla_pcache.bucket.reader import MAX_USE_RECORD
 from xla_pcache.config import Settings
 
-from tests.tiers.bucket_plants import (
+from tests.bucket.bucket_plants import (
     ENTRIES,
     _held,
     _hex,
@@ -23,14 +23,14 @@ from tests.tiers.bucket_plants import (
     _prune_json,
     _written_by_a_host,
 )
-from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, put_objects
-from tests.tiers.test_bucket_floods import GRAPHS, NEWER, _key, _markers, _torch_xla_bucket
-from tests.tiers.test_start_attacks import _start
+from tests.bucket.test_bucket_floods import GRAPHS, NEWER, _key, _markers, _torch_xla_bucket
+from tests.bucket.test_start_attacks import _start
+from tests.tiers.relay import Relay
+from tests.tiers.servers import BucketServer, bucket_client, put_objects
 
 
 def test_a_flood_of_small_records_leaves_a_real_records_names_their_turns(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """One key after every entry hides them, and 2,000 records planted after the host's,
     each naming one made-up entry: a prune cut short gave each record's first name a turn
@@ -38,22 +38,22 @@ def test_a_flood_of_small_records_leaves_a_real_records_names_their_turns(
     the host's record reached one of its 12 entries; the bucket stayed over its budget
     (while the flood lasts: its records name nothing, so each prune deletes them, and the
     attacker plants 2,000 more before the next)."""
-    prefix, url, real = _written_by_a_host(s3, tmp_path)
+    prefix, url, real = _written_by_a_host(server, tmp_path)
     rng = random.Random(3)
     put_objects(
-        bucket_client(s3, prefix),
+        bucket_client(server, prefix),
         {
             upkeep.new_use_record_name(0, 0): upkeep.use_record_body([_hex(rng)])
             for _ in range(upkeep.Limits().asks)
         },
     )
-    size = sum(_held(s3, prefix).values())
+    size = sum(_held(server, prefix).values())
     _hidden_after_the_entries(relay, prefix, real, 1)
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=size // 2))
     code, report, _ = _prune_json(url)
     assert code == 3 and report["asked"] <= upkeep.Limits().asks, report
     assert report["reached"] == ENTRIES, {k: report[k] for k in ("asked", "reached")}
-    assert sum(_held(s3, prefix).values()) <= size // 2, report
+    assert sum(_held(server, prefix).values()) <= size // 2, report
 
 
 def test_records_take_their_first_turns_oldest_first_and_drawn_alternately() -> None:
@@ -83,7 +83,7 @@ def test_records_take_their_first_turns_oldest_first_and_drawn_alternately() -> 
     assert any(i >= 0 for i in firsts), firsts
 
 
-def _valid_made_up(url: str, home: Path, relay: S3Relay, prefix: str, n: int) -> None:
+def _valid_made_up(url: str, home: Path, relay: Relay, prefix: str, n: int) -> None:
     """``n`` valid entries of made-up graphs (as xla_pcache writes them: they verify), and
     their markers, written after the real ones."""
     settings = Settings.from_env().replace(xdg_cache_home=str(home / "planter"))
@@ -95,7 +95,7 @@ def _valid_made_up(url: str, home: Path, relay: S3Relay, prefix: str, n: int) ->
 
 
 def test_valid_entries_of_made_up_graphs_newest_take_no_start_from_the_real_ones(
-    relay: S3Relay, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    relay: Relay, server: BucketServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Valid entries of made-up graphs (they verify: not garbage), as many as a start
     fetches (``PULL_FETCHES``, 64 here, the same code), with their markers newer than the
@@ -105,7 +105,7 @@ def test_valid_entries_of_made_up_graphs_newest_take_no_start_from_the_real_ones
     the 20 real: none of them real has the chance 1 / C(52, 20), about 8e-15 (about 12 are
     real, on average)."""
     monkeypatch.setattr(torch_xla_pull, "PULL_FETCHES", 64)
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     _valid_made_up(url, tmp_path, relay, prefix, 64)
     fetched, wire, skipped = _start(url, tmp_path / "host", relay)
     host = Settings.from_env().replace(xdg_cache_home=str(tmp_path / "host"))
@@ -117,7 +117,7 @@ def test_valid_entries_of_made_up_graphs_newest_take_no_start_from_the_real_ones
 
 @pytest.mark.parametrize("planted", ["earlier", "later"])
 def test_records_planted_before_the_hosts_take_no_fold_unsaid(
-    planted: str, relay: S3Relay, s3: S3Server
+    planted: str, relay: Relay, server: BucketServer
 ) -> None:
     """Records sorting before every host's (``r-1-...``), claiming the most a prune folds
     (32 of 8 MiB: its 256 MiB): the host's record waits for the next prune, whose records
@@ -126,10 +126,10 @@ def test_records_planted_before_the_hosts_take_no_fold_unsaid(
     first by the service's time: planted later, they wait behind the host's record, which
     keeps its entry; planted earlier, they take the fold, name nothing, and the prune says
     it was cut short (exit 3)."""
-    from tests.tiers.bucket_plants import ENTRY_BYTES, RECORDS, _bucket
+    from tests.bucket.bucket_plants import ENTRY_BYTES, RECORDS, _bucket
 
-    prefix, url, names = _bucket(s3, 4)
-    client = bucket_client(s3, prefix)
+    prefix, url, names = _bucket(server, 4)
+    client = bucket_client(server, prefix)
     used = names[0]
     obstore.put(client, upkeep.new_use_record_name(0, 0), upkeep.use_record_body([used]))
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=2 * ENTRY_BYTES))

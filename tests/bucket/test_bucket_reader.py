@@ -2,7 +2,7 @@
 ``bucket.listing``): where a listing resumes after a key the client refuses (past no name
 of ours), the key read back from the client's error, the
 cutting of streamed text into lines, and the bounds every number read from a bucket meets.
-Against a real S3 service: tests/tiers/test_hostile_bucket.py."""
+Against a real S3 service: tests/bucket/test_hostile_bucket.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import obstore
 import pytest
 
 from tests import bucketstate_fuzz as bz
-from tests.tiers.servers import S3Server
+from tests.tiers.servers import BucketServer
 
 # Fixed: a failure here is reproduced by `python bench/fuzz_bucket.py --steps 30 --seed 5
 # --scale 0.1`.
@@ -25,8 +25,8 @@ STEPS = 30
 # A bound on the whole run well past its usual length (half a minute): each hang found
 # costs one operation's deadline.
 @pytest.mark.timeout(900)
-def test_a_hostile_bucket_keeps_every_promise(tmp_path: Path, s3_server: S3Server) -> None:
-    h = bz.run(STEPS, SEED, tmp_path, s3=s3_server, op_timeout=60.0, scale=0.1)
+def test_a_hostile_bucket_keeps_every_promise(tmp_path: Path, bucket_server: BucketServer) -> None:
+    h = bz.run(STEPS, SEED, tmp_path, server=bucket_server, op_timeout=60.0, scale=0.1)
     report = bz.summary(h.figures, SEED, h.failures)
     f = h.figures
     assert f.steps == STEPS and f.ops > STEPS // 3 and f.plants > STEPS // 4, report
@@ -40,12 +40,12 @@ def test_a_hostile_bucket_keeps_every_promise(tmp_path: Path, s3_server: S3Serve
 
 
 @pytest.mark.timeout(300)
-def test_the_harness_sees_what_it_checks(tmp_path: Path, s3_server: S3Server) -> None:
+def test_the_harness_sees_what_it_checks(tmp_path: Path, bucket_server: BucketServer) -> None:
     """The checks themselves: an object outside the prefix changed, and processes that
     write as read-only hosts, make more requests than their bound, leave a file in their
     working directory, print a traceback or a raw escape, hang, or go past the memory bound
     are each reported."""
-    h = bz.Harness(tmp_path / "h", 1, s3_server)
+    h = bz.Harness(tmp_path / "h", 1, bucket_server)
     try:
         key = sorted(h.outside)[0]
         obstore.put(h.root_client, key, b"changed")

@@ -18,10 +18,10 @@ from xla_pcache.bucket import upkeep
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
+from tests.bucket.test_bucket_floods import _key, _markers
 from tests.helpers import cli_here
-from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
-from tests.tiers.test_bucket_floods import _key, _markers
+from tests.tiers.relay import Relay
+from tests.tiers.servers import BucketServer, bucket_client, fresh_prefix, put_objects
 
 ENTRIES = 12
 ENTRY_BYTES = 1000
@@ -34,13 +34,13 @@ def _hex(rng: random.Random, below: int = 16**32) -> str:
     return f"{rng.randrange(below):032x}"
 
 
-def _bucket(s3: S3Server, n: int = ENTRIES) -> tuple[str, str, list[str]]:
+def _bucket(server: BucketServer, n: int = ENTRIES) -> tuple[str, str, list[str]]:
     """A fresh prefix holding ``n`` entry objects; (prefix, url, their names)."""
     prefix = fresh_prefix()
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     names = sorted(entry_name(f"{prefix}-{i}") for i in range(n))
     put_objects(client, {f"{ENTRY_DIR}/{x}": b"x" * ENTRY_BYTES for x in names})
-    return prefix, s3.url(prefix), names
+    return prefix, server.url(prefix), names
 
 
 def _prune_json(url: str, *extra: str) -> tuple[int, dict[str, Any], str]:
@@ -71,11 +71,11 @@ def _writer(url: str, home: Path, name: str, n: int = 4, size: int = 2000) -> tu
 
 
 def _garbage_with_markers(
-    s3: S3Server, relay: S3Relay, prefix: str, graphs: list[str], when: datetime.datetime
+    server: BucketServer, relay: Relay, prefix: str, graphs: list[str], when: datetime.datetime
 ) -> None:
     """Garbage at the entries of ``graphs`` (made up), and their markers dated ``when``."""
     put_objects(
-        bucket_client(s3, prefix),
+        bucket_client(server, prefix),
         {f"{ENTRY_DIR}/{entry_name(_key(g))}": b"garbage" * 20 for g in graphs},
     )
     relay.plant_many([f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in graphs], when=when)
@@ -100,24 +100,26 @@ LYING_KEYS = {
 AFTER_EVERY_ENTRY = "f" * 32 + "\x01"
 
 
-def _written_by_a_host(s3: S3Server, home: Path, n: int = ENTRIES) -> tuple[str, str, set[str]]:
+def _written_by_a_host(
+    server: BucketServer, home: Path, n: int = ENTRIES
+) -> tuple[str, str, set[str]]:
     """A fresh prefix where a writer host put ``n`` entries (no budget yet, so it does not
     prune), its record uploaded; (prefix, url, the entries' names)."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     _puts_by_a_host(url, home / "first-writer", prefix, n, ENTRY_BYTES).close()
-    listed = obstore.list(bucket_client(s3, prefix), ENTRY_DIR).collect()
+    listed = obstore.list(bucket_client(server, prefix), ENTRY_DIR).collect()
     assert len(listed) == n
     return prefix, url, {str(m["path"]).rpartition("/")[2] for m in listed}
 
 
-def _held(s3: S3Server, prefix: str) -> dict[str, int]:
+def _held(server: BucketServer, prefix: str) -> dict[str, int]:
     """The entries the server holds (not through the relay): name -> size."""
-    listed = obstore.list(bucket_client(s3, prefix), ENTRY_DIR).collect()
+    listed = obstore.list(bucket_client(server, prefix), ENTRY_DIR).collect()
     return {str(m["path"]).rpartition("/")[2]: int(m["size"]) for m in listed}
 
 
-def _hidden_after_the_entries(relay: S3Relay, prefix: str, real: set[str], n: int) -> None:
+def _hidden_after_the_entries(relay: Relay, prefix: str, real: set[str], n: int) -> None:
     """``n`` keys the client refuses as names of their own, after every entry."""
     if n == 1:
         relay.plant(f"{prefix}/{ENTRY_DIR}/{AFTER_EVERY_ENTRY}")

@@ -1,7 +1,7 @@
 """A bucket as the cache path, offline: how a URL is routed, where its host-local store
 lives, what chain it gets, and that nothing is ever created under a name made of a URL.
 Building an object-store client makes no request, so gs:// and az:// are checked here with
-their standard credential variables; the S3 service itself is in tests/tiers/test_bucket.py.
+their standard credential variables; the S3 service itself is in tests/bucket/test_bucket.py.
 """
 
 from __future__ import annotations

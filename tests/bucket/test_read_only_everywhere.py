@@ -20,12 +20,12 @@ from xla_pcache.cli import app
 from xla_pcache.config import Settings
 
 from tests.helpers import tree_state
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
+from tests.tiers.servers import BucketServer, bucket_client, fresh_prefix
 
 RO_VAR = "XLA_PERSISTENT_CACHE_READ_ONLY"
 
 
-def _objects(server: S3Server, prefix: str) -> dict[str, tuple[int, str | None]]:
+def _objects(server: BucketServer, prefix: str) -> dict[str, tuple[int, str | None]]:
     return {
         str(o["path"]): (int(o["size"]), o["e_tag"])
         for o in obstore.list(bucket_client(server, prefix)).collect()
@@ -37,14 +37,16 @@ def _cli(*args: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def filled(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+def filled(
+    bucket_server: BucketServer, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str]:
     """A bucket prefix with what every operation below would change: entries past a small
     budget, a host's record, a torch_xla marker. (prefix, url)"""
     prefix = fresh_prefix()
-    url = s3_server.url(prefix)
+    url = bucket_server.url(prefix)
     home = tmp_path_factory.mktemp("writer")
     with pytest.MonkeyPatch.context() as m:
-        for k, v in s3_server.env().items():
+        for k, v in bucket_server.env().items():
             m.setenv(k, v)
         settings = Settings.from_env().replace(xdg_cache_home=str(home))
         with open_store(url, settings=settings) as w:
@@ -52,7 +54,7 @@ def filled(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> tup
                 assert w.put(f"k{i}", bytes(20_000))
             w.mark_torch_xla("torch_xla/123", "123")
         upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=30_000))
-    objects = _objects(s3_server, prefix)
+    objects = _objects(bucket_server, prefix)
     assert [p for p in objects if "/records/" in p] and [p for p in objects if "/torch_xla/" in p]
     return prefix, url
 
@@ -85,7 +87,7 @@ def _matrix(sources: dict[str, Any], commands: dict[str, Any]) -> list[tuple[str
 
 @pytest.mark.parametrize(("source", "command"), _matrix(BUCKET_SOURCES, BUCKET_COMMANDS))
 def test_a_read_only_bucket_command_writes_nothing(
-    s3: S3Server,
+    server: BucketServer,
     filled: tuple[str, str],
     monkeypatch: pytest.MonkeyPatch,
     source: str,
@@ -96,21 +98,21 @@ def test_a_read_only_bucket_command_writes_nothing(
     args, _ = BUCKET_COMMANDS[command]
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    before = _objects(s3, prefix)
+    before = _objects(server, prefix)
     out = _cli(*args, "--path", url + query, *(["--read-only"] if flag else []))
     assert out.exit_code == 2, out.output
     lines = out.output.strip().splitlines()
     assert len(lines) == 1 and "read-only" in lines[0] and "writes to the bucket" in lines[0]
-    assert _objects(s3, prefix) == before
+    assert _objects(server, prefix) == before
     # Looking is no writing: stats runs under every source.
     looked = _cli("stats", "--path", url + query, "--json")
     assert looked.exit_code == 0, looked.output
-    assert _objects(s3, prefix) == before
+    assert _objects(server, prefix) == before
 
 
 @pytest.mark.parametrize("source", sorted(BUCKET_SOURCES))
 def test_a_read_only_bucket_store_writes_nothing(
-    s3: S3Server,
+    server: BucketServer,
     filled: tuple[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -123,7 +125,7 @@ def test_a_read_only_bucket_store_writes_nothing(
     query, env, flag = BUCKET_SOURCES[source]
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    before = _objects(s3, prefix)
+    before = _objects(server, prefix)
     settings = Settings.from_env().replace(xdg_cache_home=str(tmp_path))
     store = open_store(url + query, settings=settings, read_only=True if flag else None)
     assert store.get("k1") is not None  # served from the bucket
@@ -136,15 +138,15 @@ def test_a_read_only_bucket_store_writes_nothing(
         store.bucket().write_stored_budget(upkeep.BucketStoredBudget(max_size=1))
     assert store.bucket().stats()["entries"] == 4
     store.close()
-    assert _objects(s3, prefix) == before
+    assert _objects(server, prefix) == before
 
 
 def test_the_upkeep_of_a_read_only_url_refuses_every_write(
-    s3: S3Server, filled: tuple[str, str]
+    server: BucketServer, filled: tuple[str, str]
 ) -> None:
     """``Bucket`` itself, for any caller: ``?ro=1`` in its URL refuses before a request."""
     prefix, url = filled
-    before = _objects(s3, prefix)
+    before = _objects(server, prefix)
     b = upkeep.Bucket(f"{url}?ro=1")
     for write in (
         lambda: b.prune(max_size=1),
@@ -156,7 +158,7 @@ def test_the_upkeep_of_a_read_only_url_refuses_every_write(
         with pytest.raises(_core.ReadOnlyError, match="read-only"):
             write()
     assert sum(b.requests.values()) == 0
-    assert _objects(s3, prefix) == before
+    assert _objects(server, prefix) == before
 
 
 # ----------------------------------------------------------------------------- a directory

@@ -22,11 +22,11 @@ from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
 
 from tests.helpers import cli_here, run_worker
-from tests.tiers.relay import S3Relay
+from tests.tiers.relay import Relay
 from tests.tiers.servers import (
     S3_BUCKET,
+    BucketServer,
     RedisServer,
-    S3Server,
     bucket_client,
     fresh_prefix,
     put_objects,
@@ -38,16 +38,22 @@ from tests.tiers.servers import (
 # its bound, not a clock read here.
 @pytest.mark.timeout(120)
 def test_an_object_planted_below_a_claim_name_is_a_bounded_wait(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     prefix = fresh_prefix()
-    store = Store(tmp_path / "c", remote=s3.url(prefix))
+    store = Store(tmp_path / "c", remote=server.url(prefix))
     assert store.remote is not None
     claims = store.remote.claims()
     assert claims is not None
     name = entry_name("k")
-    obstore.put(bucket_client(s3, prefix), f"{CLAIM_DIR}/{name}/x", b"planted", mode="create")
+    obstore.put(bucket_client(server, prefix), f"{CLAIM_DIR}/{name}/x", b"planted", mode="create")
     got = claims.claim(name, wait=2, lease=30)
+    if not server.directories:
+        # GCS: the planted object is beside the claim's name, not in its way.
+        assert got.state == "claimed" and got.held, got.state
+        got.release()
+        store.close()
+        return
     assert got.state in ("abandoned", "timed_out"), got.state
     assert not got.held
     # The same claim taken for takeover (the overwrite path) is bounded as well.
@@ -109,14 +115,14 @@ def _writer(root: Path, url: str, entries: dict[str, bytes]) -> Store:
 
 
 def test_garbage_and_oversized_objects_are_misses_in_bounded_memory(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     """A planted object far over the reader's budget costs one ranged read, not its size
     in memory (on main: downloaded whole, then copied once more); a garbage one and a
     real entry over the budget are misses too; each kind warns once and counts."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     huge = 200 << 20
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('huge')}", b"\0" * huge, mode="create")
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('junk')}", os.urandom(3000), mode="create")
@@ -132,11 +138,11 @@ def test_garbage_and_oversized_objects_are_misses_in_bounded_memory(
     assert report["grew_kib"] < 64 << 10, report
 
 
-def test_a_large_entry_is_spooled_to_tmp_and_served(tmp_path: Path, s3: S3Server) -> None:
+def test_a_large_entry_is_spooled_to_tmp_and_served(tmp_path: Path, server: BucketServer) -> None:
     """An entry over SPOOL_BYTES travels through an unnamed file under the cache's tmp/:
     served whole and verified, and nothing is left in tmp/."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     payload = os.urandom(SPOOL_BYTES + (9 << 20))
     _writer(tmp_path / "w", url, {"big": payload})
     report = _read(tmp_path / "r", url, "none", "big")
@@ -148,12 +154,14 @@ def test_a_large_entry_is_spooled_to_tmp_and_served(tmp_path: Path, s3: S3Server
     assert os.listdir(tmp_path / "r" / "tmp") == []
 
 
-def test_the_spool_never_follows_a_link_planted_at_tmp(tmp_path: Path, s3: S3Server) -> None:
+def test_the_spool_never_follows_a_link_planted_at_tmp(
+    tmp_path: Path, server: BucketServer
+) -> None:
     """tmp/ replaced by a link while a process runs: a large remote hit is still served,
     from memory, and nothing is spooled where the link points (the spool file is opened
     beneath the cache's root with no link followed, as the core opens everything)."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     payload = os.urandom(SPOOL_BYTES + (1 << 20))
     _writer(tmp_path / "w", url, {"big": payload})
     spooled_at: list[str] = []
@@ -192,7 +200,9 @@ def test_redis_values_are_bounded_the_same_way(tmp_path: Path, redis_server: Red
     assert report["grew_kib"] < 64 << 10, report
 
 
-def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3: S3Server) -> None:
+def test_names_reach_a_tier_only_through_the_validating_type(
+    tmp_path: Path, server: BucketServer
+) -> None:
     """Object keys and claim names are usable only as EntryName: a name with '/', '..',
     NUL or another shape is refused before any request."""
     for bad in ("../x", "a/b", "..", "\0" * 32, "A" * 32, "0" * 31, "0" * 33, "", 7):
@@ -200,7 +210,7 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
             EntryName(bad)
     ok = entry_name("k")
     assert EntryName(ok) == ok
-    store = Store(tmp_path / "c", remote=s3.url(fresh_prefix()))
+    store = Store(tmp_path / "c", remote=server.url(fresh_prefix()))
     tier = store.remote.tiers[0] if store.remote is not None else None
     assert tier is not None
     assert tier.get("../" + ok[3:], max_bytes=None, spool=None) is None
@@ -218,7 +228,7 @@ def test_names_reach_a_tier_only_through_the_validating_type(tmp_path: Path, s3:
 # names, objects shaped to cost memory, numbers out of range, markers by the thousand.
 
 
-def _keys(server: S3Server, prefix: str) -> list[str]:
+def _keys(server: BucketServer, prefix: str) -> list[str]:
     return sorted(str(o["path"]) for o in obstore.list(bucket_client(server, prefix)).collect())
 
 
@@ -228,7 +238,7 @@ def _gz(data: bytes) -> bytes:
 
 
 def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
-    relay: S3Relay, s3: S3Server
+    relay: Relay, server: BucketServer
 ) -> None:
     """S3 keeps keys with '//' or a '.'/'..' segment, which obstore refuses a listing page
     at a time (SeaweedFS collapses them, so the relay lists them as S3 would). On main a
@@ -237,8 +247,8 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     counted), recovers the entries that shared its page, and names it with the command
     that removes it."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     names = sorted(entry_name(f"k{i}") for i in range(1100))
     put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 10 for n in names})
     bad = [
@@ -268,7 +278,7 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     # Through the command: stats names each key and how to remove it; prune keeps the budget.
     out = cli_here("stats", "--path", url)
     assert out.exit_code == 0, out.output
-    assert f"aws s3api delete-object --bucket {S3_BUCKET} --key '{bad[1]}'" in out.output
+    assert _removal_hint(server, bad[1]) in out.output
     b.write_stored_budget(upkeep.BucketStoredBudget(max_size=5000))
     out = cli_here("prune", "--path", url, "--json")
     assert out.exit_code == 0, out.output
@@ -279,11 +289,32 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 1, out.output
     for key in bad:
-        assert f"--key '{key}'" in out.output, out.output
+        assert _hint_names(server, key) in out.output, out.output
+
+
+def _hint_names(server: BucketServer, key: str) -> str:
+    """How the command that removes ``key`` names it: ``--key '...'`` for S3's; for GCS's,
+    the object's URL with every byte but letters and digits percent-encoded (one request
+    for exactly that object: ``gcloud storage rm`` would expand wildcards in the name)."""
+    if server.scheme == "s3":
+        return f"--key '{key}'"
+    exact = "".join(
+        c if c.isascii() and c.isalnum() else "".join(f"%{b:02X}" for b in c.encode()) for c in key
+    )
+    return f"'https://storage.googleapis.com/{server.bucket}/{exact}'"
+
+
+def _removal_hint(server: BucketServer, key: str) -> str:
+    if server.scheme == "s3":
+        return f"aws s3api delete-object --bucket {S3_BUCKET} {_hint_names(server, key)}"
+    return f"curl -X DELETE {_GCS_AUTH} {_hint_names(server, key)}"
+
+
+_GCS_AUTH = '-H "Authorization: Bearer $(gcloud auth print-access-token)"'
 
 
 def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     """An object below the lease's name makes SeaweedFS (and MinIO, and hierarchical
     namespaces) refuse the lease's create and answer 404 to its HEAD: on main every prune
@@ -291,14 +322,17 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     made, and takes the lease. The same below an entry's name kept that entry out of the
     bucket for ever (its create refused, its GET 404): `prune --untrusted` removes it."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     writer = _writer(tmp_path / "w", url, dict.fromkeys("abc", bytes(1000)))
     obstore.put(client, f"{upkeep.LEASE}/x", b"squat")
+    if not server.directories:
+        _objects_beside_our_names(tmp_path, server, prefix, writer)
+        return
     report = upkeep.Bucket(url).prune(max_size=2500)
     assert report.removed == 1 and report.entries == 2, report
     assert report.skipped == {"squat": 1}, report.skipped
-    assert not [k for k in _keys(s3, prefix) if "prune.lease" in k]
+    assert not [k for k in _keys(server, prefix) if "prune.lease" in k]
     out = cli_here("prune", "--path", url, "--max-size", "1M")
     assert out.exit_code == 0, out.output  # the lease is usable again
     # An entry's name squatted: its create is refused, a reader misses.
@@ -310,7 +344,7 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     out = cli_here("prune", "--untrusted", "--path", url)
     assert out.exit_code == 0, out.output
     assert f"removed {ENTRY_DIR}/{name}/x/y" in out.output, out.output
-    assert not [k for k in _keys(s3, prefix) if name in k]
+    assert not [k for k in _keys(server, prefix) if name in k]
     other = Store(tmp_path / "o", remote=url)
     assert other.put("sq", b"v" * 100)
     assert other.remote is not None
@@ -321,8 +355,36 @@ def test_objects_planted_below_our_names_stop_no_prune_and_are_removed(
     other.close()
 
 
+def _objects_beside_our_names(
+    tmp_path: Path, server: BucketServer, prefix: str, writer: Store
+) -> None:
+    """GCS: a name is no directory, so an object below the lease's name or an entry's is
+    beside it, in the way of nothing: the prune takes the lease, the entry is written and
+    read, and `prune --untrusted` removes both planted objects (nothing xla_pcache
+    writes)."""
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
+    report = upkeep.Bucket(url).prune(max_size=2500)
+    assert report.removed == 1 and report.entries == 2 and not report.skipped, report
+    name = entry_name("sq")
+    obstore.put(client, f"{ENTRY_DIR}/{name}/x/y", b"squat")
+    assert writer.put("sq", b"v" * 100)
+    assert writer.remote is not None
+    writer.remote.flush()
+    stats = writer.stats()
+    assert stats["remote_put_exists"] == 0 and stats["remote_puts"] == 4, stats
+    assert Store(tmp_path / "r", remote=url).get("sq") is not None
+    out = cli_here("prune", "--untrusted", "--path", url)
+    assert out.exit_code == 0, out.output
+    assert f"removed {ENTRY_DIR}/{name}/x/y" in out.output, out.output
+    assert f"removed {upkeep.LEASE}/x" in out.output, out.output
+    assert sorted(k for k in _keys(server, prefix) if "/x" in k) == [], _keys(server, prefix)
+    assert f"{ENTRY_DIR}/{name}" in _keys(server, prefix)
+    writer.close()
+
+
 def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     """Found by the bucket-state fuzzer. On a service with directories an object planted
     below the lease's name leaves directories behind once it is removed (by whoever
@@ -332,17 +394,19 @@ def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
     --untrusted` did not clear them either. Now the directories below the name are walked
     (a listing with a delimiter names them) and removed children first."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     put_objects(client, {f"{ENTRY_DIR}/{entry_name(f'e{i}')}": b"x" * 1000 for i in range(3)})
     obstore.put(client, f"{upkeep.LEASE}/a/b/c/d/e", b"squat")
     obstore.delete(client, f"{upkeep.LEASE}/a/b/c/d/e")
     report = upkeep.Bucket(url).prune(max_size=2500)
     assert report.removed == 1 and report.entries == 2, report
-    # An object five deep: the prune that removes it removes every directory it made.
+    # An object five deep: the prune that removes it removes every directory it made (on
+    # GCS it is beside the lease's name, in nobody's way, and left to `--untrusted`).
     obstore.put(client, f"{upkeep.LEASE}/p/q/r/s/t", b"squat")
     report = upkeep.Bucket(url).prune(max_size=1500)
-    assert report.removed == 1 and report.skipped == {"squat": 1}, report
+    squats = {"squat": 1} if server.directories else {}
+    assert report.removed == 1 and report.skipped == squats, report
     out = cli_here("prune", "--path", url, "--max-size", "1M")
     assert out.exit_code == 0, out.output
     # Left empty below the budget's name: `prune --untrusted` clears it, and the budget is
@@ -357,7 +421,7 @@ def test_directories_a_squat_leaves_below_the_lease_stop_no_prune(
     assert upkeep.Bucket(url).read_stored_budget().max_size == 5 << 10
 
 
-def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) -> None:
+def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, server: BucketServer) -> None:
     """Found by the bucket-state fuzzer: a ranged GET of an object of no bytes is answered
     416 (S3, GCS and Azure alike), and every read here is ranged. An empty object planted at
     an entry's name counted as the tier failing (`remote_get_errors`, and the tier left
@@ -366,8 +430,8 @@ def test_an_empty_object_is_refused_not_a_failure(tmp_path: Path, s3: S3Server) 
     (exit 2, "416 Range Not Satisfiable"). Now an empty object is a refused value (a miss
     counted `remote_rejected`) or an upkeep object skipped as malformed."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     writer = _writer(tmp_path / "w", url, {"real": b"x" * 100})
     obstore.put(client, f"{ENTRY_DIR}/{entry_name('empty')}", b"")
     reader = Store(tmp_path / "r", remote=url)
@@ -418,15 +482,15 @@ print(json.dumps({"grew_kib": peak_kib() - before, "report": report.as_dict()}))
 
 
 def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     """A 65 KB `usage` object of 64 MiB of short lines took a prune on main from 45 MiB to
     1.3 GiB (a bytes object per line), and every name of every record was folded into one
     dict (200,000 names of no entry: some 100 MiB more). Now both are streamed and only the
     listed entries are looked up: the prune grows by a few MiB."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     names = [entry_name(f"e{i}") for i in range(20)]
     put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     planted = "".join(os.urandom(16).hex() + "\n" for _ in range(200_000))
@@ -450,7 +514,7 @@ def test_a_prune_takes_bounded_memory_whatever_usage_and_records_hold(
     assert report["skipped"]["usage-malformed"] == 1, report["skipped"]
 
 
-def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -> None:
+def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(server: BucketServer) -> None:
     """Found by the bucket-state fuzzer: a thousand planted records, each some 33 KB of gzip
     that inflates to 32 MiB of lines of a record's shape, held `xla-pcache prune` past its
     two-minute deadline: each was read up to the cap of its kind (MAX_USE_RECORD *
@@ -459,8 +523,8 @@ def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -
     MAX_INFLATE times its own size, so what one costs is in proportion to the bytes read
     (which a prune bounds: Limits.record_bytes), not to what they inflate to."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     name = entry_name("e")
     bomb = _gz((name + "\n").encode() * (1 << 20))
     path = upkeep.new_use_record_name(0, 0)
@@ -476,15 +540,15 @@ def test_a_record_or_usage_inflates_at_most_a_few_times_its_size(s3: S3Server) -
     assert report.skipped == {"usage-malformed": 1, "record-malformed": 1}, report.skipped
 
 
-def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
+def test_a_prune_reads_within_its_limits(tmp_path: Path, server: BucketServer) -> None:
     """At most `Limits.records` records are folded a prune (the rest wait for the next);
     past `Limits.entries` (a writer's prune inside a program) it prunes among the entries
     it listed and those the records name that it reached by name (at most `Limits.asks`),
     and says it was cut short; past `Limits.seconds` nothing more is removed; the lease is
     given back."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     names = [entry_name(f"e{i}") for i in range(3)]
     put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     put_objects(
@@ -500,24 +564,24 @@ def test_a_prune_reads_within_its_limits(tmp_path: Path, s3: S3Server) -> None:
     assert not report.pruned and report.busy is None, report
     assert report.entries_before == 2 and report.removed == 1, report
     assert "stopped after 2 objects" in (report.cut_short or ""), report
-    keys = _keys(s3, prefix)
+    keys = _keys(server, prefix)
     assert len([k for k in keys if k.startswith(ENTRY_DIR)]) == 2 and upkeep.LEASE not in keys
     put_objects(client, {f"{ENTRY_DIR}/{n}": b"x" * 100 for n in names})
     report = b.prune(max_size=100, limits=upkeep.Limits(entries=2))
     assert (report.entries_before, report.reached, report.removed) == (3, 1, 2), report
-    assert len([k for k in _keys(s3, prefix) if k.startswith(ENTRY_DIR)]) == 1
+    assert len([k for k in _keys(server, prefix) if k.startswith(ENTRY_DIR)]) == 1
 
 
 def test_planted_markers_cost_a_torch_xla_start_bounded_requests(
-    tmp_path: Path, relay: S3Relay, s3: S3Server
+    tmp_path: Path, relay: Relay, server: BucketServer
 ) -> None:
     """2,000 empty markers, each named for its graph's entry, cost every torch_xla host
     start 2,000 GETs on main. Now a start lists them (two pages) and, finding more than
     PULL_MISSES entries to fetch, lists the entries and then the markers of those only: no
     GET for a marker of no entry."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     graphs = [str(10**20 + i) for i in range(2000)]
     put_objects(
         client,
@@ -540,15 +604,15 @@ def test_planted_markers_cost_a_torch_xla_start_bounded_requests(
 
 
 def test_numbers_out_of_range_in_the_bucket_are_ignored_not_raised(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     """A 400-digit max_size passed main's check, then `stats` and `config` crashed with a
     traceback and `prune` raised OverflowError; a budget nested 2,000 deep raised
     RecursionError. Every number read from the bucket is now held to the directory's own
     bounds: what is out of range is ignored with one warning and counted."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     put_objects(client, {f"{ENTRY_DIR}/{entry_name('e')}": b"x" * 100})
     huge = "9" * 400
     obstore.put(client, upkeep.CONFIG, f'{{"max_size": {huge}, "max_age_s": 1e400}}'.encode())

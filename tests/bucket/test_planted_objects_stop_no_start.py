@@ -2,7 +2,7 @@
 with markers at both ends in time, markers of no entry behind a listing cut short, markers
 crowding out the real ones, a key quoting the client's error, all at once and dated far
 ahead: a new host still fetches every real entry, within its bounds. On a real S3 service
-(``tests/tiers/bucket_plants.py``); the defence holds when the test passes."""
+(``tests/bucket/bucket_plants.py``); the defence holds when the test passes."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from xla_pcache import bucket, entry_name
 from xla_pcache.bucket import upkeep
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
-from tests.tiers.bucket_plants import LYING_KEYS, _garbage_with_markers
-from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server
-from tests.tiers.test_bucket_floods import (
+from tests.bucket.bucket_plants import LYING_KEYS, _garbage_with_markers
+from tests.bucket.test_bucket_floods import (
     GRAPHS,
     NEWER,
     OLDER,
@@ -26,11 +24,13 @@ from tests.tiers.test_bucket_floods import (
     _start,
     _torch_xla_bucket,
 )
+from tests.tiers.relay import Relay
+from tests.tiers.servers import BucketServer
 
 
 @pytest.mark.parametrize("shape", ["garbage entries", "markers of no entry, a listing cut short"])
 def test_objects_planted_at_both_ends_in_time_stop_no_start(
-    shape: str, relay: S3Relay, s3: S3Server, tmp_path: Path
+    shape: str, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Garbage at the entries of made-up graphs with their markers, 32 planted before the
     fleet wrote its entries and 32 after: a start fetches newest first, and after 32
@@ -45,12 +45,12 @@ def test_objects_planted_at_both_ends_in_time_stop_no_start(
     there reach 32 plus the entries fetched: with 32 planted objects among those 52, it
     stops before a real entry only if its first 32 draws are the 32 planted ones, a chance
     of 1 / C(52, 20) (8e-15), and otherwise fetches every real entry."""
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     n = bucket.PULL_MISSES
     newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
     if shape == "garbage entries":
-        _garbage_with_markers(s3, relay, prefix, newer, NEWER)
-        _garbage_with_markers(s3, relay, prefix, older, OLDER)
+        _garbage_with_markers(server, relay, prefix, newer, NEWER)
+        _garbage_with_markers(server, relay, prefix, older, OLDER)
     else:
         relay.plant(f"{prefix}/{ENTRY_DIR}/{'f' * 32}\x01")
         for graphs, when in ((newer, NEWER), (older, OLDER)):
@@ -62,14 +62,14 @@ def test_objects_planted_at_both_ends_in_time_stop_no_start(
 
 
 def test_markers_of_no_entry_behind_a_cut_short_listing_go_at_the_next_prune(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """The second shape above (64 markers of no entry, at both ends in time, and one key
     that cuts the entries' listing short) still stops a start before any prune. The next
     prune, cut short by the same key, asks for the markers' entries by name, finds them
     absent and removes their markers: the start after it fetches every real entry. On main
     a prune cut short removed no marker of an entry it did not list."""
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     n = bucket.PULL_MISSES
     newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
     relay.plant(f"{prefix}/{ENTRY_DIR}/{'f' * 32}\x01")
@@ -84,7 +84,7 @@ def test_markers_of_no_entry_behind_a_cut_short_listing_go_at_the_next_prune(
 
 
 def test_markers_planted_under_every_real_entrys_name_crowd_out_no_start(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Markers of made-up graphs under every real entry's name, sorting before its real
     marker, 6,000 an entry (120,000): a start lists the markers of the entries a page at a
@@ -92,7 +92,7 @@ def test_markers_planted_under_every_real_entrys_name_crowd_out_no_start(
     went to the planted markers and no real marker was reached. The entries whose markers
     the pages could not finish are now asked for by name: the first bytes of each file name
     its key, a torch_xla key of this build is fetched (and verified whole)."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
     names = sorted(entry_name(_key(g)) for g in graphs)
     relay.plant_many(
         (f"{_markers(prefix)}/{n}-0{j:05d}" for n in names for j in range(6000)), when=NEWER
@@ -102,24 +102,24 @@ def test_markers_planted_under_every_real_entrys_name_crowd_out_no_start(
 
 
 def test_a_refused_key_quoting_the_clients_error_stops_no_host_start(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """The same key under ``torch_xla/``: a start's listing raised, and the host started
     with nothing from the bucket."""
-    prefix, url, _ = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     relay.plant(f"{_markers(prefix)}/{'0' * 32}-1/{LYING_KEYS['below a name']}")
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
 
 
 def test_the_three_plants_at_once_and_markers_far_in_the_future_steer_no_start(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Cases (a), (b) and (c) together, dated far ahead: 1,000 empty markers of made-up
     graphs, 10,000 objects sorting before every marker and 10,000 markers under the first
     real entry's name, all dated ten years ahead, and garbage at 32 made-up entries with
     their markers: a new host still fetches every real entry, within its bounds."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
     d = _markers(prefix)
     far = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3650)
     first = min(entry_name(_key(g)) for g in graphs)
@@ -129,7 +129,7 @@ def test_the_three_plants_at_once_and_markers_far_in_the_future_steer_no_start(
         + [f"{d}/{first}-0{i}" for i in range(10_000)],
         when=far,
     )
-    _garbage_with_markers(s3, relay, prefix, [str(10**35 + i) for i in range(32)], far)
+    _garbage_with_markers(server, relay, prefix, [str(10**35 + i) for i in range(32)], far)
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
     assert wire["get"] <= GRAPHS + 2 * bucket.PULL_MISSES, wire

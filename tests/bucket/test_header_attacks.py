@@ -21,10 +21,8 @@ from xla_pcache.bucket import prune_markers, upkeep
 from xla_pcache.bucket.torch_xla_pull import PULL_MISSES
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
-from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, put_objects
-from tests.tiers.test_bucket_floods import NEWER, _key, _markers
-from tests.tiers.test_signer_marker_attacks import (
+from tests.bucket.test_bucket_floods import NEWER, _key, _markers
+from tests.bucket.test_signer_marker_attacks import (
     CI2,
     CI2_KEY,
     GARBAGE,
@@ -35,8 +33,10 @@ from tests.tiers.test_signer_marker_attacks import (
     _plain,
     _signed_bucket,
 )
-from tests.tiers.test_start_attacks import _forged_header
-from tests.tiers.test_start_garbage import REMOVED, _graphs, _put_marked, _start
+from tests.bucket.test_start_attacks import _forged_header
+from tests.bucket.test_start_garbage import REMOVED, _graphs, _put_marked, _start
+from tests.tiers.relay import Relay
+from tests.tiers.servers import BucketServer, bucket_client, put_objects, removal_requests
 
 NOT_OURS = "torch_xla-not-ours"
 # Newer than every entry a test writes (markers dated so are not older than their entry).
@@ -44,7 +44,7 @@ NEWER_THAN_ALL = NEWER
 WRITES = {"put", "post", "delete"}
 
 
-def _cut(relay: S3Relay, prefix: str, names: set[str]) -> None:
+def _cut(relay: Relay, prefix: str, names: set[str]) -> None:
     """A run of 300 keys the client refuses right after the first of ``names``' markers:
     a start's listing of the markers is cut short there, and every entry name after it is
     asked for by name (as markers planted by the thousand under each name would)."""
@@ -52,22 +52,22 @@ def _cut(relay: S3Relay, prefix: str, names: set[str]) -> None:
     relay.plant_many([f"{_markers(prefix)}/{first}-9\x01{i}" for i in range(300)])
 
 
-def _forge(s3: S3Server, prefix: str, keys: list[str], first: int = 1) -> list[str]:
+def _forge(server: BucketServer, prefix: str, keys: list[str], first: int = 1) -> list[str]:
     """An object at a made-up entry name for each of ``keys`` (no marker), whose header
     names that key and then holds nothing that verifies; their names."""
     names = [f"{first + i:032x}" for i in range(len(keys))]
     put_objects(
-        bucket_client(s3, prefix),
+        bucket_client(server, prefix),
         {f"{ENTRY_DIR}/{n}": _forged_header(k) for n, k in zip(names, keys, strict=True)},
     )
     return names
 
 
-def _gets_by_name(relay: S3Relay, prefix: str) -> Counter[str]:
+def _gets_by_name(relay: Relay, prefix: str) -> Counter[str]:
     """The GETs of each entry name in the relay's trace (ranged or whole)."""
     out: Counter[str] = Counter()
     for method, target, _ in relay.trace:
-        key = S3Relay._key_of(target)
+        key = Relay._key_of(target)
         if method == "GET" and key.startswith(f"{prefix}/{ENTRY_DIR}/"):
             out[key.rpartition("/")[2]] += 1
     return out
@@ -78,15 +78,15 @@ def _real_markers(graphs: list[str]) -> set[str]:
     return {f"{n}-{g}" for g in graphs for n in (*_plain([g]), *_own([g]))}
 
 
-def _on_server(s3: S3Server, prefix: str) -> set[str]:
-    listed = obstore.list(bucket_client(s3, prefix), ENTRY_DIR).collect()
+def _on_server(server: BucketServer, prefix: str) -> set[str]:
+    listed = obstore.list(bucket_client(server, prefix), ENTRY_DIR).collect()
     return {str(m["path"]).rpartition("/")[2] for m in listed}
 
 
 # ------------------------------------------------------------------- the start
 @pytest.mark.parametrize("host", sorted(HOSTS))
 def test_forged_headers_naming_real_keys_fetch_each_key_once_and_remove_nothing(
-    host: str, relay: S3Relay, s3: S3Server, tmp_path: Path
+    host: str, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Twenty ci-2 entries (both names, both markers), their markers' listing cut short,
     and 100 objects at made-up names whose headers name the real keys (five each): every
@@ -94,9 +94,9 @@ def test_forged_headers_naming_real_keys_fetch_each_key_once_and_remove_nothing(
     once (a GET of an entry name: a ranged read when asked for by name, and one fetch),
     whatever the headers repeat; no forged header is a miss that stops it; a writing host
     removes nothing (nothing it fetched is garbage), and the forged objects stay."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     real = _plain(graphs) | _own(graphs)
-    forged = _forge(s3, prefix, [_key(g) for g in graphs] * 5)
+    forged = _forge(server, prefix, [_key(g) for g in graphs] * 5)
     _cut(relay, prefix, real)
     served = 0 if host == "trusts a rotated ci-2" else SIGNED
     for i in range(3):
@@ -109,11 +109,11 @@ def test_forged_headers_naming_real_keys_fetch_each_key_once_and_remove_nothing(
         assert all(gets[n] <= 1 for n in forged), gets
         assert all(gets[n] <= 2 for n in real), gets
         assert wire["get"] <= len(forged) + 2 * len(real), wire
-    assert _on_server(s3, prefix) == real | set(forged)
+    assert _on_server(server, prefix) == real | set(forged)
 
 
 def test_a_thousand_forged_headers_naming_one_key_cost_a_start_its_misses_only(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """1,100 objects at made-up names whose headers all name one real key, beside twenty
     ci-2 entries whose markers' listing was cut short, and a host that trusts none: past
@@ -122,9 +122,9 @@ def test_a_thousand_forged_headers_naming_one_key_cost_a_start_its_misses_only(
     was cut short, after a few dozen ranged reads. When they were no misses it ran to its
     cap of PULL_FETCHES tries: 1,000 GETs every start, as the objects are never removed
     (nothing read of them is garbage). It fetched the key they name once, nothing twice."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     real = _plain(graphs) | _own(graphs)
-    forged = _forge(s3, prefix, [_key(graphs[0])] * 1100)
+    forged = _forge(server, prefix, [_key(graphs[0])] * 1100)
     _cut(relay, prefix, real)
     relay.trace.clear()
     fetched, wire, skipped = _start(url, tmp_path / "none", relay, read_only=True)
@@ -140,16 +140,16 @@ def test_a_thousand_forged_headers_naming_one_key_cost_a_start_its_misses_only(
 
 @pytest.mark.parametrize("host", ["trusts none", "trusts ci-2"])
 def test_forged_headers_of_made_up_keys_are_misses_of_the_drawn_order(
-    host: str, relay: S3Relay, s3: S3Server, tmp_path: Path
+    host: str, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """PULL_MISSES objects at made-up names whose headers name made-up graphs' keys of
     this build (nothing at those keys' names), among the real names asked for by name:
     each leads the start to its key's names (a miss there, as a marker of it would cost),
     and with at most PULL_MISSES planted among the drawn a start fetches every real entry
     (but with a chance of 1 / C(52, 20)), in each of four starts; nothing is removed."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     real = _plain(graphs) | _own(graphs)
-    forged = _forge(s3, prefix, [_key(g) for g in _graphs(10**35, PULL_MISSES)])
+    forged = _forge(server, prefix, [_key(g) for g in _graphs(10**35, PULL_MISSES)])
     _cut(relay, prefix, real)
     signers = len(HOSTS[host].get("trusted_keys", []))
     for i in range(4):
@@ -164,7 +164,7 @@ def test_forged_headers_of_made_up_keys_are_misses_of_the_drawn_order(
 
 @pytest.mark.parametrize("host", sorted(HOSTS))
 def test_forged_headers_naming_a_squatted_key_cost_the_signers_copy_nothing(
-    host: str, relay: S3Relay, s3: S3Server, tmp_path: Path
+    host: str, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """A graph whose plain name was squatted with garbage before ci-2's writer put it (its
     entry under ci-2's own name only), its markers' listing cut short, and 40 objects at
@@ -173,22 +173,22 @@ def test_forged_headers_naming_a_squatted_key_cost_the_signers_copy_nothing(
     one is skipped as tried. A ci-2 host fetches it in every start all the same (the
     fetch goes on to ci-2's own name); a writing host removes the squat at most, never
     ci-2's copy or its marker."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     g = str(3 * 10**34)
     plain, own = entry_name(_key(g)), signed_entry_name(_key(g), "ci-2")
-    put_objects(bucket_client(s3, prefix), {f"{ENTRY_DIR}/{plain}": GARBAGE})
+    put_objects(bucket_client(server, prefix), {f"{ENTRY_DIR}/{plain}": GARBAGE})
     _put_marked(url, tmp_path / "late-signer", [g], signing_key=("ci-2", CI2))
     real = _plain(graphs) | _own(graphs) | {own}
-    _forge(s3, prefix, [_key(g)] * 40)
+    _forge(server, prefix, [_key(g)] * 40)
     _cut(relay, prefix, real)
     expected = {"trusts ci-2": SIGNED + 1, "trusts none": SIGNED, "trusts a rotated ci-2": 0}
     for i in range(3):
         fetched, wire, skipped = _start(url, tmp_path / f"{host}-{i}", relay, **HOSTS[host])
         assert fetched == expected[host], (i, wire, skipped)
-        assert wire.get("delete", 0) <= 1, wire
-        held = _on_server(s3, prefix)
+        assert wire.get("delete", 0) <= removal_requests(server, 1), wire
+        held = _on_server(server, prefix)
         assert real <= held, real - held
-        assert f"{own}-{g}" in _marker_keys(s3, prefix)
+        assert f"{own}-{g}" in _marker_keys(server, prefix)
     fetched, wire, _ = _start(url, tmp_path / "ci2-after", relay, trusted_keys=[CI2_KEY])
     assert fetched == SIGNED + 1, wire
 
@@ -206,22 +206,22 @@ HOSTILE_KEYS = [
 
 @pytest.mark.parametrize("ro", [False, True])
 def test_hostile_keys_in_forged_headers_are_refused_and_lead_nowhere(
-    ro: bool, relay: S3Relay, s3: S3Server, tmp_path: Path
+    ro: bool, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Objects at made-up names whose headers name keys no key maker of this build makes
     (paths that climb, a NUL, a graph name too long, another build's key, no graph): each
     is refused and counted, costs its ranged read only (no GET of any other object, none
     outside the prefix), and nothing is written or removed."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     real = _plain(graphs) | _own(graphs)
-    forged = _forge(s3, prefix, HOSTILE_KEYS)
+    forged = _forge(server, prefix, HOSTILE_KEYS)
     _cut(relay, prefix, real)
     relay.trace.clear()
     fetched, wire, skipped = _start(url, tmp_path / "h", relay, read_only=ro)
     assert fetched == SIGNED, (wire, skipped)
     assert skipped.get(NOT_OURS) == len(HOSTILE_KEYS), skipped
     assert not WRITES & set(wire), wire
-    outside = [t for _, t, _ in relay.trace if not S3Relay._key_of(t).startswith(prefix)]
+    outside = [t for _, t, _ in relay.trace if not Relay._key_of(t).startswith(prefix)]
     assert not [t for t in outside if "list-type" not in t], outside
     gets = _gets_by_name(relay, prefix)
     assert all(gets[n] == 1 for n in forged), gets
@@ -229,14 +229,16 @@ def test_hostile_keys_in_forged_headers_are_refused_and_lead_nowhere(
 
 
 # ------------------------------------------------------------------- the prune
-def _plant(s3: S3Server, prefix: str, markers: list[str]) -> None:
+def _plant(server: BucketServer, prefix: str, markers: list[str]) -> None:
     """Markers written now on the server (none older than its entry)."""
-    put_objects(bucket_client(s3, prefix), {f"{upkeep.TORCH_XLA_DIR}/{m}": b"" for m in markers})
+    put_objects(
+        bucket_client(server, prefix), {f"{upkeep.TORCH_XLA_DIR}/{m}": b"" for m in markers}
+    )
 
 
 @pytest.mark.parametrize("decoy", [GARBAGE, b""], ids=["garbage", "empty"])
 def test_objects_that_hold_no_entry_cannot_take_every_prunes_header_reads(
-    decoy: bytes, relay: S3Relay, s3: S3Server, tmp_path: Path
+    decoy: bytes, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """MARKER_READS objects at made-up entry names sorting first, none an entry file
     (garbage, or empty), two markers under each; and a marker planted under each real
@@ -246,28 +248,28 @@ def test_objects_that_hold_no_entry_cannot_take_every_prunes_header_reads(
     removes the planted markers there. When first bytes that name no key kept them all
     (and an empty object's read, None, too), every prune spent its reads on the same
     decoys, and the markers planted under the real entries stayed for good."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     real = _real_markers(graphs)
     n = prune_markers.MARKER_READS
     decoys = [f"{i:032x}" for i in range(1, n + 1)]
-    put_objects(bucket_client(s3, prefix), {f"{ENTRY_DIR}/{d}": decoy for d in decoys})
-    _plant(s3, prefix, [f"{d}-{j}" for d in decoys for j in (1, 2)])
+    put_objects(bucket_client(server, prefix), {f"{ENTRY_DIR}/{d}": decoy for d in decoys})
+    _plant(server, prefix, [f"{d}-{j}" for d in decoys for j in (1, 2)])
     planted = [f"{m.partition('-')[0]}-0" for m in real]
-    _plant(s3, prefix, planted)
+    _plant(server, prefix, planted)
     for _ in range(2):
         relay.take()
         report = upkeep.Bucket(url).prune(max_size=10**9)
         wire = relay.take()
         # Its own GETs (the state, the usage, ...), and MARKER_READS headers at most.
         assert wire["get"] <= 8 + n, wire
-    assert _marker_keys(s3, prefix) == real, report
+    assert _marker_keys(server, prefix) == real, report
     fetched, wire, _ = _start(url, tmp_path / "ci2", relay, trusted_keys=[CI2_KEY])
     assert fetched == SIGNED and wire["list"] == 1, wire
 
 
 @pytest.mark.parametrize("squat", ["forged header", "garbage"])
 def test_a_squat_at_the_plain_name_cannot_cost_the_signers_own_marker(
-    squat: str, relay: S3Relay, s3: S3Server, tmp_path: Path
+    squat: str, relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """A graph's plain name squatted before ci-2's writer put it (a header naming made-up
     graph 5, or garbage naming no key), so its entry is under ci-2's own name only, with
@@ -275,15 +277,15 @@ def test_a_squat_at_the_plain_name_cannot_cost_the_signers_own_marker(
     prune judges each name by its own object: at ci-2's own name the real marker stays
     and the planted ones go; at the squatted plain name no marker is the entry's (the
     squat's header decides: the planter chose it). A ci-2 host fetches the entry after."""
-    prefix, url, _ = _signed_bucket(s3, tmp_path, 0)
+    prefix, url, _ = _signed_bucket(server, tmp_path, 0)
     g = str(3 * 10**34)
     plain, own = entry_name(_key(g)), signed_entry_name(_key(g), "ci-2")
     body = _forged_header(_key("5")) if squat == "forged header" else GARBAGE
-    put_objects(bucket_client(s3, prefix), {f"{ENTRY_DIR}/{plain}": body})
+    put_objects(bucket_client(server, prefix), {f"{ENTRY_DIR}/{plain}": body})
     _put_marked(url, tmp_path / "signer", [g], signing_key=("ci-2", CI2))
-    _plant(s3, prefix, [f"{n}-{p}" for n in (plain, own) for p in ("0", "5")])
+    _plant(server, prefix, [f"{n}-{p}" for n in (plain, own) for p in ("0", "5")])
     report = upkeep.Bucket(url).prune(max_size=10**9)
-    held = _marker_keys(s3, prefix)
+    held = _marker_keys(server, prefix)
     assert {m for m in held if m.startswith(own)} == {f"{own}-{g}"}, (held, report)
     for host in sorted(HOSTS):
         fetched, wire, _ = _start(url, tmp_path / host, relay, read_only=True, **HOSTS[host])
@@ -292,7 +294,7 @@ def test_a_squat_at_the_plain_name_cannot_cost_the_signers_own_marker(
 
 
 def test_refused_keys_among_an_entrys_markers_never_cost_its_real_one(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Under each of twenty ci-2 entries' names, planted markers of graphs sorting before
     and after the real one, and keys the client refuses among them (a control character,
@@ -301,10 +303,10 @@ def test_refused_keys_among_an_entrys_markers_never_cost_its_real_one(
     an entry's markers into runs, the prune removes a marker only against that entry's
     own header. Every real marker stays, at most MARKER_READS headers are read, and a ci-2
     host fetches every entry."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     names = sorted(_plain(graphs) | _own(graphs))
     real = _real_markers(graphs)
-    _plant(s3, prefix, [f"{n}-{p}" for n in names for p in ("0", "9" * 39)])
+    _plant(server, prefix, [f"{n}-{p}" for n in names for p in ("0", "9" * 39)])
     refused = [f"{_markers(prefix)}/{n}-5\x01" for n in names]
     refused += [f"{_markers(prefix)}/{n}-7//x" for n in names]
     refused += [f"{_markers(prefix)}/{names[0]}-0\x01{i}" for i in range(300)]
@@ -314,18 +316,18 @@ def test_refused_keys_among_an_entrys_markers_never_cost_its_real_one(
         report = upkeep.Bucket(url).prune(max_size=10**9)
         wire = relay.take()
         assert wire["get"] <= 8 + prune_markers.MARKER_READS, wire
-        assert real <= _marker_keys(s3, prefix), (real - _marker_keys(s3, prefix), report)
+        assert real <= _marker_keys(server, prefix), (real - _marker_keys(server, prefix), report)
     fetched, wire, skipped = _start(url, tmp_path / "ci2", relay, trusted_keys=[CI2_KEY])
     assert fetched == SIGNED, (wire, skipped)
 
 
 def test_ten_thousand_markers_under_one_entry_cost_one_read(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """Ten thousand markers planted under one real entry's own name, sorting before and
     after its real one: the prune holds one marker at a time and reads that entry's header
     once, removes every planted one and keeps the real."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path, 2)
+    prefix, url, graphs = _signed_bucket(server, tmp_path, 2)
     own = signed_entry_name(_key(graphs[0]), "ci-2")
     relay.plant_many(
         [f"{_markers(prefix)}/{own}-{p}{i:05d}" for p in ("0", "9") for i in range(5000)],
@@ -336,11 +338,11 @@ def test_ten_thousand_markers_under_one_entry_cost_one_read(
     wire = relay.take()
     assert report.markers_removed == 10_000 and not relay.planted, report
     assert wire["get"] <= 8 + 1, wire
-    assert f"{own}-{graphs[0]}" in _marker_keys(s3, prefix)
+    assert f"{own}-{graphs[0]}" in _marker_keys(server, prefix)
 
 
 def test_header_reads_starved_by_a_replanted_flood_cost_a_start_only_its_listing(
-    relay: S3Relay, s3: S3Server, tmp_path: Path
+    relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:
     """A planter who plants, before every prune, two markers under each of MARKER_READS
     forged entries sorting first (their headers name a graph neither marker is of) takes
@@ -348,15 +350,15 @@ def test_header_reads_starved_by_a_replanted_flood_cost_a_start_only_its_listing
     under each of the twenty plain names) stay through both prunes. They vouch for no
     graph (their names are not their graphs' entry names): a host start still fetches
     every real entry, within its bounds."""
-    prefix, url, graphs = _signed_bucket(s3, tmp_path)
+    prefix, url, graphs = _signed_bucket(server, tmp_path)
     n = prune_markers.MARKER_READS
-    decoys = _forge(s3, prefix, [_key(str(10**35 + i)) for i in range(n)])
+    decoys = _forge(server, prefix, [_key(str(10**35 + i)) for i in range(n)])
     under_real = [
         f"{_markers(prefix)}/{entry_name(_key(g))}-0{i:04d}" for g in graphs for i in range(500)
     ]
     relay.plant_many(under_real, when=NEWER_THAN_ALL)
     for _ in range(2):
-        _plant(s3, prefix, [f"{d}-{j}" for d in decoys for j in (1, 2)])
+        _plant(server, prefix, [f"{d}-{j}" for d in decoys for j in (1, 2)])
         report = upkeep.Bucket(url).prune(max_size=10**9)
         assert report.markers_removed == 2 * n, report
     assert len(relay.planted) == len(under_real)

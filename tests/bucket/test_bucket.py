@@ -39,11 +39,11 @@ from tests.jax.helpers import (
     start_jax,
     worker_plan_name,
 )
-from tests.tiers.relay import S3Relay
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
+from tests.tiers.relay import Relay
+from tests.tiers.servers import BucketServer, bucket_client, fresh_prefix
 
 
-def _objects(server: S3Server, prefix: str) -> dict[str, tuple[int, str | None]]:
+def _objects(server: BucketServer, prefix: str) -> dict[str, tuple[int, str | None]]:
     """Every object below ``prefix``: path -> (size, ETag)."""
     return {
         str(o["path"]): (int(o["size"]), o["e_tag"])
@@ -55,7 +55,7 @@ def _under(objects: dict[str, Any], folder: str) -> list[str]:
     return sorted(p for p in objects if p.startswith(f"xla_pcache-1/{folder}/"))
 
 
-def _executables(server: S3Server, prefix: str) -> list[str]:
+def _executables(server: BucketServer, prefix: str) -> list[str]:
     """The entries, less the worker processes' prefetch plan and the programs' module
     records (told by the key in each object's header)."""
     client = bucket_client(server, prefix)
@@ -92,10 +92,10 @@ def warnings_of(report: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def fleet(bucket_server: BucketServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     prefix = fresh_prefix()
-    url = s3_server.url(prefix)
-    env = {**s3_server.env(), "JAX_COMPILATION_CACHE_DIR": url}
+    url = bucket_server.url(prefix)
+    env = {**bucket_server.env(), "JAX_COMPILATION_CACHE_DIR": url}
     return {"prefix": prefix, "url": url, "env": env, "tmp": tmp_path_factory.mktemp("fleet")}
 
 
@@ -127,12 +127,12 @@ def cold(fleet: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.jax
 def test_a_cold_host_fills_the_bucket_and_makes_nothing_elsewhere(
-    fleet: dict[str, Any], cold: dict[str, Any], s3_server: S3Server
+    fleet: dict[str, Any], cold: dict[str, Any], bucket_server: BucketServer
 ) -> None:
     report = cold["report"]
     assert hits(report) == [0] * 5
-    objects = _objects(s3_server, fleet["prefix"])
-    assert len(_executables(s3_server, fleet["prefix"])) == 2, (objects, warnings_of(report))
+    objects = _objects(bucket_server, fleet["prefix"])
+    assert len(_executables(bucket_server, fleet["prefix"])) == 2, (objects, warnings_of(report))
     assert not _under(objects, "claims"), objects
     # Its exit record: no use (every get missed), 5 entries written (2 programs, their
     # module records, its plan).
@@ -185,7 +185,10 @@ def four(fleet: dict[str, Any], cold: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.jax
 def test_four_hosts_warm_start_and_compile_each_new_program_once(
-    fleet: dict[str, Any], cold: dict[str, Any], four: list[dict[str, Any]], s3_server: S3Server
+    fleet: dict[str, Any],
+    cold: dict[str, Any],
+    four: list[dict[str, Any]],
+    bucket_server: BucketServer,
 ) -> None:
     for report in four:
         # Warm start from the bucket with an empty local store: the plan and what it names
@@ -200,8 +203,8 @@ def test_four_hosts_warm_start_and_compile_each_new_program_once(
     # The new program compiled by one host; the three others waited on its bucket claim.
     assert sorted(hits(r)[2] for r in four) == [0, 1, 1, 1], [hits(r) for r in four]
     assert len({str(results(r)[4]) for r in four}) == 1
-    objects = _objects(s3_server, fleet["prefix"])
-    assert len(_executables(s3_server, fleet["prefix"])) == 3, objects
+    objects = _objects(bucket_server, fleet["prefix"])
+    assert len(_executables(bucket_server, fleet["prefix"])) == 3, objects
     assert not _under(objects, "claims"), objects
 
 
@@ -212,16 +215,16 @@ def reader(fleet: dict[str, Any], four: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def read_only(fleet: dict[str, Any], reader: dict[str, Any], s3_server: S3Server) -> Any:
-    before = _objects(s3_server, fleet["prefix"])
+def read_only(fleet: dict[str, Any], reader: dict[str, Any], bucket_server: BucketServer) -> Any:
+    before = _objects(bucket_server, fleet["prefix"])
     env = {**fleet["env"], "XLA_PERSISTENT_CACHE_READ_ONLY": "1"}
     report = host(runs(1, 6, layers=1), env, fleet["tmp"] / "c")
-    return before, report, _objects(s3_server, fleet["prefix"])
+    return before, report, _objects(bucket_server, fleet["prefix"])
 
 
 @pytest.mark.jax
 def test_a_read_only_host_writes_nothing_to_the_bucket(
-    fleet: dict[str, Any], read_only: Any, s3_server: S3Server
+    fleet: dict[str, Any], read_only: Any, bucket_server: BucketServer
 ) -> None:
     before, report, after = read_only
     assert hits(report) == [1, 0]  # served from the bucket; a new program compiled
@@ -230,7 +233,7 @@ def test_a_read_only_host_writes_nothing_to_the_bucket(
     # the fleet's plan it fetched, as the bucket has it.
     local = fleet["tmp"] / "c" / "xla_pcache" / "remote" / bucket.local_name(fleet["url"])
     with Store(local, read_only=True, settings=Settings()) as store:
-        assert len(executables(store)) > len(_executables(s3_server, fleet["prefix"]))
+        assert len(executables(store)) > len(_executables(bucket_server, fleet["prefix"]))
         (plan,) = [e["key"] for e in store.entries() if e["name"] == worker_plan_name()]
         blob = store.get(plan)
         assert blob is not None
@@ -244,13 +247,13 @@ def test_a_read_only_host_writes_nothing_to_the_bucket(
         for e in v.entries
     }
     assert named
-    assert named <= set(_executables(s3_server, fleet["prefix"])), "the plan names the new one"
+    assert named <= set(_executables(bucket_server, fleet["prefix"])), "the plan names the new one"
     assert stats["prefetch_plans_written"] == 0
 
 
 @pytest.mark.jax
 def test_prune_keeps_the_bucket_within_budget_and_what_was_read_last(
-    fleet: dict[str, Any], reader: dict[str, Any], read_only: Any, s3: S3Server
+    fleet: dict[str, Any], reader: dict[str, Any], read_only: Any, server: BucketServer
 ) -> None:
     assert hits(reader) == [1]
     url, prefix = fleet["url"], fleet["prefix"]
@@ -263,7 +266,7 @@ def test_prune_keeps_the_bucket_within_budget_and_what_was_read_last(
     # What E used with it: the plan it loaded, touched as E ended so that it ages with the
     # entries it names (a touch is a use, in the bucket as in the host's store).
     with_it = {worker_plan_name()}
-    sizes = {p.rpartition("/")[2]: s for p, (s, _) in _objects(s3, prefix).items()}
+    sizes = {p.rpartition("/")[2]: s for p, (s, _) in _objects(server, prefix).items()}
     assert with_it <= set(sizes), (with_it, sizes)
     # Room for those only: prune goes to 90 % of the stored budget.
     budget = int((sizes[first] + sum(sizes[n] for n in with_it)) / upkeep.LOW_WATERMARK) + 1
@@ -278,7 +281,7 @@ def test_prune_keeps_the_bucket_within_budget_and_what_was_read_last(
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
     assert (report["removed"], report["entries"]) == (5, 2), report
-    objects = _objects(s3, prefix)
+    objects = _objects(server, prefix)
     kept = sorted(f"xla_pcache-1/entries/{n}" for n in {first, *with_it})
     assert _under(objects, "entries") == kept
     assert not _under(objects, "records")  # folded into usage
@@ -313,10 +316,10 @@ def _store(url: str, home: Path, **changes: Any) -> bucket.BucketStore:
 
 
 def test_a_host_records_its_uses_once_per_interval_in_one_object(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     writer = _store(url, tmp_path / "w")
     for i in range(3):
         assert writer.put(f"k{i}", bytes(1000))
@@ -334,7 +337,7 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     one._recorder.flush()  # spooled: this host uploaded less than an interval ago
     two.close()
     one.close()
-    records = _under(_objects(s3, prefix), "records")
+    records = _under(_objects(server, prefix), "records")
     assert len(records) == 3, records  # the writer's (its puts), and the host's two
     b = upkeep.Bucket(url)
     used = sorted(sorted(b.use_record_names(p)) for p in records)
@@ -344,12 +347,12 @@ def test_a_host_records_its_uses_once_per_interval_in_one_object(
     assert used == sorted([wrote, [entry_name("k0")], later]), used
 
 
-def test_a_touch_is_a_use_in_the_buckets_record(tmp_path: Path, s3: S3Server) -> None:
+def test_a_touch_is_a_use_in_the_buckets_record(tmp_path: Path, server: BucketServer) -> None:
     """An entry no lookup reads (a plan, a module record) is touched when the entries it
     belongs with are used: on a bucket path the touch goes into the host's use record, so
     that a prune ages it with them, not first; an absent entry is no use."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     writer = _store(url, tmp_path / "w")
     assert writer.put("plan", bytes(100))
     writer.close()
@@ -359,14 +362,14 @@ def test_a_touch_is_a_use_in_the_buckets_record(tmp_path: Path, s3: S3Server) ->
     assert host.touch("plan") and not host.touch("absent")
     assert host._recorder._pending == {entry_name("plan")}
     host.close()
-    records = _under(_objects(s3, prefix), "records")
+    records = _under(_objects(server, prefix), "records")
     b = upkeep.Bucket(url)
     used = [sorted(b.use_record_names(p)) for p in records]
     assert [entry_name("plan")] in used, used
 
 
 def test_a_writers_record_names_its_puts_within_a_records_cap(
-    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, server: BucketServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A put is a use: the writer's record names every entry it wrote (a prune that cannot
     list an entry asks for it by name), at most ``RECORD_NAMES`` an object (2 here, 100,000
@@ -375,7 +378,7 @@ def test_a_writers_record_names_its_puts_within_a_records_cap(
 
     monkeypatch.setattr(recorder, "RECORD_NAMES", 2)
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     writer = _store(url, tmp_path / "w")
     for i in range(5):
         assert writer.put(f"k{i}", bytes(1000))
@@ -388,10 +391,10 @@ def test_a_writers_record_names_its_puts_within_a_records_cap(
 
 
 def test_budget_stats_and_prune_through_the_command(
-    tmp_path: Path, s3: S3Server, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, server: BucketServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     w = _store(url, tmp_path / "w")
     for i in range(6):
         assert w.put(f"k{i}", bytes(20_000))
@@ -408,14 +411,14 @@ def test_budget_stats_and_prune_through_the_command(
     table = cli("stats", "--path", url).output
     assert "budget" in table and "50.0K" in table
     # Another host holds the prune lease: this one does not prune.
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     obstore.put(client, upkeep.LEASE, b'{"owner": "elsewhere-1"}')
     busy = cli("prune", "--path", url)
     assert busy.exit_code == 1 and "elsewhere-1" in busy.output, busy.output
     obstore.delete(client, upkeep.LEASE)
     out = cli("prune", "--path", url)
     assert out.exit_code == 0 and "removed 4 entries" in out.output, out.output
-    objects = _objects(s3, prefix)
+    objects = _objects(server, prefix)
     kept = {p.rpartition("/")[2] for p in _under(objects, "entries")}
     assert kept == {entry_name("k1"), entry_name("k4")}  # the two read since
     size = sum(objects[p][0] for p in _under(objects, "entries"))
@@ -452,7 +455,7 @@ _BUDGET_BOUNDS = [
 
 
 def test_a_buckets_stored_budget_is_written_under_the_directorys_size_rule(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     """The bucket's budget is refused where the directory's is (a ValueError naming the
     field, before any request: nothing in the bucket), and what is written reads back as
@@ -460,7 +463,7 @@ def test_a_buckets_stored_budget_is_written_under_the_directorys_size_rule(
     directory = Store(tmp_path / "dir")
     for field, value in _BUDGET_BOUNDS:
         prefix = fresh_prefix()
-        b = upkeep.Bucket(s3.url(prefix))
+        b = upkeep.Bucket(server.url(prefix))
         arg = {"max_size": "max_size", "max_age_s": "max_age"}[field]
         try:
             directory.write_cache_settings(**{arg: value})
@@ -476,17 +479,17 @@ def test_a_buckets_stored_budget_is_written_under_the_directorys_size_rule(
         with pytest.raises(ValueError, match=field):
             b.write_stored_budget(budget)
         with pytest.raises(ValueError, match=field):
-            upkeep.Bucket(s3.url(prefix), read_only=True).write_stored_budget(budget)
-        assert "put" not in b.requests and not _objects(s3, prefix), (field, value)
+            upkeep.Bucket(server.url(prefix), read_only=True).write_stored_budget(budget)
+        assert "put" not in b.requests and not _objects(server, prefix), (field, value)
     directory.close()
 
 
 def test_writers_prune_one_host_at_a_time_when_past_the_budget(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, server: BucketServer
 ) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
-    client = bucket_client(s3, prefix)
+    url = server.url(prefix)
+    client = bucket_client(server, prefix)
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=100_000))
     one = _store(url, tmp_path / "one")
     for i in range(8):
@@ -494,7 +497,7 @@ def test_writers_prune_one_host_at_a_time_when_past_the_budget(
     one.remote.flush()
     one._recorder.flush(final=True)  # its record says 8 entries: past the budget, it prunes
     assert one._recorder.prunes == 1
-    assert sum(s for s, _ in _objects(s3, prefix).values() if s > 10_000) <= 100_000
+    assert sum(s for s, _ in _objects(server, prefix).values() if s > 10_000) <= 100_000
     # Another host is pruning (it holds the lease): a writer past the budget leaves it be.
     obstore.put(client, upkeep.LEASE, b"{}")
     two = _store(url, tmp_path / "two")
@@ -512,27 +515,33 @@ def test_writers_prune_one_host_at_a_time_when_past_the_budget(
     one.close()
 
 
-def test_a_write_at_interpreter_exit_is_made_not_dropped(tmp_path: Path, s3: S3Server) -> None:
+def test_a_write_at_interpreter_exit_is_made_not_dropped(
+    tmp_path: Path, server: BucketServer
+) -> None:
     """At exit the writer threads are gone (torch_xla's last publish comes then): the write
     is made on the calling thread instead of being skipped, and so is what follows it."""
     prefix = fresh_prefix()
-    store = _store(s3.url(prefix), tmp_path / "h")
+    store = _store(server.url(prefix), tmp_path / "h")
     tier = store._bucket_tier()
     tier._writer.shutdown(wait=True)  # as threading's exit hook leaves it
     assert store.put("k", b"v" * 100)
     store.mark_torch_xla("torch_xla/123", "123")
-    assert _under(_objects(s3, prefix), "entries") == [f"xla_pcache-1/entries/{entry_name('k')}"]
-    assert len(_under(_objects(s3, prefix), "torch_xla")) == 1
+    assert _under(_objects(server, prefix), "entries") == [
+        f"xla_pcache-1/entries/{entry_name('k')}"
+    ]
+    assert len(_under(_objects(server, prefix), "torch_xla")) == 1
     assert tier.stats()["remote_puts"] == 1 and "remote_put_skipped" not in tier.stats()
     store.close()
 
 
 @pytest.mark.torch_xla
-def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server: S3Server) -> None:
+def test_torch_xla_serves_a_fresh_host_from_the_bucket(
+    tmp_path: Path, bucket_server: BucketServer
+) -> None:
     from tests.helpers import clean_env, run_worker
     from tests.torch_xla.helpers import PROGRAM, cold, served
 
-    url = s3_server.url(fresh_prefix())
+    url = bucket_server.url(fresh_prefix())
 
     def run(spec: dict[str, Any], env: dict[str, str], name: str) -> dict[str, Any]:
         home = tmp_path / name
@@ -546,7 +555,7 @@ def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server
                 PJRT_DEVICE="CPU",
                 TF_CPP_MIN_LOG_LEVEL="1",
                 XDG_CACHE_HOME=str(home),
-                **{**s3_server.env(), **env},
+                **{**bucket_server.env(), **env},
             ),
         )
         assert "Traceback" not in report["stderr"], report["stderr"][-4000:]
@@ -558,25 +567,25 @@ def test_torch_xla_serves_a_fresh_host_from_the_bucket(tmp_path: Path, s3_server
     # A fresh host, torch_xla's own API naming the bucket: its copy is filled from the bucket,
     # past ten thousand objects planted before every marker (on main its listing stopped
     # at 10,000 objects in key order and never saw the real marker: it compiled).
-    relay = S3Relay(s3_server.port)
+    relay = Relay(bucket_server)
     try:
         prefix = url.split("/", 3)[3]
         relay.plant_many(f"{prefix}/{upkeep.TORCH_XLA_DIR}/!{i:08d}" for i in range(10_000))
         second = run(
-            {"init": [url, False], "graphs": ["add"]}, {"AWS_ENDPOINT_URL": relay.endpoint}, "b"
+            {"init": [url, False], "graphs": ["add"]}, bucket_server.point_at(relay.endpoint), "b"
         )
     finally:
         relay.close()
     served(second)
     assert first["results"] == second["results"]
-    objects = _objects(s3_server, url.split("/", 3)[3])
+    objects = _objects(bucket_server, url.split("/", 3)[3])
     assert len(_under(objects, "entries")) == len(_under(objects, "torch_xla")) == 1
     # A host on the same bucket marked read-only (?ro=1): it is served, compiles a graph the
     # bucket lacks, and writes nothing there, no entry and no marker of it either.
     third = run({"graphs": ["add", "square"]}, {"XLA_PERSISTENT_CACHE_PATH": f"{url}?ro=1"}, "c")
     assert third["results"]["add"] == first["results"]["add"]
     assert third["counters"]["PersistentCacheMiss"] == 1, third["counters"]
-    assert _objects(s3_server, url.split("/", 3)[3]) == objects
+    assert _objects(bucket_server, url.split("/", 3)[3]) == objects
     # It published the new graph where it may: its own host-local store.
     home = Settings().replace(xdg_cache_home=str(tmp_path / "c"))
     with Store(bucket.local_path(url, home), read_only=True) as local:
