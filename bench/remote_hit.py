@@ -73,10 +73,10 @@ class MemoryTier(tier_base.TierBase):
             self.reject("too_large", "over the limit")
             return None
         # As the Redis and object-store tiers: the header first, before the rest is taken.
-        if _core.entry_file_len(value[: tier_base.HEAD_BYTES], name) != len(value):
-            self.reject("rejected", "not a whole entry file")
-            return None
-        return value
+        refused, verdict = self.judge_head(
+            checked, value[: tier_base.HEAD_BYTES], len(value), whole=True
+        )
+        return verdict if refused else value
 
     def _write(self, name: Any, data: Any, *_: Any) -> None:
         MEMORY[str(name)] = bytes(data)

@@ -314,11 +314,10 @@ def _import_member(
     if store.trusted_key_names is None and key in store:
         return "present"
     # Verified with the signature kept; a trusting store refuses (and counts `untrusted`)
-    # what it would not serve.
+    # what it would not serve, and says why.
     outcome = store.put_entry_file(key, data)
-    if outcome is None:
-        why = store.refusal(key, data)
-        return "untrusted" if why is not None and why[0] == "untrusted" else "rejected"
+    if isinstance(outcome, _core.Refusal):
+        return "untrusted" if outcome.kind == "untrusted" else "rejected"
     return "imported" if outcome else "present"
 
 
