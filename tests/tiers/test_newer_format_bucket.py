@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import obstore
+import pytest
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache._core import generate_signing_key, signed_entry_name, signing_public_key
 from xla_pcache.bucket import upkeep
@@ -210,4 +211,61 @@ def test_a_jax_host_compiles_what_a_later_release_keeps_and_leaves_it(
     second = host("b")
     assert hits(second) == [0] and results(second) == results(first)
     after = {p: b for p, b in _objects(s3_server, prefix).items() if p.startswith(f"{ENTRY_DIR}/")}
+    assert after == before
+
+
+@pytest.mark.torch_xla
+def test_a_torch_xla_host_compiles_what_a_later_release_keeps_and_leaves_it(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """A torch_xla host fills the bucket; a later release rewrote its entry in its format. A
+    fresh writing host of this release starts (its start neither fetches nor removes the
+    later entry), compiles the graph, gets the same result, and leaves the object as it was."""
+    import json
+
+    from tests.helpers import clean_env, run_worker
+    from tests.torch_xla.helpers import PROGRAM, cold
+
+    prefix = fresh_prefix()
+    url = s3_server.url(prefix)
+
+    def run(name: str) -> dict[str, Any]:
+        home = tmp_path / name
+        (home / "work").mkdir(parents=True)
+        report = run_worker(
+            str(PROGRAM),
+            json.dumps({"graphs": ["add"]}),
+            cwd=home / "work",
+            env=clean_env(
+                ("XLA_", "PJRT_", "JAX_"),
+                PJRT_DEVICE="CPU",
+                TF_CPP_MIN_LOG_LEVEL="1",
+                XDG_CACHE_HOME=str(home),
+                XLA_PERSISTENT_CACHE_PATH=url,
+                **s3_server.env(),
+            ),
+        )
+        assert "Traceback" not in report["stderr"], report["stderr"][-4000:]
+        return report
+
+    first = run("a")
+    cold(first)
+    names = [
+        p.rpartition("/")[2] for p in _objects(s3_server, prefix) if p.startswith(f"{ENTRY_DIR}/")
+    ]
+    assert len(names) == 1, names
+    _to_version(s3_server, prefix, names)
+    before = {
+        p: b
+        for p, b in _objects(s3_server, prefix).items()
+        if not p.startswith("xla_pcache-1/records/")
+    }
+    second = run("b")
+    assert second["counters"]["PersistentCacheMiss"] == 1, second["counters"]
+    assert second["results"] == first["results"]
+    after = {
+        p: b
+        for p, b in _objects(s3_server, prefix).items()
+        if not p.startswith("xla_pcache-1/records/")
+    }
     assert after == before
