@@ -9,9 +9,11 @@ signer, and leaves with the LRU."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,36 @@ def test_a_planted_later_file_blocks_no_signer_and_goes_with_the_lru(tmp_path: P
     assert report["removed"] >= 1 and not plain.exists()
     with Store(root) as keyless:
         assert keyless.put(KEY, b"mine") and keyless.get(KEY) is not None
+
+
+def test_a_bundles_later_entry_is_counted_apart_not_imported_nor_a_failure(
+    tmp_path: Path,
+) -> None:
+    """A bundle a later release exported: its members of that release's format are counted
+    ``newer_format``, not imported, and the import exits 0 (nothing was damaged)."""
+    src = tmp_path / "src"
+    with Store(src) as s:
+        assert s.put(KEY, b"later" * 200) and s.put(MINE, b"mine" * 200)
+        s.export_bundle(tmp_path / "b.tar.gz")
+    later_name = entry_name(KEY)
+    with (
+        tarfile.open(tmp_path / "b.tar.gz", "r:gz") as old,
+        tarfile.open(tmp_path / "later.tar.gz", "w:gz", format=tarfile.PAX_FORMAT) as new,
+    ):
+        for member in old:
+            f = old.extractfile(member)
+            assert f is not None
+            data = f.read()
+            if later_name in member.name:
+                data = as_version(data, 2)
+            member.size = len(data)
+            new.addfile(member, io.BytesIO(data))
+    dst = tmp_path / "dst"
+    Store(dst).close()
+    imported = cli("import", str(tmp_path / "later.tar.gz"), "--path", str(dst))
+    assert imported.returncode == 0, imported
+    said = " ".join(imported.stdout.split())
+    assert "imported 1," in said and "later release's format (not imported) 1" in said, said
+    with Store(dst, read_only=True) as s:
+        assert s.get(MINE) is not None and s.get(KEY) is None
+        assert s.stats()["newer_format"] == 1

@@ -67,6 +67,9 @@ class ImportReport:
     # Whole entries a store with trusted keys does not take (unsigned, or signed by a key it
     # does not trust): counted, not ``rejected``: nothing in the bundle was damaged.
     untrusted: int = 0
+    # Entries of a later release's format, which this release cannot read: counted, not
+    # ``rejected`` (nothing was damaged), and not imported (that release imports them).
+    newer_format: int = 0
 
 
 def export_bundle(
@@ -223,6 +226,8 @@ def import_bundle(
                         report.rejected += 1
                     elif outcome == "untrusted":
                         report.untrusted += 1
+                    elif outcome == "newer_format":
+                        report.newer_format += 1
                     elif outcome == "oversized":
                         report.rejected += 1
                         report.oversized += 1
@@ -317,7 +322,7 @@ def _import_member(
     # what it would not serve, and says why.
     outcome = store.put_entry_file(key, data)
     if isinstance(outcome, _core.Refusal):
-        return "untrusted" if outcome.kind == "untrusted" else "rejected"
+        return outcome.kind if outcome.kind in ("untrusted", "newer_format") else "rejected"
     return "imported" if outcome else "present"
 
 
