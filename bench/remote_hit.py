@@ -87,8 +87,9 @@ class MemoryTier(tier_base.TierBase):
 def _install_memory_tier() -> str:
     opened = tier_chain._open_one
 
-    def open_one(url: str, *args: Any, **kwargs: Any) -> Any:
-        if url.startswith("mem://"):
+    def open_one(url: Any, *args: Any, **kwargs: Any) -> Any:
+        # The chain hands over each URL parsed (a TierURL).
+        if str(getattr(url, "text", url)).startswith("mem://"):
             return MemoryTier()
         return opened(url, *args, **kwargs)
 
