@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
-from xla_pcache.jax import _module_record, _plan
+from xla_pcache.jax import _module_record, _plan, _plan_name
 
 from tests.helpers import is_module_record
 from tests.jax.helpers import JAX_ONLY, WORKER, hits, jax_keys, results, run_jax, runs
@@ -28,8 +28,10 @@ def _run(root: Path) -> dict:  # type: ignore[type-arg]
 
 
 def _plan_key() -> str:
+    """The key of the plan the worker's processes keep (``worker_plan_name``'s)."""
     version = importlib.metadata.version("jax")
-    return _plan.plan_key(_plan.workload(f"script {WORKER}", version, 0))
+    name = f"script {_plan_name.place(str(WORKER))}"
+    return _plan.plan_key(_plan_name.workload(name, version, 0))
 
 
 def test_a_start_compiles_what_a_later_release_keeps_and_leaves_every_file(tmp_path: Path) -> None:
@@ -40,10 +42,11 @@ def test_a_start_compiles_what_a_later_release_keeps_and_leaves_every_file(tmp_p
     assert len(later) == 3, later  # the executable, its module record, the plan
     # A later release's plan and module record formats, under their own keys (in this entry
     # format: what a release that changed only those would write).
-    plan3 = _plan.ANY_PREFIX + "3:" + _core.hash_key("a later workload")
+    later_plan = f"{_plan.ANY_PREFIX}{_plan.VERSION + 1}:" + _core.hash_key("a later workload")
     record2 = "xla_pcache-module-2:" + jax_key
     with Store(root) as s:
-        assert s.put(plan3, b'{"format": "xla_pcache-prefetch-plan", "version": 3}')
+        later_doc = {"format": _plan.FORMAT, "version": _plan.VERSION + 1}
+        assert s.put(later_plan, json.dumps(later_doc).encode())
         assert s.put(record2, b"XPCMOD02 a later record")
     others = {p: p.read_bytes() for p in entry_files(root) if p not in later}
     assert len(others) == 2
@@ -61,8 +64,8 @@ def test_a_plan_claiming_a_later_format_under_this_releases_key_is_replaced(
     tmp_path: Path,
 ) -> None:
     """A writer without a key plants, under this release's plan key, a plan that says it is
-    of a later format (a later release writes its own key: ``plan-3:``): refused, and the
-    run writes its own in its place, so it stops no upkeep."""
+    of a later format (a later release writes its own key: ``plan-<its version>:``):
+    refused, and the run writes its own in its place, so it stops no upkeep."""
     root = tmp_path / "c"
     _run(root)
     key = _plan_key()
