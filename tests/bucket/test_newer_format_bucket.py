@@ -1,11 +1,12 @@
 """What a later release leaves in a bucket is left alone by this one (ARCHITECTURE.md,
-"Formats of other releases"), on a real S3 service (SeaweedFS on loopback): its entries
-(format version one higher, every checksum valid) are misses counted ``newer_format``,
-refused after their first bytes, never replaced by a put, never removed by a torch_xla
-host start (no garbage: that release reads them), whose markers a prune keeps; they are
-pruned by LRU like any entry; and a later layout's objects (below ``xla_pcache-2/``) are
-never touched by a prune, ``prune --untrusted`` or a start. What a writer without a key
-plants as "later" stops no signer, and no start removes it (as a planted untrusted entry)."""
+"Formats of other releases"), on real S3 and GCS services (SeaweedFS and the tests' GCS
+server on loopback): its entries (format version one higher, every checksum valid) are
+misses counted ``newer_format``, refused after their first bytes, never replaced by a put,
+never removed by a torch_xla host start (no garbage: that release reads them), whose
+markers a prune keeps; they are pruned by LRU like any entry; and a later layout's objects
+(below ``xla_pcache-2/``) are never touched by a prune, ``prune --untrusted`` or a start.
+What a writer without a key plants as "later" stops no signer, and no start removes it (as
+a planted untrusted entry)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
 from xla_pcache.torch_xla import _bucket_start
 
+from tests.bucket.test_bucket_floods import _key, _torch_xla_bucket
 from tests.helpers import cli_here
 from tests.jax.helpers import JAX_ONLY, finish_jax, hits, results, runs, start_jax
 from tests.later_format import as_version
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix, put_objects
-from tests.tiers.test_bucket_floods import _key, _torch_xla_bucket
+from tests.tiers.servers import BucketServer, bucket_client, fresh_prefix, put_objects
 
 REMOVED = "torch_xla-garbage"
 
@@ -36,19 +37,21 @@ def _host(url: str, home: Path, **given: Any) -> bucket.BucketStore:
     return store
 
 
-def _objects(s3: S3Server, prefix: str) -> dict[str, bytes]:
+def _objects(server: BucketServer, prefix: str) -> dict[str, bytes]:
     """Every object below ``prefix``, by path, with its bytes."""
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     return {
         str(m["path"]): bytes(obstore.get(client, str(m["path"])).bytes())
         for m in obstore.list(client).collect()
     }
 
 
-def _to_version(s3: S3Server, prefix: str, names: list[str], version: int = 2) -> dict[str, bytes]:
+def _to_version(
+    server: BucketServer, prefix: str, names: list[str], version: int = 2
+) -> dict[str, bytes]:
     """The entries ``names`` of the bucket rewritten as format ``version`` (what a later
     release wrote at those names); their bytes now, by path."""
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     later = {
         f"{ENTRY_DIR}/{n}": as_version(
             bytes(obstore.get(client, f"{ENTRY_DIR}/{n}").bytes()), version
@@ -60,13 +63,13 @@ def _to_version(s3: S3Server, prefix: str, names: list[str], version: int = 2) -
 
 
 def test_a_later_entry_in_a_bucket_is_a_miss_and_no_put_replaces_it(
-    s3: S3Server, tmp_path: Path
+    server: BucketServer, tmp_path: Path
 ) -> None:
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     with _host(url, tmp_path / "writer") as w:
         assert w.put("jit_f-" + "a" * 64, b"x" * 5000)
-    later = _to_version(s3, prefix, [entry_name("jit_f-" + "a" * 64)])
+    later = _to_version(server, prefix, [entry_name("jit_f-" + "a" * 64)])
     with _host(url, tmp_path / "old") as old:
         assert old.get("jit_f-" + "a" * 64) is None
         stats = old.stats()
@@ -76,53 +79,85 @@ def test_a_later_entry_in_a_bucket_is_a_miss_and_no_put_replaces_it(
         # writer's and stays.
         assert old.put("jit_f-" + "a" * 64, b"y" * 5000)
         assert old.get("jit_f-" + "a" * 64) is not None
-    assert {p: b for p, b in _objects(s3, prefix).items() if p in later} == later
+    assert {p: b for p, b in _objects(server, prefix).items() if p in later} == later
+
+
+def test_a_replace_overwrites_this_releases_object_and_leaves_a_later_one(
+    server: BucketServer, tmp_path: Path
+) -> None:
+    """``Store.replace`` of a plain name (a plan that changes) overwrites the bucket's object
+    when it is this release's, conditional on the write it read (its ETag; on GCS its
+    generation, without which the service refuses the overwrite), and leaves it when a
+    later release wrote it there (``remote_put_newer_format``)."""
+    prefix = fresh_prefix()
+    url = server.url(prefix)
+    key = "plan-x"
+
+    def replace(home: str, value: bytes) -> dict[str, Any]:
+        """A fresh host's replace of ``key``: its remote counters once the write is done."""
+        with _host(url, tmp_path / home) as h:
+            assert h.replace(key, value) and h.remote is not None
+            h.remote.flush()
+            return dict(h.remote.stats())
+
+    with _host(url, tmp_path / "a") as a:
+        assert a.put(key, b"one" * 100)
+    stats = replace("b", b"two" * 100)
+    assert stats.get("remote_puts") == 1 and not stats.get("remote_put_errors"), stats
+    with _host(url, tmp_path / "c") as c:
+        blob = c.get(key)
+        assert blob is not None and bytes(blob) == b"two" * 100
+    later = _to_version(server, prefix, [entry_name(key)])
+    stats = replace("d", b"three" * 100)
+    assert stats.get("remote_put_newer_format") == 1 and not stats.get("remote_puts"), stats
+    held = _objects(server, prefix)
+    assert {p: held.get(p) for p in later} == later
 
 
 def test_a_torch_xla_start_neither_fetches_nor_removes_later_entries(
-    s3: S3Server, tmp_path: Path
+    server: BucketServer, tmp_path: Path
 ) -> None:
     """A writing host's start meets the later release's entries its markers name: each a
     miss (a verdict of ``newer_format``, not garbage), none fetched, none removed, every
     marker left."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
-    _to_version(s3, prefix, [entry_name(_key(g)) for g in graphs])
-    before = _objects(s3, prefix)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
+    _to_version(server, prefix, [entry_name(_key(g)) for g in graphs])
+    before = _objects(server, prefix)
     with _host(url, tmp_path / "host") as host:
         assert _bucket_start.pull(host, _key) == 0
         skipped = dict(host.bucket().reader.skipped)
         assert host.stats()["newer_format"] >= 1
     assert REMOVED not in skipped, skipped
-    assert _objects(s3, prefix) == before
+    assert _objects(server, prefix) == before
 
 
 def test_a_prune_keeps_a_later_entrys_markers_and_prunes_it_by_lru_only(
-    s3: S3Server, tmp_path: Path
+    server: BucketServer, tmp_path: Path
 ) -> None:
     """A second marker beside a later entry's: the prune reads its header, cannot tell which
     is the real one, and keeps both (as past its reads); within the budget nothing of it
     goes. Over the budget, the LRU removes it as any entry, markers and all."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
     name = entry_name(_key(graphs[0]))
-    _to_version(s3, prefix, [name])
+    _to_version(server, prefix, [name])
     planted = f"{upkeep.MARKER_DIR}/{name}-7"
-    put_objects(bucket_client(s3, prefix), {planted: b""})
+    put_objects(bucket_client(server, prefix), {planted: b""})
     report = upkeep.Bucket(url).prune(max_size=10**9)
     assert report.markers_removed == 0, report
-    held = _objects(s3, prefix)
+    held = _objects(server, prefix)
     assert {f"{ENTRY_DIR}/{name}", planted, f"{upkeep.MARKER_DIR}/{name}-{graphs[0]}"} <= set(held)
     report = upkeep.Bucket(url).prune(max_size=1)
     assert report.removed == len(graphs), report
     assert not any(
-        p.startswith((f"{ENTRY_DIR}/", f"{upkeep.MARKER_DIR}/")) for p in _objects(s3, prefix)
+        p.startswith((f"{ENTRY_DIR}/", f"{upkeep.MARKER_DIR}/")) for p in _objects(server, prefix)
     )
 
 
-def test_a_later_layouts_objects_are_never_touched(s3: S3Server, tmp_path: Path) -> None:
+def test_a_later_layouts_objects_are_never_touched(server: BucketServer, tmp_path: Path) -> None:
     """Objects of a later layout below ``xla_pcache-2/`` (its budget, usage, state, records,
     markers, entries, lease): ``prune``, ``prune --untrusted``, ``stats`` and a start leave
     every one, and a later entry among this layout's entries is no junk either."""
-    prefix, url, graphs = _torch_xla_bucket(s3, tmp_path)
+    prefix, url, graphs = _torch_xla_bucket(server, tmp_path)
     later_layout = {
         "xla_pcache-2/config": b'{"format": 2, "max_size": 1}',
         "xla_pcache-2/usage": b"later usage",
@@ -132,8 +167,8 @@ def test_a_later_layouts_objects_are_never_touched(s3: S3Server, tmp_path: Path)
         f"xla_pcache-2/markers/{entry_name(_key(graphs[0]))}-{graphs[0]}-2": b"",
         f"xla_pcache-2/entries/{'0' * 32}": b"later entry",
     }
-    put_objects(bucket_client(s3, prefix), later_layout)
-    later_entry = _to_version(s3, prefix, [entry_name(_key(graphs[1]))])
+    put_objects(bucket_client(server, prefix), later_layout)
+    later_entry = _to_version(server, prefix, [entry_name(_key(graphs[1]))])
     untrusted = cli_here("prune", "--untrusted", "--path", url)
     assert untrusted.exit_code == 0, untrusted.output
     assert cli_here("stats", "--path", url).exit_code == 0
@@ -141,13 +176,13 @@ def test_a_later_layouts_objects_are_never_touched(s3: S3Server, tmp_path: Path)
     assert pruned.exit_code == 0, pruned.output
     with _host(url, tmp_path / "host") as host:
         assert _bucket_start.pull(host, _key) == len(graphs) - 1
-    held = _objects(s3, prefix)
+    held = _objects(server, prefix)
     assert {p: held.get(p) for p in later_layout} == later_layout
     assert {p: held.get(p) for p in later_entry} == later_entry
 
 
 def test_a_planted_later_object_blocks_no_signer_and_no_start_removes_it(
-    s3: S3Server, tmp_path: Path
+    server: BucketServer, tmp_path: Path
 ) -> None:
     """A writer of the bucket without a key plants objects of a made-up later format at a
     key's plain name and at a signer's own name. The signer's own name belongs to this
@@ -155,13 +190,13 @@ def test_a_planted_later_object_blocks_no_signer_and_no_start_removes_it(
     writing host's start leaves the planted plain object (a later release's for all it can
     tell, as an untrusted entry is another's): the prune's LRU removes it."""
     prefix = fresh_prefix()
-    url = s3.url(prefix)
+    url = server.url(prefix)
     seed = generate_signing_key()
     trusted = [("ci-1", signing_public_key(seed))]
     key = _key("4242")
     with _host(url, tmp_path / "scratch") as scratch:
         assert scratch.put(key, b"planted")
-    client = bucket_client(s3, prefix)
+    client = bucket_client(server, prefix)
     plain = f"{ENTRY_DIR}/{entry_name(key)}"
     fake = as_version(bytes(obstore.get(client, plain).bytes()), 9999)
     own = f"{ENTRY_DIR}/{signed_entry_name(key, 'ci-1')}"
@@ -177,22 +212,22 @@ def test_a_planted_later_object_blocks_no_signer_and_no_start_removes_it(
     with _host(url, tmp_path / "start") as start:
         assert _bucket_start.pull(start, _key) == 0
         assert REMOVED not in start.bucket().reader.skipped
-    assert _objects(s3, prefix)[plain] == fake
+    assert _objects(server, prefix)[plain] == fake
     report = upkeep.Bucket(url).prune(max_size=1)
-    assert report.removed >= 1 and plain not in _objects(s3, prefix)
+    assert report.removed >= 1 and plain not in _objects(server, prefix)
 
 
 @JAX_ONLY[0]
 @JAX_ONLY[1]
 def test_a_jax_host_compiles_what_a_later_release_keeps_and_leaves_it(
-    s3_server: S3Server, tmp_path: Path
+    bucket_server: BucketServer, tmp_path: Path
 ) -> None:
     """A JAX host fills the bucket; a later release's hosts rewrote every entry (the
     executables, their module records, the plan) in their format. A fresh host of this
     release misses, compiles the same results, and leaves every object as it was."""
     prefix = fresh_prefix()
-    url = s3_server.url(prefix)
-    env = {**s3_server.env(), "JAX_COMPILATION_CACHE_DIR": url}
+    url = bucket_server.url(prefix)
+    env = {**bucket_server.env(), "JAX_COMPILATION_CACHE_DIR": url}
 
     def host(name: str) -> dict[str, Any]:
         home = tmp_path / name
@@ -203,20 +238,26 @@ def test_a_jax_host_compiles_what_a_later_release_keeps_and_leaves_it(
 
     first = host("a")
     names = [
-        p.rpartition("/")[2] for p in _objects(s3_server, prefix) if p.startswith(f"{ENTRY_DIR}/")
+        p.rpartition("/")[2]
+        for p in _objects(bucket_server, prefix)
+        if p.startswith(f"{ENTRY_DIR}/")
     ]
     assert len(names) >= 2, names
-    _to_version(s3_server, prefix, names)
-    before = {p: b for p, b in _objects(s3_server, prefix).items() if p.startswith(f"{ENTRY_DIR}/")}
+    _to_version(bucket_server, prefix, names)
+    before = {
+        p: b for p, b in _objects(bucket_server, prefix).items() if p.startswith(f"{ENTRY_DIR}/")
+    }
     second = host("b")
     assert hits(second) == [0] and results(second) == results(first)
-    after = {p: b for p, b in _objects(s3_server, prefix).items() if p.startswith(f"{ENTRY_DIR}/")}
+    after = {
+        p: b for p, b in _objects(bucket_server, prefix).items() if p.startswith(f"{ENTRY_DIR}/")
+    }
     assert after == before
 
 
 @pytest.mark.torch_xla
 def test_a_torch_xla_host_compiles_what_a_later_release_keeps_and_leaves_it(
-    tmp_path: Path, s3_server: S3Server
+    tmp_path: Path, bucket_server: BucketServer
 ) -> None:
     """A torch_xla host fills the bucket; a later release rewrote its entry in its format. A
     fresh writing host of this release starts (its start neither fetches nor removes the
@@ -227,7 +268,7 @@ def test_a_torch_xla_host_compiles_what_a_later_release_keeps_and_leaves_it(
     from tests.torch_xla.helpers import PROGRAM, cold
 
     prefix = fresh_prefix()
-    url = s3_server.url(prefix)
+    url = bucket_server.url(prefix)
 
     def run(name: str) -> dict[str, Any]:
         home = tmp_path / name
@@ -242,7 +283,7 @@ def test_a_torch_xla_host_compiles_what_a_later_release_keeps_and_leaves_it(
                 TF_CPP_MIN_LOG_LEVEL="1",
                 XDG_CACHE_HOME=str(home),
                 XLA_PERSISTENT_CACHE_PATH=url,
-                **s3_server.env(),
+                **bucket_server.env(),
             ),
         )
         assert "Traceback" not in report["stderr"], report["stderr"][-4000:]
@@ -251,13 +292,15 @@ def test_a_torch_xla_host_compiles_what_a_later_release_keeps_and_leaves_it(
     first = run("a")
     cold(first)
     names = [
-        p.rpartition("/")[2] for p in _objects(s3_server, prefix) if p.startswith(f"{ENTRY_DIR}/")
+        p.rpartition("/")[2]
+        for p in _objects(bucket_server, prefix)
+        if p.startswith(f"{ENTRY_DIR}/")
     ]
     assert len(names) == 1, names
-    _to_version(s3_server, prefix, names)
+    _to_version(bucket_server, prefix, names)
     before = {
         p: b
-        for p, b in _objects(s3_server, prefix).items()
+        for p, b in _objects(bucket_server, prefix).items()
         if not p.startswith("xla_pcache-1/records/")
     }
     second = run("b")
@@ -265,7 +308,7 @@ def test_a_torch_xla_host_compiles_what_a_later_release_keeps_and_leaves_it(
     assert second["results"] == first["results"]
     after = {
         p: b
-        for p, b in _objects(s3_server, prefix).items()
+        for p, b in _objects(bucket_server, prefix).items()
         if not p.startswith("xla_pcache-1/records/")
     }
     assert after == before
