@@ -49,9 +49,10 @@ _START = r"""
 import json, sys, time
 from xla_pcache import open_store
 from xla_pcache.config import Settings
+from xla_pcache.torch_xla import _bucket_start
 s = open_store(sys.argv[1], Settings.from_env().replace(xdg_cache_home=sys.argv[2]))
 t = time.perf_counter()
-n = s.pull_torch_xla(lambda g: f"torch_xla/{g}")
+n = _bucket_start.pull(s, lambda g: f"torch_xla/{g}")
 print(json.dumps({"fetched": n, "s": time.perf_counter() - t}))
 s.close()
 """

@@ -73,10 +73,10 @@ class MemoryTier(tier_base.TierBase):
             self.reject("too_large", "over the limit")
             return None
         # As the Redis and object-store tiers: the header first, before the rest is taken.
-        if _core.entry_file_len(value[: tier_base.HEAD_BYTES], name) != len(value):
-            self.reject("rejected", "not a whole entry file")
-            return None
-        return value
+        refused, verdict = self.judge_head(
+            checked, value[: tier_base.HEAD_BYTES], len(value), whole=True
+        )
+        return verdict if refused else value
 
     def _write(self, name: Any, data: Any, *_: Any) -> None:
         MEMORY[str(name)] = bytes(data)
@@ -87,8 +87,9 @@ class MemoryTier(tier_base.TierBase):
 def _install_memory_tier() -> str:
     opened = tier_chain._open_one
 
-    def open_one(url: str, *args: Any, **kwargs: Any) -> Any:
-        if url.startswith("mem://"):
+    def open_one(url: Any, *args: Any, **kwargs: Any) -> Any:
+        # The chain hands over each URL parsed (a TierURL).
+        if str(getattr(url, "text", url)).startswith("mem://"):
             return MemoryTier()
         return opened(url, *args, **kwargs)
 

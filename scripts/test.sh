@@ -51,6 +51,7 @@ TORCH_XLA_TESTS=(
   tests/torch_xla/test_torch_xla_signing.py tests/torch_xla/test_explain_torch_xla.py
   tests/torch_xla/test_torch_xla_trust.py tests/torch_xla/test_torch_xla_builds.py
   tests/bucket/test_bucket.py::test_torch_xla_serves_a_fresh_host_from_the_bucket
+  tests/bucket/test_newer_format_bucket.py::test_a_torch_xla_host_compiles_what_a_later_release_keeps_and_leaves_it
 )
 # The files holding only torch_xla tests (the main run leaves them out, and the torch_xla
 # tests of other files by their mark), and the torch_xla tests of the newest version.

@@ -12,7 +12,7 @@ variables, ``XDG_CACHE_HOME`` of its host, an empty working directory of its own
 
 - through ``xla_pcache.open_store("s3://...")``: puts (a writer's exit record, and its
   prune when the bucket looks past its budget), gets, torch_xla entries and their markers,
-  a torch_xla host start (``BucketStore.pull_torch_xla``, driven directly);
+  a torch_xla host start (``torch_xla._bucket_start.pull``, driven directly);
 - the command: ``xla-pcache stats``, ``prune`` (with and without ``--untrusted``) and
   ``config`` with ``--path s3://...``;
 - the same as read-only hosts (``?ro=1`` on the URL, ``XLA_PERSISTENT_CACHE_READ_ONLY=1``,
@@ -67,12 +67,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xla_pcache import bucket as xbucket
 from xla_pcache import entry_name
-from xla_pcache.bucket import marker_listing, prune_markers, prune_reach, torch_xla_garbage, upkeep
+from xla_pcache.bucket import marker_listing, prune_markers, prune_reach, upkeep
 from xla_pcache.bucket import reader as br
 from xla_pcache.bucket.objects import SQUAT_REMOVALS
 from xla_pcache.tiers import objstore
+from xla_pcache.torch_xla import _bucket_garbage, _bucket_start
 
 from tests.floods import FLOODS, Scene, when
 from tests.fuzz_children import (
@@ -278,18 +278,18 @@ def writer_bound(c: Census, puts: int, marks: int, gets: int, extra: int) -> Cou
 
 
 def start_bound(c: Census, extra: int = 0, *, read_only: bool = False) -> Counter[str]:
-    """A torch_xla host start (``BucketStore.pull_torch_xla``): one listing of at most
-    ``bucket.PULL_MARKERS`` objects under ``torch_xla/``; when it cannot follow them blindly,
-    a listing of at most ``bucket.PULL_ENTRIES`` objects under ``entries/`` and at most
+    """A torch_xla host start (``torch_xla._bucket_start.pull``): one listing of at most
+    ``_bucket_start.PULL_MARKERS`` objects under ``torch_xla/``; when it cannot follow them blindly,
+    a listing of at most ``_bucket_start.PULL_ENTRIES`` objects under ``entries/`` and at most
     ``marker_listing.MARKER_PAGES`` pages of the markers of those entries (with the refused
-    keys and recoveries of one listing among them); at most ``bucket.PULL_FETCHES``
+    keys and recoveries of one listing among them); at most ``_bucket_start.PULL_FETCHES``
     fetches, of the markers' entries and of entries asked for by name (their markers
     crowded out or hidden: a ranged read of each one's first bytes before its fetch); a
-    writing host's start removes at most ``torch_xla_garbage.PULL_REMOVALS`` objects it
+    writing host's start removes at most ``_bucket_garbage.PULL_REMOVALS`` objects it
     proved garbage (a request each), a read-only one none. ``extra``: the markers and
     entries writers beside it may add meanwhile."""
     marked = c.listed["torch_xla"] + extra
-    by_name = min(c.listed["entries"] + extra, xbucket.PULL_FETCHES)
+    by_name = min(c.listed["entries"] + extra, _bucket_start.PULL_FETCHES)
     refused = c.refused["torch_xla"]
     zigzag = (
         marker_listing.MARKER_PAGES
@@ -297,12 +297,12 @@ def start_bound(c: Census, extra: int = 0, *, read_only: bool = False) -> Counte
         + (br.MAX_RECOVERIES * br.RECOVERY_LISTS if refused else 0)
     )
     return Counter(
-        list=c.lists("torch_xla", extra, limit=xbucket.PULL_MARKERS)
-        + c.lists("entries", extra, limit=xbucket.PULL_ENTRIES)
+        list=c.lists("torch_xla", extra, limit=_bucket_start.PULL_MARKERS)
+        + c.lists("entries", extra, limit=_bucket_start.PULL_ENTRIES)
         + zigzag,
         head=br.HEADS_PER_REFUSED * (2 * refused + c.refused["entries"]),
-        get=min(marked + by_name, xbucket.PULL_FETCHES) * fetches(c) + by_name,
-        delete=0 if read_only else min(marked + by_name, torch_xla_garbage.PULL_REMOVALS),
+        get=min(marked + by_name, _bucket_start.PULL_FETCHES) * fetches(c) + by_name,
+        delete=0 if read_only else min(marked + by_name, _bucket_garbage.PULL_REMOVALS),
     )
 
 
@@ -422,6 +422,7 @@ _HOST_CHILD = (
 import random
 from xla_pcache import open_store
 from xla_pcache.config import Settings
+from xla_pcache.torch_xla import _bucket_start
 rng = random.Random(args["seed"])
 s = open_store(args["url"], Settings.from_env())
 op = args["op"]
@@ -430,13 +431,13 @@ if op in ("put", "put_torch_xla"):
     for key, size, graph in args["puts"]:
         out["stored"] += bool(s.put(key, rng.randbytes(size)))
         if graph is not None:
-            s.mark_torch_xla(key, graph)
+            s.mark(key, graph)
         if rng.random() < 0.3:
             out["hits"] += s.get(rng.choice(args["keys"])) is not None
 elif op == "get":
     out["hits"] = sum(s.get(k) is not None for k in args["keys"])
 elif op == "torch_xla_start":
-    out["fetched"] = s.pull_torch_xla(lambda g: f"torch_xla/{g}")
+    out["fetched"] = _bucket_start.pull(s, lambda g: f"torch_xla/{g}")
 tier = s._bucket_tier(open_it=False)
 recorder = s._recorder
 s.close()
@@ -895,7 +896,7 @@ class Harness:
                 upkeep.STATE,
                 f"{objstore.ENTRY_DIR}/{r.choice(self.names(1, 0.8))}",
                 f"{objstore.CLAIM_DIR}/{self.names(1)[0]}",
-                f"{upkeep.TORCH_XLA_DIR}/{self.names(1)[0]}-{r.randint(1, 10**6)}",
+                f"{upkeep.MARKER_DIR}/{self.names(1)[0]}-{r.randint(1, 10**6)}",
                 self.record_name(),
             ]
         )
@@ -1043,12 +1044,12 @@ class Harness:
         r = self.rng
         n = self.count(4000)
         graphs = [str(r.randint(1, 10**30)) for _ in range(n)]
-        items = {f"{upkeep.TORCH_XLA_DIR}/{entry_name(f'torch_xla/{g}')}-{g}": b"" for g in graphs}
+        items = {f"{upkeep.MARKER_DIR}/{entry_name(f'torch_xla/{g}')}-{g}": b"" for g in graphs}
         for _ in range(r.randint(0, 5)):
-            items[f"{upkeep.TORCH_XLA_DIR}/{self.segment()}"] = b"junk"
+            items[f"{upkeep.MARKER_DIR}/{self.segment()}"] = b"junk"
         if self.graphs and r.random() < 0.5:
             g = r.choice(self.graphs)
-            items[f"{upkeep.TORCH_XLA_DIR}/{entry_name(f'torch_xla/{g}')}-{g}9"] = b""
+            items[f"{upkeep.MARKER_DIR}/{entry_name(f'torch_xla/{g}')}-{g}9"] = b""
         # Garbage at the entries of some: a start fetches them and refuses each.
         for g in graphs[: r.randint(0, 5)]:
             items[f"{objstore.ENTRY_DIR}/{entry_name(f'torch_xla/{g}')}"] = r.randbytes(200)

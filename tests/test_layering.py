@@ -55,7 +55,6 @@ LEVELS = {
     "_closing": 0,
     # Leaves the store and the tools use: the remote tiers (one package), bundles, metrics.
     "tiers.base": 1,
-    "tiers.refused": 1,
     "tiers.read_only": 1,
     # A file: URL as a cache path: the directory it names (its options parsed as a tier's).
     "_file_url": 1,
@@ -67,7 +66,7 @@ LEVELS = {
     # the requests, the one reader and its listings, the budget, a use record, the prune
     # lease, what a prune reads, what a prune cut short reaches by name and the prune, under
     # the one door, ``bucket.upkeep.Bucket``; the hosts' records of their uses; the markers a
-    # torch_xla host start lists.
+    # host start lists. It names no framework (see the test below).
     "bucket.listing": 1,
     "bucket.reader": 1,
     "bucket.layout": 1,
@@ -78,7 +77,6 @@ LEVELS = {
     "bucket.prune_fold": 1,
     "bucket.prune_reach": 1,
     "bucket.prune_markers": 1,
-    "bucket.entry_head": 1,
     "bucket.prune": 1,
     "bucket.marker_listing": 1,
     "bucket.upkeep": 1,
@@ -89,8 +87,6 @@ LEVELS = {
     # A bucket as the cache path: its host-local store, over the store (the package's
     # ``__init__`` names it).
     "bucket.store": 2,
-    "bucket.torch_xla_garbage": 2,
-    "bucket.torch_xla_pull": 2,
     "bucket": 2,
     # A cache path routed, and the one door to its store (a directory's or a bucket's).
     "cache_path": 2,
@@ -130,6 +126,10 @@ LEVELS = {
     "torch_xla._runtime": 4,
     "torch_xla._environment": 4,
     "torch_xla._serve": 4,
+    # torch_xla's start on a bucket path (what it fetches, in what order) and what it
+    # removes of the garbage it proved, through the bucket's typed BucketStore.
+    "torch_xla._bucket_start": 4,
+    "torch_xla._bucket_garbage": 4,
     "torch_xla._cache": 4,
     # The host mirror (torch_xla's directory kept in step with the store) and its parts:
     # file names and keys, counters, the host's directories, store -> pool, the view,
@@ -306,6 +306,81 @@ def test_the_tier_check_sees_a_tier_importing_the_bucket() -> None:
     graph = {"tiers.chain": {"bucket.upkeep", "tiers.base"}, "bucket.upkeep": {"tiers"}}
     assert _tier_modules_importing_the_bucket(graph) == ["tiers.chain imports bucket.upkeep"]
     assert _tier_modules_importing_the_bucket({"tiers": {"bucket"}}) == ["tiers imports bucket"]
+
+
+# The framework adapters (``xla_pcache.jax``, ``xla_pcache.torch_xla``), and the frameworks
+# they adapt, which the bucket and the tiers serve without knowing: neither imports nor
+# names one. What is checked is code, not prose: an import (absolute, from the package, or of
+# the framework), a name or attribute ``jax`` / ``torch_xla``, a string naming a module of
+# either (``importlib.import_module``, ``sys.modules[...]``). The bucket's object names are
+# data (its markers' directory keeps the name the buckets that hold markers have).
+ADAPTERS = ("jax", "torch_xla")
+NEUTRAL = ("bucket", "tiers")
+
+
+def _adapter_named(tree: ast.AST) -> list[int]:
+    """The lines of ``tree`` that import or name an adapter or its framework."""
+    prose = _docstrings(tree)
+
+    def adapter(dotted: str) -> bool:
+        head, _, rest = dotted.partition(".")
+        if head == "xla_pcache":
+            head = rest.partition(".")[0]
+        return head in ADAPTERS
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            lines += [node.lineno for a in node.names if adapter(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if adapter(node.module) or (
+                node.module == "xla_pcache" and any(a.name in ADAPTERS for a in node.names)
+            ):
+                lines.append(node.lineno)
+        elif (
+            (isinstance(node, ast.Name) and node.id in ADAPTERS)
+            or (isinstance(node, ast.Attribute) and node.attr in ADAPTERS)
+            or (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in prose
+                and (
+                    node.value in ADAPTERS
+                    or (node.value.startswith("xla_pcache.") and adapter(node.value))
+                )
+            )
+        ):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_no_bucket_or_tier_module_names_an_adapter() -> None:
+    found = {
+        here: lines
+        for here, path in _modules().items()
+        if here.partition(".")[0] in NEUTRAL
+        and (lines := _adapter_named(ast.parse(path.read_text())))
+    }
+    assert not found, f"the bucket and the tiers know no framework: {found}"
+    # The checker sees what an adapter names of itself.
+    assert _adapter_named(ast.parse(_modules()["torch_xla._serve"].read_text()))
+
+
+def test_the_adapter_checker_sees_namings() -> None:
+    tree = ast.parse(
+        '"""Serves torch_xla and jax alike."""\n'
+        "import xla_pcache.torch_xla\n"
+        "from xla_pcache import jax\n"
+        "from xla_pcache.torch_xla._keys import KEY_PREFIX\n"
+        "import torch_xla.core.xla_model\n"
+        'm = importlib.import_module("xla_pcache.jax._plan")\n'
+        "n = xla_pcache.torch_xla\n"
+        'o = sys.modules["jax"]\n'
+        "def f():\n    from jax import numpy\n"
+        'p = f"{ROOT}/torch_xla"\n'
+        "from xla_pcache import bucket, tiers\n"
+    )
+    assert _adapter_named(tree) == [2, 3, 4, 5, 6, 7, 8, 10]
 
 
 def _rooms(graph: dict[str, set[str]]) -> dict[str, set[str]]:

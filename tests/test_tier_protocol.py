@@ -24,7 +24,7 @@ class _Recording:
     def get(self, name: str, *, max_bytes: int | None = None, spool: Any = None) -> Any:
         return self.values.get(name)
 
-    def put_async(self, name: str, data: Any, *, replace: bool = False) -> None:
+    def put_async(self, name: str, data: Any, *, replace: bool = False, own: bool = False) -> None:
         self.puts.append((name, bytes(data), replace))
         self.values[name] = bytes(data)
 

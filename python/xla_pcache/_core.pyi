@@ -18,6 +18,8 @@ FORMAT_VERSION: int
 MAX_DURATION_S: float
 # The largest byte size (a budget) the core takes: 2^63-1.
 MAX_SIZE: int
+# No object smaller than this holds an entry file of any format (a fixed header, a key byte).
+ENTRY_MIN_BYTES: int
 # The core's defaults of Store()'s durations (seconds), by argument name: what None means.
 STORE_DEFAULTS: dict[str, float]
 # The counters the core keeps per remote tier, in its order.
@@ -69,15 +71,40 @@ class Blob:
         """True when the payload is memory-mapped, False when it was read into memory."""
 
 @final
+class Refusal:
+    """Why the core does not take an entry file, or an object by its first bytes: its
+    verdict, handed to whoever fetched or received the file (made by the core only)."""
+
+    @property
+    def kind(self) -> Literal["corrupt", "untrusted", "other_key", "newer_format"]:
+        """``corrupt`` (a checksum, the length or the header does not check out),
+        ``untrusted`` (whole, but not signed by a key the store trusts), ``other_key`` (an
+        entry of another key than its name's) or ``newer_format`` (a later release's
+        entry: a miss, never removed as damage)."""
+    @property
+    def why(self) -> str:
+        """The verdict for people."""
+    @property
+    def version(self) -> int | None:
+        """The later release's format version (``newer_format`` only)."""
+    @property
+    def garbage(self) -> bool:
+        """Whether it proves the object no entry of its name for any reader of any release
+        (``corrupt`` or ``other_key``): what a writer may remove."""
+
+@final
 class Accept:
     """What a fetch after a local miss hands each remote value to, for one key: the store's
     one gate (the whole entry file verified, trust included) and, for the first value it
     takes, the local publish (unless read-only). Made by the store only."""
-    def __call__(self, value: Buffer | Sequence[Buffer] | _Spooled) -> tuple[str, ...] | None:
-        """None for a value it refuses; else the names the tiers before the one that
-        answered are backfilled under (none for a read-only store). ``value``: a buffer, its
-        pieces in order, or a file it was spooled to (read from its start). Once it took a
-        value it takes no other."""
+    def __call__(
+        self, value: Buffer | Sequence[Buffer] | _Spooled
+    ) -> tuple[str, ...] | Refusal | None:
+        """For a value it takes, the names the tiers before the one that answered are
+        backfilled under (none for a read-only store); for one it refuses, the core's
+        verdict; None for one it could not read (proves nothing), and for any once it took
+        one. ``value``: a buffer, its pieces in order, or a file it was spooled to (read
+        from its start)."""
 
 class _Spooled(Protocol):
     fd: int
@@ -94,10 +121,17 @@ class Hasher:
 def hash_key(*parts: Key | Buffer) -> str:
     """xxh3-128 hex digest of the concatenated parts, each length-prefixed."""
 
-def entry_file_len(head: Buffer, name: str) -> int | None:
-    """The whole length of the entry file whose first bytes are ``head``, when they hold a
-    verifying header filed under entry name ``name`` (the key's plain name, or for a signed
-    entry its signer's own name, ``signed_entry_name``); None otherwise."""
+def entry_head_check(head: Buffer, name: str, size: int) -> Refusal | None:
+    """The core's verdict on the first bytes ``head`` of an object of ``size`` bytes held
+    under entry name ``name``: None when they hold the whole, verifying header of an entry
+    filed under that name (the key's plain name, or for a signed entry its signer's own
+    name, ``signed_entry_name``) whose file is ``size`` bytes long; else why not (a later
+    release's entry is ``newer_format``, never ``garbage``)."""
+
+def entry_head_key(head: Buffer) -> Key | Refusal:
+    """The key an entry file's first bytes ``head`` name (str for a text key), read
+    untrusted for a caller to fetch and verify whole under it; the core's ``Refusal`` when
+    they name none (``newer_format`` for a later release's entry)."""
 
 def signed_entry_name(key: Key, signer: str) -> str:
     """The name (32 hex digits) of ``signer``'s own copy of ``key``'s entry, beside its plain
@@ -315,6 +349,10 @@ class Store:
     def count_other_build(self) -> None:
         """Count a miss (already counted by its ``get``) of a key that another build of the
         framework's runtime has an entry for (``other_build`` in ``stats``)."""
+    def count_newer_format(self, version: int) -> None:
+        """Count a later release's entry (format ``version``) that a remote tier holds,
+        refused after its first bytes (``entry_head_check``), as a lookup here counts one:
+        ``newer_format`` in ``stats``, one warning naming the version."""
     def count_build_rehash(self) -> None:
         """Count a process start that hashed its runtime's binaries with no record to keep
         their identities in (``build_rehashes`` in ``stats``)."""
@@ -339,10 +377,11 @@ class Store:
         the entry under; the entry file as written; whether the tiers' plain object is
         overwritten: ``_put_replacing``). Exceptions they raise are logged, never the
         caller's."""
-    def _fetch(self, key: Key) -> Blob | None:
+    def _fetch(self, key: Key) -> tuple[Blob | None, object]:
         """Ask the tiers for ``key`` as a local miss does, without looking in the directory
-        or counting a miss: their verified entry (published here unless read-only), or
-        None, also without a chain."""
+        or counting a miss: their verified entry (published here unless read-only) or None,
+        and what the chain's fetch returned (``tiers.Fetched``: what each tier refused, with
+        the core's verdict), None also without a chain."""
     def put(
         self, key: Key, value: Buffer, *, meta: dict[str, str] | None = None, sign: bool = True
     ) -> bool:
@@ -382,10 +421,6 @@ class Store:
         of ``key`` that ``get_entry_file`` would hand out, filed correctly there (its key's
         plain name or its signer's own); None otherwise. ValueError naming ``name`` for what
         is not an entry name."""
-    def refusal(self, key: Key, data: Buffer) -> tuple[str, str] | None:
-        """Why this store would not take the whole entry file ``data`` for ``key``: (kind,
-        why), kind ``"corrupt"``, ``"untrusted"`` or ``"other_key"``; None when it would.
-        Writes and counts nothing."""
     def verify_entry_file(self, key: Key, data: Buffer) -> Blob | None:
         """Verify a whole entry file in memory (header, length, checksum, key) and return its
         payload as a Blob without writing anything; None if it does not verify."""
@@ -403,9 +438,10 @@ class Store:
         followed in any component, as a descriptor the caller owns: where a tier streams a
         large entry file before ``Accept`` reads it. ``CacheError`` when tmp/ cannot be used
         (not a real directory inside the cache: counted and warned of)."""
-    def put_entry_file(self, key: Key, data: Buffer) -> bool | None:
-        """Publish a whole entry file after verifying it (header, length, checksum, key);
-        None if it does not verify (nothing written), else what ``put`` returns."""
+    def put_entry_file(self, key: Key, data: Buffer) -> bool | Refusal:
+        """Publish a whole entry file after verifying it (header, length, checksum, key):
+        what ``put`` returns, or the core's ``Refusal`` when it does not verify (nothing
+        written)."""
     def claim(self, key: Key, wait: float) -> Claim:
         """Claim ``key`` for compiling, or wait up to ``wait`` seconds for another process's
         claim on it to end (read-only stores only wait). ``claim_lease`` seconds without a
@@ -422,8 +458,10 @@ class Store:
         entry file, or the store is read-only (it records no use)."""
     def delete(self, key: Key) -> bool:
         """Remove the entry (two-phase: moved to trash first). ReadOnlyError if read-only."""
-    def clear(self) -> int:
-        """Remove every entry; returns how many were removed. ReadOnlyError if read-only."""
+    def clear(self, *, all: bool = False) -> int:
+        """Remove every entry but those of a later release's format (which stay indexed:
+        budgeted, evicted by LRU), or with ``all`` those too; returns how many were removed.
+        ReadOnlyError if read-only."""
     def __len__(self) -> int: ...
     def keys(self) -> list[Key]: ...
     def entries(self, shard: str | None = None) -> list[Entry]:
@@ -461,7 +499,9 @@ class Store:
         prefetch_plans_refused; build_rehashes (process starts that hashed the runtime's
         binaries with no record to keep their identities in: ``count_build_rehash``);
         compiling ahead's (``add_prefetch_counters`` too): prefetch_compiled,
-        prefetch_compiled_used and prefetch_modules_refused; plus hit_rate, entries, bytes
+        prefetch_compiled_used and prefetch_modules_refused; newer_format (lookups that met
+        an entry of a later release's format, locally or in a tier, each a miss, never
+        removed); plus hit_rate, entries, bytes
         (on disk), max_size, max_age_s, processes, path, filesystem, read_only, mmap_reads,
         view_age_s (seconds since the journal folded longest ago was last read to its end;
         None if unknown) and view_fresh
@@ -499,7 +539,8 @@ class Store:
         """Walk every file; report corrupt, foreign (orphaned), unindexed and dangling index
         records and stale temp/trash files; repair if asked. ``progress(done, total)`` is
         called as files are checked. Returns {"entries", "bytes", "corrupt": [paths],
-        "foreign": [paths], "unindexed", "dangling", "stale_tmp", "stale_trash", "problems",
+        "foreign": [paths], "newer_format": [paths of a later release's entries: indexed,
+        never removed], "unindexed", "dangling", "stale_tmp", "stale_trash", "problems",
         "repaired", "interrupted", "skipped_files": [entries or index files it could not
         read, and paths that are not real directories inside the cache, with why]}. Ctrl-C
         (or a ``progress`` that raises) stops it after the file it is at, and the exception

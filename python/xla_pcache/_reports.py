@@ -101,6 +101,9 @@ class Stats(TypedDict):
     prefetch_compiled: int
     prefetch_compiled_used: int
     prefetch_modules_refused: int
+    # Lookups that met an entry of a later release's format, in the directory or a tier
+    # (each a miss; the entry is left for that release).
+    newer_format: int
     hit_rate: float | None
     entries: int
     bytes: int
@@ -159,6 +162,8 @@ class VerifyReport(TypedDict):
     bytes: int
     corrupt: list[str]
     foreign: list[str]
+    # Entries of a later release's format: indexed (budgeted), never removed by a repair.
+    newer_format: list[str]
     unindexed: int
     dangling: int
     stale_tmp: int

@@ -67,6 +67,9 @@ class ImportReport:
     # Whole entries a store with trusted keys does not take (unsigned, or signed by a key it
     # does not trust): counted, not ``rejected``: nothing in the bundle was damaged.
     untrusted: int = 0
+    # Entries of a later release's format, which this release cannot read: counted, not
+    # ``rejected`` (nothing was damaged), and not imported (that release imports them).
+    newer_format: int = 0
 
 
 def export_bundle(
@@ -223,6 +226,8 @@ def import_bundle(
                         report.rejected += 1
                     elif outcome == "untrusted":
                         report.untrusted += 1
+                    elif outcome == "newer_format":
+                        report.newer_format += 1
                     elif outcome == "oversized":
                         report.rejected += 1
                         report.oversized += 1
@@ -314,11 +319,10 @@ def _import_member(
     if store.trusted_key_names is None and key in store:
         return "present"
     # Verified with the signature kept; a trusting store refuses (and counts `untrusted`)
-    # what it would not serve.
+    # what it would not serve, and says why.
     outcome = store.put_entry_file(key, data)
-    if outcome is None:
-        why = store.refusal(key, data)
-        return "untrusted" if why is not None and why[0] == "untrusted" else "rejected"
+    if isinstance(outcome, _core.Refusal):
+        return outcome.kind if outcome.kind in ("untrusted", "newer_format") else "rejected"
     return "imported" if outcome else "present"
 
 

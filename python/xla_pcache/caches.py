@@ -288,7 +288,8 @@ class PersistentCache(ComputationCache[T], Closing):
         return removed
 
     def clear(self) -> None:
-        """Forget every object in memory and, unless read-only, delete every stored entry."""
+        """Forget every object in memory and, unless read-only, delete every stored entry
+        (but a later release's, which that release reads: ``Store.clear``)."""
         self._memory.clear()
         if not self.read_only:
             self._store.clear()

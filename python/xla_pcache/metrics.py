@@ -41,6 +41,7 @@ _COUNTER_HELP: tuple[tuple[str, str], ...] = (
     ("evictions", "Entries evicted."),
     ("evicted_bytes", "Disk bytes freed by eviction."),
     ("corrupt", "Entries found corrupt (each also a miss)."),
+    ("newer_format", "Lookups that met a later release's entry (each also a miss, left alone)."),
     ("errors", "I/O failures treated as misses or skipped writes."),
     ("too_large", "Values over the budget, not stored."),
     ("puts_refused", "Puts refused: over budget, no room made in time."),

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from xla_pcache._reports import EvictReport, Stats
     from xla_pcache.bundle import ImportReport
-    from xla_pcache.tiers import Chain, Spooled, TierURL
+    from xla_pcache.tiers import Chain, Fetch, Spooled, TierURL
 
 log = package_logger("xla_pcache")
 
@@ -293,17 +293,21 @@ class Store(_core.Store):
                     )
         return self._chain
 
-    def _chain_fetch(self, names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
+    def _chain_fetch(
+        self, names: list[str], max_bytes: int | None, accept: _core.Accept
+    ) -> Fetch | None:
         """After a local miss: the tiers' values for ``names`` (the core's candidate names
         for the key, in its order: an object squatting the plain name hides no trusted
         entry), each handed to ``accept``, the core's gate, which verifies it, publishes the
-        first it takes (unless read-only) and hands it to ``get``."""
+        first it takes (unless read-only) and hands it to ``get``. What the fetch found (the
+        core's verdict on each value refused), or None without a chain."""
         chain = self._open_chain()
-        if chain is not None:
-            # What a tier holds is untrusted: never accepted past this store's budget
-            # (``max_bytes``), and a large one is streamed to an unnamed file the core opens
-            # under this cache's tmp/ (beneath the root, no link followed).
-            chain.fetch(names, accept, max_bytes=max_bytes, spool=self._spool)
+        if chain is None:
+            return None
+        # What a tier holds is untrusted: never accepted past this store's budget
+        # (``max_bytes``), and a large one is streamed to an unnamed file the core opens
+        # under this cache's tmp/ (beneath the root, no link followed).
+        return chain.fetch(names, accept, max_bytes=max_bytes, spool=self._spool)
 
     def _spool(self) -> Spooled:
         from xla_pcache.tiers import Spooled
@@ -451,10 +455,11 @@ def _chain_hooks(store: Store) -> tuple[Any, Any]:
     ``_set_chain``), holding the store weakly."""
     ref = weakref.ref(store)
 
-    def fetch_from_chain(names: list[str], max_bytes: int | None, accept: _core.Accept) -> None:
+    def fetch_from_chain(
+        names: list[str], max_bytes: int | None, accept: _core.Accept
+    ) -> Fetch | None:
         s = ref()
-        if s is not None:
-            s._chain_fetch(names, max_bytes, accept)
+        return None if s is None else s._chain_fetch(names, max_bytes, accept)
 
     def on_publish(names: list[str], data: bytes, replace: bool) -> None:
         s = ref()

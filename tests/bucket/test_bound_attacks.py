@@ -1,6 +1,6 @@
 """Attacks on the newest bounds, as a writer of the bucket without a key would make them:
 a prune cut short that reaches entries by name (``bucket/prune_reach.py``) and a torch_xla
-host start (``bucket/torch_xla_pull.py``), on a real S3 service (SeaweedFS on loopback)
+host start (``torch_xla/_bucket_start.py``), on a real S3 service (SeaweedFS on loopback)
 behind the tests' relay."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 import obstore
 import pytest
 from xla_pcache import entry_name, open_store
-from xla_pcache.bucket import prune_reach, torch_xla_pull, upkeep
+from xla_pcache.bucket import prune_reach, upkeep
 from xla_pcache.bucket.reader import MAX_USE_RECORD
 from xla_pcache.config import Settings
+from xla_pcache.torch_xla import _bucket_start
 
 from tests.bucket.bucket_plants import (
     ENTRIES,
@@ -104,7 +105,7 @@ def test_valid_entries_of_made_up_graphs_newest_take_no_start_from_the_real_ones
     the fetches (32, all planted), and the other 32 are drawn from the 32 planted left and
     the 20 real: none of them real has the chance 1 / C(52, 20), about 8e-15 (about 12 are
     real, on average)."""
-    monkeypatch.setattr(torch_xla_pull, "PULL_FETCHES", 64)
+    monkeypatch.setattr(_bucket_start, "PULL_FETCHES", 64)
     prefix, url, _ = _torch_xla_bucket(server, tmp_path)
     _valid_made_up(url, tmp_path, relay, prefix, 64)
     fetched, wire, skipped = _start(url, tmp_path / "host", relay)

@@ -525,7 +525,7 @@ def test_a_write_at_interpreter_exit_is_made_not_dropped(
     tier = store._bucket_tier()
     tier._writer.shutdown(wait=True)  # as threading's exit hook leaves it
     assert store.put("k", b"v" * 100)
-    store.mark_torch_xla("torch_xla/123", "123")
+    store.mark("torch_xla/123", "123")
     assert _under(_objects(server, prefix), "entries") == [
         f"xla_pcache-1/entries/{entry_name('k')}"
     ]
@@ -570,7 +570,7 @@ def test_torch_xla_serves_a_fresh_host_from_the_bucket(
     relay = Relay(bucket_server)
     try:
         prefix = url.split("/", 3)[3]
-        relay.plant_many(f"{prefix}/{upkeep.TORCH_XLA_DIR}/!{i:08d}" for i in range(10_000))
+        relay.plant_many(f"{prefix}/{upkeep.MARKER_DIR}/!{i:08d}" for i in range(10_000))
         second = run(
             {"init": [url, False], "graphs": ["add"]}, bucket_server.point_at(relay.endpoint), "b"
         )

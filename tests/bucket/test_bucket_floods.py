@@ -24,6 +24,7 @@ from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.reader import LIST_PAGE, list_requests_bound
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.torch_xla import _bucket_start
 
 from tests.helpers import cli_here
 from tests.tiers.relay import Relay
@@ -173,7 +174,7 @@ def _torch_xla_bucket(server: BucketServer, tmp_path: Path) -> tuple[str, str, l
         assert isinstance(w, bucket.BucketStore)
         for g in graphs:
             assert w.put(_key(g), b"graph" * 100)
-            w.mark_torch_xla(_key(g), g)
+            w.mark(_key(g), g)
     return prefix, url, graphs
 
 
@@ -182,12 +183,12 @@ def _start(url: str, home: Path, relay: Relay) -> tuple[int, dict[str, int]]:
     relay.take()
     with open_store(url, settings=Settings.from_env().replace(xdg_cache_home=str(home))) as s:
         assert isinstance(s, bucket.BucketStore)
-        n = s.pull_torch_xla(_key)
+        n = _bucket_start.pull(s, _key)
     return n, relay.take()
 
 
 def _markers(prefix: str) -> str:
-    return f"{prefix}/{upkeep.TORCH_XLA_DIR}"
+    return f"{prefix}/{upkeep.MARKER_DIR}"
 
 
 # Newer than anything a test writes in this session, however long it runs (a date a few
@@ -252,7 +253,7 @@ def test_markers_planted_under_a_real_entrys_name_are_pruned_and_crowd_out_nothi
     report = upkeep.Bucket(url).prune(max_size=10**9)
     assert report.pruned and report.markers_removed == FLOOD, report
     assert not relay.planted
-    markers = obstore.list(bucket_client(server, prefix), upkeep.TORCH_XLA_DIR).collect()
+    markers = obstore.list(bucket_client(server, prefix), upkeep.MARKER_DIR).collect()
     assert len(markers) == GRAPHS
     fetched, wire = _start(url, tmp_path / "two", relay)
     assert fetched == GRAPHS and wire["list"] == 1, wire
@@ -269,9 +270,7 @@ def test_a_marker_planted_before_its_entry_is_pruned(
     relay.plant(f"{_markers(prefix)}/{name}-1", when=early)
     report = upkeep.Bucket(url).prune(max_size=10**9)
     assert report.markers_removed == 1 and not relay.planted, report
-    assert (
-        len(obstore.list(bucket_client(server, prefix), upkeep.TORCH_XLA_DIR).collect()) == GRAPHS
-    )
+    assert len(obstore.list(bucket_client(server, prefix), upkeep.MARKER_DIR).collect()) == GRAPHS
 
 
 def test_a_flood_under_entries_still_leaves_a_host_its_entries(
@@ -290,7 +289,7 @@ def test_a_flood_under_entries_still_leaves_a_host_its_entries(
         when=NEWER,
     )
     fetched, wire = _start(url, tmp_path / "host", relay)
-    assert fetched == GRAPHS and wire["get"] <= GRAPHS + 2 * bucket.PULL_MISSES, wire
+    assert fetched == GRAPHS and wire["get"] <= GRAPHS + 2 * _bucket_start.PULL_MISSES, wire
     assert wire["list"] <= list_requests_bound(GRAPHS + FLOOD, GRAPHS) + 2 * (
         1 + 100 // LIST_PAGE
     ), wire
@@ -355,7 +354,7 @@ def test_garbage_planted_with_markers_newer_than_the_real_ones_stops_no_start(
     relay.plant_many([f"{_markers(prefix)}/{entry_name(_key(g))}-{g}" for g in fakes], when=NEWER)
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
-    assert wire["get"] <= GRAPHS + 2 * bucket.PULL_MISSES, wire
+    assert wire["get"] <= GRAPHS + 2 * _bucket_start.PULL_MISSES, wire
 
 
 def test_writers_do_not_all_prune_again_when_the_size_cannot_be_told(
@@ -411,7 +410,7 @@ def test_objects_planted_before_every_entry_and_marker_crowd_out_no_start(
     objects that are no name of ours are now jumped over (a page a run), in both
     listings."""
     prefix, url, _ = _torch_xla_bucket(server, tmp_path)
-    entries = 100_001  # past bucket.PULL_ENTRIES
+    entries = 100_001  # past _bucket_start.PULL_ENTRIES
     relay.plant_many(f"{prefix}/{ENTRY_DIR}/!{i:08d}" for i in range(entries))
     relay.plant_many(f"{_markers(prefix)}/!{i:08d}" for i in range(FLOOD))
     fetched, wire = _start(url, tmp_path / "host", relay)

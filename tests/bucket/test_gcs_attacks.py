@@ -17,6 +17,7 @@ from xla_pcache import Store, bucket, entry_name, open_store
 from xla_pcache.bucket import upkeep
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR
+from xla_pcache.torch_xla import _bucket_start
 
 from tests.helpers import cli_here
 from tests.tiers.servers import GCS_BUCKET, GcsServer, fresh_prefix
@@ -27,7 +28,7 @@ pytestmark = [
 ]
 
 RECORDS = upkeep.USE_RECORD_DIR
-MARKERS = upkeep.TORCH_XLA_DIR
+MARKERS = upkeep.MARKER_DIR
 
 
 def _key(graph: str) -> str:
@@ -45,7 +46,7 @@ def _fleet(server: GcsServer, tmp_path: Path) -> tuple[str, str, set[str]]:
         assert isinstance(w, bucket.BucketStore)
         for g in graphs:
             assert w.put(_key(g), b"graph" * 200)
-            w.mark_torch_xla(_key(g), g)
+            w.mark(_key(g), g)
     return prefix, url, {entry_name(_key(g)) for g in graphs}
 
 
@@ -96,7 +97,7 @@ def test_hostile_names_are_skipped_counted_and_remove_nothing_of_anyone(
         url, settings=Settings.from_env().replace(xdg_cache_home=str(tmp_path / "h"))
     ) as s:
         assert isinstance(s, bucket.BucketStore)
-        fetched = s.pull_torch_xla(_key)
+        fetched = _bucket_start.pull(s, _key)
         skipped = dict(s.bucket().reader.skipped)
     assert fetched == 3 and skipped.get("unlistable", 0) >= 1, skipped
     b = upkeep.Bucket(url)

@@ -1,6 +1,6 @@
 """Attacks on what an entry file's first bytes now decide, as a writer of the bucket without
 a key would make them, on a real S3 service (SeaweedFS on loopback) behind the tests'
-relay: a torch_xla host start led by a header to the key it names (``torch_xla_pull``:
+relay: a torch_xla host start led by a header to the key it names (``torch_xla._bucket_start``:
 ``_Fetches._key_named``, each key fetched once a start), and a prune that keeps, of an
 entry's markers, the one of the graph its header names (``prune_markers.Judge``).
 
@@ -18,8 +18,8 @@ import pytest
 from xla_pcache import entry_name
 from xla_pcache._core import signed_entry_name
 from xla_pcache.bucket import prune_markers, upkeep
-from xla_pcache.bucket.torch_xla_pull import PULL_MISSES
 from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.torch_xla._bucket_start import PULL_MISSES
 
 from tests.bucket.test_bucket_floods import NEWER, _key, _markers
 from tests.bucket.test_signer_marker_attacks import (
@@ -231,9 +231,7 @@ def test_hostile_keys_in_forged_headers_are_refused_and_lead_nowhere(
 # ------------------------------------------------------------------- the prune
 def _plant(server: BucketServer, prefix: str, markers: list[str]) -> None:
     """Markers written now on the server (none older than its entry)."""
-    put_objects(
-        bucket_client(server, prefix), {f"{upkeep.TORCH_XLA_DIR}/{m}": b"" for m in markers}
-    )
+    put_objects(bucket_client(server, prefix), {f"{upkeep.MARKER_DIR}/{m}": b"" for m in markers})
 
 
 @pytest.mark.parametrize("decoy", [GARBAGE, b""], ids=["garbage", "empty"])

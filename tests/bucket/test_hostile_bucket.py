@@ -20,6 +20,7 @@ from xla_pcache.bucket import upkeep
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import CLAIM_DIR, ENTRY_DIR, SPOOL_BYTES
 from xla_pcache.tiers.redis import KEY_PREFIX
+from xla_pcache.torch_xla import _bucket_start
 
 from tests.helpers import cli_here, run_worker
 from tests.tiers.relay import Relay
@@ -255,7 +256,7 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
         f"{prefix}/{ENTRY_DIR}//first",  # before every entry
         f"{prefix}/{ENTRY_DIR}/{names[1050]}/../x",  # after a thousand: its page recovered
         f"{prefix}/{upkeep.USE_RECORD_DIR}/./r",
-        f"{prefix}/{upkeep.TORCH_XLA_DIR}//m",
+        f"{prefix}/{upkeep.MARKER_DIR}//m",
         f"{prefix}/{CLAIM_DIR}/..",
     ]
     for key in bad:
@@ -273,7 +274,7 @@ def test_keys_the_client_cannot_parse_are_skipped_counted_and_named(
     assert sorted(stats["unlistable"]) == sorted(k for k in bad if "torch_xla" not in k), stats
     assert stats["skipped_by_kind"] == {"unlistable": 4}, stats
     assert b.estimate().records == 0  # the records' listing went past its refused key
-    assert b.torch_xla_entries() == []
+    assert b.marked() == []
     assert sorted(b.reader.unlistable) == sorted(bad)
     # Through the command: stats names each key and how to remove it; prune keeps the budget.
     out = cli_here("stats", "--path", url)
@@ -585,18 +586,18 @@ def test_planted_markers_cost_a_torch_xla_start_bounded_requests(
     graphs = [str(10**20 + i) for i in range(2000)]
     put_objects(
         client,
-        {f"{upkeep.TORCH_XLA_DIR}/{entry_name(f'torch_xla/{g}')}-{g}": b"" for g in graphs},
+        {f"{upkeep.MARKER_DIR}/{entry_name(f'torch_xla/{g}')}-{g}": b"" for g in graphs},
     )
     time.sleep(1.1)  # the real marker newer (whole seconds), so it comes first
     home = tmp_path / "h"
     settings = Settings.from_env().replace(xdg_cache_home=str(home))
     writer = open_store(url, settings=settings)
     assert writer.put("torch_xla/7", b"graph" * 100)
-    writer.mark_torch_xla("torch_xla/7", "7")
+    writer.mark("torch_xla/7", "7")
     writer.close()
     host = open_store(url, settings=settings.replace(xdg_cache_home=str(tmp_path / "n")))
     relay.take()
-    assert host.pull_torch_xla(lambda g: f"torch_xla/{g}") == 1
+    assert _bucket_start.pull(host, lambda g: f"torch_xla/{g}") == 1
     wire = relay.take()
     # Two pages of markers, one of entries, one of the markers of those entries.
     assert wire.get("list", 0) <= 4 + 1 and wire.get("get", 0) == 1, wire  # main: 2,000 GETs

@@ -10,9 +10,10 @@ import datetime
 from pathlib import Path
 
 import pytest
-from xla_pcache import bucket, entry_name
+from xla_pcache import entry_name
 from xla_pcache.bucket import upkeep
 from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.torch_xla import _bucket_start
 
 from tests.bucket.bucket_plants import LYING_KEYS, _garbage_with_markers
 from tests.bucket.test_bucket_floods import (
@@ -46,7 +47,7 @@ def test_objects_planted_at_both_ends_in_time_stop_no_start(
     stops before a real entry only if its first 32 draws are the 32 planted ones, a chance
     of 1 / C(52, 20) (8e-15), and otherwise fetches every real entry."""
     prefix, url, _ = _torch_xla_bucket(server, tmp_path)
-    n = bucket.PULL_MISSES
+    n = _bucket_start.PULL_MISSES
     newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
     if shape == "garbage entries":
         _garbage_with_markers(server, relay, prefix, newer, NEWER)
@@ -70,7 +71,7 @@ def test_markers_of_no_entry_behind_a_cut_short_listing_go_at_the_next_prune(
     absent and removes their markers: the start after it fetches every real entry. On main
     a prune cut short removed no marker of an entry it did not list."""
     prefix, url, _ = _torch_xla_bucket(server, tmp_path)
-    n = bucket.PULL_MISSES
+    n = _bucket_start.PULL_MISSES
     newer, older = [str(10**35 + i) for i in range(n)], [str(10**36 + i) for i in range(n)]
     relay.plant(f"{prefix}/{ENTRY_DIR}/{'f' * 32}\x01")
     for graphs, when in ((newer, NEWER), (older, OLDER)):
@@ -132,4 +133,4 @@ def test_the_three_plants_at_once_and_markers_far_in_the_future_steer_no_start(
     _garbage_with_markers(server, relay, prefix, [str(10**35 + i) for i in range(32)], far)
     fetched, wire = _start(url, tmp_path / "host", relay)
     assert fetched == GRAPHS, wire
-    assert wire["get"] <= GRAPHS + 2 * bucket.PULL_MISSES, wire
+    assert wire["get"] <= GRAPHS + 2 * _bucket_start.PULL_MISSES, wire

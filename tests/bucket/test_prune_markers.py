@@ -20,15 +20,13 @@ from tests.tiers.servers import BucketServer, bucket_client, put_objects
 
 def _markers_held(server: BucketServer, prefix: str) -> set[str]:
     """The markers the server holds."""
-    listed = obstore.list(bucket_client(server, prefix), upkeep.TORCH_XLA_DIR).collect()
+    listed = obstore.list(bucket_client(server, prefix), upkeep.MARKER_DIR).collect()
     return {str(m["path"]).rpartition("/")[2] for m in listed}
 
 
 def _plant(server: BucketServer, prefix: str, markers: list[str]) -> None:
     """Markers written now (after the entries: none is older than its entry)."""
-    put_objects(
-        bucket_client(server, prefix), {f"{upkeep.TORCH_XLA_DIR}/{m}": b"" for m in markers}
-    )
+    put_objects(bucket_client(server, prefix), {f"{upkeep.MARKER_DIR}/{m}": b"" for m in markers})
 
 
 def test_the_marker_of_the_graph_the_header_names_stays(

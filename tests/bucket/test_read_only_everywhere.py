@@ -52,7 +52,7 @@ def filled(
         with open_store(url, settings=settings) as w:
             for i in range(4):
                 assert w.put(f"k{i}", bytes(20_000))
-            w.mark_torch_xla("torch_xla/123", "123")
+            w.mark("torch_xla/123", "123")
         upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=30_000))
     objects = _objects(bucket_server, prefix)
     assert [p for p in objects if "/records/" in p] and [p for p in objects if "/torch_xla/" in p]
@@ -131,7 +131,7 @@ def test_a_read_only_bucket_store_writes_nothing(
     assert store.get("k1") is not None  # served from the bucket
     assert store.put("new", bytes(1000))  # kept by this host
     assert store.replace("k2", bytes(500))  # this host's copy replaced, the bucket's kept
-    store.mark_torch_xla("torch_xla/456", "456")
+    store.mark("torch_xla/456", "456")
     with pytest.raises(_core.ReadOnlyError):
         store.bucket().prune()
     with pytest.raises(_core.ReadOnlyError):
@@ -151,7 +151,7 @@ def test_the_upkeep_of_a_read_only_url_refuses_every_write(
     for write in (
         lambda: b.prune(max_size=1),
         lambda: b.write_stored_budget(upkeep.BucketStoredBudget(max_size=1)),
-        lambda: b.mark_torch_xla(_core.entry_name("k0"), "1"),
+        lambda: b.mark(_core.entry_name("k0"), "1"),
         lambda: b.put(upkeep.STATE, b"{}"),
         lambda: b.delete([f"{upkeep.ROOT}/entries/x"]),
     ):

@@ -1,5 +1,5 @@
 """Attacks on what a writing torch_xla host start removes of what it proved to be garbage
-(``bucket/torch_xla_garbage.py``), as a writer of the bucket without a key would make them,
+(``torch_xla/_bucket_garbage.py``), as a writer of the bucket without a key would make them,
 on a real S3 service (SeaweedFS on loopback) behind the tests' relay: a start must remove
 only objects no reader would serve, never a real entry or a real entry's marker, never an
 object outside the bucket's prefix."""

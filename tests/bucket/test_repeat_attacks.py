@@ -1,6 +1,6 @@
 """Attacks on the rule that a name asked for by name which leads a torch_xla host start to
 a key it already holds or tried is no miss for an entry's own names, and a miss past
-``NAMES_A_KEY`` others (``torch_xla_pull._Fetches._fetch``), as a writer of the bucket
+``NAMES_A_KEY`` others (``_bucket_start._Fetches._fetch``), as a writer of the bucket
 without a key would make them, on a real S3 service (SeaweedFS on loopback) behind the
 tests' relay: the markers' listing cut short so that every entry is asked for by name, and
 forged headers naming real keys, drawn before the real names.
@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from xla_pcache import entry_name
 from xla_pcache._core import generate_signing_key, signed_entry_name, signing_public_key
-from xla_pcache.bucket import torch_xla_pull
 from xla_pcache.bucket.marker_listing import GROUP_PAGES, MARKER_PAGES
-from xla_pcache.bucket.torch_xla_pull import PULL_MISSES
+from xla_pcache.torch_xla import _bucket_start
+from xla_pcache.torch_xla._bucket_start import PULL_MISSES
 
 from tests.bucket.test_bucket_floods import _key, _markers
 from tests.bucket.test_header_attacks import _forge, _gets_by_name
@@ -94,7 +94,7 @@ class _Drawn:
 @contextmanager
 def _drawn(monkeypatch: pytest.MonkeyPatch, order: _Drawn) -> Iterator[None]:
     with monkeypatch.context() as m:
-        m.setattr(torch_xla_pull, "random", SimpleNamespace(SystemRandom=lambda: order))
+        m.setattr(_bucket_start, "random", SimpleNamespace(SystemRandom=lambda: order))
         yield
 
 

@@ -6,8 +6,8 @@ trusting a rotated ``ci-2``; writing and read-only) against what a start fetches
 removes, what it costs, and what a prune keeps.
 
 The rule under attack: a start follows a marker whose name is the plain one or a trusted
-signer's own (``torch_xla_pull._vouches``, each key once), removes with a name it proved
-garbage that name's own marker only (``torch_xla_garbage``), and a prune keeps one marker a
+signer's own (``_bucket_start._vouches``, each key once), removes with a name it proved
+garbage that name's own marker only (``_bucket_garbage``), and a prune keeps one marker a
 listed entry (``prune._drop_markers``)."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import pytest
 from xla_pcache import entry_name
 from xla_pcache._core import generate_signing_key, signed_entry_name, signing_public_key
 from xla_pcache.bucket import upkeep
-from xla_pcache.bucket.torch_xla_garbage import PULL_REMOVALS
-from xla_pcache.bucket.torch_xla_pull import PULL_MISSES
 from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.torch_xla import _bucket_start
+from xla_pcache.torch_xla._bucket_garbage import PULL_REMOVALS
+from xla_pcache.torch_xla._bucket_start import PULL_MISSES
 
 from tests.bucket.test_bucket_floods import NEWER, OLDER, _key, _markers
 from tests.bucket.test_start_garbage import REMOVED, _bucket_holds, _graphs, _put_marked, _start
@@ -90,7 +91,7 @@ def _own_garbage(
 
 def _marker_keys(server: BucketServer, prefix: str) -> set[str]:
     """The markers the server holds (not through the relay)."""
-    listed = obstore.list(bucket_client(server, prefix), upkeep.TORCH_XLA_DIR).collect()
+    listed = obstore.list(bucket_client(server, prefix), upkeep.MARKER_DIR).collect()
     return {str(m["path"]).rpartition("/")[2] for m in listed}
 
 
@@ -416,7 +417,7 @@ def _start_holding(
     settings = Settings.from_env().replace(xdg_cache_home=str(home))
     with open_store(url, settings=settings, read_only=True, **given) as s:
         assert isinstance(s, bucket.BucketStore)
-        n = s.pull_torch_xla(_key)
+        n = _bucket_start.pull(s, _key)
         skipped = dict(s.bucket().reader.skipped)
         held = len(s)
     return n, held, relay.take(), skipped
@@ -614,7 +615,7 @@ def test_a_marker_planted_in_the_entrys_second_does_not_take_the_real_ones_place
     put_objects(bucket_client(server, prefix), {f"{ENTRY_DIR}/{plain}": GARBAGE})
     _put_marked(url, tmp_path / "signer", [g], signing_key=("ci-2", CI2))
     _start(url, tmp_path / "untrusting", relay)  # removes the squat and its marker
-    listed = obstore.list(bucket_client(server, prefix), upkeep.TORCH_XLA_DIR).collect()
+    listed = obstore.list(bucket_client(server, prefix), upkeep.MARKER_DIR).collect()
     (real,) = [m for m in listed if str(m["path"]).endswith(f"/{own}-{g}")]
     relay.plant(f"{_markers(prefix)}/{own}-0", when=real["last_modified"])
     upkeep.Bucket(url).prune(max_size=10**9)

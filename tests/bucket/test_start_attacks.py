@@ -1,5 +1,5 @@
 """Attacks on how a torch_xla host start chooses what it fetches
-(``bucket/torch_xla_pull.py``), as a writer of the bucket without a key would make them, on
+(``torch_xla/_bucket_start.py``), as a writer of the bucket without a key would make them, on
 a real S3 service (SeaweedFS on loopback) behind the tests' relay: the entries it asks for
 by name when their markers are crowded out, and the order drawn past the newest ones."""
 
@@ -9,10 +9,11 @@ import random
 from pathlib import Path
 
 from xla_pcache import bucket, entry_name, open_store
-from xla_pcache.bucket import torch_xla_garbage, torch_xla_pull, upkeep
+from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.marker_listing import MARKER_PAGES
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.torch_xla import _bucket_garbage, _bucket_start
 
 from tests.bucket.test_bucket_floods import GRAPHS, NEWER, _key, _markers, _torch_xla_bucket
 from tests.tiers.relay import Relay
@@ -25,7 +26,7 @@ def _start(url: str, home: Path, relay: Relay) -> tuple[int, dict[str, int], dic
     relay.take()
     with open_store(url, settings=Settings.from_env().replace(xdg_cache_home=str(home))) as s:
         assert isinstance(s, bucket.BucketStore)
-        n = s.pull_torch_xla(_key)
+        n = _bucket_start.pull(s, _key)
         skipped = dict(s.bucket().reader.skipped)
         held = len(s)
     wire = relay.take()
@@ -136,7 +137,7 @@ def test_a_flood_of_names_past_exhausted_pages_costs_a_bounded_share_until_a_pru
     )
     _crowd(relay, prefix, first, 2001)
     fetched, wire, skipped = _start(url, tmp_path / "host", relay)
-    m = torch_xla_pull.PULL_MISSES
+    m = _bucket_start.PULL_MISSES
     # Newest first: nothing (no marker reached); drawn: at most 2 * PULL_MISSES + fetched
     # reads of names, two requests for each entry fetched.
     assert wire.get("get", 0) <= m + 3 * fetched, (fetched, wire)
@@ -169,9 +170,9 @@ def test_ten_thousand_garbage_entries_among_the_drawn_cost_the_misses_cap(
     _garbage_with_markers(server, relay, prefix, newer, NEWER)
     _garbage_with_markers(server, relay, prefix, older, OLDER)
     fetched, wire, skipped = _start(url, tmp_path / "host", relay)
-    m = torch_xla_pull.PULL_MISSES
+    m = _bucket_start.PULL_MISSES
     assert wire["get"] <= 2 * m + 2 * fetched, (fetched, wire)
     assert fetched == wire["held"] and skipped.get("torch_xla-markers") == 1, skipped
-    removed = torch_xla_garbage.PULL_REMOVALS
+    removed = _bucket_garbage.PULL_REMOVALS
     assert skipped.get("torch_xla-garbage") == removed, skipped
     assert wire["delete"] == removal_requests(server, removed), (wire, skipped)

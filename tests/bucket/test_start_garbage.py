@@ -1,4 +1,4 @@
-"""A torch_xla host start removes what it proved to be garbage (``bucket/torch_xla_garbage.py``)
+"""A torch_xla host start removes what it proved to be garbage (``torch_xla/_bucket_garbage.py``)
 on a real S3 service (SeaweedFS on loopback) behind the tests' relay: a planted flood
 drains across writing hosts' starts; a read-only host removes nothing; nor does any host
 remove an entry that is whole but unsigned or untrusted, or over its budget, or valid."""
@@ -13,10 +13,11 @@ import pytest
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache._core import generate_signing_key, signed_entry_name, signing_public_key
 from xla_pcache.bucket import upkeep
-from xla_pcache.bucket.torch_xla_garbage import PULL_REMOVALS
-from xla_pcache.bucket.torch_xla_pull import PULL_MISSES
 from xla_pcache.config import Settings
 from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.torch_xla import _bucket_start
+from xla_pcache.torch_xla._bucket_garbage import PULL_REMOVALS
+from xla_pcache.torch_xla._bucket_start import PULL_MISSES
 
 from tests.bucket.bucket_plants import _garbage_with_markers
 from tests.bucket.test_bucket_floods import GRAPHS, NEWER, OLDER, _key, _torch_xla_bucket
@@ -39,7 +40,7 @@ def _start(
     settings = Settings.from_env().replace(xdg_cache_home=str(home))
     with open_store(url, settings=settings, **given) as s:
         assert isinstance(s, bucket.BucketStore)
-        n = s.pull_torch_xla(_key)
+        n = _bucket_start.pull(s, _key)
         skipped = dict(s.bucket().reader.skipped)
     return n, relay.take(), skipped
 
@@ -47,7 +48,7 @@ def _start(
 def _bucket_holds(url: str) -> tuple[set[str], set[str]]:
     """The names under ``entries/`` and the markers' entry names (as the relay lists them)."""
     b = upkeep.Bucket(url)
-    marked, listing = b.torch_xla_markers()
+    marked, listing = b.markers()
     assert listing.complete
     return set(b.entries()), {name for name, _, _ in marked}
 
@@ -65,7 +66,7 @@ def _put_marked(url: str, home: Path, graphs: list[str], **given: Any) -> None:
         assert isinstance(w, bucket.BucketStore)
         for g in graphs:
             assert w.put(_key(g), b"made-up graph " * 100)
-            w.mark_torch_xla(_key(g), g)
+            w.mark(_key(g), g)
 
 
 def _flip_last_byte(server: BucketServer, prefix: str, name: str) -> None:

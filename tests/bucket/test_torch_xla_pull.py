@@ -1,7 +1,8 @@
 """The pieces of a torch_xla host start and of a prune's markers that need no bucket
-(``bucket/torch_xla_pull.py``, ``bucket/entry_head.py``): reading the key an entry file
-names from its first bytes, and torch_xla's file name from a key. The start itself is
-tested against a real S3 service in ``tests/tiers/``."""
+(``torch_xla/_bucket_start.py``, ``bucket/layout.py``): the key an entry file names read
+from its first bytes (by the core: ``_core.entry_head_key``), and torch_xla's file name
+and a marker's tag from a key. The start itself is tested against real S3 and GCS services
+in ``tests/bucket/``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from xla_pcache import Store
-from xla_pcache.bucket.entry_head import HEAD_BYTES, key_in_header, torch_xla_graph
-from xla_pcache.bucket.layout import TORCH_XLA_KEYS
-from xla_pcache.bucket.torch_xla_pull import graph_reader
-from xla_pcache.torch_xla._keys import KEY_PREFIX, store_key
+from xla_pcache import Store, _core
+from xla_pcache.bucket.layout import HEAD_BYTES, marker_tag
+from xla_pcache.torch_xla._bucket_start import graph_reader
+from xla_pcache.torch_xla._keys import store_key
 
 
 @pytest.fixture
@@ -26,8 +26,12 @@ def entry_file(tmp_path: Path) -> bytes:
 
 
 def test_the_key_an_entry_file_names_is_read_from_its_first_bytes(entry_file: bytes) -> None:
-    assert key_in_header(entry_file[:HEAD_BYTES]) == "torch_xla/12345-build"
-    assert key_in_header(entry_file) == "torch_xla/12345-build"
+    assert _core.entry_head_key(entry_file[:HEAD_BYTES]) == "torch_xla/12345-build"
+    assert _core.entry_head_key(entry_file) == "torch_xla/12345-build"
+    # A later release's entry names no key this release reads: a verdict, never a key.
+    newer = entry_file[:4] + (2).to_bytes(2, "little") + entry_file[6:HEAD_BYTES]
+    got = _core.entry_head_key(newer)
+    assert isinstance(got, _core.Refusal) and got.kind == "newer_format" and got.version == 2
 
 
 @pytest.mark.parametrize(
@@ -44,8 +48,8 @@ def test_the_key_an_entry_file_names_is_read_from_its_first_bytes(entry_file: by
 def test_first_bytes_that_name_no_key_name_none(
     entry_file: bytes, spoil: Callable[[bytes], bytes]
 ) -> None:
-    assert key_in_header(spoil(entry_file[:HEAD_BYTES])) is None
-    assert key_in_header(None) is None
+    got = _core.entry_head_key(spoil(entry_file[:HEAD_BYTES]))
+    assert not isinstance(got, str), got
 
 
 def test_torch_xla_file_names_are_read_back_only_from_keys_of_the_same_maker() -> None:
@@ -64,9 +68,11 @@ def test_torch_xla_file_names_are_read_back_only_from_keys_of_the_same_maker() -
 
 
 def test_the_graph_a_key_names_whatever_its_build() -> None:
-    # The bucket's modules name torch_xla's keys by the adapter's prefix.
-    assert TORCH_XLA_KEYS == KEY_PREFIX
-    assert torch_xla_graph(store_key("12345")) == "12345"
-    assert torch_xla_graph(f"torch_xla/987@build-{'a' * 32}") == "987"
-    assert torch_xla_graph("jax/987") is None
-    assert torch_xla_graph(None) is None
+    # The bucket knows no framework: a marker's tag is the last segment of the key without
+    # its build, which for the adapter's keys is torch_xla's file name.
+    assert marker_tag(store_key("12345")) == "12345"
+    assert marker_tag(f"torch_xla/987@build-{'a' * 32}") == "987"
+    assert marker_tag("jax/abc") is None
+    assert marker_tag(f"jit_f-{'a' * 64}@build-{'a' * 32}") is None
+    assert marker_tag(b"torch_xla/987") is None
+    assert marker_tag(None) is None

@@ -7,10 +7,12 @@
   requests (``objects``), the one reader of what is there (``reader``, its listings walked
   by ``listing``), the stored budget (``stored_budget``), a use record (``use_record``), the
   hosts' records of their uses and the writers' prune (``recorder``), the prune lease
-  (``prune_lease``), what a prune reads (``prune_fold``), the prune (``prune``), and how a
-  torch_xla host start lists the markers (``marker_listing``).
+  (``prune_lease``), what a prune reads (``prune_fold``), the prune (``prune``), what a
+  prune cut short reaches by name (``prune_reach``), which of an entry's markers a prune
+  keeps (``prune_markers``), and how a host start lists the markers (``marker_listing``).
 
-The bucket uses the tiers (``xla_pcache.tiers``); no tier uses the bucket.
+The bucket uses the tiers (``xla_pcache.tiers``); no tier uses the bucket. It knows no
+framework: an adapter reaches it through ``BucketStore``'s typed methods.
 """
 
 from __future__ import annotations
@@ -23,13 +25,8 @@ from xla_pcache.bucket.store import (
     location,
     own_local_store,
 )
-from xla_pcache.bucket.torch_xla_pull import PULL_ENTRIES, PULL_FETCHES, PULL_MARKERS, PULL_MISSES
 
 __all__ = [
-    "PULL_ENTRIES",
-    "PULL_FETCHES",
-    "PULL_MARKERS",
-    "PULL_MISSES",
     "BucketStore",
     "chain_for",
     "local_name",

@@ -27,7 +27,8 @@ So the walk:
   reached clean: where the flood ends and the entries begin), each the same way, which is a
   binary search for the flood's end; the ranges left are listed while the budget lasts;
 - **lists with a delimiter** when the caller may hold a whole listing in memory (``prune``
-  and ``stats`` from the command; never a program's own prune or a torch_xla host start,
+  and ``stats`` from the command; never a program's own prune or a host start that lists
+  markers,
   whose memory must not grow with what was planted): once ``DELIMIT_AFTER`` refused keys,
   or a refused page it could not recover, showed that every refused key so far has its bad
   part below a name (``entries/<32 hex>//x``), it lists the directory once with a

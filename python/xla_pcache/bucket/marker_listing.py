@@ -1,9 +1,9 @@
-"""How a torch_xla host start lists the markers under ``torch_xla/`` that it follows
-(``bucket.BucketStore.pull_torch_xla``), so that objects others plant there cannot crowd the
-real markers out.
+"""How a host start lists the markers it follows (``layout``, "marker"; a framework's
+adapter decides what it fetches by them), so that objects others plant there cannot crowd
+the real markers out.
 
 A marker vouches for nothing: anyone who can write the bucket plants one, empty, under any
-name. What a host can check costs nothing (its graph's entry name is the marker's, under
+name. What a host can check costs nothing (its key's entry name is the marker's, under
 this host's build); what it cannot is whether the entry exists, and a listing in key order
 capped at ``PULL_MARKERS`` objects is crowded out by that many objects planted before the
 real ones. So a start that finds more markers than it can follow blindly, or a listing cut
@@ -11,11 +11,11 @@ short, lists what does exist instead: the entries (``entries/``, a request per 1
 then the markers of those entries only, a page at a time from one listed entry's name to
 the next (``markers_of``): a range of the directory that holds no listed entry's markers is
 jumped over whatever it holds, and an entry whose markers fill more than
-``GROUP_PAGES`` pages (an entry has one graph, so one marker: the rest were planted) is
+``GROUP_PAGES`` pages (an entry has one key, so one marker: the rest were planted) is
 left for the end, so that it costs the others nothing. Where the pages run out (markers
 planted by the thousand under many entries' names), the entries whose markers were not all
 listed are named (``Markers.crowded``): the start asks for those entries themselves, whose
-files name their own keys (``torch_xla_pull``).
+files name their own keys (``_core.entry_head_key``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xla_pcache._names import EntryName
-from xla_pcache.bucket.layout import MARKER_NAME, MARKER_NAMES, TORCH_XLA_DIR, epoch
+from xla_pcache.bucket.layout import MARKER_DIR, MARKER_NAME, MARKER_NAMES, epoch
 from xla_pcache.bucket.listing import LIST_PAGE, MAX_RECOVERIES, MAX_UNLISTABLE, Listing
 from xla_pcache.bucket.reader import BucketReader
 
@@ -37,7 +37,7 @@ GROUP_PAGES = 2
 
 @dataclass
 class Markers:
-    """Markers found: (entry name, torch_xla's file name, when marked), and whether the
+    """Markers found: (entry name, tag, when marked), and whether the
     listing saw every marker of the entries it was given (``complete``); when it did not,
     the entries whose markers it may have missed (``crowded``, sorted)."""
 
@@ -48,7 +48,7 @@ class Markers:
 
 
 def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKER_PAGES) -> Markers:
-    """The markers of the entries ``names`` (sorted) under ``torch_xla/``, listed through
+    """The markers of the entries ``names`` (sorted) in the markers' directory, listed through
     ``reader`` (a ``BucketReader``) a page at a time: each page starts at the next entry
     of ``names`` not yet covered, so whatever lies between two of them costs nothing past
     the page that reached it. At most ``pages`` pages, one entry's markers ``GROUP_PAGES``
@@ -72,7 +72,7 @@ def markers_of(reader: BucketReader, names: Sequence[str], *, pages: int = MARKE
             out.crowded = _not_listed(names, start, deferred, sweeping)
             break
         listing = Listing(
-            TORCH_XLA_DIR,
+            MARKER_DIR,
             LIST_PAGE,
             MARKER_NAMES,
             start=start,

@@ -1,7 +1,7 @@
 """A bucket's prune: under the prune lease, the hosts' records folded into ``usage``, the
 entries unused past the max age removed and then the least recently used until the bucket
 is within its budget, ``state`` written, and what killed hosts and removed entries left
-behind (claims, torch_xla markers) removed, all within ``prune_fold.Limits``."""
+behind (claims, markers) removed, all within ``prune_fold.Limits``."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from xla_pcache._text import package_logger
 from xla_pcache.bucket import prune_lease, prune_markers, prune_reach
 from xla_pcache.bucket.layout import (
     ENTRY_NAMES,
+    MARKER_DIR,
     MARKER_NAME,
     MARKER_NAMES,
     STATE,
-    TORCH_XLA_DIR,
     USAGE,
     epoch,
     ours,
@@ -57,7 +57,7 @@ class PruneReport:
     """What a prune found and did, with the requests it made by kind. ``skipped``: what was
     read and refused, by kind (``unlistable`` names the keys the client cannot list or
     remove, with how to remove them); ``junk_removed``: objects under ``entries/``,
-    ``records/`` and ``torch_xla/`` that are nothing xla_pcache writes.
+    ``records/`` and the markers' directory that are nothing xla_pcache writes.
 
     ``pruned`` is False when a limit stopped it (``busy`` says which; nothing more was
     removed) or when its listing of ``entries/`` or of ``records/`` was cut short
@@ -329,19 +329,19 @@ def _drop_markers(
     tally: Tally,
 ) -> int:
     """Markers that vouch for nothing, removed a batch at a time as they are listed: an
-    entry has one graph, so one marker; its writer writes it after the entry. So markers
+    entry has one key, so one marker; its writer writes it after the entry. So markers
     older than their entry go (planted before it was written), and of those not older,
     one stays and the others go, told apart by the entry's header (``prune_markers``);
     markers of entries no longer there go when the listing saw every entry
     (``complete``), or when the entry is known ``gone`` (removed, or asked for and
-    absent); objects under ``torch_xla/`` that are no marker go as junk. How many markers
+    absent); objects under the markers' directory that are no marker go as junk. How many markers
     were removed."""
     out = _Removals(objects, tally)
     judge = prune_markers.Judge(objects.reader)
-    for meta in objects.reader.listing(TORCH_XLA_DIR, names=MARKER_NAMES):
+    for meta in objects.reader.listing(MARKER_DIR, names=MARKER_NAMES):
         path = str(meta["path"])
         m = MARKER_NAME.fullmatch(path.rpartition("/")[2])
-        if m is None or path.count("/") != TORCH_XLA_DIR.count("/") + 1:
+        if m is None or path.count("/") != MARKER_DIR.count("/") + 1:
             out.junk.append(path)
         else:
             entry = kept.get(m.group(1))

@@ -1,19 +1,21 @@
-"""Which of an entry's torch_xla markers a prune keeps when more than one may be its own.
+"""Which of an entry's markers a prune keeps when more than one may be its own.
 
-An entry has one graph, so one marker (``<entry name>-<graph>``), which its writer writes
-right after it; two or more not older than the entry mean others were planted beside it,
-and no time tells which is real (Last-Modified is whole seconds on some services, and a
-planter can write in the same second). The entry's own header does: its key names its
-graph. So the first marker of an entry is held; at a second, the prune reads the entry's
-first bytes once (a ranged GET, ``entry_head``) and keeps the markers of the graph its key
-names, removing the others, as the listing goes (nothing is held but the first).
+An entry has one key, so one marker (``<entry name>-<tag>``, ``layout.marker_tag``), which
+its writer writes right after it; two or more not older than the entry mean others were
+planted beside it, and no time tells which is real (Last-Modified is whole seconds on some
+services, and a planter can write in the same second). The entry's own header does: its
+key gives the tag. So the first marker of an entry is held; at a second, the prune reads
+the entry's first bytes once (a ranged GET) and keeps the markers of the tag the key they
+name gives (the core reads it: ``_core.entry_head_key``), removing the others, as the
+listing goes (nothing is held but the first).
 
 A prune reads at most ``MARKER_READS`` headers. Past them, or when the header cannot be
 read, every marker that may be the real one stays until a later prune: a planted marker
-under a real entry's name costs a torch_xla host start nothing (its name is not its
-graph's entry name, so it is not followed), while removing the real one would hide the
-entry from the hosts that find it by its marker. A header that names no torch_xla graph
-(another framework's entry) keeps none of them, and nor does an object that holds no
+under a real entry's name costs a host start nothing (its name is not its key's entry
+name, so it is not followed), while removing the real one would hide the entry from the
+hosts that find it by its marker. So does a later release's entry, whose header this
+release cannot read (nothing is removed as if it were no entry). A header whose key gives
+no tag (an entry no one marks) keeps none of them, and nor does an object that holds no
 entry file at all (its first bytes name no key, or it is smaller than any entry: no read):
 its markers are no entry's, and kept they would take the same reads at every prune, so
 that markers planted under the real entries listed after it stayed for good.
@@ -23,12 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from xla_pcache.bucket.entry_head import (
-    HEAD_BYTES,
-    SMALLEST_ENTRY,
-    key_in_header,
-    torch_xla_graph,
-)
+from xla_pcache import _core
+from xla_pcache.bucket.layout import HEAD_BYTES, marker_tag
 from xla_pcache.tiers.objstore import ENTRY_DIR
 
 # The entries' headers one prune reads at most to tell their real marker from planted ones.
@@ -43,22 +41,23 @@ class Judge:
         self.reader = reader
         self.reads = 0
         self.name = ""
-        self.first: tuple[str, str] | None = None  # (graph, path) held, undecided
+        self.first: tuple[str, str] | None = None  # (tag, path) held, undecided
         self.asked = False  # whether this entry's header was asked for
-        self.graph: str | None = None  # the graph it names, once asked
+        self.graph: str | None = None  # the tag its key gives, once asked
         self.told = False  # whether that answer tells the real marker
 
     def doomed(self, name: str, graph: str, path: str, size: int) -> list[str]:
-        """The markers to remove now, of ``path`` (entry ``name``'s marker of ``graph``,
-        not older than the entry, which was listed ``size`` bytes) and the one held before
-        it."""
+        """The markers to remove now, of ``path`` (entry ``name``'s marker of tag
+        ``graph``, not older than the entry, which was listed ``size`` bytes) and the one
+        held before it."""
         if name != self.name:
             self.name, self.first, self.asked = name, (graph, path), False
             return []
         out: list[str] = []
         if not self.asked:
             self.asked = True
-            self.told, self.graph = (True, None) if size < SMALLEST_ENTRY else self._read(name)
+            small = size < _core.ENTRY_MIN_BYTES
+            self.told, self.graph = (True, None) if small else self._read(name)
             held, self.first = self.first, None
             if held is not None and self._planted(held[0]):
                 out.append(held[1])
@@ -70,8 +69,9 @@ class Judge:
         return self.told and graph != self.graph
 
     def _read(self, name: str) -> tuple[bool, str | None]:
-        """Whether entry ``name``'s first bytes could be read within the bound, and the
-        graph the key they name is of (None: no torch_xla key, or no key at all)."""
+        """Whether entry ``name``'s first bytes tell its real marker (read within the
+        bound, and not a later release's entry), and the tag the key they name gives (None:
+        a key no one marks, or no key at all)."""
         if self.reads >= MARKER_READS:
             return False, None
         self.reads += 1
@@ -81,5 +81,9 @@ class Judge:
             return False, None
         if head is None:
             return False, None  # gone since it was listed: its markers go with it later
-        # First bytes that name no key hold no entry file: no marker of it is real.
-        return True, torch_xla_graph(key_in_header(head))
+        key = _core.entry_head_key(head)
+        if isinstance(key, _core.Refusal):
+            # A later release's entry keeps its markers; first bytes that name no key hold
+            # no entry file: no marker of it is real.
+            return key.kind != "newer_format", None
+        return True, marker_tag(key)

@@ -4,7 +4,7 @@ S3, GCS and Azure keep keys that the client refuses, and one such key in a page 
 whole page (``listing.py``): a single key planted right after the last entry hides every
 entry of a bucket under 1,000 entries, and no listing through the client sees past it. The
 fleet names its entries elsewhere, though: each host's use records name the entries it
-used and wrote, ``usage`` those earlier prunes folded, and torch_xla's markers theirs. So
+used and wrote, ``usage`` those earlier prunes folded, and the markers theirs. So
 when the listing was cut short, the prune offers every name those give that it did not list
 to ``Unseen``, asks for the chosen ones by name, a HEAD each (``ask``), and prunes among
 what it listed and what it reached.
@@ -34,7 +34,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from xla_pcache._names import entry_name_or_none
-from xla_pcache.bucket.layout import MARKER_NAME, MARKER_NAMES, TORCH_XLA_DIR, epoch
+from xla_pcache.bucket.layout import MARKER_DIR, MARKER_NAME, MARKER_NAMES, epoch
 from xla_pcache.bucket.objects import BucketObjects
 from xla_pcache.bucket.prune_fold import ASK_THREADS, Entry, UsageBody, check, usage_lines
 from xla_pcache.bucket.reader import BucketReader, Listing, Meta, listed_size
@@ -43,8 +43,8 @@ from xla_pcache.tiers import objstore
 
 # The sources of names, in the order they take turns.
 KINDS = ("records", "usage", "markers")
-# Objects of ``torch_xla/`` a prune cut short lists for their names (a request a thousand),
-# as many as a torch_xla host start lists.
+# Objects of the markers' directory a prune cut short lists for their names (a request a
+# thousand), as many as a host start that follows them lists.
 MARKERS_LISTED = 10_000
 # Lines of ``usage`` of names a prune cut short could neither see nor rule out, carried into
 # the ``usage`` it writes (about 25 bytes each, gzip, while it is made).
@@ -140,9 +140,10 @@ class Unseen:
 
 def offer_markers(reader: BucketReader, unseen: Unseen) -> None:
     """The entries named by the markers among the first ``MARKERS_LISTED`` objects of
-    ``torch_xla/`` (a marker is written right after its entry: its time, the oldest first)."""
-    listing = Listing(TORCH_XLA_DIR, MARKERS_LISTED, MARKER_NAMES, skip_junk=True)
-    depth = TORCH_XLA_DIR.count("/") + 1
+    the markers' directory (a marker is written right after its entry: its time, the oldest
+    first)."""
+    listing = Listing(MARKER_DIR, MARKERS_LISTED, MARKER_NAMES, skip_junk=True)
+    depth = MARKER_DIR.count("/") + 1
     for meta in reader.listing_of(listing):
         path = str(meta["path"])
         m = MARKER_NAME.fullmatch(path.rpartition("/")[2])

@@ -20,7 +20,10 @@ An ``XLA_PCACHE_LOCAL_PATH`` others can write is left as it is, and this user's 
 that was checked (``Store(own_root_fd=)``), never through the path again.
 
 ``BucketStore`` is the store of such a path: a ``Store`` whose hits are also noted for the
-bucket's pruning (``recorder.py``), and which can mark and pull torch_xla's entries.
+bucket's pruning (``recorder.py``); and what any framework's adapter uses of the bucket,
+by type (never a method looked up by name): its upkeep (``bucket()``), the tier that writes
+it (``writer()``), a fetch that says what the core refused there (``fetch``) and the
+markers of the entries it wrote (``mark``). No framework is named here.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 from xla_pcache import _core
 from xla_pcache._names import EntryName
@@ -41,7 +44,9 @@ from xla_pcache.config import LOCAL_PATH_VAR, Settings
 from xla_pcache.store import Store, StoreOptions
 
 if TYPE_CHECKING:
-    from xla_pcache.tiers import TierURL
+    from xla_pcache.bucket.upkeep import Bucket
+    from xla_pcache.tiers import Fetch, TierURL
+    from xla_pcache.tiers.objstore import ObjectTier
 
 log = package_logger("xla_pcache")
 
@@ -196,10 +201,10 @@ class BucketStore(Store):
                 auto_prune=settings.bucket_auto_prune,
             )
 
-    def bucket(self) -> Any:
+    def bucket(self) -> Bucket:
         """The bucket's upkeep (``upkeep.Bucket``), made on first use."""
         with self._bucket_lock:
-            made = getattr(self, "_upkeep", None)
+            made: Bucket | None = getattr(self, "_upkeep", None)
             if made is None:
                 from xla_pcache.bucket.upkeep import Bucket
 
@@ -225,13 +230,21 @@ class BucketStore(Store):
                 return tier
         return None
 
-    def _bucket_writer(self) -> Any:
+    def writer(self) -> ObjectTier | None:
         """The bucket's tier when this store writes the bucket, else None: a read-only
         bucket's tier (``bucket_ro``) is a ``ReadOnlyTier``, which has no write."""
         from xla_pcache.tiers.objstore import ObjectTier
 
         tier = self._bucket_tier()
         return tier if isinstance(tier, ObjectTier) else None
+
+    def fetch(self, key: _core.Key) -> tuple[_core.Blob | None, Fetch | None]:
+        """Asks the tiers for ``key`` as a local miss does (nothing counted, the directory
+        not looked at): their verified entry, published here unless read-only, or None; and
+        what the fetch found (``tiers.Fetch``: each value refused, by which tier, with the
+        core's verdict), None when there is no chain."""
+        blob, found = self._fetch(key)
+        return blob, cast("Fetch | None", found)
 
     def _written(self) -> tuple[int, int]:
         """This process's entries and bytes written to the bucket (successful creates)."""
@@ -241,15 +254,15 @@ class BucketStore(Store):
         counts = tier.stats()
         return int(counts.get("remote_puts", 0)), int(counts.get("remote_written_bytes", 0))
 
-    # ---------------------------------------------------------------- torch_xla
-    def mark_torch_xla(self, key: str, graph: str) -> None:
-        """After the entry of torch_xla's file ``graph`` was queued for the bucket: a marker
-        of each name it was put under (the plain one, and a signer's own) that lets torch_xla
-        hosts find it (written after the entry, on the tier's thread). A signer's own marker
-        is what its hosts follow when the plain name holds something else (garbage planted
+    # ---------------------------------------------------------------- markers
+    def mark(self, key: str, tag: str) -> None:
+        """After the entry of ``key`` was queued for the bucket: a marker with ``tag`` of
+        each name it was put under (the plain one, and a signer's own: ``layout``,
+        "marker"), written after the entry, on the tier's thread. A signer's own marker is
+        what its hosts follow when the plain name holds something else (garbage planted
         there first, then removed by a host's start with its marker: the signer's copy and
-        its marker stay)."""
-        tier = self._bucket_writer()
+        its marker stay). Nothing when this store does not write the bucket."""
+        tier = self.writer()
         if tier is None:
             return
         names = [EntryName(n) for n in _names(key, self.signing_key_name)]
@@ -259,7 +272,7 @@ class BucketStore(Store):
             # the plain marker's name must not cost the signer's own marker too.
             for name in names:
                 try:
-                    self.bucket().mark_torch_xla(name, graph)
+                    self.bucket().mark(name, tag)
                 except Exception as e:
                     # Not the tier's failure (its entry went out before): a service with
                     # directories refuses a marker someone planted an object below. One
@@ -268,25 +281,14 @@ class BucketStore(Store):
                         from xla_pcache.tiers.objstore import scrub
 
                         log.warning(
-                            "xla_pcache: writing a torch_xla marker to %s failed (%s: %s); "
-                            "other hosts will not fetch that entry by it before they start",
+                            "xla_pcache: writing a marker to %s failed (%s: %s); other hosts "
+                            "will not fetch that entry by it before they start",
                             tier.url,
                             type(e).__name__,
                             scrub(str(e)),
                         )
 
         tier.submit(mark)
-
-    def pull_torch_xla(self, key_of: Callable[[str], str]) -> int:
-        """Fetches into this store the bucket's torch_xla entries it lacks (of the keys
-        ``key_of`` makes of torch_xla's file names), within its budget: torch_xla looks only
-        in its own directory, so its host copy must hold them before it starts. Returns how
-        many were fetched. Markers are untrusted, so what a start costs is bounded whatever
-        was planted, and what was planted cannot steer it away from the real entries
-        (``torch_xla_pull``: which it fetches, in what order, within which bounds)."""
-        from xla_pcache.bucket import torch_xla_pull
-
-        return torch_xla_pull.pull(self, key_of)
 
     def close(self) -> None:
         recorder, self._recorder = self._recorder, None

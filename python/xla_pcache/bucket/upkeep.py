@@ -1,7 +1,8 @@
 """A bucket's own upkeep, for a cache whose path is a bucket (docs/remote.md, "A cache in a
 bucket"): its budget, kept as an object beside the entries; the records of which entries the
 hosts used; pruning, least recently used first; its totals; and the markers that let a
-torch_xla host find the bucket's torch_xla entries. ``Bucket`` is the one door to them;
+host find entries by a listing before its framework starts (``layout.py``, "marker").
+``Bucket`` is the one door to them;
 the parts live in modules of their own: the objects' names (``layout.py``), the requests
 (``objects.py``), the stored budget (``stored_budget.py``), a use record
 (``use_record.py``), the prune lease (``prune_lease.py``), what a prune reads and its
@@ -19,7 +20,11 @@ Below ``<prefix>/xla_pcache-1/``, beside ``entries/`` and ``claims/`` (``tiers/o
 - ``usage``: the records prune folded: ``<name> <last use> <uses>`` a line, gzip;
 - ``state``: the totals the last prune left, JSON ``{"time", "entries", "bytes"}``;
 - ``prune.lease``: held while a prune runs, so one host prunes at a time;
-- ``torch_xla/<entry name>-<graph hash>``: empty markers of the torch_xla entries.
+- ``torch_xla/<entry name>-<tag>``: empty markers of entries (``layout.MARKER_DIR``; the
+  tag is the last segment of the entry's key, ``layout.marker_tag``).
+
+A later layout of these objects lives below its own root (``xla_pcache-2/``), which nothing
+here lists, reads, writes or removes.
 
 Times: an entry was last used when it was written (its ``Last-Modified``, the service's
 clock, whole seconds) or when a record naming it was uploaded, whichever is later. A
@@ -54,12 +59,12 @@ from xla_pcache.bucket.layout import (
     CONFIG,
     ENTRY_NAMES,
     LEASE,
+    MARKER_DIR,
     MARKER_NAME,
     MARKER_NAMES,
     RECORD_NAMES,
     ROOT,
     STATE,
-    TORCH_XLA_DIR,
     USAGE,
     USE_RECORD_DIR,
     USE_RECORD_NAME,
@@ -114,6 +119,7 @@ __all__ = [
     "LEASE",
     "LEASE_S",
     "LOW_WATERMARK",
+    "MARKER_DIR",
     "MAX_INFLATE",
     "MAX_USAGE",
     "MAX_USE_RECORD",
@@ -125,7 +131,6 @@ __all__ = [
     "STALE_AFTER_S",
     "STALE_CLAIM_S",
     "STATE",
-    "TORCH_XLA_DIR",
     "USAGE",
     "USE_RECORD_DIR",
     "USE_RECORD_NAME",
@@ -299,23 +304,24 @@ class Bucket:
             return Estimate(total, entries, False, n, state["time"], lower=True)
         return Estimate(total, entries, True, n, state["time"])
 
-    # ---------------------------------------------------------------- torch_xla markers
-    def mark_torch_xla(self, name: EntryName, graph: str) -> None:
-        self.put(f"{TORCH_XLA_DIR}/{name}-{graph}", b"")
+    # ---------------------------------------------------------------- markers
+    def mark(self, name: EntryName, tag: str) -> None:
+        """The marker of entry ``name`` with ``tag`` (``layout``, "marker")."""
+        self.put(f"{MARKER_DIR}/{name}-{tag}", b"")
 
-    def torch_xla_entries(self, limit: int | None = None) -> list[tuple[EntryName, str, float]]:
-        """(entry name, torch_xla's file name, when marked) of each marker among the first
-        ``limit`` objects under ``torch_xla/``, newest first."""
-        return self.torch_xla_markers(limit)[0]
+    def marked(self, limit: int | None = None) -> list[tuple[EntryName, str, float]]:
+        """(entry name, tag, when marked) of each marker among the first ``limit`` objects
+        under the markers' directory, newest first."""
+        return self.markers(limit)[0]
 
-    def torch_xla_markers(
+    def markers(
         self, limit: int | None = None
     ) -> tuple[list[tuple[EntryName, str, float]], Listing]:
-        """``torch_xla_entries``, and how its listing went (``Listing.complete``: false when
-        ``limit`` cut it short, or keys the client cannot list hid part of it); runs of
-        objects that are no marker are jumped over (``Listing.skip_junk``)."""
+        """``marked``, and how its listing went (``Listing.complete``: false when ``limit``
+        cut it short, or keys the client cannot list hid part of it); runs of objects that
+        are no marker are jumped over (``Listing.skip_junk``)."""
         out = []
-        listing = Listing(TORCH_XLA_DIR, limit, MARKER_NAMES, skip_junk=True)
+        listing = Listing(MARKER_DIR, limit, MARKER_NAMES, skip_junk=True)
         for meta in self.reader.listing_of(listing):
             m = MARKER_NAME.fullmatch(str(meta["path"]).rpartition("/")[2])
             if m:
@@ -351,7 +357,7 @@ class Bucket:
         ``LOW_WATERMARK`` of the stored budget), under the prune lease; objects under
         ``entries/`` that are no entry go whatever the budget. Folds the hosts' records into
         ``usage`` (at most ``limits.records`` of them), writes ``state``, and removes claims
-        left by killed hosts and the torch_xla markers of removed entries. ``BusyError``
+        left by killed hosts and the markers of removed entries. ``BusyError``
         when another host prunes; within ``limits`` otherwise (``pruned`` False and ``busy``
         saying why when a limit stopped it);
         ``ReadOnlyError``, before any request, when the bucket is read-only."""

@@ -62,8 +62,17 @@ def clear(
     path: PathOption = None,
     read_only: ReadOnlyOption = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    every: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="Also delete the entries of a later release's format (left by default: that "
+            "release reads them).",
+        ),
+    ] = False,
 ) -> None:
-    """Delete every entry (asks first unless --yes; refused in read-only mode)."""
+    """Delete every entry but a later release's (asks first unless --yes; refused in
+    read-only mode)."""
     with reported(), open_cache(path, read_only=read_only, write=True) as store:
         if not yes:
             count = len(store)
@@ -75,7 +84,7 @@ def clear(
             if not confirmed:
                 typer.echo("nothing deleted", err=True)
                 raise typer.Exit(1)
-        removed = store.clear()
+        removed = store.clear(all=every)
     typer.echo(f"removed {removed} entries")
 
 

@@ -133,6 +133,9 @@ def import_cmd(
         # Whole entries no trusted key signed: refused as a trusting get refuses them, and
         # no failure of the import.
         text += f", not trusted {report.untrusted}"
+    if report.newer_format:
+        # A later release's entries: that release reads them, this one cannot; no failure.
+        text += f", of a later release's format (not imported) {report.newer_format}"
     if report.unreadable:
         text += f"; the rest of the bundle is unreadable ({report.error})"
     console.print(shown(text))

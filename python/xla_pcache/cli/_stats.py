@@ -44,6 +44,7 @@ _STAT_ROWS = (
     ("compile_saved_ms", "compile time saved"),
     ("evictions", "evictions"),
     ("corrupt", "corrupt"),
+    ("newer_format", "a later release's entries met (left alone)"),
     ("puts_refused", "puts refused (over budget, no room made in time)"),
     # How fresh entries and bytes are: see docs/reliability.md (stale views).
     ("view_age_s", "index as of"),

@@ -19,6 +19,7 @@ from typing import Any
 
 from xla_pcache import _memory, builds, cache_path, metrics
 from xla_pcache._text import package_logger
+from xla_pcache.bucket import BucketStore
 from xla_pcache.config import Settings
 from xla_pcache.jax import (
     _adopt,
@@ -222,7 +223,7 @@ def _session(
         build=build,
         # A read-only process, and a bucket path's host that writes nothing to the
         # bucket, load from the plan the writers keep and write none.
-        write_plans=not (store.read_only or getattr(store, "bucket_ro", False)),
+        write_plans=not (store.read_only or (isinstance(store, BucketStore) and store.bucket_ro)),
     )
     if inst.compile_form is not None:
         # Compiling ahead what the plan names and the store lacks: from the backend's start,

@@ -187,7 +187,8 @@ class _StoreCacheImpl:
         return len(self._store)
 
     def clear(self) -> None:
-        """Remove every entry from the store (as JAX's in-memory test cache does)."""
+        """Remove every entry from the store (as JAX's in-memory test cache does), but a
+        later release's (``Store.clear``)."""
         with self._lock:
             self._served.clear()
         self._store.clear()

@@ -8,9 +8,8 @@
 - ``read_only``: what a tier marked ``?ro=1`` is once opened (``ReadOnlyTier``: its reads,
   no write);
 - ``chain``: the tiers in order (``fetch(names, accept)`` with backfill, write-through to
-  the tiers that can be written), and the counters kept per tier name;
-- ``refused``: the values a fetch refused, told to whoever watches this thread's fetches
-  (a torch_xla host start, which removes what it proved to be garbage).
+  the tiers that can be written; what it found, with the core's verdict on each value it
+  refused: ``Fetch``), and the counters kept per tier name.
 
 ``xla_pcache.store.Store`` reaches the tiers only through the names below; they are opened
 on the first miss or put that needs them, so a store that is only looked at (``xla-pcache
@@ -24,6 +23,8 @@ from __future__ import annotations
 from xla_pcache.tiers.base import Spooled, Tier, TierURL, redact, split_chain
 from xla_pcache.tiers.chain import (
     Chain,
+    Fetch,
+    Refused,
     check_chain,
     hide_chain_secrets,
     open_chain,
@@ -32,6 +33,8 @@ from xla_pcache.tiers.chain import (
 
 __all__ = [
     "Chain",
+    "Fetch",
+    "Refused",
     "Spooled",
     "Tier",
     "TierURL",

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+from xla_pcache import _core
 from xla_pcache._names import EntryName, entry_name_or_none
 from xla_pcache._text import package_logger
 from xla_pcache._url import REDIS_SCHEMES
@@ -77,8 +78,9 @@ class Spooled:
 # What makes the file a large remote entry is streamed to (``Store._spool_fd``).
 Spool: TypeAlias = Callable[[], Spooled]
 # What a tier's ``get`` answers: one buffer, the pieces of one in order, a ``Spooled`` file,
-# or None.
-Fetched: TypeAlias = "Buffer | list[Buffer] | Spooled | None"
+# the core's verdict on an object it refused by its first bytes (``TierBase.judge_head``),
+# or None (a miss, a failure, or a refusal that proves nothing of the object).
+Fetched: TypeAlias = "Buffer | list[Buffer] | Spooled | _core.Refusal | None"
 
 
 class Tier(Protocol):
@@ -91,15 +93,20 @@ class Tier(Protocol):
     def get(self, name: str, *, max_bytes: int | None, spool: Spool | None) -> Fetched:
         """The entry file stored under ``name`` (one buffer, its pieces in order, or a file
         it was streamed to, made by ``spool``: ``OSError`` or ``CacheError`` when none can
-        be), or None. A value over ``max_bytes``, or whose
-        header does not describe an entry filed under ``name`` of the value's size, is
-        refused after its first bytes."""
+        be), or None. A value over ``max_bytes`` is refused after its first bytes (None),
+        and so is one whose header does not describe an entry filed under ``name`` of the
+        value's size: the core's verdict on them is returned (a later release's entry is
+        ``newer_format``, never garbage)."""
 
-    def put_async(self, name: str, data: Buffer, *, replace: bool = False) -> None:
+    def put_async(
+        self, name: str, data: Buffer, *, replace: bool = False, own: bool = False
+    ) -> None:
         """Write ``data`` under ``name`` in the background: created (the first writer wins)
-        unless ``replace``, which a signer's own name for the key is written with
-        (``_core.signed_entry_name``: only that signer writes there, so its write replaces
-        whatever squats the name)."""
+        unless ``replace``, which overwrites what the name holds but a later release's entry
+        (a plain name, shared by every release: ``Store.replace``'s record that changes);
+        with ``own`` too, whatever is there: a signer's own name for the key
+        (``_core.signed_entry_name``: this format's, where only that signer writes, so its
+        write replaces whatever squats the name)."""
 
     def stats(self) -> dict[str, int | str]:
         """The tier's counters, flat, merged into ``Store.stats()``."""
@@ -356,6 +363,32 @@ class TierBase:
                 self.retry_after,
             )
 
+    def judge_head(
+        self, name: str, head: Buffer, size: int, *, whole: bool
+    ) -> tuple[bool, _core.Refusal | None]:
+        """Whether the value of ``size`` bytes under entry ``name`` is refused by its first
+        bytes ``head`` (the core's ``entry_head_check``), and the verdict to answer with:
+        the core's, or None when the head was cut short (not ``whole``: the first bytes as
+        the server holds them) and so proves nothing of the value. A later release's entry
+        is counted ``remote_newer_format`` and warned of once, naming its version; anything
+        else refused is ``remote_rejected``."""
+        verdict = _core.entry_head_check(head, name, size)
+        if verdict is None:
+            return False, None
+        if verdict.kind == "newer_format":
+            self.count("remote_newer_format")
+            if self.first_warning("newer_format"):
+                log.warning(
+                    "xla_pcache: remote cache %s: the value for %s is %s; a miss, left as "
+                    "it is for the release that wrote it",
+                    self.url,
+                    name,
+                    verdict.why,
+                )
+            return True, verdict
+        self.reject("rejected", f"the value for {name} is not a whole entry file")
+        return True, verdict if whole else None
+
     def reject(self, kind: str, why: str) -> None:
         """Counts a remote value refused before it was read whole (``remote_rejected``) and
         warns once per kind: another writer of the bucket or server put it there."""
@@ -388,13 +421,18 @@ class TierBase:
         copies here, on the caller's thread, while the buffer is known alive)."""
         return data
 
-    def _write(self, name: EntryName, data: Any, replace: bool) -> None:
+    def _write(self, name: EntryName, data: Any, mode: str) -> None:
+        """Writes one entry file: ``mode`` is ``create``, ``update`` (over anything but a
+        later release's entry) or ``own`` (over anything: ``Tier.put_async``)."""
         raise NotImplementedError
 
-    def put_async(self, name: str, data: Buffer, *, replace: bool = False) -> None:
-        """Writes ``data`` under ``name`` in the background (``replace``: see ``Tier``); a value
-        over ``max_value_bytes`` is skipped, counted ``remote_too_large`` and warned of once,
-        a name that is not an entry name counted ``remote_put_skipped``."""
+    def put_async(
+        self, name: str, data: Buffer, *, replace: bool = False, own: bool = False
+    ) -> None:
+        """Writes ``data`` under ``name`` in the background (``replace``, ``own``: see
+        ``Tier``); a value over ``max_value_bytes`` is skipped, counted
+        ``remote_too_large`` and warned of once, a name that is not an entry name counted
+        ``remote_put_skipped``."""
         self._before_use()
         size = memoryview(data).nbytes
         if size > self.max_value_bytes:
@@ -413,18 +451,19 @@ class TierBase:
             self.count("remote_put_skipped")
             return
         payload = self._payload(data)
+        mode = ("own" if own else "update") if replace else "create"
         try:
-            self._writer.submit(self._write_now, checked, payload, replace)
+            self._writer.submit(self._write_now, checked, payload, mode)
         except RuntimeError:
             # At interpreter exit the writer threads are gone (torch_xla's last publish runs
             # then): written here, bounded by the timeout, rather than lost.
-            self._write_now(checked, payload, replace)
+            self._write_now(checked, payload, mode)
 
-    def _write_now(self, name: EntryName, data: Any, replace: bool) -> None:
+    def _write_now(self, name: EntryName, data: Any, mode: str) -> None:
         if not self.available():
             self.count("remote_put_skipped")
             return
-        self._write(name, data, replace)
+        self._write(name, data, mode)
 
     def submit(self, fn: Callable[[], Any]) -> None:
         """Runs ``fn`` on the writer thread, after the writes queued before it."""

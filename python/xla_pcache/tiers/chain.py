@@ -12,9 +12,10 @@ to it.
   an entry receiver): each tier in order, and in each tier each of the names the core gives
   (the key's plain object, then each trusted signer's own object for the key, in its one
   order); each value found goes to ``accept`` (the core's one gate: ``_core.Accept``), and
-  the first it takes answers. A value it refuses (damaged, unsigned or untrusted: counted
-  ``remote_rejected``, and told to a watcher of the thread's fetches: ``refused.py``) stops
-  nothing: the next object, then the next tier, is tried. The
+  the first it takes answers. A value refused, by its first bytes in the tier or whole by
+  ``accept`` (damaged, unsigned or untrusted: counted ``remote_rejected``; a later release's
+  entry: ``newer_format``), stops nothing: the next object, then the next tier, is tried;
+  the core's verdict on each goes back to whoever fetched, in the ``Fetch`` returned. The
   value taken (counted ``remote_hits``) is backfilled in the background into every writable
   tier before the one that answered, under the names ``accept`` returned.
 - **put** (``Chain.put_async(names, data)``): the entry file a put just wrote, written
@@ -47,12 +48,14 @@ import time
 import urllib.parse
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from xla_pcache import _core
 from xla_pcache._text import package_logger
 from xla_pcache._url import BUCKET_SCHEMES, REDIS_SCHEMES
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, Settings
-from xla_pcache.tiers import objstore, redis, refused
+from xla_pcache.tiers import objstore, redis
 from xla_pcache.tiers.base import (
     TRUST_OPTION,
     TRUST_REQUIRED,
@@ -70,9 +73,10 @@ from xla_pcache.tiers.read_only import ReadOnlyTier
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    # What a fetch hands each value to (``_core.Accept``): None when it refuses the value,
-    # else the names the tiers before the one that answered are backfilled under.
-    Accept = Callable[[Buffer | list[Buffer] | Spooled], Sequence[str] | None]
+    # What a fetch hands each value to (``_core.Accept``): the names the tiers before the
+    # one that answered are backfilled under when it takes the value, else the core's
+    # verdict on it (None: not read, which proves nothing).
+    Accept = Callable[[Buffer | list[Buffer] | Spooled], tuple[str, ...] | _core.Refusal | None]
 
 log = package_logger("xla_pcache")
 
@@ -96,6 +100,27 @@ _PERSISTED = {
 TIER_KINDS = {s: "redis" for s in REDIS_SCHEMES} | {s: s for s in BUCKET_SCHEMES}
 # Counters a tier keeps that are failures of any kind.
 _ERROR_COUNTERS = ("remote_get_errors", "remote_put_errors", "remote_claim_errors")
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A value a tier holds under entry ``name`` that the core refused, by its first bytes
+    in the tier or whole, with the core's verdict (``verdict.garbage``: no entry of that
+    name for any reader; ``newer_format``: a later release's, left alone)."""
+
+    tier: Tier | ReadOnlyTier
+    name: str
+    verdict: _core.Refusal
+
+
+@dataclass
+class Fetch:
+    """What one fetch found: whether a value was taken, and each value refused on the way,
+    with the core's verdict (what its caller learns from the check itself, never by asking
+    again)."""
+
+    taken: bool = False
+    refused: list[Refused] = field(default_factory=list)
 
 
 def _size(data: Buffer | list[Buffer] | Spooled) -> int:
@@ -180,7 +205,7 @@ class _Writer:
         for name in own:
             # The signer's own object: what a trusting reader finds there even when the
             # plain one holds an entry it would not trust (planted before or after this one).
-            self.tier.put_async(name, data, replace=True)
+            self.tier.put_async(name, data, replace=True, own=True)
 
 
 def _writers(slots: list[_Slot]) -> list[_Writer]:
@@ -287,13 +312,16 @@ class Chain:
         *,
         max_bytes: int | None = None,
         spool: Spool | None = None,
-    ) -> bool:
+    ) -> Fetch:
         """Asks each tier in order for each of ``names`` (the core's candidate names for a
         key, in its order) and hands each value found to ``accept`` (a buffer, a list of
         buffers to be taken in order, or a ``Spooled`` file, bounded as ``Tier.get`` says),
         until it takes one; the writable tiers before the one that answered are then
         backfilled in the background under the names it returned. A refused value stops
-        neither the next name nor the next tier. Whether a value was taken."""
+        neither the next name nor the next tier. What was taken and refused, with the
+        core's verdicts; a later release's entry is also counted in the store's
+        ``newer_format``."""
+        out = Fetch()
         try:
             for i, slot in enumerate(self._slots):
                 for name in names:
@@ -303,6 +331,9 @@ class Chain:
                     with slot.lock:
                         slot.get_ms += ms
                     self._persist("remote_get_ms", round(ms), slot)
+                    if isinstance(data, _core.Refusal):
+                        self._refused(out, slot, name, data, by_head=True)
+                        continue
                     if data is None:
                         continue
                     size = _size(data)
@@ -311,12 +342,12 @@ class Chain:
                     self._persist("remote_read_bytes", size, slot)
                     try:
                         backfill = accept(data)
-                        if backfill is None:
-                            refused.seen(slot.tier, name, data)
                     finally:
                         if isinstance(data, Spooled):
                             data.close()
-                    if backfill is None:
+                    if not isinstance(backfill, tuple):
+                        if backfill is not None:
+                            self._refused(out, slot, name, backfill)
                         with slot.lock:
                             slot.rejected += 1
                         self._persist("remote_rejected", 1, slot)
@@ -326,10 +357,31 @@ class Chain:
                     self._persist("remote_hits", 1, slot)
                     if backfill:
                         self._backfill(i, backfill, data)
-                    return True
-            return False
+                    out.taken = True
+                    return out
+            return out
         finally:
             self.sync_counters()
+
+    def _refused(
+        self,
+        out: Fetch,
+        slot: _Slot,
+        name: str,
+        verdict: _core.Refusal,
+        *,
+        by_head: bool = False,
+    ) -> None:
+        """Notes the core's refusal of ``slot``'s value under ``name`` for the caller. A
+        later release's entry the tier refused by its first bytes (``by_head``: the core
+        never saw it whole, which counts it) is counted in the store as a local one is."""
+        out.refused.append(Refused(slot.tier, name, verdict))
+        store = self._store()
+        if by_head and verdict.version is not None and store is not None:
+            try:
+                store.count_newer_format(verdict.version)
+            except Exception as e:  # a closed store: the count of this process stops there
+                log.debug("xla_pcache: a newer format's count not kept: %s", e)
 
     def _backfill(
         self, k: int, names: Sequence[str], data: Buffer | list[Buffer] | Spooled

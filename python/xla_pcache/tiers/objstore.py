@@ -38,11 +38,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from xla_pcache import _testhook
-from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
 from xla_pcache._url import BUCKET_SCHEMES
-from xla_pcache.tiers import refused
 from xla_pcache.tiers.base import Fetched, Spool, Spooled, TierBase, TierURL, parse_tier_url
 
 if TYPE_CHECKING:
@@ -303,13 +301,12 @@ class ObjectTier(TierBase):
                 self.reject("too_large", f"an object of {size} bytes is over the limit of {limit}")
                 return None
             head = first.bytes()
-            if entry_file_len(head, name) != size:
-                self.reject("rejected", f"the object for {name} is not a whole entry file")
-                if len(memoryview(head)) == min(size, RANGE_CHUNK):
-                    # Its first bytes as the service holds them (not a read cut short): no
-                    # entry file of this name, for any reader.
-                    refused.seen(self, checked)
-                return None
+            # Its first bytes as the service holds them (not a read cut short): what the
+            # core says of them holds of the object.
+            whole = len(memoryview(head)) == min(size, RANGE_CHUNK)
+            refused, verdict = self.judge_head(checked, head, size, whole=whole)
+            if refused:
+                return verdict
             if size <= len(head):
                 return head
             if size > SPOOL_BYTES and spool is not None:
@@ -326,8 +323,8 @@ class ObjectTier(TierBase):
             if kind == "missing":
                 self.count("remote_misses")
             elif kind == "empty":
-                self.reject("rejected", f"the object for {name} is not a whole entry file")
-                refused.seen(self, checked)
+                # No bytes at all (a ranged read of it is refused): no entry file.
+                return self.judge_head(checked, b"", 0, whole=True)[1]
             else:
                 self.fail("get", e)
             return None
@@ -390,20 +387,27 @@ class ObjectTier(TierBase):
         return True
 
     # ---------------------------------------------------------------- writes
-    def _write(self, name: EntryName, data: Buffer, replace: bool) -> None:
-        """Publishes ``data`` with a conditional create, or with ``replace`` (a signer's own
-        name for the key) an overwrite: only that signer writes there, and whatever else
-        holds the name (an object planted to squat it) is replaced."""
+    def _write(self, name: EntryName, data: Buffer, mode: str) -> None:
+        """Publishes ``data`` with a conditional create; with ``own`` (a signer's own name
+        for the key) an overwrite: only that signer writes there, and whatever else holds
+        the name (an object planted to squat it) is replaced; with ``update`` (a plain name
+        whose record changes: ``Store.replace``) an overwrite of the write it read, unless
+        that is a later release's entry, which stays (``remote_put_newer_format``)."""
         import obstore
 
         t = time.perf_counter()
+        put_mode: Any = {"create": "create", "own": "overwrite"}.get(mode)
+        if put_mode is None:
+            put_mode = self._update_mode(name)
+            if put_mode is None:
+                return
         try:
             # A single PUT: object_store's multipart upload cannot be conditional.
             obstore.put(
                 self._put_store,
                 self.entry_path(name),
                 data,
-                mode="overwrite" if replace else "create",
+                mode=put_mode,
                 use_multipart=False,
             )
         except Exception as e:
@@ -415,6 +419,40 @@ class ObjectTier(TierBase):
         self.count("remote_puts")
         self.count("remote_written_bytes", len(memoryview(data)))
         self.count("remote_put_ms", round((time.perf_counter() - t) * 1000))
+
+    def _update_mode(self, name: EntryName) -> Any:
+        """How to overwrite entry ``name``'s object: created when there is none, else
+        replaced only in the write its first bytes were read from (its ETag, or on GCS its
+        generation: ``Version``; another write meanwhile wins: counted
+        ``remote_put_exists``); None when it is a later release's entry (the core says so
+        of those first bytes), which is left."""
+        import obstore
+
+        from xla_pcache import _core
+
+        try:
+            got = obstore.get(self._store, self.entry_path(name), options={"range": (0, 64)})
+            head, meta = got.bytes(), got.meta
+        except Exception as e:
+            kind = classify(e)
+            if kind == "missing":
+                return "create"
+            if kind == "empty":
+                return "overwrite"
+            self.fail("put", e)
+            return None
+        verdict = _core.entry_head_key(head)
+        if isinstance(verdict, _core.Refusal) and verdict.kind == "newer_format":
+            self.count("remote_put_newer_format")
+            if self.first_warning("put_newer_format"):
+                log.warning(
+                    "xla_pcache: remote cache %s: %s holds %s; not replaced",
+                    self.url,
+                    name,
+                    verdict.why,
+                )
+            return None
+        return Version.of(meta).mode() or "overwrite"
 
     def close(self) -> None:
         self.claims.close()

@@ -16,7 +16,6 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from xla_pcache import _core
-from xla_pcache._core import entry_file_len
 from xla_pcache._names import EntryName
 from xla_pcache.config import DEFAULT_REMOTE_MAX_BYTES, DEFAULT_REMOTE_TIMEOUT_S
 from xla_pcache.sizes import parse_duration, parse_size
@@ -82,7 +81,7 @@ class RedisTier(TierBase):
 
     def get(
         self, name: str, *, max_bytes: int | None, spool: Spool | None
-    ) -> bytes | list[Buffer] | None:
+    ) -> bytes | list[Buffer] | _core.Refusal | None:
         """The raw value stored for entry ``name``, or None (miss or failure, both counted).
         Its length and header come first, in one round trip; the rest is read only for a
         value within ``max_bytes`` whose header describes it."""
@@ -104,9 +103,11 @@ class RedisTier(TierBase):
             if size > limit:
                 self.reject("too_large", f"a value of {size} bytes is over the limit of {limit}")
                 return None
-            if entry_file_len(head, name) != size:
-                self.reject("rejected", f"the value for {name} is not a whole entry file")
-                return None
+            refused, verdict = self.judge_head(
+                checked, head, size, whole=len(head) == min(size, HEAD_BYTES)
+            )
+            if refused:
+                return verdict
             if size <= len(head):
                 return head
             # GETRANGE, never GET: a value replaced meanwhile by a larger one is still read
@@ -133,8 +134,9 @@ class RedisTier(TierBase):
         # The Redis client takes bytes only.
         return data if isinstance(data, bytes) else bytes(data)
 
-    def _write(self, name: EntryName, data: bytes, replace: bool) -> None:
-        # Redis overwrites (``SET``) whatever the name holds, ``replace`` or not.
+    def _write(self, name: EntryName, data: bytes, mode: str) -> None:
+        # Redis overwrites (``SET``) whatever the name holds, whatever the mode: the last
+        # writer wins (docs/remote.md), a later release's value too.
         try:
             self._client.set(KEY_PREFIX + name, data)
         except Exception as e:

@@ -12,9 +12,11 @@ import os
 from xla_pcache import build_key, builds, cache_path, explain
 from xla_pcache._core import CacheError
 from xla_pcache._text import package_logger
+from xla_pcache.bucket import BucketStore
 from xla_pcache.cache_path import shown_path
 from xla_pcache.config import LOCAL_DIR_VAR, PATH_VAR, READ_ONLY_VAR, Settings
 from xla_pcache.store import Store, StoreOptions
+from xla_pcache.torch_xla import _bucket_start
 from xla_pcache.torch_xla import _build as _txbuild
 from xla_pcache.torch_xla import _keyparts as _txkeys
 from xla_pcache.torch_xla._cache import TorchXlaCache
@@ -44,8 +46,7 @@ def resolve(path: str | os.PathLike[str] | None, settings: Settings) -> tuple[st
 
 def identity(store: Store) -> str:
     """What ``resolve`` gives for the path ``store`` was opened for."""
-    url = getattr(store, "bucket_url", "")
-    return url or store.path
+    return store.bucket_url if isinstance(store, BucketStore) else store.path
 
 
 def serve(resolved: str, options: StoreOptions, root: str, named: bool) -> HostMirror | None:
@@ -175,11 +176,10 @@ def _foreign_files(path: str) -> int:
 def _pull_from_bucket(store: Store, build: builds.Build | None) -> None:
     """A bucket path: torch_xla looks only in its own directory, so the bucket's torch_xla
     entries of this build that this host lacks are fetched before it starts
-    (``BucketStore.pull_torch_xla``: a marker of another build names another entry)."""
-    pull = getattr(store, "pull_torch_xla", None)
-    if pull is None:
+    (``_bucket_start.pull``: a marker of another build names another entry)."""
+    if not isinstance(store, BucketStore):
         return
-    fetched = pull(functools.partial(store_key, build=build))
+    fetched = _bucket_start.pull(store, functools.partial(store_key, build=build))
     if fetched:
         logger.info("xla_pcache: fetched %d torch_xla entries from the bucket", fetched)
 
@@ -240,6 +240,5 @@ def _on_publish(store: Store, others: builds.OtherBuilds, key: str) -> None:
         logger.debug("xla_pcache: recording the torch_xla miss of %r failed: %s", key, exc)
     else:
         explain.record_miss(store, key, parts, "torch_xla")
-    mark = getattr(store, "mark_torch_xla", None)
-    if mark is not None:
-        mark(key, bare[len(KEY_PREFIX) :])
+    if isinstance(store, BucketStore):
+        store.mark(key, bare[len(KEY_PREFIX) :])

@@ -25,6 +25,8 @@ use crate::hash::{checksum, MAX_KEY_LEN};
 pub const MAGIC: [u8; 4] = *b"XPCE";
 pub const ENTRY_VERSION: u16 = 1;
 pub const FIXED_HEADER: usize = 64;
+/// No file smaller than this is an entry of any format: a fixed header and a key of a byte.
+pub const ENTRY_MIN_BYTES: usize = FIXED_HEADER + 1;
 pub const MAX_META_LEN: usize = 64 * 1024;
 const FLAG_TEXT_KEY: u16 = 1;
 
@@ -36,6 +38,11 @@ pub enum EntryError {
     BadMagic,
     #[error("unsupported entry format version {0}")]
     UnsupportedVersion(u16),
+    /// A version above `ENTRY_VERSION`: a later release's entry, which this one cannot
+    /// read. Not damage: it is a miss, never removed as corrupt (ARCHITECTURE.md, "Formats
+    /// of other releases").
+    #[error("entry format version {0}, newer than this release's {ENTRY_VERSION}")]
+    NewerFormat(u16),
     #[error("header fields out of range")]
     BadHeader,
     #[error("header checksum mismatch")]
@@ -204,6 +211,9 @@ pub fn header_len(fixed: &[u8]) -> Result<usize, EntryError> {
         return Err(EntryError::BadMagic);
     }
     let version = u16_at(fixed, 4);
+    if version > ENTRY_VERSION {
+        return Err(EntryError::NewerFormat(version));
+    }
     if version != ENTRY_VERSION {
         return Err(EntryError::UnsupportedVersion(version));
     }
@@ -220,6 +230,34 @@ pub fn header_len(fixed: &[u8]) -> Result<usize, EntryError> {
         return Err(EntryError::BadHeader);
     }
     Ok(header_len)
+}
+
+/// The key an entry file's first bytes `head` name, and whether it is text: read from the
+/// fixed header's magic, version and key length alone, whatever else the head holds (nothing
+/// past them is checked: what a caller fetches under that key is verified whole, and a head
+/// forged to name a key leads it to nothing a marker naming that key could not). An error
+/// when no key is there: `NewerFormat` for a later release's entry, whose layout this release
+/// does not know.
+pub fn head_key(head: &[u8]) -> Result<(Vec<u8>, bool), EntryError> {
+    if head.len() < FIXED_HEADER {
+        return Err(EntryError::TooShort(head.len() as u64));
+    }
+    if head[0..4] != MAGIC {
+        return Err(EntryError::BadMagic);
+    }
+    match u16_at(head, 4) {
+        ENTRY_VERSION => {}
+        v if v > ENTRY_VERSION => return Err(EntryError::NewerFormat(v)),
+        v => return Err(EntryError::UnsupportedVersion(v)),
+    }
+    let key_len = u32_at(head, 12) as usize;
+    if key_len == 0 || key_len > MAX_KEY_LEN {
+        return Err(EntryError::BadHeader);
+    }
+    let key = head
+        .get(FIXED_HEADER..FIXED_HEADER + key_len)
+        .ok_or(EntryError::TooShort(head.len() as u64))?;
+    Ok((key.to_vec(), u16_at(head, 6) & FLAG_TEXT_KEY != 0))
 }
 
 /// Decodes and verifies the header at the start of `buf` (which must hold the whole header;
@@ -423,10 +461,29 @@ mod tests {
     }
 
     #[test]
-    fn newer_version_is_reported() {
+    fn a_newer_version_is_told_from_damage() {
         let mut f = entry(b"key", b"x");
         f[4] = 2;
-        assert_eq!(verify(&f), Err(EntryError::UnsupportedVersion(2)));
+        assert_eq!(verify(&f), Err(EntryError::NewerFormat(2)));
+        // Told from the first 64 bytes alone, whatever follows them.
+        assert_eq!(
+            header_len(&f[..FIXED_HEADER]),
+            Err(EntryError::NewerFormat(2))
+        );
+        f[4] = 0;
+        assert_eq!(verify(&f), Err(EntryError::UnsupportedVersion(0)));
+    }
+
+    #[test]
+    fn a_heads_key_is_read_from_its_first_bytes() {
+        let f = entry(b"the key", &[1u8; 9000]);
+        assert_eq!(head_key(&f[..100]), Ok((b"the key".to_vec(), true)));
+        // The key cut off by the head's end: no key.
+        assert!(head_key(&f[..FIXED_HEADER + 3]).is_err());
+        let mut newer = f.clone();
+        newer[4] = 7;
+        assert_eq!(head_key(&newer), Err(EntryError::NewerFormat(7)));
+        assert_eq!(head_key(b"garbage"), Err(EntryError::TooShort(7)));
     }
 
     #[test]

@@ -134,8 +134,17 @@ fn tier_stats(body: &[u8]) -> Option<JournalRecord> {
 
 /// Decodes records from `buf`; returns them and how many bytes they used. Stops at the
 /// first incomplete or invalid record. Unknown kinds with a valid checksum are skipped, so
-/// older readers can follow newer writers.
+/// older readers can follow newer writers (what the readers use: `read_pieces`).
+#[cfg(test)]
 pub fn decode(buf: &[u8]) -> (Vec<JournalRecord>, usize) {
+    let (out, at, _) = decode_noting(buf);
+    (out, at)
+}
+
+/// `decode`, and whether it skipped a whole record of a kind this release does not know (a
+/// later release's).
+fn decode_noting(buf: &[u8]) -> (Vec<JournalRecord>, usize, bool) {
+    let mut unknown = false;
     let mut out = Vec::new();
     let mut at = 0;
     while buf.len() - at >= 4 {
@@ -165,12 +174,16 @@ pub fn decode(buf: &[u8]) -> (Vec<JournalRecord>, usize) {
                 counters: (0..n / 8).map(|i| u64_at(body, i * 8)).collect(),
             }),
             (K_TIER_STATS, n) if n > 0 => tier_stats(body),
-            _ => None,
+            (K_PUT..=K_TIER_STATS, _) => None,
+            _ => {
+                unknown = true;
+                None
+            }
         };
         out.extend(rec);
         at = end + 8;
     }
-    (out, at)
+    (out, at, unknown)
 }
 
 /// Longest encoded record: a reader holding fewer unread bytes than this may be looking at
@@ -184,10 +197,38 @@ const READ_CHUNK: usize = 256 << 10;
 /// Reads in chunks, and stops at the first bytes that cannot be a record or the start of
 /// one: a journal extended with zeros or garbage (`truncate -s 1T`) costs one chunk.
 pub fn read_from(f: &File, offset: u64, len: u64) -> io::Result<(Vec<JournalRecord>, u64)> {
-    use std::os::unix::fs::FileExt;
     let mut out = Vec::new();
+    let at = read_pieces(f, offset, len, |recs, _| {
+        out.extend(recs);
+        true
+    })?;
+    Ok((out, at))
+}
+
+/// Whether the journal `f`, read up to `len` bytes (as `read_from` reads it), holds a whole
+/// record of a kind this release does not know: a later release's, which that release's
+/// compaction folds into its own snapshot, and an older one's would lose.
+pub fn holds_later_kinds(f: &File, len: u64) -> io::Result<bool> {
+    let mut later = false;
+    read_pieces(f, 0, len, |_, unknown| {
+        later |= unknown;
+        !later
+    })?;
+    Ok(later)
+}
+
+/// Reads `f` from `offset` up to `len` a chunk at a time, handing each chunk's whole records,
+/// and whether it skipped one of a kind this release does not know, to `each` (which says
+/// whether to go on); the offset just past the last whole record read.
+fn read_pieces(
+    f: &File,
+    offset: u64,
+    len: u64,
+    mut each: impl FnMut(Vec<JournalRecord>, bool) -> bool,
+) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
     if len <= offset {
-        return Ok((out, offset.min(len)));
+        return Ok(offset.min(len));
     }
     let mut at = offset;
     let mut buf: Vec<u8> = Vec::new();
@@ -208,16 +249,15 @@ pub fn read_from(f: &File, offset: u64, len: u64) -> io::Result<(Vec<JournalReco
             break;
         }
         buf.extend_from_slice(&chunk[..n]);
-        let (recs, used) = decode(&buf);
-        out.extend(recs);
+        let (recs, used, unknown) = decode_noting(&buf);
         at += used as u64;
         buf.drain(..used);
-        if buf.len() >= MAX_RECORD {
-            // Not a tail being written: bytes that are no record. Stop here for good.
+        if !each(recs, unknown) || buf.len() >= MAX_RECORD {
+            // Enough, or not a tail being written: bytes that are no record. Stop here.
             break;
         }
     }
-    Ok((out, at))
+    Ok(at)
 }
 
 /// The journal file name of a process: `<host>-<pid>-<start time hex>.log`.

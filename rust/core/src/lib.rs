@@ -51,6 +51,7 @@ pub use build_id::{
     default_place as default_build_record_place, mapped_objects, BuildIdRecord, FileId, IdKind,
     Loaded, Mapped, RecordUse,
 };
+pub use entry::ENTRY_MIN_BYTES;
 pub use error::StoreError;
 pub use fsinfo::FsInfo;
 pub use hash::{active as active_hash_impl, entry_name, hash_parts, name_hex, HashImpl, KeyHasher};
@@ -67,8 +68,8 @@ pub use stats::{
     PREFETCH_COUNTER_NAMES, TIER_COUNTER_NAMES,
 };
 pub use store::{
-    entry_file_len, tier_names, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport, Key,
-    Published, ReadMode, Stats, Store, StoreOptions, VerifyReport,
+    head_key, judge_head, tier_names, Claim, ClaimOutcome, ClaimState, EntrySummary, EvictReport,
+    Key, Published, ReadMode, Refusal, Stats, Store, StoreOptions, VerifyReport,
 };
 pub use stored_budget::StoredBudget;
 pub use testhook::{

@@ -105,6 +105,10 @@ pub enum Counter {
     PrefetchCompiled,
     PrefetchCompiledUsed,
     PrefetchModulesRefused,
+    /// Lookups and received files that met an entry of a later release's format (its
+    /// version above this one's): a miss each, never removed as corrupt. Appended last,
+    /// after `PrefetchModulesRefused` (journals that end there read it as 0).
+    NewerFormat,
 }
 
 /// The first of the remote totals, in `TIER_COUNTER_NAMES` order.
@@ -115,7 +119,7 @@ const FIRST_REMOTE: usize = Counter::RemoteHits as usize;
 // first `N_COUNTERS` (`add_into`), so those journals still sum into the totals; their
 // per-kind figures are not read, since reading them would take the core knowing the kinds.
 
-pub const COUNTER_NAMES: [&str; 46] = [
+pub const COUNTER_NAMES: [&str; 47] = [
     "hits",
     "misses",
     "puts",
@@ -162,6 +166,7 @@ pub const COUNTER_NAMES: [&str; 46] = [
     "prefetch_compiled",
     "prefetch_compiled_used",
     "prefetch_modules_refused",
+    "newer_format",
 ];
 pub const N_COUNTERS: usize = COUNTER_NAMES.len();
 
@@ -422,7 +427,11 @@ mod tests {
             Counter::BuildRehashes as usize + 1,
             Counter::PrefetchCompiled as usize
         );
-        assert_eq!(Counter::PrefetchModulesRefused as usize + 1, N_COUNTERS);
+        assert_eq!(
+            Counter::PrefetchModulesRefused as usize + 1,
+            Counter::NewerFormat as usize
+        );
+        assert_eq!(Counter::NewerFormat as usize + 1, N_COUNTERS);
         let mut places = Vec::new();
         for (i, counter) in PREFETCH_COUNTER_NAMES.iter().enumerate() {
             let at = if i < 8 {

@@ -67,6 +67,21 @@ impl StoredBudget {
         text
     }
 
+    /// The version a config file's text names on its first line when it is a later
+    /// release's (above `CONFIG_VERSION`), else None.
+    fn later_version(bytes: &[u8]) -> Option<u32> {
+        let first = bytes.split(|b| *b == b'\n').next()?;
+        let mut words = std::str::from_utf8(first).ok()?.split_whitespace();
+        match (
+            words.next(),
+            words.next().map(str::parse::<u32>),
+            words.next(),
+        ) {
+            (Some(CONFIG_TAG), Some(Ok(v)), None) if v > CONFIG_VERSION => Some(v),
+            _ => None,
+        }
+    }
+
     /// Parses the file's text; `Err` says why it is not used.
     pub fn parse(bytes: &[u8]) -> Result<StoredBudget, String> {
         let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_string())?;
@@ -141,12 +156,32 @@ pub fn read(root: &Root) -> Result<Option<StoredBudget>, String> {
     StoredBudget::parse(&bytes).map(Some)
 }
 
+/// The version of the CONFIG there when it is a later release's, which that release reads and
+/// this one neither reads nor replaces; else None (none, this version's, or not a config).
+pub fn later_version(root: &Root) -> Option<u32> {
+    let f = root.open_file(&CONFIG_REL, libc::O_RDONLY, 0).ok()?;
+    if !dir::fstat(&f).is_ok_and(|st| st.is_file()) {
+        return None;
+    }
+    let bytes = dir::read_capped(&f, MAX_CONFIG_LEN).ok()?;
+    StoredBudget::later_version(&bytes)
+}
+
 /// Writes CONFIG: the whole file to a temp file in `tmp/`, then renamed over the old one, so
 /// a reader sees the old settings or the new, never a part. Settings with nothing set remove
-/// the file.
+/// the file. A later release's CONFIG is neither replaced nor removed (`Format`, naming its
+/// version): what it holds, this release cannot write back.
 pub fn write(root: &Root, settings: &StoredBudget, durable: bool) -> Result<(), StoreError> {
     settings.check()?;
     let path = root.path().join(CONFIG_FILE);
+    if let Some(v) = later_version(root) {
+        return Err(StoreError::Format(format!(
+            "{} is of version {v}, a later release's (this xla_pcache {} writes version \
+             {CONFIG_VERSION}): set the budget with that release, or remove the file first",
+            path.display(),
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
     let top = root.dir().map_err(|e| io_err("open", root.path(), e))?;
     if settings.is_empty() {
         return match top.unlink(&CONFIG_NAME) {

@@ -5,11 +5,11 @@
 //! asked for.
 
 use crate::blob::PyBlob;
-use crate::buffer::{gathered, HeldBuffer, KeyArg};
+use crate::buffer::KeyArg;
 use crate::errors::{no_panic, on_cache_error, CacheError};
-use pyo3::exceptions::PyValueError;
+use crate::verdict::{take, PyRefusal, Taken};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyTuple};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use xla_pcache_core::{name_hex, tier_names, Blob, Published, Store};
@@ -29,14 +29,16 @@ fn hex(names: Vec<u128>) -> Vec<String> {
 
 impl ChainHooks {
     /// After a local miss of `key`: the tiers' entry, verified by `Accept` (and published
-    /// unless the store is read-only), or None. A failure of the hook is logged and a miss.
+    /// unless the store is read-only), or None; and what the hook returned (the chain's
+    /// account of the fetch: what each tier refused, with the core's verdict), None when it
+    /// failed. A failure of the hook is logged and a miss.
     pub fn fetch(
         &self,
         py: Python<'_>,
         store: &Arc<Store>,
         closed: &Arc<AtomicBool>,
         key: KeyArg,
-    ) -> PyResult<Option<PyBlob>> {
+    ) -> PyResult<(Option<PyBlob>, Py<PyAny>)> {
         let (names, max_bytes) = py.detach(|| {
             no_panic("entry_names", || {
                 Ok((store.entry_names(key.key())?, store.max_size()))
@@ -51,19 +53,23 @@ impl ChainHooks {
                 taken: Mutex::new(None),
             },
         )?;
-        if let Err(e) = self
+        let told = match self
             .fetch
             .call1(py, (hex(names), max_bytes, accept.clone_ref(py)))
         {
-            log::error!("xla_pcache: remote tier: {e}; treated as a miss");
-        }
+            Ok(told) => told,
+            Err(e) => {
+                log::error!("xla_pcache: remote tier: {e}; treated as a miss");
+                py.None()
+            }
+        };
         let taken = accept
             .get()
             .taken
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        Ok(taken.map(|inner| PyBlob { inner }))
+        Ok((taken.map(|inner| PyBlob { inner }), told))
     }
 
     /// After a put published `published` with the payload `payload`: the whole entry file
@@ -93,9 +99,11 @@ impl ChainHooks {
 /// entry file verified, a trusting store's trust included) and, for the first value it takes,
 /// the local publish (unless read-only). Called with a buffer, a list of buffers (a value's
 /// pieces, in order) or a spooled file (an object with the descriptor `fd`, read from its
-/// start); returns None for a value it refuses, else the names under which the tiers before
-/// the one that answered are to be backfilled (none for a read-only store, which writes
-/// nowhere). Once it took a value it takes no other.
+/// start). Returns, for a value it takes, the names under which the tiers before the one
+/// that answered are to be backfilled (none for a read-only store, which writes nowhere);
+/// for a value it refuses, the core's verdict (`Refusal`: whoever fetched learns why from
+/// the check itself); None for a value it could not read, which proves nothing, and for any
+/// value once it took one.
 #[pyclass(name = "Accept", module = "xla_pcache._core", frozen)]
 pub struct PyAccept {
     store: Arc<Store>,
@@ -106,7 +114,11 @@ pub struct PyAccept {
 
 #[pymethods]
 impl PyAccept {
-    fn __call__(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyTuple>>> {
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        value: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(CacheError::new_err(format!(
                 "the store at {} is closed",
@@ -123,43 +135,13 @@ impl PyAccept {
         }
         let store = &self.store;
         let publish = !store.options().read_only;
-        let key = self.key.key();
-        let res = if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
-            let mut held = Vec::new();
-            for piece in value.try_iter()? {
-                held.push(HeldBuffer::get(&piece?, "value")?);
+        let res = take(py, store, self.key.key(), value, publish, "value");
+        let blob = match on_cache_error(py, res, Taken::Unread, None)? {
+            Taken::Blob(blob) => blob,
+            Taken::Refused(why) => {
+                return Ok(Some(Bound::new(py, PyRefusal::from(why))?.into_any()))
             }
-            let res = py.detach(|| {
-                no_panic("Accept", || match gathered(&held) {
-                    Some(file) => store.take_entry_file(key, file, publish),
-                    None => Ok(None),
-                })
-            });
-            drop(held);
-            res
-        } else if let Ok(buf) = HeldBuffer::get(value, "value") {
-            let res = py.detach(|| {
-                no_panic("Accept", || {
-                    let file = buf.as_slice().to_vec();
-                    store.take_entry_file(key, file, publish)
-                })
-            });
-            drop(buf);
-            res
-        } else {
-            let fd: i32 = value
-                .getattr("fd")
-                .and_then(|fd| fd.extract())
-                .map_err(|_| {
-                    PyValueError::new_err(
-                        "value must be a buffer, a list of buffers or a spooled file (fd)",
-                    )
-                })?;
-            let file = borrowed_file(fd)?;
-            py.detach(|| no_panic("Accept", || store.take_entry_from_file(key, &file, publish)))
-        };
-        let Some(blob) = on_cache_error(py, res, None, None)? else {
-            return Ok(None);
+            Taken::Unread => return Ok(None),
         };
         let names = if publish {
             let signer = blob.header.signature.as_ref().map(|f| f.signer.as_str());
@@ -167,23 +149,7 @@ impl PyAccept {
         } else {
             Vec::new()
         };
-        *self.taken.lock().unwrap_or_else(|p| p.into_inner()) = Some(blob);
-        Ok(Some(PyTuple::new(py, names)?.unbind()))
+        *self.taken.lock().unwrap_or_else(|p| p.into_inner()) = Some(*blob);
+        Ok(Some(PyTuple::new(py, names)?.into_any()))
     }
-}
-
-/// A duplicate of the open descriptor `fd` the caller holds, ours to close.
-fn borrowed_file(fd: i32) -> PyResult<std::fs::File> {
-    use std::os::fd::BorrowedFd;
-    if fd < 0 {
-        return Err(PyValueError::new_err(format!(
-            "fd must be an open file descriptor, got {fd}"
-        )));
-    }
-    // SAFETY: the caller passes a descriptor it holds open for this call; duplicating one
-    // that is not open fails (EBADF) and is reported naming the argument.
-    let owned = unsafe { BorrowedFd::borrow_raw(fd) }
-        .try_clone_to_owned()
-        .map_err(|e| PyValueError::new_err(format!("fd {fd} is not an open file: {e}")))?;
-    Ok(std::fs::File::from(owned))
 }

@@ -195,6 +195,7 @@ pub(crate) fn verify_report<'py>(
     d.set_item("bytes", r.bytes)?;
     d.set_item("corrupt", &r.corrupt)?;
     d.set_item("foreign", &r.foreign)?;
+    d.set_item("newer_format", &r.newer_format)?;
     d.set_item("unindexed", r.unindexed)?;
     d.set_item("dangling", r.dangling)?;
     d.set_item("stale_tmp", r.stale_tmp)?;

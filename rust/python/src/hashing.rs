@@ -105,23 +105,6 @@ pub fn signed_entry_name(key: &Bound<'_, PyAny>, signer: &str) -> PyResult<Strin
     })
 }
 
-/// The length of the whole entry file whose first bytes are `head`, when they hold its
-/// whole header, it verifies and its key is filed under `name`; None otherwise.
-#[pyfunction]
-pub fn entry_file_len(
-    py: Python<'_>,
-    head: &Bound<'_, PyAny>,
-    name: &str,
-) -> PyResult<Option<u64>> {
-    let buf = HeldBuffer::get(head, "head")?;
-    let name = name.to_owned();
-    py.detach(|| {
-        no_panic("entry_file_len", || {
-            Ok(xla_pcache_core::entry_file_len(buf.as_slice(), &name))
-        })
-    })
-}
-
 /// The xxh3 vector path in use (`avx512`, `avx2`, `sse2`, `neon`, `scalar`, or `portable-*`).
 #[pyfunction]
 pub fn hash_impl() -> PyResult<&'static str> {

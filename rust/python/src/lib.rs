@@ -7,8 +7,9 @@
 //! milliseconds: `convert.rs`, `store.rs`), and decides how the core meets Python: a get or
 //! put that fails for cache reasons is a miss or a skipped write, logged, and no panic gets
 //! out (`errors.rs`); a walk (`verify`, `evict`) runs on a thread of its own so that Ctrl-C
-//! stops it (`store.rs`); the remote tiers are Python objects it calls back after a local
-//! miss or a publish (`chain.rs`); a report shows the remote counters only once a tier
+//! stops it (`walk.rs`); the remote tiers are Python objects it calls back after a local
+//! miss or a publish (`chain.rs`), and the core's verdict on what they hold reaches them
+//! as a `Refusal` (`verdict.rs`); a report shows the remote counters only once a tier
 //! counted (`convert.rs`).
 
 mod blob;
@@ -21,10 +22,13 @@ mod convert;
 mod errors;
 mod hashing;
 mod logging;
+mod options;
 mod owndir;
 mod signing;
 mod store;
 mod testhook;
+mod verdict;
+mod walk;
 
 use pyo3::prelude::*;
 
@@ -39,6 +43,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         xla_pcache_core::MAX_DURATION.as_secs_f64(),
     )?;
     m.add("MAX_SIZE", xla_pcache_core::MAX_SIZE)?;
+    // No object smaller than this holds an entry file (a fixed header and a key of a byte).
+    m.add("ENTRY_MIN_BYTES", xla_pcache_core::ENTRY_MIN_BYTES)?;
     m.add("STORE_DEFAULTS", convert::store_defaults(m.py())?)?;
     m.add(
         "TIER_COUNTERS",
@@ -57,10 +63,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<claim::PyClaim>()?;
     m.add_class::<hashing::PyHasher>()?;
     m.add_class::<chain::PyAccept>()?;
+    m.add_class::<verdict::PyRefusal>()?;
     m.add_class::<owndir::PyOwnDir>()?;
     m.add_function(wrap_pyfunction!(hashing::hash_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::entry_name, m)?)?;
-    m.add_function(wrap_pyfunction!(hashing::entry_file_len, m)?)?;
+    m.add_function(wrap_pyfunction!(verdict::entry_head_check, m)?)?;
+    m.add_function(wrap_pyfunction!(verdict::entry_head_key, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::signed_entry_name, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::hash_impl, m)?)?;
     m.add_function(wrap_pyfunction!(builds::identify_binaries, m)?)?;

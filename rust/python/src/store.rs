@@ -6,71 +6,18 @@ use crate::buffer::{gathered, HeldBuffer, KeyArg};
 use crate::chain::ChainHooks;
 use crate::claim::PyClaim;
 use crate::convert::{
-    bad_arg, bool_arg, choice, counters_into, durable_arg, entry_dict, evict_report, key_object,
-    path_arg, positive_size, read_only_arg, seconds, sign_arg, verify_report,
+    bad_arg, bool_arg, counters_into, durable_arg, entry_dict, evict_report, key_object,
+    positive_size, read_only_arg, seconds, sign_arg, verify_report,
 };
 use crate::errors::{no_panic, on_cache_error, to_py, CacheError};
+use crate::verdict::PyRefusal;
+use crate::{options, walk};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
-use xla_pcache_core::{
-    EntrySummary, Key, LockMode, ReadMode, Store, StoreError, StoreOptions, StoredBudget,
-};
-
-/// Runs `f` (a long store walk) on a scoped thread without the GIL, while this thread
-/// looks for signals every 20 ms: on Ctrl-C (KeyboardInterrupt from Python's handler) it
-/// asks the store to stop at the next entry, waits for `f` to return, and raises. A walk
-/// in the calling thread would see Ctrl-C only once it had finished. The walk's end is
-/// received, not polled for: the caller gets control back as soon as the walk releases
-/// what it held (another process may take the evictor lock at that instant).
-fn interruptible<T: Send>(
-    py: Python<'_>,
-    store: &Store,
-    f: impl FnOnce() -> PyResult<T> + Send,
-) -> PyResult<T> {
-    let _walk = store.walk();
-    let (res, err) = py.detach(|| {
-        std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let h = s.spawn(move || {
-                // A send fails only if the receiver is gone, which it is not before the
-                // scope ends.
-                let _ = tx.send(f());
-            });
-            let mut err = None;
-            let res = loop {
-                match rx.recv_timeout(Duration::from_millis(20)) {
-                    Ok(res) => break res,
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        if err.is_none() {
-                            if let Err(e) = Python::attach(|py| py.check_signals()) {
-                                store.interrupt();
-                                err = Some(e);
-                            }
-                        }
-                    }
-                    // The sender was dropped without sending: `f` panicked.
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                        break Err(pyo3::exceptions::PyRuntimeError::new_err(
-                            "xla_pcache: the store walk panicked",
-                        ))
-                    }
-                }
-            };
-            // Joined here, so that a panic of the walk is the error above and never
-            // resumes in this thread when the scope ends.
-            let _ = h.join();
-            (res, err)
-        })
-    });
-    match err {
-        Some(e) => Err(e),
-        None => res,
-    }
-}
+use xla_pcache_core::{EntrySummary, Key, Store, StoreError, StoredBudget};
 
 /// A persistent key -> blob store rooted at a directory.
 #[pyclass(name = "Store", module = "xla_pcache._core", frozen, subclass)]
@@ -181,40 +128,24 @@ impl PyStore {
         trusted_keys: Option<Vec<(String, Vec<u8>)>>,
         own_root_fd: Option<i32>,
     ) -> PyResult<Self> {
-        let path = path_arg("path", path)?;
-        let evict_trace = match evict_trace {
-            Some(v) if !v.is_none() => Some(path_arg("evict_trace", v)?),
-            _ => None,
-        };
-        let max_size = positive_size("max_size", max_size)?;
-        let lock_mode = choice::<LockMode>("lock_mode", lock_mode)?.unwrap_or(LockMode::Auto);
-        let read_mode = choice::<ReadMode>("read_mode", read_mode)?.unwrap_or(ReadMode::Auto);
-        if path.as_os_str().is_empty() {
-            return Err(PyValueError::new_err("path must not be empty"));
-        }
-        let d = StoreOptions::default();
-        let or_default = |name: &str, v: Option<f64>, default: Duration| match v {
-            Some(v) => seconds(name, v),
-            None => Ok(default),
-        };
-        let opts = StoreOptions {
+        let (path, opts) = options::store_options(options::Args {
+            path,
             max_size,
             read_only,
             durable,
             lock_mode,
-            lock_timeout: or_default("lock_timeout", lock_timeout, d.lock_timeout)?,
-            lease_time: or_default("lease_time", lease_time, d.lease_time)?,
-            hit_interval: or_default("hit_interval", hit_interval, d.hit_interval)?,
-            trash_grace: or_default("trash_grace", trash_grace, d.trash_grace)?,
-            tmp_grace: or_default("tmp_grace", tmp_grace, d.tmp_grace)?,
-            claim_lease: or_default("claim_lease", claim_lease, d.claim_lease)?,
+            lock_timeout,
+            lease_time,
+            hit_interval,
+            trash_grace,
+            tmp_grace,
+            claim_lease,
             read_mode,
             evict_trace,
-            signer: crate::signing::signer(signing_key)?,
-            trust: crate::signing::trust(trusted_keys)?,
-            own_root: own_root(own_root_fd)?,
-            ..d
-        };
+            signing_key,
+            trusted_keys,
+            own_root_fd,
+        })?;
         let store = py.detach(|| no_panic("Store()", || Store::open(&path, opts)))?;
         Ok(Self {
             inner: Arc::new(store),
@@ -346,7 +277,7 @@ impl PyStore {
         let Some(chain) = self.chain.get() else {
             return Ok(py.None());
         };
-        let found = chain.fetch(py, &self.inner, &self.closed, key)?;
+        let (found, _) = chain.fetch(py, &self.inner, &self.closed, key)?;
         Ok(match found {
             Some(blob) => Py::new(py, blob)?.into_any(),
             None => py.None(),
@@ -354,14 +285,19 @@ impl PyStore {
     }
 
     /// Asks the tiers for `key` as a local miss does, without looking in the directory or
-    /// counting a miss: their verified entry (published here unless read-only), or None,
-    /// also when the store has no chain.
-    fn _fetch(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyBlob>> {
+    /// counting a miss: their verified entry (published here unless read-only) or None, and
+    /// what the chain's fetch returned (its account of what each tier refused and why; None
+    /// also when the store has no chain).
+    fn _fetch(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<(Option<PyBlob>, Py<PyAny>)> {
         let key = KeyArg::extract(key)?;
         self.store()?;
         match self.chain.get() {
             Some(chain) => chain.fetch(py, &self.inner, &self.closed, key),
-            None => Ok(None),
+            None => Ok((None, py.None())),
         }
     }
 
@@ -404,18 +340,6 @@ impl PyStore {
         Ok(on_cache_error(py, res, None, None)?.map(|b| PyBytes::new(py, &b)))
     }
 
-    /// Why this store would not take the whole entry file `data` for `key`, as (kind, why),
-    /// or None when it would. Writes and counts nothing.
-    fn refusal(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        data: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<(String, String)>> {
-        let res = self.with_entry_file(py, "refusal", key, data, |s, k, b| s.refusal(k, b));
-        Ok(res?.map(|(kind, why)| (kind.to_string(), why)))
-    }
-
     /// Verifies a whole entry file in memory and returns its payload as a Blob, writing
     /// nothing; None if it does not verify.
     fn verify_entry_file(
@@ -425,7 +349,7 @@ impl PyStore {
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<PyBlob>> {
         let res = self.with_entry_file(py, "verify_entry_file", key, data, |s, k, b| {
-            s.verify_entry_file(k, b.to_vec())
+            s.verify_entry_file(k, b.to_vec()).map(Result::ok)
         });
         Ok(on_cache_error(py, res, None, None)?.map(|inner| PyBlob { inner }))
     }
@@ -452,7 +376,9 @@ impl PyStore {
         let store = self.store()?;
         let res = py.detach(|| {
             no_panic("take_entry_file", || match gathered(&held) {
-                Some(file) => store.take_entry_file(key.key(), file, publish),
+                Some(file) => store
+                    .take_entry_file(key.key(), file, publish)
+                    .map(Result::ok),
                 None => Ok(None),
             })
         });
@@ -480,17 +406,22 @@ impl PyStore {
         Ok(fd.into_raw_fd())
     }
 
-    /// Publishes a whole entry file after verifying it; None if it does not verify.
-    fn put_entry_file(
+    /// Publishes a whole entry file after verifying it: whether it published it (False:
+    /// one was there, or a skipped write), or the core's `Refusal` when it does not verify
+    /// (nothing is written): what an importer reports, from the check itself.
+    fn put_entry_file<'py>(
         &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        data: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<bool>> {
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let res = self.with_entry_file(py, "put_entry_file", key, data, |s, k, b| {
             s.put_entry_file(k, b)
         });
-        on_cache_error(py, res, Some(false), None)
+        match on_cache_error(py, res, Ok(false), None)? {
+            Ok(published) => Ok(PyBool::new(py, published).to_owned().into_any()),
+            Err(why) => Ok(Bound::new(py, PyRefusal::from(why))?.into_any()),
+        }
     }
 
     /// Claims `key` for compiling, or waits up to `wait` seconds for another process's
@@ -532,9 +463,11 @@ impl PyStore {
         py.detach(|| no_panic("delete", || store.delete(key.key())))
     }
 
-    fn clear(&self, py: Python<'_>) -> PyResult<u64> {
+    /// Removes every entry but a later release's (`all`: those too); how many it removed.
+    #[pyo3(signature = (*, all=false))]
+    fn clear(&self, py: Python<'_>, all: bool) -> PyResult<u64> {
         let store = self.store()?;
-        py.detach(|| no_panic("clear", || store.clear()))
+        py.detach(|| no_panic("clear", || store.clear(all)))
     }
 
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
@@ -624,7 +557,7 @@ impl PyStore {
         remove: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let store = self.store()?;
-        let found = interruptible(py, store, || {
+        let found = walk::interruptible(py, store, || {
             no_panic("untrusted_entries", || store.untrusted_entries(remove))
         })?;
         let out = PyList::empty(py);
@@ -731,6 +664,17 @@ impl PyStore {
         })
     }
 
+    /// Counts a later release's entry a remote tier holds (format `version`), refused after
+    /// its first bytes (`entry_head_check`), as a lookup here counts one (`newer_format`,
+    /// one warning naming the version).
+    fn count_newer_format(&self, version: u16) -> PyResult<()> {
+        let store = self.store()?;
+        no_panic("count_newer_format", || {
+            store.count_newer_format(version);
+            Ok(())
+        })
+    }
+
     /// Counts a process start that hashed its runtime's binaries with no record to keep
     /// their identities in (`build_rehashes` in `stats`).
     fn count_build_rehash(&self) -> PyResult<()> {
@@ -791,7 +735,7 @@ impl PyStore {
     ) -> PyResult<Bound<'py, PyDict>> {
         let older = older_than.map(|s| seconds("older_than", s)).transpose()?;
         let store = self.store()?;
-        let r = interruptible(py, store, || {
+        let r = walk::interruptible(py, store, || {
             no_panic("evict", || store.evict(max_size, older))
         })?;
         evict_report(py, r)
@@ -805,30 +749,7 @@ impl PyStore {
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let store = self.store()?;
-        let cb_err = std::sync::Mutex::new(None::<PyErr>);
-        let r = interruptible(py, store, || {
-            let mut last = std::time::Instant::now() - Duration::from_secs(1);
-            let mut cb = |done: u64, total: u64| {
-                let Some(p) = &progress else { return };
-                if done != total && last.elapsed() < Duration::from_millis(50) {
-                    return;
-                }
-                last = std::time::Instant::now();
-                Python::attach(|py| {
-                    if let Err(e) = p.call1(py, (done, total)) {
-                        // A callback that raises stops the walk, as an interrupt does.
-                        store.interrupt();
-                        if let Ok(mut slot) = cb_err.lock() {
-                            slot.get_or_insert(e);
-                        }
-                    }
-                });
-            };
-            no_panic("verify", || store.verify(repair, &mut cb))
-        })?;
-        if let Some(e) = cb_err.lock().ok().and_then(|mut s| s.take()) {
-            return Err(e);
-        }
+        let r = walk::verify(py, store, repair, progress)?;
         verify_report(py, &r)
     }
 
@@ -890,22 +811,4 @@ impl PyStore {
             if o.read_only { " read_only" } else { "" }
         )
     }
-}
-
-/// The store's `own_root`: a duplicate of the caller's descriptor (which stays the caller's).
-fn own_root(fd: Option<i32>) -> PyResult<Option<Arc<std::os::fd::OwnedFd>>> {
-    let Some(raw) = fd else {
-        return Ok(None);
-    };
-    if raw < 0 {
-        return Err(PyValueError::new_err(format!(
-            "own_root_fd must be an open descriptor, not {raw}"
-        )));
-    }
-    // SAFETY: the caller's descriptor, borrowed only to duplicate it.
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
-    let owned = fd
-        .try_clone_to_owned()
-        .map_err(|e| PyValueError::new_err(format!("own_root_fd {raw}: {e}")))?;
-    Ok(Some(Arc::new(owned)))
 }

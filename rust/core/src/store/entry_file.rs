@@ -1,5 +1,6 @@
 //! Whole entry files as bytes: what a remote tier or a bundle carries between caches.
 
+use super::gate::Refusal;
 use super::write::Signing;
 use super::{check_key, gate, read, Key, Store};
 use crate::blob::Blob;
@@ -12,18 +13,6 @@ use crate::sign;
 use crate::stats::Counter;
 use std::fs::File;
 use std::io;
-
-/// The length of the whole entry file whose first bytes are `head`, when they hold its
-/// whole header, that header verifies and its key is filed under `name` (32 hex digits):
-/// the key's plain name, or for a signed entry its signer's own name for the key (where a
-/// tier keeps a signer's copy: `gate::filed_under`); None otherwise. Lets a tier
-/// refuse a foreign, garbage or oversized object after its first bytes, before it reads
-/// the rest.
-pub fn entry_file_len(head: &[u8], name: &str) -> Option<u64> {
-    let h = entry::decode_header(head).ok()?;
-    let at = parse_name_hex(name)?;
-    gate::filed_under(&h, at).then(|| h.file_len())
-}
 
 impl Store {
     /// The verified entry file (header, key, metadata, payload) for `key`, or None when it is
@@ -84,28 +73,28 @@ impl Store {
 
     /// Verifies an entry file received whole: header, exact length, payload checksum, filed
     /// under `key`, and for a store with trusted keys, signed by one of them (an untrusted
-    /// one is counted `untrusted`, its payload unread). The header, or None.
-    fn check_received(&self, key: Key<'_>, file: &[u8]) -> Option<entry::Header> {
-        match gate::admit(file, self.opts.trust.as_deref(), key.bytes, None) {
-            Ok(h) => Some(h),
-            Err(gate::Refusal::Untrusted(why)) => {
-                self.counters.inc(Counter::Untrusted);
-                log::debug!("xla_pcache: a received entry is {why}; refused");
-                None
+    /// one is counted `untrusted`, its payload unread; a later release's is counted
+    /// `newer_format`). The header, or the verdict on it.
+    fn check_received(&self, key: Key<'_>, file: &[u8]) -> Result<entry::Header, Refusal> {
+        gate::admit(file, self.opts.trust.as_deref(), key.bytes, None).inspect_err(|why| {
+            match why {
+                Refusal::Untrusted(_) => self.counters.inc(Counter::Untrusted),
+                Refusal::NewerFormat(v) => self.newer_format(*v, "a received entry"),
+                _ => {}
             }
-            Err(_) => None,
-        }
+            log::debug!("xla_pcache: a received entry is {why}; refused");
+        })
     }
 
     /// Verifies an entry file received as bytes (header, exact length, payload checksum, filed
     /// under `key`, trusted when the store has trusted keys) and hands its payload back as a
-    /// Blob without writing anything: what a read-only store does with a remote value. None
-    /// if it does not verify.
+    /// Blob without writing anything: what a read-only store does with a remote value. The
+    /// core's verdict when it does not verify.
     pub fn verify_entry_file(
         &self,
         key: Key<'_>,
         file: Vec<u8>,
-    ) -> Result<Option<Blob>, StoreError> {
+    ) -> Result<Result<Blob, Refusal>, StoreError> {
         check_key(&key)?;
         Ok(self
             .check_received(key, &file)
@@ -114,37 +103,40 @@ impl Store {
 
     /// Verifies an entry file received as bytes once, publishes it when `publish` (as
     /// `put_entry_file`, without verifying it a second time) and hands its payload back as a
-    /// Blob: a remote hit in one pass over the bytes. None if it does not verify (nothing is
-    /// written). What is published is exactly what was verified: the same bytes, in memory
-    /// this call owns, with its signature.
+    /// Blob: a remote hit in one pass over the bytes. The verdict when it does not verify
+    /// (nothing is written): what the fetch that received it is told. What is published is
+    /// exactly what was verified: the same bytes, in memory this call owns, with its
+    /// signature.
     pub fn take_entry_file(
         &self,
         key: Key<'_>,
         file: Vec<u8>,
         publish: bool,
-    ) -> Result<Option<Blob>, StoreError> {
+    ) -> Result<Result<Blob, Refusal>, StoreError> {
         check_key(&key)?;
-        let Some(h) = self.check_received(key, &file) else {
-            return Ok(None);
+        let h = match self.check_received(key, &file) {
+            Ok(h) => h,
+            Err(why) => return Ok(Err(why)),
         };
         if publish {
             // Not publishing (exists, over budget, a write error) is a skipped write the put
             // counted; the verified payload is served all the same.
             self.put_received(key, &file, &h)?;
         }
-        Ok(Some(Blob::owned(file, h)))
+        Ok(Ok(Blob::owned(file, h)))
     }
 
     /// As `take_entry_file`, for an entry file a tier spooled to `file` (a large object
     /// streamed to disk rather than held in memory): read once into memory allocated
-    /// fallibly (a file larger than memory allows is a miss, never an abort), after its
-    /// first bytes' length agrees with the file's size.
+    /// fallibly, after its first bytes' length agrees with the file's size. A file that
+    /// cannot be read (or is larger than memory allows) is `Ok(None)`: a miss that proves
+    /// nothing of the object, never an abort.
     pub fn take_entry_from_file(
         &self,
         key: Key<'_>,
         file: &File,
         publish: bool,
-    ) -> Result<Option<Blob>, StoreError> {
+    ) -> Result<Option<Result<Blob, Refusal>>, StoreError> {
         check_key(&key)?;
         let len = match cdir::fstat(file) {
             Ok(m) if m.is_file() => m.len(),
@@ -156,7 +148,12 @@ impl Store {
             return Ok(None);
         }
         match read::read_entry_bytes(file, len, true) {
-            Ok(bytes) => self.take_entry_file(key, bytes, publish),
+            Ok(bytes) => self.take_entry_file(key, bytes, publish).map(Some),
+            Err(read::ReadError::Corrupt(e, _)) => Ok(Some(Err(Refusal::of(e)))),
+            Err(read::ReadError::Newer(v)) => {
+                self.newer_format(v, "a received entry");
+                Ok(Some(Err(Refusal::NewerFormat(v))))
+            }
             Err(_) => Ok(None),
         }
     }
@@ -175,14 +172,18 @@ impl Store {
     }
 
     /// Publishes an entry received as a whole file, after verifying it as
-    /// `verify_entry_file` does. Ok(None) if it does not verify (nothing is written);
-    /// otherwise what `put` returns. Its signature is kept.
-    pub fn put_entry_file(&self, key: Key<'_>, file: &[u8]) -> Result<Option<bool>, StoreError> {
+    /// `verify_entry_file` does: whether it published it (what `put` returns; its signature
+    /// is kept), or the verdict when it does not verify (nothing is written).
+    pub fn put_entry_file(
+        &self,
+        key: Key<'_>,
+        file: &[u8],
+    ) -> Result<Result<bool, Refusal>, StoreError> {
         check_key(&key)?;
-        let Some(h) = self.check_received(key, file) else {
-            return Ok(None);
-        };
-        self.put_received(key, file, &h).map(Some)
+        match self.check_received(key, file) {
+            Ok(h) => self.put_received(key, file, &h).map(Ok),
+            Err(why) => Ok(Err(why)),
+        }
     }
 
     /// Publishes the verified entry file `file` (header `h`), never signed by this store.
@@ -260,12 +261,12 @@ mod tests {
         assert_eq!(blob.header.meta, meta);
         assert!(!dst.contains(key("k")).unwrap()); // verifying writes nothing
 
-        assert_eq!(dst.put_entry_file(key("k"), &file).unwrap(), Some(true));
+        assert_eq!(dst.put_entry_file(key("k"), &file).unwrap(), Ok(true));
         assert_eq!(
             dst.get(key("k")).unwrap().unwrap().payload(),
             &[7u8; 5000][..]
         );
-        assert_eq!(dst.put_entry_file(key("k"), &file).unwrap(), Some(false));
+        assert_eq!(dst.put_entry_file(key("k"), &file).unwrap(), Ok(false));
 
         let c = tempfile::tempdir().unwrap();
         let third = store(c.path());
@@ -313,18 +314,17 @@ mod tests {
         let dst = store(b.path());
         for (what, k, bytes) in cases {
             assert!(
-                dst.verify_entry_file(k, bytes.clone()).unwrap().is_none(),
+                dst.verify_entry_file(k, bytes.clone()).unwrap().is_err(),
                 "{what}: verified"
             );
-            assert_eq!(
-                dst.put_entry_file(k, &bytes).unwrap(),
-                None,
+            assert!(
+                dst.put_entry_file(k, &bytes).unwrap().is_err(),
                 "{what}: published"
             );
             assert!(
                 dst.take_entry_file(k, bytes.clone(), true)
                     .unwrap()
-                    .is_none(),
+                    .is_err(),
                 "{what}: taken"
             );
         }
@@ -339,17 +339,18 @@ mod tests {
         let file = src.get_entry_file(key("k")).unwrap().unwrap();
         let name = name_hex(entry_name(b"k"));
         let header_len = entry::verify(&file).unwrap().header_len;
-        assert_eq!(
-            entry_file_len(&file[..header_len], &name),
-            Some(file.len() as u64)
-        );
-        assert_eq!(entry_file_len(&file, &name), Some(file.len() as u64));
-        assert_eq!(entry_file_len(&file, &name_hex(entry_name(b"other"))), None);
-        assert_eq!(entry_file_len(&file[..header_len - 1], &name), None);
-        assert_eq!(entry_file_len(&[0u8; 4096], &name), None);
+        let size = file.len() as u64;
+        let told = |head: &[u8], name: &str| gate::judge_head(head, name, size).is_ok();
+        assert!(told(&file[..header_len], &name));
+        assert!(told(&file, &name));
+        assert!(!told(&file, &name_hex(entry_name(b"other"))));
+        assert!(!told(&file[..header_len - 1], &name));
+        assert!(!told(&[0u8; 4096], &name));
         let mut flipped = file.clone();
         flipped[20] ^= 1;
-        assert_eq!(entry_file_len(&flipped, &name), None);
+        assert!(!told(&flipped, &name));
+        // Nor for an object of another size than its header gives.
+        assert!(gate::judge_head(&file, &name, size + 1).is_err());
     }
 
     #[test]
@@ -363,19 +364,20 @@ mod tests {
         let src = Store::open(a.path(), opts).unwrap();
         src.put(key("k"), &[6u8; 2000], &[]).unwrap();
         let file = src.get_entry_file(key("k")).unwrap().unwrap();
-        let len = Some(file.len() as u64);
+        let size = file.len() as u64;
+        let told = |file: &[u8], name: &str| gate::judge_head(file, name, size).is_ok();
         let own = |k: &[u8], s: &str| name_hex(sign::signed_name(k, s));
-        assert_eq!(entry_file_len(&file, &name_hex(entry_name(b"k"))), len);
-        assert_eq!(entry_file_len(&file, &own(b"k", "ci-1")), len);
+        assert!(told(&file, &name_hex(entry_name(b"k"))));
+        assert!(told(&file, &own(b"k", "ci-1")));
         // Not under another signer's name, nor another key's.
-        assert_eq!(entry_file_len(&file, &own(b"k", "ci-2")), None);
-        assert_eq!(entry_file_len(&file, &own(b"j", "ci-1")), None);
+        assert!(!told(&file, &own(b"k", "ci-2")));
+        assert!(!told(&file, &own(b"j", "ci-1")));
         // An unsigned entry has no signer's name.
         let b = tempfile::tempdir().unwrap();
         let plain = store(b.path());
         plain.put(key("k"), &[6u8; 2000], &[]).unwrap();
         let file = plain.get_entry_file(key("k")).unwrap().unwrap();
-        assert_eq!(entry_file_len(&file, &own(b"k", "ci-1")), None);
+        assert!(gate::judge_head(&file, &own(b"k", "ci-1"), file.len() as u64).is_err());
     }
 
     #[test]
@@ -393,6 +395,7 @@ mod tests {
         let blob = dst
             .take_entry_from_file(key("k"), &spooled, true)
             .unwrap()
+            .unwrap()
             .unwrap();
         assert_eq!(blob.payload(), &[9u8; 70_000][..]);
         assert!(dst.contains(key("k")).unwrap());
@@ -402,7 +405,7 @@ mod tests {
         assert!(dst
             .take_entry_from_file(key("j"), &junk, true)
             .unwrap()
-            .is_none());
+            .is_none_or(|taken| taken.is_err()));
         assert!(!dst.contains(key("j")).unwrap());
     }
 }

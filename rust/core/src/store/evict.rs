@@ -9,6 +9,7 @@ use crate::error::{io_err, StoreError};
 use crate::journal::{self, JournalRecord};
 use crate::layout::{Layout, JOURNAL, LOCKS, TMP, TRASH};
 use crate::lock::LockGuard;
+use crate::snapshot;
 use crate::stats::Counter;
 use std::collections::HashSet;
 use std::fs::OpenOptions;
@@ -407,6 +408,22 @@ impl Store {
     }
 
     pub(super) fn compact_locked(&self, st: &mut State) {
+        // A later release's snapshot is that release's index: replacing it with this one's
+        // would lose what only it holds. This release goes on from the journals, and that
+        // release compacts them, rewriting it. One not rewritten for a day has no release
+        // keeping it (or was planted to stop compaction): replaced.
+        if let Some(v) = self.later_snapshot() {
+            self.warn("newer-snapshot", || {
+                format!(
+                    "the index snapshot of {} is of version {v}, a later release's (this one \
+                     writes version {}): not compacted by this release, which reads the \
+                     journals alone until it is upgraded",
+                    self.layout.root.display(),
+                    snapshot::SNAP_VERSION
+                )
+            });
+            return;
+        }
         // Read our own latest records too, so the snapshot is as fresh as it can be.
         if self.refresh(st).is_err() {
             return;
@@ -427,11 +444,14 @@ impl Store {
             if m.len() != js.offset {
                 continue;
             }
+            let old = age(&m, now) > REMOTE_JOURNAL_AGE;
             let gone = match journal::owner_gone(name.as_str(), &self.host) {
                 Some(g) => g,
-                None => age(&m, now) > REMOTE_JOURNAL_AGE,
+                None => old,
             };
-            if gone {
+            // A journal holding a later release's records is that release's to fold: kept
+            // until it is as old as another host's journal would be.
+            if gone && (old || !self.holds_later_records(&jdir, name, m.len())) {
                 remove.push(name.clone());
             }
         }
@@ -440,6 +460,30 @@ impl Store {
                 format!("cannot write the cache index snapshot: {e}")
             });
         }
+    }
+
+    /// The version of the index snapshot on disk when it is a later release's (its first
+    /// bytes say so) written or changed within `REMOTE_JOURNAL_AGE` (by its change time,
+    /// which no one sets), else None.
+    fn later_snapshot(&self) -> Option<u32> {
+        use std::os::unix::fs::FileExt;
+        let rel = crate::layout::INDEX.join(&Name::fixed("snapshot"));
+        let f = self.root.open_file(&rel, libc::O_RDONLY, 0).ok()?;
+        let m = cdir::fstat(&f).ok().filter(|m| m.is_file())?;
+        if !kept_for_its_release(m.ctime_ns(), crate::clock::unix_ns()) {
+            return None;
+        }
+        let mut head = [0u8; 8];
+        f.read_exact_at(&mut head, 0).ok()?;
+        let version = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        (&head[..4] == snapshot::SNAP_MAGIC && version > snapshot::SNAP_VERSION).then_some(version)
+    }
+
+    /// Whether the journal `name` (of `len` bytes) holds records of a later release.
+    fn holds_later_records(&self, jdir: &cdir::Dir, name: &Name, len: u64) -> bool {
+        jdir.open_file(name, libc::O_RDONLY, 0)
+            .and_then(|f| journal::holds_later_kinds(&f, len))
+            .unwrap_or(false)
     }
 
     fn sweep_due(&self, st: &State) -> bool {
@@ -525,6 +569,14 @@ fn append_trace(path: &Path, line: &[u8]) -> io::Result<()> {
         ));
     }
     f.write_all(line)
+}
+
+/// Whether a later release's snapshot, last changed at `changed_ns` (its change time, which
+/// no one can set back), is still that release's to keep at `now_ns`: changed within
+/// `REMOTE_JOURNAL_AGE`, as a release that compacts the cache rewrites it. One older was left
+/// by a release no longer running here, or planted to stop compaction: this one replaces it.
+pub(super) fn kept_for_its_release(changed_ns: u64, now_ns: u64) -> bool {
+    Duration::from_nanos(now_ns.saturating_sub(changed_ns)) <= REMOTE_JOURNAL_AGE
 }
 
 fn age(m: &Stat, now_ns: u64) -> Duration {

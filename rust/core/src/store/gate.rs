@@ -34,9 +34,11 @@ pub(crate) fn candidates<'a>(
     )
 }
 
-/// Why a whole entry file is not served.
-#[derive(Debug)]
-pub(crate) enum Refusal {
+/// Why a whole entry file is not served: the core's verdict, handed to whoever fetched or
+/// received the file (a tier's fetch through `Accept`, a bundle's import, a head a tier
+/// read), so that nothing checks the same bytes twice to learn it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
     /// Not a whole entry: a checksum, the length or the header does not check out (for a
     /// trusting reader, a payload that does not hash to its signed digest).
     Corrupt(EntryError),
@@ -44,6 +46,35 @@ pub(crate) enum Refusal {
     Untrusted(Untrusted),
     /// Whole, and filed under a name that is not its key's.
     OtherKey,
+    /// A later release's entry (its format version is above this release's): a miss, never
+    /// removed nor replaced as damage (ARCHITECTURE.md, "Formats of other releases").
+    NewerFormat(u16),
+}
+
+impl Refusal {
+    /// The refusal of a file whose check failed with `e`: a later format is no damage.
+    pub(crate) fn of(e: EntryError) -> Refusal {
+        match e {
+            EntryError::NewerFormat(v) => Refusal::NewerFormat(v),
+            e => Refusal::Corrupt(e),
+        }
+    }
+
+    /// Its kind, as callers name it: `corrupt`, `untrusted`, `other_key`, `newer_format`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::Corrupt(_) => "corrupt",
+            Refusal::Untrusted(_) => "untrusted",
+            Refusal::OtherKey => "other_key",
+            Refusal::NewerFormat(_) => "newer_format",
+        }
+    }
+
+    /// Whether it proves the file no entry of its name for any reader of any release:
+    /// damage, or another key's entry (what a writer may remove).
+    pub fn proves_garbage(&self) -> bool {
+        matches!(self, Refusal::Corrupt(_) | Refusal::OtherKey)
+    }
 }
 
 impl std::fmt::Display for Refusal {
@@ -52,6 +83,11 @@ impl std::fmt::Display for Refusal {
             Refusal::Corrupt(e) => write!(f, "corrupt ({e})"),
             Refusal::Untrusted(why) => write!(f, "untrusted ({why})"),
             Refusal::OtherKey => f.write_str("an entry of another key"),
+            Refusal::NewerFormat(v) => write!(
+                f,
+                "an entry of format version {v}, a later release's (this one reads version {})",
+                entry::ENTRY_VERSION
+            ),
         }
     }
 }
@@ -62,11 +98,11 @@ impl std::fmt::Display for Refusal {
 /// `Untrusted`, its payload never read), then the payload's BLAKE3 against the signed digest.
 pub(crate) fn judge(file: &[u8], trust: Option<&TrustSet>) -> Result<entry::Header, Refusal> {
     match trust {
-        None => entry::verify(file).map_err(Refusal::Corrupt),
+        None => entry::verify(file).map_err(Refusal::of),
         Some(t) => match sign::verify_entry(file, t) {
             Ok(Verdict::Trusted(h)) => Ok(h),
             Ok(Verdict::Untrusted(why)) => Err(Refusal::Untrusted(why)),
-            Err(e) => Err(Refusal::Corrupt(e)),
+            Err(e) => Err(Refusal::of(e)),
         },
     }
 }
@@ -128,22 +164,31 @@ impl Store {
             .map(|(n, _)| n)
             .collect())
     }
+}
 
-    /// Why this store would not take the whole entry file `file` for `key`, as (kind, why):
-    /// kind `corrupt`, `untrusted` or `other_key`; None when it would. What an importer
-    /// reports of a file `put_entry_file` refused. Writes and counts nothing.
-    pub fn refusal(
-        &self,
-        key: Key<'_>,
-        file: &[u8],
-    ) -> Result<Option<(&'static str, String)>, StoreError> {
-        check_key(&key)?;
-        Ok(admit(file, self.opts.trust.as_deref(), key.bytes, None)
-            .err()
-            .map(|r| match r {
-                Refusal::Corrupt(e) => ("corrupt", e.to_string()),
-                Refusal::Untrusted(why) => ("untrusted", why.to_string()),
-                Refusal::OtherKey => ("other_key", r.to_string()),
-            }))
+/// The verdict on the first bytes `head` of an object of `size` bytes stored under the
+/// entry name `name` (32 hex digits), before the rest is read: whether they hold the whole
+/// header of an entry filed under that name (`filed_under`) whose file is `size` bytes long.
+/// What lets a tier refuse a foreign, damaged, misfiled or later release's object after
+/// one ranged read. The header's checksum is checked; the payload is judged when the whole
+/// file is received (`judge`).
+pub fn judge_head(head: &[u8], name: &str, size: u64) -> Result<(), Refusal> {
+    let h = entry::decode_header(head).map_err(Refusal::of)?;
+    let filed = crate::hash::parse_name_hex(name).is_some_and(|at| filed_under(&h, at));
+    if !filed {
+        return Err(Refusal::OtherKey);
     }
+    if h.file_len() != size {
+        return Err(Refusal::Corrupt(EntryError::BadLength {
+            expected: h.file_len(),
+            actual: size,
+        }));
+    }
+    Ok(())
+}
+
+/// The key an entry file's first bytes `head` name, and whether it is text (`entry::head_key`:
+/// untrusted, for a caller to fetch and verify whole under it), or why there is none.
+pub fn head_key(head: &[u8]) -> Result<(Vec<u8>, bool), Refusal> {
+    entry::head_key(head).map_err(Refusal::of)
 }

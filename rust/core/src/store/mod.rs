@@ -26,6 +26,8 @@ mod entry_file;
 mod evict;
 mod gate;
 mod listing;
+#[cfg(test)]
+mod newer_tests;
 mod read;
 mod reconcile;
 mod refresh;
@@ -57,9 +59,8 @@ use std::time::{Duration, Instant};
 
 pub use claim::{Claim, ClaimOutcome, ClaimState};
 pub use counters::Stats;
-pub use entry_file::entry_file_len;
 pub use evict::EvictReport;
-pub use gate::tier_names;
+pub use gate::{head_key, judge_head, tier_names, Refusal};
 pub use listing::EntrySummary;
 pub use verify::VerifyReport;
 pub use write::Published;
@@ -506,6 +507,27 @@ impl Store {
     }
 
     /// Counts and warns about a path of the cache that is not what it must be.
+    /// A later release's entry met by `what` (a lookup, a received file, a tier's head):
+    /// counted `newer_format`, one warning naming its version, never removed.
+    pub(crate) fn newer_format(&self, version: u16, what: &str) {
+        self.counters.inc(Counter::NewerFormat);
+        self.warn("newer-format", || {
+            format!(
+                "{what} under {} is of entry format version {version}, a later release's \
+                 (this one reads version {}): a miss, left as it is for the release that \
+                 wrote it",
+                self.layout.root.display(),
+                crate::entry::ENTRY_VERSION
+            )
+        });
+    }
+
+    /// Counts a later release's entry that a caller met outside the directory (a remote
+    /// tier's object, refused after its first bytes: `judge_head`), as a lookup here would.
+    pub fn count_newer_format(&self, version: u16) {
+        self.newer_format(version, "an entry a remote tier holds");
+    }
+
     fn unsafe_path(&self, rel: &str, why: &dyn std::fmt::Display) {
         self.counters.inc(Counter::UnsafePaths);
         self.warn("unsafe-path", || {

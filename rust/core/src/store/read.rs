@@ -36,6 +36,18 @@ pub(super) enum ReadError {
     Unsafe(String),
     /// A whole, verified file a trusting reader will not serve (its payload unread).
     Untrusted(crate::sign::Untrusted),
+    /// A later release's entry (its format version above this one's): a miss, left alone.
+    Newer(u16),
+}
+
+impl ReadError {
+    /// What a failed check `e` of the file of inode `ino` is: damage, or a later format.
+    pub(super) fn checked(e: EntryError, ino: u64) -> ReadError {
+        match e {
+            EntryError::NewerFormat(v) => ReadError::Newer(v),
+            e => ReadError::Corrupt(e, ino),
+        }
+    }
 }
 
 impl Store {
@@ -138,6 +150,12 @@ impl Store {
                 Ok(blob) => break Some(blob),
                 Err(ReadError::Missing) => break None,
                 Err(ReadError::Untrusted(why)) => return Err(why),
+                Err(ReadError::Newer(v)) => {
+                    // Never removed: the release that wrote it reads it (ARCHITECTURE.md,
+                    // "Formats of other releases").
+                    self.newer_format(v, "an entry");
+                    break None;
+                }
                 Err(ReadError::Unsafe(why)) => {
                     self.unsafe_path(rel.as_str(), &why);
                     break None;
@@ -311,7 +329,7 @@ impl Store {
             // Read into memory, so judged by its header first: a file anyone can plant, of
             // any size, costs a trusting reader a header's read unless a trusted key signed
             // it. The whole file is judged again once read (it may change in between).
-            if let Some(header) = header_at(&f, len) {
+            if let Some(header) = header_at(&f, len)? {
                 if let Err(why) = t.check_header(&header) {
                     return Err(ReadError::Untrusted(why));
                 }
@@ -350,12 +368,12 @@ impl Store {
         let mut fixed = [0u8; entry::FIXED_HEADER];
         f.read_exact(&mut fixed)
             .map_err(|_| ReadError::Corrupt(EntryError::TooShort(m.len()), m.ino()))?;
-        let hl = entry::header_len(&fixed).map_err(|e| ReadError::Corrupt(e, m.ino()))?;
+        let hl = entry::header_len(&fixed).map_err(|e| ReadError::checked(e, m.ino()))?;
         let mut h = fixed.to_vec();
         h.resize(hl, 0);
         f.read_exact(&mut h[entry::FIXED_HEADER..])
             .map_err(|_| ReadError::Corrupt(EntryError::TooShort(m.len()), m.ino()))?;
-        let header = entry::decode_header(&h).map_err(|e| ReadError::Corrupt(e, m.ino()))?;
+        let header = entry::decode_header(&h).map_err(|e| ReadError::checked(e, m.ino()))?;
         if header.file_len() != m.len() {
             return Err(ReadError::Corrupt(
                 EntryError::BadLength {
@@ -366,6 +384,24 @@ impl Store {
             ));
         }
         Ok((header, m))
+    }
+
+    /// The format version of the entry file at `rel` when it is a later release's (its
+    /// first 64 bytes say so), else None: what a delete, a clear or a repair leaves alone.
+    /// Opened as every entry file is (no link followed, no FIFO waited on), and only its
+    /// first bytes read.
+    pub(super) fn newer_at(&self, rel: &Rel) -> Option<u16> {
+        use std::os::unix::fs::FileExt;
+        let f = self.root.open_file(rel, libc::O_RDONLY, 0).ok()?;
+        if !cdir::fstat(&f).is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        let mut fixed = [0u8; entry::FIXED_HEADER];
+        f.read_exact_at(&mut fixed, 0).ok()?;
+        match entry::header_len(&fixed) {
+            Err(EntryError::NewerFormat(v)) => Some(v),
+            _ => None,
+        }
     }
 
     /// Removes a corrupt file, taking care not to remove a good entry that replaced it since
@@ -443,20 +479,32 @@ pub(super) fn check_entry(
         gate::Refusal::Untrusted(why) => ReadError::Untrusted(why),
         gate::Refusal::Corrupt(e) => ReadError::Corrupt(e, ino),
         gate::Refusal::OtherKey => ReadError::Corrupt(EntryError::BadMagic, ino),
+        gate::Refusal::NewerFormat(v) => ReadError::Newer(v),
     })
 }
 
 /// The header of the entry file `f` of `fstat` size `len`, read at its start without moving
 /// the file's offset; None when it is no whole header of a file of that length (the whole
-/// file's check then says what is wrong, as without this look ahead).
-fn header_at(f: &File, len: u64) -> Option<entry::Header> {
+/// file's check then says what is wrong, as without this look ahead), and `Newer` for a
+/// later release's entry, of which nothing more is read.
+fn header_at(f: &File, len: u64) -> Result<Option<entry::Header>, ReadError> {
     use std::os::unix::fs::FileExt;
     let mut fixed = [0u8; entry::FIXED_HEADER];
-    f.read_exact_at(&mut fixed, 0).ok()?;
-    let mut h = vec![0u8; entry::header_len(&fixed).ok()?];
-    f.read_exact_at(&mut h, 0).ok()?;
-    let header = entry::decode_header(&h).ok()?;
-    (header.file_len() == len).then_some(header)
+    if f.read_exact_at(&mut fixed, 0).is_err() {
+        return Ok(None);
+    }
+    let hl = match entry::header_len(&fixed) {
+        Ok(hl) => hl,
+        Err(EntryError::NewerFormat(v)) => return Err(ReadError::Newer(v)),
+        Err(_) => return Ok(None),
+    };
+    let mut h = vec![0u8; hl];
+    if f.read_exact_at(&mut h, 0).is_err() {
+        return Ok(None);
+    }
+    Ok(entry::decode_header(&h)
+        .ok()
+        .filter(|header| header.file_len() == len))
 }
 
 /// Above this size, an entry read into memory has its header checked against the file's
@@ -472,7 +520,7 @@ pub(super) fn read_entry_bytes(f: &File, len: u64, local: bool) -> Result<Vec<u8
         use std::os::unix::fs::FileExt;
         let mut fixed = [0u8; entry::FIXED_HEADER];
         f.read_exact_at(&mut fixed, 0).map_err(ReadError::Io)?;
-        let expected = entry::expected_file_len(&fixed).map_err(|e| ReadError::Corrupt(e, 0))?;
+        let expected = entry::expected_file_len(&fixed).map_err(|e| ReadError::checked(e, 0))?;
         if expected != len {
             return Err(ReadError::Corrupt(
                 EntryError::BadLength {

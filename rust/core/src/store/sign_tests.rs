@@ -209,9 +209,9 @@ fn entry_files_carry_their_signature_and_trusting_stores_refuse_others() {
     assert!(dst
         .take_entry_file(key("u"), ufile.clone(), true)
         .unwrap()
-        .is_none());
-    assert_eq!(dst.put_entry_file(key("u"), &ufile).unwrap(), None);
-    assert!(dst.verify_entry_file(key("u"), ufile).unwrap().is_none());
+        .is_err());
+    assert!(dst.put_entry_file(key("u"), &ufile).unwrap().is_err());
+    assert!(dst.verify_entry_file(key("u"), ufile).unwrap().is_err());
     assert_eq!(dst.counters.get(Counter::Untrusted), 3);
     assert!(!dst.contains(key("u")).unwrap());
 }
@@ -349,7 +349,14 @@ fn each_file_of_a_squatted_key_is_handed_out_under_its_own_name() {
     // Not under another key's name, nor a name that is none.
     assert!(!got(&untrusting, &name_hex(entry_name(b"j"))));
     assert!(untrusting.entry_file_named(key("k"), "../x").is_err());
-    // Why each file is taken or not, for an importer.
+    // Why each file is taken or not, for an importer: the verdict of the check itself.
+    let refusal = |k: &str, file: &[u8]| {
+        trusting
+            .verify_entry_file(key(k), file.to_vec())
+            .unwrap()
+            .err()
+            .map(|r| r.kind())
+    };
     let evil = untrusting
         .entry_file_named(key("k"), &plain)
         .unwrap()
@@ -358,19 +365,10 @@ fn each_file_of_a_squatted_key_is_handed_out_under_its_own_name() {
         .entry_file_named(key("k"), &own)
         .unwrap()
         .unwrap();
-    assert_eq!(
-        trusting.refusal(key("k"), &evil).unwrap().map(|r| r.0),
-        Some("untrusted")
-    );
-    assert_eq!(trusting.refusal(key("k"), &good).unwrap(), None);
-    assert_eq!(
-        trusting.refusal(key("j"), &good).unwrap().map(|r| r.0),
-        Some("other_key")
-    );
-    assert_eq!(
-        trusting.refusal(key("k"), &good[1..]).unwrap().map(|r| r.0),
-        Some("corrupt")
-    );
+    assert_eq!(refusal("k", &evil), Some("untrusted"));
+    assert_eq!(refusal("k", &good), None);
+    assert_eq!(refusal("j", &good), Some("other_key"));
+    assert_eq!(refusal("k", &good[1..]), Some("corrupt"));
 }
 
 /// The signature fields of the entry file for `k` in `s`, as written.
@@ -408,15 +406,15 @@ fn a_signer_never_signs_what_it_received() {
     assert!(w
         .take_entry_file(key("u"), unsigned.clone(), true)
         .unwrap()
-        .is_some());
+        .is_ok());
     assert_eq!(signer_of(&w, "u"), None);
     // Signed by a key it does not hold, or by a forger of its name: written unsigned.
-    assert_eq!(w.put_entry_file(key("m"), &by_mallory).unwrap(), Some(true));
+    assert_eq!(w.put_entry_file(key("m"), &by_mallory).unwrap(), Ok(true));
     assert_eq!(signer_of(&w, "m"), None);
-    assert_eq!(w.put_entry_file(key("f"), &by_forger).unwrap(), Some(true));
+    assert_eq!(w.put_entry_file(key("f"), &by_forger).unwrap(), Ok(true));
     assert_eq!(signer_of(&w, "f"), None);
     // Its own key's signature verifies: kept.
-    assert_eq!(w.put_entry_file(key("c"), &by_ci).unwrap(), Some(true));
+    assert_eq!(w.put_entry_file(key("c"), &by_ci).unwrap(), Ok(true));
     assert_eq!(signer_of(&w, "c").as_deref(), Some("ci-1"));
     // Bytes it did not compile, put directly (an adopted file): unsigned.
     assert!(w.put_unsigned(key("a"), b"adopted", &meta()).unwrap());
@@ -443,10 +441,10 @@ fn a_signer_never_signs_what_it_received() {
     // trusting reader checks the signature itself.
     let d = tempfile::tempdir().unwrap();
     let relay = open(d.path(), None, None);
-    assert_eq!(relay.put_entry_file(key("c"), &by_ci).unwrap(), Some(true));
+    assert_eq!(relay.put_entry_file(key("c"), &by_ci).unwrap(), Ok(true));
     assert_eq!(
         relay.put_entry_file(key("f"), &by_forger).unwrap(),
-        Some(true)
+        Ok(true)
     );
     let r = open_ro(d.path(), None, trust(&[&ci]), true);
     assert!(payload(&r, "c").is_some());

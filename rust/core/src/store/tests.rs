@@ -77,7 +77,7 @@ fn read_only_store_writes_nothing() {
     let journals = journal::list(&Dir::open_path(&ro.layout.journal_dir(), true).unwrap()).unwrap();
     assert!(!ro.put(key("new"), b"v", &[]).unwrap());
     assert!(ro.get(key("k")).unwrap().is_some());
-    assert!(matches!(ro.clear(), Err(StoreError::ReadOnly(_))));
+    assert!(matches!(ro.clear(false), Err(StoreError::ReadOnly(_))));
     ro.flush();
     drop(ro);
     assert_eq!(
@@ -507,7 +507,7 @@ fn directories_swapped_for_links_while_open_are_skipped_and_counted() {
     let _ = s.claim(key("c"), Duration::ZERO);
     let _ = s.evict(Some(1), Some(Duration::ZERO));
     let _ = s.verify(true, &mut |_, _| {});
-    let _ = s.clear();
+    let _ = s.clear(false);
     assert_eq!(snapshot_tree(outside.path()), before);
     assert!(s.counters().get(Counter::UnsafePaths) > 0);
 }

@@ -19,6 +19,9 @@ pub struct VerifyReport {
     pub bytes: u64,
     pub corrupt: Vec<String>,
     pub foreign: Vec<String>,
+    /// Entries of a later release's format: counted and indexed (budgeted, evicted by LRU
+    /// like any entry), never removed by a repair.
+    pub newer_format: Vec<String>,
     pub unindexed: u64,
     pub dangling: u64,
     pub stale_tmp: u64,
@@ -45,7 +48,8 @@ impl VerifyReport {
 
 impl Store {
     /// Walks every file: verifies entries, reconciles the index, reports leftovers. With
-    /// `repair`, removes corrupt and foreign files and fixes the index.
+    /// `repair`, removes corrupt and foreign files and fixes the index. An entry of a later
+    /// release's format is reported and indexed, never removed.
     pub fn verify(
         &self,
         repair: bool,
@@ -97,17 +101,25 @@ impl Store {
                 }
                 continue;
             };
+            let disk = || {
+                self.dir(&dir_rel)
+                    .and_then(|d| d.stat(file))
+                    .map(|m| disk_bytes(&m))
+                    .unwrap_or(0)
+            };
             match self.read_entry(&rel, None) {
                 Ok(blob) if gate::filed_under(&blob.header, name) => {
-                    let disk = self
-                        .dir(&dir_rel)
-                        .and_then(|d| d.stat(file))
-                        .map(|m| disk_bytes(&m))
-                        .unwrap_or(0);
+                    let disk = disk();
                     report.entries += 1;
                     report.bytes += disk;
                     seen.insert(name, disk);
                     let _ = blob;
+                }
+                Err(ReadError::Newer(_)) => {
+                    // Its release reads it: kept, and in the index, so that the budget
+                    // holds it and the LRU evicts it as any other entry.
+                    report.newer_format.push(display);
+                    seen.insert(name, disk());
                 }
                 Ok(_) | Err(ReadError::Corrupt(..)) => {
                     report.corrupt.push(display);

@@ -1,6 +1,9 @@
-"""What a torch_xla host start fetches from a bucket, and in what order
-(``bucket.BucketStore.pull_torch_xla``), so that objects others plant cannot steer it away
-from the real entries, at a cost bounded whatever they planted.
+"""torch_xla's start on a bucket path: what a host fetches from the bucket before torch_xla
+starts (``pull``: torch_xla looks only in its own directory, so the host copy must hold the
+entries first), and in what order, so that objects others plant cannot steer it away from
+the real entries, at a cost bounded whatever they planted. It reaches the bucket through
+what the bucket exposes to any framework (``bucket.BucketStore``: its store, its upkeep
+``Bucket`` and the markers there), never by a method's name.
 
 Markers are untrusted: anyone who can write the bucket plants one, empty, under any name,
 and garbage at a made-up graph's entry name beside it. A writer marks each name it put an
@@ -10,7 +13,7 @@ at most ``PULL_MARKERS`` objects under ``torch_xla/``; a marker whose name is no
 graph's entry names under this build for this host (the plain one, a trusted signer's own)
 costs nothing more. When that listing was cut short or names more
 than ``PULL_MISSES`` entries to fetch, it follows only markers of entries that exist (the
-entries listed, then their markers: ``marker_listing.markers_of``), and an entry whose
+entries listed, then their markers: ``bucket.marker_listing.markers_of``), and an entry whose
 markers that listing could not finish (planted by the thousand under its name) is asked for
 by name: the first bytes of its file name its key (the core verifies the whole file when it
 is fetched), and only a key of a torch_xla graph of this build is fetched; any other is
@@ -33,9 +36,10 @@ only way it stops early, so it fetches every real entry but with a chance of
 same: at most ``PULL_FETCHES`` fetches, of which at most ``2 * PULL_MISSES`` plus one per
 entry fetched in the drawn order find nothing.
 
-What a start proves to be garbage a writing host removes (``torch_xla_garbage``: an object
-no reader would serve, with the marker it followed, at most ``PULL_REMOVALS`` a start), so
-a planted flood drains across the fleet's starts.
+What a start proves to be garbage a writing host removes (``_bucket_garbage``: an object
+no reader would serve, by the core's verdict given to the fetch that met it, with the
+marker it followed, at most ``PULL_REMOVALS`` a start), so a planted flood drains across the
+fleet's starts. A later release's entry is no garbage: it is a miss, and left.
 """
 
 from __future__ import annotations
@@ -44,13 +48,15 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
+from xla_pcache import _core
 from xla_pcache._names import EntryName
 from xla_pcache._text import package_logger
-from xla_pcache.bucket.entry_head import HEAD_BYTES, key_in_header
-from xla_pcache.bucket.torch_xla_garbage import Garbage
+from xla_pcache.bucket import BucketStore
+from xla_pcache.bucket.layout import HEAD_BYTES
+from xla_pcache.bucket.upkeep import Bucket
 from xla_pcache.tiers.objstore import ENTRY_DIR
+from xla_pcache.torch_xla._bucket_garbage import Garbage
 
 log = package_logger("xla_pcache")
 
@@ -73,13 +79,13 @@ Marked = list[tuple[EntryName, str, float]]
 _Item = tuple[str, bool]
 
 
-def pull(store: Any, key_of: Callable[[str], str]) -> int:
-    """Fetches into ``store`` (a ``BucketStore``) the bucket's torch_xla entries of the
-    keys ``key_of`` makes of torch_xla's file names that it lacks, within its budget (the
+def pull(store: BucketStore, key_of: Callable[[str], str]) -> int:
+    """Fetches into ``store`` (a bucket path's) the bucket's torch_xla entries of the keys
+    ``key_of`` makes of torch_xla's file names that it lacks, within its budget (the
     module's docstring says which, in what order, at what cost). Returns how many."""
     try:
         bucket = store.bucket()
-        marked, listing = bucket.torch_xla_markers(limit=PULL_MARKERS)
+        marked, listing = bucket.markers(limit=PULL_MARKERS)
         wanted = _wanted(store, marked, key_of)
         by_name: list[str] = []
         if not listing.complete or len(wanted) > PULL_MISSES:
@@ -97,7 +103,7 @@ def pull(store: Any, key_of: Callable[[str], str]) -> int:
     return _Fetches(store, bucket, key_of).run(wanted, by_name)
 
 
-def _wanted(store: Any, marked: Marked, key_of: Callable[[str], str]) -> list[str]:
+def _wanted(store: BucketStore, marked: Marked, key_of: Callable[[str], str]) -> list[str]:
     """The keys of the markers ``marked`` (newest first) that name one of their graph's
     entry names under this build (the plain one, a trusted signer's own) and that
     ``store`` lacks, each once."""
@@ -109,7 +115,7 @@ def _wanted(store: Any, marked: Marked, key_of: Callable[[str], str]) -> list[st
     return list(out)
 
 
-def _vouches(store: Any, name: str, key: str) -> bool:
+def _vouches(store: BucketStore, name: str, key: str) -> bool:
     """Whether a marker of entry ``name`` leads ``store`` to ``key``: ``name`` is one the
     store reads an entry of ``key`` under (a signer's own only when it trusts that signer:
     a host that trusts none follows the plain names only, at no cost for the others)."""
@@ -117,7 +123,7 @@ def _vouches(store: Any, name: str, key: str) -> bool:
 
 
 def _wanted_existing(
-    store: Any, bucket: Any, marked: Marked, key_of: Callable[[str], str]
+    store: BucketStore, bucket: Bucket, marked: Marked, key_of: Callable[[str], str]
 ) -> tuple[list[str], list[str]]:
     """``_wanted`` of the markers of entries that exist (newest first), found from a
     listing of the entries, then those of entries that listing did not see (when it was
@@ -149,7 +155,7 @@ def _wanted_existing(
 class _Fetches:
     """One start's fetches: newest first, then the rest in a drawn order."""
 
-    def __init__(self, store: Any, bucket: Any, key_of: Callable[[str], str]) -> None:
+    def __init__(self, store: BucketStore, bucket: Bucket, key_of: Callable[[str], str]) -> None:
         self.store, self.bucket, self.key_of = store, bucket, key_of
         self.graph_of = graph_reader(key_of)
         self.garbage = Garbage(store, bucket)
@@ -207,7 +213,7 @@ class _Fetches:
             f"fetched there) in a drawn order found no entry: {left} were not fetched",
         )
 
-    def _fetch(self, item: _Item) -> tuple[Any, bool]:
+    def _fetch(self, item: _Item) -> tuple[_core.Blob | None, bool]:
         """The entry ``item`` names, fetched into the store, or None; and whether that was
         a miss (nothing of this build's torch_xla there)."""
         what, named = item
@@ -228,11 +234,11 @@ class _Fetches:
                 return None, self.repeats[key] > NAMES_A_KEY
             return None, False
         self.tried.add(key)
-        with self.garbage.watching(key) as proved:
-            blob = self.store._fetch(key)
+        blob, fetched = self.store.fetch(key)
+        proved = self.garbage.proved(fetched)
         if proved:
             graph = None if named else self.graph_of(key)
-            self.garbage.remove(key, proved, graph=graph, fetched=blob is not None)
+            self.garbage.remove(proved, graph=graph, fetched=blob is not None)
         return blob, blob is None
 
     def _key_named(self, name: str) -> str | None:
@@ -246,8 +252,8 @@ class _Fetches:
             head = self.bucket.reader.first_bytes(f"{ENTRY_DIR}/{name}", HEAD_BYTES)
         except Exception:
             head = None
-        key = key_in_header(head)
-        if key is not None and self.graph_of(key):
+        key = None if head is None else _core.entry_head_key(head)
+        if isinstance(key, str) and self.graph_of(key):
             return key
         self.bucket.reader.skip(
             "torch_xla-not-ours",

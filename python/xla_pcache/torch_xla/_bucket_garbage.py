@@ -1,20 +1,24 @@
-"""What a torch_xla host start removes of what it proved to be garbage
-(``torch_xla_pull``): so that a flood of garbage entries with their markers, planted by a
+"""What a torch_xla host start on a bucket removes of what it proved to be garbage
+(``_bucket_start``): so that a flood of garbage entries with their markers, planted by a
 writer of the bucket without a key, drains across the fleet's starts rather than staying
 until a prune over budget, as the directory store removes a corrupt entry it reads.
 
 Only a writing host removes anything (not a read-only store, not a bucket read-only by its
 URL's ``?ro=1``), and only an object of the bucket (not of a tier in front of it) that its
-start fetched for a key and that no reader would serve, whatever keys it trusts:
+start fetched for a key and that no reader of any release would serve, whatever keys it
+trusts: one the core's verdict calls ``garbage`` (``_core.Refusal.garbage``), given to the
+fetch that met it (``tiers.Fetch``), never asked again of the bytes:
 
 - an object whose first bytes hold no entry file of its name (no header that decodes, a
   header filed under another name, a length the object does not have, no bytes), as the
-  tier saw them (``tiers/refused.py``); or
-- one the core's gate refused when read whole, when the core says it is ``corrupt`` (a
-  checksum, the metadata, a signed digest the payload does not match) or holds another key
-  (``Store.refusal``, asked again of the very bytes). An entry merely ``untrusted``
-  (unsigned, or signed by a key this host does not trust) is another host's to serve, and
-  is left; so is a value over a size limit, and a read that failed, which prove nothing.
+  tier read them whole; or
+- one the core's gate refused when read whole as ``corrupt`` (a checksum, the metadata, a
+  signed digest the payload does not match) or ``other_key``.
+
+An entry merely ``untrusted`` (unsigned, or signed by a key this host does not trust) is
+another host's to serve, and is left; so is a later release's entry (``newer_format``: that
+release reads it), a value over a size limit, and a read that failed or was cut short,
+which prove nothing.
 
 With it goes that name's marker (the name and the graph), unless the start fetched the key
 from another of its names (a trusted signer's own): never another name's marker, so a
@@ -35,70 +39,46 @@ until that signer puts it again (and its plain copy, if any, still serves).
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-from collections.abc import Iterator
-from typing import Any
-
-from xla_pcache.bucket.layout import TORCH_XLA_DIR
-from xla_pcache.tiers import Spooled, refused
+from xla_pcache.bucket import BucketStore
+from xla_pcache.bucket.layout import MARKER_DIR
+from xla_pcache.bucket.upkeep import Bucket
+from xla_pcache.tiers import Fetch
 from xla_pcache.tiers.objstore import ENTRY_DIR, scrub
 
 # The garbage entries one start removes at most: the refusals a start with a flood planted
 # pays before it stops (``PULL_MISSES`` newest first, as many in a drawn order), so that
 # removing them at most doubles what the flood costs it.
 PULL_REMOVALS = 64
-# How the core names a refusal that proves an object no entry of its name for any reader.
-_GARBAGE = ("corrupt", "other_key")
 
 
 class Garbage:
-    """One start's removals: ``watching(key)`` around each fetch, then ``remove``."""
+    """One start's removals: ``proved`` of each fetch, then ``remove``."""
 
-    def __init__(self, store: Any, bucket: Any) -> None:
-        self.store, self.bucket = store, bucket
+    def __init__(self, store: BucketStore, bucket: Bucket) -> None:
+        self.bucket = bucket
         # None for a bucket read-only by the process or its URL: nothing is removed.
-        self.tier = store._bucket_writer()
+        self.tier = store.writer()
         self.removed = 0
         self.failed = False
 
-    @contextlib.contextmanager
-    def watching(self, key: str) -> Iterator[list[str]]:
-        """The names of the bucket's objects the fetches within the block proved to be no
-        entry of ``key`` (filled as they are refused)."""
-        proved: list[str] = []
-        if self.tier is None or self.failed or self.removed >= PULL_REMOVALS:
-            yield proved
-            return
+    def proved(self, fetched: Fetch | None) -> list[str]:
+        """The names of the bucket's objects that ``fetched`` (one key's fetch) found to be
+        no entry of their name for any reader: what the core called garbage, of this
+        bucket's tier only."""
+        if fetched is None or self.tier is None or self.failed or self.removed >= PULL_REMOVALS:
+            return []
+        return [r.name for r in fetched.refused if r.tier is self.tier and r.verdict.garbage]
 
-        def watch(tier: Any, name: str, value: Any) -> None:
-            if tier is self.tier and (value is None or self._garbage(key, value)):
-                proved.append(name)
-
-        with refused.watching(watch):
-            yield proved
-
-    def _garbage(self, key: str, value: Any) -> bool:
-        """Whether the core refuses ``value`` (an entry file read whole, as a tier hands it
-        over) for ``key`` as corrupt or another key's."""
-        if isinstance(value, Spooled):
-            with mmap.mmap(value.fd, 0, prot=mmap.PROT_READ) as mapped:
-                why = self.store.refusal(key, mapped)
-        else:
-            data = b"".join(value) if isinstance(value, list) else value
-            why = self.store.refusal(key, data)
-        return why is not None and why[0] in _GARBAGE
-
-    def remove(self, key: str, proved: list[str], *, graph: str | None, fetched: bool) -> None:
-        """Removes the objects ``proved`` garbage for ``key``, within the start's bound,
-        each with its own marker of ``graph`` (None: found by name) when nothing was fetched
-        for the key."""
+    def remove(self, proved: list[str], *, graph: str | None, fetched: bool) -> None:
+        """Removes the objects ``proved`` garbage, within the start's bound, each with its
+        own marker of ``graph`` (None: found by name) when nothing was fetched for the
+        key."""
         for name in dict.fromkeys(proved):
             if self.failed or self.removed >= PULL_REMOVALS:
                 return
             paths = [f"{ENTRY_DIR}/{name}"]
             if graph is not None and not fetched:
-                paths.append(f"{TORCH_XLA_DIR}/{name}-{graph}")
+                paths.append(f"{MARKER_DIR}/{name}-{graph}")
             try:
                 self.bucket.delete(paths)
             except Exception as e:
