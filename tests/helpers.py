@@ -27,9 +27,9 @@ def is_plan(key: object) -> bool:
 def is_module_record(key: object) -> bool:
     """Whether ``key`` is a JAX module record's: what it takes to compile a program again, an
     entry of the store beside its executable (docs/jax.md, "Compiling ahead")."""
-    from xla_pcache.jax._module_record import KEY_PREFIX
+    from xla_pcache.jax.ahead._record import is_record_key
 
-    return str(key).startswith(KEY_PREFIX)
+    return is_record_key(key)
 
 
 def is_beside(key: object) -> bool:

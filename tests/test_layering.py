@@ -110,11 +110,19 @@ LEVELS = {
     "jax._prefetch": 4,
     "jax._read_hook": 4,
     "jax._patch": 4,
-    "jax._module_record": 4,
     "jax._module_diff": 4,
-    "jax._compile_hook": 4,
-    "jax._compile_ahead": 4,
     "jax._hooks": 4,
+    # Compiling ahead: a module record's format, the target a program was compiled for, the
+    # frames a program and its compiler process exchange, the compiler process, the
+    # program's side of it, what the session hands it, and the records written at JAX's put.
+    "jax.ahead": 4,
+    "jax.ahead._record": 4,
+    "jax.ahead._target": 4,
+    "jax.ahead._protocol": 4,
+    "jax.ahead._compiler": 4,
+    "jax.ahead._link": 4,
+    "jax.ahead._recording": 4,
+    "jax.ahead._compiling": 4,
     # What install() sets up in JAX, step by step, and keeps to undo it.
     "jax._installation": 4,
     # torch_xla's package holds the ways in (install(), activation, initialize_cache); its

@@ -54,3 +54,15 @@ def directory(name: str) -> str | None:
         return None
     path = os.path.join(base, name)
     return path if os.path.isdir(path) else None
+
+
+def chosen(point: str) -> bool:
+    """Whether the test asked for the branch ``point`` names, by creating ``<point>.go``
+    before the process got there; False when hooks are off."""
+    return _core.TEST_HOOKS and _core.test_hook_released(point)
+
+
+def enabled() -> bool:
+    """Whether this is a test build with hooks on (``XLA_PCACHE_TEST_HOOKS`` naming a
+    directory is asked of each point)."""
+    return bool(_core.TEST_HOOKS)

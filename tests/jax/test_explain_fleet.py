@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.jax import _module_record
-from xla_pcache.jax._module_record import MLIR_BYTECODE_MAGIC, Record, encode
+from xla_pcache.jax.ahead import _record as _module_record
+from xla_pcache.jax.ahead._record import MLIR_BYTECODE_MAGIC, Record, Target, encode
 
 from tests.helpers import clean_env, cli, cli_out, executables, explain_json
 from tests.jax.helpers import JAX_ONLY, SIN_COS_PROGRAM, run_program, without_zstandard
@@ -91,6 +91,10 @@ def test_other_flags_are_named_and_shown_by_doctor(tmp_path: Path) -> None:
     keys = _doctor(_env(cache, XLA_FLAGS=fast), cache)
     assert keys["host"]["flags"] == [fast]
     assert keys["entries"]["other"] == [{"part": "flags", "value": "", "entries": 1}]
+
+
+# The target a record of this host names.
+CPU = Target("cpu", "cpu", 1)
 
 
 def _records(cache: Path) -> dict[str, bytes]:
@@ -171,7 +175,7 @@ def test_a_planted_record_that_is_not_one_is_no_diff(two_programs: Two, tmp_path
 def test_a_planted_module_that_is_not_mlir_is_no_diff(two_programs: Two, tmp_path: Path) -> None:
     cache, sin_record, _ = _copy(two_programs, tmp_path)
     garbage = MLIR_BYTECODE_MAGIC + bytes(range(256)) * 64
-    _plant(cache, sin_record, encode(Record(garbage, b"", (0,))))
+    _plant(cache, sin_record, encode(Record(garbage, b"", (0,), CPU)))
     diff = _miss_diff(cache)
     assert "lines" not in diff and diff["why"]
     assert cli(*("explain", "--path", str(cache))).returncode == 0
@@ -199,7 +203,7 @@ def test_a_record_over_the_bounds_is_no_diff(two_programs: Two, tmp_path: Path) 
     from xla_pcache.jax import _module_diff
 
     big = MLIR_BYTECODE_MAGIC + b"\0" * (_module_diff.MAX_MODULE_BYTES + 1)
-    _plant(cache, sin_record, encode(Record(big, b"", (0,))))
+    _plant(cache, sin_record, encode(Record(big, b"", (0,), CPU)))
     diff = _miss_diff(cache)
     assert "lines" not in diff and "diffed up to" in diff["why"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xla_pcache import Store, build_key
 from xla_pcache.jax import _build as jax_build
-from xla_pcache.jax import _module_record
+from xla_pcache.jax.ahead import _record as _module_record
 
 from tests.jax.tpu import (
     TPU_TOPOLOGY,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
-from xla_pcache.jax._module_record import KEY_PREFIX
+from xla_pcache.jax.ahead._record import KEY_PREFIX
 from xla_pcache.misslog import META_COMPONENTS
 
 from tests.helpers import clean_env

@@ -201,7 +201,7 @@ def _remove_demo_entries(path: str, nonce: str, plans: set[str]) -> tuple[int, i
     """Removes the demo's executables (with their module records) and its processes' plans:
     how many executables and plans."""
     from xla_pcache.cache_path import open_store
-    from xla_pcache.jax._module_record import record_key
+    from xla_pcache.jax.ahead._record import record_key
 
     program = f"jit_{DEMO_PREFIX}{nonce}"
     with open_store(path) as store:

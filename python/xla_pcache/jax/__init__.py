@@ -25,8 +25,6 @@ from xla_pcache.jax import (
     _adopt,
     _backend_wait,
     _build,
-    _compile_ahead,
-    _compile_hook,
     _hooks,
     _installation,
     _prefetch,
@@ -42,6 +40,7 @@ from xla_pcache.jax._hooks import (
 )
 from xla_pcache.jax._installation import Installation
 from xla_pcache.jax._store_cache import _StoreCacheImpl
+from xla_pcache.jax.ahead._compiling import CompileAhead
 from xla_pcache.sizes import parse_duration
 from xla_pcache.store import Store, StoreOptions
 
@@ -192,8 +191,12 @@ def _factory(path: str) -> tuple[Any, str] | None:
             session = _session(inst, store, build)
         session.attached = True
     cache.prefetch = session
-    # Recording and compiling ahead, the session's (the compile wrapper finds it here).
-    cache.ahead = None if session is None else session.ahead
+    # Recording for compiling ahead, the session's; what it compiles and JAX takes is put
+    # here.
+    ahead = None if session is None else session.ahead
+    cache.recorder = None if ahead is None else ahead.recorder
+    if session is not None:
+        session.put_ahead, session.served_ahead = cache.put_ahead, cache.served_ahead
     with _state_lock:
         # JAX builds a new cache after reset_cache or a new directory: the last one's
         # session ends (its plan written, what it loaded released).
@@ -226,12 +229,12 @@ def _session(
         write_plans=not (store.read_only or (isinstance(store, BucketStore) and store.bucket_ro)),
     )
     if inst.compile_form is not None:
-        # Compiling ahead what the plan names and the store lacks: from the backend's start,
-        # as loading is; a read-only process compiles into its memory only.
-        session.ahead = _compile_ahead.CompileAhead(
+        # Compiling ahead what the plan names and the store lacks, in a compiler process
+        # started as soon as the plan is read; a read-only process compiles into its memory
+        # only.
+        session.ahead = CompileAhead(
             store,
-            _compile_hook.xla_client(),
-            form=inst.compile_form,
+            session,
             threads=settings.compile_ahead_thread_count(),
             reserve=settings.compile_ahead_reserve(job_memory),
             writes=not store.read_only,
@@ -426,8 +429,6 @@ def uninstall() -> None:
         if inst.hooks.compiler is not None:
             _single_flight.uninstall_hook(inst.hooks.compiler)
         _read_hook.uninstall_hook(cc)
-        if inst.hooks.compiler is not None:
-            _compile_hook.uninstall_hook(inst.hooks.compiler)
         if inst.session is not None:
             inst.session.close()
             inst.session = None
@@ -512,7 +513,7 @@ def prefetch_report() -> dict[str, Any] | None:
         return None
     report = session.report()
     if session.ahead is not None:
-        report["compile_ahead"] = session.ahead.report()
+        report["compile_ahead"] = {**session.ahead.report(), "states": session.compiled_states()}
     if store is not None:
         counters = store.process_stats()
         report["counters"] = {k: v for k, v in counters.items() if k.startswith("prefetch_")}

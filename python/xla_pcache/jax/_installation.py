@@ -22,7 +22,6 @@ from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
 from xla_pcache.jax import (
     _adopt,
-    _compile_hook,
     _prefetch,
     _read_hook,
     _single_flight,
@@ -81,7 +80,7 @@ class Installation:
     prefetch_form: int | None = None
     settings: Settings = dataclasses.field(default_factory=Settings)
     session: _prefetch.Prefetch | None = None
-    # Compiling ahead: the form of JAX's compile function the wrapper stands beside (None:
+    # Compiling ahead: the form of JAX's compile function a compiler process calls (None:
     # off); each session has its own (``Prefetch.ahead``).
     compile_form: int | None = None
 
@@ -205,8 +204,24 @@ def hook_jax(inst: Installation, prefetch: bool | None) -> None:
     if wants_prefetch and inst.store is not None and _read_hook.install_hook(hooks.cc):
         form = _read_hook.read_form(hooks.cc)
         inst.prefetch_form = form if isinstance(form, int) else None
-        if settings.compile_ahead and hooks.compiler is not None:
-            inst.compile_form = _compile_hook.install_hook(hooks.compiler, hooks.cc)
+        if settings.compile_ahead and hooks.compiler is not None and inst.on_miss != "error":
+            inst.compile_form = _compile_form(hooks.compiler)
+
+
+def _compile_form(compiler: Any) -> int | None:
+    """The form of JAX's compile function a compiler process calls, or None, with one
+    warning, on a JAX whose function is not one it knows: nothing is then compiled ahead."""
+    from xla_pcache.jax.ahead._compiler import read_form
+
+    found = read_form(compiler)
+    if isinstance(found, str):
+        logger.warning(
+            "xla_pcache: compiling ahead is off: %s (JAX compiles as before; "
+            "XLA_PCACHE_COMPILE_AHEAD=0 silences this)",
+            found,
+        )
+        return None
+    return found[1]
 
 
 def adopt_own_cache(

@@ -20,6 +20,7 @@ expected the components are left out, and the entry or the miss is recorded with
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import sys
@@ -119,7 +120,8 @@ def _time_from_value(value: Any) -> float | None:
 
 
 def _key_args() -> dict[str, Any] | None:
-    """The arguments ``compile_or_get_cached`` computes its key from, from its frame."""
+    """The arguments ``compile_or_get_cached`` computes its key from, from its frame, and
+    the host callbacks it compiles with."""
     frame = _find_frame(("compile_or_get_cached",), "jax._src.compiler")
     if frame is None:
         return None
@@ -128,6 +130,7 @@ def _key_args() -> dict[str, Any] | None:
     args["backend"] = local.get("backend")
     if any(v is None for v in args.values()):
         return None
+    args["host_callbacks"] = local.get("host_callbacks")
     return args
 
 
@@ -141,7 +144,7 @@ def computation() -> Any:
         return None
 
 
-def _ignore_arg(cc: Any) -> list[Any]:
+def ignore_arg(cc: Any) -> list[Any]:
     """The last argument of ``get_cache_key`` as JAX's compiler passes it: the custom
     partitioning option, an enum (0.5-0.11) or a bool (later)."""
     try:
@@ -185,7 +188,7 @@ def _run_key(cc: Any, ck: Any, args: dict[str, Any]) -> tuple[str, list[Any]]:
                 args["devices"],
                 args["compile_options"],
                 args["backend"],
-                *_ignore_arg(cc),
+                *ignore_arg(cc),
             )
         finally:
             _local.sink = None
@@ -193,9 +196,33 @@ def _run_key(cc: Any, ck: Any, args: dict[str, Any]) -> tuple[str, list[Any]]:
     return str(key), sink
 
 
-def components(key: str) -> dict[str, Any] | None:
-    """The components of ``key``, computed from the JAX call on this thread's stack that is
-    looking it up or putting it; None when there is none (or JAX is not as expected)."""
+@dataclasses.dataclass(eq=False)
+class Capture:
+    """One computation of a key by JAX's own function, taken apart: its ``parts`` (the
+    components, as the miss log and entries keep them), whether it gave the key JAX used
+    (``verified``), each component's function by name (``fns``) and the arguments it was
+    computed from (``args``, from ``compile_or_get_cached``'s frame)."""
+
+    key: str
+    verified: bool
+    parts: dict[str, Any]
+    fns: dict[str, Callable[[Any], Any]]
+    args: dict[str, Any]
+
+    def fed(self, name: str) -> list[bytes] | None:
+        """What component ``name``'s function feeds JAX's hash, chunk by chunk (computed
+        again: the module's canonical form is JAX's ``computation``), or None."""
+        fn = self.fns.get(name)
+        if fn is None:
+            return None
+        rec = _Recorder(keep=1 << 62)
+        fn(rec)
+        return rec.chunks
+
+
+def capture(key: str) -> Capture | None:
+    """``key`` computed again from the JAX call on this thread's stack that is looking it
+    up or putting it; None when there is none (or JAX is not as expected)."""
     try:
         from jax._src import cache_key as ck
         from jax._src import compilation_cache as cc
@@ -207,7 +234,9 @@ def components(key: str) -> dict[str, Any] | None:
             return None
         recomputed, captured = _run_key(cc, ck, args)
         parts: list[dict[str, Any]] = []
+        fns: dict[str, Callable[[Any], Any]] = {}
         for name, hashfn, first_digest in captured:
+            fns[str(name)] = hashfn
             rec = _Recorder(_KEEP_OPTIONS if name == "compile_options" else _KEEP_BYTES)
             if first_digest is not None and name == "computation":
                 digest, text = first_digest, None  # the module itself: large, not re-hashed
@@ -223,14 +252,23 @@ def components(key: str) -> dict[str, Any] | None:
             if value is not None:
                 part["value"] = value
             parts.append(part)
-        return {
-            "module": module_name(key),
-            "verified": recomputed == key,
-            "components": parts,
-        }
+        return Capture(
+            key,
+            recomputed == key,
+            {"module": module_name(key), "verified": recomputed == key, "components": parts},
+            fns,
+            args,
+        )
     except Exception as exc:
         logger.debug("xla_pcache: key components of %r unavailable: %s", key, exc)
         return None
+
+
+def components(key: str) -> dict[str, Any] | None:
+    """The components of ``key``, computed from the JAX call on this thread's stack that is
+    looking it up or putting it; None when there is none (or JAX is not as expected)."""
+    found = capture(key)
+    return None if found is None else found.parts
 
 
 def _readable(name: str, text: str | None, args: dict[str, Any]) -> Any:
@@ -377,11 +415,11 @@ def _body(field: bytes) -> bytes:
 
 # --- what the JAX adapter asks on a miss and on a put --------------------------------------
 
-_PENDING_MAX = 64  # components of keys missed on this thread and not put yet
+_PENDING_MAX = 64  # keys missed on this thread and not put yet
 
 
-def _pending() -> dict[str, dict[str, Any] | None]:
-    pending: dict[str, dict[str, Any] | None] | None = getattr(_local, "pending", None)
+def _pending() -> dict[str, Capture | None]:
+    pending: dict[str, Capture | None] | None = getattr(_local, "pending", None)
     if pending is None:
         pending = _local.pending = {}
     return pending
@@ -394,26 +432,40 @@ def missed(key: str) -> tuple[bool, dict[str, Any] | None]:
     try:
         pending = _pending()
         if key in pending:
-            return False, pending[key]
-        parts = components(key)
+            found = pending[key]
+            return False, None if found is None else found.parts
+        found = capture(key)
         if len(pending) >= _PENDING_MAX:
             pending.pop(next(iter(pending)))
-        pending[key] = parts
-        return True, parts
+        pending[key] = found
+        return True, None if found is None else found.parts
     except Exception as exc:
         logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
         return False, None
 
 
-def put_meta(meta: dict[str, str], key: str, value: Any) -> dict[str, str]:
-    """``meta`` plus the key's components and the compile time JAX measured (never raises;
-    without them when they cannot be had)."""
-    out = dict(meta)
+def put_capture(key: str) -> Capture | None:
+    """For JAX's put of ``key``: what its miss on this thread captured, else the key
+    computed now (never raises)."""
     try:
         pending = _pending()
-        parts = pending.pop(key) if key in pending else components(key)
-        if parts is not None:
-            out[META_COMPONENTS] = encode(parts)
+        return pending.pop(key) if key in pending else capture(key)
+    except Exception as exc:
+        logger.debug("xla_pcache: key components of %r unavailable: %s", key, exc)
+        return None
+
+
+def put_meta(
+    meta: dict[str, str], key: str, value: Any, found: Capture | None = None
+) -> dict[str, str]:
+    """``meta`` plus the key's components (of ``found``, else ``put_capture``'s) and the
+    compile time JAX measured (never raises; without them when they cannot be had)."""
+    out = dict(meta)
+    try:
+        if found is None:
+            found = put_capture(key)
+        if found is not None:
+            out[META_COMPONENTS] = encode(found.parts)
         secs = compile_time(value)
         if secs is not None:
             out[META_COMPILE_TIME] = f"{secs:.6f}"

@@ -38,6 +38,8 @@ class State(enum.Enum):
     # The main thread read it first, or it was read before the plan was.
     SKIPPED = "skipped"
     MISSING = "missing"
+    # Absent from the store, with the compiler process (``ahead._compiling``).
+    COMPILING = "compiling"
     FAILED = "failed"
     RELEASED = "released"
 
@@ -51,6 +53,8 @@ class Slot:
 
     __slots__ = (
         "blob",
+        "compile_s",
+        "compiled",
         "cpu_s",
         "dropped",
         "entry",
@@ -82,6 +86,10 @@ class Slot:
         self.cpu_s = 0.0
         self.wall_s = 0.0
         self.loaded_at = 0.0
+        # Compiled ahead (its executable from the compiler process, not the store), in
+        # how many seconds.
+        self.compiled = False
+        self.compile_s = 0.0
 
 
 class CpuShare:
@@ -225,7 +233,7 @@ def deserialize(slot: Slot, backend: Any, form: int) -> Any:
     """``slot``'s fetched executable deserialized by ``backend`` with the plan's compile
     options and devices (``form``: that of JAX's ``get_executable_and_time``)."""
     xc = xla_client()
-    made_for = slot.blob.meta.get("backend")
+    made_for = slot.blob.meta.get("backend") if slot.blob is not None else None
     if made_for is not None and made_for != str(backend.platform):
         raise ValueError(f"the entry was made for {made_for}")
     options = xc.CompileOptions.ParseFromString(slot.entry.options)

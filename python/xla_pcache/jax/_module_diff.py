@@ -9,7 +9,7 @@ program of the same name. The missed program's own module is JAX's, from the mis
 process explaining its own miss), or its record (``xla-pcache explain``, once it has been
 compiled and stored since). A record is read through the store (its one gate: checksums,
 signatures, trust: a trusting store serves only a signed one), decoded strictly
-(``_module_record.decode``) and parsed by JAX's own MLIR bytecode reader, the reader a
+(``ahead._record.decode``) and parsed by JAX's own MLIR bytecode reader, the reader a
 record compiled ahead already goes through; whatever fails to be read, decoded or parsed,
 or is over the bounds, is no diff, said in a word, never an exception.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from xla_pcache import build_key
 from xla_pcache._text import package_logger
-from xla_pcache.jax._module_record import (
+from xla_pcache.jax.ahead._record import (
     KEY_PREFIX,
     META_KIND,
     META_MODULE,

@@ -163,6 +163,18 @@ def holding(plan: Plan | None, variant: Variant) -> list[frozenset[str]]:
     return [k for k in (v.keys() for v in on) if keys <= k]
 
 
+def without(plan: Plan, keys: frozenset[str], platform: str, device_count: int) -> Plan:
+    """``plan`` with ``keys`` left out of its variants of this platform and device count
+    (a variant left empty goes)."""
+    variants = []
+    for v in plan.variants:
+        if v.runs_on(platform, device_count) and keys & v.keys():
+            v = dataclasses.replace(v, entries=tuple(e for e in v.entries if e.key not in keys))
+        if v.entries:
+            variants.append(v)
+    return Plan(tuple(variants))
+
+
 def load_digest(options: bytes, devices: tuple[int, ...]) -> str:
     """What an executable's ``META_LOAD_DIGEST`` holds: ``options`` is the digest of the
     compile options as JAX's key sees them (``_prefetch``), ``devices`` their ids."""

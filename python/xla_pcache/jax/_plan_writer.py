@@ -94,6 +94,8 @@ class PlanWriter:
         self._known: list[frozenset[str]] | None = None
         self._holding: list[frozenset[str]] = []
         self._dirty = False
+        # Keys compiled ahead for nothing by this run: left out of the plan it writes.
+        self._unread: frozenset[str] = frozenset()
         self._last_read = time.monotonic()
         self._last_write = 0.0
         self._postponed = 0.0
@@ -152,6 +154,16 @@ class PlanWriter:
     def report(self) -> dict[str, object]:
         with self._lock:
             return {"seen": len(self._seen), "plan_due": self._dirty}
+
+    def unread(self, keys: frozenset[str]) -> None:
+        """Keys of the plan this run compiled ahead and never read, though it read keys the
+        plan names after them: the plan is due, without them."""
+        with self._lock:
+            if not self.enabled or self._known is None:
+                return
+            self._unread = keys
+            if any(keys & known for known in self._known):
+                self._dirty = True
 
     def keys_read(self) -> list[str]:
         """The keys this run read, in order (the first ``_plan.MAX_ENTRIES``)."""
@@ -226,6 +238,12 @@ class PlanWriter:
             entries = tuple(e for e in seen if e.key in stored)
             variant = _plan.bounded(_plan.Variant(time.time(), platform, devices, entries))
             current = self._fetch()
+            with self._lock:
+                unread = self._unread
+            trimmed = False
+            if current is not None and unread:
+                kept = _plan.without(current, unread, platform, devices)
+                trimmed, current = kept != current, kept
             wrote = False
             plan = current
             # A fleet that starts one job at once reads the same programs in every process:
@@ -235,7 +253,7 @@ class PlanWriter:
                 variant.entries
                 and self.enabled
                 and _plan.valid_platform(platform, devices)
-                and (not held or (own and _plan.wants_own(held, variant.keys())))
+                and (trimmed or not held or (own and _plan.wants_own(held, variant.keys())))
             ):
                 plan = _plan.merged(current, variant)
                 data = _plan.encode(plan)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import importlib
 import os
 import threading
 import time
@@ -39,11 +40,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from xla_pcache import build_key, builds
+from xla_pcache import _testhook, build_key, builds
 from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import _loads, _plan, _plan_name
 from xla_pcache.jax._backend_wait import process_index
-from xla_pcache.jax._compile_ahead import CompileAhead
 from xla_pcache.jax._loads import (
     PENDING,
     CpuShare,
@@ -52,9 +52,11 @@ from xla_pcache.jax._loads import (
     State,
     normalized,
     options_digester,
+    xla_client,
 )
 from xla_pcache.jax._plan_writer import PlanWriter, run_failed
 from xla_pcache.jax._recognition import Recognition
+from xla_pcache.jax.ahead._compiling import CompileAhead, entry_value
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
@@ -68,6 +70,9 @@ LOAD_WAIT_S = 120.0
 PLAN_WAIT_S = 2.0
 # How long the exit hook waits for loads in progress.
 CLOSE_WAIT_S = 10.0
+# How long a read waits for its program compiling ahead (the compiler process stuck is found
+# sooner: ``ahead._link.STALL_S``).
+COMPILE_WAIT_S = 600.0
 # Reads whose options are kept for the put after a miss (JAX puts right after it compiles).
 _RECENT_READS = 256
 
@@ -146,6 +151,13 @@ class Prefetch:
         self._order: dict[str, int] = {}
         # Compiling ahead what the store lacks (None: nothing is); closed with the session.
         self.ahead: CompileAhead | None = None
+        # Where an executable compiled ahead and taken is put: the store cache JAX uses
+        # (``_store_cache.put_ahead``); None: nowhere.
+        self.put_ahead: Callable[[str, bytes, float, str], None] | None = None
+        # What records a read served what was compiled ahead as the store's miss it is.
+        self.served_ahead: Callable[[str], None] | None = None
+        # Executables compiled ahead and taken, to put: key, value parts, load digest.
+        self._puts: list[tuple[str, bytes, float, str]] = []
         self._applied = False
         self._waited = False
         self._slots: dict[str, Slot] = {}
@@ -305,7 +317,7 @@ class Prefetch:
             self._cond.notify_all()
             planned, variants = len(self._slots), self._recog.variants
         if self.ahead is not None:
-            self.ahead.backend_up(backend, self._own_build, wanted)
+            self.ahead.backend_up(platform)
         assert self._key is not None
         self._writer.bind(self._key, self._workload, self._own_build, self._plan, platform, count)
         if variants:
@@ -356,6 +368,9 @@ class Prefetch:
             if slot.state is State.QUEUED:
                 self._queue.remove(slot)
                 slot.state = State.SKIPPED
+            elif slot.state is State.COMPILING and self.ahead is not None:
+                if self.ahead.cancel(slot.entry.key) != "compiling":
+                    slot.state = State.SKIPPED
             elif slot.state is State.FETCHED:
                 self._fetched.remove(slot)
                 self._release(slot, State.SKIPPED)
@@ -474,6 +489,10 @@ class Prefetch:
                 slot.urgent = True
                 self._cond.notify_all()
             self._cond.wait_for(lambda: slot.state not in PENDING, LOAD_WAIT_S)
+            compiling = slot.state is State.COMPILING
+        if compiling:
+            self._await_compiled(slot)
+        with self._cond:
             waited = time.perf_counter() - start
             # Never started (workers stuck): read JAX's way.
             self._drop([slot])
@@ -486,22 +505,55 @@ class Prefetch:
                 return None
             result = (slot.executable, slot.time)
             blob = slot.blob
-            # What the read would have cost on this thread (its load's CPU time, not its
-            # wall time on a worker sharing the cores), less what it waited.
-            saved = max(0.0, slot.cpu_s - waited)
-            self._saved_s += saved
-            self._taken_cpu_s += slot.cpu_s
-            self._taken_wall_s += slot.wall_s
-            if len(self._waits) < _plan.MAX_ENTRIES:
-                self._waits.append((self._reads, waited, slot.loaded_at - self._t0))
+            compiled = slot.compiled
+            if compiled:
+                # A miss of the store, compiled ahead: put as JAX would have put it.
+                if self.put_ahead is not None and self.ahead is not None and self.ahead.writes:
+                    digest = _plan.load_digest(slot.options, slot.entry.devices)
+                    self._puts.append((key, slot.serialized, slot.compile_s, digest))
+                saved = 0.0
+            else:
+                # What the read would have cost on this thread (its load's CPU time, not its
+                # wall time on a worker sharing the cores), less what it waited.
+                saved = max(0.0, slot.cpu_s - waited)
+                self._saved_s += saved
+                self._taken_cpu_s += slot.cpu_s
+                self._taken_wall_s += slot.wall_s
+                if len(self._waits) < _plan.MAX_ENTRIES:
+                    self._waits.append((self._reads, waited, slot.loaded_at - self._t0))
             self._release(slot, State.TAKEN)
             self._last_take = time.monotonic()
+        if compiled:
+            if self.served_ahead is not None:
+                self.served_ahead(key)
+            self._count([("compiled_used", 1)])
+            return result
         try:
             self.store.count_hit(blob)
         except Exception as exc:
             logger.debug("xla_pcache: counting a hit loaded ahead failed: %s", exc)
         self._count([("used", 1), ("saved_ms", round(saved * 1000))])
         return result
+
+    def _await_compiled(self, slot: Slot) -> None:
+        """JAX reads ``slot``'s key while it is with the compiler process: taken back when
+        the process has not started it (JAX compiles it now, as fast), else waited for, and
+        loaded first once compiled. Off the session's lock."""
+        # A test lets the compiler process finish first (nothing outside a test build).
+        _testhook.hold("compile-ahead-take")
+        answer = self.ahead.cancel(slot.entry.key) if self.ahead is not None else None
+        with self._cond:
+            if slot.state is State.COMPILING and answer != "compiling":
+                slot.state = State.SKIPPED  # taken back, or never given: JAX compiles it
+                return
+            slot.urgent = True
+            if slot.state is State.FETCHED:
+                self._fetched.remove(slot)
+                self._fetched.appendleft(slot)
+                self._cond.notify_all()
+            self._cond.wait_for(
+                lambda: slot.state not in (*PENDING, State.COMPILING), COMPILE_WAIT_S
+            )
 
     def load_digest(self, key: str) -> str | None:
         """For the put of ``key`` after this process's read of it missed: the digest of the
@@ -570,10 +622,17 @@ class Prefetch:
             key = build_key.join(slot.entry.key, self._own_build)
             got = _loads.fetch(slot.entry, self.store, key, self._cc, self._digest_options)
         if got is None:
-            # Handed to compiling ahead before a read waiting for it can go JAX's way.
-            self._entry_absent(slot)
+            # Compiled ahead from its record when it has one; its read waits for that, or
+            # goes JAX's way.
             with self._cond:
-                slot.state = State.MISSING
+                slot.state = State.COMPILING if self.ahead is not None else State.MISSING
+                self._cond.notify_all()
+            if not self._entry_absent(slot):
+                with self._cond:
+                    if slot.state is State.COMPILING:
+                        slot.state = State.MISSING
+                    self._cond.notify_all()
+            self._idle_check()
             return False
         with self._cond:
             if self._closed:
@@ -586,18 +645,100 @@ class Prefetch:
             slot.state = State.FETCHED
         return True
 
-    def _entry_absent(self, slot: Slot) -> None:
+    def _entry_absent(self, slot: Slot) -> bool:
         """A planned entry the store does not hold (evicted, pruned, or never stored for
-        this build): its read goes JAX's way and compiles, from what was compiled ahead."""
-        if self.ahead is not None:
-            self.ahead.absent(slot.entry.key, self._order.get(slot.entry.key))
+        this build): whether it is compiled ahead from its record."""
+        if self.ahead is None:
+            return False
+        try:
+            entry = slot.entry
+            options = xla_client().CompileOptions.ParseFromString(entry.options)
+            slot.options = normalized(self._digest_options, options)
+            with self._cond:
+                place = self._order.get(entry.key, _plan.MAX_ENTRIES)
+            return self.ahead.submit(entry, place, slot.options)
+        except Exception as exc:
+            self._warn("compiling ahead", slot.entry.key, exc)
+            return False
+
+    # -------------------------------------------------------------- from compiling ahead
+
+    def compiled(self, key: str, serialized: bytes, compile_s: float) -> None:
+        """The compiler process compiled ``key``: loaded as an entry fetched, unless the
+        run no longer wants it."""
+        with self._cond:
+            slot = self._slots.get(key)
+            if slot is None or slot.state is not State.COMPILING:
+                return
+            if self._closed or self._ended or slot.dropped:
+                slot.state = State.RELEASED
+                self._cond.notify_all()
+                return
+            slot.serialized, slot.time = serialized, int(compile_s)
+            slot.compiled, slot.compile_s = True, compile_s
+            slot.nbytes = len(serialized)
+            self._in_flight += slot.nbytes
+            slot.state = State.FETCHED
+            if slot.urgent:
+                self._fetched.appendleft(slot)
+            else:
+                self._fetched.append(slot)
+            self._cond.notify_all()
+        self._idle_check()
+
+    def not_compiled(self, keys: list[str]) -> None:
+        """Keys compiling ahead handed back: JAX compiles them as before."""
+        with self._cond:
+            for key in keys:
+                slot = self._slots.get(key)
+                if slot is not None and slot.state is State.COMPILING:
+                    slot.state = State.MISSING
+            self._cond.notify_all()
+        self._idle_check()
+
+    def compile_idle(self) -> None:
+        self._idle_check()
+
+    def may_compile(self) -> bool:
+        """Whether what is fetched and not taken leaves room for more (read without the
+        lock: the compiler process's thread asks it holding its own)."""
+        return self._in_flight < self._memory
+
+    def _idle_check(self) -> None:
+        """A test waits until nothing planned is being fetched or compiled (nothing
+        outside a test build)."""
+        if not _testhook.enabled():
+            return
+        busy = (State.QUEUED, State.FETCHING, State.COMPILING)
+        with self._cond:
+            idle = self._applied and not any(s.state in busy for s in self._slots.values())
+        if idle:
+            _testhook.reached("compile-ahead-idle")
+
+    def _put_compiled(self, key: str, serialized: bytes, compile_s: float, digest: str) -> None:
+        """Put what was compiled ahead and taken, where JAX would have put its own compile:
+        process 0, at or over its thresholds (never raises)."""
+        put = self.put_ahead
+        if put is None or self._process != 0:
+            return
+        try:
+            values = importlib.import_module("jax").config.values
+            if compile_s < float(values.get("jax_persistent_cache_min_compile_time_secs", 0)):
+                return
+            value = entry_value(self._cc, serialized, compile_s)
+            if len(value) < int(values.get("jax_persistent_cache_min_entry_size_bytes", 0)):
+                return
+            put(key, value, compile_s, digest)
+        except Exception as exc:
+            self._warn("putting what was compiled ahead", key, exc)
 
     def _deserialize(self, slot: Slot) -> None:
         """Deserialize ``slot``'s fetched executable with the backend (off the lock)."""
         with self._cpu.timed(slot):
             executable = _loads.deserialize(slot, self._backend, self._form)
         with self._cond:
-            slot.serialized = None
+            if not (slot.compiled and self.put_ahead is not None):
+                slot.serialized = None  # one compiled ahead is put once taken
             if self._closed:
                 self._release(slot)
                 return
@@ -605,7 +746,8 @@ class Prefetch:
             slot.loaded_at = time.perf_counter()
             slot.state = State.LOADED
             self._cond.notify_all()
-        self._count([("loaded", 1)])
+        if not slot.compiled:
+            self._count([("loaded", 1)])
 
     # -------------------------------------------------------------- the session's upkeep
 
@@ -635,10 +777,13 @@ class Prefetch:
                         self._end_queue()
                     else:
                         deadlines.append(idle)
-                if not write and not release:
+                puts, self._puts = self._puts, []
+                if not write and not release and not puts:
                     timeout = max(0.05, min(deadlines) - now) if deadlines else None
                     self._cond.wait(timeout)
                     continue
+            for put in puts:
+                self._put_compiled(*put)
             if release:
                 self._count([("wasted", len(release))])
             if write:
@@ -656,6 +801,12 @@ class Prefetch:
         with self._cond:
             if self._closed:
                 return
+        if self.ahead is not None:
+            # First: the compiler process is killed (the exit waits for no compile).
+            self.ahead.close()
+        with self._cond:
+            if self._closed:
+                return
             self._end_queue()
             self._closed = True
             self._cond.notify_all()
@@ -663,17 +814,51 @@ class Prefetch:
             held = [s for s in self._slots.values() if s.state is State.LOADED]
             for slot in held:
                 self._release(slot)
+            puts, self._puts = self._puts, []
+        for put in puts:
+            self._put_compiled(*put)
         self._count([("wasted", len(held))])
+        unread = self._compiled_unread()
+        if unread:
+            self._writer.unread(unread)
         # The plan written if it changed, or noted as used (it ages with what it names).
         self._writer.close(whole=at_exit and not run_failed())
         if self.ahead is not None:
-            self.ahead.close(self._writer.keys_read())
+            self.ahead.touch(self._writer.keys_read())
         with _sessions_lock:
             _sessions.discard(self)
         try:
             self.store.flush()
         except Exception as exc:
             logger.debug("xla_pcache: flushing the counters failed: %s", exc)
+
+    def _compiled_unread(self) -> frozenset[str]:
+        """Keys whose executables the store lacks, compiled ahead (or compiling, or refused)
+        for nothing: never read, though the run read keys its plan names after them (a run
+        stopped early, which never got there, drops none)."""
+        read = self._writer.keys_read()
+        with self._cond:
+            order = self._order
+            last = max((order[k] for k in read if k in order), default=-1)
+            seen = set(read)
+            return frozenset(
+                k
+                for k, s in self._slots.items()
+                if (s.compiled or s.state in (State.COMPILING, State.MISSING))
+                and k not in seen
+                and order.get(k, last) < last
+            )
+
+    def compiled_states(self) -> dict[str, int]:
+        """What became of the planned executables compiled ahead, or with the compiler."""
+        with self._cond:
+            return dict(
+                collections.Counter(
+                    s.state.value
+                    for s in self._slots.values()
+                    if s.compiled or s.state is State.COMPILING
+                )
+            )
 
     def report(self) -> dict[str, Any]:
         """What this session did, by key state (for tests and the bench)."""

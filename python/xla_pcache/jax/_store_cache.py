@@ -14,13 +14,14 @@ from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax import (
     _adopt,
     _build,
-    _compile_ahead,
     _keyparts,
     _module_diff,
     _plan,
     _prefetch,
     _single_flight,
 )
+from xla_pcache.jax.ahead._recording import Recorder
+from xla_pcache.misslog import META_COMPILE_TIME
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
@@ -42,9 +43,9 @@ class _StoreCacheImpl:
     # Loading ahead for this cache (``_prefetch``): what the wrapped
     # ``get_executable_and_time`` looks for on JAX's cache; None: reads go JAX's way.
     prefetch: _prefetch.Prefetch | None = None
-    # Recording and compiling ahead for this cache (``_compile_ahead``): what the wrapped
-    # compile function looks for on JAX's cache; None: JAX compiles as before.
-    ahead: _compile_ahead.CompileAhead | None = None
+    # What records each program this cache puts, for compiling ahead
+    # (``ahead._recording``); None: nothing is recorded.
+    recorder: Recorder | None = None
 
     def __init__(
         self,
@@ -113,9 +114,6 @@ class _StoreCacheImpl:
                 self._warn("read", key, exc)
                 return None
         if blob is None:
-            if self.ahead is not None:
-                # JAX compiles it next: what compiles ahead of it is to be found then.
-                self.ahead.missed(key)
             # Misses only: the hit path above records nothing.
             new, parts = _keyparts.missed(key)
             # Where the computation changed: its module against the nearest record's.
@@ -149,8 +147,10 @@ class _StoreCacheImpl:
         ``key`` (``_adopt.adopted_meta`` adds the rest)."""
         return lambda read: self._put_meta(key, read.value)
 
-    def _put_meta(self, key: str, value: Any) -> dict[str, str]:
-        meta = _keyparts.put_meta(self._meta, key, value)
+    def _put_meta(
+        self, key: str, value: Any, found: _keyparts.Capture | None = None
+    ) -> dict[str, str]:
+        meta = _keyparts.put_meta(self._meta, key, value, found)
         return builds.meta_with_component(meta, self._build)
 
     def put(self, key: str, value: bytes) -> None:
@@ -170,16 +170,56 @@ class _StoreCacheImpl:
                     skey,
                 )
                 self._store.delete(skey)
-            meta = self._put_meta(key, value)
+            found = _keyparts.put_capture(key)
+            meta = self._put_meta(key, value, found)
             # What loading ahead checks a plan against: the options and devices of this
             # process's read of the key, which missed.
             digest = self.prefetch.load_digest(key) if self.prefetch is not None else None
             if digest is not None:
                 meta[_plan.META_LOAD_DIGEST] = digest
-            if self.ahead is not None:
-                # The program's module record beside it; a program compiled ahead's time.
-                meta = self.ahead.stored(key, meta)
             self._store.put(skey, value, meta=meta)
+        except Exception as exc:
+            self._warn("write", key, exc)
+            return
+        if self.recorder is not None:
+            # The program's module record beside it.
+            self.recorder.stored(key, found)
+
+    def served_ahead(self, key: str) -> None:
+        """JAX's read of ``key`` is served what was compiled ahead: the miss it is for the
+        store, counted, explained and warned about as ``get`` does one (on JAX's thread,
+        inside its compile call), without a claim: nothing is left to compile. Never
+        raises."""
+        skey = self._build.store_key(key)
+        try:
+            self._store.count_misses(1)
+            parts = _keyparts.components(key)
+            self._others.count(self._store, key)
+            explain.record_miss(self._store, skey, builds.with_component(parts, self._build), "jax")
+            if self._on_miss != "compile":
+                _on_miss.handle(
+                    self._on_miss,
+                    self._store,
+                    skey,
+                    program=_keyparts.module_name(key),
+                    framework="jax",
+                    parts=builds.with_component(parts, self._build),
+                )
+        except Exception as exc:
+            logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
+
+    def put_ahead(self, key: str, value: bytes, compile_s: float, load_digest: str) -> None:
+        """Put what was compiled ahead for ``key`` and taken by JAX's read of it: JAX's own
+        value, with the compile's time and the load digest of the options and devices it
+        was compiled for (a put of loading ahead's, never a read-only store's)."""
+        if self._store.read_only:
+            return
+        try:
+            meta = dict(self._meta)
+            meta[META_COMPILE_TIME] = f"{compile_s:.6f}"
+            meta[_plan.META_LOAD_DIGEST] = load_digest
+            meta = builds.meta_with_component(meta, self._build)
+            self._store.put(self._build.store_key(key), value, meta=meta)
         except Exception as exc:
             self._warn("write", key, exc)
 

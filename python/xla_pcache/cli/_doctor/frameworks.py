@@ -119,8 +119,8 @@ _JAX_PROBE = textwrap.dedent(
         out["prefetch"] = f"{type(exc).__name__}: {exc}"
     try:
         from jax._src import compiler
-        from xla_pcache.jax import _compile_hook
-        form = _compile_hook.read_form(compiler)
+        from xla_pcache.jax.ahead import _compiler
+        form = _compiler.read_form(compiler)
         out["compile_ahead"] = "ok" if isinstance(form, tuple) else form
     except Exception as exc:
         out["compile_ahead"] = f"{type(exc).__name__}: {exc}"

@@ -269,8 +269,9 @@ def _render_prefetch(console: Console, report: dict[str, Any]) -> None:
         line = f"Compiling ahead what is missing (JAX): {_e(ahead['state'])}"
         if ahead["state"] == "on":
             line += (
-                f", {ahead['threads']} threads, starting only while more than "
-                f"{format_size(ahead['memory_kept_free'])} of memory is available"
+                f", in a compiler process of {ahead['threads']} threads (CPU and TPU programs), "
+                f"starting only while more than {format_size(ahead['memory_kept_free'])} of "
+                "memory is available"
             )
             hook = jax.get("compile_ahead")
             if hook is not None and hook != "ok":
