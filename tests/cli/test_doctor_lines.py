@@ -105,7 +105,8 @@ def test_compiling_ahead_is_said_with_its_bounds_and_counts() -> None:
         """
     )
     (line,) = [line for line in out.splitlines() if line.startswith("Compiling ahead")]
-    assert "on, 3 threads" in line and "8.0G of memory" in line, out
+    assert "on, in a compiler process of 3 threads (CPU and TPU programs)" in line, out
+    assert "8.0G of memory" in line, out
     assert "off in this JAX: backend_x() is new" in line, out
     assert "compiled ahead 7, used 5, module records refused 1" in out, out
 

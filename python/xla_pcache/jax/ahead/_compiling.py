@@ -121,7 +121,8 @@ class CompileAhead:
         if target.platform not in _target.COMPILED_AHEAD_PLATFORMS:
             self._skip_platform(target.platform)
             return False
-        if record.devices != entry.devices or (
+        # (A plan of JAX before 0.7 names no devices: they are in the options.)
+        if (entry.devices and record.devices != entry.devices) or (
             hashlib.sha256(record.options).digest() != options_digest
             and record.options != options_digest
         ):
