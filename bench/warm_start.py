@@ -5,6 +5,7 @@ JAX asks (plain), JAX's own cache, and a cold start, side by side in fresh proce
     python bench/warm_start.py --scenario lm --quick     # one scenario, 2 repeats
     python bench/warm_start.py --scenario lm --size 300m --repeats 3 --out DIR   # a TPU run
     python bench/warm_start.py --scenario removed --repeats 3   # the start after eviction
+    python bench/warm_start.py --scenario planted --repeats 3   # a planted heavy record
 
 Scenarios (``--scenario``, default ``all``):
 
@@ -27,9 +28,14 @@ Scenarios (``--scenario``, default ``all``):
   each process starts from its own copy of that store (a run puts its executables back), in
   rows of its own (``REMOVED``): compiling ahead off (``XLA_PCACHE_COMPILE_AHEAD=0``: each
   program compiled when the run reaches it, as in a cold start), compiling ahead on (as
-  installed: the plan's programs compiled from their records on a thread pool from the
-  backend's start, each handed to JAX's compile of it), and JAX's own cache, empty (JAX's
+  installed: the plan's programs compiled from their records in a compiler process started
+  when the plan is read, each served at JAX's read of it), and JAX's own cache, empty (JAX's
   cold start). The ratios are of the first steps, to the start with compiling ahead off.
+- ``planted``: the LM's warm start when a writer of the cache without a key planted a heavy
+  program (``--heavy-ops`` operations in one chain: seconds of XLA's compile) first in the
+  plan, under a made-up key and under its own key with its executable removed, against the
+  same store unplanted; a writer and a read-only worker. Its measure is each process's exit
+  after its work (the time from the program's last step to the process's end).
 
 Each row is a fresh process configured by the environment alone, as a user would; the
 command line is the same in every row (what a process is to do comes in ``BENCH_SPEC``):
@@ -105,6 +111,12 @@ CASES = {
     "prefetch": "xla_pcache, loading ahead",
 }
 WARM = ("jax", "plain", "prefetch")
+# The warm start with a planted heavy record (``--scenario planted``).
+PLANTED = {
+    "clean": "as stored, nothing planted",
+    "planted": "planted, a writer",
+    "planted_ro": "planted, a read-only worker",
+}
 # The start after the entries are removed (``--scenario removed``).
 REMOVED = {
     "removed": "entries removed, compiling ahead off",
@@ -292,6 +304,8 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
         report = xj.prefetch_report()
         if report is not None:
             out["prefetch"] = prefetch_fields(report)
+    # When the program's work ended: what the process takes after it is its exit.
+    out["ended"] = time.time()
     return out
 
 
@@ -480,8 +494,10 @@ def run_lm(
     spec = {**cfg, "split_reads": case in ("jax", "plain"), "spawned": time.time()}
     env = {**_env(case, store, jax_dir, spec), **env_extra}
     proc, wall, cpu = _process(case, [sys.executable, __file__, "--worker"], env, timeout)
+    exited = time.time()
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     result.update(wall_s=wall, cpu_s=cpu, case=case, **env_extra)
+    result["exit_s"] = max(0.0, exited - result.get("ended", exited))
     return result
 
 
@@ -501,12 +517,16 @@ def run_suite(case: str, suite: Path, store: Path, jax_dir: Path, timeout: float
     return result
 
 
+# What any module record's key starts with (this release's and the one before, so that the
+# bench runs against either).
+RECORD_PREFIX = "xla_pcache-module-"
+
+
 def _beside(key: object) -> bool:
     """Whether ``key`` is a plan's or a module record's, not an executable's."""
-    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
     from xla_pcache.jax._plan import ANY_PREFIX
 
-    return str(key).startswith((ANY_PREFIX, RECORD))
+    return str(key).startswith((ANY_PREFIX, RECORD_PREFIX))
 
 
 def fill_jax_dir(store: Path, jax_dir: Path) -> int:
@@ -546,14 +566,13 @@ def without_executables(store: Path, dst: Path) -> tuple[int, int]:
     prune would leave it: how many were removed, and how many module records stay."""
     from xla_pcache import Store
     from xla_pcache.config import Settings
-    from xla_pcache.jax._module_record import KEY_PREFIX as RECORD
 
     shutil.copytree(store, dst, symlinks=True)
     removed = records = 0
     with Store(dst, settings=Settings()) as s:
         keys = s.keys()
         for key in keys:
-            if str(key).startswith(RECORD):
+            if str(key).startswith(RECORD_PREFIX):
                 records += 1
             elif not _beside(key) and s.delete(key):
                 removed += 1
@@ -780,10 +799,10 @@ def check_removed(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 def check(results: dict[str, Any], field: str) -> list[str]:
     rows = results["rows"]
-    if results["scenario"] == "removed":
+    if results["scenario"] in ("removed", "planted"):
         outs = {json.dumps(r["losses"]) for rs in rows.values() for r in rs}
         same = [] if len(outs) == 1 else ["the rows computed different results"]
-        return same + check_removed(rows)
+        return same + (check_removed(rows) if results["scenario"] == "removed" else [])
     failures = []
     if field == "results":
         outs = {json.dumps(r["results"], sort_keys=True) for rs in rows.values() for r in rs}
@@ -889,6 +908,114 @@ def scenario_removed(a: argparse.Namespace, cfg: dict[str, Any], scratch: Path, 
     }
 
 
+# A program of one long chain of operations (``--heavy-ops`` of them): seconds of XLA's
+# compile, its record planted where a run never reads it (``planted``).
+HEAVY = """
+import os, sys
+import jax, jax.numpy as jnp
+
+def heavy(a):
+    for i in range(int(sys.argv[1])):
+        a = jnp.sin(a * 1.0001 + i) @ a
+    return a
+
+jax.jit(heavy)(jnp.ones((8, 8), jnp.float32)).block_until_ready()
+"""
+
+
+def plant(store: Path, heavy_ops: int, cfg: dict[str, Any], timeout: float) -> tuple[str, str]:
+    """The heavy program compiled once into ``store`` (its record stays, its executable
+    goes), then named first in the plan twice over, as a writer of the cache without a key
+    could: under a made-up key (its record copied there) and under its own key. The two
+    keys."""
+    from xla_pcache import Store
+    from xla_pcache.config import Settings
+    from xla_pcache.jax import _plan
+
+    with Store(store, read_only=True, settings=Settings()) as s:
+        listed = s.keys()  # a list (Store is not a mapping)
+        plans = [str(k) for k in listed if str(k).startswith(_plan.ANY_PREFIX)]
+    env = _env("prefetch", store, store)
+    _process("heavy", [sys.executable, "-c", HEAVY, str(heavy_ops)], env, timeout)
+    with Store(store, settings=Settings()) as s:
+        listed = s.keys()
+        keys = [str(k) for k in listed if not str(k).startswith(_plan.ANY_PREFIX) or k in plans]
+        (record,) = [k for k in keys if k.startswith(RECORD_PREFIX) and "jit_heavy-" in k]
+        prefix, _, true_key = record.partition("jit_heavy-")
+        true_key = "jit_heavy-" + true_key
+        fake = "jit_heavy-" + os.urandom(32).hex()
+        blob = s.get(record)
+        assert blob is not None
+        assert s.put(prefix + fake, bytes(blob), meta={"kind": "module-record"})
+        for k in keys:
+            if k.startswith(true_key):
+                s.delete(k)  # its executable: absent, so compiled ahead
+        (plan_key,) = [k for k in keys if k.startswith(_plan.ANY_PREFIX)]
+        held = s.get(plan_key)
+        assert held is not None
+        plan = _plan.decode(memoryview(held))
+        variants = []
+        for v in plan.variants:
+            first = v.entries[0]
+            named = tuple(_plan.Entry(k, first.options, first.devices) for k in (fake, true_key))
+            variants.append(_plan.Variant(v.written, v.platform, v.device_count, named + v.entries))
+        assert s.replace(plan_key, _plan.encode(_plan.Plan(tuple(variants))), meta=held.meta)
+    return fake, true_key
+
+
+def scenario_planted(a: argparse.Namespace, cfg: dict[str, Any], scratch: Path, note: Any) -> dict:
+    """The warm start of a store whose plan names first a heavy record under a made-up key
+    and the same record under its own key, never read by the run (its executable absent),
+    against the same store unplanted: each process's exit after its work, a writer and a
+    read-only worker. Each process from a fresh copy (a writer drops what it never read)."""
+    store, planted = scratch / "store", scratch / "planted"
+    rows: dict[str, list[dict[str, Any]]] = {"cold": [], **{case: [] for case in PLANTED}}
+    rows["cold"].append(note(run_lm("cold", cfg, store, scratch / "unused", a.timeout)))
+    shutil.copytree(store, planted, symlinks=True)
+    plant(planted, a.heavy_ops, cfg, a.timeout)
+    order = list(PLANTED)
+    for i in range(a.repeats):
+        for case in order[i % len(order) :] + order[: i % len(order)]:
+            own = scratch / f"{case}-{i}"
+            shutil.copytree(store if case == "clean" else planted, own, symlinks=True)
+            extra = {"XLA_PERSISTENT_CACHE_READ_ONLY": "1"} if case == "planted_ro" else {}
+            try:
+                row = run_lm("prefetch", cfg, own, scratch / "unused", a.timeout, **extra)
+                row["case"] = case
+                rows[case].append(note(row))
+            finally:
+                shutil.rmtree(own, ignore_errors=True)
+    return {"rows": rows, "store": store, "model": model_text(a, cfg), "heavy": a.heavy_ops}
+
+
+def table_planted(results: dict[str, Any]) -> str:
+    rows: dict[str, list[dict[str, Any]]] = results["rows"]
+    lines = [
+        header(results),
+        "",
+        f"A heavy program ({results['heavy']} operations in one chain) recorded, then named "
+        "first in the plan under a made-up key (its record copied there) and under its own key "
+        "(its executable removed): neither ever read by the run.",
+        "",
+        "| row | exit after the work | process wall | first steps | CPU time "
+        "| compiled ahead: used / compiled; records refused |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for case, label in PLANTED.items():
+        rs = rows[case]
+        counts = (
+            f"{pf_med(rs, 'prefetch_compiled_used'):.0f} / {pf_med(rs, 'prefetch_compiled'):.0f}"
+            f"; {pf_med(rs, 'prefetch_modules_refused'):.0f}"
+        )
+        lines.append(
+            f"| {label} | {fmt_time(med(rs, 'exit_s'))} | {fmt_time(med(rs, 'wall_s'))} "
+            f"| {fmt_time(med(rs, 'first_calls_s'))} | {fmt_time(med(rs, 'cpu_s'))} | {counts} |"
+        )
+    worst = max(r["exit_s"] for case in PLANTED for r in rows[case])
+    lines += ["", f"The longest exit after the work, of every process: {fmt_time(worst)}."]
+    return "\n".join(lines)
+
+
 def model_text(a: argparse.Namespace, cfg: dict[str, Any]) -> str:
     params = cfg["d_model"] ** 2 * 12 * cfg["layers"] + cfg["vocab"] * cfg["d_model"]
     return (
@@ -905,6 +1032,7 @@ SCENARIOS: dict[str, tuple[Callable[..., dict], Callable[[dict[str, Any]], str],
     "alternating": (scenario_alternating, table_alternating, "losses"),
     "suite": (scenario_suite, table_suite, "results"),
     "removed": (scenario_removed, table_removed, "losses"),
+    "planted": (scenario_planted, table_planted, "losses"),
 }
 
 
@@ -926,6 +1054,9 @@ def main() -> int:
         help="the removed scenario's rows to run, comma-separated (default: all)",
     )
     parser.add_argument("--suite-files", type=int, default=40, help="the suite's test files")
+    parser.add_argument(
+        "--heavy-ops", type=int, default=3000, help="the planted program's operations"
+    )
     parser.add_argument("--dir", default=None, help="where the scratch caches go")
     parser.add_argument("--out", default=None, help="write results.json and table.md here")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
@@ -985,7 +1116,7 @@ def main() -> int:
             "load_start": load_start,
             "load_end": loadavg(),
             "rows": done["rows"],
-            **{k: done[k] for k in ("executables_removed", "records") if k in done},
+            **{k: done[k] for k in ("executables_removed", "records", "heavy") if k in done},
         }
         results["failures"] = check(results, agree)
         text = f"### {name}\n\n" + table(results)
