@@ -99,6 +99,8 @@ LEVELS = {
     "jax._thresholds": 4,
     "jax._cache_dir": 4,
     "jax._adopt": 4,
+    # What one compile keeps on its thread between the cache's read and its put.
+    "jax._compile_context": 4,
     "jax._single_flight": 4,
     "jax._store_cache": 4,
     "jax._plan": 4,

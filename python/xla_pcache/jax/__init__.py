@@ -25,6 +25,7 @@ from xla_pcache.jax import (
     _adopt,
     _backend_wait,
     _build,
+    _compile_context,
     _hooks,
     _installation,
     _prefetch,
@@ -427,7 +428,7 @@ def uninstall() -> None:
         ):
             cc.get_cache_key = inst.original_get_cache_key
         if inst.hooks.compiler is not None:
-            _single_flight.uninstall_hook(inst.hooks.compiler)
+            _compile_context.uninstall_hook(inst.hooks.compiler)
         _read_hook.uninstall_hook(cc)
         if inst.session is not None:
             inst.session.close()

@@ -22,9 +22,9 @@ from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
 from xla_pcache.jax import (
     _adopt,
+    _compile_context,
     _prefetch,
     _read_hook,
-    _single_flight,
 )
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._hooks import (
@@ -198,8 +198,9 @@ def hook_jax(inst: Installation, prefetch: bool | None) -> None:
     another process's compile), loading ahead (the argument, else the settings) and, with
     it, compiling ahead; each only where this jax has what it wraps."""
     hooks, settings = inst.hooks, inst.settings
-    if inst.compile_wait > 0 and hooks.compiler is not None:
-        _single_flight.install_hook(hooks.compiler)
+    if hooks.compiler is not None:
+        # Each compile's context: single flight's claims, the key's capture for the put.
+        _compile_context.install_hook(hooks.compiler)
     wants_prefetch = settings.prefetch if prefetch is None else bool(prefetch)
     if wants_prefetch and inst.store is not None and _read_hook.install_hook(hooks.cc):
         form = _read_hook.read_form(hooks.cc)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xla_pcache._text import package_logger
-from xla_pcache.jax import _cache_dir
+from xla_pcache.jax import _cache_dir, _compile_context
 from xla_pcache.misslog import META_COMPILE_TIME, META_COMPONENTS, encode
 from xla_pcache.misslog import module_name as module_name
 
@@ -41,7 +41,6 @@ _MAX_FRAMES = 24
 _KEEP_OPTIONS = 256 * 1024  # serialized compile options are kept (not stored) up to this
 
 _capture_lock = threading.Lock()
-_local = threading.local()
 
 
 class _Recorder:
@@ -165,7 +164,7 @@ def ignore_arg(cc: Any) -> list[Any]:
 
 def _capturing_log(original: Callable[..., Any]) -> Callable[..., Any]:
     def log_cache_key_hash(hash_obj: Any, name: str, hashfn: Any) -> Any:
-        sink = getattr(_local, "sink", None)
+        sink = _compile_context.here().sink
         if sink is None:  # another thread computing its key meanwhile
             return original(hash_obj, name, hashfn)
         # After the first component the running hash is that component's own digest.
@@ -177,10 +176,11 @@ def _capturing_log(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _run_key(cc: Any, ck: Any, args: dict[str, Any]) -> tuple[str, list[Any]]:
     sink: list[Any] = []
+    context = _compile_context.here()
     with _capture_lock:
         original = ck._log_cache_key_hash
         ck._log_cache_key_hash = _capturing_log(original)
-        _local.sink = sink
+        context.sink = sink
         try:
             # Unwrapped: the adoption of JAX's own cache may wrap it to compute more keys.
             key = inspect.unwrap(cc.get_cache_key)(
@@ -191,7 +191,7 @@ def _run_key(cc: Any, ck: Any, args: dict[str, Any]) -> tuple[str, list[Any]]:
                 *ignore_arg(cc),
             )
         finally:
-            _local.sink = None
+            context.sink = None
             ck._log_cache_key_hash = original
     return str(key), sink
 
@@ -415,29 +415,19 @@ def _body(field: bytes) -> bytes:
 
 # --- what the JAX adapter asks on a miss and on a put --------------------------------------
 
-_PENDING_MAX = 64  # keys missed on this thread and not put yet
-
-
-def _pending() -> dict[str, Capture | None]:
-    pending: dict[str, Capture | None] | None = getattr(_local, "pending", None)
-    if pending is None:
-        pending = _local.pending = {}
-    return pending
-
 
 def missed(key: str) -> tuple[bool, dict[str, Any] | None]:
     """After a miss of ``key`` on this thread: whether to record it (not when JAX's
     verification wrapper reads the key again inside the put that follows: one miss, recorded
-    once), and its components, kept for that put. Never raises."""
+    once), and its components, kept for that put (in the compile's context). Never
+    raises."""
     try:
-        pending = _pending()
-        if key in pending:
-            found = pending[key]
+        context = _compile_context.here()
+        if key in context.captures:
+            found = context.captures[key]
             return False, None if found is None else found.parts
         found = capture(key)
-        if len(pending) >= _PENDING_MAX:
-            pending.pop(next(iter(pending)))
-        pending[key] = found
+        context.keep(key, found)
         return True, None if found is None else found.parts
     except Exception as exc:
         logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
@@ -448,8 +438,8 @@ def put_capture(key: str) -> Capture | None:
     """For JAX's put of ``key``: what its miss on this thread captured, else the key
     computed now (never raises)."""
     try:
-        pending = _pending()
-        return pending.pop(key) if key in pending else capture(key)
+        captures = _compile_context.here().captures
+        return captures.pop(key) if key in captures else capture(key)
     except Exception as exc:
         logger.debug("xla_pcache: key components of %r unavailable: %s", key, exc)
         return None

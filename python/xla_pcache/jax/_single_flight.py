@@ -5,12 +5,12 @@ another process holds the claim, waits for its entry and returns it as a hit. Th
 released by the ``put`` of the key. JAX decides after compiling whether to put at all (not
 below ``jax_persistent_cache_min_compile_time_secs`` or ``..._min_entry_size_bytes``, not
 on a process other than 0, not when the compile raised), and tells the cache nothing when
-it does not; so the claim is tied to the call that compiles: ``compile_or_get_cached`` in
-``jax._src.compiler`` is wrapped, and when it returns or raises, every claim taken inside
-it that the put did not release is released at once (retired: waiters stop waiting and
-compile themselves). A waiter therefore never waits for a program that will not be put
-for longer than its compile takes. A ``get`` outside that call (or on another thread than
-the one compiling) never claims nor waits.
+it does not; so the claim is tied to the call that compiles: it is kept in the call's
+``_compile_context.CompileContext``, and when ``compile_or_get_cached`` returns or raises,
+every claim taken inside it that the put did not release is released at once (retired:
+waiters stop waiting and compile themselves). A waiter therefore never waits for a program
+that will not be put for longer than its compile takes. A ``get`` outside that call (or on
+another thread than the one compiling) never claims nor waits.
 
 When the store's remote chain has a writable object-store tier, a fleet whose hosts share
 only the bucket gets single flight across hosts too: the process holding the local claim
@@ -18,27 +18,20 @@ only the bucket gets single flight across hosts too: the process holding the loc
 waits there for another host's compile and fetches its entry, which the local waiters then
 find published.
 
-This module imports nothing from JAX; ``xla_pcache.jax`` hands it the module to wrap.
+This module imports nothing from JAX.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from xla_pcache._core import Blob, Claim, entry_name
 from xla_pcache._text import package_logger
-from xla_pcache.jax._patch import restore
+from xla_pcache.jax import _compile_context
 from xla_pcache.store import Store
 
 logger = package_logger(__name__)
-
-_WRAPPED = "__xla_pcache_wrapped__"
-_TARGET = "compile_or_get_cached"
-
-_local = threading.local()
 
 
 class _Releasable(Protocol):
@@ -67,65 +60,6 @@ def _bucket_claims(store: Store) -> Any:
     return claims() if callable(claims) else None
 
 
-class _Scope:
-    """The claims taken during one ``compile_or_get_cached`` call, by key."""
-
-    __slots__ = ("claims",)
-
-    def __init__(self) -> None:
-        self.claims: dict[str, _Releasable] = {}
-
-    def release(self) -> None:
-        for key, claim in self.claims.items():
-            try:
-                claim.release()
-            except Exception as exc:  # a cache failure must not replace the compile's outcome
-                logger.debug("xla_pcache: releasing the compile claim on %r failed: %s", key, exc)
-        self.claims.clear()
-
-
-def _current() -> _Scope | None:
-    scope: _Scope | None = getattr(_local, "scope", None)
-    return scope
-
-
-def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def compile_or_get_cached(*args: Any, **kwargs: Any) -> Any:
-        outer = _current()
-        scope = _Scope()
-        _local.scope = scope
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _local.scope = outer
-            scope.release()
-
-    setattr(compile_or_get_cached, _WRAPPED, original)
-    return compile_or_get_cached
-
-
-def install_hook(compiler: Any) -> bool:
-    """Wrap ``compiler.compile_or_get_cached`` (once). False when it is not there."""
-    current = getattr(compiler, _TARGET, None)
-    if not callable(current):
-        logger.info(
-            "xla_pcache: this JAX has no %s.%s; single flight is off (every process that "
-            "misses compiles)",
-            getattr(compiler, "__name__", "compiler"),
-            _TARGET,
-        )
-        return False
-    if getattr(current, _WRAPPED, None) is None:
-        setattr(compiler, _TARGET, _wrap(current))
-    return True
-
-
-def uninstall_hook(compiler: Any) -> None:
-    """Put the original ``compile_or_get_cached`` back if ours is in place."""
-    restore(compiler, _TARGET, _WRAPPED)
-
-
 class SingleFlight:
     """What the cache's ``get`` does on a miss: claim, or wait for the claim's holder.
 
@@ -144,7 +78,7 @@ class SingleFlight:
 
     def after_miss(self, key: str) -> Blob | None:
         """The entry once another process published it, else None (compile it)."""
-        scope = _current()
+        scope = _compile_context.current()
         if scope is None or key in scope.claims:
             # Not a compile JAX is about to run, or our own claim (the verification wrapper
             # reads the key again in its put).
@@ -182,7 +116,12 @@ class SingleFlight:
         return None
 
     def _across_hosts(
-        self, bucket: Any, store: Store, key: str, claim: Claim, scope: _Scope
+        self,
+        bucket: Any,
+        store: Store,
+        key: str,
+        claim: Claim,
+        scope: _compile_context.CompileContext,
     ) -> Any:
         """This host's turn: claim ``key`` on the bucket, or wait for the host compiling it."""
         held = claim.state == "claimed"
