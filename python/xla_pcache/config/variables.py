@@ -359,18 +359,18 @@ VARIABLES: tuple[Variable, ...] = (
         "compile_ahead",
         "bool",
         "1",
-        "JAX, with loading ahead: a program compiled is recorded (its module and compile "
-        "options, an entry beside its executable); when a plan names an executable that is "
-        "gone (evicted, pruned, another runtime build), its program is compiled ahead on a "
-        "thread pool and handed to JAX's compile of a byte-identical module and options. "
-        "`0` turns both off.",
+        "JAX, with loading ahead: a program compiled is recorded as JAX's key sees it (an "
+        "entry beside its executable); when a plan names an executable that is gone "
+        "(evicted, pruned, another runtime build), its program is compiled ahead in a "
+        "compiler process (CPU and TPU programs), only when JAX's key of the record is its "
+        "key, and JAX's read of it is served what was compiled. `0` turns both off.",
     ),
     Variable(
         COMPILE_AHEAD_THREADS_VAR,
         "compile_ahead_threads",
         "count",
         "8 (at most the CPUs less one)",
-        "Threads that compile ahead, each one program at a time (at least 1).",
+        "Threads of the compiler process, each compiling one program at a time (at least 1).",
     ),
     Variable(
         COMPILE_AHEAD_MEMORY_VAR,
@@ -379,9 +379,8 @@ VARIABLES: tuple[Variable, ...] = (
         "a quarter of the job's memory",
         "Memory compiling ahead leaves to everything else: a compile ahead starts only while "
         "the job has more than this available (the least of the host's `MemAvailable` and "
-        "each cgroup limit over the process, v1 or v2, less its use), and holds at most one "
-        "compiled program per thread until it is used. The job's memory is the least of the "
-        "host's and those limits. Bytes or `K/M/G/T/P`.",
+        "each cgroup limit over the process, v1 or v2, less its use). The job's memory is the "
+        "least of the host's and those limits. Bytes or `K/M/G/T/P`.",
     ),
 )
 

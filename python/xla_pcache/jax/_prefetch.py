@@ -508,7 +508,7 @@ class Prefetch:
             compiled = slot.compiled
             if compiled:
                 # A miss of the store, compiled ahead: put as JAX would have put it.
-                if self.put_ahead is not None and self.ahead is not None and self.ahead.writes:
+                if self._puts_ahead():
                     digest = _plan.load_digest(slot.options, slot.entry.devices)
                     self._puts.append((key, slot.serialized, slot.compile_s, digest))
                 saved = 0.0
@@ -715,6 +715,10 @@ class Prefetch:
         if idle:
             _testhook.reached("compile-ahead-idle")
 
+    def _puts_ahead(self) -> bool:
+        """Whether what is compiled ahead and taken is put (not by a read-only process)."""
+        return self.put_ahead is not None and self.ahead is not None and self.ahead.writes
+
     def _put_compiled(self, key: str, serialized: bytes, compile_s: float, digest: str) -> None:
         """Put what was compiled ahead and taken, where JAX would have put its own compile:
         process 0, at or over its thresholds (never raises)."""
@@ -737,7 +741,7 @@ class Prefetch:
         with self._cpu.timed(slot):
             executable = _loads.deserialize(slot, self._backend, self._form)
         with self._cond:
-            if not (slot.compiled and self.put_ahead is not None):
+            if not (slot.compiled and self._puts_ahead()):
                 slot.serialized = None  # one compiled ahead is put once taken
             if self._closed:
                 self._release(slot)

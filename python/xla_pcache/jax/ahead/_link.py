@@ -29,6 +29,7 @@ import heapq
 import math
 import os
 import selectors
+import site
 import subprocess
 import sys
 import threading
@@ -222,13 +223,19 @@ class Link:
         env.update(_target.environment(self.target))
         env["XLA_PCACHE_DISABLE"] = "1"
         env[PARENT_VAR] = str(os.getpid())
-        # Where this process found the package and JAX, first: the child imports the same.
+        # Where this process found the package and JAX, first, unless the interpreter finds
+        # them there itself (a site directory ahead of the standard library would shadow it):
+        # the child imports the same.
+        sites = {os.path.realpath(p) for p in site.getsitepackages()}
+        sites.add(os.path.realpath(site.getusersitepackages()))
         roots = []
         for name in ("xla_pcache", "jax"):
             module = sys.modules.get(name)
             where = getattr(module, "__file__", None)
             if where:
-                roots.append(os.path.dirname(os.path.dirname(os.path.abspath(where))))
+                root = os.path.dirname(os.path.dirname(os.path.abspath(where)))
+                if os.path.realpath(root) not in sites:
+                    roots.append(root)
         rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *rest]))
         return env
