@@ -552,7 +552,8 @@ class Prefetch:
                 self._fetched.appendleft(slot)
                 self._cond.notify_all()
             self._cond.wait_for(
-                lambda: slot.state not in (*PENDING, State.COMPILING), COMPILE_WAIT_S
+                lambda: slot.state not in (*PENDING, State.COMPILING) or self._closed,
+                COMPILE_WAIT_S,
             )
 
     def load_digest(self, key: str) -> str | None:
@@ -819,10 +820,14 @@ class Prefetch:
             for slot in held:
                 self._release(slot)
             puts, self._puts = self._puts, []
+            # What the compiler process (killed) had: JAX compiles it, if a read still comes.
+            unread = self._compiled_unread()
+            for slot in self._slots.values():
+                if slot.state is State.COMPILING:
+                    slot.state = State.MISSING
         for put in puts:
             self._put_compiled(*put)
         self._count([("wasted", len(held))])
-        unread = self._compiled_unread()
         if unread:
             self._writer.unread(unread)
         # The plan written if it changed, or noted as used (it ages with what it names).
@@ -839,19 +844,18 @@ class Prefetch:
     def _compiled_unread(self) -> frozenset[str]:
         """Keys whose executables the store lacks, compiled ahead (or compiling, or refused)
         for nothing: never read, though the run read keys its plan names after them (a run
-        stopped early, which never got there, drops none)."""
+        stopped early, which never got there, drops none). Under the lock."""
         read = self._writer.keys_read()
-        with self._cond:
-            order = self._order
-            last = max((order[k] for k in read if k in order), default=-1)
-            seen = set(read)
-            return frozenset(
-                k
-                for k, s in self._slots.items()
-                if (s.compiled or s.state in (State.COMPILING, State.MISSING))
-                and k not in seen
-                and order.get(k, last) < last
-            )
+        order = self._order
+        last = max((order[k] for k in read if k in order), default=-1)
+        seen = set(read)
+        return frozenset(
+            k
+            for k, s in self._slots.items()
+            if (s.compiled or s.state in (State.COMPILING, State.MISSING))
+            and k not in seen
+            and order.get(k, last) < last
+        )
 
     def compiled_states(self) -> dict[str, int]:
         """What became of the planned executables compiled ahead, or with the compiler."""
