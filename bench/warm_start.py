@@ -524,7 +524,7 @@ RECORD_PREFIX = "xla_pcache-module-"
 
 def _beside(key: object) -> bool:
     """Whether ``key`` is a plan's or a module record's, not an executable's."""
-    from xla_pcache.jax._plan import ANY_PREFIX
+    from xla_pcache.jax.ahead._plan import ANY_PREFIX
 
     return str(key).startswith((ANY_PREFIX, RECORD_PREFIX))
 
@@ -933,7 +933,7 @@ def plant(store: Path, heavy_ops: int, cfg: dict[str, Any], timeout: float) -> t
     keys."""
     from xla_pcache import Store
     from xla_pcache.config import Settings
-    from xla_pcache.jax import _plan
+    from xla_pcache.jax.ahead import _plan
 
     with Store(store, read_only=True, settings=Settings()) as s:
         listed = s.keys()  # a list (Store is not a mapping)
@@ -942,7 +942,7 @@ def plant(store: Path, heavy_ops: int, cfg: dict[str, Any], timeout: float) -> t
     _process("heavy", [sys.executable, "-c", HEAVY, str(heavy_ops)], env, timeout)
     with Store(store, settings=Settings()) as s:
         listed = s.keys()
-        keys = [str(k) for k in listed if not str(k).startswith(_plan.ANY_PREFIX) or k in plans]
+        keys = [str(k) for k in listed]
         (record,) = [k for k in keys if k.startswith(RECORD_PREFIX) and "jit_heavy-" in k]
         prefix, _, true_key = record.partition("jit_heavy-")
         true_key = "jit_heavy-" + true_key
@@ -950,19 +950,26 @@ def plant(store: Path, heavy_ops: int, cfg: dict[str, Any], timeout: float) -> t
         blob = s.get(record)
         assert blob is not None
         assert s.put(prefix + fake, bytes(blob), meta={"kind": "module-record"})
+        # The heavy program's own plan: its compile options and devices, as its read had them.
+        (own,) = [k for k in keys if k.startswith(_plan.ANY_PREFIX) and k not in plans]
+        held = s.get(own)
+        assert held is not None
+        (entry,) = [e for v in _plan.decode(memoryview(held)).variants for e in v.entries]
+        del held
+        assert s.delete(own)
         for k in keys:
             if k.startswith(true_key):
                 s.delete(k)  # its executable: absent, so compiled ahead
-        (plan_key,) = [k for k in keys if k.startswith(_plan.ANY_PREFIX)]
+        (plan_key,) = plans
         held = s.get(plan_key)
         assert held is not None
         plan = _plan.decode(memoryview(held))
-        variants = []
-        for v in plan.variants:
-            first = v.entries[0]
-            named = tuple(_plan.Entry(k, first.options, first.devices) for k in (fake, true_key))
-            variants.append(_plan.Variant(v.written, v.platform, v.device_count, named + v.entries))
-        assert s.replace(plan_key, _plan.encode(_plan.Plan(tuple(variants))), meta=held.meta)
+        named = tuple(_plan.Entry(k, entry.options, entry.devices) for k in (fake, true_key))
+        variants = tuple(
+            _plan.Variant(v.written, v.platform, v.device_count, named + v.entries)
+            for v in plan.variants
+        )
+        assert s.replace(plan_key, _plan.encode(_plan.Plan(variants)), meta=held.meta)
     return fake, true_key
 
 

@@ -19,7 +19,7 @@ from typing import Any
 def is_plan(key: object) -> bool:
     """Whether ``key`` is a JAX prefetch plan's: an entry of the store beside the executables
     (docs/jax.md, "Loading ahead"), which tests counting executables leave out."""
-    from xla_pcache.jax._plan import ANY_PREFIX
+    from xla_pcache.jax.ahead._plan import ANY_PREFIX
 
     return str(key).startswith(ANY_PREFIX)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 from xla_pcache import Store, _core, build_key, builds
-from xla_pcache.jax import _plan, _prefetch
-from xla_pcache.jax._plan_writer import PlanWriter
+from xla_pcache.jax.ahead import _plan, _prefetch
+from xla_pcache.jax.ahead._plan_writer import PlanWriter
 
 KEY = "jit_step-" + "ab" * 32
 BUILD = builds.Build("jax", "0123456789abcdef" * 2)

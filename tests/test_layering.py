@@ -103,21 +103,20 @@ LEVELS = {
     "jax._compile_context": 4,
     "jax._single_flight": 4,
     "jax._store_cache": 4,
-    "jax._plan": 4,
-    "jax._plan_name": 4,
-    "jax._recognition": 4,
-    "jax._plan_writer": 4,
-    "jax._loads": 4,
-    "jax._backend_wait": 4,
-    "jax._prefetch": 4,
-    "jax._read_hook": 4,
     "jax._patch": 4,
     "jax._module_diff": 4,
     "jax._hooks": 4,
-    # Compiling ahead: a module record's format, the target a program was compiled for, the
-    # frames a program and its compiler process exchange, the compiler process, the
-    # program's side of it, what the session hands it, and the records written at JAX's put.
+    # Loading and compiling ahead, one wing (``jax/ahead``): the plan, which of its variants a
+    # run is, its writing; a module record's format, the target a program was compiled for,
+    # the frames a program and its compiler process exchange, the compiler process and the
+    # program's side of it, the records written at JAX's put, what the session hands the
+    # compiler; loading one executable, JAX's backend once up, the session (the one
+    # scheduler and pool of both), the hook on JAX's cache read.
     "jax.ahead": 4,
+    "jax.ahead._plan": 4,
+    "jax.ahead._plan_name": 4,
+    "jax.ahead._recognition": 4,
+    "jax.ahead._plan_writer": 4,
     "jax.ahead._record": 4,
     "jax.ahead._target": 4,
     "jax.ahead._protocol": 4,
@@ -125,6 +124,10 @@ LEVELS = {
     "jax.ahead._link": 4,
     "jax.ahead._recording": 4,
     "jax.ahead._compiling": 4,
+    "jax.ahead._loads": 4,
+    "jax.ahead._backend_wait": 4,
+    "jax.ahead._prefetch": 4,
+    "jax.ahead._read_hook": 4,
     # What install() sets up in JAX, step by step, and keeps to undo it.
     "jax._installation": 4,
     # torch_xla's package holds the ways in (install(), activation, initialize_cache); its

@@ -1,4 +1,4 @@
-"""The name a JAX plan is found by (``xla_pcache.jax._plan_name``): the same for the same
+"""The name a JAX plan is found by (``xla_pcache.jax.ahead._plan_name``): the same for the same
 program in every copy of its tree, different for what runs differently, and safe whatever the
 tree holds (names that are not UTF-8, control characters, a hostile ``pyproject.toml``).
 No JAX needed: the name is text made from ``sys.argv``, ``__main__`` and the files around
@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from xla_pcache.jax import _plan, _plan_name
+from xla_pcache.jax.ahead import _plan, _plan_name
 
 # ``run(argv0, cwd=None)``: the workload's name of ``python argv0`` started in ``cwd``.
 Run = Callable[..., str]

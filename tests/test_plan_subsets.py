@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store, builds
 from xla_pcache._text import FirstWarning
-from xla_pcache.jax import _plan
-from xla_pcache.jax._plan_writer import PlanWriter
-from xla_pcache.jax._recognition import Recognition
+from xla_pcache.jax.ahead import _plan
+from xla_pcache.jax.ahead._plan_writer import PlanWriter
+from xla_pcache.jax.ahead._recognition import Recognition
 
 BUILD = builds.Build("jax", "0123456789abcdef" * 2)
 PLAN_KEY = _plan.plan_key("subsets")

@@ -1,4 +1,4 @@
-"""The warm-start plan's format (``xla_pcache.jax._plan``): what is written reads back, and
+"""The warm-start plan's format (``xla_pcache.jax.ahead._plan``): what is written reads back, and
 what is read is untrusted: anything but a plan of the module's own shape and bounds is refused
 whole, before it can name a single entry. No JAX needed: these are bytes."""
 
@@ -10,7 +10,7 @@ import json
 import re
 
 import pytest
-from xla_pcache.jax import _plan
+from xla_pcache.jax.ahead import _plan
 
 KEY = "jit_step-" + "ab" * 32
 
@@ -174,7 +174,7 @@ def test_valid_keys_are_jax_keys() -> None:
 
 
 def test_a_run_is_recognised_by_what_it_reads() -> None:
-    from xla_pcache.jax._recognition import Recognition
+    from xla_pcache.jax.ahead._recognition import Recognition
 
     # Three programs of one entry point on a TPU of two devices, sharing keys 0 and 1, and
     # one of another platform; A and B also share 10.

@@ -27,7 +27,7 @@ from xla_pcache.bucket import upkeep
 from xla_pcache.cli import app
 from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
-from xla_pcache.jax import _plan
+from xla_pcache.jax.ahead import _plan
 
 from tests.helpers import entry_file_key, executables, is_beside
 from tests.jax.helpers import (

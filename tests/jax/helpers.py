@@ -19,7 +19,7 @@ import pytest
 from xla_pcache import Store, entry_name
 from xla_pcache.config import Settings
 from xla_pcache.jax import _build as jax_build
-from xla_pcache.jax import _plan, _plan_name
+from xla_pcache.jax.ahead import _plan, _plan_name
 
 from tests.helpers import (
     clean_env,

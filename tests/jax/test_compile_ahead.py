@@ -39,8 +39,7 @@ from typing import Any
 import pytest
 from xla_pcache import Store
 from xla_pcache.config import Settings
-from xla_pcache.jax import _plan
-from xla_pcache.jax.ahead import _record
+from xla_pcache.jax.ahead import _plan, _record
 
 from tests.helpers import (
     cli_out,

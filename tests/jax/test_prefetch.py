@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from xla_pcache import Store
 from xla_pcache.config import Settings
-from xla_pcache.jax import _plan
+from xla_pcache.jax.ahead import _plan
 
 from tests.helpers import cli_out
 from tests.jax import scripts

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from xla_pcache import Store
 from xla_pcache.config import Settings
-from xla_pcache.jax import _plan
+from xla_pcache.jax.ahead import _plan
 
 from tests.helpers import is_plan
 from tests.jax.helpers import COUNT_HITS, JAX_ONLY, worker_env

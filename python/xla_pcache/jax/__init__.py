@@ -21,17 +21,7 @@ from xla_pcache import _memory, builds, cache_path, metrics
 from xla_pcache._text import package_logger
 from xla_pcache.bucket import BucketStore
 from xla_pcache.config import Settings
-from xla_pcache.jax import (
-    _adopt,
-    _backend_wait,
-    _build,
-    _compile_context,
-    _hooks,
-    _installation,
-    _prefetch,
-    _read_hook,
-    _single_flight,
-)
+from xla_pcache.jax import _adopt, _build, _compile_context, _hooks, _installation, _single_flight
 from xla_pcache.jax._hooks import (
     CACHE_DIR_OPTION,
     RAISE_ERRORS_OPTION,
@@ -41,6 +31,7 @@ from xla_pcache.jax._hooks import (
 )
 from xla_pcache.jax._installation import Installation
 from xla_pcache.jax._store_cache import _StoreCacheImpl
+from xla_pcache.jax.ahead import _backend_wait, _prefetch, _read_hook
 from xla_pcache.jax.ahead._compiling import CompileAhead
 from xla_pcache.sizes import parse_duration
 from xla_pcache.store import Store, StoreOptions

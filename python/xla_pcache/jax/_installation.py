@@ -20,12 +20,7 @@ from typing import Any, cast
 from xla_pcache import cache_path
 from xla_pcache._text import package_logger
 from xla_pcache.config import PATH_VAR, Settings
-from xla_pcache.jax import (
-    _adopt,
-    _compile_context,
-    _prefetch,
-    _read_hook,
-)
+from xla_pcache.jax import _adopt, _compile_context
 from xla_pcache.jax import _thresholds as _jax_thresholds
 from xla_pcache.jax._hooks import (
     CACHE_DIR_OPTION,
@@ -33,6 +28,7 @@ from xla_pcache.jax._hooks import (
     XLA_CACHES_OPTION,
     Hooks,
 )
+from xla_pcache.jax.ahead import _prefetch, _read_hook
 from xla_pcache.sizes import parse_duration, parse_size
 from xla_pcache.store import Store, StoreOptions, settle
 

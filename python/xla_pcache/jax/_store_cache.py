@@ -11,15 +11,8 @@ from typing import Any
 from xla_pcache import builds, explain
 from xla_pcache import on_miss as _on_miss
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax import (
-    _adopt,
-    _build,
-    _keyparts,
-    _module_diff,
-    _plan,
-    _prefetch,
-    _single_flight,
-)
+from xla_pcache.jax import _adopt, _build, _keyparts, _module_diff, _single_flight
+from xla_pcache.jax.ahead import _plan, _prefetch
 from xla_pcache.jax.ahead._recording import Recorder
 from xla_pcache.misslog import META_COMPILE_TIME
 from xla_pcache.store import Store

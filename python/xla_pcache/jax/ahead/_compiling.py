@@ -33,8 +33,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax import _plan
-from xla_pcache.jax.ahead import _protocol, _target
+from xla_pcache.jax.ahead import _plan, _protocol, _target
 from xla_pcache.jax.ahead._link import Done, Link
 from xla_pcache.jax.ahead._record import RecordError, Target, decode, record_key
 from xla_pcache.jax.ahead._recording import Recorder

@@ -36,7 +36,7 @@ import struct
 import zlib
 from typing import Any
 
-from xla_pcache.jax import _plan
+from xla_pcache.jax.ahead import _plan
 
 # The key a record lives under: never a JAX key (those are ``<module>-<64 hex>``) nor a
 # plan's.

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from xla_pcache.jax import _plan
+from xla_pcache.jax.ahead import _plan
 from xla_pcache.store import Store
 
 

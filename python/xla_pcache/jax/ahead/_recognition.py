@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from xla_pcache.jax._plan import Entry, Variant
+from xla_pcache.jax.ahead._plan import Entry, Variant
 
 
 class Recognition:

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from xla_pcache._text import package_logger
-from xla_pcache.jax._loads import xla_client
 from xla_pcache.jax._patch import restore
-from xla_pcache.jax._prefetch import Prefetch
+from xla_pcache.jax.ahead._loads import xla_client
+from xla_pcache.jax.ahead._prefetch import Prefetch
 
 logger = package_logger("xla_pcache.jax")
 

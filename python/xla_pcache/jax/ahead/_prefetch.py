@@ -42,9 +42,10 @@ from typing import Any
 
 from xla_pcache import _testhook, build_key, builds
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax import _loads, _plan, _plan_name
-from xla_pcache.jax._backend_wait import process_index
-from xla_pcache.jax._loads import (
+from xla_pcache.jax.ahead import _loads, _plan, _plan_name
+from xla_pcache.jax.ahead._backend_wait import process_index
+from xla_pcache.jax.ahead._compiling import CompileAhead, entry_value
+from xla_pcache.jax.ahead._loads import (
     PENDING,
     CpuShare,
     EntryUnusable,
@@ -54,9 +55,8 @@ from xla_pcache.jax._loads import (
     options_digester,
     xla_client,
 )
-from xla_pcache.jax._plan_writer import PlanWriter, run_failed
-from xla_pcache.jax._recognition import Recognition
-from xla_pcache.jax.ahead._compiling import CompileAhead, entry_value
+from xla_pcache.jax.ahead._plan_writer import PlanWriter, run_failed
+from xla_pcache.jax.ahead._recognition import Recognition
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")

@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 from xla_pcache import _testhook, build_key
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax import _plan
+from xla_pcache.jax.ahead import _plan
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
