@@ -756,7 +756,8 @@ def table_removed(results: dict[str, Any]) -> str:
         f"cold process that filled the store: first steps {fmt_time(cold['first_calls_s'])}).",
         "",
         "| row | first steps | from the process's start | process wall | CPU time "
-        "| hits / reads | compiled ahead: used / compiled | first steps vs ahead off "
+        "| hits / reads | compiled ahead: used / compiled; records refused "
+        "| first steps vs ahead off "
         "| vs JAX's cold |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
@@ -768,6 +769,7 @@ def table_removed(results: dict[str, Any]) -> str:
         used = "" if case == "jax_cold" else f"{pf_med(rs, 'prefetch_compiled_used'):.0f}"
         if used:
             used += f" / {pf_med(rs, 'prefetch_compiled'):.0f}"
+            used += f"; {pf_med(rs, 'prefetch_modules_refused'):.0f}"
         lines.append(
             f"| {label} | {fmt_time(steps)} | {fmt_time(med(rs, 'ready_s'))} "
             f"| {fmt_time(med(rs, 'wall_s'))} | {fmt_time(med(rs, 'cpu_s'))} "
@@ -954,7 +956,8 @@ def plant(store: Path, heavy_ops: int, cfg: dict[str, Any], timeout: float) -> t
         (own,) = [k for k in keys if k.startswith(_plan.ANY_PREFIX) and k not in plans]
         held = s.get(own)
         assert held is not None
-        (entry,) = [e for v in _plan.decode(memoryview(held)).variants for e in v.entries]
+        variants = _plan.decode(memoryview(held)).variants
+        (entry,) = [e for v in variants for e in v.entries if e.key == true_key]
         del held
         assert s.delete(own)
         for k in keys:
