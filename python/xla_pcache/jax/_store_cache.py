@@ -111,22 +111,7 @@ class _StoreCacheImpl:
             new, parts = _keyparts.missed(key)
             # Where the computation changed: its module against the nearest record's.
             differ = _module_diff.Differ(self._store, _keyparts.computation())
-            if new:
-                self._others.count(self._store, key)
-                explain.record_miss(
-                    self._store, skey, builds.with_component(parts, self._build), "jax", differ
-                )
-            if self._on_miss != "compile":
-                # Raises CacheMissError in "error" mode: install() made JAX let it through.
-                _on_miss.handle(
-                    self._on_miss,
-                    self._store,
-                    skey,
-                    program=_keyparts.module_name(key),
-                    framework="jax",
-                    parts=builds.with_component(_keyparts.components(key), self._build),
-                    module_diff=differ,
-                )
+            self._missed(key, skey, parts, new, differ)
             return None
         with self._lock:
             self._served.add(key)
@@ -183,23 +168,42 @@ class _StoreCacheImpl:
         store, counted, explained and warned about as ``get`` does one (on JAX's thread,
         inside its compile call), without a claim: nothing is left to compile. Never
         raises."""
-        skey = self._build.store_key(key)
         try:
             self._store.count_misses(1)
-            parts = _keyparts.components(key)
-            self._others.count(self._store, key)
-            explain.record_miss(self._store, skey, builds.with_component(parts, self._build), "jax")
-            if self._on_miss != "compile":
-                _on_miss.handle(
-                    self._on_miss,
-                    self._store,
-                    skey,
-                    program=_keyparts.module_name(key),
-                    framework="jax",
-                    parts=builds.with_component(parts, self._build),
-                )
+            self._missed(key, self._build.store_key(key), _keyparts.components(key), True)
         except Exception as exc:
             logger.debug("xla_pcache: recording the miss of %r failed: %s", key, exc)
+
+    def _missed(
+        self,
+        key: str,
+        skey: str,
+        parts: dict[str, Any] | None,
+        new: bool,
+        differ: _module_diff.Differ | None = None,
+    ) -> None:
+        """A miss of ``key`` (``new``: not JAX's verification wrapper reading it again):
+        counted against other builds' entries, recorded for ``explain`` (with ``differ``:
+        where the computation changed, its module against the nearest record's), and handled
+        as ``XLA_PCACHE_ON_MISS`` says (``CacheMissError`` in "error" mode: install() made JAX
+        let it through)."""
+        if new:
+            self._others.count(self._store, key)
+            explain.record_miss(
+                self._store, skey, builds.with_component(parts, self._build), "jax", differ
+            )
+        if self._on_miss != "compile":
+            _on_miss.handle(
+                self._on_miss,
+                self._store,
+                skey,
+                program=_keyparts.module_name(key),
+                framework="jax",
+                parts=builds.with_component(
+                    parts if parts is not None else _keyparts.components(key), self._build
+                ),
+                module_diff=differ,
+            )
 
     def put_ahead(self, key: str, value: bytes, compile_s: float, load_digest: str) -> None:
         """Put what was compiled ahead for ``key`` and taken by JAX's read of it: JAX's own
