@@ -31,6 +31,8 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,18 +40,21 @@ from typing import Any
 
 import pytest
 from xla_pcache import Store
+from xla_pcache._testhook import VAR
 from xla_pcache.config import Settings
 from xla_pcache.jax.ahead import _plan, _record
 
 from tests.helpers import (
     cli_out,
     executables,
+    hooks_env,
     is_beside,
     is_module_record,
     is_plan,
 )
 from tests.jax import scripts
-from tests.jax.helpers import JAX_ONLY, jax_keys
+from tests.jax.helpers import JAX_ONLY, jax_keys, run_python
+from tests.memory_roots import MIB, limited_job
 
 pytestmark = JAX_ONLY
 
@@ -673,3 +678,54 @@ def test_only_what_the_run_is_recognised_to_need_is_compiled_ahead(
     assert used["modules_refused"] == used["errors"] == 0
     assert run["prefetch"]["planned"] == N
     assert set(jax_keys(cache)) == set(mine)
+
+
+def test_a_job_limited_below_a_quarter_of_the_host_compiles_ahead_within_its_limit(
+    filled: scripts.Filled, cache: Path, tmp_path: Path
+) -> None:
+    """A job limited to 900 MiB on a host of more than four times that (a real nested cgroup
+    where this machine lets the test make one, else a root laid out as the kernel does, which
+    the compiler process reads too): the limit is found on the job's cgroup and a quarter of
+    it is kept free, not a quarter of the host's (more than the job has: nothing would ever be
+    compiled ahead), so the programs are compiled ahead and taken. Asked to keep 1 GiB free,
+    more than the job has, it compiles nothing ahead and the run computes as before."""
+    script, _, cold = filled
+    remove_executables(cache)
+    with limited_job(tmp_path, 900 * MIB) as job:
+        assert job.host_total > 4 * job.limit, job
+        env = dict(job.env)
+        hooks = Path(env[VAR]) if VAR in env else tmp_path / "own-hooks"
+        hooks.mkdir(exist_ok=True)
+        env.update(hooks_env(hooks))
+        (hooks / "claimed.go").touch()
+        argv = job.argv(sys.executable, str(script))
+        # Held as run_held holds it: the reads wait until nothing is being compiled.
+        (hooks / "compile-ahead-take.go").unlink(missing_ok=True)
+        full = scripts.environment(cache, None, XLA_PCACHE_COMPILE_AHEAD_THREADS=str(N), **env)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full
+        )
+        try:
+            scripts.wait_for_hook(proc, hooks, "compile-ahead-idle.*", "never idle")
+            (hooks / "compile-ahead-take.go").touch()
+            ahead_run, _ = scripts.finish(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert ahead_run["out"] == cold["out"]
+        assert ahead(ahead_run)["reserve"] == 225 * MIB
+        used = counted(ahead_run)
+        assert used["compiled_used"] == used["compiled"] == N, used
+        assert ahead_run["hits"] == N and used["errors"] == 0, used
+
+        # More kept free than the job has: nothing starts compiling, every read takes its
+        # program back and JAX compiles it.
+        remove_executables(cache)
+        kept = scripts.last_report(
+            run_python(
+                argv, scripts.environment(cache, None, **env, XLA_PCACHE_COMPILE_AHEAD_MEMORY="1G")
+            ).stdout
+        )
+    assert kept["out"] == cold["out"] and kept["hits"] == 0
+    assert ahead(kept)["reserve"] == 1 << 30
+    assert counted(kept)["compiled"] == 0 and not ahead(kept)["states"]

@@ -275,6 +275,8 @@ class CompileAhead:
         with self._lock:
             links = list(self._links.values())
             return {
+                # The memory a compile leaves free (``XLA_PCACHE_COMPILE_AHEAD_MEMORY``).
+                "reserve": self._reserve,
                 "given": len(self._given),
                 "counts": dict(self._counts),
                 "refused": dict(collections.Counter(self._refused.values())),
