@@ -1,6 +1,6 @@
-"""Compiling ahead on a bucket path (``s3://`` on a real S3 service, SeaweedFS on loopback):
-hosts are fresh processes with only the environment set, each with a host-local store of its
-own, running the program of ``tests/jax/test_compile_ahead.py``.
+"""Compiling ahead on a bucket path (``s3://`` on SeaweedFS, ``gs://`` on the tests' GCS
+server, each on loopback): hosts are fresh processes with only the environment set, each with
+a host-local store of its own, running the program of ``tests/jax/test_compile_ahead.py``.
 
 A cold host fills the bucket (executables, plan, module records); its executables are then
 removed from the bucket, as a bucket's prune would. A new host, its local store empty, fetches
@@ -20,12 +20,12 @@ import pytest
 from tests.helpers import entry_file_key, is_beside
 from tests.jax import scripts
 from tests.jax.test_compile_ahead import PROGRAM, N, counted
-from tests.tiers.servers import S3Server, bucket_client, fresh_prefix
+from tests.tiers.servers import BucketServer, bucket_client, fresh_prefix
 
 pytestmark = pytest.mark.jax
 
 
-def _entries(server: S3Server, prefix: str) -> dict[str, str]:
+def _entries(server: BucketServer, prefix: str) -> dict[str, str]:
     """The bucket's entries: object path -> the key in its header."""
     client = bucket_client(server, prefix)
     out = {}
@@ -37,7 +37,7 @@ def _entries(server: S3Server, prefix: str) -> dict[str, str]:
 
 
 def _run(
-    script: Path, url: str, home: Path, server: S3Server, hooks: Path | None = None
+    script: Path, url: str, home: Path, server: BucketServer, hooks: Path | None = None
 ) -> dict[str, Any]:
     """The program as one host: its host-local store under ``home``; with ``hooks``, its
     reads held as ``test_compile_ahead.run_held`` holds them."""
@@ -65,27 +65,27 @@ def _run(
 
 
 def test_a_host_compiles_ahead_from_the_records_in_the_bucket(
-    tmp_path: Path, s3_server: S3Server
+    tmp_path: Path, bucket_server: BucketServer
 ) -> None:
     script = tmp_path / "workload.py"
     script.write_text(PROGRAM)
     prefix = fresh_prefix()
-    url = s3_server.url(prefix)
-    cold = _run(script, url, tmp_path / "a", s3_server)
+    url = bucket_server.url(prefix)
+    cold = _run(script, url, tmp_path / "a", bucket_server)
     assert cold["misses"] == N
-    entries = _entries(s3_server, prefix)
+    entries = _entries(bucket_server, prefix)
     executables = [p for p, key in entries.items() if not is_beside(key)]
     assert len(executables) == N and len(entries) == 2 * N + 1, entries
     # Removed from the bucket, as its prune would remove entries no host used lately.
-    client = bucket_client(s3_server, prefix)
+    client = bucket_client(bucket_server, prefix)
     for path in executables:
         obstore.delete(client, path)
 
-    held = _run(script, url, tmp_path / "b", s3_server, tmp_path / "hooks")
+    held = _run(script, url, tmp_path / "b", bucket_server, tmp_path / "hooks")
     assert held["out"] == cold["out"]
     assert counted(held) == {"compiled": N, "compiled_used": N, "modules_refused": 0, "errors": 0}
     # What it compiled and JAX's reads took is in the bucket again: a third host, its own
     # store empty, starts warm from it.
-    assert len([k for k in _entries(s3_server, prefix).values() if not is_beside(k)]) == N
-    warm = _run(script, url, tmp_path / "c", s3_server)
+    assert len([k for k in _entries(bucket_server, prefix).values() if not is_beside(k)]) == N
+    warm = _run(script, url, tmp_path / "c", bucket_server)
     assert warm["out"] == cold["out"] and warm["hits"] == N
