@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from xla_pcache import Store, _core
 from xla_pcache.config import Settings
-from xla_pcache.jax import _module_record, _plan, _plan_name
+from xla_pcache.jax.ahead import _plan, _plan_name
+from xla_pcache.jax.ahead import _record as _module_record
 
 from tests.helpers import is_module_record
 from tests.jax.helpers import JAX_ONLY, WORKER, hits, jax_keys, results, run_jax, runs
@@ -43,11 +44,11 @@ def test_a_start_compiles_what_a_later_release_keeps_and_leaves_every_file(tmp_p
     # A later release's plan and module record formats, under their own keys (in this entry
     # format: what a release that changed only those would write).
     later_plan = f"{_plan.ANY_PREFIX}{_plan.VERSION + 1}:" + _core.hash_key("a later workload")
-    record2 = "xla_pcache-module-2:" + jax_key
+    record3 = "xla_pcache-module-3:" + jax_key
     with Store(root) as s:
         later_doc = {"format": _plan.FORMAT, "version": _plan.VERSION + 1}
         assert s.put(later_plan, json.dumps(later_doc).encode())
-        assert s.put(record2, b"XPCMOD02 a later record")
+        assert s.put(record3, b"XPCMOD03 a later record")
     others = {p: p.read_bytes() for p in entry_files(root) if p not in later}
     assert len(others) == 2
 
@@ -87,7 +88,7 @@ def test_a_plan_claiming_a_later_format_under_this_releases_key_is_replaced(
 def test_a_record_claiming_a_later_format_is_refused_as_any_record_of_other_shape(
     tmp_path: Path,
 ) -> None:
-    """A record under this release's key (``module-1:``) whose magic names a later record
+    """A record under this release's key (``module-2:``) whose magic names a later record
     format is refused whole (``RecordError``): a run that reads it compiles as before and its
     put writes its own record in its place (``tests/jax/test_compile_ahead.py``, a record
     that is not one). A later format's records have a key of their own."""
@@ -99,8 +100,8 @@ def test_a_record_claiming_a_later_format_is_refused_as_any_record_of_other_shap
         blob = s.get(key)
         assert blob is not None
         data = bytes(blob)
-    later = _module_record.MAGIC[:-1] + b"2" + data[len(_module_record.MAGIC) :]
+    later = _module_record.MAGIC[:-1] + b"3" + data[len(_module_record.MAGIC) :]
     with pytest.raises(_module_record.RecordError):
         _module_record.decode(later)
     assert _module_record.decode(data).module
-    assert not str(key).startswith("xla_pcache-module-2:")
+    assert not str(key).startswith("xla_pcache-module-3:")

@@ -112,7 +112,7 @@ _JAX_PROBE = textwrap.dedent(
         out["adapter"] = f"{type(exc).__name__}: {exc}"
     try:
         from jax._src import compilation_cache as cc
-        from xla_pcache.jax import _read_hook
+        from xla_pcache.jax.ahead import _read_hook
         form = _read_hook.read_form(cc)
         out["prefetch"] = "ok" if isinstance(form, int) else form
     except Exception as exc:
