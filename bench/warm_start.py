@@ -522,11 +522,20 @@ def run_suite(case: str, suite: Path, store: Path, jax_dir: Path, timeout: float
 RECORD_PREFIX = "xla_pcache-module-"
 
 
+def _plan_module() -> Any:
+    """The plan's module, where this release keeps it (``jax/ahead/``) or where the release
+    before kept it, so that the bench runs against either."""
+    import importlib
+
+    try:
+        return importlib.import_module("xla_pcache.jax.ahead._plan")
+    except ImportError:
+        return importlib.import_module("xla_pcache.jax._plan")
+
+
 def _beside(key: object) -> bool:
     """Whether ``key`` is a plan's or a module record's, not an executable's."""
-    from xla_pcache.jax.ahead._plan import ANY_PREFIX
-
-    return str(key).startswith((ANY_PREFIX, RECORD_PREFIX))
+    return str(key).startswith((_plan_module().ANY_PREFIX, RECORD_PREFIX))
 
 
 def fill_jax_dir(store: Path, jax_dir: Path) -> int:
@@ -935,8 +944,8 @@ def plant(store: Path, heavy_ops: int, cfg: dict[str, Any], timeout: float) -> t
     keys."""
     from xla_pcache import Store
     from xla_pcache.config import Settings
-    from xla_pcache.jax.ahead import _plan
 
+    _plan = _plan_module()
     with Store(store, read_only=True, settings=Settings()) as s:
         listed = s.keys()  # a list (Store is not a mapping)
         plans = [str(k) for k in listed if str(k).startswith(_plan.ANY_PREFIX)]
