@@ -16,7 +16,7 @@ by JAX as before (``Owner.not_compiled``); a process lost (it could not start, e
 or wrote what is not a reply) hands back every key it had, with one warning.
 
 The session serves a compiled executable at JAX's read of its key, with the checks of a load
-(options, devices, backend) and puts it into the store under the key (``entry``): JAX's own
+(options, devices, backend) and puts it into the store under the key (``entry_value``): JAX's own
 value (the serialized executable after its compile time, compressed as JAX compresses), with
 the compile time, only where JAX itself would have put it (process 0, its thresholds), never
 in a read-only process; the store signs it when it signs. The program's own compiles record
@@ -202,7 +202,7 @@ class CompileAhead:
     # -------------------------------------------------------------- from a compiler process
 
     def started(self, key: str) -> None:
-        pass
+        """Nothing: whether a key is compiling is the link's to say (``cancel``)."""
 
     def done(self, done: Done) -> None:
         if done.status == _protocol.COMPILED:

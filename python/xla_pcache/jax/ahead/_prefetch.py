@@ -18,9 +18,17 @@ has one not started loaded next; anything else goes JAX's own way. A taken execu
 the hit the store would have, and the main-thread time it spared (its load's CPU time,
 ``_loads.CpuShare``, less the wait); one never taken is wasted when the run stops asking
 (``IDLE_RELEASE_S``) or at exit. Fetching waits while ``XLA_PCACHE_PREFETCH_MEMORY`` bytes
-are held. A failure in the background is a miss and a counter, never an exception. An
-entry the store lacks is handed to compiling ahead (``_compile_ahead``), which the session
-closes.
+are held. A failure in the background is a miss and a counter, never an exception.
+
+An entry the store lacks is handed to compiling ahead (``_compiling``): its record goes to a
+compiler process, and what comes back (a serialized executable, the key verified by JAX's
+own key function there) is loaded by the same workers as an entry fetched, served at JAX's
+read of its key with the same checks (counted ``compiled_used``, a miss to the store), and
+put into the store as JAX would have put it. A read of a key the compiler process has not
+started takes it back (JAX compiles it now); one it is compiling waits for it. The session
+kills the compiler process first thing when it closes, so no exit waits for a compile, and
+what a run went past without reading, whose executable the store lacks, leaves its plan
+(``PlanWriter.unread``).
 
 What the run read is recorded, and the plan written when it differs from what is stored
 (``_plan_writer``). Every key the session gives the store carries this process's runtime
