@@ -69,6 +69,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,12 +133,20 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
     import_s = time.perf_counter() - t_import
     events: list[str] = []
     reads: list[float] = []
-    jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration_secs, **_: (
-            reads.append(duration_secs) if event == RETRIEVAL else None
+    # Every duration JAX reports (tracing, lowering, cache reads, compiles), with when it
+    # ended and on which thread: the phases of a start, summed per event, and its timeline.
+    timeline: list[tuple[float, str, float, bool]] = []
+    main_thread = threading.main_thread()
+
+    def _duration(event: str, duration_secs: float, **_: Any) -> None:
+        if event == RETRIEVAL:
+            reads.append(duration_secs)
+        timeline.append(
+            (time.perf_counter(), event, duration_secs, threading.current_thread() is main_thread)
         )
-    )
+
+    jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
+    jax.monitoring.register_event_duration_secs_listener(_duration)
     split: dict[str, float] = {"get_s": 0.0, "decompress_s": 0.0}
     if cfg["split_reads"]:
         # Measurement wrappers around the real functions, on the rows that read on the main
@@ -284,6 +293,10 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
         "losses": losses,
         "backend": jax.default_backend(),
         "devices": len(jax.devices()),
+        "phases": phase_sums(timeline, t_first),
+        "timeline": [
+            (round(t - t_first, 4), e, round(d, 4), on_main) for t, e, d, on_main in timeline
+        ],
         **(split if cfg["split_reads"] else {}),
     }
     if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
@@ -293,6 +306,20 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
         if report is not None:
             out["prefetch"] = prefetch_fields(report)
     return out
+
+
+def phase_sums(timeline: list[tuple[float, str, float, bool]], t_first: float) -> dict[str, float]:
+    """Each of JAX's duration events summed over the first steps (from ``t_first``), by its
+    last path component; ``_main`` for the part on the main thread."""
+    sums: dict[str, float] = {}
+    for t, event, duration, on_main in timeline:
+        if t < t_first:
+            continue
+        name = event.rsplit("/", 1)[-1]
+        sums[name] = round(sums.get(name, 0.0) + duration, 4)
+        if on_main:
+            sums[name + "_main"] = round(sums.get(name + "_main", 0.0) + duration, 4)
+    return sums
 
 
 def prefetch_fields(report: dict[str, Any]) -> dict[str, Any]:
