@@ -229,31 +229,35 @@ class Meter:
 
 class Costs:
     """How long a deserialize takes on a worker, from the entry's stored bytes: a fixed
-    part and a part per byte, fitted to the deserializes this process finished (their wall
-    time: what the order of loading needs to know, waiting for the others included)."""
+    part and a part per byte, fitted (least squares, kept as running sums) to the
+    deserializes this process finished (their wall time: what the order of loading needs
+    to know, waiting for the others included)."""
 
     def __init__(self) -> None:
-        self._samples: list[tuple[float, float]] = []
+        self._n = 0
+        self._sx = self._sy = self._sxx = self._sxy = 0.0
         self._fixed = 0.0
         self._per_byte: float | None = None
 
     @property
     def samples(self) -> int:
-        return len(self._samples)
+        return self._n
 
     def add(self, size: int | None, wall: float) -> None:
         if size is None or size <= 0:
             return
-        self._samples.append((float(size), wall))
-        xs = [x for x, _ in self._samples]
-        ys = [y for _, y in self._samples]
-        n, sx, sy = len(xs), sum(xs), sum(ys)
-        mx, my = sx / n, sy / n
-        var = sum((x - mx) ** 2 for x in xs)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0
+        x = float(size)
+        self._n += 1
+        self._sx += x
+        self._sy += wall
+        self._sxx += x * x
+        self._sxy += x * wall
+        n, mx, my = self._n, self._sx / self._n, self._sy / self._n
+        var = self._sxx - n * mx * mx
+        slope = (self._sxy - n * mx * my) / var if var > 1e-9 * self._sxx else 0.0
         if n < 3 or slope <= 0 or my - slope * mx < 0:
             # Too few or too alike to fit a line: all of it per byte.
-            self._fixed, self._per_byte = 0.0, sy / sx
+            self._fixed, self._per_byte = 0.0, self._sy / self._sx
         else:
             self._fixed, self._per_byte = my - slope * mx, slope
 

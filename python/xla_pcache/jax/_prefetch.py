@@ -40,6 +40,7 @@ the plan's key does not (one plan per workload, whatever the build).
 from __future__ import annotations
 
 import atexit
+import bisect
 import collections
 import dataclasses
 import os
@@ -751,8 +752,7 @@ class Prefetch:
                 slot.state = State.LOADING
                 return True
             slot.state = State.FETCHED
-            self._fetched.append(slot)
-            self._fetched.sort(key=_first)
+            bisect.insort(self._fetched, slot, key=_first)
             if ready:
                 self._jobs.notify()
         return False
