@@ -634,8 +634,10 @@ class Prefetch:
                 pending = self._queue if slot.state is State.QUEUED else self._fetched
                 pending.remove(slot)
                 slot.urgent = True
-                pending.insert(0, slot)
+                bisect.insort(pending, slot, key=_first)
                 self._jobs.notify()
+            elif slot.state is State.FETCHING:
+                slot.urgent = True  # deserialized as soon as it is fetched
             self._cond.wait_for(lambda: slot.state not in PENDING, LOAD_WAIT_S)
             waited = time.perf_counter() - waiting
             # Never started (workers stuck): read JAX's way.
