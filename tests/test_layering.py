@@ -106,6 +106,7 @@ LEVELS = {
     "jax._recognition": 4,
     "jax._plan_writer": 4,
     "jax._loads": 4,
+    "jax._schedule": 4,
     "jax._backend_wait": 4,
     "jax._prefetch": 4,
     "jax._read_hook": 4,
