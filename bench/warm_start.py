@@ -75,6 +75,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,13 +145,22 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
     import_s = time.perf_counter() - t_import
     events: list[str] = []
     reads: list[float] = []
-    jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration_secs, **_: (
-            reads.append(duration_secs) if event == RETRIEVAL else None
+    # Every duration JAX reports (tracing, lowering, cache reads, compiles), with when it
+    # ended and on which thread: the phases of a start, summed per event, and its timeline.
+    timeline: list[tuple[float, str, float, bool]] = []
+    main_thread = threading.main_thread()
+
+    def _duration(event: str, duration_secs: float, **_: Any) -> None:
+        if event == RETRIEVAL:
+            reads.append(duration_secs)
+        timeline.append(
+            (time.perf_counter(), event, duration_secs, threading.current_thread() is main_thread)
         )
-    )
+
+    jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
+    jax.monitoring.register_event_duration_secs_listener(_duration)
     split: dict[str, float] = {"get_s": 0.0, "decompress_s": 0.0}
+    read_keys: dict[str, list[float]] = {}
     if cfg["split_reads"]:
         # Measurement wrappers around the real functions, on the rows that read on the main
         # thread (loading ahead decompresses on its own threads).
@@ -176,6 +186,8 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
             return cache
 
         cc._get_cache = get_cache
+
+        time_reads(cc, read_keys)
 
     d, n_layers, heads = cfg["d_model"], cfg["layers"], cfg["heads"]
     vocab, batch = cfg["vocab"], cfg["batch"]
@@ -296,12 +308,17 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
         "losses": losses,
         "backend": jax.default_backend(),
         "devices": len(jax.devices()),
+        "phases": phase_sums(timeline, t_first),
+        "timeline": [
+            (round(t - t_first, 4), e, round(d, 4), on_main) for t, e, d, on_main in timeline
+        ],
         **(split if cfg["split_reads"] else {}),
+        **({"read_keys": read_keys} if cfg["split_reads"] else {}),
     }
     if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
         import xla_pcache.jax as xj
 
-        report = xj.prefetch_report()
+        report = xj.prefetch_report(loads=True)
         if report is not None:
             out["prefetch"] = prefetch_fields(report)
     # When the program's work ended: what the process takes after it is its exit.
@@ -309,10 +326,44 @@ def workload(cfg: dict[str, Any], spawned: float) -> dict[str, Any]:
     return out
 
 
+def time_reads(cc: Any, into: dict[str, list[float]]) -> None:
+    """Each key's read on the main thread (JAX's ``get_executable_and_time``, wrapped), into
+    ``into``: its wall time and the process's CPU time meanwhile (XLA's threads deserialize
+    while the main thread waits; on a busy machine the wall time also counts waiting for the
+    cores), to set beside what loading ahead counted for it."""
+    real_read = cc.get_executable_and_time
+
+    def read_timed(*args: Any, **kwargs: Any) -> Any:
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            return real_read(*args, **kwargs)
+        finally:
+            key = args[0] if args else kwargs.get("cache_key")
+            wall = time.perf_counter() - start
+            into[str(key)] = [round(wall, 6), round(time.process_time() - cpu, 6)]
+
+    cc.get_executable_and_time = read_timed
+
+
+def phase_sums(timeline: list[tuple[float, str, float, bool]], t_first: float) -> dict[str, float]:
+    """Each of JAX's duration events summed over the first steps (from ``t_first``), by its
+    last path component; ``_main`` for the part on the main thread."""
+    sums: dict[str, float] = {}
+    for t, event, duration, on_main in timeline:
+        if t < t_first:
+            continue
+        name = event.rsplit("/", 1)[-1]
+        sums[name] = round(sums.get(name, 0.0) + duration, 4)
+        if on_main:
+            sums[name + "_main"] = round(sums.get(name + "_main", 0.0) + duration, 4)
+    return sums
+
+
 def prefetch_fields(report: dict[str, Any]) -> dict[str, Any]:
     """What the bench keeps of ``xla_pcache.jax.prefetch_report()``."""
     keys = ("began", "waited", "waited_s", "longest_wait", "last_load_s", "saved_s")
     keys += ("load_cpu_s", "load_wall_s", "variants", "candidates", "compile_ahead")
+    keys += ("served_s", "main_reads", "main_reads_s", "loads")
     return {
         "states": report["states"],
         **{k: report.get(k) for k in keys},
@@ -325,11 +376,22 @@ def prefetch_fields(report: dict[str, Any]) -> dict[str, Any]:
 # The suite's conftest: JAX's events counted over the whole run, written at its end with what
 # loading ahead did, to the file BENCH_REPORT names. Knows nothing of the cache otherwise.
 SUITE_CONFTEST = """
-import json, os, time
+import json, os, threading, time
 import jax
 
 EVENTS = {"hits": 0, "misses": 0, "reads_s": 0.0}
 START = time.perf_counter()
+# Each of JAX's duration events summed over the run (by its last path component; "_main":
+# the part on the main thread), and, in the rows reading on the main thread, each key's read.
+PHASES = {}
+READ_KEYS = {}
+MAIN = threading.main_thread()
+if os.environ.get("BENCH_SPLIT") == "1":
+    import sys
+    from jax._src import compilation_cache
+    sys.path.insert(0, os.environ["BENCH_ROOT"])
+    from bench.warm_start import time_reads
+    time_reads(compilation_cache, READ_KEYS)
 
 def _event(event, **_):
     if event == "/jax/compilation_cache/cache_hits":
@@ -340,6 +402,10 @@ def _event(event, **_):
 def _duration(event, duration_secs, **_):
     if event == "/jax/compilation_cache/cache_retrieval_time_sec":
         EVENTS["reads_s"] += duration_secs
+    name = event.rsplit("/", 1)[-1]
+    PHASES[name] = PHASES.get(name, 0.0) + duration_secs
+    if threading.current_thread() is MAIN:
+        PHASES[name + "_main"] = PHASES.get(name + "_main", 0.0) + duration_secs
 
 jax.monitoring.register_event_listener(_event)
 jax.monitoring.register_event_duration_secs_listener(_duration)
@@ -350,9 +416,12 @@ def pytest_sessionfinish(session, exitstatus):
     out.update(backend=jax.default_backend(), devices=len(jax.devices()))
     out["results"] = RESULTS
     out["threads_cpu_s"] = _threads_cpu()
+    out["phases"] = {k: round(v, 4) for k, v in PHASES.items()}
+    if READ_KEYS:
+        out["read_keys"] = READ_KEYS
     if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
         import xla_pcache.jax as xj
-        report = xj.prefetch_report()
+        report = xj.prefetch_report(loads=True)
         if report is not None:
             out["prefetch"] = report
     with open(os.environ["BENCH_REPORT"], "w") as f:
@@ -506,6 +575,8 @@ def run_suite(case: str, suite: Path, store: Path, jax_dir: Path, timeout: float
     report = suite.parent / "suite-report.json"
     report.unlink(missing_ok=True)
     env = {**_env(case, store, jax_dir), "BENCH_REPORT": str(report)}
+    if case in ("jax", "plain"):
+        env.update(BENCH_SPLIT="1", BENCH_ROOT=str(ROOT))
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
     proc, wall, cpu = _process(case, argv, env, timeout, cwd=suite)
     result: dict[str, Any] = json.loads(report.read_text())
@@ -620,22 +691,112 @@ def ahead(rows: list[dict[str, Any]]) -> str:
 
 
 def saved_line(plain: list[dict[str, Any]], prefetch: list[dict[str, Any]]) -> str:
-    """The main-thread time loading ahead saved: measured, counted, and as counted before."""
+    """The main-thread time loading ahead saved: measured (JAX's own read times, loading
+    ahead off less on), counted (``prefetch_saved_ms``), and what the loads' CPU and wall
+    time on the workers, less the reads' own time, would have said."""
     measured = med(plain, "reads_s") - med(prefetch, "reads_s")
     counted = pf_med(prefetch, "prefetch_saved_ms") / 1000
-    old = statistics.median(
-        float(r["prefetch"].get("load_wall_s") or 0) - float(r["prefetch"].get("waited_s") or 0)
-        for r in prefetch
-    )
+
+    def less_reads(field: str) -> float:
+        return statistics.median(
+            float(r["prefetch"].get(field) or 0)
+            - float(r["prefetch"].get("served_s", r["prefetch"].get("waited_s")) or 0)
+            for r in prefetch
+        )
+
+    cpu, wall = less_reads("load_cpu_s"), less_reads("load_wall_s")
     return (
         f"Main-thread time of the reads saved by loading ahead: measured {fmt_time(measured)} "
-        f"(plain's reads on the main thread less loading ahead's), counted "
-        f"{fmt_time(counted)} (`prefetch_saved_ms`, {counted / measured:.2f}x), the loads' "
-        f"wall time on the workers less the waits {fmt_time(old)} ({old / measured:.2f}x: "
-        f"what the counter said before)."
+        f"(JAX's `cache_retrieval_time_sec`, plain's less loading ahead's), counted "
+        f"{fmt_time(counted)} (`prefetch_saved_ms`, {counted / measured:.2f}x); the loads' CPU "
+        f"time less the reads' {fmt_time(cpu)} ({cpu / measured:.2f}x), their wall time on "
+        f"the workers less the reads' {fmt_time(wall)} ({wall / measured:.2f}x)."
+        + per_key(plain, prefetch)
         if measured > 0
         else f"No main-thread time measured saved; counted {fmt_time(counted)}."
     )
+
+
+def per_key(plain: list[dict[str, Any]], prefetch: list[dict[str, Any]]) -> str:
+    """Key by key, what loading ahead took each read to cost the main thread against what
+    plain's read of the same key took there, in wall time and in the process's CPU time
+    (medians over the rows): how near the counter's estimate is, and whether the small
+    reads or the large ones make the difference."""
+    off: dict[str, list[list[float]]] = {}
+    for r in plain:
+        for key, took in (r.get("read_keys") or {}).items():
+            off.setdefault(key, []).append(took if isinstance(took, list) else [took, took])
+    cost: dict[str, list[float]] = {}
+    for r in prefetch:
+        for load in r.get("prefetch", {}).get("loads") or []:
+            cost.setdefault(load["key"], []).append(float(load["cost_s"]))
+    keys = sorted(set(off) & set(cost))
+    if not keys:
+        return ""
+    wall = [statistics.median(t[0] for t in off[k]) for k in keys]
+    cpu = [statistics.median(t[1] for t in off[k]) for k in keys]
+    counted = [statistics.median(cost[k]) for k in keys]
+    # The largest tenth of the reads on their own (the training steps of the LM).
+    big = sorted(range(len(keys)), key=lambda i: wall[i], reverse=True)[: max(1, len(keys) // 10)]
+
+    def ratio(of: list[float], to: list[float], among: list[int] | range) -> str:
+        return f"{sum(of[i] for i in among) / max(sum(to[i] for i in among), 1e-9):.2f}x"
+
+    every = range(len(keys))
+    return (
+        f" Key by key ({len(keys)} keys), the cost counted for a read ({fmt_time(sum(counted))}) "
+        f"is {ratio(counted, wall, every)} plain's read of it on the main thread "
+        f"({fmt_time(sum(wall))}; the largest tenth {ratio(counted, wall, big)}) and "
+        f"{ratio(counted, cpu, every)} the process's CPU time during that read "
+        f"({fmt_time(sum(cpu))}; the largest tenth {ratio(counted, cpu, big)})."
+    )
+
+
+# JAX's duration events the phases table shows, by the last part of their names.
+PHASES = {
+    "jaxpr_trace_duration": "tracing",
+    "jaxpr_to_mlir_module_duration": "lowering",
+    "backend_compile_duration": "compile_or_get_cached",
+    "cache_retrieval_time_sec": "cache reads",
+}
+
+
+def phase_med(rows: list[dict[str, Any]], name: str) -> float:
+    return float(statistics.median(float(r.get("phases", {}).get(name, 0.0)) for r in rows))
+
+
+def phases_table(rows: dict[str, list[dict[str, Any]]], what: str) -> str:
+    """Where the main thread's time went, per row, from JAX's own monitoring events (summed
+    over ``what``, medians): tracing, lowering (to MLIR), JAX's compile-or-read of each
+    program (its cache key, the cache read and, on a miss, the compile and the put), and the
+    cache reads alone: what no executable cache can take away is the first two."""
+    lines = [
+        f"JAX's phases over {what} (its monitoring events, summed per process, medians):",
+        "",
+        "| row | " + " | ".join(PHASES.values()) + " |",
+        "|---|" + "---:|" * len(PHASES),
+    ]
+    for case, label in CASES.items():
+        rs = rows.get(case) or []
+        if not rs or "phases" not in rs[0]:
+            continue
+        cells = [fmt_time(phase_med(rs, name)) for name in PHASES]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    plain, ahead = rows.get("plain") or [], rows.get("prefetch") or []
+    if plain and ahead and "phases" in plain[0] and "phases" in ahead[0]:
+        ratios = []
+        for name in ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration"):
+            off = phase_med(plain, name)
+            if off > 0:
+                ratios.append(f"{PHASES[name]} {phase_med(ahead, name) / off:.2f}x")
+        reads = phase_med(ahead, "cache_retrieval_time_sec")
+        lines += [
+            "",
+            f"Loading ahead against plain: {', '.join(ratios)}; the cache reads left on the "
+            f"main thread {fmt_time(reads)} (plain's "
+            f"{fmt_time(phase_med(plain, 'cache_retrieval_time_sec'))}).",
+        ]
+    return "\n".join(lines)
 
 
 def table_lm(results: dict[str, Any]) -> str:
@@ -678,6 +839,8 @@ def table_lm(results: dict[str, Any]) -> str:
         f"{min(spread) / plain_steps:.2f}-{max(spread) / plain_steps:.2f}x).",
         "",
         saved_line(rows["plain"], rows["prefetch"]),
+        "",
+        phases_table(rows, "the first steps"),
     ]
     return "\n".join(lines)
 
@@ -748,6 +911,7 @@ def table_suite(results: dict[str, Any]) -> str:
             f"| {wall / jax_run:.2f} | {wall / plain_run:.2f} |"
         )
     lines += ["", saved_line(rows["plain"], rows["prefetch"])]
+    lines += ["", phases_table(rows, "the whole run")]
     return "\n".join(lines)
 
 

@@ -48,6 +48,8 @@ def _doc(entries: list[list[object]]) -> bytes:
         "options": [""],
         "devices": [[0]],
     }
+    # Each entry with no timings (``[key, options, devices, None, None, None]``).
+    entries = [[*e, None, None, None] for e in entries]
     doc = {
         "format": _plan.FORMAT,
         "version": _plan.VERSION,

@@ -110,8 +110,8 @@ LEVELS = {
     # run is, its writing; a module record's format, the target a program was compiled for,
     # the frames a program and its compiler process exchange, the compiler process and the
     # program's side of it, the records written at JAX's put, what the session hands the
-    # compiler; loading one executable, JAX's backend once up, the session (the one
-    # scheduler and pool of both), the hook on JAX's cache read.
+    # compiler; loading one executable, the order of loading, JAX's backend once up, the
+    # session (the one scheduler and pool of both), the hook on JAX's cache read.
     "jax.ahead": 4,
     "jax.ahead._plan": 4,
     "jax.ahead._plan_name": 4,
@@ -125,6 +125,7 @@ LEVELS = {
     "jax.ahead._recording": 4,
     "jax.ahead._compiling": 4,
     "jax.ahead._loads": 4,
+    "jax.ahead._schedule": 4,
     "jax.ahead._backend_wait": 4,
     "jax.ahead._prefetch": 4,
     "jax.ahead._read_hook": 4,

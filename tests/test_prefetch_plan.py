@@ -22,8 +22,17 @@ def _key(i: int, module: str = "jit_step") -> str:
 def _variant(
     n: int, written: float = 1.0, start: int = 0, platform: str = "tpu", count: int = 2
 ) -> _plan.Variant:
+    # Timings as a run measures them: when each was read, its size, and (for some) what
+    # its read cost the main thread.
     entries = tuple(
-        _plan.Entry(_key(i), b"options-%d" % (i % 3), (0,) if i % 2 else (0, 1))
+        _plan.Entry(
+            _key(i),
+            b"options-%d" % (i % 3),
+            (0,) if i % 2 else (0, 1),
+            at_us=i * 1000,
+            size=1000 + i,
+            read_us=None if i % 2 else 50 + i,
+        )
         for i in range(start, start + n)
     )
     return _plan.Variant(written, platform, count, entries)
@@ -36,12 +45,17 @@ def _doc(**variant: object) -> bytes:
         "device_count": 1,
         "options": [base64.b64encode(b"opts").decode()],
         "devices": [[0]],
-        "entries": [[KEY, 0, 0]],
+        "entries": [[KEY, 0, 0, None, None, None]],
     }
     base.update(variant)
     return json.dumps(
         {"format": _plan.FORMAT, "version": _plan.VERSION, "variants": [base]}
     ).encode()
+
+
+def _entries(*entries: list[object]) -> bytes:
+    """A plan of these entries, each without timings unless it has its own."""
+    return _doc(entries=[e if len(e) == 6 else [*e, None, None, None] for e in entries])
 
 
 def test_what_is_written_reads_back_with_options_and_devices_kept_once() -> None:
@@ -51,6 +65,27 @@ def test_what_is_written_reads_back_with_options_and_devices_kept_once() -> None
     assert len(doc["variants"][0]["options"]) == 3 and len(doc["variants"][0]["devices"]) == 2
     assert _plan.decode(data) == plan
     assert _plan.decode(memoryview(data)) == plan
+    # Each entry's timings read back, the unmeasured ones as None.
+    entries = _plan.decode(data).variants[0].entries
+    assert [(e.at_us, e.size, e.read_us) for e in entries[:2]] == [
+        (0, 1000, 50),
+        (1000, 1001, None),
+    ]
+
+
+def test_timings_out_of_their_bounds_are_not_written_and_what_a_run_missed_is_carried() -> None:
+    odd = _plan.Entry(KEY, b"", (0,), at_us=-1, size=_plan.MAX_SIZE + 1, read_us=7)
+    (kept,) = _plan.bounded(_plan.Variant(1.0, "cpu", 1, (odd,))).entries
+    assert (kept.at_us, kept.size, kept.read_us) == (None, None, 7)
+    # A run served from loading ahead measures no read on the main thread, a miss no
+    # size: a variant it writes keeps what the stored plan measured of its keys.
+    stored = _plan.Plan((_variant(4),))
+    fresh = tuple(
+        _plan.Entry(e.key, e.options, e.devices, at_us=9) for e in stored.variants[0].entries
+    )
+    carried = _plan.carried(fresh, stored)
+    assert [(e.at_us, e.size, e.read_us) for e in carried[:2]] == [(9, 1000, 50), (9, 1001, None)]
+    assert _plan.carried(fresh, None) == fresh
 
 
 def test_a_variant_per_program_a_run_that_read_no_more_writes_nothing() -> None:
@@ -117,6 +152,8 @@ def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
         (b"\xff\xfe garbage", "not JSON"),
         (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
         (b"{}", "not a prefetch plan"),
+        # Earlier versions' plans live under other keys; one found under this version's
+        # is refused, not read (version 3 had no timings).
         (
             json.dumps(
                 {"format": _plan.FORMAT, "version": _plan.VERSION - 1, "variants": []}
@@ -135,14 +172,27 @@ def test_a_run_that_read_more_than_a_plan_holds_keeps_its_start() -> None:
             ).encode(),
             "more than",
         ),
-        (_doc(entries=[[_key(i), 0, 0] for i in range(_plan.MAX_ENTRIES + 1)]), "more than"),
-        (_doc(entries=[["../../etc/passwd", 0, 0]]), "not a JAX cache key"),
-        (_doc(entries=[["jit_f-" + "0" * 63 + "\n", 0, 0]]), "not a JAX cache key"),
-        (_doc(entries=[[KEY, 0, 0], [KEY, 0, 0]]), "twice"),
-        (_doc(entries=[[KEY, 1, 0]]), "not an index"),
-        (_doc(entries=[[KEY, 0, -1]]), "not an index"),
-        (_doc(entries=[[KEY, True, 0]]), "not an index"),
+        (_entries(*[[_key(i), 0, 0] for i in range(_plan.MAX_ENTRIES + 1)]), "more than"),
+        (_entries(["../../etc/passwd", 0, 0]), "not a JAX cache key"),
+        (_entries(["jit_f-" + "0" * 63 + "\n", 0, 0]), "not a JAX cache key"),
+        (_entries([KEY, 0, 0], [KEY, 0, 0]), "twice"),
+        (_entries([KEY, 1, 0]), "not an index"),
+        (_entries([KEY, 0, -1]), "not an index"),
+        (_entries([KEY, True, 0]), "not an index"),
         (_doc(entries=[[KEY, 0]]), "not [key"),
+        (_doc(entries=[[KEY, 0, 0]]), "not [key"),
+        (_doc(entries=[[KEY, 0, 0, None, None, None, None]]), "not [key"),
+        # Timings: counts within their bounds, or null; anything else refuses the plan.
+        (_entries([KEY, 0, 0, -1, None, None]), "an entry's time"),
+        (_entries([KEY, 0, 0, _plan.MAX_AT_US + 1, None, None]), "an entry's time"),
+        (_entries([KEY, 0, 0, 1.5, None, None]), "an entry's time"),
+        (_entries([KEY, 0, 0, True, None, None]), "an entry's time"),
+        (_entries([KEY, 0, 0, "1", None, None]), "an entry's time"),
+        (_entries([KEY, 0, 0, None, _plan.MAX_SIZE + 1, None]), "an entry's size"),
+        (_entries([KEY, 0, 0, None, [1], None]), "an entry's size"),
+        (_entries([KEY, 0, 0, None, None, _plan.MAX_READ_US + 1]), "an entry's read cost"),
+        (_entries([KEY, 0, 0, None, None, 10**400]), "an entry's read cost"),
+        (_entries([KEY, 0, 0, None, None, float("inf")]), "an entry's read cost"),
         (_doc(options=["not base64!"]), "base64"),
         (_doc(options=["A" * (_plan.MAX_OPTION_BYTES * 2)]), "compile options over"),
         (_doc(devices=[[-1]]), "device id"),

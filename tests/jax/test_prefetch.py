@@ -6,6 +6,8 @@ loading ahead did in it, since a read-only process leaves no counters behind.
 
 What is checked: a run records its plan and the next one takes every executable from the
 threads that loaded it ahead (counted), computing what a run without loading ahead computes;
+the plan says when each program was read and what reading it cost the main thread, and the
+time counted saved is that cost less what the read took, bounded by JAX's own read times;
 a changed program falls back for what changed and rewrites the plan; read-only workers use
 plans and write none; a plan trusted by ``XLA_PCACHE_TRUSTED_KEYS`` that names untrusted
 entries loads none of them; hostile plans are refused or load nothing a read takes; a JAX
@@ -14,6 +16,7 @@ whose cache read takes other arguments runs as before, with one warning.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 from xla_pcache import Store
 from xla_pcache.config import Settings
+from xla_pcache.jax import _build as jax_build
 from xla_pcache.jax.ahead import _plan
 
 from tests.helpers import cli_out
@@ -41,6 +45,11 @@ PROGRAM = (
     COUNT_HITS
     + """
 import resource, time
+# JAX's own time of each cache read that hit, in order (its cache_retrieval_time_sec).
+reads = []
+monitoring.register_event_duration_secs_listener(
+    lambda event, duration_secs, **kw: reads.append(duration_secs)
+    if event == "/jax/compilation_cache/cache_retrieval_time_sec" else None)
 if os.environ.get("TEST_FUTURE_JAX") == "1":
     from jax._src import compilation_cache as cc
     real = cc.get_executable_and_time
@@ -78,10 +87,10 @@ for k in range(6):
         while not loading_done():
             assert time.monotonic() < deadline, "not loaded"
             sum(i * i for i in range(20000))
-report = {"out": out, "hits": len(hits)}
+report = {"out": out, "hits": len(hits), "reads": reads}
 if os.environ.get("TEST_PREFETCH_REPORT") == "1":
     import xla_pcache.jax as xj
-    report["prefetch"] = xj.prefetch_report()
+    report["prefetch"] = xj.prefetch_report(loads=True)
 usage = resource.getrusage(resource.RUSAGE_SELF)
 report["cpu_s"] = {"main": time.thread_time(), "process": usage.ru_utime + usage.ru_stime}
 print(json.dumps(report))
@@ -217,13 +226,15 @@ def test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spa
     assert prefetch["began"] == "before the first read"
     assert prefetch["states"] == {"taken": N} and prefetch["waited"] == 0
     assert early["out"] == cold["out"] and early["hits"] == N
-    # The time counted saved is the main thread's: what each read would have cost it (its
-    # load's CPU time, wherever XLA spends it) less what it waited, never the load's wall
-    # time on a worker, which waiting for the GIL inflates. In the second run the main
+    # No run read these on the main thread (the cold one compiled them): the time counted
+    # saved is what each load took here, as the main thread would have spent it (its own
+    # threads' CPU time, and the smaller of its share of the other threads' CPU time and of
+    # the wall time for what XLA did elsewhere), less what the read took; never the load's
+    # wall time on a worker, which waiting for the GIL inflates. In the second run the main
     # thread holds the GIL, busy, while one loading thread loads the rest after the first
-    # read (as loading began there before this release): their wall time is many times their
-    # CPU time. What is counted can never exceed the CPU time of every thread but the main
-    # one.
+    # read (as loading began there before this release): their wall time is many times
+    # their CPU time. What is counted can never exceed the CPU time of every thread but the
+    # main one.
     spun, _ = scripts.run(script, cache, TEST_SPIN="1", XLA_PCACHE_PREFETCH_THREADS="1")
     for report in (early, spun):
         counters = report["prefetch"]["counters"]
@@ -232,6 +243,81 @@ def test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spa
         saved = counters["prefetch_saved_ms"]
         assert 0 < saved <= others_ms + N, (saved, others_ms, report["prefetch"])
         assert saved <= report["prefetch"]["load_cpu_s"] * 1000 + N
+        loads = report["prefetch"]["loads"]
+        assert len(loads) == N and all(load["read_s"] is None for load in loads)
+        for load in loads:
+            assert load["saved_s"] == pytest.approx(
+                max(0.0, load["cost_s"] - load["spent_s"]), abs=3e-6
+            )
+        assert abs(saved - sum(round(load["saved_s"] * 1000) for load in loads)) <= N
+
+
+def test_the_time_saved_is_what_the_reads_cost_the_main_thread(
+    filled: scripts.Filled, cache: Path
+) -> None:
+    script, _, cold = filled
+    # The cold run's plan says when each program was read (the main thread's own work from
+    # the first read, compiles left out) and each entry's stored size; no read cost, since
+    # it read none (each was a miss).
+    key, data = scripts.plan(cache)
+    (variant,) = _plan.decode(data).variants
+    ats = [e.at_us for e in variant.entries]
+    assert ats[0] == 0 and all(a is not None for a in ats) and ats == sorted(ats)
+    suffix = jax_build.build().suffix
+    with Store(cache, read_only=True) as store:
+        for e in variant.entries:
+            blob = store.get(e.key + suffix, count=False)
+            assert blob is not None and e.size == len(blob)
+    assert all(e.read_us is None for e in variant.entries)
+
+    # Without its plan a run reads every program on the main thread (JAX's way): each read's
+    # cost is measured there, inside JAX's own measure of it, and written with its plan.
+    with Store(cache) as store:
+        assert store.delete(key)
+    measured, _ = scripts.run(script, cache)
+    assert measured["hits"] == N and measured["prefetch"]["planned"] == 0
+    assert measured["prefetch"]["main_reads"] == N
+    (variant,) = _plan.decode(scripts.plan(cache)[1]).variants
+    off = measured["reads"]
+    assert len(off) == N
+    for entry, jax_s in zip(variant.entries, off, strict=True):
+        assert entry.read_us is not None and 0 < entry.read_us <= jax_s * 1e6 + 1
+
+    # The next run loads ahead: each read served saved what that read cost the main thread
+    # (at most what its load took here) less what the read took. The sum is bounded by
+    # JAX's own read times, without timing anything: at most what the reads cost with
+    # loading ahead off, and at least that less what they took with it on, since each of
+    # ours is inside JAX's measure of the same read.
+    warm, _ = scripts.run(script, cache)
+    loads, on = warm["prefetch"]["loads"], warm["reads"]
+    assert warm["out"] == cold["out"] and len(loads) == len(on) == N
+    saved = warm["prefetch"]["counters"]["prefetch_saved_ms"]
+    costs = {e.key: e.read_us / 1e6 for e in variant.entries if e.read_us is not None}
+    floor = 0.0
+    for load, jax_on in zip(loads, on, strict=True):
+        wall = load["fetch_wall"] + load["load_wall"]
+        cost = min(costs[load["key"]], wall)
+        assert load["read_s"] == pytest.approx(costs[load["key"]])
+        assert load["spent_s"] <= jax_on
+        assert load["saved_s"] == pytest.approx(max(0.0, cost - load["spent_s"]), abs=3e-6)
+        floor += cost - jax_on
+    assert abs(saved - sum(round(load["saved_s"] * 1000) for load in loads)) <= N
+    assert floor * 1000 - N <= saved <= sum(off) * 1000 + N, (saved, off, on, loads)
+
+    # A plan that claims an hour for each read counts no more than each load took.
+    boasted = _plan.Variant(
+        variant.written,
+        variant.platform,
+        variant.device_count,
+        tuple(dataclasses.replace(e, read_us=_plan.MAX_READ_US) for e in variant.entries),
+    )
+    with Store(cache, settings=Settings()) as store:
+        assert store.replace(
+            key, _plan.encode(_plan.Plan((boasted,))), meta={"kind": _plan.META_KIND}
+        )
+    boast, _ = scripts.run(script, cache)
+    walls = sum(load["fetch_wall"] + load["load_wall"] for load in boast["prefetch"]["loads"])
+    assert boast["prefetch"]["counters"]["prefetch_saved_ms"] <= walls * 1000 + N
 
 
 def test_read_only_processes_use_plans_and_write_none(filled: scripts.Filled, cache: Path) -> None:
@@ -306,7 +392,9 @@ def test_hostile_plans_are_refused_or_load_nothing_a_read_takes(
                 "device_count": 1,
                 "options": [],
                 "devices": [[0]],
-                "entries": [[f"jit_f{i}-" + f"{i:064x}", 0, 0] for i in range(5000)],
+                "entries": [
+                    [f"jit_f{i}-" + f"{i:064x}", 0, 0, None, None, None] for i in range(5000)
+                ],
             }
         ],
     }

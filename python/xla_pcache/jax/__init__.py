@@ -491,19 +491,20 @@ def installed_store() -> Store | None:
         return None if _installed is None else _installed.store
 
 
-def prefetch_report() -> dict[str, Any] | None:
+def prefetch_report(loads: bool = False) -> dict[str, Any] | None:
     """What loading ahead did in this process so far: the workload its plan is named for,
     the plan's key, how many executables the plan named and what became of each (``taken``
     by a read, ``loaded`` and not yet asked for, ``skipped``, ``missing`` from the store,
     ``failed``, ``released`` unused), and this process's ``prefetch_*`` counters; with
-    compiling ahead on, ``compile_ahead``: what it compiled and what became of it. None when
-    loading ahead is off (or JAX has not built its cache yet)."""
+    compiling ahead on, ``compile_ahead``: what it compiled and what became of it; with
+    ``loads``, each read served and what its load took. None when loading ahead is off (or
+    JAX has not built its cache yet)."""
     with _state_lock:
         session = None if _installed is None else _installed.session
         store = None if _installed is None else _installed.store
     if session is None:
         return None
-    report = session.report()
+    report = session.report(loads=loads)
     if session.ahead is not None:
         report["compile_ahead"] = {**session.ahead.report(), "states": session.compiled_states()}
     if store is not None:

@@ -152,7 +152,8 @@ class _StoreCacheImpl:
             meta = self._put_meta(key, value, found)
             # What loading ahead checks a plan against: the options and devices of this
             # process's read of the key, which missed.
-            digest = self.prefetch.load_digest(key) if self.prefetch is not None else None
+            prefetch = self.prefetch
+            digest = None if prefetch is None else prefetch.load_digest(key, len(value))
             if digest is not None:
                 meta[_plan.META_LOAD_DIGEST] = digest
             self._store.put(skey, value, meta=meta)

@@ -1,9 +1,8 @@
 """JAX: loading one planned executable ahead, in two steps: fetching it (read through the
 store's gate, checked against what its producer compiled it for, decompressed and split by
 JAX's own functions: no backend needed) and deserializing it with the backend. What the
-session (``_prefetch``) keeps of each (``Slot``), and the CPU and wall time each step took
-in CPU time (``CpuShare``): what the read would have cost the main thread; its wall time
-there also counts waiting for the cores and the GIL.
+session (``_prefetch``) keeps of each (``Slot``), what each step took (``Meter``), and how
+long a deserialize is expected to take (``Costs``, for the order of loading).
 """
 
 from __future__ import annotations
@@ -55,18 +54,20 @@ class Slot:
         "blob",
         "compile_s",
         "compiled",
-        "cpu_s",
         "dropped",
         "entry",
         "executable",
         "loaded_at",
         "nbytes",
         "options",
+        "rank",
         "serialized",
+        "size",
+        "started_at",
         "state",
+        "steps",
         "time",
         "urgent",
-        "wall_s",
     )
 
     def __init__(self, entry: _plan.Entry) -> None:
@@ -75,6 +76,8 @@ class Slot:
         self.options = b""
         self.state = State.QUEUED
         self.urgent = False
+        # Its place in the order of loading (``_schedule``).
+        self.rank = 0
         # Not wanted any more (its variant is not a candidate): let go once fetched.
         self.dropped = False
         self.serialized: Any = None
@@ -82,9 +85,11 @@ class Slot:
         self.time: Any = None
         self.blob: Any = None
         self.nbytes = 0
-        # The load's CPU time (``CpuShare``) and its wall time on the worker(s).
-        self.cpu_s = 0.0
-        self.wall_s = 0.0
+        # The entry's stored bytes: the plan's until it is fetched.
+        self.size = entry.size
+        # What each step took (``Meter``), and when deserializing began and ended.
+        self.steps = Steps()
+        self.started_at = 0.0
         self.loaded_at = 0.0
         # Compiled ahead (its executable from the compiler process, not the store), in
         # how many seconds.
@@ -92,77 +97,184 @@ class Slot:
         self.compile_s = 0.0
 
 
-class CpuShare:
-    """What each load step costs in CPU time, wherever it runs: the process's CPU time, less
-    the main thread's, shared equally among the steps in progress.
+@dataclasses.dataclass
+class Steps:
+    """What a load's two steps took (``Meter``): the fetch's wall and own CPU time; the
+    deserialize's wall time, its own thread's CPU time, its share of the other threads' CPU
+    time (``load_cpu``) and its share of the wall time (``load_alone``)."""
 
-    A load's own thread is not where its cost is: on CPU, XLA deserializes on its own thread
-    pool while the calling thread waits (measured on jax 0.10.2: a read on the main thread
-    spends 4 % of its CPU time in that thread, and about as much process CPU time as it
-    takes wall time when the machine is idle). The wall time a step takes on a worker is
-    no measure either: it also counts waiting for cores and for the GIL, which the main
-    thread busy tracing holds (measured: 2-7 times the process CPU time). So every step's
-    start and end samples the process's CPU time and the main thread's, and what the other
-    threads used in between is shared by the steps then in progress. It counts the CPU time
-    of whatever else the program runs off its main thread meanwhile (a computation's
-    threads, a data loader) too, so each step's share is capped by its wall time: a load
-    cannot have cost more than it took."""
+    fetch_wall: float = 0.0
+    fetch_cpu: float = 0.0
+    load_wall: float = 0.0
+    load_own: float = 0.0
+    load_cpu: float = 0.0
+    load_alone: float = 0.0
+
+    @property
+    def wall(self) -> float:
+        return self.fetch_wall + self.load_wall
+
+    @property
+    def cpu(self) -> float:
+        """The CPU time the load took: the fetch's and the deserialize's own threads', and
+        the deserialize's share of the other threads' (none of it the main thread's)."""
+        return self.fetch_cpu + self.load_own + self.load_cpu
+
+    @property
+    def cost(self) -> float:
+        """What the load would have cost the main thread, from what it took here: the
+        fetch's and the deserialize's own threads' CPU time, and what XLA did for the
+        deserialize elsewhere: the smaller of its share of the other threads' CPU time and
+        of the wall time it did not spend on its own thread. Where XLA deserializes on the
+        calling thread, the first part is all of it; where it deserializes on a pool of
+        its own (its CPU client: the calling thread spends 4 % of the CPU time), the pool's
+        work is shared by the loads in progress. The CPU share also counts whatever else
+        runs off the main thread meanwhile (a computation's threads, a TPU runtime's), the
+        wall share whatever the load waited for (the cores, the GIL); each is at least the
+        pool's work, so the smaller is the nearer."""
+        rest = min(self.load_cpu, max(0.0, self.load_alone - self.load_own))
+        return self.fetch_cpu + self.load_own + rest
+
+
+class Meter:
+    """What each load step costs, measured on the loading threads.
+
+    The fetch (the store's read, JAX's decompression and split) runs on its own thread:
+    its CPU time is that thread's. The deserialize may not (on CPU, XLA deserializes on its
+    own thread pool while the calling thread waits: measured on jax 0.10.2, the calling
+    thread spends 4 % of the CPU time), so it is measured three ways: its own thread's CPU
+    time; its share of the CPU time of the other threads (every thread but the main one
+    and the loading ones: what they used while it ran, shared equally by the deserializes
+    then in progress); and its share of the wall time, shared the same way. Where the
+    platform has no per-thread clocks, only the own thread's time is counted, a floor.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._main: int | None = None
-        try:
-            ident = threading.main_thread().ident
-            if ident is not None:
-                clock = time.pthread_getcpuclockid(ident)
-                time.clock_gettime(clock)
-                self._main = clock
-        except (AttributeError, OSError):
-            self._main = None  # no per-thread clocks here: each step's own thread is counted
-        self._active: dict[int, float] = {}
+        self._main = self._clock(threading.main_thread())
+        # The loading threads' clocks and their last readings: their CPU time is their own
+        # steps', not shared (a thread that ended keeps its last: the process's counts it).
+        self._loaders: dict[int, float] = {}
+        # Each deserialize in progress: its share of the others' CPU time and of the wall.
+        self._active: dict[int, list[float]] = {}
         self._steps = itertools.count()
-        self._last = self._sample()
+        self._last_cpu = self._sample()
+        self._last_wall = time.perf_counter()
 
-    def _sample(self) -> float:
-        """The CPU time of every thread but the main one."""
-        main = time.clock_gettime(self._main) if self._main is not None else 0.0
-        return time.process_time() - main
+    @staticmethod
+    def _clock(thread: threading.Thread) -> int | None:
+        try:
+            ident = thread.ident
+            if ident is None:
+                return None
+            clock = time.pthread_getcpuclockid(ident)
+            time.clock_gettime(clock)
+            return clock
+        except (AttributeError, OSError):
+            return None
 
-    def _advance(self) -> None:
-        now = self._sample()
-        if self._active:
-            share = max(0.0, now - self._last) / len(self._active)
-            for step in self._active:
-                self._active[step] += share
-        self._last = now
-
-    @contextlib.contextmanager
-    def timed(self, slot: Slot, *, own_thread: bool = False) -> Iterator[None]:
-        """Adds the block's share of CPU time (at most its wall time) and its wall time to
-        ``slot``. With ``own_thread`` (a step that runs on its own thread: the fetch, read
-        and decompressed there) the step's own thread's CPU time is counted instead: a
-        share would also count what other threads burn meanwhile (a TPU backend's start,
-        7-10 s of many threads, overlaps the fetches), and the step still takes its slice
-        of the others' time, so that none of it goes to the steps sharing it."""
-        cpu, start = time.thread_time(), time.perf_counter()
-        step = next(self._steps)
-        if self._main is not None:
+    def loader(self) -> None:
+        """The calling thread loads: its CPU time is counted as its steps' own."""
+        clock = self._clock(threading.current_thread())
+        if clock is not None:
             with self._lock:
                 self._advance()
-                self._active[step] = 0.0
+                self._loaders[clock] = 0.0
+                self._last_cpu = self._sample()
+
+    def _sample(self) -> float:
+        """The CPU time of every thread but the main one and the loading ones."""
+        if self._main is None:
+            return 0.0
+        cpu = time.process_time() - time.clock_gettime(self._main)
+        for clock in list(self._loaders):
+            with contextlib.suppress(OSError):  # ended: its last reading stands
+                self._loaders[clock] = time.clock_gettime(clock)
+            cpu -= self._loaders[clock]
+        return cpu
+
+    def _advance(self) -> None:
+        cpu, wall = self._sample(), time.perf_counter()
+        if self._active:
+            n = len(self._active)
+            cpu_share = max(0.0, cpu - self._last_cpu) / n
+            wall_share = max(0.0, wall - self._last_wall) / n
+            for shares in self._active.values():
+                shares[0] += cpu_share
+                shares[1] += wall_share
+        self._last_cpu, self._last_wall = cpu, wall
+
+    @contextlib.contextmanager
+    def fetching(self, steps: Steps) -> Iterator[None]:
+        cpu, start = time.thread_time(), time.perf_counter()
         try:
             yield
         finally:
             wall = time.perf_counter() - start
-            used = time.thread_time() - cpu
-            if self._main is not None:
-                with self._lock:
-                    self._advance()
-                    share = self._active.pop(step)
-                if not own_thread:
-                    used = share
-            slot.cpu_s += min(wall, used)
-            slot.wall_s += wall
+            steps.fetch_wall += wall
+            steps.fetch_cpu += min(wall, time.thread_time() - cpu)
+
+    @contextlib.contextmanager
+    def deserializing(self, steps: Steps) -> Iterator[None]:
+        cpu, start = time.thread_time(), time.perf_counter()
+        step = next(self._steps)
+        with self._lock:
+            self._advance()
+            self._active[step] = [0.0, 0.0]
+        try:
+            yield
+        finally:
+            wall = time.perf_counter() - start
+            own = min(wall, time.thread_time() - cpu)
+            with self._lock:
+                self._advance()
+                share, alone = self._active.pop(step)
+            steps.load_wall += wall
+            steps.load_own += own
+            steps.load_cpu += share
+            steps.load_alone += alone
+
+
+class Costs:
+    """How long a deserialize takes on a worker, from the entry's stored bytes: a fixed
+    part and a part per byte, fitted (least squares, kept as running sums) to the
+    deserializes this process finished (their wall time: what the order of loading needs
+    to know, waiting for the others included)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._fixed = 0.0
+        self._per_byte: float | None = None
+
+    @property
+    def samples(self) -> int:
+        return self._n
+
+    def add(self, size: int | None, wall: float) -> None:
+        if size is None or size <= 0:
+            return
+        x = float(size)
+        self._n += 1
+        self._sx += x
+        self._sy += wall
+        self._sxx += x * x
+        self._sxy += x * wall
+        n, mx, my = self._n, self._sx / self._n, self._sy / self._n
+        var = self._sxx - n * mx * mx
+        slope = (self._sxy - n * mx * my) / var if var > 1e-9 * self._sxx else 0.0
+        if n < 3 or slope <= 0 or my - slope * mx < 0:
+            # Too few or too alike to fit a line: all of it per byte.
+            self._fixed, self._per_byte = 0.0, self._sy / self._sx
+        else:
+            self._fixed, self._per_byte = my - slope * mx, slope
+
+    def predict(self, size: int | None) -> float | None:
+        """The expected wall time of a deserialize of ``size`` stored bytes; None before any
+        finished, or for an entry whose size is not known."""
+        if self._per_byte is None or size is None:
+            return None
+        return self._fixed + self._per_byte * size
 
 
 def xla_client() -> Any:
@@ -192,6 +304,36 @@ def normalized(digest: Callable[[Any, Any], Any] | None, options: Any) -> bytes:
     return h.digest()
 
 
+class Normalizer:
+    """``normalized`` once per distinct serialized options: JAX's digest is Python work
+    (a deep copy of the options and a few dozen fields cleared), and a plan's entries, like
+    a run's reads, share a few option sets. Equal bytes are equal options, so equal
+    digests; the same options serialized otherwise are only digested again."""
+
+    _MAX = 1024
+
+    def __init__(self, digest: Callable[[Any, Any], Any] | None) -> None:
+        self._digest = digest
+        self._known: dict[bytes, bytes] = {}
+        self._lock = threading.Lock()
+
+    def of(self, serialized: bytes, options: Any = None) -> bytes:
+        """The digest of the options ``serialized`` (parsed from it unless ``options``, the
+        same options as an object, is given)."""
+        with self._lock:
+            known = self._known.get(serialized)
+        if known is not None:
+            return known
+        if options is None:
+            options = xla_client().CompileOptions.ParseFromString(serialized)
+        digest = normalized(self._digest, options)
+        with self._lock:
+            if len(self._known) >= self._MAX:
+                self._known.clear()
+            self._known[serialized] = digest
+        return digest
+
+
 @dataclasses.dataclass
 class Fetched:
     serialized: Any
@@ -205,7 +347,7 @@ def fetch(
     store: Store,
     store_key: str,
     cc: Any,
-    digest: Callable[[Any, Any], Any] | None,
+    normal: Normalizer,
 ) -> Fetched | None:
     """``entry`` read (``store_key``: its key with the build, ``build_key.join``) and decompressed;
     None when the store has no such entry. ``ValueError`` when its producer compiled it for
@@ -214,7 +356,7 @@ def fetch(
     blob = store.get(store_key, count=False)
     if blob is None:
         return None
-    options = normalized(digest, xla_client().CompileOptions.ParseFromString(entry.options))
+    options = normal.of(entry.options)
     bound = blob.meta.get(_plan.META_LOAD_DIGEST)
     if bound is not None and bound != _plan.load_digest(options, entry.devices):
         raise ValueError(

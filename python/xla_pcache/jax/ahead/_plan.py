@@ -16,7 +16,11 @@ notebooks of one directory, test suites of one runner each keep their own. Each 
 JAX's cache key (an entry's store key is it joined with the build, ``build_key.join``), the
 serialized compile options the read passed and the device ids (the devices' place in the
 options on JAX before 0.7), with options and device lists kept once each per variant and
-entries pointing at them.
+entries pointing at them; and what the run measured of it, for ordering the loads
+(``_schedule``) and counting the time they save: when it was read (the main thread's own
+work before the read, from the run's first read, reads and compiles left out), the entry's
+stored bytes, and what the read cost the main thread when that run read it there (a miss,
+or a read served from loading ahead, measures none).
 
 A plan is written when a run read what no variant of its platform holds (``covers``), or,
 at a run's whole end, when what the variants holding its reads all hold (what recognition
@@ -49,14 +53,15 @@ from xla_pcache._core import hash_key
 # The key a plan lives under: never a JAX key (those are ``<module>-<64 hex>``). Version 1
 # (variants per command line, the platform in the name) lived under ``...-plan-1:``,
 # version 2 (named by the script's absolute path; a variant another holds whole never
-# kept) under ``...-plan-2:``: a release never reads another version's, so two releases on
-# one cache neither refuse nor rewrite each other's plans (nor drop the variants one keeps
-# and the other would not); an old plan ages out as any entry.
-KEY_PREFIX = "xla_pcache-prefetch-plan-3:"
+# kept) under ``...-plan-2:``, version 3 (no timings) under ``...-plan-3:``: a release
+# never reads another version's, so two releases on one cache neither refuse nor rewrite
+# each other's plans (nor drop the variants one keeps and the other would not); an old
+# plan ages out as any entry.
+KEY_PREFIX = "xla_pcache-prefetch-plan-4:"
 # What every version's plan key starts with (to tell plans from executables).
 ANY_PREFIX = "xla_pcache-prefetch-plan-"
 FORMAT = "xla_pcache-prefetch-plan"
-VERSION = 3
+VERSION = 4
 # The entry's metadata: what it is, for people (``xla-pcache ls``).
 META_KIND = "prefetch-plan"
 # An executable's metadata, written by the process that compiled it: the digest of the
@@ -79,6 +84,11 @@ MAX_DEVICES = 65536
 MAX_DEVICE_ID = (1 << 31) - 1
 MAX_KEY_CHARS = 1024
 MAX_PLATFORM_CHARS = 64
+# An entry's timings, in microseconds (a read's time from the run's first read: a day; a
+# read's cost: an hour) and its stored bytes (the store's own bound on an entry).
+MAX_AT_US = 86_400_000_000
+MAX_READ_US = 3_600_000_000
+MAX_SIZE = 1 << 40
 
 # JAX's cache key: the module's name, a dash, a SHA-256 in hex (jax._src.cache_key.get).
 _JAX_KEY = re.compile(rf"[^\x00-\x20\x7f]{{1,{MAX_KEY_CHARS - 65}}}-[0-9a-f]{{64}}")
@@ -91,11 +101,17 @@ class PlanError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One read: the key, the compile options it passed (serialized), the devices' ids."""
+    """One read: the key, the compile options it passed (serialized), the devices' ids; and
+    what the run measured of it (None: not measured): ``at_us``, when it was read (the main
+    thread's own work from the run's first read), ``size``, the entry's stored bytes, and
+    ``read_us``, what reading it cost the main thread."""
 
     key: str
     options: bytes
     devices: tuple[int, ...]
+    at_us: int | None = None
+    size: int | None = None
+    read_us: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +226,7 @@ def _encode_variant(v: Variant) -> dict[str, Any]:
     for e in v.entries:
         oi = options.setdefault(e.options, len(options))
         di = devices.setdefault(e.devices, len(devices))
-        entries.append([e.key, oi, di])
+        entries.append([e.key, oi, di, e.at_us, e.size, e.read_us])
     return {
         "written": round(v.written, 3),
         "platform": v.platform,
@@ -219,6 +235,29 @@ def _encode_variant(v: Variant) -> dict[str, Any]:
         "devices": [list(d) for d in devices],
         "entries": entries,
     }
+
+
+def carried(entries: tuple[Entry, ...], plan: Plan | None) -> tuple[Entry, ...]:
+    """``entries`` with what ``plan`` measured of each where this run measured nothing (a
+    run served from loading ahead measures no read on the main thread, a miss no size)."""
+    if plan is None:
+        return entries
+    before: dict[str, Entry] = {}
+    for v in plan.variants:
+        for e in v.entries:
+            before.setdefault(e.key, e)
+
+    def fill(e: Entry) -> Entry:
+        old = before.get(e.key)
+        if old is None:
+            return e
+        return dataclasses.replace(
+            e,
+            size=e.size if e.size is not None else old.size,
+            read_us=e.read_us if e.read_us is not None else old.read_us,
+        )
+
+    return tuple(fill(e) for e in entries)
 
 
 def bounded(variant: Variant) -> Variant:
@@ -240,8 +279,22 @@ def bounded(variant: Variant) -> Variant:
             break
         options.add(e.options)
         devices.add(e.devices)
-        kept.append(e)
+        kept.append(_measured(e))
     return dataclasses.replace(variant, entries=tuple(kept))
+
+
+def _measured(e: Entry) -> Entry:
+    """``e`` with each timing out of its bound left unmeasured."""
+
+    def within(value: int | None, bound: int) -> int | None:
+        return value if value is not None and 0 <= value <= bound else None
+
+    return dataclasses.replace(
+        e,
+        at_us=within(e.at_us, MAX_AT_US),
+        size=within(e.size, MAX_SIZE),
+        read_us=within(e.read_us, MAX_READ_US),
+    )
 
 
 def encode(plan: Plan) -> bytes:
@@ -302,6 +355,14 @@ def _index(value: object, size: int, what: str) -> int:
     return value
 
 
+def _measure(value: object, bound: int, what: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= bound:
+        raise _fail(f"{what} is not a count within {bound}")
+    return value
+
+
 def _variant(raw: object, i: int) -> Variant:
     where = f"variant {i}"
     if not isinstance(raw, dict) or set(raw) != {
@@ -339,8 +400,8 @@ def _variant(raw: object, i: int) -> Variant:
     entries: list[Entry] = []
     seen: set[str] = set()
     for item in _list(raw["entries"], f"{where}: entries", MAX_ENTRIES):
-        if not isinstance(item, list) or len(item) != 3:
-            raise _fail(f"{where}: an entry is not [key, options, devices]")
+        if not isinstance(item, list) or len(item) != 6:
+            raise _fail(f"{where}: an entry is not [key, options, devices, at, size, read]")
         key = item[0]
         if not valid_key(key):
             raise _fail(f"{where}: an entry's key is not a JAX cache key")
@@ -349,7 +410,10 @@ def _variant(raw: object, i: int) -> Variant:
         seen.add(key)
         oi = _index(item[1], len(options), f"{where}: an entry's options")
         di = _index(item[2], len(devices), f"{where}: an entry's devices")
-        entries.append(Entry(key, options[oi], devices[di]))
+        at = _measure(item[3], MAX_AT_US, f"{where}: an entry's time")
+        size = _measure(item[4], MAX_SIZE, f"{where}: an entry's size")
+        read = _measure(item[5], MAX_READ_US, f"{where}: an entry's read cost")
+        entries.append(Entry(key, options[oi], devices[di], at, size, read))
     return Variant(float(written), platform, count, tuple(entries))
 
 

@@ -33,6 +33,7 @@ none, nor does a bucket path's host that writes nothing to the bucket (``enabled
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -139,6 +140,18 @@ class PlanWriter:
                 if not self._holding and self.enabled:
                     self._dirty = True
 
+    def measured(self, key: str, *, size: int | None = None, read_us: int | None = None) -> None:
+        """What this run measured of ``key`` after reading it (``_plan.Entry``'s ``size``,
+        ``read_us``), kept with the read for the plan."""
+        with self._lock:
+            entry = self._seen.get(key)
+            if entry is not None:
+                self._seen[key] = dataclasses.replace(
+                    entry,
+                    size=entry.size if size is None else size,
+                    read_us=entry.read_us if read_us is None else read_us,
+                )
+
     def due(self) -> float | None:
         """When (``time.monotonic``) the plan is next due to be written, or None."""
         with self._lock:
@@ -235,8 +248,6 @@ class PlanWriter:
                 with self._lock:
                     self._postponed = now
                 return
-            entries = tuple(e for e in seen if e.key in stored)
-            variant = _plan.bounded(_plan.Variant(time.time(), platform, devices, entries))
             current = self._fetch()
             with self._lock:
                 unread = self._unread
@@ -244,6 +255,8 @@ class PlanWriter:
             if current is not None and unread:
                 kept = _plan.without(current, unread, platform, devices)
                 trimmed, current = kept != current, kept
+            entries = _plan.carried(tuple(e for e in seen if e.key in stored), current)
+            variant = _plan.bounded(_plan.Variant(time.time(), platform, devices, entries))
             wrote = False
             plan = current
             # A fleet that starts one job at once reads the same programs in every process:

@@ -8,17 +8,18 @@ Its thread reads the plan at once (its name needs no backend, ``_plan_name.workl
 workers fetch what the plan's candidates all hold (``_recognition``) and decompress it while
 the backend comes up (on a bucket path the fetch is the download); once JAX's default backend
 is up (``_backend_wait``, or the first read's) the candidates are the variants of its
-platform and device count, and the workers deserialize (``_loads``), in the order the
-recorded run first read the executables. Each read narrows the candidates; with one left,
-its whole list is loaded.
+platform and device count, and the workers deserialize (``_loads``), each by the time the
+run will read it as far as the threads allow (``_schedule``: from when the recorded run read
+it and how long this process's deserializes take). Each read narrows the candidates; with
+one left, its whole list is loaded.
 
 A read takes a loaded executable only when its compile options (as JAX's cache key sees
 them), devices and backend are the ones it was loaded with; it waits for one loading, and
 has one not started loaded next; anything else goes JAX's own way. A taken executable counts
-the hit the store would have, and the main-thread time it spared (its load's CPU time,
-``_loads.CpuShare``, less the wait); one never taken is wasted when the run stops asking
-(``IDLE_RELEASE_S``) or at exit. Fetching waits while ``XLA_PCACHE_PREFETCH_MEMORY`` bytes
-are held. A failure in the background is a miss and a counter, never an exception.
+the hit the store would have, and the main-thread time it spared (``_saved``); one never
+taken is wasted when the run stops asking (``IDLE_RELEASE_S``) or at exit. Fetching waits
+while ``XLA_PCACHE_PREFETCH_MEMORY`` bytes are held. A failure in the background is a miss
+and a counter, never an exception.
 
 An entry the store lacks is handed to compiling ahead (``_compiling``): its record goes to a
 compiler process, and what comes back (a serialized executable, the key verified by JAX's
@@ -30,6 +31,15 @@ kills the compiler process first thing when it closes, so no exit waits for a co
 what a run went past without reading, whose executable the store lacks, leaves its plan
 (``PlanWriter.unread``).
 
+What the run read is timed on the session's *clock*: the main thread's own work since its
+first read, its reads and compiles left out (a read's end, or a miss's put, resumes it), so
+that a cold run's plan says when a warm run will read each program.
+
+The loading threads hold the GIL as little as they can (the main thread traces and lowers
+meanwhile, holding it): a thread is woken only when there is work for it (``_jobs``), the
+options' digest is worked out once per option set (``_loads.Normalizer``), and the store's
+read, the decompression and XLA's deserialize release it.
+
 What the run read is recorded, and the plan written when it differs from what is stored
 (``_plan_writer``). Every key the session gives the store carries this process's runtime
 build (``xla_pcache.builds``), so that nothing another build compiled is ever loaded ahead;
@@ -39,7 +49,9 @@ the plan's key does not (one plan per workload, whatever the build).
 from __future__ import annotations
 
 import atexit
+import bisect
 import collections
+import dataclasses
 import importlib
 import os
 import threading
@@ -50,18 +62,18 @@ from typing import Any
 
 from xla_pcache import _testhook, build_key, builds
 from xla_pcache._text import FirstWarning, package_logger
-from xla_pcache.jax.ahead import _loads, _plan, _plan_name
+from xla_pcache.jax.ahead import _loads, _plan, _plan_name, _schedule
 from xla_pcache.jax.ahead._backend_wait import process_index
 from xla_pcache.jax.ahead._compiling import CompileAhead, entry_value
 from xla_pcache.jax.ahead._loads import (
     PENDING,
-    CpuShare,
+    Costs,
     EntryUnusable,
+    Meter,
+    Normalizer,
     Slot,
     State,
-    normalized,
     options_digester,
-    xla_client,
 )
 from xla_pcache.jax.ahead._plan_writer import PlanWriter, run_failed
 from xla_pcache.jax.ahead._recognition import Recognition
@@ -83,11 +95,21 @@ CLOSE_WAIT_S = 10.0
 COMPILE_WAIT_S = 600.0
 # Reads whose options are kept for the put after a miss (JAX puts right after it compiles).
 _RECENT_READS = 256
+# What a deserialize is taken to cost per stored byte before this process finished one (a
+# TPU's take about a tenth of this, a CPU's about as much): only the first threads' first
+# loads follow it; the order is worked out again as deserializes finish (after the 1st,
+# 2nd, 4th, 8th, ...).
+_PRIOR_S_PER_BYTE = 1e-6
 
 
 _sessions: weakref.WeakSet[Prefetch] = weakref.WeakSet()
 _sessions_lock = threading.Lock()
 _exit_registered = False
+
+
+def _first(slot: Slot) -> tuple[bool, int]:
+    """The order of loading: what a read waits for first, then the schedule's."""
+    return (not slot.urgent, slot.rank)
 
 
 def _close_all_at_exit() -> None:
@@ -128,9 +150,16 @@ class Prefetch:
         self._jax_version = jax_version
         self._form = form
         self._pid = os.getpid()
-        self._digest_options = options_digester()
-        self._cpu = CpuShare()
-        self._cond = threading.Condition()
+        self._normal = Normalizer(options_digester())
+        self._meter = Meter()
+        # One lock, two conditions: ``_cond`` for what readers, the upkeep and close wait
+        # on (a slot's state, the plan, the backend), ``_jobs`` for the loading threads,
+        # one woken per job: a thread woken for nothing takes the GIL for nothing.
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._jobs = threading.Condition(lock)
+        # And the upkeep's (``_tend``): woken by a plan falling due and by the end.
+        self._upkeep = threading.Condition(lock)
         self._warn = FirstWarning(
             logger, "loading {key} ahead failed ({what}), it is read as before"
         )
@@ -170,12 +199,14 @@ class Prefetch:
         self._waited = False
         self._slots: dict[str, Slot] = {}
         self._queue: list[Slot] = []
-        self._fetched: collections.deque[Slot] = collections.deque()
+        self._fetched: list[Slot] = []
         self._in_flight = 0
         self._busy = 0
         # Keys read before the plan or the backend was applied: read JAX's way, not loaded.
         self._passed: set[str] = set()
         self._early_reads: list[str] = []
+        # The key each thread is reading (from the clock's tick to the read's end).
+        self._reading: dict[int, str] = {}
         # The latest reads' compile options as JAX's key sees them (``_normalized``) and
         # devices, by key, for the puts of what they missed.
         self._wanted: collections.OrderedDict[str, tuple[bytes, tuple[int, ...]]] = (
@@ -185,14 +216,25 @@ class Prefetch:
         self._last_take = time.monotonic()
         self._workers: list[threading.Thread] = []
         self._thread: threading.Thread | None = None
+        # When the run reads each program (``_schedule.Clock``).
+        self._clock = _schedule.Clock()
+        # What deserializes take here (for the order), and how many had finished when the
+        # order was last worked out.
+        self._costs = Costs()
+        self._ordered_at = 0
+        # Reads that went JAX's way and hit: how many, and their time on the main thread.
+        self._main_reads = 0
+        self._main_reads_s = 0.0
         # For the report: each taken read's position, wait and load's end; the time spared,
-        # and the loads' CPU and wall time.
+        # the loads' CPU and wall time, and each taken load (``_loads.Steps``).
         self._t0 = time.perf_counter()
         self._waits: list[tuple[int, float, float]] = []
         self._reads = 0
         self._saved_s = 0.0
+        self._served_s = 0.0
         self._taken_cpu_s = 0.0
         self._taken_wall_s = 0.0
+        self._taken: list[dict[str, Any]] = []
 
     # -------------------------------------------------------------- beginning
 
@@ -323,6 +365,7 @@ class Prefetch:
             self._enqueue()
             self._applied = True
             self._cond.notify_all()
+            self._jobs.notify(len(self._fetched))
             planned, variants = len(self._slots), self._recog.variants
         if self.ahead is not None:
             self.ahead.backend_up(platform)
@@ -352,9 +395,8 @@ class Prefetch:
             self._queue.append(slot)
             new.add(entry.key)
         if new:
-            order = self._order = self._recog.order()
-            end = len(order)
-            self._queue.sort(key=lambda s: (not s.urgent, order.get(s.entry.key, end)))
+            self._order = self._recog.order()
+            self._reschedule()
             self._count([("planned", len(new))])
             alive = sum(1 for w in self._workers if w.is_alive())
             for _ in range(min(self._threads, len(self._slots)) - alive):
@@ -365,8 +407,39 @@ class Prefetch:
                 )
                 self._workers.append(worker)
                 worker.start()
-            self._cond.notify_all()
+            self._jobs.notify(len(new))
         return new
+
+    def _reschedule(self) -> None:
+        """Order what is still to load (``_schedule``): each slot's need is when the
+        recorded run read it, less the clock now; its cost what deserializes of its size
+        take here (before any finished, ``_PRIOR_S_PER_BYTE``); the threads still
+        deserializing are busy for what is left of theirs."""
+        pending = [s for s in (*self._queue, *self._fetched) if not s.urgent]
+        self._ordered_at = self._costs.samples
+        if not pending:
+            return
+        now_s = self._clock.time(time.perf_counter())
+        position = self._order
+
+        def cost(size: int | None) -> float | None:
+            if self._costs.samples:
+                return self._costs.predict(size)
+            return None if size is None else size * _PRIOR_S_PER_BYTE
+
+        ordered = sorted(pending, key=lambda s: position.get(s.entry.key, len(position)))
+        needs = [None if s.entry.at_us is None else s.entry.at_us / 1e6 - now_s for s in ordered]
+        busy = []
+        now = time.perf_counter()
+        for s in self._slots.values():
+            if s.state is State.LOADING and s.started_at:
+                left = (cost(s.size) or 0.0) - (now - s.started_at)
+                busy.append(max(0.0, left))
+        ranks = _schedule.order(needs, [cost(s.size) for s in ordered], self._threads, busy)
+        for rank, i in enumerate(ranks):
+            ordered[i].rank = rank
+        self._queue.sort(key=_first)
+        self._fetched.sort(key=_first)
 
     def _drop(self, slots: list[Slot]) -> None:
         """Let go of those of ``slots`` not started or only fetched (not counted wasted:
@@ -384,20 +457,30 @@ class Prefetch:
                 self._release(slot, State.SKIPPED)
 
     def _job(self, pop: bool) -> tuple[Slot, bool] | None:
-        """The next slot to work on and whether to fetch it (else deserialize it)."""
-        if self._applied and self._backend is not None and self._fetched:
-            return (self._fetched.popleft() if pop else self._fetched[0]), False
-        if self._queue and (self._queue[0].urgent or self._in_flight < self._memory):
-            return (self._queue.pop(0) if pop else self._queue[0]), True
+        """The next slot to work on and whether to fetch it (else deserialize it): the first
+        in the order of those fetched (once the backend is up) and of those to fetch (while
+        the memory bound allows, or asked for)."""
+        ready = self._applied and self._backend is not None
+        load = self._fetched[0] if ready and self._fetched else None
+        fetch = self._queue[0] if self._queue else None
+        if fetch is not None and not (fetch.urgent or self._in_flight < self._memory):
+            fetch = None
+        if load is not None and (fetch is None or _first(load) <= _first(fetch)):
+            return (self._fetched.pop(0) if pop else load), False
+        if fetch is not None:
+            return (self._queue.pop(0) if pop else fetch), True
         return None
 
     def _release(self, slot: Slot, state: State = State.RELEASED) -> None:
         """Drop what ``slot`` holds."""
-        self._in_flight -= slot.nbytes
+        freed = slot.nbytes
+        self._in_flight -= freed
         slot.nbytes = 0
         slot.executable = slot.blob = slot.time = slot.serialized = None
         slot.state = state
         self._cond.notify_all()
+        if freed and self._queue:
+            self._jobs.notify()
 
     def _end_queue(self) -> None:
         """Load nothing more."""
@@ -407,6 +490,7 @@ class Prefetch:
             slot.state = State.SKIPPED
         self._queue.clear()
         self._cond.notify_all()
+        self._jobs.notify_all()
 
     # -------------------------------------------------------------- the read, on JAX's thread
 
@@ -419,16 +503,99 @@ class Prefetch:
     ) -> Any:
         """``get_executable_and_time(*args, **kwargs)``: from what was loaded ahead when it
         matches, else JAX's ``original``; never an exception of ours."""
+        start = time.perf_counter()
         try:
-            taken = self._before(names, args, kwargs)
+            taken = self._before(names, args, kwargs, start)
         except Exception as exc:
             self._warn("a read", str(args[0] if args else kwargs.get("cache_key")), exc)
             taken = None
         if taken is not None:
-            return taken
-        return original(*args, **kwargs)
+            result, slot = taken
+            self._served(slot, start)
+            return result
+        start = time.perf_counter()
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            self._read_ended(None, start)
+            raise
+        self._read_ended(result, start)
+        return result
 
-    def _before(self, names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _read_ended(self, result: Any, start: float) -> None:
+        """A read that went JAX's way ended (``result``: what JAX's read returned, None for
+        an exception; ``start``: when JAX's read began): a hit is what reading the key
+        costs the main thread (kept for the plan, ``_plan.Entry.read_us``); a miss is
+        compiled next, and its put resumes the clock."""
+        end = time.perf_counter()
+        try:
+            hit = isinstance(result, tuple) and bool(result) and result[0] is not None
+            with self._cond:
+                key = self._reading.pop(threading.get_ident(), None)
+                if key is None:
+                    return  # not on the clock (a read this session stepped aside for)
+                self._clock.end(end, None if hit else key)
+            if hit:
+                with self._cond:
+                    self._main_reads += 1
+                    self._main_reads_s += end - start
+                self._writer.measured(key, read_us=round((end - start) * 1e6))
+        except Exception as exc:
+            logger.debug("xla_pcache: timing a read failed: %s", exc)
+
+    def _served(self, slot: Slot, start: float) -> None:
+        """A read served from what was loaded ahead ended: the main-thread time it saved
+        (one compiled ahead was a miss of the store, counted as what it is)."""
+        end = time.perf_counter()
+        spent = end - start
+        try:
+            with self._cond:
+                self._clock.end(end)
+                if slot.compiled:
+                    counts = [("compiled_used", 1)]
+                else:
+                    saved = self._saved(slot, spent)
+                    self._saved_s += saved
+                    self._served_s += spent
+                    if len(self._taken) < _plan.MAX_ENTRIES:
+                        self._taken.append(self._load_report(slot, spent, saved))
+                    counts = [("used", 1), ("saved_ms", round(saved * 1000))]
+            self._count(counts)
+        except Exception as exc:
+            logger.debug("xla_pcache: counting a read served failed: %s", exc)
+
+    def _saved(self, slot: Slot, spent: float) -> float:
+        """What a read served from ``slot`` saved the main thread: what reading it there
+        costs, less the time the read took (its wait and this bookkeeping). What reading it
+        costs is what it cost when a run last read it on the main thread (the plan's
+        ``read_us``, at most what its load took here: a plan is untrusted), else what its
+        load took here (``_loads.Steps.cost``)."""
+        steps = slot.steps
+        if slot.entry.read_us is not None:
+            cost = min(slot.entry.read_us / 1e6, steps.wall)
+        else:
+            cost = steps.cost
+        return max(0.0, cost - spent)
+
+    def _load_report(self, slot: Slot, spent: float, saved: float) -> dict[str, Any]:
+        steps = slot.steps
+        return {
+            "key": slot.entry.key,
+            "read": self._reads,
+            "at_s": None if slot.entry.at_us is None else slot.entry.at_us / 1e6,
+            "size": slot.size,
+            "read_s": None if slot.entry.read_us is None else slot.entry.read_us / 1e6,
+            "started_s": round(slot.started_at - self._t0, 4) if slot.started_at else None,
+            "loaded_s": round(slot.loaded_at - self._t0, 4),
+            "spent_s": round(spent, 6),
+            "saved_s": round(saved, 6),
+            "cost_s": round(steps.cost, 6),
+            **{k: round(v, 6) for k, v in dataclasses.asdict(steps).items()},
+        }
+
+    def _before(
+        self, names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any], start: float
+    ) -> tuple[Any, Slot] | None:
         if os.getpid() != self._pid or len(args) > len(names):
             return None  # a forked child (no threads of ours), or a call we do not know
         call = dict(zip(names, args, strict=False))
@@ -440,15 +607,16 @@ class Prefetch:
         key, backend = call["cache_key"], call["backend"]
         if not isinstance(key, str):
             return None
-        options = call["compile_options"].SerializeAsString()
+        options = bytes(call["compile_options"].SerializeAsString())
         devices: tuple[int, ...] = ()
         if self._form >= 2:
             devices = tuple(int(d.id) for d in call["executable_devices"])
-        entry = _plan.Entry(key, bytes(options), devices)
-        wanted = normalized(self._digest_options, call["compile_options"])
+        wanted = self._normal.of(options, call["compile_options"])
         with self._cond:
             if self._closed:
                 return None
+            at = self._clock.begin(start)
+            self._reading[threading.get_ident()] = key
             self._last_read = time.monotonic()
             self._reads += 1
             if not self._began:
@@ -464,9 +632,9 @@ class Prefetch:
             while len(self._wanted) > _RECENT_READS:
                 self._wanted.popitem(last=False)
             was_due = self._writer.dirty
-            self._writer.read(entry)
+            self._writer.read(_plan.Entry(key, options, devices, at_us=round(at * 1e6)))
             if self._writer.dirty and not was_due:
-                self._cond.notify_all()
+                self._upkeep.notify_all()
             if not self._applied and not self._waited:
                 # The plan is read first (one local read, or a fetch from the tiers, on the
                 # session's thread), so that this read too can be served by it; once.
@@ -487,21 +655,23 @@ class Prefetch:
                 # Wanted from this read on (it told the run's variant): read JAX's way now.
                 self._drop([slot])
                 return None
-            start = time.perf_counter()
+            waiting = time.perf_counter()
             if slot.state in (State.QUEUED, State.FETCHED):
                 # Asked for before its turn: loaded next, past the memory bound (it is taken
                 # at once), while this read waits as for one loading.
                 pending = self._queue if slot.state is State.QUEUED else self._fetched
                 pending.remove(slot)
-                pending.insert(0, slot)
                 slot.urgent = True
-                self._cond.notify_all()
+                bisect.insort(pending, slot, key=_first)
+                self._jobs.notify()
+            elif slot.state is State.FETCHING:
+                slot.urgent = True  # deserialized as soon as it is fetched
             self._cond.wait_for(lambda: slot.state not in PENDING, LOAD_WAIT_S)
             compiling = slot.state is State.COMPILING
         if compiling:
             self._await_compiled(slot)
         with self._cond:
-            waited = time.perf_counter() - start
+            waited = time.perf_counter() - waiting
             # Never started (workers stuck): read JAX's way.
             self._drop([slot])
             if slot.state is not State.LOADED:
@@ -511,6 +681,7 @@ class Prefetch:
                 self._release(slot)
                 self._count([("wasted", 1)])
                 return None
+            self._reading.pop(threading.get_ident(), None)
             result = (slot.executable, slot.time)
             blob = slot.blob
             compiled = slot.compiled
@@ -519,14 +690,10 @@ class Prefetch:
                 if self._puts_ahead():
                     digest = _plan.load_digest(slot.options, slot.entry.devices)
                     self._puts.append((key, slot.serialized, slot.compile_s, digest))
-                saved = 0.0
+                    self._upkeep.notify_all()
             else:
-                # What the read would have cost on this thread (its load's CPU time, not its
-                # wall time on a worker sharing the cores), less what it waited.
-                saved = max(0.0, slot.cpu_s - waited)
-                self._saved_s += saved
-                self._taken_cpu_s += slot.cpu_s
-                self._taken_wall_s += slot.wall_s
+                self._taken_cpu_s += slot.steps.cpu
+                self._taken_wall_s += slot.steps.wall
                 if len(self._waits) < _plan.MAX_ENTRIES:
                     self._waits.append((self._reads, waited, slot.loaded_at - self._t0))
             self._release(slot, State.TAKEN)
@@ -534,14 +701,13 @@ class Prefetch:
         if compiled:
             if self.served_ahead is not None:
                 self.served_ahead(key)
-            self._count([("compiled_used", 1)])
-            return result
+            return result, slot
+        self._writer.measured(key, size=slot.size)
         try:
             self.store.count_hit(blob)
         except Exception as exc:
             logger.debug("xla_pcache: counting a hit loaded ahead failed: %s", exc)
-        self._count([("used", 1), ("saved_ms", round(saved * 1000))])
-        return result
+        return result, slot
 
     def _await_compiled(self, slot: Slot) -> None:
         """JAX reads ``slot``'s key while it is with the compiler process: taken back when
@@ -557,18 +723,24 @@ class Prefetch:
             slot.urgent = True
             if slot.state is State.FETCHED:
                 self._fetched.remove(slot)
-                self._fetched.appendleft(slot)
-                self._cond.notify_all()
+                bisect.insort(self._fetched, slot, key=_first)
+                self._jobs.notify()
             self._cond.wait_for(
                 lambda: slot.state not in (*PENDING, State.COMPILING) or self._closed,
                 COMPILE_WAIT_S,
             )
 
-    def load_digest(self, key: str) -> str | None:
+    def load_digest(self, key: str, size: int | None = None) -> str | None:
         """For the put of ``key`` after this process's read of it missed: the digest of the
-        options and devices that read asked for (``_plan.META_LOAD_DIGEST``)."""
+        options and devices that read asked for (``_plan.META_LOAD_DIGEST``). The put comes
+        right after JAX's compile: the clock resumes here, and the entry's ``size`` (its
+        stored bytes) is kept for the plan."""
+        now = time.perf_counter()
         with self._cond:
             read = self._wanted.pop(key, None)
+            self._clock.compiled(key, now)
+        if size is not None:
+            self._writer.measured(key, size=size)
         return None if read is None else _plan.load_digest(*read)
 
     def _count(self, counts: list[tuple[str, int]]) -> None:
@@ -580,9 +752,10 @@ class Prefetch:
     # -------------------------------------------------------------- the workers
 
     def _work(self) -> None:
+        self._meter.loader()
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._closed or self._job(False) is not None)
+            with self._jobs:
+                self._jobs.wait_for(lambda: self._closed or self._job(False) is not None)
                 if self._closed:
                     return
                 job = self._job(True)
@@ -590,23 +763,12 @@ class Prefetch:
                 slot, fetch = job
                 slot.state = State.FETCHING if fetch else State.LOADING
                 self._busy += 1
+                if self._job(False) is not None:
+                    self._jobs.notify()  # more work than this thread: the next one
             try:
-                if fetch and self._fetch(slot):
-                    with self._cond:
-                        go = self._applied and self._backend is not None
-                        if slot.state is not State.FETCHED:
-                            go = False
-                        elif self._ended or self._closed or slot.dropped:
-                            self._release(slot, State.SKIPPED)
-                            go = False
-                        elif go:
-                            slot.state = State.LOADING
-                        else:
-                            self._fetched.append(slot)
-                            self._cond.notify_all()
-                    fetch = not go
-                if not fetch:
-                    self._deserialize(slot)
+                if fetch and not self._fetch(slot):
+                    continue
+                self._deserialize(slot)
             except EntryUnusable as exc:
                 # The entry's own bytes: JAX's read of the key meets them and says so itself.
                 logger.debug("xla_pcache: %r is not loaded ahead: %s", slot.entry.key, exc)
@@ -617,7 +779,8 @@ class Prefetch:
             finally:
                 with self._cond:
                     self._busy -= 1
-                    self._cond.notify_all()
+                    if self._busy == 0:
+                        self._cond.notify_all()
 
     def _failed(self, slot: Slot) -> None:
         with self._cond:
@@ -626,10 +789,11 @@ class Prefetch:
 
     def _fetch(self, slot: Slot) -> bool:
         """Read and decompress ``slot``'s entry (no backend needed; off the lock): whether
-        it is now fetched."""
-        with self._cpu.timed(slot, own_thread=True):
+        this thread deserializes it now (the backend is up, and nothing fetched comes
+        before it), else it waits among the fetched, or is let go."""
+        with self._meter.fetching(slot.steps):
             key = build_key.join(slot.entry.key, self._own_build)
-            got = _loads.fetch(slot.entry, self.store, key, self._cc, self._digest_options)
+            got = _loads.fetch(slot.entry, self.store, key, self._cc, self._normal)
         if got is None:
             # Compiled ahead from its record when it has one; its read waits for that, or
             # goes JAX's way.
@@ -646,13 +810,25 @@ class Prefetch:
         with self._cond:
             if self._closed:
                 slot.state = State.RELEASED
+                self._cond.notify_all()
                 return False
             slot.serialized, slot.time, slot.blob = got.serialized, got.compile_time, got.blob
             slot.options = got.options
             slot.nbytes = len(got.serialized)
+            slot.size = len(got.blob)
             self._in_flight += slot.nbytes
+            if self._ended or slot.dropped:
+                self._release(slot, State.SKIPPED)
+                return False
+            ready = self._applied and self._backend is not None
+            if ready and not (self._fetched and _first(self._fetched[0]) < _first(slot)):
+                slot.state = State.LOADING
+                return True
             slot.state = State.FETCHED
-        return True
+            bisect.insort(self._fetched, slot, key=_first)
+            if ready:
+                self._jobs.notify()
+        return False
 
     def _entry_absent(self, slot: Slot) -> bool:
         """A planned entry the store does not hold (evicted, pruned, or never stored for
@@ -661,8 +837,7 @@ class Prefetch:
             return False
         try:
             entry = slot.entry
-            options = xla_client().CompileOptions.ParseFromString(entry.options)
-            slot.options = normalized(self._digest_options, options)
+            slot.options = self._normal.of(entry.options)
             with self._cond:
                 place = self._order.get(entry.key, _plan.MAX_ENTRIES)
             return self.ahead.submit(entry, place, slot.options)
@@ -688,11 +863,9 @@ class Prefetch:
             slot.nbytes = len(serialized)
             self._in_flight += slot.nbytes
             slot.state = State.FETCHED
-            if slot.urgent:
-                self._fetched.appendleft(slot)
-            else:
-                self._fetched.append(slot)
+            bisect.insort(self._fetched, slot, key=_first)
             self._cond.notify_all()
+            self._jobs.notify()
         self._idle_check()
 
     def not_compiled(self, keys: list[str]) -> None:
@@ -742,12 +915,14 @@ class Prefetch:
             if len(value) < int(values.get("jax_persistent_cache_min_entry_size_bytes", 0)):
                 return
             put(key, value, compile_s, digest)
+            self._writer.measured(key, size=len(value))
         except Exception as exc:
             self._warn("putting what was compiled ahead", key, exc)
 
     def _deserialize(self, slot: Slot) -> None:
         """Deserialize ``slot``'s fetched executable with the backend (off the lock)."""
-        with self._cpu.timed(slot):
+        slot.started_at = time.perf_counter()
+        with self._meter.deserializing(slot.steps):
             executable = _loads.deserialize(slot, self._backend, self._form)
         with self._cond:
             if not (slot.compiled and self._puts_ahead()):
@@ -758,6 +933,9 @@ class Prefetch:
             slot.executable = executable
             slot.loaded_at = time.perf_counter()
             slot.state = State.LOADED
+            self._costs.add(slot.size, slot.steps.load_wall)
+            if self._costs.samples >= 2 * self._ordered_at or self._costs.samples == 1:
+                self._reschedule()
             self._cond.notify_all()
         if not slot.compiled:
             self._count([("loaded", 1)])
@@ -778,22 +956,22 @@ class Prefetch:
                 if due is not None and not write:
                     deadlines.append(due)
                 release: list[Slot] = []
-                held = [s for s in self._slots.values() if s.state is State.LOADED]
-                if (held or self._fetched) and not self._busy:
-                    idle = max(self._last_take, self._last_read) + IDLE_RELEASE_S
-                    if now >= idle:
+                idle = max(self._last_take, self._last_read) + IDLE_RELEASE_S
+                if now >= idle and not self._busy:
+                    held = [s for s in self._slots.values() if s.state is State.LOADED]
+                    if held or self._fetched:
                         # The run stopped asking: the plan ends here, what it loaded and
                         # was not taken is let go, and nothing more is loaded.
                         release = held
                         for slot in held:
                             self._release(slot)
                         self._end_queue()
-                    else:
-                        deadlines.append(idle)
+                elif not self._ended:
+                    deadlines.append(max(idle, now + 1.0))
                 puts, self._puts = self._puts, []
                 if not write and not release and not puts:
                     timeout = max(0.05, min(deadlines) - now) if deadlines else None
-                    self._cond.wait(timeout)
+                    self._upkeep.wait(timeout)
                     continue
             for put in puts:
                 self._put_compiled(*put)
@@ -823,6 +1001,8 @@ class Prefetch:
             self._end_queue()
             self._closed = True
             self._cond.notify_all()
+            self._jobs.notify_all()
+            self._upkeep.notify_all()
             self._cond.wait_for(lambda: self._busy == 0, CLOSE_WAIT_S)
             held = [s for s in self._slots.values() if s.state is State.LOADED]
             for slot in held:
@@ -876,8 +1056,9 @@ class Prefetch:
                 )
             )
 
-    def report(self) -> dict[str, Any]:
-        """What this session did, by key state (for tests and the bench)."""
+    def report(self, loads: bool = False) -> dict[str, Any]:
+        """What this session did, by key state (for tests and the bench); with ``loads``,
+        each read served and what its load took (``_load_report``)."""
         with self._cond:
             states = collections.Counter(s.state.value for s in self._slots.values())
             recog = self._recog
@@ -894,9 +1075,15 @@ class Prefetch:
                 **self._writer.report(),
                 "in_flight": self._in_flight,
                 **_loads.waits_report(self._waits),
-                # The main-thread time the takes spared (``prefetch_saved_ms``), and their
-                # loads' CPU and wall time on the workers.
+                # The main-thread time the takes spared (``prefetch_saved_ms``), the time
+                # the reads served took, and their loads' CPU and wall time on the workers.
                 "saved_s": round(self._saved_s, 4),
+                "served_s": round(self._served_s, 4),
                 "load_cpu_s": round(self._taken_cpu_s, 4),
                 "load_wall_s": round(self._taken_wall_s, 4),
+                # Reads that went JAX's way and hit: how many, and their time on the main
+                # thread (each kept in the plan, when it is written, as its entry's cost).
+                "main_reads": self._main_reads,
+                "main_reads_s": round(self._main_reads_s, 4),
+                **({"loads": list(self._taken)} if loads else {}),
             }
