@@ -413,17 +413,18 @@ def test_a_record_whose_key_is_not_its_key_costs_no_compile_and_is_replaced(
     # Under the first key, another program's record (well-formed: it compiles, under its own
     # key); a record that is not one; its own module with a field appended to its options
     # (parameters passed as a tuple: an executable XLA's CPU client would abort on if JAX
-    # ran it); MLIR bytecode that is not a module; one over the bound; the module another
-    # JAX lowered the program into (its key is not this JAX's key of it).
+    # ran it); MLIR bytecode that is not a module; the module jax 0.4.36 lowered the last
+    # program into, under the one before (its key is not this JAX's key of it: another
+    # JAX's, or, on 0.4.36, another program's); one over the bound.
     plant(cache, keys[0], _record.encode(others[0]))
     plant(cache, keys[1], b"not a module record")
     tupled = _record.Record(own.module, own.options + b"\x10\x01", own.devices, own.target)
     plant(cache, keys[2], _record.encode(tupled))
     garbage = _record.Record(_record.MLIR_BYTECODE_MAGIC + b"\xff" * 64, b"", (0,), own.target)
     plant(cache, keys[3], _record.encode(garbage))
-    plant(cache, keys[4], b"\0" * (_record.MAX_RECORD_BYTES + 1))
     old = _record.decode((Path(__file__).parent / "data" / "record-jax-0.4.36.bin").read_bytes())
-    plant(cache, keys[5], _record.encode(old))
+    plant(cache, keys[4], _record.encode(old))
+    plant(cache, keys[5], b"\0" * (_record.MAX_RECORD_BYTES + 1))
 
     tricked, err = run_held(script, cache, tmp_path / "hooks")
     assert tricked["out"] == cold["out"] and tricked["misses"] == N
