@@ -13,7 +13,6 @@ what this checks is that the record, the target and the key travel whole.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import secrets
 import sys
@@ -24,42 +23,10 @@ from typing import Any
 import pytest
 
 from tests.helpers import clean_env
-from tests.jax.helpers import JAX_ONLY, run_python
+from tests.jax.helpers import run_python
+from tests.jax.tpu import AOT_PROGRAM, LIBTPU_SHARED, TPU_TOPOLOGY
 
-pytestmark = [
-    *JAX_ONLY,
-    pytest.mark.tpu_topology,
-    pytest.mark.skipif(
-        importlib.util.find_spec("libtpu") is None,
-        reason="libtpu is not installed (scripts/test.sh runs these in the venv of jax[tpu])",
-    ),
-]
-
-# A user's ahead-of-time step: a compile-only topology's devices, a mesh over them, shapes
-# sharded on it, lowered and compiled. Knows nothing of xla_pcache.
-AOT = textwrap.dedent(
-    """
-    import sys
-    import numpy as np
-    import jax, jax.numpy as jnp
-    from jax.experimental import topologies
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    chips = tuple(int(n) for n in sys.argv[2].split(","))
-    topology = topologies.get_topology_desc(
-        sys.argv[1], platform="tpu", chips_per_host_bounds=chips
-    )
-    mesh = Mesh(np.array(topology.devices), ("data",))
-    shape = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
-
-    def step(w, x):
-        for _ in range(3):
-            x = jnp.tanh(x @ w)
-        return x.sum()
-
-    jax.jit(step).lower(shape, shape).compile()
-    """
-)
+pytestmark = TPU_TOPOLOGY
 
 # The record the store holds, handed to a compiler process for its target under its own key
 # and under a made-up one: what became of each.
@@ -111,6 +78,7 @@ def _env(cache: Path, tmp: Path) -> dict[str, str]:
         JAX_PLATFORMS="cpu",
         XLA_PERSISTENT_CACHE_PATH=str(cache),
         XDG_CACHE_HOME=str(tmp / "xdg"),
+        **LIBTPU_SHARED,
     )
 
 
@@ -122,7 +90,7 @@ def test_a_tpu_program_compiles_ahead_for_its_topology_under_its_key_only(
 ) -> None:
     cache = tmp_path / "cache"
     env = _env(cache, tmp_path)
-    proc = run_python([sys.executable, "-c", AOT, topology, chips], env)
+    proc = run_python([sys.executable, "-c", AOT_PROGRAM, topology, chips], env)
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     made_up = f"jit_step-{secrets.token_hex(32)}"
     out = run_python([sys.executable, "-c", CHECK, str(cache), made_up], env)

@@ -37,6 +37,10 @@ TPU_TOPOLOGY = [
     ),
 ]
 
+# libtpu takes a host-wide lock file when it loads: these tests' processes (and the test
+# workers' beside them) load it at once, as a compiler process does beside its program
+# (``ahead._target``). It is no key-relevant setting.
+LIBTPU_SHARED = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 # What JAX's set-up adds to LIBTPU_INIT_ARGS on a TPU VM (and so to every key there).
 TPU_VM_FLAG = "--xla_tpu_use_enhanced_launch_barrier=true"
 # The one chip of a v5e, as JAX names it (its devices' device_kind).
@@ -82,6 +86,7 @@ def tpu_vm_env(
         JAX_PLATFORMS="cpu",
         JAX_FORCE_TPU_INIT="1",
         XDG_CACHE_HOME=str(tmp / "xdg"),
+        **LIBTPU_SHARED,
     )
     if cache is not None:
         env["XLA_PERSISTENT_CACHE_PATH"] = str(cache)
