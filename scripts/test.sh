@@ -79,7 +79,8 @@ declare -A JAX_LIBS=(
 # most of both), for the tests that compile for a compile-only TPU topology under
 # JAX_PLATFORMS=cpu (marked tpu_topology; the main run leaves them out). The version is
 # the main venv's, read once it is made.
-TPU_TOPOLOGY_TESTS=(tests/jax/test_tpu_topology.py tests/jax/test_compile_ahead_tpu.py)
+TPU_TOPOLOGY_TESTS=(tests/jax/test_tpu_topology.py tests/jax/test_compile_ahead_tpu.py
+  tests/jax/test_precompile_tpu.py)
 # ---- end of JAX's TPU runtime
 
 phase "set-up: main venv"
