@@ -24,7 +24,7 @@ from xla_pcache import Store
 from xla_pcache.config import Settings
 from xla_pcache.jax.ahead import _record
 
-from tests.helpers import clean_env, cli
+from tests.helpers import clean_env, cli, entry_file_key, is_beside
 from tests.jax.tpu import (
     TPU_TOPOLOGY,
     TPU_VM_FLAG,
@@ -33,6 +33,8 @@ from tests.jax.tpu import (
     run_aot,
     tpu_vm_env,
 )
+from tests.tiers.fixtures import bucket_server  # noqa: F401 - a fixture, found by name
+from tests.tiers.servers import BucketServer, bucket_client, fresh_prefix
 
 pytestmark = TPU_TOPOLOGY
 
@@ -308,3 +310,55 @@ def test_it_needs_a_cache_that_exists(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "no such cache directory" in proc.stderr, proc.stderr
     assert not (tmp_path / "none").exists()
+
+
+def _bucket_entries(server: BucketServer, prefix: str) -> dict[str, str]:
+    """Each entry object below ``prefix``: its path -> the key its header names."""
+    import obstore
+
+    client = bucket_client(server, prefix)
+    paths = [str(o["path"]) for o in obstore.list(client, "xla_pcache-1/entries/").collect()]
+    return {p: entry_file_key(bytes(obstore.get(client, p).bytes())) for p in paths}
+
+
+def test_on_a_bucket_the_buckets_records_are_compiled_into_it(
+    bucket_server: BucketServer,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    import obstore
+
+    prefix = fresh_prefix()
+    url = bucket_server.url(prefix)
+    served = bucket_server.env()
+    # A fleet host's AOT step writes its executable and its record to the bucket.
+    run_aot(
+        _env(
+            tmp_path,
+            XLA_PERSISTENT_CACHE_PATH=url,
+            XLA_PCACHE_LOCAL_PATH=str(tmp_path / "writer"),
+            **served,
+        )
+    )
+    entries = _bucket_entries(bucket_server, prefix)
+    (executable,) = [p for p, k in entries.items() if not is_beside(k)]
+    key = entries[executable]
+    assert any(k.startswith(_record.KEY_PREFIX) for k in entries.values()), entries
+    obstore.delete(bucket_client(bucket_server, prefix), executable)
+    # Another host, whose own copy is empty: the records it compiles are the bucket's
+    # (listed there), and the executable goes back to the bucket under the same key.
+    code, report, err = _precompile(
+        url, tmp_path, XLA_PCACHE_LOCAL_PATH=str(tmp_path / "other"), **served
+    )
+    assert code == 0, err[-3000:]
+    assert report["counts"] == {"compiled": 1, "present": 0, "not compilable": 0, "failed": 0}
+    assert report["complete_listing"], report
+    assert _bucket_entries(bucket_server, prefix)[executable] == key
+    # A third host finds it present in the bucket.
+    code, report, err = _precompile(
+        url, tmp_path, XLA_PCACHE_LOCAL_PATH=str(tmp_path / "third"), **served
+    )
+    assert code == 0, err[-3000:]
+    assert report["counts"] == {"compiled": 0, "present": 1, "not compilable": 0, "failed": 0}
+    # Read-only there (?ro=1): refused before anything is read.
+    code, _, err = _precompile(f"{url}?ro=1", tmp_path, **served)
+    assert code == 2 and "read-only" in err, err

@@ -49,6 +49,10 @@ logger = package_logger("xla_pcache.jax")
 
 # Records one run looks at, at most (a store's listing or a plan's entries).
 MAX_RECORDS = 65536
+# A bucket's entries whose first bytes one run reads to find its records, at most, and the
+# reads at once.
+MAX_BUCKET_ENTRIES = 4 * MAX_RECORDS
+HEAD_READS = 16
 # What a module calls that binds it to the process that made it.
 _HOST_CALLBACKS = (
     b"xla_python_cpu_callback",
@@ -104,7 +108,8 @@ class Report:
     settings: list[dict[str, Any]]
     seconds: float
     build: str
-    listed_all: bool = True
+    # Why the records looked at may not be all the store's (None: they are).
+    cut_short: str | None = None
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys((COMPILED, PRESENT, REFUSED, FAILED), 0)
@@ -125,14 +130,62 @@ def target_of(topology: _fleet.Topology) -> Target:
     )
 
 
-def record_keys(store: Store, request: Request) -> tuple[list[str], bool]:
-    """The record keys to look at, and whether that is all of them (the bound)."""
+def record_keys(store: Store, request: Request) -> tuple[list[str], str | None]:
+    """The record keys to look at, and why that may not be all of them (None: it is)."""
+    cut: str | None = None
     if request.keys is not None:
         wanted: Iterable[str] = (KEY_PREFIX + k for k in request.keys)
     else:
         wanted = (k for k in store.keys() if isinstance(k, str) and k.startswith(ANY_PREFIX))  # noqa: SIM118 - a listing
+        from xla_pcache.bucket import BucketStore
+
+        if isinstance(store, BucketStore):
+            # The host-local store holds only what this host fetched or wrote: the
+            # bucket's own records are found by its listing.
+            found, cut = _bucket_records(store)
+            wanted = itertools.chain(wanted, found)
     keys = list(itertools.islice(wanted, MAX_RECORDS + 1))
-    return sorted(set(keys[:MAX_RECORDS])), len(keys) <= MAX_RECORDS
+    if len(keys) > MAX_RECORDS:
+        cut = f"only the first {MAX_RECORDS} records were looked at"
+    return sorted(set(keys[:MAX_RECORDS])), cut
+
+
+def _bucket_records(store: Any) -> tuple[list[str], str | None]:
+    """The record keys the first bytes of the bucket's entries name (the first
+    ``MAX_BUCKET_ENTRIES`` it lists), and why that may not be all of them. A key read so
+    is untrusted: the record is then fetched under the names this host reads that key
+    under and verified whole (a header forged under another name leads to the key's own
+    entry, or to nothing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from xla_pcache import _core
+    from xla_pcache.bucket.layout import HEAD_BYTES
+    from xla_pcache.tiers.objstore import ENTRY_DIR
+
+    bucket = store.bucket()
+    names, listing = bucket.listed_entries(limit=MAX_BUCKET_ENTRIES)
+
+    def key_of(name: str) -> str | bool:
+        try:
+            head = bucket.reader.first_bytes(f"{ENTRY_DIR}/{name}", HEAD_BYTES)
+        except Exception as exc:
+            logger.debug("xla_pcache: the head of entry %s is unread: %s", name, exc)
+            return False
+        key = None if head is None else _core.entry_head_key(head)
+        return key if isinstance(key, str) and key.startswith(ANY_PREFIX) else True
+
+    keys: list[str] = []
+    unread = 0
+    with ThreadPoolExecutor(HEAD_READS, thread_name_prefix="xla_pcache-precompile") as pool:
+        for key in pool.map(key_of, sorted(names)):
+            if key is False:
+                unread += 1
+            elif isinstance(key, str):
+                keys.append(key)
+    why = [] if listing.complete else [f"the bucket's listing: {listing.cut_short()}"]
+    if unread:
+        why.append(f"{unread} of the bucket's entries could not be read")
+    return keys, "; ".join(why) or None
 
 
 def plan_keys(store: Store, name: str, jax_version: str, process: int = 0) -> list[str]:
@@ -257,7 +310,7 @@ def precompile(
     this host's JAX runtime build (``_build.build()``), whose suffix the TPU's keys end
     with; ``shown`` is told of each outcome as it comes."""
     start = time.monotonic()
-    rkeys, complete = record_keys(store, request)
+    rkeys, cut_short = record_keys(store, request)
     outcomes: list[Outcome] = []
     groups: dict[_fleet.Settings, list[tuple[str, bytes]]] = {}
     selected: list[str] = []
@@ -316,7 +369,7 @@ def precompile(
             }
         )
         _run_group(store, request, settings, jobs, build, meta, out)
-    return Report(outcomes, used, time.monotonic() - start, build.suffix, complete)
+    return Report(outcomes, used, time.monotonic() - start, build.suffix, cut_short)
 
 
 def _run_group(
