@@ -362,3 +362,43 @@ def test_on_a_bucket_the_buckets_records_are_compiled_into_it(
     # Read-only there (?ro=1): refused before anything is read.
     code, _, err = _precompile(f"{url}?ro=1", tmp_path, **served)
     assert code == 2 and "read-only" in err, err
+
+
+def test_a_compile_past_its_timeout_fails_and_the_command_ends(made: Path, tmp_path: Path) -> None:
+    # A compile of this program takes far longer than a millisecond anywhere: the
+    # compiler process is stopped in it, the record fails, and the command ends.
+    cache = _copy(made, tmp_path)
+    (key,) = executables_of(cache)
+    _remove(cache, key)
+    code, report, err = _precompile(cache, tmp_path, "--compile-timeout", "0.001")
+    assert code == 1, err[-3000:]
+    (outcome,) = report["records"]
+    assert outcome["status"] == "failed" and "ran past 0.001 s" in outcome["detail"], outcome
+    assert executables_of(cache) == {}
+
+
+@pytest.mark.parametrize("plan", ["../../outside", "a/b", "..", "\u540d\u524d\u202e", "x" * 5000])
+def test_a_hostile_plan_name_finds_no_plan_and_touches_nothing(
+    made: Path, tmp_path: Path, plan: str
+) -> None:
+    cache = _copy(made, tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code, _, err = _precompile(cache, tmp_path / "cwd", "--plan", plan)
+    assert code == 2 and "no plan" in err, err[-3000:]
+    assert (
+        sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "cwd" not in p.parts)
+        == before
+    )
+
+
+def test_a_planted_plan_over_its_bound_is_refused_whole(made: Path, tmp_path: Path) -> None:
+    from xla_pcache.jax.ahead import _plan, _plan_name
+
+    cache = _copy(made, tmp_path)
+    # A plan naming some 100k records (more bytes than any plan may have), planted as a
+    # writer without a key plants it under the plan's key.
+    key = _plan.plan_key(_plan_name.workload("fleet", "0.10.2", 0))
+    names = ",".join(f'"{_record.KEY_PREFIX}jit_f-{i:064x}"' for i in range(100_000))
+    _plant(cache, key, names.encode())
+    code, _, err = _precompile(cache, tmp_path, "--plan", key)
+    assert code == 2 and "is refused" in err, err[-3000:]

@@ -72,6 +72,15 @@ def precompile(
             "compiling ahead, XLA_PCACHE_COMPILE_AHEAD_THREADS).",
         ),
     ] = None,
+    compile_timeout: Annotated[
+        float,
+        typer.Option(
+            "--compile-timeout",
+            min=0.001,
+            help="One compile's seconds at most: past them the record fails and the "
+            "others go on in a new compiler process.",
+        ),
+    ] = 3600.0,
     as_json: JsonOption = False,
 ) -> None:
     """Compile the store's module records for a TPU topology on this host (no TPU needed),
@@ -87,6 +96,7 @@ def precompile(
             compression,
             chips_per_host,
             jobs,
+            compile_timeout,
             as_json,
         )
     raise typer.Exit(code)
@@ -105,6 +115,7 @@ def _run(
     compression: str | None,
     chips_per_host: str | None,
     jobs: int | None,
+    compile_timeout: float,
     as_json: bool,
 ) -> int:
     if importlib.util.find_spec("jax") is None or importlib.util.find_spec("libtpu") is None:
@@ -155,6 +166,7 @@ def _run(
             name=name,
             threads=jobs or settings.compile_ahead_thread_count(),
             reserve=settings.compile_ahead_reserve(),
+            compile_timeout=compile_timeout,
         )
         _say(
             f"{shown(raw)}: compiling for {topology.name} ({topology.device_count} "

@@ -16,7 +16,10 @@ a parse and a hash, never a compile). A key whose executable is present is not c
 Every put goes through the store (its budget, its signing; a read-only path is refused
 before anything is read). The work is bounded as a program's compiling ahead is: the
 compiler process's threads, and the memory it leaves free
-(``XLA_PCACHE_COMPILE_AHEAD_MEMORY``, else a quarter of the job's).
+(``XLA_PCACHE_COMPILE_AHEAD_MEMORY``, else a quarter of the job's); a compile past
+``Request.compile_timeout`` stops its compiler process (that record fails, the others go on
+in a new one), so a run always ends. On a bucket path the records are also the bucket's
+(``_bucket_records``), not only those of this host's copy.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ _HOST_CALLBACKS = (
     b"CustomSPMDPartitioning",
 )
 
+# A compile's seconds at most unless told (a large program compiles in minutes).
+DEFAULT_COMPILE_TIMEOUT_S = 3600.0
+
 COMPILED = "compiled"
 PRESENT = "present"
 REFUSED = "not compilable"
@@ -85,6 +91,9 @@ class Request:
     name: str | None = None
     threads: int = 1
     reserve: int = 0
+    # A compile's seconds at most: past them its compiler process is stopped, the record
+    # fails, and the others go on in a new one.
+    compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
 @dataclasses.dataclass
@@ -264,6 +273,8 @@ class _Events:
     def __init__(self, present: Callable[[str], bool]) -> None:
         self.queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._present = present
+        # When each key was let compile (the answer GO: its compile starts then).
+        self.began: dict[str, float] = {}
 
     def started(self, key: str) -> None:
         pass
@@ -274,6 +285,10 @@ class _Events:
         except Exception as exc:  # a store that cannot say: compile it, the put decides
             logger.debug("xla_pcache: whether %r is present is unknown: %s", stored_as, exc)
             present = False
+        if not present:
+            self.began[key] = time.monotonic()
+            # The command's thread then waits no longer than this compile may take.
+            self.queue.put(("began", key))
         return not present
 
     def done(self, done: Done) -> None:
@@ -381,6 +396,35 @@ def _run_group(
     meta: dict[str, str],
     out: Callable[[Outcome], None],
 ) -> None:
+    data_of = dict(jobs)
+    waiting = set(data_of)
+    while waiting:
+        late = _run_link(store, request, settings, data_of, waiting, build, meta, out)
+        for key in late:
+            waiting.discard(key)
+            out(
+                Outcome(
+                    key,
+                    FAILED,
+                    f"its compile ran past {request.compile_timeout:g} s "
+                    "(--compile-timeout): its compiler process was stopped",
+                )
+            )
+
+
+def _run_link(
+    store: Store,
+    request: Request,
+    settings: _fleet.Settings,
+    data_of: dict[str, bytes],
+    waiting: set[str],
+    build: Any,
+    meta: dict[str, str],
+    out: Callable[[Outcome], None],
+) -> list[str]:
+    """The keys of ``waiting`` through one compiler process, each removed as its outcome
+    is told; the keys whose compile ran past the timeout (the process then stopped), the
+    others left in ``waiting`` for the next."""
     events = _Events(lambda k: store.get(build.store_key(k), count=False) is not None)
     link = Link(
         target_of(request.topology),
@@ -390,13 +434,29 @@ def _run_group(
         environment=settings.environment(),
         precompile={"compression": settings.compression},
     )
-    waiting = {key for key, _ in jobs}
     try:
-        for place, (key, data) in enumerate(jobs):
-            if not link.submit(key, data, place):
+        for place, key in enumerate(sorted(waiting)):
+            if not link.submit(key, data_of[key], place):
                 break
         while waiting:
-            kind, item = events.queue.get()
+            running = [t for k, t in events.began.items() if k in waiting]
+            wait = None
+            if running:
+                wait = max(0.0, min(running) + request.compile_timeout - time.monotonic())
+            try:
+                kind, item = events.queue.get(timeout=wait)
+            except queue.Empty:
+                now = time.monotonic()
+                late = [
+                    k
+                    for k, t in events.began.items()
+                    if k in waiting and now - t >= request.compile_timeout
+                ]
+                if late:
+                    return late
+                continue
+            if kind == "began":
+                continue
             if kind == "lost":
                 why, tail, _ = item
                 detail = f"the compiler process is lost: {why}"
@@ -413,6 +473,7 @@ def _run_group(
             out(_stored(store, done, settings, build, meta, link))
     finally:
         link.close()
+    return []
 
 
 def _stored(
