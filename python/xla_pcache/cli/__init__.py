@@ -5,9 +5,9 @@ print one line on stderr and exit 2. ``verify`` exits 1 when it finds problems. 
 this module must stay cheap: the framework-facing commands import their modules lazily.
 
 The commands live in modules named for them (``_stats``, ``_ls``, ``_prune``, ``_config``,
-``_verify``, ``_bundle`` for export and import, ``_doctor``, ``_demo``), on what they share
-(``_common``); the small ones are here, and every one is registered below, in the order
-``--help`` lists them.
+``_verify``, ``_bundle`` for export and import, ``_doctor``, ``_demo``, ``_precompile``), on
+what they share (``_common``); the small ones are here, and every one is registered below, in
+the order ``--help`` lists them.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from xla_pcache.cli._common import (
 )
 from xla_pcache.cli._config import config
 from xla_pcache.cli._ls import list_entries
+from xla_pcache.cli._precompile import precompile
 from xla_pcache.cli._prune import prune
 from xla_pcache.cli._stats import stats
 from xla_pcache.cli._verify import verify
@@ -216,6 +217,7 @@ app.command()(explain)
 app.command()(keygen)
 app.command()(demo)
 app.command()(doctor)
+app.command()(precompile)
 app.command("export")(export_cmd)
 app.command("import")(import_cmd)
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xla_pcache import _memory, _testhook
-from xla_pcache.jax.ahead import _protocol, _record, _target
+from xla_pcache.jax.ahead import _fleet, _protocol, _record, _target
 
 # The parent's process id, which the child checks is still its parent.
 PARENT_VAR = "XLA_PCACHE_COMPILER_PARENT"
@@ -115,6 +115,11 @@ class Compiler:
         self._form = 0
         self._key_fn: Callable[..., str] | None = None
         self._ignore: list[Any] = []
+        # Precompiling for a fleet (``_precompile``): the compression its keys name, else
+        # None (a program's own compiling ahead: the record's key is the key).
+        self._fleet_compression: str | None = None
+        # Keys waiting for the parent's answer to KEYED: [answered, go].
+        self._asks: dict[str, list[Any]] = {}
 
     def send(self, kind: bytes, header: dict[str, Any], payload: bytes = b"") -> None:
         data = memoryview(_protocol.frame(kind, header, payload))
@@ -148,11 +153,16 @@ class Compiler:
                     key = header.get("key")
                     if isinstance(key, str):
                         self._jobs.put((key, payload))
-                elif kind == _protocol.CANCEL:
+                elif kind in (_protocol.CANCEL, _protocol.GO):
                     key = header.get("key")
                     if isinstance(key, str):
                         with self._lock:
-                            self._cancelled.add(key)
+                            ask = self._asks.get(key)
+                            if ask is not None:
+                                ask[1] = kind == _protocol.GO
+                                ask[0].set()
+                            elif kind == _protocol.CANCEL:
+                                self._cancelled.add(key)
 
     def _start(self, header: dict[str, Any]) -> None:
         """Make the target's client and start the threads; ``FATAL`` and the end if the
@@ -166,6 +176,12 @@ class Compiler:
             if type(reserve) is not int or reserve < 0:
                 raise ValueError("no memory reserve")
             self._reserve = reserve
+            fleet = header.get("precompile")
+            if fleet is not None:
+                compression = fleet.get("compression") if isinstance(fleet, dict) else None
+                if compression not in _fleet.COMPRESSIONS:
+                    raise ValueError("no compression to precompile with")
+                self._fleet_compression = compression
             self._backend, devices = _target.make_client(target)
             self._by_id = {int(d.id): d for d in devices}
             from jax._src import compilation_cache as cc
@@ -180,6 +196,8 @@ class Compiler:
             self._compile = inspect.unwrap(getattr(compiler, name))
             self._key_fn = inspect.unwrap(cc.get_cache_key)
             self._ignore = _keyparts.ignore_arg(cc)
+            if self._fleet_compression is not None:
+                _fleet.use_compression(cc, self._fleet_compression)
         except Exception as exc:
             self.send(_protocol.FATAL, {"detail": _detail(exc)})
             os._exit(0)
@@ -189,6 +207,7 @@ class Compiler:
                 "platform": str(self._backend.platform),
                 "platform_version": str(self._backend.platform_version)[:_DETAIL_CHARS],
                 "devices": len(self._by_id),
+                "flags": _fleet.keyed_flags(),
             },
         )
         _testhook.reached("compiler-ready")
@@ -205,12 +224,16 @@ class Compiler:
                 if key in self._cancelled:
                     self._cancelled.discard(key)
                     continue
-            status, detail, compile_s, payload = self._job(key, data)
-            self.send(
-                _protocol.DONE,
-                {"key": key, "status": status, "detail": detail, "compile_s": compile_s},
-                payload,
-            )
+            status, detail, compile_s, payload, stored_as = self._job(key, data)
+            header: dict[str, Any] = {
+                "key": key,
+                "status": status,
+                "detail": detail,
+                "compile_s": compile_s,
+            }
+            if stored_as is not None:
+                header["as"] = stored_as
+            self.send(_protocol.DONE, header, payload)
 
     def _wait_for_memory(self) -> None:
         while self._reserve:
@@ -227,20 +250,31 @@ class Compiler:
             ctx = self._local.context = mlir.make_ir_context()
         return ctx
 
-    def _job(self, key: str, data: bytes) -> tuple[str, str, float, bytes]:
-        """What became of ``key``'s record: a status, why, the compile's seconds, and the
-        serialized executable when compiled."""
+    def _job(self, key: str, data: bytes) -> tuple[str, str, float, bytes, str | None]:
+        """What became of ``key``'s record: a status, why, the compile's seconds, the
+        serialized executable when compiled, and (precompiling) the key JAX computes for
+        it with the fleet's settings, which it is stored under."""
+        status, detail, compile_s, payload, stored_as = _protocol.UNDECODABLE, "", 0.0, b"", None
         try:
             record = _record.decode(data)
         except _record.RecordError as exc:
-            return _protocol.UNDECODABLE, str(exc), 0.0, b""
+            return status, str(exc), compile_s, payload, stored_as
+        try:
+            status, detail, compile_s, payload, stored_as = self._compile_record(key, record)
+        except _Refused as refused:
+            status, detail = refused.status, refused.detail
+        return status, detail, compile_s, payload, stored_as
+
+    def _compile_record(
+        self, key: str, record: _record.Record
+    ) -> tuple[str, str, float, bytes, str | None]:
         import numpy as np
 
         xc = importlib.import_module("jax._src.lib").xla_client
         ir = importlib.import_module("jax._src.lib.mlir").ir
         unknown = [d for d in record.devices if d not in self._by_id]
         if unknown or not record.devices:
-            return _protocol.MISMATCH, f"no device of id {unknown[:1]} here", 0.0, b""
+            raise _Refused(_protocol.MISMATCH, f"no device of id {unknown[:1]} here")
         devices = [self._by_id[d] for d in record.devices]
         assert self._key_fn is not None and self._compile is not None
         with self._context():
@@ -248,13 +282,18 @@ class Compiler:
                 options = xc.CompileOptions.ParseFromString(record.options)
                 module = ir.Module.parse(record.module)
             except Exception as exc:
-                return _protocol.UNDECODABLE, _detail(exc), 0.0, b""
+                raise _Refused(_protocol.UNDECODABLE, _detail(exc)) from None
+            stored_as: str | None = None
             try:
-                computed = self._key_fn(
-                    module, np.array(devices, dtype=object), options, self._backend, *self._ignore
-                )
-                if computed != key:
-                    return _protocol.MISMATCH, f"its key here is {computed}", 0.0, b""
+                array = np.array(devices, dtype=object)
+                if self._fleet_compression is not None:
+                    stored_as = self._fleet_key(key, record, module, array, options)
+                    if not self._ask(key, stored_as):
+                        raise _Refused(_protocol.PRESENT, stored_as)
+                else:
+                    computed = self._key_fn(module, array, options, self._backend, *self._ignore)
+                    if computed != key:
+                        raise _Refused(_protocol.MISMATCH, f"its key here is {computed}")
                 self.send(_protocol.STARTED, {"key": key})
                 if _testhook.chosen("compiler-hang"):
                     # A compile that never ends and burns nothing (a test build's).
@@ -269,14 +308,62 @@ class Compiler:
                     )
                 compile_s = time.perf_counter() - start
                 serialized = _serialize(executable, self._backend)
+            except _Refused:
+                raise
             except Exception as exc:
-                return _protocol.FAILED, _detail(exc), 0.0, b""
+                raise _Refused(_protocol.FAILED, _detail(exc)) from None
         if len(serialized) > MAX_EXECUTABLE_BYTES:
-            return _protocol.OVER_BOUNDS, f"{len(serialized)} bytes", compile_s, b""
+            raise _Refused(_protocol.OVER_BOUNDS, f"{len(serialized)} bytes")
         if _testhook.chosen("compiler-garbage"):
             with self._out_lock:
                 os.write(self._out, b"\xff" * 64)
-        return _protocol.COMPILED, "", compile_s, serialized
+        return _protocol.COMPILED, "", compile_s, serialized, stored_as
+
+    def _ask(self, key: str, stored_as: str) -> bool:
+        """Whether the parent wants ``key`` compiled now that it is keyed ``stored_as``."""
+        ask: list[Any] = [threading.Event(), False]
+        with self._lock:
+            self._asks[key] = ask
+        self.send(_protocol.KEYED, {"key": key, "as": stored_as})
+        ask[0].wait()
+        with self._lock:
+            del self._asks[key]
+        return bool(ask[1])
+
+    def _fleet_key(
+        self, key: str, record: _record.Record, module: Any, devices: Any, options: Any
+    ) -> str:
+        """Precompiling: JAX's key of the record on this client with the fleet's settings
+        (this process's flags and compression), once JAX's key of it with the settings its
+        own key parts name is ``key``, the key it is stored under (else ``_Refused``)."""
+        from jax._src import cache_key as ck
+        from jax._src import compilation_cache as cc
+
+        from xla_pcache.jax import _keyparts
+
+        args = {
+            "computation": module,
+            "devices": devices,
+            "compile_options": options,
+            "backend": self._backend,
+        }
+        fleet_key, sink = _keyparts._run_key(cc, ck, args)
+        own = _fleet.key_with_parts(fleet_key, sink, dict(record.parts))
+        if own != key:
+            raise _Refused(
+                _protocol.MISMATCH,
+                f"what it holds is not the program of its key ({own or 'its parts unreadable'})",
+            )
+        return fleet_key
+
+
+class _Refused(Exception):
+    """A job not compiled: its status and why."""
+
+    def __init__(self, status: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
 
 
 def _serialize(executable: Any, backend: Any) -> bytes:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from xla_pcache._text import package_logger, shown
-from xla_pcache.jax.ahead import _protocol, _target
+from xla_pcache.jax.ahead import _fleet, _plan, _protocol, _target
 from xla_pcache.jax.ahead._compiler import MAX_EXECUTABLE_BYTES, PARENT_VAR
 from xla_pcache.jax.ahead._record import Target
 
@@ -66,6 +66,8 @@ class Done:
     detail: str
     compile_s: float
     executable: bytes
+    # Precompiling: the key JAX computes for it with the fleet's settings.
+    stored_as: str | None = None
 
 
 class Events(Protocol):
@@ -78,6 +80,13 @@ class Events(Protocol):
     def lost(self, link: Link, why: str, keys: list[str]) -> None: ...
 
     def idle(self) -> None: ...
+
+
+class Keyed(Events, Protocol):
+    """Precompiling: whether a record keyed ``stored_as`` is to be compiled (False: its
+    executable is present)."""
+
+    def keyed(self, key: str, stored_as: str) -> bool: ...
 
 
 _links: weakref.WeakSet[Link] = weakref.WeakSet()
@@ -102,6 +111,8 @@ class Link:
         threads: int,
         reserve: int,
         may_send: Callable[[], bool] = lambda: True,
+        environment: dict[str, str | None] | None = None,
+        precompile: dict[str, Any] | None = None,
     ) -> None:
         global _fork_registered
         self.target = target
@@ -109,6 +120,10 @@ class Link:
         self._threads = max(1, threads)
         self._reserve = max(0, reserve)
         self._may_send = may_send
+        # Precompiling (``_precompile``): the process's environment changed so (None
+        # removes a variable), and what its target frame says of the fleet.
+        self._changes = dict(environment or {})
+        self._precompile = precompile
         self._lock = threading.Lock()
         self._queue: list[tuple[int, int, str, bytes]] = []
         self._order = 0
@@ -221,6 +236,7 @@ class Link:
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(_target.environment(self.target))
+        env = _fleet.applied(env, self._changes)
         env["XLA_PCACHE_DISABLE"] = "1"
         env[PARENT_VAR] = str(os.getpid())
         # Where this process found the package and JAX, first, unless the interpreter finds
@@ -266,14 +282,14 @@ class Link:
         with self._lock:
             self._proc, self.pid = proc, proc.pid
             closed = self._closed
-            self._out += _protocol.frame(
-                _protocol.TARGET,
-                {
-                    "target": self.target.to_json(),
-                    "threads": self._threads,
-                    "reserve": self._reserve,
-                },
-            )
+            header: dict[str, Any] = {
+                "target": self.target.to_json(),
+                "threads": self._threads,
+                "reserve": self._reserve,
+            }
+            if self._precompile is not None:
+                header["precompile"] = self._precompile
+            self._out += _protocol.frame(_protocol.TARGET, header)
         if closed:
             self._kill(proc)
             return
@@ -369,7 +385,9 @@ class Link:
 
     def _frame(self, kind: bytes, header: dict[str, Any], payload: bytes) -> None:
         if kind == _protocol.READY:
-            self.ready = {k: header.get(k) for k in ("platform", "platform_version", "devices")}
+            self.ready = {
+                k: header.get(k) for k in ("platform", "platform_version", "devices", "flags")
+            }
             return
         if kind == _protocol.FATAL:
             raise _protocol.ProtocolError(f"it could not make its client: {header.get('detail')}")
@@ -384,6 +402,10 @@ class Link:
                 if mine:
                     self._started.add(key)
                 return
+        if kind == _protocol.KEYED:
+            self._keyed(key, header, mine)
+            return
+        with self._lock:
             self._sent.discard(key)
             self._started.discard(key)
             idle = not self._sent and not self._queue
@@ -392,6 +414,15 @@ class Link:
             self._events.done(done)
         if idle:
             self._events.idle()
+
+    def _keyed(self, key: str, header: dict[str, Any], mine: bool) -> None:
+        stored_as = header.get("as")
+        if self._precompile is None or not _plan.valid_key(stored_as):
+            raise _protocol.ProtocolError("a key to store under where none was asked")
+        events: Any = self._events
+        go = bool(mine and events.keyed(key, stored_as))
+        with self._lock:
+            self._out += _protocol.frame(_protocol.GO if go else _protocol.CANCEL, {"key": key})
 
     def _lose(self, why: str) -> None:
         """The process is gone or not to be trusted: every key with it or waiting is
@@ -435,7 +466,10 @@ def _done(key: str, header: dict[str, Any], payload: bytes) -> Done:
         raise _protocol.ProtocolError("a compile time that is not one")
     if (status == _protocol.COMPILED) != bool(payload):
         raise _protocol.ProtocolError("an executable where none belongs, or none")
-    return Done(key, str(status), detail, float(secs), payload)
+    stored_as = header.get("as")
+    if stored_as is not None and not _plan.valid_key(stored_as):
+        raise _protocol.ProtocolError("a key to store under that is not a JAX key")
+    return Done(key, str(status), detail, float(secs), payload, stored_as)
 
 
 def _read(fd: int) -> bytes | None:

@@ -11,6 +11,11 @@ record's bytes), ``CANCEL`` (a key). Child to parent: ``READY`` (its client is m
 platform and its version), ``STARTED`` (a key whose record's key is the key: compiling),
 ``DONE`` (a key, what became of it, the compile's time; the serialized executable when
 compiled), ``FATAL`` (no client could be made: why; the child then exits).
+
+Precompiling (``_precompile``), the child says the key it will store a record's executable
+under before compiling it (``KEYED``: the job's key and ``as``), and compiles it only when
+the parent answers ``GO``; ``CANCEL`` there means the key is present (``DONE`` says
+``present``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ _HEAD = struct.Struct("<4scIQ")
 TARGET = b"T"
 JOB = b"J"
 CANCEL = b"C"
+GO = b"G"
 READY = b"R"
 STARTED = b"S"
 DONE = b"D"
 FATAL = b"F"
-TO_CHILD = frozenset({TARGET, JOB, CANCEL})
-TO_PARENT = frozenset({READY, STARTED, DONE, FATAL})
+KEYED = b"K"
+TO_CHILD = frozenset({TARGET, JOB, CANCEL, GO})
+TO_PARENT = frozenset({READY, STARTED, DONE, FATAL, KEYED})
 
 MAX_HEADER_BYTES = 64 << 10
 
@@ -40,7 +47,8 @@ MISMATCH = "key mismatch"
 UNDECODABLE = "undecodable"
 OVER_BOUNDS = "over bounds"
 FAILED = "failed"
-STATUSES = frozenset({COMPILED, MISMATCH, UNDECODABLE, OVER_BOUNDS, FAILED})
+PRESENT = "present"
+STATUSES = frozenset({COMPILED, MISMATCH, UNDECODABLE, OVER_BOUNDS, FAILED, PRESENT})
 
 
 class ProtocolError(ValueError):
