@@ -63,10 +63,11 @@ LEVELS = {
     "tiers.chain": 1,
     "tiers": 1,
     # A bucket's upkeep (the package ``bucket``, over the objstore tier): its objects' names,
-    # the requests, the one reader and its listings, the budget, a use record, the prune
-    # lease, what a prune reads, what a prune cut short reaches by name and the prune, under
-    # the one door, ``bucket.upkeep.Bucket``; the hosts' records of their uses; the markers a
-    # host start lists. It names no framework (see the test below).
+    # the requests, a listing's bounded pages, the one reader and its listings, the budget,
+    # a use record, the prune lease, what a prune reads, what a prune cut short reaches by
+    # name and the prune, under the one door, ``bucket.upkeep.Bucket``; the hosts' records of
+    # their uses; the markers a host start lists. It names no framework (see the test below).
+    "bucket.pages": 1,
     "bucket.listing": 1,
     "bucket.reader": 1,
     "bucket.layout": 1,

@@ -56,6 +56,8 @@ from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xla_pcache.bucket.pages import chunks, delimited
+
 Meta = Mapping[str, Any]
 
 # The service's page of a listing (S3 and GCS return at most 1000 keys a request).
@@ -435,8 +437,6 @@ class Walk:
 
     # ---------------------------------------------------------------- one range
     def _span(self, span: _Span) -> Iterator[Meta]:
-        import obstore
-
         state, reader = self.state, self.reader
         offset = span.after
         ring: deque[str] = deque(maxlen=RING)
@@ -445,8 +445,12 @@ class Walk:
             n = 0
             failed: BaseException | None = None
             try:
-                stream = obstore.list(
-                    reader.store, state.prefix, offset=offset, chunk_size=LIST_PAGE
+                stream = chunks(
+                    reader.store,
+                    state.prefix,
+                    offset=offset,
+                    chunk_size=LIST_PAGE,
+                    wait_s=reader.page_wait_s,
                 )
                 jump = None
                 for chunk in stream:
@@ -618,14 +622,12 @@ class Walk:
         each key planted below a name rolled into that name's common prefix. True when it
         listed (the walk is then complete); False when a key refused at the first level
         made it fail too (the walk goes on without it)."""
-        import obstore
-
         self.tried_delimiter = True
         state, reader = self.state, self.reader
         n = 0
         failed = False
         try:
-            got = obstore.list_with_delimiter(reader.store, state.prefix)
+            got = delimited(reader.store, state.prefix, wait_s=reader.page_wait_s)
             n = len(got["objects"]) + len(got["common_prefixes"])
         except Exception as e:
             bad = refused_key(e)
@@ -674,13 +676,13 @@ def recover(reader: Any, prefix: str, ring: list[str], bad: str) -> list[Meta]:
 
 
 def _probe(reader: Any, prefix: str, start: str, last: str, bad: str) -> list[Meta]:
-    import obstore
-
     got: list[Meta] = []
     n = 0
     refused = False
     try:
-        for chunk in obstore.list(reader.store, prefix, offset=start, chunk_size=1):
+        for chunk in chunks(
+            reader.store, prefix, offset=start, chunk_size=1, wait_s=reader.page_wait_s
+        ):
             n += len(chunk)
             for meta in chunk:
                 path = str(meta["path"])

@@ -90,6 +90,7 @@ class BucketObjects:
             bucket=parts.hostname or "",
             store_prefix=parts.path,
             count=self._count,
+            page_wait_s=objstore.request_bound(timeout, for_writes=True),
         )
 
     @property

@@ -59,6 +59,7 @@ from xla_pcache.bucket.listing import (
     refused_key,
     resume_after,
 )
+from xla_pcache.bucket.pages import delimited
 from xla_pcache.sizes import MAX_SIZE
 
 log = package_logger("xla_pcache")
@@ -207,8 +208,11 @@ class BucketReader:
         bucket: str,
         store_prefix: str,
         count: Callable[[str, int], None],
+        page_wait_s: float = 150.0,
     ) -> None:
         self.store = store
+        # How long one chunk of a listing may take (``pages``): a request and its retry.
+        self.page_wait_s = page_wait_s
         self.url = url
         self.scheme = scheme
         self.bucket = bucket
@@ -279,11 +283,9 @@ class BucketReader:
         hierarchical namespaces) these include empty ones, which no listing of objects
         shows: what objects planted below one of our names leave once they are gone. A
         listing the client refuses names none (the refused key is counted as unlistable)."""
-        import obstore
-
         n = 0
         try:
-            got = obstore.list_with_delimiter(self.store, prefix)
+            got = delimited(self.store, prefix, wait_s=self.page_wait_s)
             n = len(got["common_prefixes"]) + len(got["objects"])
             return [str(p).rstrip("/") for p in got["common_prefixes"]]
         except Exception as e:

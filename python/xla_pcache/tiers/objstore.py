@@ -188,6 +188,12 @@ class Version(NamedTuple):
 _obstore_pid: int | None = None
 
 
+def request_bound(timeout: float, *, for_writes: bool = False) -> float:
+    """The longest one request of a client ``open_client`` made may take: its timeout,
+    once more for its one retry, and the backoff between."""
+    return 2 * (max(timeout, PUT_TIMEOUT_S) if for_writes else timeout) + 2.0
+
+
 def open_client(
     url: str, *, timeout: float, environ: Mapping[str, str] = os.environ, for_writes: bool = False
 ) -> Any:

@@ -55,6 +55,7 @@ def _reason(e: BaseException) -> str:
 def check(url: str, *, read_only: bool, timeout: float) -> tuple[list[dict[str, Any]], list[str]]:
     """The steps made against the bucket at ``url`` (each ``{"step", "ok", "detail"}``) and
     a problem for the first that failed (the steps after it are not made)."""
+    from xla_pcache.bucket.pages import delimited
     from xla_pcache.tiers import objstore
     from xla_pcache.tiers.base import redact
 
@@ -73,7 +74,9 @@ def check(url: str, *, read_only: bool, timeout: float) -> tuple[list[dict[str, 
     state: dict[str, Any] = {}
 
     def listing() -> str:
-        got = obstore.list_with_delimiter(client, objstore.ENTRY_DIR)
+        # Bounded: a service that pages round fails the step, never hangs the command.
+        wait_s = objstore.request_bound(timeout, for_writes=True)
+        got = delimited(client, objstore.ENTRY_DIR, wait_s=wait_s)
         n = len(got["objects"]) + len(got["common_prefixes"])
         return f"{n} entries or directories in one page"
 
