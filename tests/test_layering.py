@@ -112,7 +112,9 @@ LEVELS = {
     # the frames a program and its compiler process exchange, the compiler process and the
     # program's side of it, the records written at JAX's put, what the session hands the
     # compiler; loading one executable, the order of loading, JAX's backend once up, the
-    # session (the one scheduler and pool of both), the hook on JAX's cache read.
+    # session (the one scheduler and pool of both) in its parts: what it holds, its hand-over
+    # to compiling ahead, its loading pool, its life, its report, JAX's read; the hook on
+    # JAX's cache read.
     "jax.ahead": 4,
     "jax.ahead._plan": 4,
     "jax.ahead._plan_name": 4,
@@ -130,6 +132,11 @@ LEVELS = {
     "jax.ahead._loads": 4,
     "jax.ahead._schedule": 4,
     "jax.ahead._backend_wait": 4,
+    "jax.ahead._session_state": 4,
+    "jax.ahead._handover": 4,
+    "jax.ahead._pool": 4,
+    "jax.ahead._session_life": 4,
+    "jax.ahead._session_report": 4,
     "jax.ahead._prefetch": 4,
     "jax.ahead._read_hook": 4,
     # What install() sets up in JAX, step by step, and keeps to undo it.
