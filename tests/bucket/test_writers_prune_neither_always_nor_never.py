@@ -64,8 +64,10 @@ def test_a_writers_prune_past_its_entry_cap_prunes_what_it_saw_once_an_interval(
     monkeypatch.setattr(upkeep, "WRITER_LIMITS", upkeep.Limits(entries=cap, seconds=120.0))
     prefix, url, _ = _bucket(server)
     rng = random.Random(11)
+    # The planted names sort after every real one (theirs are random), so the cap falls
+    # among planted ones: a real entry past the cap would be unseen, and rightly kept.
     relay.plant_many(
-        (f"{prefix}/{ENTRY_DIR}/{_hex(rng)}" for _ in range(cap + 1)),
+        (f"{prefix}/{ENTRY_DIR}/ffff{_hex(rng, 16**28)[4:]}" for _ in range(cap + 1)),
         size=1,
     )
     upkeep.Bucket(url).write_stored_budget(upkeep.BucketStoredBudget(max_size=BUDGET))
