@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 from xla_pcache import bucket, entry_name, open_store
 from xla_pcache.bucket import upkeep
 from xla_pcache.bucket.marker_listing import MARKER_PAGES
@@ -118,6 +119,9 @@ def test_entries_outside_the_crowd_are_not_asked_for_by_name(
     assert "torch_xla-not-ours" not in skipped, skipped
 
 
+# On S3 alone: 130,000 names served by the relay exercise the start's bound, not the
+# protocol (tests/bucket/test_bucket_floods.py floods both), and on gs it was CI's slowest.
+@pytest.mark.parametrize("bucket_server", ["s3"], indirect=True)
 def test_a_flood_of_names_past_exhausted_pages_costs_a_bounded_share_until_a_prune(
     relay: Relay, server: BucketServer, tmp_path: Path
 ) -> None:

@@ -315,8 +315,13 @@ def _cells() -> Iterator[pytest.param]:  # type: ignore[valid-type]
                     )
 
 
+# The server per module and protocol, as the fixture says: parametrized with other
+# arguments, it would otherwise start one per cell (a second and a half for weed's).
 @pytest.mark.parametrize(
-    ("bucket_server", "path", "reader_name", "plant"), list(_cells()), indirect=["bucket_server"]
+    ("bucket_server", "path", "reader_name", "plant"),
+    list(_cells()),
+    indirect=["bucket_server"],
+    scope="module",
 )
 def test_trust_matrix(
     tmp_path: Path,
