@@ -21,6 +21,8 @@ import hashlib
 import re
 from typing import Any
 
+from xla_pcache.jax.ahead._record import OWN_FIELDS
+
 # The compressions JAX names in its key.
 ZLIB = "zlib"
 ZSTANDARD = "zstandard"
@@ -34,8 +36,6 @@ FLAGS_PART = "XLA flags"
 COMPRESSION_PART = "compression"
 JAXLIB_PART = "jax_lib version"
 BACKEND_PART = "backend version"
-# The parts a record holds as fields of its own (module, options, devices).
-_OWN_FIELDS = frozenset({"computation", "compile_options", "accelerator_config"})
 
 # What JAX's set-up on a Cloud TPU VM adds to LIBTPU_INIT_ARGS (``cloud_tpu_init``) unless
 # it is there: every key of a TPU VM holds it.
@@ -230,7 +230,7 @@ def key_with_parts(fleet_key: str, sink: list[Any], parts: dict[str, str]) -> st
     h = hashlib.sha256()
     for name, hashfn, _ in sink:
         name = str(name)
-        if name in _OWN_FIELDS:
+        if name in OWN_FIELDS:
             hashfn(h)
             continue
         text = parts.get(name)

@@ -38,6 +38,7 @@ from xla_pcache.jax.ahead import _fleet, _plan, _protocol
 from xla_pcache.jax.ahead._link import Done, Link
 from xla_pcache.jax.ahead._record import (
     ANY_PREFIX,
+    CUSTOM_PARTITIONING,
     KEY_PREFIX,
     Record,
     RecordError,
@@ -64,7 +65,7 @@ _HOST_CALLBACKS = (
     b"xla_ffi_python_gpu_callback",
     b"xla_ffi_partial_python_cpu_callback",
     b"_xla_host_transfer",
-    b"CustomSPMDPartitioning",
+    CUSTOM_PARTITIONING,
 )
 
 # A compile's seconds at most unless told (a large program compiles in minutes).

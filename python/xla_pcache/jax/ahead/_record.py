@@ -67,6 +67,12 @@ MAX_BODY_BYTES = _MAX_RAW + (_MAX_RAW >> 10) + 64
 MAX_RECORD_BYTES = _HEAD.size + MAX_HEADER_BYTES + MAX_BODY_BYTES
 # What every MLIR bytecode file starts with.
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
+# The key's components a record holds as fields of its own (module, options, devices); the
+# others it keeps as text (``parts``).
+OWN_FIELDS = frozenset({"computation", "compile_options", "accelerator_config"})
+# What a module with custom partitioning calls names (its callbacks are a process's own):
+# such a program is never recorded nor compiled from a record.
+CUSTOM_PARTITIONING = b"CustomSPMDPartitioning"
 # zlib's default level: within 2 % of level 9's size on modules, at a third of its time.
 _LEVEL = 6
 

@@ -27,9 +27,11 @@ from xla_pcache._text import FirstWarning, package_logger
 from xla_pcache.jax._keyparts import Capture
 from xla_pcache.jax.ahead import _target
 from xla_pcache.jax.ahead._record import (
+    CUSTOM_PARTITIONING,
     META_KIND,
     META_MODULE,
     MLIR_BYTECODE_MAGIC,
+    OWN_FIELDS,
     Record,
     RecordError,
     encode,
@@ -39,11 +41,6 @@ from xla_pcache.jax.ahead._record import (
 from xla_pcache.store import Store
 
 logger = package_logger("xla_pcache.jax")
-
-# The key's components whose text a record keeps (the others are the record's own fields).
-_OWN_FIELDS = frozenset({"computation", "compile_options", "accelerator_config"})
-# What a module with custom partitioning calls names (its callbacks are this process's).
-_CUSTOM_PARTITIONING = b"CustomSPMDPartitioning"
 
 
 def record_of(found: Capture) -> Record | str:
@@ -55,7 +52,7 @@ def record_of(found: Capture) -> Record | str:
     module = found.fed("computation")
     if module is None or len(module) != 1 or not module[0].startswith(MLIR_BYTECODE_MAGIC):
         return "its computation is not one module"
-    if _CUSTOM_PARTITIONING in module[0]:
+    if CUSTOM_PARTITIONING in module[0]:
         return "it has custom partitioning callbacks"
     options = found.fed("compile_options")
     if options is None or len(options) != 1:
@@ -66,7 +63,7 @@ def record_of(found: Capture) -> Record | str:
     parts: list[tuple[str, str]] = []
     for part in found.parts.get("components", []):
         name = str(part.get("name"))
-        if name in _OWN_FIELDS:
+        if name in OWN_FIELDS:
             continue
         value = part.get("value")
         text = value if isinstance(value, str) else f"sha256:{part.get('digest')}"
