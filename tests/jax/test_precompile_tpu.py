@@ -13,6 +13,7 @@ honoured.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import shutil
@@ -220,6 +221,31 @@ def test_records_it_cannot_compile_are_refused_with_their_reason(
     # Nothing planted was compiled: the one executable is the user's.
     assert set(executables_of(cache)) == {key}
     assert not any(p.name == "outside" for p in tmp_path.rglob("outside"))
+
+
+def test_a_records_flags_are_printed_escaped(made: Path, tmp_path: Path) -> None:
+    """A record's key parts are what its writer put there: flags holding a terminal's
+    escape sequences (no space, no NUL: flags as any) reach the text report escaped."""
+    cache = _copy(made, tmp_path)
+    (key,) = executables_of(cache)
+    rkey = _record.record_key(key.partition("@")[0])
+    with Store(cache, read_only=True) as store:
+        record = _record.decode(bytes(store.get(rkey, count=False)))
+    program = key.partition("@")[0].rpartition("-")[0]
+    hostile = "--xla_x=\x1b]0;pwned\x07\u202e"
+    parts = tuple(sorted({**dict(record.parts), "XLA flags": hostile}.items()))
+    planted = f"{program}-{secrets.token_hex(32)}"
+    _plant(
+        cache,
+        _record.record_key(planted),
+        _record.encode(dataclasses.replace(record, parts=parts)),
+    )
+    proc = cli("precompile", "--topology", "v5e:1x1", "--path", str(cache), env=_env(tmp_path))
+    # libtpu knows no such flag: that record's compiler process ends, it fails, the run says so.
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"failed: {planted}" in proc.stdout, proc.stdout
+    assert "--xla_x=\\x1b]0;pwned\\x07\\u202e" in proc.stdout, proc.stdout
+    assert "\x1b" not in proc.stdout + proc.stderr and "\u202e" not in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -215,8 +215,8 @@ def _run(
     else:
         for used in report.settings:
             typer.echo(
-                f"{used['records']} record(s) with flags [{used['flags']}] and "
-                f"{used['compression']} ({used['source']})"
+                f"{used['records']} record(s) with flags [{shown(used['flags'])}] and "
+                f"{shown(used['compression'])} ({shown(used['source'])})"
             )
         for o in report.outcomes:
             if o.status in ("not compilable", "failed"):
@@ -226,7 +226,7 @@ def _run(
             f"{counts['not compilable']}, failed {counts['failed']} in {report.seconds:.1f} s"
         )
         if report.cut_short is not None:
-            typer.echo(f"not every record may have been looked at: {report.cut_short}")
+            typer.echo(f"not every record may have been looked at: {shown(report.cut_short)}")
     return 1 if counts["failed"] else 0
 
 
