@@ -527,6 +527,7 @@ def _env(
         # Loading and compiling ahead as this shell sets them, else their defaults.
         for name in (
             "XLA_PCACHE_PREFETCH_THREADS",
+            "XLA_PCACHE_PREFETCH_LOADS",
             "XLA_PCACHE_PREFETCH_MEMORY",
             "XLA_PCACHE_COMPILE_AHEAD_THREADS",
             "XLA_PCACHE_COMPILE_AHEAD_MEMORY",

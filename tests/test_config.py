@@ -254,6 +254,7 @@ def test_prefetch_settings_parse_and_refuse() -> None:
         ("XLA_PCACHE_PREFETCH", "maybe"),
         ("XLA_PCACHE_PREFETCH_THREADS", "0"),
         ("XLA_PCACHE_PREFETCH_THREADS", "many"),
+        ("XLA_PCACHE_PREFETCH_LOADS", "0"),
         ("XLA_PCACHE_PREFETCH_MEMORY", "0"),
         ("XLA_PCACHE_PREFETCH_MEMORY", "-1G"),
     ):
@@ -306,6 +307,7 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "XLA_PCACHE_BUCKET_AUTO_PRUNE": "0",
         "XLA_PCACHE_PREFETCH": "off",
         "XLA_PCACHE_PREFETCH_THREADS": "3",
+        "XLA_PCACHE_PREFETCH_LOADS": "2",
         "XLA_PCACHE_PREFETCH_MEMORY": "256M",
         "XLA_PCACHE_PREFETCH_NAME": "lm-train",
         "XLA_PCACHE_COMPILE_AHEAD": "no",
@@ -323,6 +325,11 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
     assert settings.torch_xla_local_root() == str(tmp_path / "local")
     assert (settings.bucket_record_interval, settings.bucket_auto_prune) == (3600.0, False)
     assert (settings.prefetch, settings.prefetch_thread_count()) == (False, 3)
+    assert settings.prefetch_load_count("tpu") == settings.prefetch_load_count("cpu") == 2
+    # Unset: four at once on a TPU, every thread elsewhere; never more than the threads.
+    assert Settings(prefetch_threads=8).prefetch_load_count("tpu") == 4
+    assert Settings(prefetch_threads=8).prefetch_load_count("cpu") == 8
+    assert Settings(prefetch_threads=2, prefetch_loads=5).prefetch_load_count("gpu") == 2
     assert (settings.prefetch_memory, settings.prefetch_name) == (256 << 20, "lm-train")
     assert (settings.compile_ahead, settings.compile_ahead_thread_count()) == (False, 2)
     assert settings.compile_ahead_reserve() == 8 << 30

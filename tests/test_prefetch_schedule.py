@@ -156,3 +156,29 @@ def test_what_a_load_saved_is_its_own_time_and_the_smaller_share_of_the_rest() -
     # Never more than the load took.
     for steps in (own, pool, busy):
         assert steps.cost <= steps.wall
+
+
+@pytest.mark.parametrize("side_by_side", [1, 2])
+def test_a_deserializes_share_of_the_wall_counts_the_backends_side_by_side(
+    side_by_side: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A clock the test moves: load A runs 1 s alone, 2 s beside load B, 1 s alone again.
+    now = [0.0]
+    monkeypatch.setattr(_loads.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(_loads.time, "thread_time", lambda: 0.0)
+    meter = _loads.Meter()
+    meter._sample = lambda: 0.0  # type: ignore[method-assign]
+    meter.side_by_side = side_by_side
+    a, b = _loads.Steps(), _loads.Steps()
+    with meter.deserializing(a):
+        now[0] += 1.0
+        with meter.deserializing(b):
+            now[0] += 2.0
+        now[0] += 1.0
+    assert (a.load_wall, b.load_wall) == (4.0, 2.0)
+    # XLA's CPU client shares one pool: two at once each had half of it. A TPU runtime
+    # that runs two side by side at full speed: each had all of it.
+    if side_by_side == 1:
+        assert (a.load_alone, b.load_alone) == (pytest.approx(3.0), pytest.approx(1.0))
+    else:
+        assert (a.load_alone, b.load_alone) == (pytest.approx(4.0), pytest.approx(2.0))

@@ -324,14 +324,15 @@ def test_one_program_from_two_checkouts_writes_one_record_each_and_hands_over(
     used = counted(moved)
     assert used["compiled_used"] == used["compiled"] == N, used
     assert used["modules_refused"] == 0
-    # And at a third path, with no plan of its own yet, JAX compiles every program itself
-    # and puts it: its records are the ones there, and none is written again.
+    # And at a third path (the plan is found there too): whether a program's compile ahead
+    # or JAX's own ends first, what is put has the record that is there already, and none
+    # is written again.
     third = tmp_path / "third" / "workload.py"
     third.parent.mkdir()
     shutil.copy(script, third)
     remove_executables(cache)
     own, _ = scripts.run(third, cache)
-    assert own["out"] == cold["out"] and own["misses"] == N
+    assert own["out"] == cold["out"] and own["hits"] + own["misses"] == N
     assert written(cache) == at, "a record was written again"
 
 

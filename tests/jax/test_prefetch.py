@@ -17,6 +17,7 @@ whose cache read takes other arguments runs as before, with one warning.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from pathlib import Path
@@ -250,6 +251,26 @@ def test_loading_starts_with_the_backend_and_counts_the_main_threads_time_it_spa
                 max(0.0, load["cost_s"] - load["spent_s"]), abs=3e-6
             )
         assert abs(saved - sum(round(load["saved_s"] * 1000) for load in loads)) <= N
+
+
+def test_at_most_the_loads_setting_deserialize_at_once(filled: scripts.Filled, cache: Path) -> None:
+    script, _, cold = filled
+    # Three threads, one deserialize at a time (a TPU's default is four): every load is
+    # done before the first read, so no read asks for one past the bound, and each
+    # deserialize begins after the one before it ended.
+    run, _ = scripts.run(
+        script,
+        cache,
+        TEST_BEFORE_READS="1",
+        XLA_PCACHE_PREFETCH_THREADS="3",
+        XLA_PCACHE_PREFETCH_LOADS="1",
+    )
+    prefetch = run["prefetch"]
+    assert prefetch["states"] == {"taken": N} and run["out"] == cold["out"]
+    spans = sorted((load["started_s"], load["loaded_s"]) for load in prefetch["loads"])
+    assert len(spans) == N
+    for (_, ended), (began, _) in itertools.pairwise(spans):
+        assert began >= ended, spans
 
 
 def test_the_time_saved_is_what_the_reads_cost_the_main_thread(

@@ -51,6 +51,8 @@ JOB_MEMORY_SHARE = 0.25
 # (and at most the share of the job's memory: what a planted plan can make a process hold).
 DEFAULT_PREFETCH_THREADS = 8
 DEFAULT_PREFETCH_MEMORY = 1 << 30
+# Deserializes at once on a TPU (``prefetch_load_count``).
+DEFAULT_TPU_PREFETCH_LOADS = 4
 # Compiling ahead (JAX): the threads that compile a plan's programs whose executables are
 # gone (9 programs of a TPU LM took 61.9 s one after another, 24.3 s on 8 threads and 28.5 s
 # on 12, each compile 2-3x slower while 8 ran, on a 13-CPU host), at most the CPUs less one;
@@ -95,6 +97,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "bucket_auto_prune": values.parse_bool,
     "prefetch": values.parse_bool,
     "prefetch_threads": values.positive_count,
+    "prefetch_loads": values.positive_count,
     "prefetch_memory": values.positive_size,
     "prefetch_name": values.text,
     "compile_ahead": values.parse_bool,
@@ -148,6 +151,7 @@ class Settings:
     # most a quarter of the job's memory); the plan's name (None: the entry point).
     prefetch: bool = True
     prefetch_threads: int | None = None
+    prefetch_loads: int | None = None
     prefetch_memory: int | None = None
     prefetch_name: str | None = None
     # Compiling ahead (JAX): on; threads (None: DEFAULT_COMPILE_AHEAD_THREADS, at most the
@@ -196,6 +200,17 @@ class Settings:
         if self.prefetch_threads is not None:
             return self.prefetch_threads
         return max(1, min(DEFAULT_PREFETCH_THREADS, _usable_cpus() - 1))
+
+    def prefetch_load_count(self, platform: str) -> int:
+        """``XLA_PCACHE_PREFETCH_LOADS``, else, on a TPU, 4 (its runtime deserializes three
+        to four executables side by side at full speed: on a v5e host three at once each
+        took its time alone, eight at once progressed as three and a half, each 1.35-6x its
+        time alone, so the one read first waited for them all), elsewhere every loading
+        thread (XLA's CPU client deserializes on a pool of its own); at most the threads."""
+        threads = self.prefetch_thread_count()
+        if self.prefetch_loads is not None:
+            return min(threads, self.prefetch_loads)
+        return min(threads, DEFAULT_TPU_PREFETCH_LOADS) if platform == "tpu" else threads
 
     def compile_ahead_thread_count(self) -> int:
         """``XLA_PCACHE_COMPILE_AHEAD_THREADS``, else 8, or fewer to leave one of the CPUs

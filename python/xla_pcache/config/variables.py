@@ -42,6 +42,7 @@ BUCKET_AUTO_PRUNE_VAR = "XLA_PCACHE_BUCKET_AUTO_PRUNE"
 PREFETCH_VAR = "XLA_PCACHE_PREFETCH"
 PREFETCH_THREADS_VAR = "XLA_PCACHE_PREFETCH_THREADS"
 PREFETCH_MEMORY_VAR = "XLA_PCACHE_PREFETCH_MEMORY"
+PREFETCH_LOADS_VAR = "XLA_PCACHE_PREFETCH_LOADS"
 PREFETCH_NAME_VAR = "XLA_PCACHE_PREFETCH_NAME"
 COMPILE_AHEAD_VAR = "XLA_PCACHE_COMPILE_AHEAD"
 COMPILE_AHEAD_THREADS_VAR = "XLA_PCACHE_COMPILE_AHEAD_THREADS"
@@ -334,6 +335,15 @@ VARIABLES: tuple[Variable, ...] = (
         "count",
         "8 (at most the CPUs less one)",
         "Threads that read, decompress and load a plan's executables ahead (at least 1).",
+    ),
+    Variable(
+        PREFETCH_LOADS_VAR,
+        "prefetch_loads",
+        "count",
+        "4 on a TPU, else the threads",
+        "Of those threads, how many deserialize at once (at least 1; a read waiting for one "
+        "not started yet passes it). A TPU runtime runs three to four side by side at "
+        "full speed: more only slow the one read first.",
     ),
     Variable(
         PREFETCH_MEMORY_VAR,

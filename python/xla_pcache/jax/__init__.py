@@ -212,6 +212,7 @@ def _session(
         inst.hooks.cc,
         threads=settings.prefetch_thread_count(),
         memory=settings.prefetch_memory_bound(job_memory),
+        loads=settings.prefetch_load_count,
         name=settings.prefetch_name,
         jax_version=str(inst.hooks.jax.__version__),
         form=inst.prefetch_form,

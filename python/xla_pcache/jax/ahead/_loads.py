@@ -101,7 +101,7 @@ class Slot:
 class Steps:
     """What a load's two steps took (``Meter``): the fetch's wall and own CPU time; the
     deserialize's wall time, its own thread's CPU time, its share of the other threads' CPU
-    time (``load_cpu``) and its share of the wall time (``load_alone``)."""
+    time (``load_cpu``) and its share of the wall time (``load_alone``, ``Meter``)."""
 
     fetch_wall: float = 0.0
     fetch_cpu: float = 0.0
@@ -145,8 +145,10 @@ class Meter:
     thread spends 4 % of the CPU time), so it is measured three ways: its own thread's CPU
     time; its share of the CPU time of the other threads (every thread but the main one
     and the loading ones: what they used while it ran, shared equally by the deserializes
-    then in progress); and its share of the wall time, shared the same way. Where the
-    platform has no per-thread clocks, only the own thread's time is counted, a floor.
+    then in progress); and its share of the wall time: all of it while no more than
+    ``side_by_side`` deserialize (a TPU runtime runs a few side by side, each as fast as
+    alone), else shared the same way. Where the platform has no per-thread clocks, only the
+    own thread's time is counted, a floor.
     """
 
     def __init__(self) -> None:
@@ -158,6 +160,10 @@ class Meter:
         # Each deserialize in progress: its share of the others' CPU time and of the wall.
         self._active: dict[int, list[float]] = {}
         self._steps = itertools.count()
+        # How many deserializes the backend runs side by side, each as fast as alone: its
+        # share of the wall is all of it while no more run (a TPU runtime's), else theirs
+        # divided among them (XLA's CPU client: one pool for every deserialize).
+        self.side_by_side = 1
         self._last_cpu = self._sample()
         self._last_wall = time.perf_counter()
 
@@ -198,7 +204,7 @@ class Meter:
         if self._active:
             n = len(self._active)
             cpu_share = max(0.0, cpu - self._last_cpu) / n
-            wall_share = max(0.0, wall - self._last_wall) / n
+            wall_share = max(0.0, wall - self._last_wall) * min(1.0, self.side_by_side / n)
             for shares in self._active.values():
                 shares[0] += cpu_share
                 shares[1] += wall_share

@@ -87,7 +87,7 @@ class Pool(Handover):
             if s.state is State.LOADING and s.started_at:
                 left = (cost(s.size) or 0.0) - (now - s.started_at)
                 busy.append(max(0.0, left))
-        ranks = _schedule.order(needs, [cost(s.size) for s in ordered], self._threads, busy)
+        ranks = _schedule.order(needs, [cost(s.size) for s in ordered], self._loads, busy)
         for rank, i in enumerate(ranks):
             ordered[i].rank = rank
         self._queue.sort(key=loading_order)
@@ -114,6 +114,8 @@ class Pool(Handover):
         the memory bound allows, or asked for)."""
         ready = self._applied and self._backend is not None
         load = self._fetched[0] if ready and self._fetched else None
+        if load is not None and not (load.urgent or self._deserializing < self._loads):
+            load = None
         fetch = self._queue[0] if self._queue else None
         if fetch is not None and not (fetch.urgent or self._in_flight < self._memory):
             fetch = None
@@ -155,12 +157,15 @@ class Pool(Handover):
                 assert job is not None
                 slot, fetch = job
                 slot.state = State.FETCHING if fetch else State.LOADING
+                self._deserializing += not fetch
                 self._busy += 1
                 if self._job(False) is not None:
                     self._jobs.notify()  # more work than this thread: the next one
+            loading = not fetch
             try:
                 if fetch and not self._fetch(slot):
                     continue
+                loading = True
                 self._deserialize(slot)
             except EntryUnusable as exc:
                 # The entry's own bytes: JAX's read of the key meets them and says so itself.
@@ -172,6 +177,10 @@ class Pool(Handover):
             finally:
                 with self._cond:
                     self._busy -= 1
+                    if loading:
+                        self._deserializing -= 1
+                        if self._fetched:
+                            self._jobs.notify()
                     if self._busy == 0:
                         self._cond.notify_all()
 
@@ -214,10 +223,13 @@ class Pool(Handover):
                 self._release(slot, State.SKIPPED)
                 return False
             ready = self._applied and self._backend is not None
-            if ready and not (
-                self._fetched and loading_order(self._fetched[0]) < loading_order(slot)
+            if (
+                ready
+                and (slot.urgent or self._deserializing < self._loads)
+                and not (self._fetched and loading_order(self._fetched[0]) < loading_order(slot))
             ):
                 slot.state = State.LOADING
+                self._deserializing += 1
                 return True
             slot.state = State.FETCHED
             bisect.insort(self._fetched, slot, key=loading_order)

@@ -166,12 +166,20 @@ class SessionLife(Pool):
             self._process = index
             self._read_plan()
         with self._cond:
+            if self._loads_for is not None:
+                self._loads = max(1, min(self._threads, self._loads_for(platform)))
+            # A TPU runtime runs that many deserializes side by side, each at its own speed;
+            # XLA's CPU client shares one pool among them all (``_loads.Meter``).
+            self._meter.side_by_side = self._loads if platform == "tpu" else 1
             assert self._recog is not None
             self._recog.restrict(platform, count)
             wanted = {e.key for e in self._recog.wanted()}
             # What was fetched for variants of another platform is let go.
             self._drop([s for k, s in self._slots.items() if k not in wanted])
-            self._enqueue()
+            # The order so far was worked out for every thread: now for as many as
+            # deserialize at once.
+            if not self._enqueue():
+                self._reschedule()
             self._applied = True
             self._cond.notify_all()
             self._jobs.notify(len(self._fetched))

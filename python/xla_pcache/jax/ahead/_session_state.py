@@ -42,6 +42,7 @@ class SessionState:
         *,
         threads: int,
         memory: int,
+        loads: Callable[[str], int] | None = None,
         name: str | None,
         jax_version: str,
         form: int,
@@ -57,6 +58,12 @@ class SessionState:
         self._own_build = build.digest if isinstance(build, builds.Build) else None
         self._cc = cc
         self._threads = max(1, threads)
+        # How many of the threads deserialize at once, by the backend's platform (None:
+        # all); known once the backend is (``_loads``).
+        self._loads_for = loads
+        self._loads = self._threads
+        # Deserializing now (at most ``_loads``, but for those a read waits for).
+        self._deserializing = 0
         self._memory = memory
         self._name = name
         self._jax_version = jax_version
