@@ -542,6 +542,29 @@ def test_a_configured_tier_starts_nothing_until_used(cache_dir: Path) -> None:
     assert out.stdout.split() == ["False", "True", "True", "True", "True"], out.stdout
 
 
+def test_a_directory_store_loads_no_tier_or_bucket_module(cache_dir: Path) -> None:
+    # Every JAX process with the package installed imports it, and every command opens a
+    # store: a directory's, through the one door, never loads the modules only a remote
+    # tier or a bucket needs; a file: URL loads the tiers' option parser, not the chain.
+    code = """
+        import sys
+        import xla_pcache
+
+        def loaded(*names):
+            return sorted(m for m in sys.modules if m.startswith(names))
+
+        with xla_pcache.open_store(sys.argv[1]) as store:
+            store.stats(), store.get("k")
+        print(loaded("xla_pcache.tiers", "xla_pcache.bucket", "obstore", "redis"))
+        with xla_pcache.open_store("file://" + sys.argv[1]) as store:
+            store.get("k")
+        print(loaded("xla_pcache.tiers.", "xla_pcache.bucket", "obstore", "redis"))
+    """
+    out = run_python(code, str(cache_dir))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "['xla_pcache.tiers.base']"], out.stdout
+
+
 def test_a_tierless_store_serves_gets_from_the_binding(cache_dir: Path) -> None:
     # No Python frame between the caller and the Rust get when there is no tier: the
     # Python class does not override get or put at all.

@@ -24,8 +24,6 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from xla_pcache.tiers.base import RO_OPTIONS, parse_tier_url
-
 # An encoded '/' within a name; a '%' that encodes nothing.
 _ENCODED_SLASH = re.compile(r"%2f", re.IGNORECASE)
 _BARE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -49,6 +47,9 @@ def directory(url: str) -> FileURL:
         raise ValueError("it holds a control character (percent-encode it)")
     if "#" in text:
         raise ValueError("a '#' part, which names no directory (write '#' as %23)")
+    # Here, not at the top: a plain directory path never needs the tiers' parser.
+    from xla_pcache.tiers.base import RO_OPTIONS, parse_tier_url
+
     tier = parse_tier_url(text)
     if tier.error is not None:
         raise ValueError(tier.error)

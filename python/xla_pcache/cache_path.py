@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Literal, Unpack
 from xla_pcache._file_url import directory as file_directory
 from xla_pcache._text import package_logger
 from xla_pcache._url import BUCKET_SCHEMES, FILE_SCHEME, is_url, url_scheme
-from xla_pcache.bucket import BucketStore, chain_for, own_local_store
 from xla_pcache.config import Settings
 from xla_pcache.store import Store, StoreArgs, StoreOptions, settle
 
@@ -163,6 +162,9 @@ def open_store(
         if where.read_only and not opts.read_only:
             opts = opts.replace(read_only=True)
         return Store._open(where.path, opts)
+    # Here, not at the top: a directory's store never needs the bucket's machinery.
+    from xla_pcache.bucket import BucketStore, chain_for, own_local_store
+
     chain = chain_for(where.location, where.tier, opts)
     local = opts.replace(read_only=False, chain=chain, chain_text=",".join(t.text for t in chain))
     with own_local_store(where.location, opts.settings) as own:

@@ -92,6 +92,44 @@ def test_importing_cli_does_not_import_frameworks() -> None:
     assert result.returncode == 0, result.stderr
 
 
+# What only a bucket, a remote tier, a bundle or a miss's explanation needs.
+_NOT_FOR_A_DIRECTORY = (
+    "xla_pcache.tiers",
+    "xla_pcache.bucket",
+    "xla_pcache.bundle",
+    "xla_pcache.explain",
+    "obstore",
+    "redis",
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("stats",), ("stats", "--json"), ("ls",), ("ls", "--json"), ("config",), ("verify",)],
+)
+def test_a_directory_command_loads_only_what_it_needs(cache: Path, args: tuple[str, ...]) -> None:
+    # Each command starts in a fresh process (scripts, CI, the tests run hundreds): on a
+    # directory it loads none of a bucket's or a tier's machinery, and with --json no rich.
+    heavy = (*_NOT_FOR_A_DIRECTORY, *(("rich",) if "--json" in args else ()))
+    code = (
+        "import sys\n"
+        "from xla_pcache.cli import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({heavy!r}))\n"
+        "sys.exit(f'loaded: {bad}' if bad else 0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args, "--path", str(cache)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_console_script_entry_point_is_main() -> None:
     from xla_pcache import cli
 

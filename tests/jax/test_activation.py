@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import clean_env, cli, tree_state
+from tests.helpers import clean_env, cli, run_python, tree_state
 from tests.jax.helpers import ACTIVATION_PROGRAM, JAX_ONLY, run_program
 
 pytestmark = JAX_ONLY
@@ -66,3 +66,26 @@ def test_an_unusable_directory_is_one_warning_and_the_program_runs(tmp_path: Pat
     assert hits == 0
     assert "Traceback" not in stderr
     assert stderr.count("xla_pcache: cannot open the cache") == 1, stderr
+
+
+def test_activation_on_a_directory_loads_no_bucket_tier_or_command_module(tmp_path: Path) -> None:
+    # Activation runs in every JAX process the variables reach: on a directory it loads none
+    # of what only a bucket, a remote tier, a bundle or the command needs.
+    code = """
+        import sys
+        import jax
+
+        jax.devices()
+        import xla_pcache.jax as xj
+
+        assert xj._installed is not None, "not activated"
+        heavy = (
+            "xla_pcache.tiers", "xla_pcache.bucket.upkeep", "xla_pcache.bundle",
+            "xla_pcache.cli", "obstore", "redis", "rich", "typer",
+        )
+        print(sorted(m for m in sys.modules if m.startswith(heavy)))
+    """
+    env = clean_env(("JAX_",), JAX_PLATFORMS="cpu", XLA_PERSISTENT_CACHE_PATH=str(tmp_path))
+    out = run_python(code, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]"], out.stdout

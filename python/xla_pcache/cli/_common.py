@@ -11,18 +11,20 @@ import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 
-from xla_pcache import _core, bucket
+from xla_pcache import _core
 from xla_pcache._core import CacheError
 from xla_pcache._text import raw_stream, shown
 from xla_pcache._url import FILE_SCHEME, is_url, url_scheme
 from xla_pcache.cache_path import Route, open_store, route
 from xla_pcache.config import PATH_VAR, READ_ONLY_VAR, TRUSTED_KEYS_VAR, Settings
 from xla_pcache.store import Store, settle
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PathOption = Annotated[
     str | None,
@@ -131,6 +133,9 @@ def plain_console() -> Console:
     # would otherwise raise, "[bold]" restyle the table).
     # Rich writes to the stream under the CLI's escaping one (its own colours and progress
     # bar are control sequences): what it is given to show is passed through shown().
+    # Imported here: a command that prints no table (--json, an error) never loads rich.
+    from rich.console import Console
+
     return Console(file=raw_stream(sys.stdout), highlight=False, markup=False, emoji=False)
 
 
@@ -162,8 +167,10 @@ def directory_route(path: str | None, settings: Settings) -> Route:
             return where
         if url_scheme(root) == FILE_SCHEME:
             fail(f"{redact(root)} cannot be served: {where.reason}")
+        from xla_pcache.bucket import local_path
+
         local = (
-            f"; this host's copy of it is the directory {bucket.local_path(root, settings)}"
+            f"; this host's copy of it is the directory {local_path(root, settings)}"
             if where.kind == "bucket"
             else ""
         )

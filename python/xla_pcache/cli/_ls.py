@@ -141,9 +141,12 @@ def list_entries(
     Lines are printed as each shard directory is read, so the first come at once at any
     size. Hits are the hits recorded, at most one per process per hit interval: a lower
     bound."""
-    console = plain_console()
-    if limit is None:
-        limit = 0 if as_json or not console.is_terminal else max(10, console.height - 5)
+    if limit is None and as_json:
+        limit = 0
+    elif limit is None:
+        # Only a listing for a terminal asks rich what the terminal is.
+        console = plain_console()
+        limit = 0 if not console.is_terminal else max(10, console.height - 5)
     with reported(), open_cache(path, read_only=read_only) as store:
         try:
             _write_entries(store, sort, limit, as_json)

@@ -9,7 +9,6 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from xla_pcache import _core
 from xla_pcache._text import shown
@@ -164,6 +163,8 @@ def stats(
     if as_json or output is StatsFormat.json:
         emit_json(report)
         return
+    from rich.table import Table
+
     table = Table(
         title=shown(f"xla_pcache {report['path']} ({report['filesystem']})"), show_header=False
     )
@@ -204,6 +205,8 @@ def _bucket_stats(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
+    from rich.table import Table
+
     table = Table(title=shown(f"xla_pcache {report['path']} (bucket)"), show_header=False)
     table.add_column("counter")
     table.add_column("value", justify="right")

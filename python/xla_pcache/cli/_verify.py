@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from xla_pcache import _core
 from xla_pcache._text import shown
@@ -27,6 +25,8 @@ from xla_pcache.cli._common import (
 from xla_pcache.config import TRUSTED_KEYS_VAR
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from xla_pcache._reports import VerifyReport
 
 
@@ -87,6 +87,8 @@ def verify(
     if as_json:
         emit_json(report)
     else:
+        from rich.table import Table
+
         table = Table(
             title=shown(f"verify{' --repair' if repair else ''} {root}"), show_header=False
         )

@@ -20,16 +20,36 @@ upkeep, are not a tier's: they live in ``xla_pcache.bucket``, which uses the obj
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from xla_pcache.tiers.base import Spooled, Tier, TierURL, redact, split_chain
-from xla_pcache.tiers.chain import (
-    Chain,
-    Fetch,
-    Refused,
-    check_chain,
-    hide_chain_secrets,
-    open_chain,
-    redact_chain,
+
+if TYPE_CHECKING:
+    from xla_pcache.tiers.chain import (
+        Chain,
+        Fetch,
+        Refused,
+        check_chain,
+        hide_chain_secrets,
+        open_chain,
+        redact_chain,
+    )
+
+# The chain imports every kind of tier and its client's modules: it is imported when one of
+# its names is first asked for, so that a module that only redacts a URL or parses a tier's
+# options (a directory's ``file:`` URL) does not pay for it.
+_CHAIN_NAMES = frozenset(
+    {"Chain", "Fetch", "Refused", "check_chain", "hide_chain_secrets", "open_chain", "redact_chain"}
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CHAIN_NAMES:
+        from xla_pcache.tiers import chain
+
+        return getattr(chain, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Chain",

@@ -37,7 +37,6 @@ import re
 import stat
 import sys
 import sysconfig
-import tomllib
 
 from xla_pcache._core import hash_key
 
@@ -90,6 +89,9 @@ def project_name(root: str) -> str | None:
     ``-_.`` one dash); None where there is none, or no regular file of at most
     ``MAX_PROJECT_FILE`` bytes that TOML reads."""
     path = os.path.join(root, "pyproject.toml")
+    # Here, not at the top: most programs run where there is no pyproject.toml to read.
+    import tomllib
+
     try:
         # Never blocks on a FIFO, never follows the read past the bound.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
