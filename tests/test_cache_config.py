@@ -156,8 +156,12 @@ def test_a_budget_set_once_bounds_processes_that_set_none_or_a_larger_one(cache:
         assert p.wait(timeout=120) == 0
     stats = stats_json(cache)
     assert stats["max_size"] == 200 << 10
-    # 120 puts of 12 KiB on disk each went through a 200 KiB budget.
-    assert isinstance(stats["bytes"], int) and stats["bytes"] <= 200 << 10
+    # 120 puts of 12 KiB on disk each went through a 200 KiB budget. Two writers at once
+    # keep it within one entry: a put's eviction does not wait for the other's (the put
+    # path never waits on the evictor lock), so the last put of the two may leave one entry
+    # over it, evicted by the next put or prune (docs/reliability.md: approximate while
+    # processes write side by side). Seen on a loaded 2-core machine.
+    assert isinstance(stats["bytes"], int) and stats["bytes"] <= (200 << 10) + (12 << 10)
     assert isinstance(stats["evictions"], int) and stats["evictions"] > 0
 
 

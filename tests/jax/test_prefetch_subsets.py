@@ -25,6 +25,7 @@ from xla_pcache import Store
 from xla_pcache.config import Settings
 from xla_pcache.jax.ahead import _plan
 
+from tests.helpers import interruptible_child
 from tests.jax import scripts
 from tests.jax.helpers import COUNT_HITS, JAX_ONLY
 
@@ -103,6 +104,7 @@ class Runs:
             env=env,
             timeout=300,
             check=False,
+            preexec_fn=interruptible_child,
         )
         expected = "KeyboardInterrupt" if how == "interrupt" else "the program failed"
         assert proc.returncode != 0 and expected in proc.stderr, proc.stderr[-3000:]
