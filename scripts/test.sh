@@ -32,6 +32,11 @@ finish() {
   phase ""
   printf 'total\t%s\n' $((SECONDS - t_start)) >>"$ledger/phases.tsv"
   python3 scripts/ledger.py "$ledger" docs/ci.md || true
+  # A run that failed before waiting for the background venvs lets them finish (a venv cut
+  # short mid-install is worse for the next run than the wait), then removes their logs.
+  if declare -p bg &>/dev/null; then
+    for pid in "${bg[@]}"; do wait "$pid" 2>/dev/null || true; done
+  fi
   rm -rf "$ledger" "$wheel_dir"
   exit $rc
 }
