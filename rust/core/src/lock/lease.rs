@@ -4,8 +4,9 @@
 //! monotonic clock; wall clocks of different hosts are never compared. The holder rewrites
 //! it with the counter incremented ([`LockGuard::heartbeat`]) more often than `lease_time`
 //! (every `lease_time / 3` is a good pace); a holder done with it may leave it "retired",
-//! which any process takes over at once. A stale lease is taken over by moving it aside
-//! and checking that what was moved is what was judged stale.
+//! which any process takes over at once. A stale lease is taken over by one rename of a new
+//! lease over it, by the one taker that holds the ticket for the content judged stale and
+//! still finds that content there (see `take_over`).
 
 use super::{
     link_exclusive, made, new_nonce, remove_foreign, sleep_until_next_poll, validate_name,
@@ -74,7 +75,7 @@ impl LockDir {
             match read_small(&dir, &lease_name) {
                 Ok(current) => {
                     if let Some(held_for) = self.observe_stale(name, &current) {
-                        match self.take_over(name, &dir, &current, held_for, &id, &tmp_name)? {
+                        match self.take_over(name, &dir, &current, held_for, &tmp_name)? {
                             TakeOver::Won => {
                                 return Ok(Some(LockGuard::lease(
                                     &dir,
@@ -182,78 +183,92 @@ impl LockDir {
         self.forget(name);
     }
 
-    /// Takes over the lease `lease` judged stale with content `judged`: moves it aside,
-    /// checks that what was moved is still what was judged, and links our own `tmp`.
+    /// Takes over the lease `name` judged stale with content `judged`, replacing it with
+    /// our `tmp` in one rename: the name is never empty, so no other process can link into
+    /// a gap. Two takers of the same content would both replace it; a ticket, linked
+    /// exclusively under a name derived from that content, lets one through. The ticket's
+    /// holder checks that the lease still reads `judged` before replacing it, so a taker
+    /// that comes late (the ticket removed by a taker that won) finds another content and
+    /// leaves. A ticket watched unchanged for a whole lease time belongs to a taker that died
+    /// in its few steps: the next level's ticket is tried, a few levels deep (the sweeper
+    /// removes what a crash left).
     fn take_over(
         &self,
         name: &str,
         dir: &Dir,
         judged: &str,
         held_for: Duration,
-        id: &LeaseId,
         tmp: &Name,
     ) -> Result<TakeOver, LockError> {
         let lease = self.dir.join(format!("{name}.lease"));
         let lease_name =
             made(&format!("{name}.lease")).map_err(|e| LockError::io("rename", &lease, e))?;
-        let aside = self.dir.join(id.aside_name(name));
-        let aside_name =
-            made(&id.aside_name(name)).map_err(|e| LockError::io("rename", &aside, e))?;
-        match dir.rename(&lease_name, dir, &aside_name) {
-            Ok(()) => {}
+        let Some(ticket) = self.take_ticket(name, dir, judged, tmp)? else {
+            return Ok(TakeOver::Retry);
+        };
+        let _ticket_guard = RemoveOnDrop(dir, &ticket);
+        match read_small(dir, &lease_name) {
+            Ok(current) if current == judged => {}
+            // Refreshed, replaced or removed since we judged it: not ours to take.
+            Ok(_) => return Ok(TakeOver::GaveUp),
             Err(e) if is_gone(&e) => return Ok(TakeOver::Retry),
-            Err(e) => return Err(LockError::io("rename", &lease, e)),
+            Err(e) => return Err(LockError::io("read", &lease, e)),
         }
-        let _aside_guard = RemoveOnDrop(dir, &aside_name);
+        dir.rename(tmp, dir, &lease_name)
+            .map_err(|e| LockError::io("rename", &lease, e))?;
         self.forget(name);
-        match read_small(dir, &aside_name) {
-            Ok(moved) if moved == judged => {
-                // Unlink the stale copy before linking ours (also done by the guard).
-                if let Err(e) = dir.unlink(&aside_name) {
-                    if !is_gone(&e) {
-                        return Err(LockError::io("unlink", &aside, e));
-                    }
-                }
-                if link_exclusive(dir, tmp, &lease_name)
-                    .map_err(|e| LockError::io("link", &lease, e))?
-                {
-                    // A retired lease is routine to take; a stale one is worth a line.
-                    let level = if is_retired(judged) {
-                        log::Level::Debug
-                    } else {
-                        log::Level::Info
-                    };
-                    log::log!(
-                        level,
-                        "xla_pcache: took over lock lease {} from `{}` (unchanged for {:.1?})",
-                        lease.display(),
-                        judged.trim_end(),
-                        held_for
-                    );
-                    Ok(TakeOver::Won)
-                } else {
-                    Ok(TakeOver::Retry)
-                }
+        // A retired lease is routine to take; a stale one is worth a line.
+        let level = if is_retired(judged) {
+            log::Level::Debug
+        } else {
+            log::Level::Info
+        };
+        log::log!(
+            level,
+            "xla_pcache: took over lock lease {} from `{}` (unchanged for {:.1?})",
+            lease.display(),
+            judged.trim_end(),
+            held_for
+        );
+        Ok(TakeOver::Won)
+    }
+
+    /// Links `tmp` as the ticket for taking over the content `judged` of lease `name`.
+    /// `None` while another taker holds it (a live one: its ticket has not been watched
+    /// unchanged for a lease time, or every level is taken).
+    fn take_ticket(
+        &self,
+        name: &str,
+        dir: &Dir,
+        judged: &str,
+        tmp: &Name,
+    ) -> Result<Option<Name>, LockError> {
+        let judged_hash = crate::hash::checksum(judged.as_bytes());
+        for level in 0..TICKET_LEVELS {
+            let ticket_str = format!(".{name}.lease.{judged_hash:016x}.{level}.take");
+            let ticket_path = self.dir.join(&ticket_str);
+            let ticket = made(&ticket_str).map_err(|e| LockError::io("link", &ticket_path, e))?;
+            if link_exclusive(dir, tmp, &ticket)
+                .map_err(|e| LockError::io("link", &ticket_path, e))?
+            {
+                self.forget(&ticket_str);
+                return Ok(Some(ticket));
             }
-            moved => {
-                // Refreshed or replaced between our read and the rename: put it back if
-                // the name is still free, and leave the lock to its holder this time.
-                if !link_exclusive(dir, &aside_name, &lease_name)
-                    .map_err(|e| LockError::io("link", &lease, e))?
-                {
-                    log::warn!(
-                        "xla_pcache: could not put back refreshed lease {}: taken meanwhile",
-                        lease.display()
-                    );
-                }
-                match moved {
-                    Ok(_) => Ok(TakeOver::GaveUp),
-                    Err(e) => Err(LockError::io("read", &aside, e)),
-                }
+            match read_small(dir, &ticket) {
+                Ok(holder) if self.observe_stale(&ticket_str, &holder).is_some() => {}
+                Ok(_) => return Ok(None),
+                // Gone: its taker finished (the lease is no longer `judged`) or left.
+                Err(e) if is_gone(&e) => return Ok(None),
+                Err(e) => return Err(LockError::io("read", &ticket_path, e)),
             }
         }
+        Ok(None)
     }
 }
+
+/// Levels of takeover tickets for one lease content: each is tried only when the one below
+/// was watched unchanged for a lease time (its taker died between two syscalls).
+const TICKET_LEVELS: u32 = 3;
 
 enum TakeOver {
     Won,
@@ -303,13 +318,6 @@ impl LeaseId {
     fn temp_name(&self, name: &str, counter: u64) -> String {
         format!(
             ".{name}.lease.{}.{}.{:016x}.{counter}.tmp",
-            self.host, self.pid, self.nonce
-        )
-    }
-
-    fn aside_name(&self, name: &str) -> String {
-        format!(
-            ".{name}.lease.{}.{}.{:016x}.stale",
             self.host, self.pid, self.nonce
         )
     }
@@ -657,23 +665,28 @@ mod tests {
         g.release().unwrap();
     }
 
-    #[test]
-    fn takeover_puts_back_a_refreshed_lease() {
+    /// A lock directory holding the lease `evict` with `content`, and our temp file.
+    fn taker(lease_ms: u64, content: &str) -> (tempfile::TempDir, LockDir, Dir, LeaseId, Name) {
         let tmp = tempfile::tempdir().unwrap();
-        let d = lock_dir(tmp.path(), LockMode::Lease, 0, 200);
+        let d = lock_dir(tmp.path(), LockMode::Lease, 0, lease_ms);
         fs::create_dir_all(d.dir()).unwrap();
-        let lease = d.dir().join("evict.lease");
-        let fresh = "h 7 0000000000000001 5\n";
-        fs::write(&lease, fresh).unwrap();
+        fs::write(d.dir().join("evict.lease"), content).unwrap();
         let id = LeaseId {
             host: "me".into(),
             pid: 1,
             nonce: 2,
         };
-        let tmpfile = d.dir().join(id.temp_name("evict", 0));
         let tmpname = made(&id.temp_name("evict", 0)).unwrap();
         let dir = Dir::open_path(d.dir(), true).unwrap();
         write_new_file(&dir, &tmpname, id.content(0).as_bytes()).unwrap();
+        (tmp, d, dir, id, tmpname)
+    }
+
+    #[test]
+    fn takeover_leaves_a_refreshed_lease_alone() {
+        let fresh = "h 7 0000000000000001 5\n";
+        let (tmp, d, dir, id, tmpname) = taker(200, fresh);
+        let lease = d.dir().join("evict.lease");
         // We judged an older content stale; the holder refreshed it meanwhile.
         let r = d
             .take_over(
@@ -681,19 +694,93 @@ mod tests {
                 &dir,
                 "h 7 0000000000000001 4\n",
                 Duration::from_secs(1),
-                &id,
                 &tmpname,
             )
             .unwrap();
         assert!(matches!(r, TakeOver::GaveUp));
         assert_eq!(fs::read_to_string(&lease).unwrap(), fresh);
-        // The judged content is what is there: we win.
+        // The judged content is what is there: we win, by one rename (the temp file is gone).
         let r = d
-            .take_over("evict", &dir, fresh, Duration::from_secs(1), &id, &tmpname)
+            .take_over("evict", &dir, fresh, Duration::from_secs(1), &tmpname)
             .unwrap();
         assert!(matches!(r, TakeOver::Won));
         assert_eq!(fs::read_to_string(&lease).unwrap(), id.content(0));
-        fs::remove_file(&tmpfile).unwrap();
         assert_no_leftovers(tmp.path());
+    }
+
+    #[test]
+    fn one_taker_per_stale_content_and_a_dead_takers_ticket_is_passed() {
+        let stale = "h 7 0000000000000001 4\n";
+        let (tmp, d, dir, id, tmpname) = taker(150, stale);
+        let lease = d.dir().join("evict.lease");
+        // Another taker holds the ticket for this content: we leave the lease to it.
+        let hash = crate::hash::checksum(stale.as_bytes());
+        let ticket = d.dir().join(format!(".evict.lease.{hash:016x}.0.take"));
+        fs::write(&ticket, "other 9 0000000000000009 0\n").unwrap();
+        let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        assert_eq!(fs::read_to_string(&lease).unwrap(), stale);
+        // Its ticket unchanged for a lease time: that taker died; the next level is ours.
+        thread::sleep(Duration::from_millis(200));
+        assert!(matches!(take().unwrap(), TakeOver::Won));
+        assert_eq!(fs::read_to_string(&lease).unwrap(), id.content(0));
+        fs::remove_file(&ticket).unwrap();
+        assert_no_leftovers(tmp.path());
+        // A late taker of the same content (its ticket free again) finds ours and leaves.
+        let id2 = LeaseId {
+            host: "late".into(),
+            pid: 3,
+            nonce: 4,
+        };
+        let tmp2 = made(&id2.temp_name("evict", 0)).unwrap();
+        write_new_file(&dir, &tmp2, id2.content(0).as_bytes()).unwrap();
+        let r = d
+            .take_over("evict", &dir, stale, Duration::from_secs(1), &tmp2)
+            .unwrap();
+        assert!(matches!(r, TakeOver::GaveUp));
+        assert_eq!(fs::read_to_string(&lease).unwrap(), id.content(0));
+        dir.unlink(&tmp2).unwrap();
+        assert_no_leftovers(tmp.path());
+    }
+
+    #[test]
+    fn a_stampede_on_a_stale_lease_has_one_winner() {
+        // Eight processes' worth of lock directories watch one dead holder's lease until it
+        // is stale, then all try to take it at the same instant, many times over. Moving a
+        // lease aside to check it let a third taker link into the gap and two win.
+        for round in 0..40 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dead = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+            dead.try_lock("claim").unwrap().unwrap().leave();
+            let takers: Vec<LockDir> = (0..8)
+                .map(|_| lock_dir(tmp.path(), LockMode::Lease, 0, 30))
+                .collect();
+            for t in &takers {
+                assert!(matches!(t.peek("claim").unwrap(), LeaseView::Held { .. }));
+            }
+            thread::sleep(Duration::from_millis(40));
+            let barrier = std::sync::Barrier::new(takers.len());
+            let winners: Vec<LockGuard> = thread::scope(|s| {
+                let handles: Vec<_> = takers
+                    .iter()
+                    .map(|t| {
+                        let barrier = &barrier;
+                        s.spawn(move || {
+                            barrier.wait();
+                            t.try_lock("claim").unwrap()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .filter_map(|h| h.join().unwrap())
+                    .collect()
+            });
+            assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+            assert!(winners[0].took_over());
+            drop(winners);
+            assert!(lease_content(tmp.path(), "claim").is_none());
+            assert_no_leftovers(tmp.path());
+        }
     }
 }

@@ -425,8 +425,8 @@ impl Store {
                             break ClaimState::Published;
                         }
                         // We waited on a holder that neither published nor retired: it
-                        // went stale. Not judged by how the link went: while one waiter
-                        // moves a stale lease aside, another may link into the gap.
+                        // went stale. Not judged by how the lock went: the holder may have
+                        // gone (its file removed) between our look and our link.
                         let took_over = waiting && !retired;
                         if !self.claims.hold(&hex, guard) {
                             break ClaimState::Unclaimed; // the store is closing
