@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 from xla_pcache.config import VARIABLE_NAMES
 
+# Importing torch_xla starts torch inductor's pool of compile workers (two Python processes
+# that import torch): about 4 s of CPU in each fresh torch_xla process the tests start, and
+# nothing here compiles with inductor. One compile thread starts no pool.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 
 def _skips_fail() -> bool:
     return bool(os.environ.get("CI"))
