@@ -783,4 +783,46 @@ mod tests {
             assert_no_leftovers(tmp.path());
         }
     }
+
+    #[test]
+    fn planted_tickets_never_hang_follow_or_break_a_taker() {
+        // Whoever can write the directory can plant tickets for a dead holder's lease. Regular
+        // files at every level leave the lease to its (absent) taker: no takeover, no error.
+        let stale = "h 7 0000000000000001 4\n";
+        let hash = crate::hash::checksum(stale.as_bytes());
+        let (tmp, d, dir, _, tmpname) = taker(60_000, stale);
+        let ticket = |level: u32| {
+            d.dir()
+                .join(format!(".evict.lease.{hash:016x}.{level}.take"))
+        };
+        for level in 0..TICKET_LEVELS {
+            fs::write(ticket(level), "mallory 1 0000000000000bad 0\n").unwrap();
+        }
+        let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), stale);
+        for level in 0..TICKET_LEVELS {
+            fs::remove_file(ticket(level)).unwrap();
+        }
+        // A link to a file outside, a FIFO, a directory: an error at once (the caller counts
+        // it and goes on without the lock), nothing followed, nothing outside touched.
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, "precious").unwrap();
+        std::os::unix::fs::symlink(&outside, ticket(0)).unwrap();
+        assert!(take().is_err());
+        fs::remove_file(ticket(0)).unwrap();
+        let fifo = std::ffi::CString::new(ticket(0).to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string; mkfifo has no other preconditions.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+        assert!(take().is_err(), "a FIFO is never waited on");
+        fs::remove_file(ticket(0)).unwrap();
+        fs::create_dir(ticket(0)).unwrap();
+        assert!(take().is_err());
+        fs::remove_dir(ticket(0)).unwrap();
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), stale);
+        // With the plants gone, the takeover goes through.
+        assert!(matches!(take().unwrap(), TakeOver::Won));
+        assert_no_leftovers(tmp.path());
+    }
 }
