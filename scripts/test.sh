@@ -234,6 +234,16 @@ bash scripts/test_hash_paths.sh
 
 phase "pytest"
 export PATH=$venv/bin:$PATH
+# pytest removes the temp trees of sessions older than its last three when a session
+# starts, synchronously: the main run's (about 600,000 files, 10 GB) took a later phase a
+# minute or two. The sessions after the main run keep twenty, so that the run removes none of
+# its own; the main run keeps three, so that a developer's next run removes this one's.
+KEEP_TMP=(-o tmp_path_retention_count=20)
+# The package and the tests' modules as bytecode, once: a machine whose environment sets
+# PYTHONDONTWRITEBYTECODE (this workplace's containers do) would otherwise compile them from source in
+# each of the suite's thousand-odd processes (about 0.1 s of CPU a command's start). Python
+# checks each file against its source, so a stale one is never used.
+PYTHONDONTWRITEBYTECODE= "$py" -m compileall -q -j 0 python tests >/dev/null
 # Both cores (pytest-xdist), a module's tests on one worker (its module fixtures are built
 # once); the real-program tests run in the JAX venvs below (oldest and newest JAX), the
 # torch_xla tests in the torch_xla venvs.
@@ -261,7 +271,7 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
   phase "jax $jv"
   echo "adapter tests, zero-code activation, real programs and demo (installed wheel)"
   jpy=$HOME/.cache/xla-pcache-venv-jax-$jv/bin/python
-  "$jpy" -m pytest -q -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
+  "$jpy" -m pytest -q "${KEEP_TMP[@]}" -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
     --junitxml="$ledger/junit-jax-$jv.xml" \
     tests/jax/test_jax.py tests/jax/test_jax_single_flight.py \
     tests/jax/test_explain_jax.py tests/jax/test_adopt.py \
@@ -275,7 +285,7 @@ for jv in "$JAX_OLDEST" "$JAX_NEWEST"; do
   # Compiling ahead's tests hold JAX at the test build's hook points, which the wheel lacks:
   # this one runs on the checkout's editable build (the main venv's, abi3) in this JAX.
   echo "compiling ahead (the checkout's test build)"
-  PYTHONPATH=$PWD/python "$jpy" -m pytest -q -p no:cacheprovider -ra \
+  PYTHONPATH=$PWD/python "$jpy" -m pytest -q "${KEEP_TMP[@]}" -p no:cacheprovider -ra \
     --junitxml="$ledger/junit-jax-$jv-ahead.xml" \
     tests/jax/test_compile_ahead.py::test_a_start_whose_executables_are_gone_compiles_them_ahead
   demo_dir=$(mktemp -d)
@@ -287,7 +297,7 @@ done
 # ---- JAX's TPU runtime on a CPU host: compile-only TPU topologies under JAX_PLATFORMS=cpu
 # (the installed wheel; nothing here has a TPU).
 phase "jax $JAX_TPU with libtpu"
-"$HOME/.cache/xla-pcache-venv-jax-tpu-$JAX_TPU/bin/python" -m pytest -q -p no:cacheprovider -ra \
+"$HOME/.cache/xla-pcache-venv-jax-tpu-$JAX_TPU/bin/python" -m pytest -q "${KEEP_TMP[@]}" -p no:cacheprovider -ra \
   -n "${PYTEST_WORKERS:-2}" --dist loadscope --junitxml="$ledger/junit-jax-tpu.xml" \
   -m tpu_topology "${TPU_TOPOLOGY_TESTS[@]}"
 # ---- end of JAX's TPU runtime tests
@@ -296,12 +306,12 @@ phase "jax $JAX_TPU with libtpu"
 # CPU client loads entries back (hits); the version-dependent ones with the newest, which
 # cannot (the diagnosed outcome).
 phase "torch_xla $TORCH_XLA_OLDEST"
-"$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -m pytest -q \
+"$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_OLDEST/bin/python" -m pytest -q "${KEEP_TMP[@]}" \
   -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
   --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_OLDEST.xml" \
   "${TORCH_XLA_TESTS[@]}" tests/cli/test_doctor_lines.py
 phase "torch_xla $TORCH_XLA_NEWEST"
-"$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_NEWEST/bin/python" -m pytest -q \
+"$HOME/.cache/xla-pcache-venv-torch-xla-$TORCH_XLA_NEWEST/bin/python" -m pytest -q "${KEEP_TMP[@]}" \
   -p no:cacheprovider -ra -n "${PYTEST_WORKERS:-2}" --dist loadscope \
   --junitxml="$ledger/junit-torch-xla-$TORCH_XLA_NEWEST.xml" \
   "${TORCH_XLA_NEWEST_TESTS[@]}" tests/cli/test_doctor_lines.py
