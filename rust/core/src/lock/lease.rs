@@ -136,9 +136,13 @@ impl LockDir {
         }
     }
 
+    /// Forgets what was seen of the lease `name` and of the takeover tickets beside it.
     pub(super) fn forget(&self, name: &str) {
         let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
         observed.remove(name);
+        for level in 0..TICKET_LEVELS {
+            observed.remove(&ticket_key(name, level));
+        }
     }
 
     /// Looks at the lease `name` without trying to take it: one read of the lease file.
@@ -251,11 +255,18 @@ impl LockDir {
             if link_exclusive(dir, tmp, &ticket)
                 .map_err(|e| LockError::io("link", &ticket_path, e))?
             {
-                self.forget(&ticket_str);
+                let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+                observed.remove(&ticket_key(name, level));
                 return Ok(Some(ticket));
             }
+            // Remembered under one key per lease and level, whatever content the ticket
+            // names: planted tickets for ever new contents replace one entry, never add one.
+            let seen = |holder: &str| format!("{ticket_str}\n{holder}");
             match read_small(dir, &ticket) {
-                Ok(holder) if self.observe_stale(&ticket_str, &holder).is_some() => {}
+                Ok(holder)
+                    if self
+                        .observe_stale(&ticket_key(name, level), &seen(&holder))
+                        .is_some() => {}
                 Ok(_) => return Ok(None),
                 // Gone: its taker finished (the lease is no longer `judged`) or left.
                 Err(e) if is_gone(&e) => return Ok(None),
@@ -264,6 +275,12 @@ impl LockDir {
         }
         Ok(None)
     }
+}
+
+/// The key under which a taker remembers the ticket it watches at `level` for lease `name`
+/// (a `/` is in no lock name, so no lease's key).
+fn ticket_key(name: &str, level: u32) -> String {
+    format!("{name}/{level}")
 }
 
 /// Levels of takeover tickets for one lease content: each is tried only when the one below
@@ -824,5 +841,32 @@ mod tests {
         // With the plants gone, the takeover goes through.
         assert!(matches!(take().unwrap(), TakeOver::Won));
         assert_no_leftovers(tmp.path());
+    }
+    #[test]
+    fn planted_tickets_never_grow_what_a_waiter_remembers() {
+        // A keyless writer flips the lease through ever new retired contents (each taken at
+        // once, no lease time to wait) and plants the ticket each one names: the waiter's
+        // memory of tickets it watched stays a few entries per lease, whatever it is shown.
+        let tmp = tempfile::tempdir().unwrap();
+        let d = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        fs::create_dir_all(d.dir()).unwrap();
+        let lease = d.dir().join("claim.lease");
+        for i in 0..200u32 {
+            let content = format!("mallory 1 0000000000000bad {i} retired\n");
+            let hash = crate::hash::checksum(content.as_bytes());
+            fs::write(&lease, &content).unwrap();
+            let ticket = d.dir().join(format!(".claim.lease.{hash:016x}.0.take"));
+            fs::write(&ticket, "x".repeat(4000)).unwrap();
+            assert!(d.try_lock("claim").unwrap().is_none(), "round {i}");
+            fs::remove_file(&ticket).unwrap();
+        }
+        let remembered = d.observed.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert!(
+            remembered <= 1 + TICKET_LEVELS as usize,
+            "{remembered} observations remembered"
+        );
+        d.forget_lease("claim");
+        let remembered = d.observed.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert_eq!(remembered, 0, "forgetting a lease forgets its tickets");
     }
 }
