@@ -111,9 +111,15 @@ impl LockDir {
             // Its holder is done with it: nothing to wait for.
             return Some(Duration::ZERO);
         }
+        self.observe_unchanged(name, content)
+    }
+
+    /// Records that `key` holds `content` now. Returns how long this process has seen that
+    /// content unchanged if that is longer than `lease_time`; the first sighting never is.
+    fn observe_unchanged(&self, key: &str, content: &str) -> Option<Duration> {
         let now = Instant::now();
         let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-        match observed.get_mut(name) {
+        match observed.get_mut(key) {
             Some(seen) if seen.content == content => {
                 let held_for = now.saturating_duration_since(seen.since);
                 (held_for > self.opts.lease_time).then_some(held_for)
@@ -125,7 +131,7 @@ impl LockDir {
             }
             None => {
                 observed.insert(
-                    name.to_string(),
+                    key.to_string(),
                     Observation {
                         content: content.to_string(),
                         since: now,
@@ -265,7 +271,7 @@ impl LockDir {
             match read_small(dir, &ticket) {
                 Ok(holder)
                     if self
-                        .observe_stale(&ticket_key(name, level), &seen(&holder))
+                        .observe_unchanged(&ticket_key(name, level), &seen(&holder))
                         .is_some() => {}
                 Ok(_) => return Ok(None),
                 // Gone: its taker finished (the lease is no longer `judged`) or left.
@@ -842,6 +848,24 @@ mod tests {
         assert!(matches!(take().unwrap(), TakeOver::Won));
         assert_no_leftovers(tmp.path());
     }
+    #[test]
+    fn a_ticket_saying_retired_is_still_waited_out() {
+        // "retired" frees a lease, never a ticket: a ticket is a live taker's temp file, and
+        // words in it (planted or written into it) must not let the next taker pass at once.
+        let stale = "h 7 0000000000000001 4\n";
+        let hash = crate::hash::checksum(stale.as_bytes());
+        let (tmp, d, dir, _, tmpname) = taker(60_000, stale);
+        let ticket = d.dir().join(format!(".evict.lease.{hash:016x}.0.take"));
+        fs::write(&ticket, "mallory 1 0000000000000bad 0 retired\n").unwrap();
+        let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), stale);
+        fs::remove_file(&ticket).unwrap();
+        assert!(matches!(take().unwrap(), TakeOver::Won));
+        assert_no_leftovers(tmp.path());
+    }
+
     #[test]
     fn planted_tickets_never_grow_what_a_waiter_remembers() {
         // A keyless writer flips the lease through ever new retired contents (each taken at
