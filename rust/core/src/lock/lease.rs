@@ -849,6 +849,47 @@ mod tests {
         assert_no_leftovers(tmp.path());
     }
     #[test]
+    fn tickets_linked_to_other_files_are_only_read_a_little() {
+        // A hard link to a file outside the lock directory, to the lease itself, or a huge
+        // sparse file, planted as the ticket: read at most a lease line's worth, never
+        // written or removed through, and the takeover waits the ticket out as any other.
+        let stale = "h 7 0000000000000001 4\n";
+        let hash = crate::hash::checksum(stale.as_bytes());
+        let (tmp, d, dir, id, tmpname) = taker(100, stale);
+        let ticket = |level: u32| {
+            d.dir()
+                .join(format!(".evict.lease.{hash:016x}.{level}.take"))
+        };
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, "precious").unwrap();
+        fs::hard_link(&outside, ticket(0)).unwrap();
+        fs::hard_link(d.dir().join("evict.lease"), ticket(1)).unwrap();
+        fs::File::create(ticket(2))
+            .unwrap()
+            .set_len(1 << 34)
+            .unwrap();
+        let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        thread::sleep(Duration::from_millis(150));
+        for _ in 0..3 {
+            assert!(matches!(take().unwrap(), TakeOver::Retry));
+        }
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), stale);
+        // With one level freed, the takeover goes through, and only our own ticket goes.
+        fs::remove_file(ticket(2)).unwrap();
+        thread::sleep(Duration::from_millis(150));
+        assert!(matches!(take().unwrap(), TakeOver::Won));
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), id.content(0));
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
+        assert_eq!(fs::read_to_string(ticket(0)).unwrap(), "precious");
+        assert_eq!(fs::read_to_string(ticket(1)).unwrap(), stale);
+        assert!(!ticket(2).exists());
+        fs::remove_file(ticket(0)).unwrap();
+        fs::remove_file(ticket(1)).unwrap();
+        assert_no_leftovers(tmp.path());
+    }
+
+    #[test]
     fn a_ticket_saying_retired_is_still_waited_out() {
         // "retired" frees a lease, never a ticket: a ticket is a live taker's temp file, and
         // words in it (planted or written into it) must not let the next taker pass at once.
