@@ -111,9 +111,15 @@ impl LockDir {
             // Its holder is done with it: nothing to wait for.
             return Some(Duration::ZERO);
         }
+        self.observe_unchanged(name, content)
+    }
+
+    /// Records that `key` holds `content` now. Returns how long this process has seen that
+    /// content unchanged if that is longer than `lease_time`; the first sighting never is.
+    fn observe_unchanged(&self, key: &str, content: &str) -> Option<Duration> {
         let now = Instant::now();
         let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-        match observed.get_mut(name) {
+        match observed.get_mut(key) {
             Some(seen) if seen.content == content => {
                 let held_for = now.saturating_duration_since(seen.since);
                 (held_for > self.opts.lease_time).then_some(held_for)
@@ -125,7 +131,7 @@ impl LockDir {
             }
             None => {
                 observed.insert(
-                    name.to_string(),
+                    key.to_string(),
                     Observation {
                         content: content.to_string(),
                         since: now,
@@ -136,9 +142,13 @@ impl LockDir {
         }
     }
 
+    /// Forgets what was seen of the lease `name` and of the takeover tickets beside it.
     pub(super) fn forget(&self, name: &str) {
         let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
         observed.remove(name);
+        for level in 0..TICKET_LEVELS {
+            observed.remove(&ticket_key(name, level));
+        }
     }
 
     /// Looks at the lease `name` without trying to take it: one read of the lease file.
@@ -251,11 +261,18 @@ impl LockDir {
             if link_exclusive(dir, tmp, &ticket)
                 .map_err(|e| LockError::io("link", &ticket_path, e))?
             {
-                self.forget(&ticket_str);
+                let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+                observed.remove(&ticket_key(name, level));
                 return Ok(Some(ticket));
             }
+            // Remembered under one key per lease and level, whatever content the ticket
+            // names: planted tickets for ever new contents replace one entry, never add one.
+            let seen = |holder: &str| format!("{ticket_str}\n{holder}");
             match read_small(dir, &ticket) {
-                Ok(holder) if self.observe_stale(&ticket_str, &holder).is_some() => {}
+                Ok(holder)
+                    if self
+                        .observe_unchanged(&ticket_key(name, level), &seen(&holder))
+                        .is_some() => {}
                 Ok(_) => return Ok(None),
                 // Gone: its taker finished (the lease is no longer `judged`) or left.
                 Err(e) if is_gone(&e) => return Ok(None),
@@ -264,6 +281,12 @@ impl LockDir {
         }
         Ok(None)
     }
+}
+
+/// The key under which a taker remembers the ticket it watches at `level` for lease `name`
+/// (a `/` is in no lock name, so no lease's key).
+fn ticket_key(name: &str, level: u32) -> String {
+    format!("{name}/{level}")
 }
 
 /// Levels of takeover tickets for one lease content: each is tried only when the one below
@@ -824,5 +847,91 @@ mod tests {
         // With the plants gone, the takeover goes through.
         assert!(matches!(take().unwrap(), TakeOver::Won));
         assert_no_leftovers(tmp.path());
+    }
+    #[test]
+    fn tickets_linked_to_other_files_are_only_read_a_little() {
+        // A hard link to a file outside the lock directory, to the lease itself, or a huge
+        // sparse file, planted as the ticket: read at most a lease line's worth, never
+        // written or removed through, and the takeover waits the ticket out as any other.
+        let stale = "h 7 0000000000000001 4\n";
+        let hash = crate::hash::checksum(stale.as_bytes());
+        let (tmp, d, dir, id, tmpname) = taker(100, stale);
+        let ticket = |level: u32| {
+            d.dir()
+                .join(format!(".evict.lease.{hash:016x}.{level}.take"))
+        };
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, "precious").unwrap();
+        fs::hard_link(&outside, ticket(0)).unwrap();
+        fs::hard_link(d.dir().join("evict.lease"), ticket(1)).unwrap();
+        fs::File::create(ticket(2))
+            .unwrap()
+            .set_len(1 << 34)
+            .unwrap();
+        let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        thread::sleep(Duration::from_millis(150));
+        for _ in 0..3 {
+            assert!(matches!(take().unwrap(), TakeOver::Retry));
+        }
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), stale);
+        // With one level freed, the takeover goes through, and only our own ticket goes.
+        fs::remove_file(ticket(2)).unwrap();
+        thread::sleep(Duration::from_millis(150));
+        assert!(matches!(take().unwrap(), TakeOver::Won));
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), id.content(0));
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
+        assert_eq!(fs::read_to_string(ticket(0)).unwrap(), "precious");
+        assert_eq!(fs::read_to_string(ticket(1)).unwrap(), stale);
+        assert!(!ticket(2).exists());
+        fs::remove_file(ticket(0)).unwrap();
+        fs::remove_file(ticket(1)).unwrap();
+        assert_no_leftovers(tmp.path());
+    }
+
+    #[test]
+    fn a_ticket_saying_retired_is_still_waited_out() {
+        // "retired" frees a lease, never a ticket: a ticket is a live taker's temp file, and
+        // words in it (planted or written into it) must not let the next taker pass at once.
+        let stale = "h 7 0000000000000001 4\n";
+        let hash = crate::hash::checksum(stale.as_bytes());
+        let (tmp, d, dir, _, tmpname) = taker(60_000, stale);
+        let ticket = d.dir().join(format!(".evict.lease.{hash:016x}.0.take"));
+        fs::write(&ticket, "mallory 1 0000000000000bad 0 retired\n").unwrap();
+        let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        assert!(matches!(take().unwrap(), TakeOver::Retry));
+        assert_eq!(lease_content(tmp.path(), "evict").unwrap(), stale);
+        fs::remove_file(&ticket).unwrap();
+        assert!(matches!(take().unwrap(), TakeOver::Won));
+        assert_no_leftovers(tmp.path());
+    }
+
+    #[test]
+    fn planted_tickets_never_grow_what_a_waiter_remembers() {
+        // A keyless writer flips the lease through ever new retired contents (each taken at
+        // once, no lease time to wait) and plants the ticket each one names: the waiter's
+        // memory of tickets it watched stays a few entries per lease, whatever it is shown.
+        let tmp = tempfile::tempdir().unwrap();
+        let d = lock_dir(tmp.path(), LockMode::Lease, 0, 60_000);
+        fs::create_dir_all(d.dir()).unwrap();
+        let lease = d.dir().join("claim.lease");
+        for i in 0..200u32 {
+            let content = format!("mallory 1 0000000000000bad {i} retired\n");
+            let hash = crate::hash::checksum(content.as_bytes());
+            fs::write(&lease, &content).unwrap();
+            let ticket = d.dir().join(format!(".claim.lease.{hash:016x}.0.take"));
+            fs::write(&ticket, "x".repeat(4000)).unwrap();
+            assert!(d.try_lock("claim").unwrap().is_none(), "round {i}");
+            fs::remove_file(&ticket).unwrap();
+        }
+        let remembered = d.observed.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert!(
+            remembered <= 1 + TICKET_LEVELS as usize,
+            "{remembered} observations remembered"
+        );
+        d.forget_lease("claim");
+        let remembered = d.observed.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert_eq!(remembered, 0, "forgetting a lease forgets its tickets");
     }
 }

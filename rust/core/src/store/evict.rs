@@ -92,14 +92,24 @@ impl Store {
         // The cache's stored max-age applies to an explicit eviction too, unless the caller
         // named its own.
         let older_than = older_than.or(self.max_age());
-        let guard = self
-            .locks
-            .try_lock_for(EVICT_LOCK, self.opts.lock_timeout)?;
-        let Some(guard) = guard else {
-            return Ok(EvictReport {
-                skipped: Some("another process holds the evictor lock".into()),
-                ..Default::default()
-            });
+        // A lock that cannot be taken (a planted takeover ticket that is no file, say) is a
+        // skipped eviction like a held one: counted and warned, never an error.
+        let guard = match self.locks.try_lock_for(EVICT_LOCK, self.opts.lock_timeout) {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                return Ok(EvictReport {
+                    skipped: Some("another process holds the evictor lock".into()),
+                    ..Default::default()
+                })
+            }
+            Err(e) => {
+                self.counters.inc(Counter::Errors);
+                self.warn("lock", || format!("cannot take the evictor lock: {e}"));
+                return Ok(EvictReport {
+                    skipped: Some(format!("cannot take the evictor lock: {e}")),
+                    ..Default::default()
+                });
+            }
         };
         let mut st = self.state();
         let mut report = self

@@ -845,3 +845,31 @@ fn a_store_on_its_own_handle_never_follows_a_swap() {
         Err(StoreError::Invalid(m)) if m.contains("writable by others")
     ));
 }
+
+#[test]
+fn a_planted_takeover_ticket_never_makes_an_explicit_evict_fail() {
+    // A keyless writer leaves a dead holder's evictor lease and a directory where its
+    // takeover ticket goes: the eviction is skipped (warned, counted), never an error.
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(
+        tmp.path(),
+        StoreOptions {
+            lock_mode: crate::lock::LockMode::Lease,
+            lease_time: Duration::from_millis(30),
+            lock_timeout: Duration::from_millis(200),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir_all(&locks).unwrap();
+    let dead = "gone 1 0000000000000001 0\n";
+    std::fs::write(locks.join(format!("{EVICT_LOCK}.lease")), dead).unwrap();
+    let hash = crate::hash::checksum(dead.as_bytes());
+    std::fs::create_dir(locks.join(format!(".{EVICT_LOCK}.lease.{hash:016x}.0.take"))).unwrap();
+    let errors = s.counters.get(Counter::Errors);
+    let r = s.evict(None, None);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(r.unwrap().skipped.is_some());
+    assert_eq!(s.counters.get(Counter::Errors), errors + 1);
+}
