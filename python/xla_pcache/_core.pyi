@@ -526,8 +526,10 @@ class Store:
         re-reads the other processes' journals when done, going on while they put it over the
         target again. Returns {"removed": n, "bytes": b (st_blocks of the files removed),
         "dropped": index records of files already gone, "added": files found unindexed,
-        "names": [entry file names], "skipped": reason or None, "skipped_files": [what it
-        went on without: index files it could not read, with their owner], "interrupted":
+        "names": [entry file names], "skipped": why it evicted nothing (the evictor lock held
+        by another process, or not to be taken: then counted as an error and warned once) or
+        None, "skipped_files": [what it went on without: index files it could not read, with
+        their owner], "interrupted":
         stopped early by ``interrupt``}. Ctrl-C stops it after the entry it is at (the cache
         stays valid) and raises KeyboardInterrupt. Raises ReadOnlyError on a read-only
         store."""
