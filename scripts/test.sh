@@ -239,10 +239,10 @@ export PATH=$venv/bin:$PATH
 # minute or two. The sessions after the main run keep twenty, so that the run removes none of
 # its own; the main run keeps three, so that a developer's next run removes this one's.
 KEEP_TMP=(-o tmp_path_retention_count=20)
-# The package and the tests' modules as bytecode, once: a machine whose environment sets
-# PYTHONDONTWRITEBYTECODE (this workplace's containers do) would otherwise compile them from source in
-# each of the suite's thousand-odd processes (about 0.1 s of CPU a command's start). Python
-# checks each file against its source, so a stale one is never used.
+# The package and the tests' modules as bytecode, once: where the environment sets
+# PYTHONDONTWRITEBYTECODE (this workplace's containers do), each of the suite's thousand-odd
+# processes would compile them from source (about 0.1 s of a command's start). Python checks
+# each file against its source, so a stale one is never used.
 PYTHONDONTWRITEBYTECODE= "$py" -m compileall -q -j 0 python tests >/dev/null
 # Both cores (pytest-xdist), a module's tests on one worker (its module fixtures are built
 # once); the real-program tests run in the JAX venvs below (oldest and newest JAX), the

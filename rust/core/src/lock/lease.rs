@@ -253,9 +253,8 @@ impl LockDir {
         judged: &str,
         tmp: &Name,
     ) -> Result<Option<Name>, LockError> {
-        let judged_hash = crate::hash::checksum(judged.as_bytes());
         for level in 0..TICKET_LEVELS {
-            let ticket_str = format!(".{name}.lease.{judged_hash:016x}.{level}.take");
+            let ticket_str = ticket_name(name, judged, level);
             let ticket_path = self.dir.join(&ticket_str);
             let ticket = made(&ticket_str).map_err(|e| LockError::io("link", &ticket_path, e))?;
             if link_exclusive(dir, tmp, &ticket)
@@ -281,6 +280,13 @@ impl LockDir {
         }
         Ok(None)
     }
+}
+
+/// The file name of the ticket for taking over the content `judged` of lease `name` at
+/// `level`: a dot file beside the lease, named after a hash of that content.
+pub(crate) fn ticket_name(name: &str, judged: &str, level: u32) -> String {
+    let hash = crate::hash::checksum(judged.as_bytes());
+    format!(".{name}.lease.{hash:016x}.{level}.take")
 }
 
 /// The key under which a taker remembers the ticket it watches at `level` for lease `name`
@@ -737,8 +743,7 @@ mod tests {
         let (tmp, d, dir, id, tmpname) = taker(150, stale);
         let lease = d.dir().join("evict.lease");
         // Another taker holds the ticket for this content: we leave the lease to it.
-        let hash = crate::hash::checksum(stale.as_bytes());
-        let ticket = d.dir().join(format!(".evict.lease.{hash:016x}.0.take"));
+        let ticket = d.dir().join(ticket_name("evict", stale, 0));
         fs::write(&ticket, "other 9 0000000000000009 0\n").unwrap();
         let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
         assert!(matches!(take().unwrap(), TakeOver::Retry));
@@ -812,12 +817,8 @@ mod tests {
         // Whoever can write the directory can plant tickets for a dead holder's lease. Regular
         // files at every level leave the lease to its (absent) taker: no takeover, no error.
         let stale = "h 7 0000000000000001 4\n";
-        let hash = crate::hash::checksum(stale.as_bytes());
         let (tmp, d, dir, _, tmpname) = taker(60_000, stale);
-        let ticket = |level: u32| {
-            d.dir()
-                .join(format!(".evict.lease.{hash:016x}.{level}.take"))
-        };
+        let ticket = |level: u32| d.dir().join(ticket_name("evict", stale, level));
         for level in 0..TICKET_LEVELS {
             fs::write(ticket(level), "mallory 1 0000000000000bad 0\n").unwrap();
         }
@@ -854,12 +855,8 @@ mod tests {
         // sparse file, planted as the ticket: read at most a lease line's worth, never
         // written or removed through, and the takeover waits the ticket out as any other.
         let stale = "h 7 0000000000000001 4\n";
-        let hash = crate::hash::checksum(stale.as_bytes());
         let (tmp, d, dir, id, tmpname) = taker(100, stale);
-        let ticket = |level: u32| {
-            d.dir()
-                .join(format!(".evict.lease.{hash:016x}.{level}.take"))
-        };
+        let ticket = |level: u32| d.dir().join(ticket_name("evict", stale, level));
         let outside = tmp.path().join("outside");
         fs::write(&outside, "precious").unwrap();
         fs::hard_link(&outside, ticket(0)).unwrap();
@@ -894,9 +891,8 @@ mod tests {
         // "retired" frees a lease, never a ticket: a ticket is a live taker's temp file, and
         // words in it (planted or written into it) must not let the next taker pass at once.
         let stale = "h 7 0000000000000001 4\n";
-        let hash = crate::hash::checksum(stale.as_bytes());
         let (tmp, d, dir, _, tmpname) = taker(60_000, stale);
-        let ticket = d.dir().join(format!(".evict.lease.{hash:016x}.0.take"));
+        let ticket = d.dir().join(ticket_name("evict", stale, 0));
         fs::write(&ticket, "mallory 1 0000000000000bad 0 retired\n").unwrap();
         let take = || d.take_over("evict", &dir, stale, Duration::from_secs(1), &tmpname);
         assert!(matches!(take().unwrap(), TakeOver::Retry));
@@ -918,9 +914,8 @@ mod tests {
         let lease = d.dir().join("claim.lease");
         for i in 0..200u32 {
             let content = format!("mallory 1 0000000000000bad {i} retired\n");
-            let hash = crate::hash::checksum(content.as_bytes());
             fs::write(&lease, &content).unwrap();
-            let ticket = d.dir().join(format!(".claim.lease.{hash:016x}.0.take"));
+            let ticket = d.dir().join(ticket_name("claim", &content, 0));
             fs::write(&ticket, "x".repeat(4000)).unwrap();
             assert!(d.try_lock("claim").unwrap().is_none(), "round {i}");
             fs::remove_file(&ticket).unwrap();

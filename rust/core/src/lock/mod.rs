@@ -23,6 +23,8 @@
 
 mod fcntl;
 mod lease;
+#[cfg(test)]
+pub(crate) use lease::ticket_name;
 
 use fcntl::FcntlOutcome;
 pub use lease::LeaseView;

@@ -865,8 +865,7 @@ fn a_planted_takeover_ticket_never_makes_an_explicit_evict_fail() {
     std::fs::create_dir_all(&locks).unwrap();
     let dead = "gone 1 0000000000000001 0\n";
     std::fs::write(locks.join(format!("{EVICT_LOCK}.lease")), dead).unwrap();
-    let hash = crate::hash::checksum(dead.as_bytes());
-    std::fs::create_dir(locks.join(format!(".{EVICT_LOCK}.lease.{hash:016x}.0.take"))).unwrap();
+    std::fs::create_dir(locks.join(crate::lock::ticket_name(EVICT_LOCK, dead, 0))).unwrap();
     let errors = s.counters.get(Counter::Errors);
     let r = s.evict(None, None);
     assert!(r.is_ok(), "{r:?}");
